@@ -1,0 +1,133 @@
+// FlashAttention backward, dQ: one workgroup per (batch, query head, tile of BR rows).
+//
+// Grid:    n_q_tiles * heads_q * batch workgroups, folded.
+// Threads: BR rows x TPR lanes; lane j of row r owns key columns j, j+TPR, ... of each K/V
+//          tile and the dQ dims j, j+TPR, ...
+// Loop:    Q_i and dO_i stay in workgroup memory while K/V tiles stream through; with CAUSAL
+//          tiles wholly above the diagonal are never visited.
+// Math:    P = exp2(s - lse2), dP = dO V^T, dS = P * (dP - delta), dQ += scale * dS K.
+// No atomics: each workgroup owns its dQ rows.
+
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(4) var<storage, read> d_out: array<f32>;
+@group(0) @binding(5) var<storage, read> lse: array<f32>;
+@group(0) @binding(6) var<storage, read> delta: array<f32>;
+@group(0) @binding(7) var<storage, read_write> dq: array<f32>;
+
+const SQ: u32 = 0u;                       // Q tile [BR][HEAD_DIM], resident
+const SDO: u32 = SQ + BR * HEAD_DIM;      // dO tile [BR][HEAD_DIM], resident
+const SK: u32 = SDO + BR * HEAD_DIM;      // K tile [BC][HEAD_DIM]
+const SV: u32 = SK + BC * HEAD_DIM;       // V tile [BC][HEAD_DIM]
+const SDS: u32 = SV + BC * HEAD_DIM;      // dS [BR][BC]
+const SLSE: u32 = SDS + BR * BC;          // lse, exp2 domain [BR]
+const SDELTA: u32 = SLSE + BR;            // delta [BR]
+var<workgroup> smem: array<f32, SDELTA + BR>;
+
+@compute @workgroup_size(NT)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let wg = linear_workgroup(wid, nwg);
+    if (wg >= params.total_wg) {
+        return;
+    }
+    let q_tile = wg % params.n_q_tiles;
+    let bh = wg / params.n_q_tiles;
+    let h = bh % params.heads_q;
+    let b = bh / params.heads_q;
+    let hk = h / params.group;
+    let q0 = q_tile * BR;
+    let r = t / TPR;
+    let j = t % TPR;
+    let i = q0 + r;
+
+    for (var e = t; e < BR * HEAD_DIM; e += NT) {
+        let qi = q0 + e / HEAD_DIM;
+        var qx = 0.0;
+        var dox = 0.0;
+        if (qi < params.seq_q) {
+            let g = q_index(b, qi, h, e % HEAD_DIM);
+            qx = q[g];
+            dox = d_out[g];
+        }
+        smem[SQ + e] = qx;
+        smem[SDO + e] = dox;
+    }
+    for (var rr = t; rr < BR; rr += NT) {
+        let qi = q0 + rr;
+        var l2 = pos_inf();
+        var dl = 0.0;
+        if (qi < params.seq_q) {
+            l2 = lse_to_log2(lse[row_index(b, h, qi)]);
+            dl = delta[row_index(b, h, qi)];
+        }
+        smem[SLSE + rr] = l2;
+        smem[SDELTA + rr] = dl;
+    }
+
+    var acc: array<f32, DPT>;
+    var p: array<f32, CPT>;
+    var dp: array<f32, CPT>;
+    let kv_end = kv_end_for_rows(q0, q0 + BR);
+    for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
+        let masked = tile_needs_mask(q0, kv0, BC);
+        for (var e = t; e < BC * HEAD_DIM; e += NT) {
+            let jj = kv0 + e / HEAD_DIM;
+            var kx = 0.0;
+            var vx = 0.0;
+            if (jj < params.seq_kv) {
+                let g = kv_index(b, jj, hk, e % HEAD_DIM);
+                kx = k[g];
+                vx = v[g];
+            }
+            smem[SK + e] = kx;
+            smem[SV + e] = vx;
+        }
+        workgroupBarrier();
+
+        for (var cc = 0u; cc < CPT; cc++) {
+            p[cc] = 0.0;
+            dp[cc] = 0.0;
+        }
+        for (var d = 0u; d < HEAD_DIM; d++) {
+            let qd = smem[SQ + r * HEAD_DIM + d];
+            let dod = smem[SDO + r * HEAD_DIM + d];
+            for (var cc = 0u; cc < CPT; cc++) {
+                let c = min(j + cc * TPR, BC - 1u);
+                p[cc] = fma(qd, smem[SK + c * HEAD_DIM + d], p[cc]);
+                dp[cc] = fma(dod, smem[SV + c * HEAD_DIM + d], dp[cc]);
+            }
+        }
+        for (var cc = 0u; cc < CPT; cc++) {
+            let c = j + cc * TPR;
+            if (c < BC) {
+                let vis = !masked || visible(i, kv0 + c);
+                let pc = select(0.0, exp2(p[cc] * params.scale_log2 - smem[SLSE + r]), vis);
+                smem[SDS + r * BC + c] = pc * (dp[cc] - smem[SDELTA + r]);
+            }
+        }
+        workgroupBarrier();
+
+        for (var c = 0u; c < BC; c++) {
+            let dsc = smem[SDS + r * BC + c];
+            for (var dd = 0u; dd < DPT; dd++) {
+                let d = min(j + dd * TPR, HEAD_DIM - 1u);
+                acc[dd] = fma(dsc, smem[SK + c * HEAD_DIM + d], acc[dd]);
+            }
+        }
+        workgroupBarrier();
+    }
+
+    if (i < params.seq_q) {
+        for (var dd = 0u; dd < DPT; dd++) {
+            let d = j + dd * TPR;
+            if (d < HEAD_DIM) {
+                dq[q_index(b, i, h, d)] = acc[dd] * params.scale;
+            }
+        }
+    }
+}

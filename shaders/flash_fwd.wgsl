@@ -1,0 +1,159 @@
+// FlashAttention forward (exact), one workgroup per (batch, query head, tile of BR rows).
+//
+// Grid:   n_q_tiles * heads_q * batch workgroups, folded into (x, y).
+// Threads: BR rows x TPR lanes. Lane j of row r owns score columns j, j+TPR, ... of each
+//          K/V tile and output dims j, j+TPR, ...
+// Loop:   over K/V tiles of BC keys; with CAUSAL, tiles wholly above the diagonal are never
+//         visited and only tiles crossing it (or the ragged end) evaluate the mask.
+// Math (exp2 domain, s = scale * log2(e) * q.k):
+//         m_new = max(m_i, rowmax(s)),  alpha = exp2(m_i - m_new),  p = exp2(s - m_new)
+//         l_i = alpha * l_i + rowsum(p), acc = alpha * acc + p V
+// Output: out = acc / l_i and lse = ln(l_i) + m_i ln 2, written once. The seq_q x seq_kv
+//         score matrix never leaves workgroup memory.
+
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read_write> lse: array<f32>;
+
+const SQ: u32 = 0u;                        // Q tile [BR][HEAD_DIM], resident throughout
+const SKV: u32 = SQ + BR * HEAD_DIM;       // K tile, then V tile in the same place [BC][HEAD_DIM]
+const SS: u32 = SKV + BC * HEAD_DIM;       // scores [BR][BC]
+const SP: u32 = SS + BR * BC;              // probabilities [BR][BC]
+const SL: u32 = SP + BR * BC;              // row-sum partials [BR][TPR]
+var<workgroup> smem: array<f32, SL + BR * TPR>;
+
+fn load_kv_tile(src_is_k: bool, b: u32, hk: u32, kv0: u32, t: u32) {
+    for (var e = t; e < BC * HEAD_DIM; e += NT) {
+        let c = e / HEAD_DIM;
+        let d = e % HEAD_DIM;
+        let j = kv0 + c;
+        var x = 0.0;
+        if (j < params.seq_kv) {
+            let g = kv_index(b, j, hk, d);
+            if (src_is_k) {
+                x = k[g];
+            } else {
+                x = v[g];
+            }
+        }
+        smem[SKV + e] = x;
+    }
+}
+
+@compute @workgroup_size(NT)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let wg = linear_workgroup(wid, nwg);
+    if (wg >= params.total_wg) {
+        return;
+    }
+    let q_tile = wg % params.n_q_tiles;
+    let bh = wg / params.n_q_tiles;
+    let h = bh % params.heads_q;
+    let b = bh / params.heads_q;
+    let hk = h / params.group;
+    let q0 = q_tile * BR;
+    let r = t / TPR;
+    let j = t % TPR;
+    let i = q0 + r;
+
+    // q stays in workgroup memory throughout
+    for (var e = t; e < BR * HEAD_DIM; e += NT) {
+        let qi = q0 + e / HEAD_DIM;
+        var x = 0.0;
+        if (qi < params.seq_q) {
+            x = q[q_index(b, qi, h, e % HEAD_DIM)];
+        }
+        smem[SQ + e] = x;
+    }
+
+    var m_i = NEG_SENTINEL;
+    var l_i = 0.0; // this lane's share of the row sum; reduced across lanes at the end
+    var acc: array<f32, DPT>;
+    var s: array<f32, CPT>;
+    var vis: array<bool, CPT>;
+
+    let kv_end = kv_end_for_rows(q0, q0 + BR);
+    for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
+        let masked = tile_needs_mask(q0, kv0, BC);
+        load_kv_tile(true, b, hk, kv0, t);
+        workgroupBarrier();
+
+        for (var cc = 0u; cc < CPT; cc++) {
+            s[cc] = 0.0;
+        }
+        for (var d = 0u; d < HEAD_DIM; d++) {
+            let qd = smem[SQ + r * HEAD_DIM + d];
+            for (var cc = 0u; cc < CPT; cc++) {
+                let c = min(j + cc * TPR, BC - 1u);
+                s[cc] = fma(qd, smem[SKV + c * HEAD_DIM + d], s[cc]);
+            }
+        }
+        for (var cc = 0u; cc < CPT; cc++) {
+            let c = j + cc * TPR;
+            vis[cc] = c < BC && (!masked || visible(i, kv0 + c));
+            s[cc] = select(NEG_SENTINEL, s[cc] * params.scale_log2, vis[cc]);
+            if (c < BC) {
+                smem[SS + r * BC + c] = s[cc];
+            }
+        }
+        workgroupBarrier();
+
+        var m_tile = NEG_SENTINEL;
+        for (var c = 0u; c < BC; c++) {
+            m_tile = max(m_tile, smem[SS + r * BC + c]);
+        }
+        let m_new = max(m_i, m_tile);
+        let alpha = exp2(m_i - m_new);
+        var l_tile = 0.0;
+        for (var cc = 0u; cc < CPT; cc++) {
+            let c = j + cc * TPR;
+            let p = select(0.0, exp2(s[cc] - m_new), vis[cc]);
+            l_tile += p;
+            if (c < BC) {
+                smem[SP + r * BC + c] = p;
+            }
+        }
+        l_i = alpha * l_i + l_tile;
+        m_i = m_new;
+        for (var dd = 0u; dd < DPT; dd++) {
+            acc[dd] *= alpha;
+        }
+        // K is dead after the barrier above: V takes its place.
+        load_kv_tile(false, b, hk, kv0, t);
+        workgroupBarrier();
+
+        for (var c = 0u; c < BC; c++) {
+            let p = smem[SP + r * BC + c];
+            for (var dd = 0u; dd < DPT; dd++) {
+                let d = min(j + dd * TPR, HEAD_DIM - 1u);
+                acc[dd] = fma(p, smem[SKV + c * HEAD_DIM + d], acc[dd]);
+            }
+        }
+        workgroupBarrier();
+    }
+
+    smem[SL + r * TPR + j] = l_i;
+    workgroupBarrier();
+    var l = 0.0;
+    for (var jj = 0u; jj < TPR; jj++) {
+        l += smem[SL + r * TPR + jj];
+    }
+    if (i < params.seq_q) {
+        let inv_l = select(0.0, 1.0 / l, l > 0.0);
+        for (var dd = 0u; dd < DPT; dd++) {
+            let d = j + dd * TPR;
+            if (d < HEAD_DIM) {
+                out[q_index(b, i, h, d)] = acc[dd] * inv_l;
+            }
+        }
+        if (j == 0u) {
+            lse[row_index(b, h, i)] = finish_lse(m_i, l);
+        }
+    }
+}

@@ -1,0 +1,42 @@
+// Standard attention backward, step 4: dV = P^T dO and dK = scale * dS^T Q, each summed over
+// the query heads of the kv head's group. One thread per (dK, dV) element pair of the chunk's
+// kv slices; P and dS are read back from global memory.
+
+@group(0) @binding(1) var<storage, read> probs: array<f32>;
+@group(0) @binding(2) var<storage, read> ds: array<f32>;
+@group(0) @binding(3) var<storage, read> q: array<f32>;
+@group(0) @binding(4) var<storage, read> d_out: array<f32>;
+@group(0) @binding(5) var<storage, read_write> dk: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dv: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let e = linear_workgroup(wid, nwg) * 64u + t;
+    if (e >= params.total_items) {
+        return;
+    }
+    let d = e % HEAD_DIM;
+    let jrow = (e / HEAD_DIM) % params.seq_kv;
+    let kv_slice = params.slice_base / params.group + e / (HEAD_DIM * params.seq_kv);
+    let hk = kv_slice % params.heads_kv;
+    let b = kv_slice / params.heads_kv;
+    var acc_dk = 0.0;
+    var acc_dv = 0.0;
+    for (var g = 0u; g < params.group; g++) {
+        let h = hk * params.group + g;
+        let local = b * params.heads_q + h - params.slice_base;
+        let pb = local * params.seq_q * params.seq_kv + jrow;
+        for (var i = 0u; i < params.seq_q; i++) {
+            let o = q_index(b, i, h, d);
+            acc_dv = fma(probs[pb + i * params.seq_kv], d_out[o], acc_dv);
+            acc_dk = fma(ds[pb + i * params.seq_kv], q[o], acc_dk);
+        }
+    }
+    let o = kv_index(b, jrow, hk, d);
+    dk[o] = acc_dk * params.scale;
+    dv[o] = acc_dv;
+}

@@ -1,0 +1,30 @@
+// Standard attention backward, step 2: dP = dO V^T, materialized. One thread per element.
+
+@group(0) @binding(1) var<storage, read> d_out: array<f32>;
+@group(0) @binding(2) var<storage, read> v: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dp: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let e = linear_workgroup(wid, nwg) * 64u + t;
+    if (e >= params.total_items) {
+        return;
+    }
+    let jcol = e % params.seq_kv;
+    let row = e / params.seq_kv;
+    let i = row % params.seq_q;
+    let slice = params.slice_base + row / params.seq_q;
+    let h = slice % params.heads_q;
+    let b = slice / params.heads_q;
+    let ob = q_index(b, i, h, 0u);
+    let vb = kv_index(b, jcol, h / params.group, 0u);
+    var acc = 0.0;
+    for (var d = 0u; d < HEAD_DIM; d++) {
+        acc = fma(d_out[ob + d], v[vb + d], acc);
+    }
+    dp[e] = acc;
+}

@@ -1,0 +1,30 @@
+// Standard attention backward, step 6: dQ = scale * dS K. One thread per dQ element.
+
+@group(0) @binding(1) var<storage, read> ds: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dq: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let e = linear_workgroup(wid, nwg) * 64u + t;
+    if (e >= params.total_items) {
+        return;
+    }
+    let d = e % HEAD_DIM;
+    let row = e / HEAD_DIM;
+    let i = row % params.seq_q;
+    let slice = params.slice_base + row / params.seq_q;
+    let h = slice % params.heads_q;
+    let b = slice / params.heads_q;
+    let hk = h / params.group;
+    let sb = row * params.seq_kv;
+    var acc = 0.0;
+    for (var j = 0u; j < params.seq_kv; j++) {
+        acc = fma(ds[sb + j], k[kv_index(b, j, hk, d)], acc);
+    }
+    dq[q_index(b, i, h, d)] = acc * params.scale;
+}

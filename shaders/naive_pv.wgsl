@@ -1,0 +1,31 @@
+// Standard attention, step 3: O = P V. One thread per output element.
+// Grid: ceil(slice_count * seq_q * head_dim / 64) workgroups, folded.
+
+@group(0) @binding(1) var<storage, read> probs: array<f32>;
+@group(0) @binding(2) var<storage, read> v: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let e = linear_workgroup(wid, nwg) * 64u + t;
+    if (e >= params.total_items) {
+        return;
+    }
+    let d = e % HEAD_DIM;
+    let row = e / HEAD_DIM;
+    let i = row % params.seq_q;
+    let slice = params.slice_base + row / params.seq_q;
+    let h = slice % params.heads_q;
+    let b = slice / params.heads_q;
+    let hk = h / params.group;
+    let pb = row * params.seq_kv;
+    var acc = 0.0;
+    for (var j = 0u; j < params.seq_kv; j++) {
+        acc = fma(probs[pb + j], v[kv_index(b, j, hk, d)], acc);
+    }
+    out[q_index(b, i, h, d)] = acc;
+}

@@ -1,0 +1,33 @@
+// Standard attention, step 1: S = Q K^T for the (batch, head) slices of one chunk, written to
+// global memory. One thread per score; no workgroup-memory tiling (that is the point of the
+// baseline). Scale and mask are applied by the softmax step, as an unfused pipeline does.
+// Grid: ceil(slice_count * seq_q * seq_kv / 64) workgroups, folded.
+
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read_write> scores: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let e = linear_workgroup(wid, nwg) * 64u + t;
+    if (e >= params.total_items) {
+        return;
+    }
+    let jcol = e % params.seq_kv;
+    let row = e / params.seq_kv;
+    let i = row % params.seq_q;
+    let slice = params.slice_base + row / params.seq_q;
+    let h = slice % params.heads_q;
+    let b = slice / params.heads_q;
+    let qb = q_index(b, i, h, 0u);
+    let kb = kv_index(b, jcol, h / params.group, 0u);
+    var acc = 0.0;
+    for (var d = 0u; d < HEAD_DIM; d++) {
+        acc = fma(q[qb + d], k[kb + d], acc);
+    }
+    scores[e] = acc;
+}

@@ -1,0 +1,90 @@
+//! The one error type of the crate. Every variant says what was expected and what was given.
+
+use std::fmt;
+
+/// Which tensor an error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorRole {
+    Q,
+    K,
+    V,
+    Out,
+    Lse,
+    DOut,
+}
+
+impl fmt::Display for TensorRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TensorRole::Q => "q",
+            TensorRole::K => "k",
+            TensorRole::V => "v",
+            TensorRole::Out => "out",
+            TensorRole::Lse => "lse",
+            TensorRole::DOut => "d_out",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "no GPU adapter found ({detail}). Install a GPU driver with Vulkan, Metal or DX12 \
+         support; on a headless Linux machine install Mesa >= 25 lavapipe \
+         (`bash scripts/ensure-vulkan.sh` does it on Debian)"
+    )]
+    NoAdapter { detail: String },
+
+    #[error("could not create a wgpu device: {0}")]
+    RequestDevice(String),
+
+    #[error("{tensor} has {got} elements, expected {expected} (shape {shape})")]
+    SliceLength {
+        tensor: TensorRole,
+        expected: usize,
+        got: usize,
+        shape: String,
+    },
+
+    #[error("{tensor} has shape {got:?}, expected {expected:?}")]
+    Shape {
+        tensor: TensorRole,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+
+    #[error("invalid attention config: {0}")]
+    InvalidConfig(String),
+
+    #[error("device limit exceeded: {what} needs {needed}, the device allows {limit}. {hint}")]
+    DeviceLimit {
+        what: String,
+        needed: u64,
+        limit: u64,
+        hint: String,
+    },
+
+    #[error("GPU validation error: {0}")]
+    Validation(String),
+
+    #[error("GPU out of memory: {0}")]
+    OutOfMemory(String),
+
+    #[error("GPU device lost or failed: {0}")]
+    Device(String),
+
+    #[error(
+        "driver canary failed: a shader loop of {expected} iterations counted {got}. \
+         Mesa lavapipe older than 25 silently truncates long loops; install Mesa >= 25 \
+         (`bash scripts/ensure-vulkan.sh`)"
+    )]
+    DriverCanary { expected: u32, got: u32 },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub(crate) fn invalid(msg: impl Into<String>) -> Self {
+        Error::InvalidConfig(msg.into())
+    }
+}

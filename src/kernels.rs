@@ -1,0 +1,419 @@
+//! Kernel identities, the pure tile chooser, the parameter block and WGSL assembly.
+//!
+//! Every pipeline is `prelude + common.wgsl + kernel.wgsl`, where the prelude holds the shape
+//! constants that size register and workgroup arrays. Booleans are `override` constants.
+
+use crate::error::{Error, Result};
+
+const COMMON: &str = include_str!("../shaders/common.wgsl");
+
+/// Every compute kernel of the crate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    FlashFwd,
+    FlashBwdPreprocess,
+    FlashBwdDkDv,
+    FlashBwdDq,
+    NaiveScores,
+    NaiveSoftmax,
+    NaivePv,
+    NaiveBwdProbs,
+    NaiveBwdDp,
+    NaiveBwdDs,
+    NaiveBwdDkDv,
+    NaiveBwdDq,
+    Canary,
+}
+
+/// How a kernel uses binding slot i+1 (slot 0 is always the `Params` uniform).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    ReadWrite,
+}
+
+use Access::{Read as R, ReadWrite as W};
+
+impl Kernel {
+    pub const ALL: [Kernel; 13] = [
+        Kernel::FlashFwd,
+        Kernel::FlashBwdPreprocess,
+        Kernel::FlashBwdDkDv,
+        Kernel::FlashBwdDq,
+        Kernel::NaiveScores,
+        Kernel::NaiveSoftmax,
+        Kernel::NaivePv,
+        Kernel::NaiveBwdProbs,
+        Kernel::NaiveBwdDp,
+        Kernel::NaiveBwdDs,
+        Kernel::NaiveBwdDkDv,
+        Kernel::NaiveBwdDq,
+        Kernel::Canary,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::FlashFwd => "flash_fwd",
+            Kernel::FlashBwdPreprocess => "flash_bwd_preprocess",
+            Kernel::FlashBwdDkDv => "flash_bwd_dkdv",
+            Kernel::FlashBwdDq => "flash_bwd_dq",
+            Kernel::NaiveScores => "naive_scores",
+            Kernel::NaiveSoftmax => "naive_softmax",
+            Kernel::NaivePv => "naive_pv",
+            Kernel::NaiveBwdProbs => "naive_bwd_probs",
+            Kernel::NaiveBwdDp => "naive_bwd_dp",
+            Kernel::NaiveBwdDs => "naive_bwd_ds",
+            Kernel::NaiveBwdDkDv => "naive_bwd_dkdv",
+            Kernel::NaiveBwdDq => "naive_bwd_dq",
+            Kernel::Canary => "canary",
+        }
+    }
+
+    pub fn source(self) -> &'static str {
+        match self {
+            Kernel::FlashFwd => include_str!("../shaders/flash_fwd.wgsl"),
+            Kernel::FlashBwdPreprocess => include_str!("../shaders/flash_bwd_preprocess.wgsl"),
+            Kernel::FlashBwdDkDv => include_str!("../shaders/flash_bwd_dkdv.wgsl"),
+            Kernel::FlashBwdDq => include_str!("../shaders/flash_bwd_dq.wgsl"),
+            Kernel::NaiveScores => include_str!("../shaders/naive_scores.wgsl"),
+            Kernel::NaiveSoftmax => include_str!("../shaders/naive_softmax.wgsl"),
+            Kernel::NaivePv => include_str!("../shaders/naive_pv.wgsl"),
+            Kernel::NaiveBwdProbs => include_str!("../shaders/naive_bwd_probs.wgsl"),
+            Kernel::NaiveBwdDp => include_str!("../shaders/naive_bwd_dp.wgsl"),
+            Kernel::NaiveBwdDs => include_str!("../shaders/naive_bwd_ds.wgsl"),
+            Kernel::NaiveBwdDkDv => include_str!("../shaders/naive_bwd_dkdv.wgsl"),
+            Kernel::NaiveBwdDq => include_str!("../shaders/naive_bwd_dq.wgsl"),
+            Kernel::Canary => include_str!("../shaders/canary.wgsl"),
+        }
+    }
+
+    /// Storage bindings 1.. in order; must match the shader (checked by naga in tests and by
+    /// wgpu at pipeline creation).
+    pub fn bindings(self) -> &'static [Access] {
+        match self {
+            // q, k, v -> out, lse
+            Kernel::FlashFwd => &[R, R, R, W, W],
+            // out, d_out -> delta
+            Kernel::FlashBwdPreprocess => &[R, R, W],
+            // q, k, v, d_out, lse, delta -> dk, dv  (8 storage buffers: the WebGPU default cap)
+            Kernel::FlashBwdDkDv => &[R, R, R, R, R, R, W, W],
+            // q, k, v, d_out, lse, delta -> dq
+            Kernel::FlashBwdDq => &[R, R, R, R, R, R, W],
+            // q, k -> scores
+            Kernel::NaiveScores => &[R, R, W],
+            // scores -> probs, lse
+            Kernel::NaiveSoftmax => &[R, W, W],
+            // probs, v -> out
+            Kernel::NaivePv => &[R, R, W],
+            // q, k, lse -> probs
+            Kernel::NaiveBwdProbs => &[R, R, R, W],
+            // d_out, v -> dp
+            Kernel::NaiveBwdDp => &[R, R, W],
+            // probs, delta, dp -> ds (in place over dp)
+            Kernel::NaiveBwdDs => &[R, R, W],
+            // probs, ds, q, d_out -> dk, dv
+            Kernel::NaiveBwdDkDv => &[R, R, R, R, W, W],
+            // ds, k -> dq
+            Kernel::NaiveBwdDq => &[R, R, W],
+            Kernel::Canary => &[W],
+        }
+    }
+
+    pub fn is_tiled(self) -> bool {
+        matches!(
+            self,
+            Kernel::FlashFwd | Kernel::FlashBwdDkDv | Kernel::FlashBwdDq
+        )
+    }
+}
+
+/// Tile shape of a tiled kernel: BR query rows, BC keys, TPR threads per row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tiles {
+    pub br: u32,
+    pub bc: u32,
+    pub tpr: u32,
+}
+
+impl Tiles {
+    /// Threads per workgroup. For the dK/dV kernel the "rows" are keys (BC of them).
+    pub fn threads(&self, kernel: Kernel) -> u32 {
+        match kernel {
+            Kernel::FlashBwdDkDv => self.bc * self.tpr,
+            _ => self.br * self.tpr,
+        }
+    }
+}
+
+/// What the tile chooser needs to know about the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCaps {
+    pub max_workgroup_storage_bytes: u32,
+    pub max_invocations_per_workgroup: u32,
+}
+
+impl DeviceCaps {
+    /// The WebGPU defaults every conforming adapter offers.
+    pub const WEBGPU_DEFAULT: DeviceCaps = DeviceCaps {
+        max_workgroup_storage_bytes: 16384,
+        max_invocations_per_workgroup: 256,
+    };
+}
+
+/// Threads per row: enough lanes that each owns at most ~8 output dims, a power of two <= 16.
+fn threads_per_row(head_dim: u32) -> u32 {
+    head_dim.div_ceil(8).next_power_of_two().min(16)
+}
+
+/// Workgroup memory (in f32 words) a kernel needs for a tile shape.
+pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
+    let (br, bc, d) = (t.br, t.bc, head_dim);
+    match kernel {
+        // Q tile, one K/V tile, scores, probabilities, row-sum partials
+        Kernel::FlashFwd => br * d + bc * d + 2 * br * bc + br * t.tpr,
+        // Q, dO, K, V tiles; P and dS (dK/dV) or dS (dQ) score tiles; lse and delta
+        Kernel::FlashBwdDkDv => 2 * br * d + 2 * bc * d + 2 * br * bc + 2 * br,
+        Kernel::FlashBwdDq => 2 * br * d + 2 * bc * d + br * bc + 2 * br,
+        _ => 0,
+    }
+}
+
+/// The pure tile chooser: the largest tiles (most reuse per byte loaded) that fit the device's
+/// workgroup memory and invocation limits. Preference order favours square-ish tiles.
+pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<Tiles> {
+    const CANDIDATES: [(u32, u32); 12] = [
+        (32, 32),
+        (16, 32),
+        (32, 16),
+        (16, 16),
+        (8, 16),
+        (16, 8),
+        (8, 8),
+        (4, 8),
+        (8, 4),
+        (4, 4),
+        (2, 4),
+        (1, 4),
+    ];
+    if !kernel.is_tiled() {
+        return Ok(Tiles { br: 1, bc: 1, tpr: 1 });
+    }
+    let tpr = threads_per_row(head_dim);
+    let budget = caps.max_workgroup_storage_bytes / 4;
+    let mut smallest_need = u32::MAX;
+    for (br, bc) in CANDIDATES {
+        let t = Tiles { br, bc, tpr };
+        let words = workgroup_words(kernel, head_dim, t);
+        smallest_need = smallest_need.min(words);
+        if words <= budget && t.threads(kernel) <= caps.max_invocations_per_workgroup {
+            return Ok(t);
+        }
+    }
+    Err(Error::DeviceLimit {
+        what: format!("{} with head_dim {head_dim}: workgroup memory", kernel.name()),
+        needed: smallest_need as u64 * 4,
+        limit: caps.max_workgroup_storage_bytes as u64,
+        hint: "use a smaller head_dim or an adapter with more workgroup storage".into(),
+    })
+}
+
+/// A pipeline's identity: kernel, shape constants and boolean features.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelKey {
+    pub kernel: Kernel,
+    pub head_dim: u32,
+    pub tiles: Tiles,
+    pub causal: bool,
+}
+
+impl KernelKey {
+    /// Threads per workgroup of the generated shader.
+    pub fn workgroup_size(&self) -> u32 {
+        if self.kernel.is_tiled() {
+            self.tiles.threads(self.kernel)
+        } else if self.kernel == Kernel::Canary {
+            1
+        } else {
+            64
+        }
+    }
+
+    pub fn label(&self) -> String {
+        format!(
+            "{} d={} br={} bc={} tpr={} causal={}",
+            self.kernel.name(),
+            self.head_dim,
+            self.tiles.br,
+            self.tiles.bc,
+            self.tiles.tpr,
+            self.causal
+        )
+    }
+
+    /// Full WGSL source: generated constants, common code, kernel body.
+    pub fn wgsl(&self) -> String {
+        let t = self.tiles;
+        let d = self.head_dim;
+        let mut s = String::with_capacity(16 * 1024);
+        s.push_str(&format!("// generated: {}\n", self.label()));
+        s.push_str(&format!("const HEAD_DIM: u32 = {d}u;\n"));
+        if self.kernel.is_tiled() {
+            let rows_per_wg = match self.kernel {
+                Kernel::FlashBwdDkDv => t.bc,
+                _ => t.br,
+            };
+            let cols = match self.kernel {
+                Kernel::FlashBwdDkDv => t.br,
+                _ => t.bc,
+            };
+            s.push_str(&format!("const BR: u32 = {}u;\n", t.br));
+            s.push_str(&format!("const BC: u32 = {}u;\n", t.bc));
+            s.push_str(&format!("const TPR: u32 = {}u;\n", t.tpr));
+            s.push_str(&format!("const NT: u32 = {}u;\n", rows_per_wg * t.tpr));
+            // output dims per lane, score columns per lane
+            s.push_str(&format!("const DPT: u32 = {}u;\n", d.div_ceil(t.tpr)));
+            s.push_str(&format!("const CPT: u32 = {}u;\n", cols.div_ceil(t.tpr)));
+        }
+        s.push_str(COMMON);
+        s.push('\n');
+        s.push_str(self.kernel.source());
+        s
+    }
+
+    /// Pipeline-overridable constants for this key.
+    pub fn constants(&self) -> Vec<(&'static str, f64)> {
+        vec![("CAUSAL", if self.causal { 1.0 } else { 0.0 })]
+    }
+}
+
+/// Runtime parameters, bound at slot 0 of every kernel. Mirrors `Params` in common.wgsl.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Params {
+    pub batch: u32,
+    pub seq_q: u32,
+    pub seq_kv: u32,
+    pub heads_q: u32,
+    pub heads_kv: u32,
+    pub head_dim: u32,
+    pub group: u32,
+    pub causal_offset: i32,
+    pub scale: f32,
+    pub scale_log2: f32,
+    pub n_q_tiles: u32,
+    pub n_kv_tiles: u32,
+    pub total_wg: u32,
+    pub slice_base: u32,
+    pub slice_count: u32,
+    pub total_items: u32,
+}
+
+impl Params {
+    pub fn from_config(cfg: &crate::AttentionConfig) -> Params {
+        let scale = cfg.scale();
+        Params {
+            batch: cfg.batch as u32,
+            seq_q: cfg.seq_q as u32,
+            seq_kv: cfg.seq_kv as u32,
+            heads_q: cfg.heads_q as u32,
+            heads_kv: cfg.heads_kv as u32,
+            head_dim: cfg.head_dim as u32,
+            group: cfg.group() as u32,
+            causal_offset: cfg.causal_offset().clamp(i32::MIN as i64, i32::MAX as i64) as i32,
+            scale,
+            scale_log2: scale * std::f32::consts::LOG2_E,
+            ..Default::default()
+        }
+    }
+}
+
+/// Splits `total` workgroups into an (x, y) grid under the per-dimension limit.
+pub fn fold_grid(total: u32, max_dim: u32) -> (u32, u32) {
+    if total == 0 {
+        return (0, 0);
+    }
+    let x = total.min(max_dim.max(1));
+    (x, total.div_ceil(x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_fit_webgpu_defaults_for_every_head_dim() {
+        for kernel in [Kernel::FlashFwd, Kernel::FlashBwdDkDv, Kernel::FlashBwdDq] {
+            for d in 1..=256u32 {
+                let t = choose_tiles(kernel, d, DeviceCaps::WEBGPU_DEFAULT).unwrap();
+                assert!(workgroup_words(kernel, d, t) * 4 <= 16384, "{kernel:?} d={d} {t:?}");
+                assert!(t.threads(kernel) <= 256);
+            }
+        }
+    }
+
+    #[test]
+    fn more_workgroup_memory_gives_larger_forward_tiles() {
+        let small = choose_tiles(Kernel::FlashFwd, 128, DeviceCaps::WEBGPU_DEFAULT).unwrap();
+        let big = choose_tiles(
+            Kernel::FlashFwd,
+            128,
+            DeviceCaps {
+                max_workgroup_storage_bytes: 32768,
+                max_invocations_per_workgroup: 256,
+            },
+        )
+        .unwrap();
+        assert!(big.br * big.bc > small.br * small.bc, "{small:?} vs {big:?}");
+    }
+
+    #[test]
+    fn head_dim_64_at_16k_gets_16x16_tiles() {
+        let t = choose_tiles(Kernel::FlashFwd, 64, DeviceCaps::WEBGPU_DEFAULT).unwrap();
+        assert_eq!((t.br, t.bc, t.tpr), (16, 16, 8));
+    }
+
+    #[test]
+    fn too_little_workgroup_memory_is_a_device_limit_error() {
+        let caps = DeviceCaps {
+            max_workgroup_storage_bytes: 1024,
+            max_invocations_per_workgroup: 256,
+        };
+        match choose_tiles(Kernel::FlashFwd, 256, caps) {
+            Err(Error::DeviceLimit { needed, limit, .. }) => {
+                assert_eq!(limit, 1024);
+                assert!(needed > limit);
+            }
+            other => panic!("expected DeviceLimit, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn invocation_limit_is_respected() {
+        let caps = DeviceCaps {
+            max_workgroup_storage_bytes: 65536,
+            max_invocations_per_workgroup: 64,
+        };
+        let t = choose_tiles(Kernel::FlashFwd, 64, caps).unwrap();
+        assert!(t.threads(Kernel::FlashFwd) <= 64);
+    }
+
+    #[test]
+    fn threads_per_row_is_a_power_of_two_up_to_16() {
+        assert_eq!(threads_per_row(1), 1);
+        assert_eq!(threads_per_row(8), 1);
+        assert_eq!(threads_per_row(9), 2);
+        assert_eq!(threads_per_row(64), 8);
+        assert_eq!(threads_per_row(80), 16);
+        assert_eq!(threads_per_row(256), 16);
+    }
+
+    #[test]
+    fn grid_folding_covers_every_workgroup() {
+        for total in [1u32, 5, 65535, 65536, 200_000, 4_000_000] {
+            let (x, y) = fold_grid(total, 65535);
+            assert!(x <= 65535 && y <= 65535);
+            assert!(x as u64 * y as u64 >= total as u64);
+            assert!((x as u64) * (y as u64 - 1) < total as u64);
+        }
+    }
+}

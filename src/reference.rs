@@ -1,0 +1,137 @@
+//! Naive f64 CPU reference: `softmax(scale * Q K^T) V` and its analytic gradients, with the
+//! same layouts, causal alignment and GQA mapping as the kernels. Deliberately plain (no
+//! tiling, no online softmax) so that it cannot share the kernels' bugs.
+
+use crate::config::AttentionConfig;
+
+/// Reference forward output.
+#[derive(Debug, Clone)]
+pub struct RefForward {
+    /// `[batch, seq_q, heads_q, head_dim]`
+    pub out: Vec<f64>,
+    /// `[batch, heads_q, seq_q]`, natural log; `-inf` for rows that see no key.
+    pub lse: Vec<f64>,
+}
+
+/// Reference gradients.
+#[derive(Debug, Clone)]
+pub struct RefGradients {
+    pub dq: Vec<f64>,
+    pub dk: Vec<f64>,
+    pub dv: Vec<f64>,
+}
+
+fn visible(cfg: &AttentionConfig, i: usize, j: usize) -> bool {
+    !cfg.causal || (j as i64) <= i as i64 + cfg.causal_offset()
+}
+
+fn qi(cfg: &AttentionConfig, b: usize, i: usize, h: usize) -> usize {
+    ((b * cfg.seq_q + i) * cfg.heads_q + h) * cfg.head_dim
+}
+
+fn ki(cfg: &AttentionConfig, b: usize, j: usize, h: usize) -> usize {
+    ((b * cfg.seq_kv + j) * cfg.heads_kv + h) * cfg.head_dim
+}
+
+/// Probabilities of one query row (zeros where masked; all zero when no key is visible),
+/// and the row's lse.
+fn row_probs(
+    cfg: &AttentionConfig,
+    q: &[f32],
+    k: &[f32],
+    b: usize,
+    h: usize,
+    i: usize,
+) -> (Vec<f64>, f64) {
+    let scale = cfg.scale() as f64;
+    let hk = h / cfg.group();
+    let d = cfg.head_dim;
+    let qo = qi(cfg, b, i, h);
+    let mut s = vec![f64::NEG_INFINITY; cfg.seq_kv];
+    for (j, sj) in s.iter_mut().enumerate() {
+        if visible(cfg, i, j) {
+            let ko = ki(cfg, b, j, hk);
+            let dot: f64 = (0..d).map(|x| q[qo + x] as f64 * k[ko + x] as f64).sum();
+            *sj = dot * scale;
+        }
+    }
+    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    if m == f64::NEG_INFINITY {
+        return (vec![0.0; cfg.seq_kv], f64::NEG_INFINITY);
+    }
+    let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
+    let l: f64 = e.iter().sum();
+    (e.iter().map(|x| x / l).collect(), m + l.ln())
+}
+
+/// `out = softmax(scale * Q K^T) V` and `lse = log(sum(exp(scale * Q K^T)))` per row.
+pub fn forward(cfg: &AttentionConfig, q: &[f32], k: &[f32], v: &[f32]) -> RefForward {
+    let d = cfg.head_dim;
+    let mut out = vec![0.0; cfg.batch * cfg.seq_q * cfg.heads_q * d];
+    let mut lse = vec![0.0; cfg.batch * cfg.heads_q * cfg.seq_q];
+    for b in 0..cfg.batch {
+        for h in 0..cfg.heads_q {
+            let hk = h / cfg.group();
+            for i in 0..cfg.seq_q {
+                let (p, row_lse) = row_probs(cfg, q, k, b, h, i);
+                lse[(b * cfg.heads_q + h) * cfg.seq_q + i] = row_lse;
+                let oo = qi(cfg, b, i, h);
+                for (j, &pj) in p.iter().enumerate() {
+                    if pj != 0.0 {
+                        let vo = ki(cfg, b, j, hk);
+                        for x in 0..d {
+                            out[oo + x] += pj * v[vo + x] as f64;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    RefForward { out, lse }
+}
+
+/// Analytic gradients of `sum(out * d_out)`:
+/// `dV = P^T dO`, `dP = dO V^T`, `dS = P * (dP - rowsum(dO * O))`, `dQ = scale dS K`,
+/// `dK = scale dS^T Q`, summed over the query heads that share a kv head.
+pub fn backward(
+    cfg: &AttentionConfig,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    d_out: &[f32],
+) -> RefGradients {
+    let d = cfg.head_dim;
+    let scale = cfg.scale() as f64;
+    let mut dq = vec![0.0; q.len()];
+    let mut dk = vec![0.0; k.len()];
+    let mut dv = vec![0.0; v.len()];
+    for b in 0..cfg.batch {
+        for h in 0..cfg.heads_q {
+            let hk = h / cfg.group();
+            for i in 0..cfg.seq_q {
+                let (p, _) = row_probs(cfg, q, k, b, h, i);
+                let oo = qi(cfg, b, i, h);
+                let dp: Vec<f64> = (0..cfg.seq_kv)
+                    .map(|j| {
+                        let vo = ki(cfg, b, j, hk);
+                        (0..d).map(|x| d_out[oo + x] as f64 * v[vo + x] as f64).sum()
+                    })
+                    .collect();
+                let delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for j in 0..cfg.seq_kv {
+                    if p[j] == 0.0 {
+                        continue;
+                    }
+                    let ds = p[j] * (dp[j] - delta);
+                    let ko = ki(cfg, b, j, hk);
+                    for x in 0..d {
+                        dv[ko + x] += p[j] * d_out[oo + x] as f64;
+                        dq[oo + x] += scale * ds * k[ko + x] as f64;
+                        dk[ko + x] += scale * ds * q[oo + x] as f64;
+                    }
+                }
+            }
+        }
+    }
+    RefGradients { dq, dk, dv }
+}

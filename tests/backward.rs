@@ -1,0 +1,135 @@
+//! The backward pass of both algorithms matches the f64 reference gradients.
+
+mod common;
+use common::{cfg, check_backward, ctx, inputs};
+use flash_attn_wgpu::{reference, Algorithm};
+
+#[test]
+fn reference_backward_matches_finite_differences() {
+    // The analytic f64 gradients against central differences of the f64 forward.
+    for c in [cfg(1, 5, 7, 2, 1, 4, false), cfg(1, 7, 5, 2, 2, 3, true)] {
+        let data = inputs(&c, 1.0);
+        let g = reference::backward(&c, &data.q, &data.k, &data.v, &data.d_out);
+        let loss = |q: &[f32], k: &[f32], v: &[f32]| -> f64 {
+            let f = reference::forward(&c, q, k, v);
+            f.out.iter().zip(&data.d_out).map(|(o, d)| o * *d as f64).sum()
+        };
+        let h = 1e-3f32;
+        for (which, grad) in [(0, &g.dq), (1, &g.dk), (2, &g.dv)] {
+            for idx in 0..grad.len() {
+                let mut t = [data.q.clone(), data.k.clone(), data.v.clone()];
+                let x0 = t[which][idx];
+                t[which][idx] = x0 + h;
+                let up = loss(&t[0], &t[1], &t[2]);
+                t[which][idx] = x0 - h;
+                let down = loss(&t[0], &t[1], &t[2]);
+                let fd = (up - down) / (2.0 * h as f64);
+                assert!(
+                    (fd - grad[idx]).abs() <= 1e-3 * (1.0 + fd.abs()),
+                    "tensor {which} [{idx}]: analytic {} vs finite difference {fd} (seed {})",
+                    grad[idx],
+                    data.seed
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn odd_lengths() {
+    for s in [1, 17, 113] {
+        check_backward(&cfg(1, s, s, 2, 2, 32, false), 1.0);
+    }
+}
+
+#[test]
+fn causal_odd_lengths() {
+    for s in [17, 113, 203] {
+        check_backward(&cfg(1, s, s, 2, 2, 32, true), 1.0);
+    }
+}
+
+#[test]
+fn long_sequence_1000() {
+    check_backward(&cfg(1, 1000, 1000, 1, 1, 32, true), 1.0);
+}
+
+#[test]
+fn seq_q_differs_from_seq_kv_both_ways() {
+    for causal in [false, true] {
+        check_backward(&cfg(1, 203, 17, 2, 2, 32, causal), 1.0);
+        check_backward(&cfg(1, 17, 203, 2, 2, 32, causal), 1.0);
+    }
+}
+
+#[test]
+fn rows_with_no_visible_key_have_zero_gradient() {
+    check_backward(&cfg(2, 40, 9, 2, 1, 16, true), 1.0);
+}
+
+#[test]
+fn grouped_and_multi_query_attention() {
+    check_backward(&cfg(2, 77, 77, 8, 2, 32, false), 1.0);
+    check_backward(&cfg(1, 77, 61, 4, 1, 64, true), 1.0);
+}
+
+#[test]
+fn every_listed_head_dim() {
+    for d in [16, 32, 64, 80, 96, 128, 256] {
+        check_backward(&cfg(1, 37, 45, 2, 1, d, true), 1.0);
+    }
+}
+
+#[test]
+fn odd_head_dims() {
+    for d in [1, 7, 33] {
+        check_backward(&cfg(1, 29, 23, 1, 1, d, false), 1.0);
+    }
+}
+
+#[test]
+fn batch_greater_than_one() {
+    check_backward(&cfg(3, 41, 57, 2, 2, 32, false), 1.0);
+}
+
+#[test]
+fn large_logits() {
+    check_backward(&cfg(1, 113, 113, 2, 2, 64, true), 8.0);
+}
+
+#[test]
+fn tiled_backward_is_bit_identical_run_to_run() {
+    let c = cfg(2, 150, 130, 4, 2, 64, true);
+    let data = inputs(&c, 1.0);
+    let f = ctx().forward_host(&c, &data.q, &data.k, &data.v).unwrap();
+    let a = ctx()
+        .backward_host(&c, &data.q, &data.k, &data.v, &f.out, &f.lse, &data.d_out)
+        .unwrap();
+    let b = ctx()
+        .backward_host(&c, &data.q, &data.k, &data.v, &f.out, &f.lse, &data.d_out)
+        .unwrap();
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&a.dq), bits(&b.dq));
+    assert_eq!(bits(&a.dk), bits(&b.dk));
+    assert_eq!(bits(&a.dv), bits(&b.dv));
+}
+
+#[test]
+fn device_tensors_chain_forward_into_backward() {
+    // The forward's out and lse feed the backward exactly as returned, on the device.
+    let mut c = cfg(1, 64, 80, 2, 1, 32, true);
+    c.algorithm = Algorithm::Tiled;
+    let data = inputs(&c, 1.0);
+    let x = ctx();
+    let q = x.upload(&data.q, &c.q_shape()).unwrap();
+    let k = x.upload(&data.k, &c.kv_shape()).unwrap();
+    let v = x.upload(&data.v, &c.kv_shape()).unwrap();
+    let d_out = x.upload(&data.d_out, &c.q_shape()).unwrap();
+    let f = x.forward(&c, &q, &k, &v).unwrap();
+    let g = x.backward(&c, &q, &k, &v, &f.out, &f.lse, &d_out).unwrap();
+    let want = reference::backward(&c, &data.q, &data.k, &data.v, &data.d_out);
+    let msg = format!("seed {}", data.seed);
+    common::assert_close("dq", &x.download(&g.dq).unwrap(), &want.dq, &msg);
+    common::assert_close("dk", &x.download(&g.dk).unwrap(), &want.dk, &msg);
+    common::assert_close("dv", &x.download(&g.dv).unwrap(), &want.dv, &msg);
+}
