@@ -123,14 +123,21 @@ fn main(
             }
             workgroupBarrier();
 
+            // summed apart, then folded in (f32 error on long columns)
+            var dk_tile: array<f32, DPT>;
+            var dv_tile: array<f32, DPT>;
             for (var r = 0u; r < BR; r++) {
                 let pr = smem[SP + c * BR + r];
                 let dsr = smem[SDS + c * BR + r];
                 for (var dd = 0u; dd < DPT; dd++) {
                     let d = min(j + dd * TPR, HEAD_DIM - 1u);
-                    acc_dv[dd] = fma(pr, smem[SDO + r * HEAD_DIM + d], acc_dv[dd]);
-                    acc_dk[dd] = fma(dsr, smem[SQ + r * HEAD_DIM + d], acc_dk[dd]);
+                    dv_tile[dd] = fma(pr, smem[SDO + r * HEAD_DIM + d], dv_tile[dd]);
+                    dk_tile[dd] = fma(dsr, smem[SQ + r * HEAD_DIM + d], dk_tile[dd]);
                 }
+            }
+            for (var dd = 0u; dd < DPT; dd++) {
+                acc_dv[dd] += dv_tile[dd];
+                acc_dk[dd] += dk_tile[dd];
             }
             workgroupBarrier();
         }

@@ -112,12 +112,16 @@ fn main(
         }
         workgroupBarrier();
 
+        var dq_tile: array<f32, DPT>; // summed apart, then folded in (f32 error on long rows)
         for (var c = 0u; c < BC; c++) {
             let dsc = smem[SDS + r * BC + c];
             for (var dd = 0u; dd < DPT; dd++) {
                 let d = min(j + dd * TPR, HEAD_DIM - 1u);
-                acc[dd] = fma(dsc, smem[SK + c * HEAD_DIM + d], acc[dd]);
+                dq_tile[dd] = fma(dsc, smem[SK + c * HEAD_DIM + d], dq_tile[dd]);
             }
+        }
+        for (var dd = 0u; dd < DPT; dd++) {
+            acc[dd] += dq_tile[dd];
         }
         workgroupBarrier();
     }

@@ -7,7 +7,7 @@
 //         visited and only tiles crossing it (or the ragged end) evaluate the mask.
 // Math (exp2 domain, s = scale * log2(e) * q.k):
 //         m_new = max(m_i, rowmax(s)),  alpha = exp2(m_i - m_new),  p = exp2(s - m_new)
-//         l_i = alpha * l_i + rowsum(p), acc = alpha * acc + p V
+//         l_i = alpha * l_i + rowsum(p), acc = alpha * acc + p V (tile summed apart)
 // Output: out = acc / l_i and lse = ln(l_i) + m_i ln 2, written once. The seq_q x seq_kv
 //         score matrix never leaves workgroup memory.
 
@@ -119,21 +119,24 @@ fn main(
                 smem[SP + r * BC + c] = p;
             }
         }
-        l_i = alpha * l_i + l_tile;
+        l_i = fma(alpha, l_i, l_tile);
         m_i = m_new;
-        for (var dd = 0u; dd < DPT; dd++) {
-            acc[dd] *= alpha;
-        }
         // K is dead after the barrier above: V takes its place.
         load_kv_tile(false, b, hk, kv0, t);
         workgroupBarrier();
 
+        // Sum the tile apart, then fold it in: two-level summation keeps f32 error low on
+        // rows of millions of keys.
+        var o_tile: array<f32, DPT>;
         for (var c = 0u; c < BC; c++) {
             let p = smem[SP + r * BC + c];
             for (var dd = 0u; dd < DPT; dd++) {
                 let d = min(j + dd * TPR, HEAD_DIM - 1u);
-                acc[dd] = fma(p, smem[SKV + c * HEAD_DIM + d], acc[dd]);
+                o_tile[dd] = fma(p, smem[SKV + c * HEAD_DIM + d], o_tile[dd]);
             }
+        }
+        for (var dd = 0u; dd < DPT; dd++) {
+            acc[dd] = fma(alpha, acc[dd], o_tile[dd]);
         }
         workgroupBarrier();
     }

@@ -1,0 +1,24 @@
+//! The Vulkan driver runs long shader loops to the end (Mesa lavapipe < 25 does not).
+
+mod common;
+use flash_attn_wgpu::{context::CANARY_ITERATIONS, Error};
+
+#[test]
+fn shader_loop_of_200000_iterations_counts_exactly() {
+    assert_eq!(CANARY_ITERATIONS, 200_000);
+    if let Err(e) = common::ctx().driver_canary() {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn canary_failure_names_the_cause() {
+    let msg = Error::DriverCanary { expected: 200_000, got: 65_535 }.to_string();
+    assert!(msg.contains("65535") && msg.contains("Mesa") && msg.contains("25"), "{msg}");
+}
+
+#[test]
+fn no_adapter_error_says_how_to_get_one() {
+    let msg = Error::NoAdapter { detail: "none".into() }.to_string();
+    assert!(msg.contains("lavapipe") && msg.contains("Mesa >= 25"), "{msg}");
+}

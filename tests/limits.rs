@@ -1,0 +1,90 @@
+//! Device limits: the WebGPU defaults are enough, too-small devices get a clear error, and
+//! grids past one dispatch dimension are folded.
+
+mod common;
+use common::{assert_close, assert_lse_close, cfg, inputs};
+use flash_attn_wgpu::{kernels::Kernel, reference, Algorithm, AttentionConfig, Context, Error};
+
+/// A context over a device created with exactly `limits`, through `Context::from_wgpu`.
+fn context_with_limits(limits: wgpu::Limits) -> Context {
+    pollster::block_on(async {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions::default())
+            .await
+            .expect("an adapter");
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("limited"),
+                required_limits: limits,
+                ..Default::default()
+            })
+            .await
+            .expect("a device");
+        Context::from_wgpu(device, queue).expect("context")
+    })
+}
+
+fn check_both_passes(ctx: &Context, c: &AttentionConfig) {
+    let data = inputs(c, 1.0);
+    let msg = common::describe(c, data.seed);
+    let want = reference::forward(c, &data.q, &data.k, &data.v);
+    let f = ctx.forward_host(c, &data.q, &data.k, &data.v).unwrap_or_else(|e| panic!("{e} ({msg})"));
+    assert_close("out", &f.out, &want.out, &msg);
+    assert_lse_close(&f.lse, &want.lse, &msg);
+    let wg = reference::backward(c, &data.q, &data.k, &data.v, &data.d_out);
+    let g = ctx
+        .backward_host(c, &data.q, &data.k, &data.v, &f.out, &f.lse, &data.d_out)
+        .unwrap_or_else(|e| panic!("{e} ({msg})"));
+    assert_close("dq", &g.dq, &wg.dq, &msg);
+    assert_close("dk", &g.dk, &wg.dk, &msg);
+    assert_close("dv", &g.dv, &wg.dv, &msg);
+}
+
+#[test]
+fn webgpu_default_limits_run_every_head_dim_with_16k_tiles() {
+    let ctx = context_with_limits(wgpu::Limits::default());
+    assert_eq!(ctx.adapter_info().max_workgroup_storage_bytes, 16384);
+    for d in [16, 64, 80, 128, 256] {
+        let t = ctx.tiles_for(Kernel::FlashFwd, d).unwrap();
+        assert!(flash_attn_wgpu::kernels::workgroup_words(Kernel::FlashFwd, d as u32, t) * 4 <= 16384);
+        check_both_passes(&ctx, &cfg(1, 53, 71, 2, 1, d, true));
+    }
+}
+
+#[test]
+fn device_with_too_little_workgroup_memory_names_the_limit() {
+    let limits = wgpu::Limits {
+        max_compute_workgroup_storage_size: 2048,
+        ..wgpu::Limits::downlevel_defaults()
+    };
+    let ctx = context_with_limits(limits);
+    let c = cfg(1, 8, 8, 1, 1, 256, false);
+    let data = inputs(&c, 1.0);
+    match ctx.forward_host(&c, &data.q, &data.k, &data.v) {
+        Err(Error::DeviceLimit { needed, limit, what, .. }) => {
+            assert_eq!(limit, 2048);
+            assert!(needed > 2048);
+            assert!(what.contains("head_dim 256"), "{what}");
+        }
+        other => panic!("expected DeviceLimit, got {other:?}"),
+    }
+    // The naive path needs no workgroup tiles and still works there.
+    let mut c = c;
+    c.algorithm = Algorithm::Naive;
+    let want = reference::forward(&c, &data.q, &data.k, &data.v);
+    let got = ctx.forward_host(&c, &data.q, &data.k, &data.v).unwrap();
+    assert_close("out", &got.out, &want.out, "naive on a small device");
+}
+
+#[test]
+fn more_than_65535_workgroups_are_folded_into_two_dimensions() {
+    // 66,000 query heads of one row each: 66,000 workgroups for the tiled forward and the
+    // naive softmax, past the 65,535 per dimension limit.
+    let c = cfg(1, 1, 3, 66_000, 1, 2, false);
+    let ctx = common::ctx();
+    check_both_passes(ctx, &c);
+    let mut n = c.clone();
+    n.algorithm = Algorithm::Naive;
+    check_both_passes(ctx, &n);
+}

@@ -1,0 +1,118 @@
+//! Every generated shader variant is valid WGSL with the bindings the host declares, and the
+//! host's `Params` mirrors the shader's. Runs without a GPU (naga only).
+
+use flash_attn_wgpu::kernels::{choose_tiles, Access, DeviceCaps, Kernel, KernelKey, Params, Tiles};
+
+fn caps_list() -> [DeviceCaps; 3] {
+    [
+        DeviceCaps::WEBGPU_DEFAULT,
+        DeviceCaps { max_workgroup_storage_bytes: 32768, max_invocations_per_workgroup: 256 },
+        DeviceCaps { max_workgroup_storage_bytes: 49152, max_invocations_per_workgroup: 1024 },
+    ]
+}
+
+fn parse_and_validate(key: &KernelKey) -> naga::Module {
+    let src = key.wgsl();
+    let module = naga::front::wgsl::parse_str(&src)
+        .unwrap_or_else(|e| panic!("{}: {}", key.label(), e.emit_to_string(&src)));
+    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}: {}", key.label(), e.emit_to_string(&src)));
+    module
+}
+
+fn variants() -> Vec<KernelKey> {
+    let mut keys = Vec::new();
+    for kernel in Kernel::ALL {
+        for head_dim in [1u32, 3, 16, 32, 64, 80, 96, 128, 255, 256] {
+            for causal in [false, true] {
+                let mut tiles_seen: Vec<Tiles> = Vec::new();
+                for caps in caps_list() {
+                    let tiles = choose_tiles(kernel, head_dim, caps).unwrap();
+                    if !tiles_seen.contains(&tiles) {
+                        tiles_seen.push(tiles);
+                        keys.push(KernelKey { kernel, head_dim, tiles, causal });
+                    }
+                }
+            }
+        }
+    }
+    keys
+}
+
+#[test]
+fn every_generated_variant_passes_naga_validation() {
+    let keys = variants();
+    assert!(keys.len() > 200, "{} variants", keys.len());
+    for key in &keys {
+        parse_and_validate(key);
+    }
+}
+
+#[test]
+fn shader_bindings_match_the_host_layout() {
+    for kernel in Kernel::ALL {
+        let key = KernelKey {
+            kernel,
+            head_dim: 64,
+            tiles: choose_tiles(kernel, 64, DeviceCaps::WEBGPU_DEFAULT).unwrap(),
+            causal: false,
+        };
+        let module = parse_and_validate(&key);
+        let mut found = vec![None; kernel.bindings().len() + 1];
+        for (_, var) in module.global_variables.iter() {
+            let Some(binding) = &var.binding else { continue };
+            assert_eq!(binding.group, 0, "{kernel:?}");
+            let slot = binding.binding as usize;
+            assert!(slot < found.len(), "{kernel:?}: shader binding {slot} unknown to the host");
+            found[slot] = Some(var.space);
+        }
+        assert!(matches!(found[0], Some(naga::AddressSpace::Uniform)), "{kernel:?} params");
+        for (i, access) in kernel.bindings().iter().enumerate() {
+            match found[i + 1] {
+                Some(naga::AddressSpace::Storage { access: a }) => {
+                    let writes = a.contains(naga::StorageAccess::STORE);
+                    assert_eq!(writes, *access == Access::ReadWrite, "{kernel:?} binding {}", i + 1);
+                }
+                other => panic!("{kernel:?} binding {}: {other:?}", i + 1),
+            }
+        }
+    }
+}
+
+#[test]
+fn flash_backward_kernels_fit_the_webgpu_default_of_8_storage_buffers() {
+    for kernel in Kernel::ALL {
+        assert!(kernel.bindings().len() <= 8, "{kernel:?}");
+    }
+}
+
+#[test]
+fn params_layout_matches_the_shader_struct() {
+    let key = KernelKey {
+        kernel: Kernel::FlashFwd,
+        head_dim: 64,
+        tiles: choose_tiles(Kernel::FlashFwd, 64, DeviceCaps::WEBGPU_DEFAULT).unwrap(),
+        causal: false,
+    };
+    let module = parse_and_validate(&key);
+    let (_, ty) = module
+        .types
+        .iter()
+        .find(|(_, t)| t.name.as_deref() == Some("Params"))
+        .expect("Params struct in common.wgsl");
+    let naga::TypeInner::Struct { members, span } = &ty.inner else { panic!("Params is not a struct") };
+    macro_rules! offsets {
+        ($($f:ident),*) => { vec![$((stringify!($f), std::mem::offset_of!(Params, $f))),*] };
+    }
+    let host = offsets!(
+        batch, seq_q, seq_kv, heads_q, heads_kv, head_dim, group, causal_offset, scale,
+        scale_log2, n_q_tiles, n_kv_tiles, total_wg, slice_base, slice_count, total_items
+    );
+    assert_eq!(members.len(), host.len());
+    for (m, (name, off)) in members.iter().zip(host) {
+        assert_eq!(m.name.as_deref(), Some(name));
+        assert_eq!(m.offset as usize, off, "{name}");
+    }
+    assert_eq!(*span as usize, std::mem::size_of::<Params>());
+}
