@@ -30,6 +30,9 @@ override CAUSAL: bool = false;
 // Finite stand-in for -inf as the initial running max: exp2(m_old - m_new) stays 0 or 1,
 // never NaN, for rows whose keys are all masked so far (llama.cpp uses -FLT_MAX/2 alike).
 const NEG_SENTINEL: f32 = -1.0e30;
+// A masked score: far below NEG_SENTINEL, so exp2(MASKED_SCORE - m) is exactly 0 even while
+// m is still the sentinel, and max() never picks it over a real score.
+const MASKED_SCORE: f32 = -3.0e38;
 const LN2: f32 = 0.6931471805599453;
 const LOG2E: f32 = 1.4426950408889634;
 
@@ -57,13 +60,11 @@ fn row_index(b: u32, h: u32, i: u32) -> u32 {
     return (b * params.heads_q + h) * params.seq_q + i;
 }
 
-// Bottom-right aligned causal mask plus bounds.
+// Bottom-right aligned causal mask plus bounds. Non-short-circuit `&` and `|` keep this free
+// of branches, so that loops calling it stay simple enough for drivers to unroll.
 fn visible(i: u32, j: u32) -> bool {
-    let in_range = i < params.seq_q && j < params.seq_kv;
-    if (!CAUSAL) {
-        return in_range;
-    }
-    return in_range && i32(j) <= i32(i) + params.causal_offset;
+    let in_range = (i < params.seq_q) & (j < params.seq_kv);
+    return in_range & (!CAUSAL | (i32(j) <= i32(i) + params.causal_offset));
 }
 
 // Keys [0, end) are the only ones any of query rows [q_begin, q_end) can see.

@@ -3,7 +3,7 @@
 use crate::config::{Algorithm, AttentionConfig};
 use crate::context::{Context, Dispatch};
 use crate::error::{Error, Result, TensorRole};
-use crate::forward::{check_shape, check_slice, key, naive_chunk_slices, NO_TILES};
+use crate::forward::{check_shape, check_slice, naive_chunk_slices, NO_TILES};
 use crate::kernels::{Kernel, Params};
 use crate::tensor::Tensor;
 
@@ -110,7 +110,7 @@ impl Context {
         let mut params = Params::from_config(cfg);
         params.total_items = rows as u32;
         Dispatch {
-            key: key(Kernel::FlashBwdPreprocess, cfg, NO_TILES),
+            key: self.kernel_key(Kernel::FlashBwdPreprocess, cfg, NO_TILES),
             params,
             buffers: vec![t.out.buffer(), t.d_out.buffer(), delta.buffer()],
             workgroups: rows.div_ceil(64) as u32,
@@ -118,8 +118,9 @@ impl Context {
     }
 
     fn backward_tiled(&self, cfg: &AttentionConfig, t: &BwdTensors<'_>) -> Result<Gradients> {
-        let kv_tiles = self.tiles_for(Kernel::FlashBwdDkDv, cfg.head_dim)?;
-        let q_tiles = self.tiles_for(Kernel::FlashBwdDq, cfg.head_dim)?;
+        let (kv_kernel, q_kernel) = (self.variant().backward_dkdv(), self.variant().backward_dq());
+        let kv_tiles = self.tiles_for(kv_kernel, cfg.head_dim)?;
+        let q_tiles = self.tiles_for(q_kernel, cfg.head_dim)?;
         let delta = self.zeros(&cfg.lse_shape())?;
         let dq = self.zeros(&cfg.q_shape())?;
         let dk = self.zeros(&cfg.kv_shape())?;
@@ -154,13 +155,13 @@ impl Context {
         self.run(&[
             self.delta_dispatch(cfg, t, &delta),
             Dispatch {
-                key: key(Kernel::FlashBwdDkDv, cfg, kv_tiles),
+                key: self.kernel_key(kv_kernel, cfg, kv_tiles),
                 params: p_kv,
                 buffers: kv_bufs,
                 workgroups: wg_kv as u32,
             },
             Dispatch {
-                key: key(Kernel::FlashBwdDq, cfg, q_tiles),
+                key: self.kernel_key(q_kernel, cfg, q_tiles),
                 params: p_q,
                 buffers: q_bufs,
                 workgroups: wg_q as u32,
@@ -194,7 +195,7 @@ impl Context {
             let n_scores = count * cfg.seq_q * cfg.seq_kv;
             let mut push = |kernel, items: usize, buffers| {
                 dispatches.push(Dispatch {
-                    key: key(kernel, cfg, NO_TILES),
+                    key: self.kernel_key(kernel, cfg, NO_TILES),
                     params: with(items),
                     buffers,
                     workgroups: items.div_ceil(64) as u32,

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
-use crate::kernels::{fold_grid, Access, DeviceCaps, Kernel, KernelKey, Params, Tiles};
+use crate::kernels::{fold_grid, Access, DeviceCaps, Kernel, KernelKey, Params, Tiles, Variant};
 use crate::tensor::Tensor;
 
 /// What the library knows about the adapter and the limits it runs under.
@@ -122,12 +122,25 @@ pub struct Context {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
     info: AdapterSummary,
+    fixed_subgroup: u32,
     pub(crate) caps: DeviceCaps,
     pub(crate) limits: wgpu::Limits,
     pipelines: Mutex<HashMap<KernelKey, Arc<Pipeline>>>,
     pub(crate) mem: Arc<MemTracker>,
     lost: Arc<Mutex<Option<String>>>,
     timing: Mutex<Option<GpuTiming>>,
+    tuning: Mutex<Tuning>,
+}
+
+/// Per-adapter choices of kernel shape. `Context::new` picks them from the adapter; override
+/// them to benchmark or test the alternatives on one adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    /// Which tiled-kernel variant `Algorithm::Tiled` runs.
+    pub variant: Variant,
+    /// For the rows variant: the subgroup size its tile reads are shared across, or 0 to share
+    /// nothing. Only the adapter's fixed subgroup size (min == max) is accepted.
+    pub rows_subgroup: u32,
 }
 
 const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
@@ -197,6 +210,15 @@ impl Context {
             subgroups: features.contains(wgpu::Features::SUBGROUP),
             timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
         };
+        let fixed_subgroup = (features.contains(wgpu::Features::SUBGROUP)
+            && info.subgroup_min_size == info.subgroup_max_size
+            && (2..=64).contains(&info.subgroup_min_size))
+        .then_some(info.subgroup_min_size)
+        .unwrap_or(0);
+        let tuning = Tuning {
+            variant: Variant::for_device_type(info.device_type),
+            rows_subgroup: fixed_subgroup,
+        };
         let caps = DeviceCaps {
             max_workgroup_storage_bytes: limits.max_compute_workgroup_storage_size,
             max_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
@@ -218,6 +240,8 @@ impl Context {
             mem: Arc::new(MemTracker::default()),
             lost,
             timing: Mutex::new(None),
+            tuning: Mutex::new(tuning),
+            fixed_subgroup,
         }
     }
 
@@ -253,6 +277,43 @@ impl Context {
         self.timing.lock().ok().and_then(|t| *t)
     }
 
+    /// The kernel-shape choices in force.
+    pub fn tuning(&self) -> Tuning {
+        self.tuning.lock().map(|t| *t).unwrap_or(Tuning {
+            variant: Variant::Lanes,
+            rows_subgroup: 0,
+        })
+    }
+
+    /// Which tiled-kernel variant `Algorithm::Tiled` runs.
+    pub fn variant(&self) -> Variant {
+        self.tuning().variant
+    }
+
+    /// Overrides the kernel-shape choices, to benchmark or test alternatives on one adapter.
+    pub fn set_tuning(&self, tuning: Tuning) -> Result<()> {
+        if tuning.rows_subgroup != 0 && tuning.rows_subgroup != self.fixed_subgroup {
+            return Err(Error::invalid(format!(
+                "rows_subgroup must be 0 or this adapter's fixed subgroup size ({}), got {}",
+                self.fixed_subgroup, tuning.rows_subgroup
+            )));
+        }
+        if let Ok(mut t) = self.tuning.lock() {
+            *t = tuning;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn kernel_key(&self, kernel: Kernel, cfg: &crate::AttentionConfig, tiles: Tiles) -> KernelKey {
+        KernelKey {
+            kernel,
+            head_dim: cfg.head_dim as u32,
+            tiles,
+            causal: cfg.causal,
+            subgroup: if kernel.is_rows_variant() { self.tuning().rows_subgroup } else { 0 },
+        }
+    }
+
     /// Tile shape the library picks for a tiled kernel on this device.
     pub fn tiles_for(&self, kernel: Kernel, head_dim: usize) -> Result<Tiles> {
         crate::kernels::choose_tiles(kernel, head_dim as u32, self.caps)
@@ -267,6 +328,7 @@ impl Context {
             head_dim: 1,
             tiles: Tiles { br: 1, bc: 1, tpr: 1 },
             causal: false,
+            subgroup: 0,
         };
         let seed = 12345u32;
         let params = Params {
@@ -449,6 +511,17 @@ impl Context {
         {
             return Ok(p.clone());
         }
+        let storage = key.kernel.bindings().len() as u32;
+        if storage > self.limits.max_storage_buffers_per_shader_stage {
+            return Err(Error::DeviceLimit {
+                what: format!("{}: storage buffers per shader stage", key.kernel.name()),
+                needed: storage as u64,
+                limit: self.limits.max_storage_buffers_per_shader_stage as u64,
+                hint: "request the adapter's own limits (Context::new does) or use a device \
+                       that offers the WebGPU default of 8"
+                    .into(),
+            });
+        }
         let label = key.label();
         let wgsl = key.wgsl();
         let constants = key.constants();
@@ -493,12 +566,24 @@ impl Context {
                     bind_group_layouts: &[Some(&layout)],
                     immediate_size: 0,
                 });
-            let module = self
-                .device
-                .create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(&label),
-                    source: wgpu::ShaderSource::Wgsl(wgsl.into()),
-                });
+            let desc = wgpu::ShaderModuleDescriptor {
+                label: Some(&label),
+                source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+            };
+            // SAFETY: every loop in our shaders has a bound fixed before it starts (a
+            // constant or a uniform parameter), so the loop-bounding counter naga would add
+            // only costs time: it wraps each iteration in a 64-bit countdown that blocks
+            // unrolling. Bounds checks on memory stay on.
+            let module = unsafe {
+                self.device.create_shader_module_trusted(
+                    desc,
+                    wgpu::ShaderRuntimeChecks {
+                        bounds_checks: std::env::var_os("FA_NO_BOUNDS").is_none(),
+                        force_loop_bounding: false,
+                        ..wgpu::ShaderRuntimeChecks::checked()
+                    },
+                )
+            };
             let pipeline = self
                 .device
                 .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {

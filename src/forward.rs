@@ -3,7 +3,7 @@
 use crate::config::{Algorithm, AttentionConfig};
 use crate::context::{Context, Dispatch};
 use crate::error::{Error, Result, TensorRole};
-use crate::kernels::{Kernel, KernelKey, Params, Tiles};
+use crate::kernels::{Kernel, Params, Tiles};
 use crate::tensor::Tensor;
 
 /// Device-resident result of a forward pass.
@@ -47,15 +47,6 @@ pub(crate) fn check_slice(role: TensorRole, data: &[f32], expected: &[usize]) ->
 }
 
 pub(crate) const NO_TILES: Tiles = Tiles { br: 1, bc: 1, tpr: 1 };
-
-pub(crate) fn key(kernel: Kernel, cfg: &AttentionConfig, tiles: Tiles) -> KernelKey {
-    KernelKey {
-        kernel,
-        head_dim: cfg.head_dim as u32,
-        tiles,
-        causal: cfg.causal,
-    }
-}
 
 /// How the naive path splits its (batch, head) slices so that each chunk's seq_q x seq_kv
 /// buffers fit one storage binding.
@@ -139,7 +130,8 @@ impl Context {
         k: &Tensor,
         v: &Tensor,
     ) -> Result<Forward> {
-        let tiles = self.tiles_for(Kernel::FlashFwd, cfg.head_dim)?;
+        let kernel = self.variant().forward();
+        let tiles = self.tiles_for(kernel, cfg.head_dim)?;
         let out = self.zeros(&cfg.q_shape())?;
         let lse = self.zeros(&cfg.lse_shape())?;
         let n_q_tiles = cfg.seq_q.div_ceil(tiles.br as usize);
@@ -149,7 +141,7 @@ impl Context {
         params.n_kv_tiles = cfg.seq_kv.div_ceil(tiles.bc as usize) as u32;
         params.total_wg = total as u32;
         self.run(&[Dispatch {
-            key: key(Kernel::FlashFwd, cfg, tiles),
+            key: self.kernel_key(kernel, cfg, tiles),
             params,
             buffers: vec![q.buffer(), k.buffer(), v.buffer(), out.buffer(), lse.buffer()],
             workgroups: total as u32,
@@ -185,20 +177,20 @@ impl Context {
             };
             let n_scores = rows * cfg.seq_kv;
             dispatches.push(Dispatch {
-                key: key(Kernel::NaiveScores, cfg, NO_TILES),
+                key: self.kernel_key(Kernel::NaiveScores, cfg, NO_TILES),
                 params: with(n_scores, n_scores.div_ceil(64)),
                 buffers: vec![q.buffer(), k.buffer(), &scores.buffer],
                 workgroups: n_scores.div_ceil(64) as u32,
             });
             dispatches.push(Dispatch {
-                key: key(Kernel::NaiveSoftmax, cfg, NO_TILES),
+                key: self.kernel_key(Kernel::NaiveSoftmax, cfg, NO_TILES),
                 params: with(rows, rows),
                 buffers: vec![&scores.buffer, &probs.buffer, lse.buffer()],
                 workgroups: rows as u32,
             });
             let n_out = rows * cfg.head_dim;
             dispatches.push(Dispatch {
-                key: key(Kernel::NaivePv, cfg, NO_TILES),
+                key: self.kernel_key(Kernel::NaivePv, cfg, NO_TILES),
                 params: with(n_out, n_out.div_ceil(64)),
                 buffers: vec![&probs.buffer, v.buffer(), out.buffer()],
                 workgroups: n_out.div_ceil(64) as u32,

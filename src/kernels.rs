@@ -14,6 +14,9 @@ pub enum Kernel {
     FlashBwdPreprocess,
     FlashBwdDkDv,
     FlashBwdDq,
+    FlashFwdRows,
+    FlashBwdDkDvRows,
+    FlashBwdDqRows,
     NaiveScores,
     NaiveSoftmax,
     NaivePv,
@@ -23,6 +26,8 @@ pub enum Kernel {
     NaiveBwdDkDv,
     NaiveBwdDq,
     Canary,
+    RooflineFma,
+    RooflineCopy,
 }
 
 /// How a kernel uses binding slot i+1 (slot 0 is always the `Params` uniform).
@@ -35,11 +40,14 @@ pub enum Access {
 use Access::{Read as R, ReadWrite as W};
 
 impl Kernel {
-    pub const ALL: [Kernel; 13] = [
+    pub const ALL: [Kernel; 18] = [
         Kernel::FlashFwd,
         Kernel::FlashBwdPreprocess,
         Kernel::FlashBwdDkDv,
         Kernel::FlashBwdDq,
+        Kernel::FlashFwdRows,
+        Kernel::FlashBwdDkDvRows,
+        Kernel::FlashBwdDqRows,
         Kernel::NaiveScores,
         Kernel::NaiveSoftmax,
         Kernel::NaivePv,
@@ -49,6 +57,8 @@ impl Kernel {
         Kernel::NaiveBwdDkDv,
         Kernel::NaiveBwdDq,
         Kernel::Canary,
+        Kernel::RooflineFma,
+        Kernel::RooflineCopy,
     ];
 
     pub fn name(self) -> &'static str {
@@ -57,6 +67,9 @@ impl Kernel {
             Kernel::FlashBwdPreprocess => "flash_bwd_preprocess",
             Kernel::FlashBwdDkDv => "flash_bwd_dkdv",
             Kernel::FlashBwdDq => "flash_bwd_dq",
+            Kernel::FlashFwdRows => "flash_fwd_rows",
+            Kernel::FlashBwdDkDvRows => "flash_bwd_dkdv_rows",
+            Kernel::FlashBwdDqRows => "flash_bwd_dq_rows",
             Kernel::NaiveScores => "naive_scores",
             Kernel::NaiveSoftmax => "naive_softmax",
             Kernel::NaivePv => "naive_pv",
@@ -66,6 +79,8 @@ impl Kernel {
             Kernel::NaiveBwdDkDv => "naive_bwd_dkdv",
             Kernel::NaiveBwdDq => "naive_bwd_dq",
             Kernel::Canary => "canary",
+            Kernel::RooflineFma => "roofline_fma",
+            Kernel::RooflineCopy => "roofline_copy",
         }
     }
 
@@ -75,6 +90,9 @@ impl Kernel {
             Kernel::FlashBwdPreprocess => include_str!("../shaders/flash_bwd_preprocess.wgsl"),
             Kernel::FlashBwdDkDv => include_str!("../shaders/flash_bwd_dkdv.wgsl"),
             Kernel::FlashBwdDq => include_str!("../shaders/flash_bwd_dq.wgsl"),
+            Kernel::FlashFwdRows => include_str!("../shaders/flash_fwd_rows.wgsl"),
+            Kernel::FlashBwdDkDvRows => include_str!("../shaders/flash_bwd_dkdv_rows.wgsl"),
+            Kernel::FlashBwdDqRows => include_str!("../shaders/flash_bwd_dq_rows.wgsl"),
             Kernel::NaiveScores => include_str!("../shaders/naive_scores.wgsl"),
             Kernel::NaiveSoftmax => include_str!("../shaders/naive_softmax.wgsl"),
             Kernel::NaivePv => include_str!("../shaders/naive_pv.wgsl"),
@@ -84,6 +102,8 @@ impl Kernel {
             Kernel::NaiveBwdDkDv => include_str!("../shaders/naive_bwd_dkdv.wgsl"),
             Kernel::NaiveBwdDq => include_str!("../shaders/naive_bwd_dq.wgsl"),
             Kernel::Canary => include_str!("../shaders/canary.wgsl"),
+            Kernel::RooflineFma => include_str!("../shaders/roofline_fma.wgsl"),
+            Kernel::RooflineCopy => include_str!("../shaders/roofline_copy.wgsl"),
         }
     }
 
@@ -92,13 +112,13 @@ impl Kernel {
     pub fn bindings(self) -> &'static [Access] {
         match self {
             // q, k, v -> out, lse
-            Kernel::FlashFwd => &[R, R, R, W, W],
+            Kernel::FlashFwd | Kernel::FlashFwdRows => &[R, R, R, W, W],
             // out, d_out -> delta
             Kernel::FlashBwdPreprocess => &[R, R, W],
             // q, k, v, d_out, lse, delta -> dk, dv  (8 storage buffers: the WebGPU default cap)
-            Kernel::FlashBwdDkDv => &[R, R, R, R, R, R, W, W],
+            Kernel::FlashBwdDkDv | Kernel::FlashBwdDkDvRows => &[R, R, R, R, R, R, W, W],
             // q, k, v, d_out, lse, delta -> dq
-            Kernel::FlashBwdDq => &[R, R, R, R, R, R, W],
+            Kernel::FlashBwdDq | Kernel::FlashBwdDqRows => &[R, R, R, R, R, R, W],
             // q, k -> scores
             Kernel::NaiveScores => &[R, R, W],
             // scores -> probs, lse
@@ -115,15 +135,76 @@ impl Kernel {
             Kernel::NaiveBwdDkDv => &[R, R, R, R, W, W],
             // ds, k -> dq
             Kernel::NaiveBwdDq => &[R, R, W],
-            Kernel::Canary => &[W],
+            Kernel::Canary | Kernel::RooflineFma => &[W],
+            Kernel::RooflineCopy => &[R, W],
         }
     }
 
     pub fn is_tiled(self) -> bool {
         matches!(
             self,
-            Kernel::FlashFwd | Kernel::FlashBwdDkDv | Kernel::FlashBwdDq
+            Kernel::FlashFwd
+                | Kernel::FlashBwdDkDv
+                | Kernel::FlashBwdDq
+                | Kernel::FlashFwdRows
+                | Kernel::FlashBwdDkDvRows
+                | Kernel::FlashBwdDqRows
         )
+    }
+
+    /// Kernels whose workgroup rows are keys (BC of them) rather than queries.
+    pub fn rows_are_keys(self) -> bool {
+        matches!(self, Kernel::FlashBwdDkDv | Kernel::FlashBwdDkDvRows)
+    }
+
+    pub fn is_rows_variant(self) -> bool {
+        matches!(
+            self,
+            Kernel::FlashFwdRows | Kernel::FlashBwdDkDvRows | Kernel::FlashBwdDqRows
+        )
+    }
+}
+
+/// How a tiled kernel spreads a row over invocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// TPR invocations share a row; scores pass through workgroup memory. Suits GPUs, whose
+    /// lanes exchange data through shared memory cheaply and whose registers are scarce.
+    Lanes,
+    /// One invocation per row with the row's vectors in private arrays; every invocation reads
+    /// the same K/V (or Q/dO) element at once. Suits CPU drivers (lavapipe, SwiftShader, WARP),
+    /// where invocations are SIMD lanes and a per-lane workgroup-memory index is a gather.
+    Rows,
+}
+
+impl Variant {
+    /// The variant for an adapter of this device type.
+    pub fn for_device_type(device_type: wgpu::DeviceType) -> Variant {
+        match device_type {
+            wgpu::DeviceType::Cpu => Variant::Rows,
+            _ => Variant::Lanes,
+        }
+    }
+
+    pub fn forward(self) -> Kernel {
+        match self {
+            Variant::Lanes => Kernel::FlashFwd,
+            Variant::Rows => Kernel::FlashFwdRows,
+        }
+    }
+
+    pub fn backward_dkdv(self) -> Kernel {
+        match self {
+            Variant::Lanes => Kernel::FlashBwdDkDv,
+            Variant::Rows => Kernel::FlashBwdDkDvRows,
+        }
+    }
+
+    pub fn backward_dq(self) -> Kernel {
+        match self {
+            Variant::Lanes => Kernel::FlashBwdDq,
+            Variant::Rows => Kernel::FlashBwdDqRows,
+        }
     }
 }
 
@@ -138,9 +219,10 @@ pub struct Tiles {
 impl Tiles {
     /// Threads per workgroup. For the dK/dV kernel the "rows" are keys (BC of them).
     pub fn threads(&self, kernel: Kernel) -> u32 {
-        match kernel {
-            Kernel::FlashBwdDkDv => self.bc * self.tpr,
-            _ => self.br * self.tpr,
+        if kernel.rows_are_keys() {
+            self.bc * self.tpr
+        } else {
+            self.br * self.tpr
         }
     }
 }
@@ -174,6 +256,10 @@ pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
         // Q, dO, K, V tiles; P and dS (dK/dV) or dS (dQ) score tiles; lse and delta
         Kernel::FlashBwdDkDv => 2 * br * d + 2 * bc * d + 2 * br * bc + 2 * br,
         Kernel::FlashBwdDq => 2 * br * d + 2 * bc * d + br * bc + 2 * br,
+        // rows variants keep their own row in private arrays: only the streamed tiles
+        // (head_dim padded to a subgroup multiple: up to 7 more words a row at SG = 8)
+        Kernel::FlashFwdRows | Kernel::FlashBwdDqRows => 2 * bc * d.next_multiple_of(8),
+        Kernel::FlashBwdDkDvRows => 2 * br * d.next_multiple_of(8) + 2 * br,
         _ => 0,
     }
 }
@@ -181,7 +267,7 @@ pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
 /// The pure tile chooser: the largest tiles (most reuse per byte loaded) that fit the device's
 /// workgroup memory and invocation limits. Preference order favours square-ish tiles.
 pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<Tiles> {
-    const CANDIDATES: [(u32, u32); 12] = [
+    const LANES: [(u32, u32); 12] = [
         (32, 32),
         (16, 32),
         (32, 16),
@@ -195,14 +281,38 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
         (2, 4),
         (1, 4),
     ];
+    // (invocations = rows per workgroup, streamed rows per tile); the streamed count also
+    // sizes each invocation's private score array.
+    const ROWS: [(u32, u32); 8] = [
+        (64, 16),
+        (64, 8),
+        (32, 8),
+        (64, 4),
+        (32, 4),
+        (16, 4),
+        (16, 2),
+        (8, 1),
+    ];
     if !kernel.is_tiled() {
         return Ok(Tiles { br: 1, bc: 1, tpr: 1 });
     }
-    let tpr = threads_per_row(head_dim);
+    let candidates: Vec<Tiles> = if kernel.is_rows_variant() {
+        ROWS.iter()
+            .map(|&(rows, streamed)| {
+                if kernel.rows_are_keys() {
+                    Tiles { br: streamed, bc: rows, tpr: 1 }
+                } else {
+                    Tiles { br: rows, bc: streamed, tpr: 1 }
+                }
+            })
+            .collect()
+    } else {
+        let tpr = threads_per_row(head_dim);
+        LANES.iter().map(|&(br, bc)| Tiles { br, bc, tpr }).collect()
+    };
     let budget = caps.max_workgroup_storage_bytes / 4;
     let mut smallest_need = u32::MAX;
-    for (br, bc) in CANDIDATES {
-        let t = Tiles { br, bc, tpr };
+    for t in candidates {
         let words = workgroup_words(kernel, head_dim, t);
         smallest_need = smallest_need.min(words);
         if words <= budget && t.threads(kernel) <= caps.max_invocations_per_workgroup {
@@ -224,6 +334,8 @@ pub struct KernelKey {
     pub head_dim: u32,
     pub tiles: Tiles,
     pub causal: bool,
+    /// Rows kernels: the fixed subgroup size they share tile reads across, or 0 for none.
+    pub subgroup: u32,
 }
 
 impl KernelKey {
@@ -233,6 +345,8 @@ impl KernelKey {
             self.tiles.threads(self.kernel)
         } else if self.kernel == Kernel::Canary {
             1
+        } else if matches!(self.kernel, Kernel::RooflineFma | Kernel::RooflineCopy) {
+            256
         } else {
             64
         }
@@ -240,13 +354,14 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} d={} br={} bc={} tpr={} causal={}",
+            "{} d={} br={} bc={} tpr={} causal={} sg={}",
             self.kernel.name(),
             self.head_dim,
             self.tiles.br,
             self.tiles.bc,
             self.tiles.tpr,
-            self.causal
+            self.causal,
+            self.subgroup
         )
     }
 
@@ -257,14 +372,12 @@ impl KernelKey {
         let mut s = String::with_capacity(16 * 1024);
         s.push_str(&format!("// generated: {}\n", self.label()));
         s.push_str(&format!("const HEAD_DIM: u32 = {d}u;\n"));
+        s.push_str(&format!("const HEAD_DIM4: u32 = {}u;\n", d.div_ceil(4)));
         if self.kernel.is_tiled() {
-            let rows_per_wg = match self.kernel {
-                Kernel::FlashBwdDkDv => t.bc,
-                _ => t.br,
-            };
-            let cols = match self.kernel {
-                Kernel::FlashBwdDkDv => t.br,
-                _ => t.bc,
+            let (rows_per_wg, cols) = if self.kernel.rows_are_keys() {
+                (t.bc, t.br)
+            } else {
+                (t.br, t.bc)
             };
             s.push_str(&format!("const BR: u32 = {}u;\n", t.br));
             s.push_str(&format!("const BC: u32 = {}u;\n", t.bc));
@@ -273,6 +386,9 @@ impl KernelKey {
             // output dims per lane, score columns per lane
             s.push_str(&format!("const DPT: u32 = {}u;\n", d.div_ceil(t.tpr)));
             s.push_str(&format!("const CPT: u32 = {}u;\n", cols.div_ceil(t.tpr)));
+        }
+        if self.kernel.is_rows_variant() {
+            s.push_str(&lane_prelude(self.subgroup, d));
         }
         s.push_str(COMMON);
         s.push('\n');
@@ -284,6 +400,22 @@ impl KernelKey {
     pub fn constants(&self) -> Vec<(&'static str, f64)> {
         vec![("CAUSAL", if self.causal { 1.0 } else { 0.0 })]
     }
+}
+
+/// Rows kernels read streamed tiles in chunks of SG elements, one per subgroup lane, and share
+/// them with `lane_value`. With no subgroup size to rely on, SG = 1 and `lane_value` is the
+/// identity. DPAD is head_dim rounded up to a multiple of SG (the padding holds zeros).
+fn lane_prelude(subgroup: u32, head_dim: u32) -> String {
+    let sg = subgroup.max(1);
+    let mut s = String::new();
+    if sg > 1 {
+        s.push_str("fn lane_value(x: f32, l: u32) -> f32 {\n    return subgroupShuffle(x, l);\n}\n");
+    } else {
+        s.push_str("fn lane_value(x: f32, l: u32) -> f32 {\n    return x;\n}\n");
+    }
+    s.push_str(&format!("const SG: u32 = {sg}u;\n"));
+    s.push_str(&format!("const DPAD: u32 = {}u;\n", head_dim.next_multiple_of(sg)));
+    s
 }
 
 /// Runtime parameters, bound at slot 0 of every kernel. Mirrors `Params` in common.wgsl.

@@ -24,11 +24,14 @@ pub mod error;
 pub mod forward;
 pub mod kernels;
 pub mod reference;
+pub mod roofline;
 pub mod tensor;
 
 pub use backward::{Gradients, HostGradients};
 pub use config::{Algorithm, AttentionConfig, MAX_HEAD_DIM};
-pub use context::{AdapterSummary, Context, GpuTiming, MemoryStats};
+pub use context::{AdapterSummary, Context, GpuTiming, MemoryStats, Tuning};
 pub use error::{Error, Result, TensorRole};
 pub use forward::{Forward, HostForward};
+pub use kernels::Variant;
+pub use roofline::Roofline;
 pub use tensor::Tensor;

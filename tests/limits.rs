@@ -55,7 +55,7 @@ fn webgpu_default_limits_run_every_head_dim_with_16k_tiles() {
 #[test]
 fn device_with_too_little_workgroup_memory_names_the_limit() {
     let limits = wgpu::Limits {
-        max_compute_workgroup_storage_size: 2048,
+        max_compute_workgroup_storage_size: 1024,
         ..wgpu::Limits::downlevel_defaults()
     };
     let ctx = context_with_limits(limits);
@@ -63,8 +63,8 @@ fn device_with_too_little_workgroup_memory_names_the_limit() {
     let data = inputs(&c, 1.0);
     match ctx.forward_host(&c, &data.q, &data.k, &data.v) {
         Err(Error::DeviceLimit { needed, limit, what, .. }) => {
-            assert_eq!(limit, 2048);
-            assert!(needed > 2048);
+            assert_eq!(limit, 1024);
+            assert!(needed > 1024);
             assert!(what.contains("head_dim 256"), "{what}");
         }
         other => panic!("expected DeviceLimit, got {other:?}"),
@@ -75,6 +75,23 @@ fn device_with_too_little_workgroup_memory_names_the_limit() {
     let want = reference::forward(&c, &data.q, &data.k, &data.v);
     let got = ctx.forward_host(&c, &data.q, &data.k, &data.v).unwrap();
     assert_close("out", &got.out, &want.out, "naive on a small device");
+}
+
+#[test]
+fn device_with_too_few_storage_buffers_names_the_limit() {
+    let limits = wgpu::Limits {
+        max_storage_buffers_per_shader_stage: 4,
+        ..wgpu::Limits::default()
+    };
+    let ctx = context_with_limits(limits);
+    let c = cfg(1, 8, 8, 1, 1, 16, false);
+    let data = inputs(&c, 1.0);
+    match ctx.forward_host(&c, &data.q, &data.k, &data.v) {
+        Err(Error::DeviceLimit { needed: 5, limit: 4, what, .. }) => {
+            assert!(what.contains("storage buffers"), "{what}");
+        }
+        other => panic!("expected DeviceLimit, got {other:?}"),
+    }
 }
 
 #[test]

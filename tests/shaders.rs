@@ -31,7 +31,9 @@ fn variants() -> Vec<KernelKey> {
                     let tiles = choose_tiles(kernel, head_dim, caps).unwrap();
                     if !tiles_seen.contains(&tiles) {
                         tiles_seen.push(tiles);
-                        keys.push(KernelKey { kernel, head_dim, tiles, causal });
+                        for subgroup in [0, 8] {
+                            keys.push(KernelKey { kernel, head_dim, tiles, causal, subgroup });
+                        }
                     }
                 }
             }
@@ -57,6 +59,7 @@ fn shader_bindings_match_the_host_layout() {
             head_dim: 64,
             tiles: choose_tiles(kernel, 64, DeviceCaps::WEBGPU_DEFAULT).unwrap(),
             causal: false,
+            subgroup: 0,
         };
         let module = parse_and_validate(&key);
         let mut found = vec![None; kernel.bindings().len() + 1];
@@ -94,6 +97,7 @@ fn params_layout_matches_the_shader_struct() {
         head_dim: 64,
         tiles: choose_tiles(Kernel::FlashFwd, 64, DeviceCaps::WEBGPU_DEFAULT).unwrap(),
         causal: false,
+        subgroup: 0,
     };
     let module = parse_and_validate(&key);
     let (_, ty) = module

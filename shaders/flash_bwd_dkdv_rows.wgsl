@@ -1,0 +1,141 @@
+// FlashAttention backward, dK and dV, "rows" variant: one invocation per key row.
+//
+// Grid:    n_kv_tiles * heads_kv * batch workgroups of BC invocations, folded.
+// Threads: invocation c owns key row kv0 + c: k, v and the dK/dV accumulators live in
+//          private arrays; Q/dO tiles in workgroup memory are read SG elements at a time and
+//          shared across the subgroup with `lane_value` (see flash_fwd_rows.wgsl).
+// Loop:    every query head of the GQA group, and for each the Q tiles that can see these
+//          keys (with CAUSAL, tiles wholly above the diagonal are skipped).
+// Math:    P = exp2(s - lse2), dP = dO V^T, dS = P * (dP - delta),
+//          dV += P^T dO, dK += scale * dS^T Q.
+// No atomics: each workgroup owns its dK/dV rows. 8 storage buffers: the WebGPU default cap.
+
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(4) var<storage, read> d_out: array<f32>;
+@group(0) @binding(5) var<storage, read> lse: array<f32>;
+@group(0) @binding(6) var<storage, read> delta: array<f32>;
+@group(0) @binding(7) var<storage, read_write> dk: array<f32>;
+@group(0) @binding(8) var<storage, read_write> dv: array<f32>;
+
+var<workgroup> sq: array<f32, BR * DPAD>;    // Q tile, pre-scaled into the exp2 domain
+var<workgroup> sdo: array<f32, BR * DPAD>;   // dO tile
+var<workgroup> slse: array<f32, BR>;         // lse, exp2 domain
+var<workgroup> sdelta: array<f32, BR>;
+
+@compute @workgroup_size(BC)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let wg = linear_workgroup(wid, nwg);
+    if (wg >= params.total_wg) {
+        return;
+    }
+    let kv_tile = wg % params.n_kv_tiles;
+    let bh = wg / params.n_kv_tiles;
+    let hk = bh % params.heads_kv;
+    let b = bh / params.heads_kv;
+    let kv0 = kv_tile * BC;
+    let key = kv0 + t;
+    let lane = t % SG;
+
+    var kr: array<f32, DPAD>;
+    var vr: array<f32, DPAD>;
+    if (key < params.seq_kv) {
+        let base = kv_index(b, key, hk, 0u);
+        for (var d = 0u; d < HEAD_DIM; d++) {
+            kr[d] = k[base + d];
+            vr[d] = v[base + d];
+        }
+    }
+    var acc_dk: array<f32, DPAD>;
+    var acc_dv: array<f32, DPAD>;
+    var dk_tile: array<f32, DPAD>;
+    var dv_tile: array<f32, DPAD>;
+    var p: array<f32, BR>;
+    var ds: array<f32, BR>;
+    let q_start = (q_begin_for_key(kv0) / BR) * BR;
+
+    for (var g = 0u; g < params.group; g++) {
+        let h = hk * params.group + g;
+        for (var q0 = q_start; q0 < params.seq_q; q0 += BR) {
+            let masked = q0 + BR > params.seq_q || tile_needs_mask(q0, kv0, BC);
+            workgroupBarrier();
+            for (var e = t; e < BR * DPAD; e += BC) {
+                let qi = q0 + e / DPAD;
+                let d = e % DPAD;
+                var qx = 0.0;
+                var dox = 0.0;
+                if (qi < params.seq_q && d < HEAD_DIM) {
+                    let g2 = q_index(b, qi, h, d);
+                    qx = q[g2] * params.scale_log2;
+                    dox = d_out[g2];
+                }
+                sq[e] = qx;
+                sdo[e] = dox;
+            }
+            for (var r = t; r < BR; r += BC) {
+                let qi = q0 + r;
+                var l2 = pos_inf();
+                var dl = 0.0;
+                if (qi < params.seq_q) {
+                    l2 = lse_to_log2(lse[row_index(b, h, qi)]);
+                    dl = delta[row_index(b, h, qi)];
+                }
+                slse[r] = l2;
+                sdelta[r] = dl;
+            }
+            workgroupBarrier();
+
+            for (var r = 0u; r < BR; r++) {
+                var s = 0.0;
+                var dp = 0.0;
+                for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+                    let q_mine = sq[r * DPAD + d0 + lane];
+                    let do_mine = sdo[r * DPAD + d0 + lane];
+                    for (var l = 0u; l < SG; l++) {
+                        s = fma(kr[d0 + l], lane_value(q_mine, l), s);
+                        dp = fma(vr[d0 + l], lane_value(do_mine, l), dp);
+                    }
+                }
+                s = select(MASKED_SCORE, s, !masked | visible(q0 + r, key));
+                let pr = exp2(s - slse[r]);
+                p[r] = pr;
+                ds[r] = pr * (dp - sdelta[r]);
+            }
+            // summed apart, then folded in (f32 error on long columns)
+            for (var d = 0u; d < DPAD; d++) {
+                dk_tile[d] = 0.0;
+                dv_tile[d] = 0.0;
+            }
+            for (var r = 0u; r < BR; r++) {
+                let pr = p[r];
+                let dsr = ds[r];
+                for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+                    let q_mine = sq[r * DPAD + d0 + lane];
+                    let do_mine = sdo[r * DPAD + d0 + lane];
+                    for (var l = 0u; l < SG; l++) {
+                        dv_tile[d0 + l] = fma(pr, lane_value(do_mine, l), dv_tile[d0 + l]);
+                        dk_tile[d0 + l] = fma(dsr, lane_value(q_mine, l), dk_tile[d0 + l]);
+                    }
+                }
+            }
+            for (var d = 0u; d < DPAD; d++) {
+                acc_dk[d] += dk_tile[d];
+                acc_dv[d] += dv_tile[d];
+            }
+        }
+    }
+
+    if (key < params.seq_kv) {
+        let base = kv_index(b, key, hk, 0u);
+        // sq held scale * log2(e) * q and dK needs scale * q: multiply log2(e) back out
+        for (var d = 0u; d < HEAD_DIM; d++) {
+            dk[base + d] = acc_dk[d] * LN2;
+            dv[base + d] = acc_dv[d];
+        }
+    }
+}

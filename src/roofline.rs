@@ -1,0 +1,80 @@
+//! The adapter's own ceilings, measured with probe shaders: FMA throughput and global-memory
+//! copy bandwidth. Speed claims are held against these, not against a data sheet.
+
+use crate::context::{Context, Dispatch};
+use crate::error::Result;
+use crate::kernels::{Kernel, KernelKey, Params, Tiles};
+
+/// Measured ceilings of one adapter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Roofline {
+    /// f32 FMA throughput, GFLOP/s (an FMA counts as 2 FLOPs).
+    pub fma_gflops: f64,
+    /// Global-memory copy bandwidth, GB/s (read + write bytes).
+    pub copy_gbps: f64,
+}
+
+impl Roofline {
+    /// The time floor of a kernel that does `flops` and moves `bytes`: the larger of
+    /// FLOPs over peak and bytes over bandwidth, in seconds.
+    pub fn floor_seconds(&self, flops: f64, bytes: f64) -> f64 {
+        (flops / (self.fma_gflops * 1e9)).max(bytes / (self.copy_gbps * 1e9))
+    }
+}
+
+fn key(kernel: Kernel) -> KernelKey {
+    KernelKey {
+        kernel,
+        head_dim: 1,
+        tiles: Tiles { br: 1, bc: 1, tpr: 1 },
+        causal: false,
+        subgroup: 0,
+    }
+}
+
+impl Context {
+    /// Measures the FMA and copy ceilings. `scale` sizes the probes (1.0 runs a few hundred
+    /// milliseconds on a software driver; use more on a fast GPU). Reports the best of 3.
+    pub fn measure_roofline(&self, scale: f64) -> Result<Roofline> {
+        let workgroups = 64u32;
+        let iterations = ((2000.0 * scale) as u32).max(16);
+        let sink = self.create_storage(workgroups as u64 * 256 * 4, "roofline sink")?;
+        let mut fma_best = f64::INFINITY;
+        for _ in 0..4 {
+            self.run(&[Dispatch {
+                key: key(Kernel::RooflineFma),
+                params: Params {
+                    total_items: iterations,
+                    ..Default::default()
+                },
+                buffers: vec![&sink.buffer],
+                workgroups,
+            }])?;
+            fma_best = fma_best.min(self.last_gpu_timing().map_or(f64::INFINITY, |t| t.seconds));
+        }
+        let flops = workgroups as f64 * 256.0 * iterations as f64 * 64.0;
+
+        let vec4s = ((4u64 << 20) as f64 * scale).max(4096.0) as u64;
+        let bytes = (vec4s * 16).min(self.limits.max_storage_buffer_binding_size / 2 / 16 * 16);
+        let vec4s = bytes / 16;
+        let src = self.create_storage(bytes, "roofline src")?;
+        let dst = self.create_storage(bytes, "roofline dst")?;
+        let mut copy_best = f64::INFINITY;
+        for _ in 0..4 {
+            self.run(&[Dispatch {
+                key: key(Kernel::RooflineCopy),
+                params: Params {
+                    total_items: vec4s as u32,
+                    ..Default::default()
+                },
+                buffers: vec![&src.buffer, &dst.buffer],
+                workgroups: 256,
+            }])?;
+            copy_best = copy_best.min(self.last_gpu_timing().map_or(f64::INFINITY, |t| t.seconds));
+        }
+        Ok(Roofline {
+            fma_gflops: flops / fma_best / 1e9,
+            copy_gbps: 2.0 * bytes as f64 / copy_best / 1e9,
+        })
+    }
+}

@@ -1,0 +1,65 @@
+//! Every kernel variant the tuning can pick is exact, at odd sizes: the lanes variant (GPUs),
+//! the rows variant with and without subgroup sharing (CPU drivers). The other test files run
+//! whichever the adapter gets by default.
+
+mod common;
+use common::{assert_close, assert_lse_close, cfg, inputs};
+use flash_attn_wgpu::{reference, AttentionConfig, Context, Tuning, Variant};
+
+fn tunings(ctx: &Context) -> Vec<Tuning> {
+    let default = ctx.tuning();
+    let mut t = vec![
+        Tuning { variant: Variant::Lanes, rows_subgroup: 0 },
+        Tuning { variant: Variant::Rows, rows_subgroup: 0 },
+    ];
+    if default.rows_subgroup != 0 {
+        t.push(Tuning { variant: Variant::Rows, rows_subgroup: default.rows_subgroup });
+    }
+    t
+}
+
+fn check_all_tunings(c: &AttentionConfig, amp: f32) {
+    // A context of its own: tuning is per context and other test binaries share theirs.
+    let ctx = Context::new().expect("context");
+    let data = inputs(c, amp);
+    let want_f = reference::forward(c, &data.q, &data.k, &data.v);
+    let want_g = reference::backward(c, &data.q, &data.k, &data.v, &data.d_out);
+    for tuning in tunings(&ctx) {
+        ctx.set_tuning(tuning).unwrap();
+        let msg = format!("{tuning:?} {}", common::describe(c, data.seed));
+        let f = ctx.forward_host(c, &data.q, &data.k, &data.v).unwrap_or_else(|e| panic!("{e} ({msg})"));
+        assert_close("out", &f.out, &want_f.out, &msg);
+        assert_lse_close(&f.lse, &want_f.lse, &msg);
+        let g = ctx
+            .backward_host(c, &data.q, &data.k, &data.v, &f.out, &f.lse, &data.d_out)
+            .unwrap_or_else(|e| panic!("{e} ({msg})"));
+        assert_close("dq", &g.dq, &want_g.dq, &msg);
+        assert_close("dk", &g.dk, &want_g.dk, &msg);
+        assert_close("dv", &g.dv, &want_g.dv, &msg);
+    }
+}
+
+#[test]
+fn every_variant_matches_reference_at_odd_sizes() {
+    check_all_tunings(&cfg(2, 77, 61, 4, 2, 64, false), 1.0);
+    check_all_tunings(&cfg(1, 61, 77, 2, 1, 64, true), 1.0);
+}
+
+#[test]
+fn every_variant_handles_odd_and_large_head_dims() {
+    for d in [1, 13, 80, 256] {
+        check_all_tunings(&cfg(1, 37, 29, 2, 2, d, true), 1.0);
+    }
+}
+
+#[test]
+fn every_variant_handles_empty_rows_and_large_logits() {
+    check_all_tunings(&cfg(1, 40, 9, 2, 1, 16, true), 8.0);
+}
+
+#[test]
+fn only_the_adapters_fixed_subgroup_size_is_accepted() {
+    let ctx = Context::new().unwrap();
+    let bad = Tuning { variant: Variant::Rows, rows_subgroup: 3 };
+    assert!(ctx.set_tuning(bad).is_err());
+}
