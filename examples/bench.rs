@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 
 use flash_attn_wgpu::kernels::workgroup_words;
-use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, Error, Roofline, Tuning, Variant};
+use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, Error, Roofline, Variant};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -326,7 +326,7 @@ impl Context {
         let key = KernelKey {
             kernel: Kernel::Canary,
             head_dim: 1,
-            tiles: Tiles { br: 1, bc: 1, tpr: 1 },
+            tiles: Tiles::ONE,
             causal: false,
             subgroup: 0,
         };

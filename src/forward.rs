@@ -46,7 +46,7 @@ pub(crate) fn check_slice(role: TensorRole, data: &[f32], expected: &[usize]) ->
     Ok(())
 }
 
-pub(crate) const NO_TILES: Tiles = Tiles { br: 1, bc: 1, tpr: 1 };
+pub(crate) const NO_TILES: Tiles = Tiles::ONE;
 
 /// How the naive path splits its (batch, head) slices so that each chunk's seq_q x seq_kv
 /// buffers fit one storage binding.

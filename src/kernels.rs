@@ -208,22 +208,31 @@ impl Variant {
     }
 }
 
-/// Tile shape of a tiled kernel: BR query rows, BC keys, TPR threads per row.
+/// Tile shape of a tiled kernel: BR query rows and BC keys per tile; TPR threads per row
+/// (lanes variant) or RPT rows per thread (rows variant); the other is 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tiles {
     pub br: u32,
     pub bc: u32,
     pub tpr: u32,
+    pub rpt: u32,
 }
 
 impl Tiles {
-    /// Threads per workgroup. For the dK/dV kernel the "rows" are keys (BC of them).
-    pub fn threads(&self, kernel: Kernel) -> u32 {
+    pub const ONE: Tiles = Tiles { br: 1, bc: 1, tpr: 1, rpt: 1 };
+
+    /// Rows a workgroup owns: queries, or keys for the dK/dV kernels.
+    pub fn rows(&self, kernel: Kernel) -> u32 {
         if kernel.rows_are_keys() {
-            self.bc * self.tpr
+            self.bc
         } else {
-            self.br * self.tpr
+            self.br
         }
+    }
+
+    /// Threads per workgroup.
+    pub fn threads(&self, kernel: Kernel) -> u32 {
+        self.rows(kernel) * self.tpr / self.rpt.max(1)
     }
 }
 
@@ -281,34 +290,41 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
         (2, 4),
         (1, 4),
     ];
-    // (invocations = rows per workgroup, streamed rows per tile); the streamed count also
-    // sizes each invocation's private score array.
-    const ROWS: [(u32, u32); 8] = [
-        (64, 16),
-        (64, 8),
-        (32, 8),
-        (64, 4),
-        (32, 4),
-        (16, 4),
-        (16, 2),
-        (8, 1),
+    // (rows per workgroup, streamed rows per tile, rows per thread); the streamed count also
+    // sizes each invocation's private score array. Two rows per thread halve the tile reads
+    // per FMA in the forward kernel; the private arrays double, so only up to head_dim 128.
+    const ROWS: [(u32, u32, u32); 12] = [
+        (128, 32, 2),
+        (128, 16, 2),
+        (64, 64, 1),
+        (64, 32, 1),
+        (64, 16, 1),
+        (64, 8, 1),
+        (32, 8, 1),
+        (64, 4, 1),
+        (32, 4, 1),
+        (16, 4, 1),
+        (16, 2, 1),
+        (8, 1, 1),
     ];
     if !kernel.is_tiled() {
-        return Ok(Tiles { br: 1, bc: 1, tpr: 1 });
+        return Ok(Tiles::ONE);
     }
     let candidates: Vec<Tiles> = if kernel.is_rows_variant() {
+        let multi_row = kernel == Kernel::FlashFwdRows && head_dim <= 128;
         ROWS.iter()
-            .map(|&(rows, streamed)| {
+            .filter(|&&(_, _, rpt)| rpt == 1 || multi_row)
+            .map(|&(rows, streamed, rpt)| {
                 if kernel.rows_are_keys() {
-                    Tiles { br: streamed, bc: rows, tpr: 1 }
+                    Tiles { br: streamed, bc: rows, tpr: 1, rpt }
                 } else {
-                    Tiles { br: rows, bc: streamed, tpr: 1 }
+                    Tiles { br: rows, bc: streamed, tpr: 1, rpt }
                 }
             })
             .collect()
     } else {
         let tpr = threads_per_row(head_dim);
-        LANES.iter().map(|&(br, bc)| Tiles { br, bc, tpr }).collect()
+        LANES.iter().map(|&(br, bc)| Tiles { br, bc, tpr, rpt: 1 }).collect()
     };
     let budget = caps.max_workgroup_storage_bytes / 4;
     let mut smallest_need = u32::MAX;
@@ -354,12 +370,13 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} d={} br={} bc={} tpr={} causal={} sg={}",
+            "{} d={} br={} bc={} tpr={} rpt={} causal={} sg={}",
             self.kernel.name(),
             self.head_dim,
             self.tiles.br,
             self.tiles.bc,
             self.tiles.tpr,
+            self.tiles.rpt,
             self.causal,
             self.subgroup
         )
@@ -374,15 +391,12 @@ impl KernelKey {
         s.push_str(&format!("const HEAD_DIM: u32 = {d}u;\n"));
         s.push_str(&format!("const HEAD_DIM4: u32 = {}u;\n", d.div_ceil(4)));
         if self.kernel.is_tiled() {
-            let (rows_per_wg, cols) = if self.kernel.rows_are_keys() {
-                (t.bc, t.br)
-            } else {
-                (t.br, t.bc)
-            };
+            let cols = if self.kernel.rows_are_keys() { t.br } else { t.bc };
             s.push_str(&format!("const BR: u32 = {}u;\n", t.br));
             s.push_str(&format!("const BC: u32 = {}u;\n", t.bc));
             s.push_str(&format!("const TPR: u32 = {}u;\n", t.tpr));
-            s.push_str(&format!("const NT: u32 = {}u;\n", rows_per_wg * t.tpr));
+            s.push_str(&format!("const NT: u32 = {}u;\n", t.threads(self.kernel)));
+            s.push_str(&format!("const RPT: u32 = {}u;\n", t.rpt.max(1)));
             // output dims per lane, score columns per lane
             s.push_str(&format!("const DPT: u32 = {}u;\n", d.div_ceil(t.tpr)));
             s.push_str(&format!("const CPT: u32 = {}u;\n", cols.div_ceil(t.tpr)));
@@ -473,8 +487,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn rows_forward_takes_two_rows_per_thread_up_to_head_dim_128() {
+        let caps = DeviceCaps::WEBGPU_DEFAULT;
+        assert_eq!(choose_tiles(Kernel::FlashFwdRows, 64, caps).unwrap().rpt, 2);
+        assert_eq!(choose_tiles(Kernel::FlashFwdRows, 128, caps).unwrap().rpt, 2);
+        assert_eq!(choose_tiles(Kernel::FlashFwdRows, 256, caps).unwrap().rpt, 1);
+        assert_eq!(choose_tiles(Kernel::FlashBwdDqRows, 64, caps).unwrap().rpt, 1);
+    }
+
+    #[test]
     fn tiles_fit_webgpu_defaults_for_every_head_dim() {
-        for kernel in [Kernel::FlashFwd, Kernel::FlashBwdDkDv, Kernel::FlashBwdDq] {
+        for kernel in [
+            Kernel::FlashFwd,
+            Kernel::FlashBwdDkDv,
+            Kernel::FlashBwdDq,
+            Kernel::FlashFwdRows,
+            Kernel::FlashBwdDkDvRows,
+            Kernel::FlashBwdDqRows,
+        ] {
             for d in 1..=256u32 {
                 let t = choose_tiles(kernel, d, DeviceCaps::WEBGPU_DEFAULT).unwrap();
                 assert!(workgroup_words(kernel, d, t) * 4 <= 16384, "{kernel:?} d={d} {t:?}");

@@ -26,7 +26,7 @@ fn key(kernel: Kernel) -> KernelKey {
     KernelKey {
         kernel,
         head_dim: 1,
-        tiles: Tiles { br: 1, bc: 1, tpr: 1 },
+        tiles: Tiles::ONE,
         causal: false,
         subgroup: 0,
     }
