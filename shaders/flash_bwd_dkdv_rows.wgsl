@@ -3,7 +3,7 @@
 // Grid:    n_kv_tiles * heads_kv * batch workgroups of BC invocations, folded.
 // Threads: invocation c owns key row kv0 + c: k, v and the dK/dV accumulators live in
 //          private arrays; Q/dO tiles in workgroup memory are read SG elements at a time and
-//          shared across the subgroup with `lane_value` (see flash_fwd_rows.wgsl).
+//          shared across the subgroup with `lane_values` (see flash_fwd_rows.wgsl).
 // Loop:    every query head of the GQA group, and for each the Q tiles that can see these
 //          keys (with CAUSAL, tiles wholly above the diagonal are skipped).
 // Math:    P = exp2(s - lse2), dP = dO V^T, dS = P * (dP - delta),
@@ -94,11 +94,11 @@ fn main(
                 var s = 0.0;
                 var dp = 0.0;
                 for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-                    let q_mine = sq[r * DPAD + d0 + lane];
-                    let do_mine = sdo[r * DPAD + d0 + lane];
+                    let q_mine = lane_values(sq[r * DPAD + d0 + lane]);
+                    let do_mine = lane_values(sdo[r * DPAD + d0 + lane]);
                     for (var l = 0u; l < SG; l++) {
-                        s = fma(kr[d0 + l], lane_value(q_mine, l), s);
-                        dp = fma(vr[d0 + l], lane_value(do_mine, l), dp);
+                        s = fma(kr[d0 + l], q_mine[l], s);
+                        dp = fma(vr[d0 + l], do_mine[l], dp);
                     }
                 }
                 s = select(MASKED_SCORE, s, !masked | visible(q0 + r, key));
@@ -115,11 +115,11 @@ fn main(
                 let pr = p[r];
                 let dsr = ds[r];
                 for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-                    let q_mine = sq[r * DPAD + d0 + lane];
-                    let do_mine = sdo[r * DPAD + d0 + lane];
+                    let q_mine = lane_values(sq[r * DPAD + d0 + lane]);
+                    let do_mine = lane_values(sdo[r * DPAD + d0 + lane]);
                     for (var l = 0u; l < SG; l++) {
-                        dv_tile[d0 + l] = fma(pr, lane_value(do_mine, l), dv_tile[d0 + l]);
-                        dk_tile[d0 + l] = fma(dsr, lane_value(q_mine, l), dk_tile[d0 + l]);
+                        dv_tile[d0 + l] = fma(pr, do_mine[l], dv_tile[d0 + l]);
+                        dk_tile[d0 + l] = fma(dsr, q_mine[l], dk_tile[d0 + l]);
                     }
                 }
             }

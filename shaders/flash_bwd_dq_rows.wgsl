@@ -1,9 +1,10 @@
-// FlashAttention backward, dQ, "rows" variant: one invocation per query row.
+// FlashAttention backward, dQ, "rows" variant: each invocation owns RPT query rows.
 //
-// Grid:    n_q_tiles * heads_q * batch workgroups of BR invocations, folded.
-// Threads: invocation r owns query row q0 + r: q (pre-scaled), dO and the dQ accumulator live
-//          in private arrays; K/V tiles in workgroup memory are read SG elements at a time
-//          and shared across the subgroup with `lane_value` (see flash_fwd_rows.wgsl).
+// Grid:    n_q_tiles * heads_q * batch workgroups of BR / RPT invocations, folded.
+// Threads: invocation t owns query rows q0 + t + rr * NT (rr < RPT): q (pre-scaled), dO and
+//          the dQ accumulators live in private arrays; K/V tiles in workgroup memory are read
+//          SG elements at a time and shared across the subgroup with `lane_values` (see
+//          flash_fwd_rows.wgsl); each element read serves RPT rows.
 // Loop:    over K/V tiles of BC keys; with CAUSAL, tiles above the diagonal are skipped.
 // Math:    P = exp2(s - lse2), dP = dO V^T, dS = P * (dP - delta), dQ += scale * dS K.
 // No atomics: each workgroup owns its dQ rows.
@@ -19,7 +20,7 @@
 var<workgroup> sk: array<f32, BC * DPAD>;
 var<workgroup> sv: array<f32, BC * DPAD>;
 
-@compute @workgroup_size(BR)
+@compute @workgroup_size(NT)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -35,31 +36,34 @@ fn main(
     let b = bh / params.heads_q;
     let hk = h / params.group;
     let q0 = q_tile * BR;
-    let i = q0 + t;
     let lane = t % SG;
 
-    var qr: array<f32, DPAD>;
-    var dor: array<f32, DPAD>;
-    var lse2 = pos_inf(); // rows past seq_q get P = 0
-    var delta_i = 0.0;
-    if (i < params.seq_q) {
-        let base = q_index(b, i, h, 0u);
-        for (var d = 0u; d < HEAD_DIM; d++) {
-            qr[d] = q[base + d] * params.scale_log2;
-            dor[d] = d_out[base + d];
+    var qr: array<array<f32, DPAD>, RPT>;
+    var dor: array<array<f32, DPAD>, RPT>;
+    var lse2: array<f32, RPT>;
+    var delta_i: array<f32, RPT>;
+    for (var rr = 0u; rr < RPT; rr++) {
+        let i = q0 + t + rr * NT;
+        lse2[rr] = pos_inf(); // rows past seq_q get P = 0
+        if (i < params.seq_q) {
+            let base = q_index(b, i, h, 0u);
+            for (var d = 0u; d < HEAD_DIM; d++) {
+                qr[rr][d] = q[base + d] * params.scale_log2;
+                dor[rr][d] = d_out[base + d];
+            }
+            lse2[rr] = lse_to_log2(lse[row_index(b, h, i)]);
+            delta_i[rr] = delta[row_index(b, h, i)];
         }
-        lse2 = lse_to_log2(lse[row_index(b, h, i)]);
-        delta_i = delta[row_index(b, h, i)];
     }
-    var acc: array<f32, DPAD>;
-    var dq_tile: array<f32, DPAD>;
-    var ds: array<f32, BC>;
+    var acc: array<array<f32, DPAD>, RPT>;
+    var dq_tile: array<array<f32, DPAD>, RPT>;
+    var ds: array<array<f32, BC>, RPT>;
 
     let kv_end = kv_end_for_rows(q0, q0 + BR);
     for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
         let masked = tile_needs_mask(q0, kv0, BC);
         workgroupBarrier();
-        for (var e = t; e < BC * DPAD; e += BR) {
+        for (var e = t; e < BC * DPAD; e += NT) {
             let j = kv0 + e / DPAD;
             let d = e % DPAD;
             var kx = 0.0;
@@ -75,41 +79,61 @@ fn main(
         workgroupBarrier();
 
         for (var c = 0u; c < BC; c++) {
-            var s = 0.0;
-            var dp = 0.0;
+            var s: array<f32, RPT>;
+            var dp: array<f32, RPT>;
             for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-                let k_mine = sk[c * DPAD + d0 + lane];
-                let v_mine = sv[c * DPAD + d0 + lane];
+                let k_mine = lane_values(sk[c * DPAD + d0 + lane]);
+                let v_mine = lane_values(sv[c * DPAD + d0 + lane]);
                 for (var l = 0u; l < SG; l++) {
-                    s = fma(qr[d0 + l], lane_value(k_mine, l), s);
-                    dp = fma(dor[d0 + l], lane_value(v_mine, l), dp);
+                    let kd = k_mine[l];
+                    let vd = v_mine[l];
+                    for (var rr = 0u; rr < RPT; rr++) {
+                        s[rr] = fma(qr[rr][d0 + l], kd, s[rr]);
+                        dp[rr] = fma(dor[rr][d0 + l], vd, dp[rr]);
+                    }
                 }
             }
-            s = select(MASKED_SCORE, s, !masked | visible(i, kv0 + c));
-            ds[c] = exp2(s - lse2) * (dp - delta_i);
+            for (var rr = 0u; rr < RPT; rr++) {
+                let vis = !masked | visible(q0 + t + rr * NT, kv0 + c);
+                let sc = select(MASKED_SCORE, s[rr], vis);
+                ds[rr][c] = exp2(sc - lse2[rr]) * (dp[rr] - delta_i[rr]);
+            }
         }
         // summed apart, then folded in (f32 error on long rows)
-        for (var d = 0u; d < DPAD; d++) {
-            dq_tile[d] = 0.0;
+        for (var rr = 0u; rr < RPT; rr++) {
+            for (var d = 0u; d < DPAD; d++) {
+                dq_tile[rr][d] = 0.0;
+            }
         }
         for (var c = 0u; c < BC; c++) {
-            let dsc = ds[c];
+            var dsc: array<f32, RPT>;
+            for (var rr = 0u; rr < RPT; rr++) {
+                dsc[rr] = ds[rr][c];
+            }
             for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-                let k_mine = sk[c * DPAD + d0 + lane];
+                let k_mine = lane_values(sk[c * DPAD + d0 + lane]);
                 for (var l = 0u; l < SG; l++) {
-                    dq_tile[d0 + l] = fma(dsc, lane_value(k_mine, l), dq_tile[d0 + l]);
+                    let kd = k_mine[l];
+                    for (var rr = 0u; rr < RPT; rr++) {
+                        dq_tile[rr][d0 + l] = fma(dsc[rr], kd, dq_tile[rr][d0 + l]);
+                    }
                 }
             }
         }
-        for (var d = 0u; d < DPAD; d++) {
-            acc[d] += dq_tile[d];
+        for (var rr = 0u; rr < RPT; rr++) {
+            for (var d = 0u; d < DPAD; d++) {
+                acc[rr][d] += dq_tile[rr][d];
+            }
         }
     }
 
-    if (i < params.seq_q) {
-        let base = q_index(b, i, h, 0u);
-        for (var d = 0u; d < HEAD_DIM; d++) {
-            dq[base + d] = acc[d] * params.scale;
+    for (var rr = 0u; rr < RPT; rr++) {
+        let i = q0 + t + rr * NT;
+        if (i < params.seq_q) {
+            let base = q_index(b, i, h, 0u);
+            for (var d = 0u; d < HEAD_DIM; d++) {
+                dq[base + d] = acc[rr][d] * params.scale;
+            }
         }
     }
 }

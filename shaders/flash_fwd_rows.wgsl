@@ -6,7 +6,7 @@
 // Loop:    over K/V tiles of BC keys held in workgroup memory; with CAUSAL, tiles wholly above
 //          the diagonal are never visited and only tiles crossing it are masked.
 //          Every invocation needs every K/V element of the tile. With subgroups (SG > 1) each
-//          lane reads a different element and `lane_value` broadcasts it to the others, so a
+//          lane reads a different element and `lane_values` broadcasts it to the others, so a
 //          subgroup makes SG times fewer workgroup-memory reads; without, SG = 1 and each
 //          invocation reads every element itself. Each element read serves RPT rows.
 // Math:    as flash_fwd.wgsl (exp2 domain, online softmax, one write of out and lse).
@@ -84,9 +84,9 @@ fn main(
         for (var c = 0u; c < BC; c++) {
             var x: array<f32, RPT>;
             for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-                let mine = sk[c * DPAD + d0 + lane];
+                let mine = lane_values(sk[c * DPAD + d0 + lane]);
                 for (var l = 0u; l < SG; l++) {
-                    let kd = lane_value(mine, l);
+                    let kd = mine[l];
                     for (var rr = 0u; rr < RPT; rr++) {
                         x[rr] = fma(qr[rr][d0 + l], kd, x[rr]);
                     }
@@ -115,9 +115,9 @@ fn main(
                 l_tile[rr] += p[rr];
             }
             for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-                let mine = sv[c * DPAD + d0 + lane];
+                let mine = lane_values(sv[c * DPAD + d0 + lane]);
                 for (var l = 0u; l < SG; l++) {
-                    let vd = lane_value(mine, l);
+                    let vd = mine[l];
                     for (var rr = 0u; rr < RPT; rr++) {
                         o[rr][d0 + l] = fma(p[rr], vd, o[rr][d0 + l]);
                     }

@@ -292,7 +292,8 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
     ];
     // (rows per workgroup, streamed rows per tile, rows per thread); the streamed count also
     // sizes each invocation's private score array. Two rows per thread halve the tile reads
-    // per FMA in the forward kernel; the private arrays double, so only up to head_dim 128.
+    // per FMA in the forward and dQ kernels; the private arrays double, so only up to
+    // head_dim 128.
     const ROWS: [(u32, u32, u32); 12] = [
         (128, 32, 2),
         (128, 16, 2),
@@ -311,7 +312,7 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
         return Ok(Tiles::ONE);
     }
     let candidates: Vec<Tiles> = if kernel.is_rows_variant() {
-        let multi_row = kernel == Kernel::FlashFwdRows && head_dim <= 128;
+        let multi_row = matches!(kernel, Kernel::FlashFwdRows | Kernel::FlashBwdDqRows) && head_dim <= 128;
         ROWS.iter()
             .filter(|&&(_, _, rpt)| rpt == 1 || multi_row)
             .map(|&(rows, streamed, rpt)| {
@@ -417,19 +418,23 @@ impl KernelKey {
 }
 
 /// Rows kernels read streamed tiles in chunks of SG elements, one per subgroup lane, and share
-/// them with `lane_value`. With no subgroup size to rely on, SG = 1 and `lane_value` is the
+/// them with `lane_values`. With no subgroup size to rely on, SG = 1 and `lane_values` is the
 /// identity. DPAD is head_dim rounded up to a multiple of SG (the padding holds zeros).
 fn lane_prelude(subgroup: u32, head_dim: u32) -> String {
     let sg = subgroup.max(1);
-    let mut s = String::new();
-    if sg > 1 {
-        s.push_str("fn lane_value(x: f32, l: u32) -> f32 {\n    return subgroupShuffle(x, l);\n}\n");
+    // subgroupBroadcast needs a literal lane, so the SG calls are written out here.
+    let lanes: Vec<String> = if sg > 1 {
+        (0..sg).map(|l| format!("subgroupBroadcast(x, {l}u)")).collect()
     } else {
-        s.push_str("fn lane_value(x: f32, l: u32) -> f32 {\n    return x;\n}\n");
-    }
-    s.push_str(&format!("const SG: u32 = {sg}u;\n"));
-    s.push_str(&format!("const DPAD: u32 = {}u;\n", head_dim.next_multiple_of(sg)));
-    s
+        vec!["x".to_string()]
+    };
+    format!(
+        "const SG: u32 = {sg}u;\nconst DPAD: u32 = {}u;\n\
+         // lane l's x, for every l < SG\n\
+         fn lane_values(x: f32) -> array<f32, SG> {{\n    return array<f32, SG>({});\n}}\n",
+        head_dim.next_multiple_of(sg),
+        lanes.join(", ")
+    )
 }
 
 /// Runtime parameters, bound at slot 0 of every kernel. Mirrors `Params` in common.wgsl.
@@ -492,7 +497,8 @@ mod tests {
         assert_eq!(choose_tiles(Kernel::FlashFwdRows, 64, caps).unwrap().rpt, 2);
         assert_eq!(choose_tiles(Kernel::FlashFwdRows, 128, caps).unwrap().rpt, 2);
         assert_eq!(choose_tiles(Kernel::FlashFwdRows, 256, caps).unwrap().rpt, 1);
-        assert_eq!(choose_tiles(Kernel::FlashBwdDqRows, 64, caps).unwrap().rpt, 1);
+        assert_eq!(choose_tiles(Kernel::FlashBwdDqRows, 64, caps).unwrap().rpt, 2);
+        assert_eq!(choose_tiles(Kernel::FlashBwdDkDvRows, 64, caps).unwrap().rpt, 1);
     }
 
     #[test]
