@@ -263,9 +263,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         a.batch, a.heads, kv_heads, a.head_dim, a.causal, a.repeats
     );
     println!(
-        "{:>6} {:>6} {:>7} {:>11} {:>9} {:>7} {:>8} {:>12} {:>12}  note",
-        "pass", "seq", "alg", "ms", "GFLOP/s", "%FMA", "speedup", "alloc MiB", "model MiB"
+        "{:>6} {:>6} {:>7} {:>11} {:>9} {:>7} {:>7} {:>8} {:>12} {:>12}  note",
+        "pass", "seq", "alg", "ms", "GFLOP/s", "%FMA", "%BW", "speedup", "alloc MiB", "model MiB"
     );
+    println!("%FMA: achieved GFLOP/s over the FMA roofline; %BW: modelled bytes over time over the copy roofline");
 
     let total = a.seqs.len() * a.passes.len() * a.algorithms.len();
     let mut done = 0;
@@ -312,13 +313,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 };
                 eprint!("\r");
                 println!(
-                    "{:>6} {:>6} {:>7} {:>11} {:>9} {:>7} {:>8} {:>12} {:>12.1}  {}",
+                    "{:>6} {:>6} {:>7} {:>11} {:>9} {:>7} {:>7} {:>8} {:>12} {:>12.1}  {}",
                     format!("{pass:?}").to_lowercase(),
                     seq,
                     format!("{alg:?}").to_lowercase(),
                     rec.median_ms.map_or("-".into(), |v| format!("{v:.2}")),
                     rec.gflops.map_or("-".into(), |v| format!("{v:.2}")),
                     rec.gflops.map_or("-".into(), |v| format!("{:.1}", 100.0 * v / roof.fma_gflops)),
+                    rec.median_ms.map_or("-".into(), |ms| format!("{:.1}", 100.0 * bw_fraction(model, ms, &roof))),
                     speedup,
                     rec.bytes_allocated.map_or("-".into(), |v| format!("{:.2}", v as f64 / 1048576.0)),
                     model / 1048576.0,
@@ -341,6 +343,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Modelled bytes over time, as a fraction of the measured copy bandwidth.
+fn bw_fraction(bytes: f64, ms: f64, roof: &Roofline) -> f64 {
+    bytes / (ms * 1e-3) / (roof.copy_gbps * 1e9)
+}
+
 fn json_num(v: Option<f64>) -> String {
     v.filter(|x| x.is_finite()).map_or("null".into(), |x| format!("{x}"))
 }
@@ -353,7 +360,7 @@ fn to_json(records: &[Record], adapter: &str, roof: &Roofline) -> String {
             s,
             "  {{\"algorithm\": \"{}\", \"pass\": \"{}\", \"batch\": {}, \"heads_q\": {}, \"heads_kv\": {}, \
              \"seq_q\": {}, \"seq_kv\": {}, \"head_dim\": {}, \"causal\": {}, \"median_ms\": {}, \
-             \"gflops\": {}, \"fma_roofline_fraction\": {}, \"bytes_allocated\": {}, \"bytes_moved_model\": {}, \
+             \"gflops\": {}, \"fma_roofline_fraction\": {}, \"bandwidth_roofline_fraction\": {}, \"bytes_allocated\": {}, \"bytes_moved_model\": {}, \
              \"roofline_fma_gflops\": {}, \"roofline_copy_gbps\": {}, \"adapter\": {:?}, \"note\": {:?}}}{}\n",
             format!("{:?}", r.algorithm).to_lowercase(),
             if r.pass == Pass::Fwd { "fwd" } else { "fwdbwd" },
@@ -367,6 +374,7 @@ fn to_json(records: &[Record], adapter: &str, roof: &Roofline) -> String {
             json_num(r.median_ms),
             json_num(r.gflops),
             json_num(r.gflops.map(|g| g / roof.fma_gflops)),
+            json_num(r.median_ms.map(|ms| bw_fraction(r.bytes_moved_model, ms, roof))),
             r.bytes_allocated.map_or("null".into(), |b| b.to_string()),
             r.bytes_moved_model,
             roof.fma_gflops,
@@ -433,7 +441,10 @@ fn to_svg(records: &[Record], adapter: &str) -> String {
             }
             let _ = writeln!(s, "<text x=\"{}\" y=\"{}\" fill=\"{color}\">{name}</text>", x0 + 10.0, y1 + 30.0 + 16.0 * si as f64);
         }
-        for &(x, _) in &pts {
+        let mut ticks: Vec<f64> = pts.iter().map(|p| p.0).collect();
+        ticks.sort_by(|a, b| a.total_cmp(b));
+        ticks.dedup();
+        for x in ticks {
             let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{}\" font-size=\"9\">{}</text>", lx(x) - 8.0, y0 + 14.0, x as u64);
         }
     }

@@ -9,6 +9,8 @@
 //          lane reads a different element and `lane_values` broadcasts it to the others, so a
 //          subgroup makes SG times fewer workgroup-memory reads; without, SG = 1 and each
 //          invocation reads every element itself. Each element read serves RPT rows.
+//          Lane = local_invocation_index % SG: subgroups are consecutive invocations, as on
+//          the CPU drivers this variant is picked for (tests/variants.rs checks it there).
 // Math:    as flash_fwd.wgsl (exp2 domain, online softmax, one write of out and lse).
 
 @group(0) @binding(1) var<storage, read> q: array<f32>;

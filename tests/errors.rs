@@ -142,6 +142,12 @@ fn naive_reports_its_memory_limit_and_tiled_has_none() {
         }
         other => panic!("expected DeviceLimit, got {other:?}"),
     }
+    // The naive backward materializes the same matrices and refuses the same way.
+    let lse = vec![0.0f32; seq_q];
+    match ctx().backward_host(&c, &q, &rng_kv, &rng_kv, &q, &lse, &q) {
+        Err(Error::DeviceLimit { hint, .. }) => assert!(hint.contains("Algorithm::Tiled")),
+        other => panic!("expected DeviceLimit from the naive backward, got {other:?}"),
+    }
     c.algorithm = Algorithm::Tiled;
     let got = ctx().forward_host(&c, &q, &rng_kv, &rng_kv).unwrap();
     let want = flash_attn_wgpu::reference::forward(&c, &q, &rng_kv, &rng_kv);

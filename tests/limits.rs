@@ -3,7 +3,8 @@
 
 mod common;
 use common::{assert_close, assert_lse_close, cfg, inputs};
-use flash_attn_wgpu::{kernels::Kernel, reference, Algorithm, AttentionConfig, Context, Error};
+use flash_attn_wgpu::kernels::workgroup_words;
+use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context, Error, Tuning, Variant};
 
 /// A context over a device created with exactly `limits`, through `Context::from_wgpu`.
 fn context_with_limits(limits: wgpu::Limits) -> Context {
@@ -45,10 +46,17 @@ fn check_both_passes(ctx: &Context, c: &AttentionConfig) {
 fn webgpu_default_limits_run_every_head_dim_with_16k_tiles() {
     let ctx = context_with_limits(wgpu::Limits::default());
     assert_eq!(ctx.adapter_info().max_workgroup_storage_bytes, 16384);
-    for d in [16, 64, 80, 128, 256] {
-        let t = ctx.tiles_for(Kernel::FlashFwd, d).unwrap();
-        assert!(flash_attn_wgpu::kernels::workgroup_words(Kernel::FlashFwd, d as u32, t) * 4 <= 16384);
-        check_both_passes(&ctx, &cfg(1, 53, 71, 2, 1, d, true));
+    let default = ctx.tuning();
+    // Both variants: the tile chooser picks smaller tiles for each under 16 KiB.
+    for variant in [Variant::Lanes, Variant::Rows] {
+        ctx.set_tuning(Tuning { variant, ..default }).unwrap();
+        for d in [16, 64, 80, 128, 256] {
+            for kernel in [variant.forward(), variant.backward_dq(), variant.backward_dkdv()] {
+                let t = ctx.tiles_for(kernel, d).unwrap();
+                assert!(workgroup_words(kernel, d as u32, t) * 4 <= 16384, "{kernel:?} d={d}");
+            }
+            check_both_passes(&ctx, &cfg(1, 53, 71, 2, 1, d, true));
+        }
     }
 }
 
