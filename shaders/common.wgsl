@@ -45,6 +45,45 @@ fn linear_workgroup(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.x + wid.y * nwg.x;
 }
 
+// The query tile a forward or dQ workgroup owns: batch, query head, its kv head, first row.
+struct QTile {
+    b: u32,
+    h: u32,
+    hk: u32,
+    q0: u32,
+}
+
+fn q_tile_of(wg: u32, rows: u32) -> QTile {
+    let bh = wg / params.n_q_tiles;
+    let h = bh % params.heads_q;
+    return QTile(bh / params.heads_q, h, h / params.group, (wg % params.n_q_tiles) * rows);
+}
+
+// The key tile a dK/dV workgroup owns: batch, kv head, first key.
+struct KvTile {
+    b: u32,
+    hk: u32,
+    kv0: u32,
+}
+
+fn kv_tile_of(wg: u32, rows: u32) -> KvTile {
+    let bh = wg / params.n_kv_tiles;
+    return KvTile(bh / params.heads_kv, bh % params.heads_kv, (wg % params.n_kv_tiles) * rows);
+}
+
+// Query row `row` of a naive kernel's chunk, counted from the chunk's first (batch, head)
+// slice: its batch, head and row index.
+struct SliceRow {
+    b: u32,
+    h: u32,
+    i: u32,
+}
+
+fn slice_row(row: u32) -> SliceRow {
+    let slice = params.slice_base + row / params.seq_q;
+    return SliceRow(slice / params.heads_q, slice % params.heads_q, row % params.seq_q);
+}
+
 // q, out, dq: [batch, seq_q, heads_q, head_dim]
 fn q_index(b: u32, i: u32, h: u32, d: u32) -> u32 {
     return ((b * params.seq_q + i) * params.heads_q + h) * HEAD_DIM + d;

@@ -34,11 +34,10 @@ fn main(
     if (wg >= params.total_wg) {
         return;
     }
-    let kv_tile = wg % params.n_kv_tiles;
-    let bh = wg / params.n_kv_tiles;
-    let hk = bh % params.heads_kv;
-    let b = bh / params.heads_kv;
-    let kv0 = kv_tile * BC;
+    let tile = kv_tile_of(wg, BC);
+    let b = tile.b;
+    let hk = tile.hk;
+    let kv0 = tile.kv0;
     let key = kv0 + t;
     let lane = t % SG;
 

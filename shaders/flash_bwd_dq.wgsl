@@ -35,12 +35,11 @@ fn main(
     if (wg >= params.total_wg) {
         return;
     }
-    let q_tile = wg % params.n_q_tiles;
-    let bh = wg / params.n_q_tiles;
-    let h = bh % params.heads_q;
-    let b = bh / params.heads_q;
-    let hk = h / params.group;
-    let q0 = q_tile * BR;
+    let tile = q_tile_of(wg, BR);
+    let b = tile.b;
+    let h = tile.h;
+    let hk = tile.hk;
+    let q0 = tile.q0;
     let r = t / TPR;
     let j = t % TPR;
     let i = q0 + r;

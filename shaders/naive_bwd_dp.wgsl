@@ -16,12 +16,9 @@ fn main(
     }
     let jcol = e % params.seq_kv;
     let row = e / params.seq_kv;
-    let i = row % params.seq_q;
-    let slice = params.slice_base + row / params.seq_q;
-    let h = slice % params.heads_q;
-    let b = slice / params.heads_q;
-    let ob = q_index(b, i, h, 0u);
-    let vb = kv_index(b, jcol, h / params.group, 0u);
+    let at = slice_row(row);
+    let ob = q_index(at.b, at.i, at.h, 0u);
+    let vb = kv_index(at.b, jcol, at.h / params.group, 0u);
     var acc = 0.0;
     for (var d = 0u; d < HEAD_DIM; d++) {
         acc = fma(d_out[ob + d], v[vb + d], acc);

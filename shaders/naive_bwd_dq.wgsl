@@ -16,15 +16,12 @@ fn main(
     }
     let d = e % HEAD_DIM;
     let row = e / HEAD_DIM;
-    let i = row % params.seq_q;
-    let slice = params.slice_base + row / params.seq_q;
-    let h = slice % params.heads_q;
-    let b = slice / params.heads_q;
-    let hk = h / params.group;
+    let at = slice_row(row);
+    let hk = at.h / params.group;
     let sb = row * params.seq_kv;
     var acc = 0.0;
     for (var j = 0u; j < params.seq_kv; j++) {
-        acc = fma(ds[sb + j], k[kv_index(b, j, hk, d)], acc);
+        acc = fma(ds[sb + j], k[kv_index(at.b, j, hk, d)], acc);
     }
-    dq[q_index(b, i, h, d)] = acc * params.scale;
+    dq[q_index(at.b, at.i, at.h, d)] = acc * params.scale;
 }

@@ -16,9 +16,6 @@ fn main(
         return;
     }
     let row = e / params.seq_kv;
-    let i = row % params.seq_q;
-    let slice = params.slice_base + row / params.seq_q;
-    let h = slice % params.heads_q;
-    let b = slice / params.heads_q;
-    ds[e] = probs[e] * (ds[e] - delta[row_index(b, h, i)]);
+    let at = slice_row(row);
+    ds[e] = probs[e] * (ds[e] - delta[row_index(at.b, at.h, at.i)]);
 }

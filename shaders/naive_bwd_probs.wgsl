@@ -18,19 +18,16 @@ fn main(
     }
     let jcol = e % params.seq_kv;
     let row = e / params.seq_kv;
-    let i = row % params.seq_q;
-    let slice = params.slice_base + row / params.seq_q;
-    let h = slice % params.heads_q;
-    let b = slice / params.heads_q;
+    let at = slice_row(row);
     var p = 0.0;
-    if (visible(i, jcol)) {
-        let qb = q_index(b, i, h, 0u);
-        let kb = kv_index(b, jcol, h / params.group, 0u);
+    if (visible(at.i, jcol)) {
+        let qb = q_index(at.b, at.i, at.h, 0u);
+        let kb = kv_index(at.b, jcol, at.h / params.group, 0u);
         var s = 0.0;
         for (var d = 0u; d < HEAD_DIM; d++) {
             s = fma(q[qb + d], k[kb + d], s);
         }
-        p = exp2(s * params.scale_log2 - lse_to_log2(lse[row_index(b, h, i)]));
+        p = exp2(s * params.scale_log2 - lse_to_log2(lse[row_index(at.b, at.h, at.i)]));
     }
     probs[e] = p;
 }

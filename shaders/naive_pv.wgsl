@@ -17,15 +17,12 @@ fn main(
     }
     let d = e % HEAD_DIM;
     let row = e / HEAD_DIM;
-    let i = row % params.seq_q;
-    let slice = params.slice_base + row / params.seq_q;
-    let h = slice % params.heads_q;
-    let b = slice / params.heads_q;
-    let hk = h / params.group;
+    let at = slice_row(row);
+    let hk = at.h / params.group;
     let pb = row * params.seq_kv;
     var acc = 0.0;
     for (var j = 0u; j < params.seq_kv; j++) {
-        acc = fma(probs[pb + j], v[kv_index(b, j, hk, d)], acc);
+        acc = fma(probs[pb + j], v[kv_index(at.b, j, hk, d)], acc);
     }
-    out[q_index(b, i, h, d)] = acc;
+    out[q_index(at.b, at.i, at.h, d)] = acc;
 }

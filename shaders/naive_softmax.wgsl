@@ -33,22 +33,19 @@ fn main(
     if (row >= params.total_wg) {
         return;
     }
-    let i = row % params.seq_q;
-    let slice = params.slice_base + row / params.seq_q;
-    let h = slice % params.heads_q;
-    let b = slice / params.heads_q;
+    let at = slice_row(row);
     let base = row * params.seq_kv;
 
     var m = NEG_SENTINEL;
     for (var j = t; j < params.seq_kv; j += 64u) {
-        if (visible(i, j)) {
+        if (visible(at.i, j)) {
             m = max(m, scores[base + j] * params.scale_log2);
         }
     }
     m = reduce(t, m, true);
     var l = 0.0;
     for (var j = t; j < params.seq_kv; j += 64u) {
-        if (visible(i, j)) {
+        if (visible(at.i, j)) {
             l += exp2(scores[base + j] * params.scale_log2 - m);
         }
     }
@@ -56,12 +53,12 @@ fn main(
     let inv_l = select(0.0, 1.0 / l, l > 0.0);
     for (var j = t; j < params.seq_kv; j += 64u) {
         var p = 0.0;
-        if (visible(i, j)) {
+        if (visible(at.i, j)) {
             p = exp2(scores[base + j] * params.scale_log2 - m) * inv_l;
         }
         probs[base + j] = p;
     }
     if (t == 0u) {
-        lse[row_index(b, h, i)] = finish_lse(m, l);
+        lse[row_index(at.b, at.h, at.i)] = finish_lse(m, l);
     }
 }

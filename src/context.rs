@@ -578,7 +578,7 @@ impl Context {
                 self.device.create_shader_module_trusted(
                     desc,
                     wgpu::ShaderRuntimeChecks {
-                        bounds_checks: std::env::var_os("FA_NO_BOUNDS").is_none(),
+                        bounds_checks: true,
                         force_loop_bounding: false,
                         ..wgpu::ShaderRuntimeChecks::checked()
                     },
