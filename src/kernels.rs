@@ -356,19 +356,6 @@ pub struct KernelKey {
 }
 
 impl KernelKey {
-    /// Threads per workgroup of the generated shader.
-    pub fn workgroup_size(&self) -> u32 {
-        if self.kernel.is_tiled() {
-            self.tiles.threads(self.kernel)
-        } else if self.kernel == Kernel::Canary {
-            1
-        } else if matches!(self.kernel, Kernel::RooflineFma | Kernel::RooflineCopy) {
-            256
-        } else {
-            64
-        }
-    }
-
     pub fn label(&self) -> String {
         format!(
             "{} d={} br={} bc={} tpr={} rpt={} causal={} sg={}",
