@@ -17,7 +17,9 @@ struct Inputs {
 
 fn inputs(ctx: &Context, cfg: &AttentionConfig) -> Inputs {
     let fill = |n: usize, salt: usize| -> Vec<f32> {
-        (0..n).map(|i| (((i * 7919 + salt) % 2003) as f32 / 1001.5) - 1.0).collect()
+        (0..n)
+            .map(|i| (((i * 7919 + salt) % 2003) as f32 / 1001.5) - 1.0)
+            .collect()
     };
     let nq = cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim;
     let nkv = cfg.batch * cfg.seq_kv * cfg.heads_kv * cfg.head_dim;
@@ -39,7 +41,9 @@ fn bench(c: &mut Criterion) {
     };
     for backward in [false, true] {
         let mut group = c.benchmark_group(if backward { "fwd+bwd" } else { "fwd" });
-        group.sample_size(10).measurement_time(Duration::from_secs(5));
+        group
+            .sample_size(10)
+            .measurement_time(Duration::from_secs(5));
         for seq in [256usize, 512, 1024] {
             for algorithm in [Algorithm::Tiled, Algorithm::Naive] {
                 let mut cfg = AttentionConfig::new(1, seq, seq, 4, 4, 64);

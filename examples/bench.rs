@@ -113,7 +113,9 @@ fn parse_args() -> Result<Args, String> {
                     other => return Err(format!("--variant lanes|rows, got {other:?}")),
                 }
             }
-            "--help" | "-h" => return Err("see the header of examples/bench.rs for the flags".into()),
+            "--help" | "-h" => {
+                return Err("see the header of examples/bench.rs for the flags".into())
+            }
             other => return Err(format!("unknown flag {other}; try --help")),
         }
     }
@@ -122,7 +124,11 @@ fn parse_args() -> Result<Args, String> {
 
 /// FLOPs by the convention of the FlashAttention papers.
 fn flops(cfg: &AttentionConfig, pass: Pass) -> f64 {
-    let f = 4.0 * (cfg.batch * cfg.heads_q) as f64 * cfg.seq_q as f64 * cfg.seq_kv as f64 * cfg.head_dim as f64;
+    let f = 4.0
+        * (cfg.batch * cfg.heads_q) as f64
+        * cfg.seq_q as f64
+        * cfg.seq_kv as f64
+        * cfg.head_dim as f64;
     let f = if cfg.causal { f / 2.0 } else { f };
     match pass {
         Pass::Fwd => f,
@@ -133,7 +139,13 @@ fn flops(cfg: &AttentionConfig, pass: Pass) -> f64 {
 /// Global-memory bytes each algorithm moves by design (f32), as in the paper's IO analysis:
 /// the naive path writes and rereads the seq_q x seq_kv matrices; the tiled path reads K and V
 /// once per Q tile (and Q, dO once per K/V tile in the dK/dV kernel) and nothing quadratic.
-fn bytes_moved_model(cfg: &AttentionConfig, alg: Algorithm, pass: Pass, tiles_q: u32, tiles_kv: u32) -> f64 {
+fn bytes_moved_model(
+    cfg: &AttentionConfig,
+    alg: Algorithm,
+    pass: Pass,
+    tiles_q: u32,
+    tiles_kv: u32,
+) -> f64 {
     let (bh, sq, sk, d) = (
         (cfg.batch * cfg.heads_q) as f64,
         cfg.seq_q as f64,
@@ -143,9 +155,13 @@ fn bytes_moved_model(cfg: &AttentionConfig, alg: Algorithm, pass: Pass, tiles_q:
     let vis = if cfg.causal { 0.5 } else { 1.0 };
     let fwd = match alg {
         // S = QK^T: read Q, K, write S; softmax: read S, write P; O = PV: read P, V, write O
-        Algorithm::Naive => sq * d + sk * d + sq * sk + sq * sk + sq * sk + sq * sk + sk * d + sq * d,
+        Algorithm::Naive => {
+            sq * d + sk * d + sq * sk + sq * sk + sq * sk + sq * sk + sk * d + sq * d
+        }
         // Q once, K and V once per Q tile (the visible part), O and lse once
-        Algorithm::Tiled => sq * d + (sq / tiles_q as f64).ceil() * 2.0 * sk * d * vis + sq * d + sq,
+        Algorithm::Tiled => {
+            sq * d + (sq / tiles_q as f64).ceil() * 2.0 * sk * d * vis + sq * d + sq
+        }
     };
     let bwd = match alg {
         // delta; P from Q, K, lse; dP from dO, V; dS from P, dP; dK, dV from P, dS, Q, dO; dQ
@@ -191,13 +207,32 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Runs one (algorithm, pass, size) point: warm-up, then `repeats` timed calls. Returns the
 /// median GPU seconds and the device bytes the call allocated beyond its inputs.
-fn measure(ctx: &Context, cfg: &AttentionConfig, pass: Pass, repeats: usize, seed: u64) -> Result<(f64, u64), Error> {
+fn measure(
+    ctx: &Context,
+    cfg: &AttentionConfig,
+    pass: Pass,
+    repeats: usize,
+    seed: u64,
+) -> Result<(f64, u64), Error> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut random = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
-    let q = ctx.upload(&random(cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim), &cfg.q_shape())?;
-    let k = ctx.upload(&random(cfg.batch * cfg.seq_kv * cfg.heads_kv * cfg.head_dim), &cfg.kv_shape())?;
-    let v = ctx.upload(&random(cfg.batch * cfg.seq_kv * cfg.heads_kv * cfg.head_dim), &cfg.kv_shape())?;
-    let d_out = ctx.upload(&random(cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim), &cfg.q_shape())?;
+    let mut random =
+        |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+    let q = ctx.upload(
+        &random(cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim),
+        &cfg.q_shape(),
+    )?;
+    let k = ctx.upload(
+        &random(cfg.batch * cfg.seq_kv * cfg.heads_kv * cfg.head_dim),
+        &cfg.kv_shape(),
+    )?;
+    let v = ctx.upload(
+        &random(cfg.batch * cfg.seq_kv * cfg.heads_kv * cfg.head_dim),
+        &cfg.kv_shape(),
+    )?;
+    let d_out = ctx.upload(
+        &random(cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim),
+        &cfg.q_shape(),
+    )?;
     let inputs = ctx.memory_stats().live_bytes;
     let mut times = Vec::with_capacity(repeats);
     let mut allocated = 0;
@@ -251,8 +286,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let adapter = ctx.adapter_info().name.clone();
 
     println!("adapter: {}", ctx.adapter_info());
-    println!("tuning: {tuning:?}; forward tiles {}x{} ({} B workgroup memory), dK/dV {}x{}, dQ {}x{}",
-        tq.br, tq.bc, workgroup_words(fwd_kernel, a.head_dim as u32, tq) * 4, tkv.bc, tkv.br, tdq.br, tdq.bc);
+    println!(
+        "tuning: {tuning:?}; forward tiles {}x{} ({} B workgroup memory), dK/dV {}x{}, dQ {}x{}",
+        tq.br,
+        tq.bc,
+        workgroup_words(fwd_kernel, a.head_dim as u32, tq) * 4,
+        tkv.bc,
+        tkv.br,
+        tdq.br,
+        tdq.bc
+    );
     println!(
         "roofline (measured): FMA {:.1} GFLOP/s, copy {:.2} GB/s",
         roof.fma_gflops, roof.copy_gbps
@@ -278,7 +321,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 done += 1;
                 eprint!("\r[{done}/{total}] {pass:?} seq {seq} {alg:?}...          ");
                 let _ = std::io::stderr().flush();
-                let mut cfg = AttentionConfig::new(a.batch, seq, seq, a.heads, kv_heads, a.head_dim);
+                let mut cfg =
+                    AttentionConfig::new(a.batch, seq, seq, a.heads, kv_heads, a.head_dim);
                 cfg.causal = a.causal;
                 cfg.algorithm = alg;
                 let (tile_q, tile_kv) = (tq.br, tkv.bc);
@@ -302,7 +346,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                             tiled_ms = Some(secs * 1e3);
                         }
                     }
-                    Err(Error::DeviceLimit { what, needed, limit, .. }) => {
+                    Err(Error::DeviceLimit {
+                        what,
+                        needed,
+                        limit,
+                        ..
+                    }) => {
                         rec.note = format!("device limit: {what} needs {needed} B > {limit} B");
                     }
                     Err(e) => return Err(e.into()),
@@ -319,10 +368,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     format!("{alg:?}").to_lowercase(),
                     rec.median_ms.map_or("-".into(), |v| format!("{v:.2}")),
                     rec.gflops.map_or("-".into(), |v| format!("{v:.2}")),
-                    rec.gflops.map_or("-".into(), |v| format!("{:.1}", 100.0 * v / roof.fma_gflops)),
-                    rec.median_ms.map_or("-".into(), |ms| format!("{:.1}", 100.0 * bw_fraction(model, ms, &roof))),
+                    rec.gflops.map_or("-".into(), |v| format!(
+                        "{:.1}",
+                        100.0 * v / roof.fma_gflops
+                    )),
+                    rec.median_ms.map_or("-".into(), |ms| format!(
+                        "{:.1}",
+                        100.0 * bw_fraction(model, ms, &roof)
+                    )),
                     speedup,
-                    rec.bytes_allocated.map_or("-".into(), |v| format!("{:.2}", v as f64 / 1048576.0)),
+                    rec.bytes_allocated
+                        .map_or("-".into(), |v| format!("{:.2}", v as f64 / 1048576.0)),
                     model / 1048576.0,
                     rec.note
                 );
@@ -349,7 +405,8 @@ fn bw_fraction(bytes: f64, ms: f64, roof: &Roofline) -> f64 {
 }
 
 fn json_num(v: Option<f64>) -> String {
-    v.filter(|x| x.is_finite()).map_or("null".into(), |x| format!("{x}"))
+    v.filter(|x| x.is_finite())
+        .map_or("null".into(), |x| format!("{x}"))
 }
 
 fn to_json(records: &[Record], adapter: &str, roof: &Roofline) -> String {
@@ -401,7 +458,9 @@ fn to_svg(records: &[Record], adapter: &str) -> String {
     );
     let panels: [(&str, fn(&Record) -> Option<f64>); 2] = [
         ("runtime (ms)", |r| r.median_ms),
-        ("memory allocated (MiB)", |r| r.bytes_allocated.map(|b| b as f64 / 1048576.0)),
+        ("memory allocated (MiB)", |r| {
+            r.bytes_allocated.map(|b| b as f64 / 1048576.0)
+        }),
     ];
     let colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e"];
     for (pi, (title, value)) in panels.iter().enumerate() {
@@ -409,19 +468,47 @@ fn to_svg(records: &[Record], adapter: &str) -> String {
         let (y0, y1) = (h - pad, 50.0);
         let pts: Vec<(f64, f64)> = records
             .iter()
-            .filter_map(|r| value(r).filter(|v| *v > 0.0).map(|v| (r.cfg.seq_q as f64, v)))
+            .filter_map(|r| {
+                value(r)
+                    .filter(|v| *v > 0.0)
+                    .map(|v| (r.cfg.seq_q as f64, v))
+            })
             .collect();
         if pts.is_empty() {
             continue;
         }
-        let (xmin, xmax) = pts.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
-        let (vmin, vmax) = pts.iter().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
-        let lx = |x: f64| x0 + (x.log2() - xmin.log2()) / (xmax.log2() - xmin.log2()).max(1e-9) * panel_w;
-        let ly = |v: f64| y0 - (v.log10() - vmin.log10()) / (vmax.log10() - vmin.log10()).max(1e-9) * (y0 - y1);
+        let (xmin, xmax) = pts
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+        let (vmin, vmax) = pts
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+        let lx = |x: f64| {
+            x0 + (x.log2() - xmin.log2()) / (xmax.log2() - xmin.log2()).max(1e-9) * panel_w
+        };
+        let ly = |v: f64| {
+            y0 - (v.log10() - vmin.log10()) / (vmax.log10() - vmin.log10()).max(1e-9) * (y0 - y1)
+        };
         let _ = writeln!(s, "<rect x=\"{x0}\" y=\"{y1}\" width=\"{panel_w}\" height=\"{}\" fill=\"none\" stroke=\"#888\"/>", y0 - y1);
-        let _ = writeln!(s, "<text x=\"{x0}\" y=\"{}\">{title}, log scale</text>", y1 - 8.0);
-        let _ = writeln!(s, "<text x=\"{}\" y=\"{}\">sequence length (log2)</text>", x0 + panel_w / 2.0 - 60.0, h - 15.0);
-        let _ = writeln!(s, "<text x=\"{}\" y=\"{}\">{vmax:.3}</text><text x=\"{}\" y=\"{}\">{vmin:.3}</text>", x0 + 4.0, y1 + 14.0, x0 + 4.0, y0 - 4.0);
+        let _ = writeln!(
+            s,
+            "<text x=\"{x0}\" y=\"{}\">{title}, log scale</text>",
+            y1 - 8.0
+        );
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\">sequence length (log2)</text>",
+            x0 + panel_w / 2.0 - 60.0,
+            h - 15.0
+        );
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\">{vmax:.3}</text><text x=\"{}\" y=\"{}\">{vmin:.3}</text>",
+            x0 + 4.0,
+            y1 + 14.0,
+            x0 + 4.0,
+            y0 - 4.0
+        );
         let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
         for r in records {
             if let Some(v) = value(r).filter(|v| *v > 0.0) {
@@ -434,18 +521,41 @@ fn to_svg(records: &[Record], adapter: &str) -> String {
         }
         for (si, (name, p)) in series.iter().enumerate() {
             let color = colors[si % colors.len()];
-            let line: Vec<String> = p.iter().map(|&(x, v)| format!("{:.1},{:.1}", lx(x), ly(v))).collect();
-            let _ = writeln!(s, "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>", line.join(" "));
+            let line: Vec<String> = p
+                .iter()
+                .map(|&(x, v)| format!("{:.1},{:.1}", lx(x), ly(v)))
+                .collect();
+            let _ = writeln!(
+                s,
+                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>",
+                line.join(" ")
+            );
             for &(x, v) in p {
-                let _ = writeln!(s, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"/>", lx(x), ly(v));
+                let _ = writeln!(
+                    s,
+                    "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"/>",
+                    lx(x),
+                    ly(v)
+                );
             }
-            let _ = writeln!(s, "<text x=\"{}\" y=\"{}\" fill=\"{color}\">{name}</text>", x0 + 10.0, y1 + 30.0 + 16.0 * si as f64);
+            let _ = writeln!(
+                s,
+                "<text x=\"{}\" y=\"{}\" fill=\"{color}\">{name}</text>",
+                x0 + 10.0,
+                y1 + 30.0 + 16.0 * si as f64
+            );
         }
         let mut ticks: Vec<f64> = pts.iter().map(|p| p.0).collect();
         ticks.sort_by(|a, b| a.total_cmp(b));
         ticks.dedup();
         for x in ticks {
-            let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{}\" font-size=\"9\">{}</text>", lx(x) - 8.0, y0 + 14.0, x as u64);
+            let _ = writeln!(
+                s,
+                "<text x=\"{:.1}\" y=\"{}\" font-size=\"9\">{}</text>",
+                lx(x) - 8.0,
+                y0 + 14.0,
+                x as u64
+            );
         }
     }
     s.push_str("</svg>\n");
@@ -453,5 +563,7 @@ fn to_svg(records: &[Record], adapter: &str) -> String {
 }
 
 fn xml(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }

@@ -27,7 +27,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     cfg.causal = causal;
     let n = seq * head_dim;
     let fill = |salt: usize| -> Vec<f32> {
-        (0..n).map(|i| (((i * 7919 + salt) % 2003) as f32 / 1001.5) - 1.0).collect()
+        (0..n)
+            .map(|i| (((i * 7919 + salt) % 2003) as f32 / 1001.5) - 1.0)
+            .collect()
     };
     let (q, k, v, d_out) = (
         ctx.upload(&fill(1), &cfg.q_shape())?,
@@ -41,7 +43,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let t = Instant::now();
     let f = ctx.forward(&cfg, &q, &k, &v)?;
-    let fwd_s = ctx.last_gpu_timing().map_or(t.elapsed().as_secs_f64(), |g| g.seconds);
+    let fwd_s = ctx
+        .last_gpu_timing()
+        .map_or(t.elapsed().as_secs_f64(), |g| g.seconds);
     println!(
         "seq {seq} head_dim {head_dim} causal {causal}: tiled forward {:.1} s ({:.2} GFLOP/s)",
         fwd_s,
@@ -49,7 +53,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let t = Instant::now();
     let g = ctx.backward(&cfg, &q, &k, &v, &f.out, &f.lse, &d_out)?;
-    let bwd_s = ctx.last_gpu_timing().map_or(t.elapsed().as_secs_f64(), |g| g.seconds);
+    let bwd_s = ctx
+        .last_gpu_timing()
+        .map_or(t.elapsed().as_secs_f64(), |g| g.seconds);
     println!(
         "tiled backward {:.1} s ({:.2} GFLOP/s at 2.5x forward FLOPs)",
         bwd_s,
@@ -62,8 +68,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         extra as f64 / 1048576.0,
         extra as f64 / seq as f64
     );
-    let finite = ctx.download(&g.dq)?.iter().all(|x| x.is_finite())
-        && ctx.download(&f.out)?.iter().all(|x| x.is_finite());
+    let finite = ctx.download::<f32>(&g.dq)?.iter().all(|x| x.is_finite())
+        && ctx.download::<f32>(&f.out)?.iter().all(|x| x.is_finite());
     println!("outputs finite: {finite}");
 
     cfg.algorithm = Algorithm::Naive;

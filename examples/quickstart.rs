@@ -46,9 +46,10 @@ fn parse_args() -> Result<Args, String> {
             "--head-dim" => a.head_dim = value("--head-dim")? as usize,
             "--seed" => a.seed = value("--seed")?,
             "--causal" => a.causal = true,
-            "--help" | "-h" => {
-                return Err("flags: --batch N --seq N --heads N --kv-heads N --head-dim N --causal --seed N".into())
-            }
+            "--help" | "-h" => return Err(
+                "flags: --batch N --seq N --heads N --kv-heads N --head-dim N --causal --seed N"
+                    .into(),
+            ),
             other => return Err(format!("unknown flag {other}; try --help")),
         }
     }
@@ -82,7 +83,8 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     cfg.validate()?;
 
     let mut rng = StdRng::seed_from_u64(a.seed);
-    let mut random = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+    let mut random =
+        |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
     let n_q = cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim;
     let n_kv = cfg.batch * cfg.seq_kv * cfg.heads_kv * cfg.head_dim;
     let (q, k, v) = (random(n_q), random(n_kv), random(n_kv));
@@ -93,7 +95,10 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
 
     let t = Instant::now();
     let want = reference::forward(&cfg, &q, &k, &v);
-    println!("f64 CPU reference: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "f64 CPU reference: {:.1} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
     let scale = want.out.iter().fold(0.0f64, |m, x| m.max(x.abs()));
     let tolerance = 1e-4 * scale;
 
@@ -105,7 +110,10 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         let t = Instant::now();
         let got = ctx.forward_host(&cfg, &q, &k, &v)?;
         let wall = t.elapsed().as_secs_f64() * 1e3;
-        let gpu = ctx.last_gpu_timing().map(|g| g.seconds * 1e3).unwrap_or(f64::NAN);
+        let gpu = ctx
+            .last_gpu_timing()
+            .map(|g| g.seconds * 1e3)
+            .unwrap_or(f64::NAN);
         let err = got
             .out
             .iter()

@@ -1,8 +1,7 @@
 // Driver canary: runs a loop of `total_items` iterations in one invocation, counting and
 // hashing (an LCG the compiler cannot fold away). Mesa lavapipe before 25 silently stops
 // loops after about 65,535 iterations, which would corrupt long attention rows.
-
-@group(0) @binding(1) var<storage, read_write> counter: array<u32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 @compute @workgroup_size(1)
 fn main() {

@@ -1,7 +1,10 @@
-// Shared by every kernel: the runtime parameters, indexing, masking and sentinels.
-// Functions and declarations only; each kernel file holds its own bindings 1.. and entry point.
-// The Rust side prepends a `const` prelude (HEAD_DIM and, for tiled kernels, BR, BC, TPR, NT,
-// DPT, CPT) generated per pipeline.
+// Shared by every kernel: the runtime parameters, indexing, the score path (masking, score
+// finishing, online softmax, the backward's recomputed probabilities), sentinels and element
+// conversions. Functions and declarations only; each kernel file holds its entry point.
+// The Rust side (src/kernels/wgsl.rs) prepends a prelude generated per pipeline: shape
+// constants (HEAD_DIM and, for tiled kernels, BR, BC, TPR, NT, RPT, DPT, CPT), the kernel's
+// bindings 1.., and `load_<name>(i) -> f32` / `store_<name>(i, x)` for its element-typed
+// bindings in the call's dtype and storage format.
 
 // Mirrored by `Params` in src/kernels.rs (a test checks the layouts agree).
 struct Params {
@@ -99,13 +102,6 @@ fn row_index(b: u32, h: u32, i: u32) -> u32 {
     return (b * params.heads_q + h) * params.seq_q + i;
 }
 
-// Bottom-right aligned causal mask plus bounds. Non-short-circuit `&` and `|` keep this free
-// of branches, so that loops calling it stay simple enough for drivers to unroll.
-fn visible(i: u32, j: u32) -> bool {
-    let in_range = (i < params.seq_q) & (j < params.seq_kv);
-    return in_range & (!CAUSAL | (i32(j) <= i32(i) + params.causal_offset));
-}
-
 // Keys [0, end) are the only ones any of query rows [q_begin, q_end) can see.
 fn kv_end_for_rows(q_begin: u32, q_end: u32) -> u32 {
     if (!CAUSAL) {
@@ -131,12 +127,57 @@ fn tile_needs_mask(q_begin: u32, kv_begin: u32, kv_len: u32) -> bool {
     return CAUSAL && i32(kv_begin + kv_len - 1u) > i32(q_begin) + params.causal_offset;
 }
 
+// ---- The score path. Every kernel, tiled or naive, forward or backward, decides masking and
+// finishes scores through these functions: they are the hooks where window, bias, softcap,
+// ALiBi, sinks and dropout enter, once.
+
+// Bottom-right aligned causal mask plus bounds. Non-short-circuit `&` and `|` keep this free
+// of branches, so that loops calling it stay simple enough for drivers to unroll.
+fn visible(i: u32, j: u32) -> bool {
+    let in_range = (i < params.seq_q) & (j < params.seq_kv);
+    return in_range & (!CAUSAL | (i32(j) <= i32(i) + params.causal_offset));
+}
+
+// The score softmax sees, from x = q.k * scale * log2(e) (scores live in the exp2 domain):
+// MASKED_SCORE where the pair is hidden. `check` false skips the mask for tiles known to be
+// fully visible (tile_needs_mask), so unmasked tiles pay nothing for it.
+fn finish_score(x: f32, i: u32, j: u32, check: bool) -> f32 {
+    return select(MASKED_SCORE, x, !check | visible(i, j));
+}
+
+// Online softmax: the running max after a tile whose max is m_tile, and the factor alpha that
+// rescales the old row sum and accumulator: m_new = max(m, m_tile), alpha = exp2(m - m_new).
+struct OnlineMax {
+    m: f32,
+    alpha: f32,
+}
+
+fn online_max(m_old: f32, m_tile: f32) -> OnlineMax {
+    let m = max(m_old, m_tile);
+    return OnlineMax(m, exp2(m_old - m));
+}
+
+// Unnormalized probability of a finished score against the running max (0 for masked).
+fn softmax_weight(s: f32, m: f32) -> f32 {
+    return exp2(s - m);
+}
+
 // Natural-log LSE from the exp2-domain running max and the row sum.
 fn finish_lse(m: f32, l: f32) -> f32 {
     if (l > 0.0) {
         return (m + log2(l)) * LN2;
     }
     return neg_inf();
+}
+
+// Backward: P recomputed from a finished score and the row's lse in the exp2 domain.
+fn recompute_p(s: f32, lse2: f32) -> f32 {
+    return exp2(s - lse2);
+}
+
+// Backward: dS = P * (dP - delta), the gradient at the finished score (delta = rowsum(dO * O)).
+fn score_grad(p: f32, dp: f32, delta: f32) -> f32 {
+    return p * (dp - delta);
 }
 
 fn pos_inf() -> f32 {
@@ -147,4 +188,56 @@ fn pos_inf() -> f32 {
 // that exp2(s - lse2) is exactly 0 for it, never NaN.
 fn lse_to_log2(x: f32) -> f32 {
     return select(x * LOG2E, pos_inf(), x == neg_inf());
+}
+
+// ---- Element conversions for half-precision storage. Loads are exact; stores round once, to
+// nearest even, in integer arithmetic, so every adapter rounds alike.
+
+// bf16 element `half` (0 low, 1 high) of a packed word, as f32: bf16 is the top 16 bits of f32.
+fn bf16_word_to_f32(w: u32, half: u32) -> f32 {
+    return bitcast<f32>(select(w << 16u, w & 0xffff0000u, half == 1u));
+}
+
+// f32 to bf16 bits (low 16 bits of the result), round to nearest even; NaN stays NaN.
+fn f32_to_bf16_bits(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        return (b >> 16u) | 0x40u;
+    }
+    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}
+
+// f32 to IEEE binary16 bits (low 16 bits of the result), round to nearest even: overflow gives
+// inf, tiny values give subnormals or zero, NaN stays NaN.
+fn f32_to_f16_bits(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    let sign = (b >> 16u) & 0x8000u;
+    let a = b & 0x7fffffffu;
+    if (a > 0x7f800000u) {
+        return sign | 0x7e00u | ((a >> 13u) & 0x3ffu);
+    }
+    // 65520 = 65504 + half an ulp rounds (to even) up to infinity
+    if (a >= 0x477ff000u) {
+        return sign | 0x7c00u;
+    }
+    // normal binary16 range (>= 2^-14): rebias the exponent, round at bit 13
+    if (a >= 0x38800000u) {
+        let r = a - 0x38000000u;
+        return sign | ((r + 0xfffu + ((r >> 13u) & 1u)) >> 13u);
+    }
+    // below 2^-25 (and exactly 2^-25, a tie with 0) rounds to zero
+    if (a <= 0x33000000u) {
+        return sign;
+    }
+    // subnormal: the value in units of 2^-24 is m * 2^(e - 126) with e the f32 exponent
+    let e = a >> 23u;
+    let m = (a & 0x7fffffu) | 0x800000u;
+    let shift = 126u - e;
+    var q = m >> shift;
+    let rem = m & ((1u << shift) - 1u);
+    let halfway = 1u << (shift - 1u);
+    if (rem > halfway || (rem == halfway && (q & 1u) == 1u)) {
+        q += 1u;
+    }
+    return sign | q;
 }

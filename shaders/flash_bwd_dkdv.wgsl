@@ -11,15 +11,7 @@
 //          dV += P^T dO, dK += scale * dS^T Q.
 // No atomics: each workgroup owns its dK/dV rows, so results are bit-identical run to run.
 // Bindings: 8 storage buffers, exactly the WebGPU default per-stage cap.
-
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
-@group(0) @binding(4) var<storage, read> d_out: array<f32>;
-@group(0) @binding(5) var<storage, read> lse: array<f32>;
-@group(0) @binding(6) var<storage, read> delta: array<f32>;
-@group(0) @binding(7) var<storage, read_write> dk: array<f32>;
-@group(0) @binding(8) var<storage, read_write> dv: array<f32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 const SK: u32 = 0u;                       // K tile [BC][HEAD_DIM], resident
 const SV: u32 = SK + BC * HEAD_DIM;       // V tile [BC][HEAD_DIM], resident
@@ -56,8 +48,8 @@ fn main(
         var vx = 0.0;
         if (jj < params.seq_kv) {
             let g = kv_index(b, jj, hk, e % HEAD_DIM);
-            kx = k[g];
-            vx = v[g];
+            kx = load_k(g);
+            vx = load_v(g);
         }
         smem[SK + e] = kx;
         smem[SV + e] = vx;
@@ -79,8 +71,8 @@ fn main(
                 var dox = 0.0;
                 if (qi < params.seq_q) {
                     let g2 = q_index(b, qi, h, e % HEAD_DIM);
-                    qx = q[g2];
-                    dox = d_out[g2];
+                    qx = load_q(g2);
+                    dox = load_d_out(g2);
                 }
                 smem[SQ + e] = qx;
                 smem[SDO + e] = dox;
@@ -114,10 +106,10 @@ fn main(
             for (var rr = 0u; rr < CPT; rr++) {
                 let r = j + rr * TPR;
                 if (r < BR) {
-                    let vis = !masked || visible(q0 + r, key);
-                    let pr = select(0.0, exp2(p[rr] * params.scale_log2 - smem[SLSE + r]), vis);
+                    let sc = finish_score(p[rr] * params.scale_log2, q0 + r, key, masked);
+                    let pr = recompute_p(sc, smem[SLSE + r]);
                     smem[SP + c * BR + r] = pr;
-                    smem[SDS + c * BR + r] = pr * (ds[rr] - smem[SDELTA + r]);
+                    smem[SDS + c * BR + r] = score_grad(pr, ds[rr], smem[SDELTA + r]);
                 }
             }
             workgroupBarrier();
@@ -147,8 +139,8 @@ fn main(
             let d = j + dd * TPR;
             if (d < HEAD_DIM) {
                 let o = kv_index(b, key, hk, d);
-                dk[o] = acc_dk[dd] * params.scale;
-                dv[o] = acc_dv[dd];
+                store_dk(o, acc_dk[dd] * params.scale);
+                store_dv(o, acc_dv[dd]);
             }
         }
     }

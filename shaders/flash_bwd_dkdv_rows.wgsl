@@ -9,15 +9,7 @@
 // Math:    P = exp2(s - lse2), dP = dO V^T, dS = P * (dP - delta),
 //          dV += P^T dO, dK += scale * dS^T Q.
 // No atomics: each workgroup owns its dK/dV rows. 8 storage buffers: the WebGPU default cap.
-
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
-@group(0) @binding(4) var<storage, read> d_out: array<f32>;
-@group(0) @binding(5) var<storage, read> lse: array<f32>;
-@group(0) @binding(6) var<storage, read> delta: array<f32>;
-@group(0) @binding(7) var<storage, read_write> dk: array<f32>;
-@group(0) @binding(8) var<storage, read_write> dv: array<f32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 var<workgroup> sq: array<f32, BR * DPAD>;    // Q tile, pre-scaled into the exp2 domain
 var<workgroup> sdo: array<f32, BR * DPAD>;   // dO tile
@@ -46,8 +38,8 @@ fn main(
     if (key < params.seq_kv) {
         let base = kv_index(b, key, hk, 0u);
         for (var d = 0u; d < HEAD_DIM; d++) {
-            kr[d] = k[base + d];
-            vr[d] = v[base + d];
+            kr[d] = load_k(base + d);
+            vr[d] = load_v(base + d);
         }
     }
     var acc_dk: array<f32, DPAD>;
@@ -70,8 +62,8 @@ fn main(
                 var dox = 0.0;
                 if (qi < params.seq_q && d < HEAD_DIM) {
                     let g2 = q_index(b, qi, h, d);
-                    qx = q[g2] * params.scale_log2;
-                    dox = d_out[g2];
+                    qx = load_q(g2) * params.scale_log2;
+                    dox = load_d_out(g2);
                 }
                 sq[e] = qx;
                 sdo[e] = dox;
@@ -100,10 +92,9 @@ fn main(
                         dp = fma(vr[d0 + l], do_mine[l], dp);
                     }
                 }
-                s = select(MASKED_SCORE, s, !masked | visible(q0 + r, key));
-                let pr = exp2(s - slse[r]);
+                let pr = recompute_p(finish_score(s, q0 + r, key, masked), slse[r]);
                 p[r] = pr;
-                ds[r] = pr * (dp - sdelta[r]);
+                ds[r] = score_grad(pr, dp, sdelta[r]);
             }
             // summed apart, then folded in (f32 error on long columns)
             for (var d = 0u; d < DPAD; d++) {
@@ -133,8 +124,8 @@ fn main(
         let base = kv_index(b, key, hk, 0u);
         // sq held scale * log2(e) * q and dK needs scale * q: multiply log2(e) back out
         for (var d = 0u; d < HEAD_DIM; d++) {
-            dk[base + d] = acc_dk[d] * LN2;
-            dv[base + d] = acc_dv[d];
+            store_dk(base + d, acc_dk[d] * LN2);
+            store_dv(base + d, acc_dv[d]);
         }
     }
 }

@@ -7,14 +7,7 @@
 //          tiles wholly above the diagonal are never visited.
 // Math:    P = exp2(s - lse2), dP = dO V^T, dS = P * (dP - delta), dQ += scale * dS K.
 // No atomics: each workgroup owns its dQ rows.
-
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
-@group(0) @binding(4) var<storage, read> d_out: array<f32>;
-@group(0) @binding(5) var<storage, read> lse: array<f32>;
-@group(0) @binding(6) var<storage, read> delta: array<f32>;
-@group(0) @binding(7) var<storage, read_write> dq: array<f32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 const SQ: u32 = 0u;                       // Q tile [BR][HEAD_DIM], resident
 const SDO: u32 = SQ + BR * HEAD_DIM;      // dO tile [BR][HEAD_DIM], resident
@@ -50,8 +43,8 @@ fn main(
         var dox = 0.0;
         if (qi < params.seq_q) {
             let g = q_index(b, qi, h, e % HEAD_DIM);
-            qx = q[g];
-            dox = d_out[g];
+            qx = load_q(g);
+            dox = load_d_out(g);
         }
         smem[SQ + e] = qx;
         smem[SDO + e] = dox;
@@ -80,8 +73,8 @@ fn main(
             var vx = 0.0;
             if (jj < params.seq_kv) {
                 let g = kv_index(b, jj, hk, e % HEAD_DIM);
-                kx = k[g];
-                vx = v[g];
+                kx = load_k(g);
+                vx = load_v(g);
             }
             smem[SK + e] = kx;
             smem[SV + e] = vx;
@@ -104,9 +97,9 @@ fn main(
         for (var cc = 0u; cc < CPT; cc++) {
             let c = j + cc * TPR;
             if (c < BC) {
-                let vis = !masked || visible(i, kv0 + c);
-                let pc = select(0.0, exp2(p[cc] * params.scale_log2 - smem[SLSE + r]), vis);
-                smem[SDS + r * BC + c] = pc * (dp[cc] - smem[SDELTA + r]);
+                let sc = finish_score(p[cc] * params.scale_log2, i, kv0 + c, masked);
+                let pc = recompute_p(sc, smem[SLSE + r]);
+                smem[SDS + r * BC + c] = score_grad(pc, dp[cc], smem[SDELTA + r]);
             }
         }
         workgroupBarrier();
@@ -129,7 +122,7 @@ fn main(
         for (var dd = 0u; dd < DPT; dd++) {
             let d = j + dd * TPR;
             if (d < HEAD_DIM) {
-                dq[q_index(b, i, h, d)] = acc[dd] * params.scale;
+                store_dq(q_index(b, i, h, d), acc[dd] * params.scale);
             }
         }
     }

@@ -8,14 +8,7 @@
 // Loop:    over K/V tiles of BC keys; with CAUSAL, tiles above the diagonal are skipped.
 // Math:    P = exp2(s - lse2), dP = dO V^T, dS = P * (dP - delta), dQ += scale * dS K.
 // No atomics: each workgroup owns its dQ rows.
-
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
-@group(0) @binding(4) var<storage, read> d_out: array<f32>;
-@group(0) @binding(5) var<storage, read> lse: array<f32>;
-@group(0) @binding(6) var<storage, read> delta: array<f32>;
-@group(0) @binding(7) var<storage, read_write> dq: array<f32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 var<workgroup> sk: array<f32, BC * DPAD>;
 var<workgroup> sv: array<f32, BC * DPAD>;
@@ -47,8 +40,8 @@ fn main(
         if (i < params.seq_q) {
             let base = q_index(b, i, h, 0u);
             for (var d = 0u; d < HEAD_DIM; d++) {
-                qr[rr][d] = q[base + d] * params.scale_log2;
-                dor[rr][d] = d_out[base + d];
+                qr[rr][d] = load_q(base + d) * params.scale_log2;
+                dor[rr][d] = load_d_out(base + d);
             }
             lse2[rr] = lse_to_log2(lse[row_index(b, h, i)]);
             delta_i[rr] = delta[row_index(b, h, i)];
@@ -69,8 +62,8 @@ fn main(
             var vx = 0.0;
             if (j < params.seq_kv && d < HEAD_DIM) {
                 let g = kv_index(b, j, hk, d);
-                kx = k[g];
-                vx = v[g];
+                kx = load_k(g);
+                vx = load_v(g);
             }
             sk[e] = kx;
             sv[e] = vx;
@@ -93,9 +86,8 @@ fn main(
                 }
             }
             for (var rr = 0u; rr < RPT; rr++) {
-                let vis = !masked | visible(q0 + t + rr * NT, kv0 + c);
-                let sc = select(MASKED_SCORE, s[rr], vis);
-                ds[rr][c] = exp2(sc - lse2[rr]) * (dp[rr] - delta_i[rr]);
+                let sc = finish_score(s[rr], q0 + t + rr * NT, kv0 + c, masked);
+                ds[rr][c] = score_grad(recompute_p(sc, lse2[rr]), dp[rr], delta_i[rr]);
             }
         }
         // summed apart, then folded in (f32 error on long rows)
@@ -131,7 +123,7 @@ fn main(
         if (i < params.seq_q) {
             let base = q_index(b, i, h, 0u);
             for (var d = 0u; d < HEAD_DIM; d++) {
-                dq[base + d] = acc[rr][d] * params.scale;
+                store_dq(base + d, acc[rr][d] * params.scale);
             }
         }
     }

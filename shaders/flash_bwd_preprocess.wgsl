@@ -1,9 +1,6 @@
 // Backward preprocess: delta_i = rowsum(dO_i * O_i), one thread per (batch, head, query row).
 // Grid: ceil(batch * heads_q * seq_q / 64) workgroups, folded.
-
-@group(0) @binding(1) var<storage, read> o: array<f32>;
-@group(0) @binding(2) var<storage, read> d_out: array<f32>;
-@group(0) @binding(3) var<storage, read_write> delta: array<f32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 @compute @workgroup_size(64)
 fn main(
@@ -21,7 +18,7 @@ fn main(
     let base = q_index(b, i, h, 0u);
     var acc = 0.0;
     for (var d = 0u; d < HEAD_DIM; d++) {
-        acc = fma(o[base + d], d_out[base + d], acc);
+        acc = fma(load_out(base + d), load_d_out(base + d), acc);
     }
     delta[e] = acc;
 }

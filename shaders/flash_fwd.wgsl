@@ -10,12 +10,7 @@
 //         l_i = alpha * l_i + rowsum(p), acc = alpha * acc + p V (tile summed apart)
 // Output: out = acc / l_i and lse = ln(l_i) + m_i ln 2, written once. The seq_q x seq_kv
 //         score matrix never leaves workgroup memory.
-
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
-@group(0) @binding(5) var<storage, read_write> lse: array<f32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 const SQ: u32 = 0u;                        // Q tile [BR][HEAD_DIM], resident throughout
 const SKV: u32 = SQ + BR * HEAD_DIM;       // K tile, then V tile in the same place [BC][HEAD_DIM]
@@ -33,9 +28,9 @@ fn load_kv_tile(src_is_k: bool, b: u32, hk: u32, kv0: u32, t: u32) {
         if (j < params.seq_kv) {
             let g = kv_index(b, j, hk, d);
             if (src_is_k) {
-                x = k[g];
+                x = load_k(g);
             } else {
-                x = v[g];
+                x = load_v(g);
             }
         }
         smem[SKV + e] = x;
@@ -66,7 +61,7 @@ fn main(
         let qi = q0 + e / HEAD_DIM;
         var x = 0.0;
         if (qi < params.seq_q) {
-            x = q[q_index(b, qi, h, e % HEAD_DIM)];
+            x = load_q(q_index(b, qi, h, e % HEAD_DIM));
         }
         smem[SQ + e] = x;
     }
@@ -75,7 +70,6 @@ fn main(
     var l_i = 0.0; // this lane's share of the row sum; reduced across lanes at the end
     var acc: array<f32, DPT>;
     var s: array<f32, CPT>;
-    var vis: array<bool, CPT>;
 
     let kv_end = kv_end_for_rows(q0, q0 + BR);
     for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
@@ -95,8 +89,8 @@ fn main(
         }
         for (var cc = 0u; cc < CPT; cc++) {
             let c = j + cc * TPR;
-            vis[cc] = c < BC && (!masked || visible(i, kv0 + c));
-            s[cc] = select(NEG_SENTINEL, s[cc] * params.scale_log2, vis[cc]);
+            // columns past BC belong to no key of this tile
+            s[cc] = select(MASKED_SCORE, finish_score(s[cc] * params.scale_log2, i, kv0 + c, masked), c < BC);
             if (c < BC) {
                 smem[SS + r * BC + c] = s[cc];
             }
@@ -107,12 +101,13 @@ fn main(
         for (var c = 0u; c < BC; c++) {
             m_tile = max(m_tile, smem[SS + r * BC + c]);
         }
-        let m_new = max(m_i, m_tile);
-        let alpha = exp2(m_i - m_new);
+        let om = online_max(m_i, m_tile);
+        let m_new = om.m;
+        let alpha = om.alpha;
         var l_tile = 0.0;
         for (var cc = 0u; cc < CPT; cc++) {
             let c = j + cc * TPR;
-            let p = select(0.0, exp2(s[cc] - m_new), vis[cc]);
+            let p = softmax_weight(s[cc], m_new);
             l_tile += p;
             if (c < BC) {
                 smem[SP + r * BC + c] = p;
@@ -151,7 +146,7 @@ fn main(
         for (var dd = 0u; dd < DPT; dd++) {
             let d = j + dd * TPR;
             if (d < HEAD_DIM) {
-                out[q_index(b, i, h, d)] = acc[dd] * inv_l;
+                store_out(q_index(b, i, h, d), acc[dd] * inv_l);
             }
         }
         if (j == 0u) {

@@ -12,12 +12,7 @@
 //          Lane = local_invocation_index % SG: subgroups are consecutive invocations, as on
 //          the CPU drivers this variant is picked for (tests/variants.rs checks it there).
 // Math:    as flash_fwd.wgsl (exp2 domain, online softmax, one write of out and lse).
-
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
-@group(0) @binding(5) var<storage, read_write> lse: array<f32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 var<workgroup> sk: array<f32, BC * DPAD>;
 var<workgroup> sv: array<f32, BC * DPAD>;
@@ -46,7 +41,7 @@ fn main(
         if (i < params.seq_q) {
             let base = q_index(b, i, h, 0u);
             for (var d = 0u; d < HEAD_DIM; d++) {
-                qr[rr][d] = q[base + d] * params.scale_log2;
+                qr[rr][d] = load_q(base + d) * params.scale_log2;
             }
         }
     }
@@ -71,8 +66,8 @@ fn main(
             var vx = 0.0;
             if (j < params.seq_kv && d < HEAD_DIM) {
                 let g = kv_index(b, j, hk, d);
-                kx = k[g];
-                vx = v[g];
+                kx = load_k(g);
+                vx = load_v(g);
             }
             sk[e] = kx;
             sv[e] = vx;
@@ -94,8 +89,7 @@ fn main(
                 }
             }
             for (var rr = 0u; rr < RPT; rr++) {
-                let vis = !masked | visible(q0 + t + rr * NT, kv0 + c);
-                let sc = select(MASKED_SCORE, x[rr], vis);
+                let sc = finish_score(x[rr], q0 + t + rr * NT, kv0 + c, masked);
                 s[rr][c] = sc;
                 m_new[rr] = max(m_new[rr], sc);
             }
@@ -103,7 +97,7 @@ fn main(
         var alpha: array<f32, RPT>;
         var l_tile: array<f32, RPT>;
         for (var rr = 0u; rr < RPT; rr++) {
-            alpha[rr] = exp2(m_i[rr] - m_new[rr]);
+            alpha[rr] = online_max(m_i[rr], m_new[rr]).alpha;
             m_i[rr] = m_new[rr];
             for (var d = 0u; d < DPAD; d++) {
                 o[rr][d] = 0.0;
@@ -112,7 +106,7 @@ fn main(
         for (var c = 0u; c < BC; c++) {
             var p: array<f32, RPT>;
             for (var rr = 0u; rr < RPT; rr++) {
-                p[rr] = exp2(s[rr][c] - m_new[rr]);
+                p[rr] = softmax_weight(s[rr][c], m_new[rr]);
                 l_tile[rr] += p[rr];
             }
             for (var d0 = 0u; d0 < DPAD; d0 += SG) {
@@ -140,7 +134,7 @@ fn main(
             let inv_l = select(0.0, 1.0 / l_i[rr], l_i[rr] > 0.0);
             let base = q_index(b, i, h, 0u);
             for (var d = 0u; d < HEAD_DIM; d++) {
-                out[base + d] = acc[rr][d] * inv_l;
+                store_out(base + d, acc[rr][d] * inv_l);
             }
             lse[row_index(b, h, i)] = finish_lse(m_i[rr], l_i[rr]);
         }

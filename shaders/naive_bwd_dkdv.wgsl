@@ -1,13 +1,7 @@
 // Standard attention backward, step 4: dV = P^T dO and dK = scale * dS^T Q, each summed over
 // the query heads of the kv head's group. One thread per (dK, dV) element pair of the chunk's
 // kv slices; P and dS are read back from global memory.
-
-@group(0) @binding(1) var<storage, read> probs: array<f32>;
-@group(0) @binding(2) var<storage, read> ds: array<f32>;
-@group(0) @binding(3) var<storage, read> q: array<f32>;
-@group(0) @binding(4) var<storage, read> d_out: array<f32>;
-@group(0) @binding(5) var<storage, read_write> dk: array<f32>;
-@group(0) @binding(6) var<storage, read_write> dv: array<f32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 @compute @workgroup_size(64)
 fn main(
@@ -32,11 +26,11 @@ fn main(
         let pb = local * params.seq_q * params.seq_kv + jrow;
         for (var i = 0u; i < params.seq_q; i++) {
             let o = q_index(b, i, h, d);
-            acc_dv = fma(probs[pb + i * params.seq_kv], d_out[o], acc_dv);
-            acc_dk = fma(ds[pb + i * params.seq_kv], q[o], acc_dk);
+            acc_dv = fma(probs[pb + i * params.seq_kv], load_d_out(o), acc_dv);
+            acc_dk = fma(ds[pb + i * params.seq_kv], load_q(o), acc_dk);
         }
     }
     let o = kv_index(b, jrow, hk, d);
-    dk[o] = acc_dk * params.scale;
-    dv[o] = acc_dv;
+    store_dk(o, acc_dk * params.scale);
+    store_dv(o, acc_dv);
 }

@@ -1,8 +1,5 @@
 // Standard attention backward, step 2: dP = dO V^T, materialized. One thread per element.
-
-@group(0) @binding(1) var<storage, read> d_out: array<f32>;
-@group(0) @binding(2) var<storage, read> v: array<f32>;
-@group(0) @binding(3) var<storage, read_write> dp: array<f32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 @compute @workgroup_size(64)
 fn main(
@@ -21,7 +18,7 @@ fn main(
     let vb = kv_index(at.b, jcol, at.h / params.group, 0u);
     var acc = 0.0;
     for (var d = 0u; d < HEAD_DIM; d++) {
-        acc = fma(d_out[ob + d], v[vb + d], acc);
+        acc = fma(load_d_out(ob + d), load_v(vb + d), acc);
     }
     dp[e] = acc;
 }

@@ -1,8 +1,5 @@
 // Standard attention backward, step 6: dQ = scale * dS K. One thread per dQ element.
-
-@group(0) @binding(1) var<storage, read> ds: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read_write> dq: array<f32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 @compute @workgroup_size(64)
 fn main(
@@ -21,7 +18,7 @@ fn main(
     let sb = row * params.seq_kv;
     var acc = 0.0;
     for (var j = 0u; j < params.seq_kv; j++) {
-        acc = fma(ds[sb + j], k[kv_index(at.b, j, hk, d)], acc);
+        acc = fma(ds[sb + j], load_k(kv_index(at.b, j, hk, d)), acc);
     }
-    dq[q_index(at.b, at.i, at.h, d)] = acc * params.scale;
+    store_dq(q_index(at.b, at.i, at.h, d), acc * params.scale);
 }

@@ -1,9 +1,6 @@
 // Standard attention backward, step 3: dS = P * (dP - delta), written over dP.
 // One thread per element.
-
-@group(0) @binding(1) var<storage, read> probs: array<f32>;
-@group(0) @binding(2) var<storage, read> delta: array<f32>;
-@group(0) @binding(3) var<storage, read_write> ds: array<f32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 @compute @workgroup_size(64)
 fn main(
@@ -17,5 +14,5 @@ fn main(
     }
     let row = e / params.seq_kv;
     let at = slice_row(row);
-    ds[e] = probs[e] * (ds[e] - delta[row_index(at.b, at.h, at.i)]);
+    ds[e] = score_grad(probs[e], ds[e], delta[row_index(at.b, at.h, at.i)]);
 }

@@ -1,9 +1,6 @@
 // Standard attention, step 3: O = P V. One thread per output element.
 // Grid: ceil(slice_count * seq_q * head_dim / 64) workgroups, folded.
-
-@group(0) @binding(1) var<storage, read> probs: array<f32>;
-@group(0) @binding(2) var<storage, read> v: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 @compute @workgroup_size(64)
 fn main(
@@ -22,7 +19,7 @@ fn main(
     let pb = row * params.seq_kv;
     var acc = 0.0;
     for (var j = 0u; j < params.seq_kv; j++) {
-        acc = fma(probs[pb + j], v[kv_index(at.b, j, hk, d)], acc);
+        acc = fma(probs[pb + j], load_v(kv_index(at.b, j, hk, d)), acc);
     }
-    out[q_index(at.b, at.i, at.h, d)] = acc;
+    store_out(q_index(at.b, at.i, at.h, d), acc);
 }

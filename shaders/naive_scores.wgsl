@@ -2,10 +2,7 @@
 // global memory. One thread per score; no workgroup-memory tiling (that is the point of the
 // baseline). Scale and mask are applied by the softmax step, as an unfused pipeline does.
 // Grid: ceil(slice_count * seq_q * seq_kv / 64) workgroups, folded.
-
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read_write> scores: array<f32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 @compute @workgroup_size(64)
 fn main(
@@ -24,7 +21,7 @@ fn main(
     let kb = kv_index(at.b, jcol, at.h / params.group, 0u);
     var acc = 0.0;
     for (var d = 0u; d < HEAD_DIM; d++) {
-        acc = fma(q[qb + d], k[kb + d], acc);
+        acc = fma(load_q(qb + d), load_k(kb + d), acc);
     }
     scores[e] = acc;
 }

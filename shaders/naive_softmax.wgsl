@@ -2,10 +2,7 @@
 // global buffer; also writes the row's lse. One workgroup of 64 threads per row: the threads
 // stride over the row and reduce max and sum in workgroup memory.
 // Grid: slice_count * seq_q workgroups, folded.
-
-@group(0) @binding(1) var<storage, read> scores: array<f32>;
-@group(0) @binding(2) var<storage, read_write> probs: array<f32>;
-@group(0) @binding(3) var<storage, read_write> lse: array<f32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 var<workgroup> red: array<f32, 64>;
 
@@ -38,25 +35,18 @@ fn main(
 
     var m = NEG_SENTINEL;
     for (var j = t; j < params.seq_kv; j += 64u) {
-        if (visible(at.i, j)) {
-            m = max(m, scores[base + j] * params.scale_log2);
-        }
+        m = max(m, finish_score(scores[base + j] * params.scale_log2, at.i, j, true));
     }
     m = reduce(t, m, true);
     var l = 0.0;
     for (var j = t; j < params.seq_kv; j += 64u) {
-        if (visible(at.i, j)) {
-            l += exp2(scores[base + j] * params.scale_log2 - m);
-        }
+        l += softmax_weight(finish_score(scores[base + j] * params.scale_log2, at.i, j, true), m);
     }
     l = reduce(t, l, false);
     let inv_l = select(0.0, 1.0 / l, l > 0.0);
     for (var j = t; j < params.seq_kv; j += 64u) {
-        var p = 0.0;
-        if (visible(at.i, j)) {
-            p = exp2(scores[base + j] * params.scale_log2 - m) * inv_l;
-        }
-        probs[base + j] = p;
+        let s = finish_score(scores[base + j] * params.scale_log2, at.i, j, true);
+        probs[base + j] = softmax_weight(s, m) * inv_l;
     }
     if (t == 0u) {
         lse[row_index(at.b, at.h, at.i)] = finish_lse(m, l);

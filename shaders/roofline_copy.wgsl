@@ -1,8 +1,6 @@
 // Roofline probe: global-memory bandwidth. A grid-stride vec4 copy of `total_items` vec4s;
 // bytes moved = 2 * 16 * total_items. Grid: slice_count workgroups of 256.
-
-@group(0) @binding(1) var<storage, read> src: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> dst: array<vec4<f32>>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 @compute @workgroup_size(256)
 fn main(

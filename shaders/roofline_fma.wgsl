@@ -1,8 +1,7 @@
 // Roofline probe: FMA throughput. Each invocation runs `total_items` iterations of 8
 // independent vec4 FMA chains (64 FLOPs per iteration), so latency is hidden and the loop
 // overhead is small next to the arithmetic. Grid: slice_count workgroups of 256.
-
-@group(0) @binding(1) var<storage, read_write> sink: array<f32>;
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 @compute @workgroup_size(256)
 fn main(

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::dtype::DType;
+
 /// Which tensor an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TensorRole {
@@ -11,6 +13,9 @@ pub enum TensorRole {
     Out,
     Lse,
     DOut,
+    Dq,
+    Dk,
+    Dv,
 }
 
 impl fmt::Display for TensorRole {
@@ -22,11 +27,15 @@ impl fmt::Display for TensorRole {
             TensorRole::Out => "out",
             TensorRole::Lse => "lse",
             TensorRole::DOut => "d_out",
+            TensorRole::Dq => "dq",
+            TensorRole::Dk => "dk",
+            TensorRole::Dv => "dv",
         })
     }
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     #[error(
         "no GPU adapter found ({detail}). Install a GPU driver with Vulkan, Metal or DX12 \
@@ -52,6 +61,19 @@ pub enum Error {
         expected: Vec<usize>,
         got: Vec<usize>,
     },
+
+    #[error(
+        "{tensor} has dtype {got}, expected {expected}: every tensor of one call shares q's \
+         dtype (lse is always f32), and a tensor downloads as its own dtype (Tensor::dtype)"
+    )]
+    DType {
+        tensor: String,
+        expected: DType,
+        got: DType,
+    },
+
+    #[error("{feature} is not supported here: {reason}")]
+    Unsupported { feature: String, reason: String },
 
     #[error("invalid attention config: {0}")]
     InvalidConfig(String),

@@ -1,11 +1,16 @@
 //! # flash-attn-wgpu
 //!
-//! Exact FlashAttention, forward and backward, as WGSL compute shaders on wgpu.
+//! Exact FlashAttention, forward and backward, as WGSL compute shaders on wgpu, in f32, f16
+//! and bf16.
 //!
 //! The tiled kernels keep Q, K and V tiles in workgroup memory and fold scale, mask and an
 //! online softmax (running row max `m` and row sum `l`) into one pass, so the
 //! `seq_q x seq_kv` score matrix never reaches global memory. The forward pass saves only the
 //! output and the per-row logsumexp; the backward pass recomputes the probabilities from it.
+//!
+//! How a call flows: host slices -> [`Tensor`] -> validation ([`AttentionConfig::validate`],
+//! `checks`) -> [`plan`] (a pure value: kernels, keys, parameters, grids, scratch) ->
+//! `record` (pipelines from the cache, one command encoder, submit, wait) -> tensors -> host.
 //!
 //! ```no_run
 //! use flash_attn_wgpu::{AttentionConfig, Context};
@@ -14,24 +19,34 @@
 //! let q = vec![0.1f32; 128 * 4 * 64];
 //! let f = ctx.forward_host(&cfg, &q, &q, &q)?;
 //! assert_eq!(f.out.len(), q.len());
+//! // half precision: the same call with half::f16 or half::bf16 slices
+//! let qh: Vec<half::bf16> = q.iter().map(|&x| half::bf16::from_f32(x)).collect();
+//! let fh = ctx.forward_host(&cfg, &qh, &qh, &qh)?;
+//! assert_eq!(fh.out.len(), q.len());
 //! # Ok::<(), flash_attn_wgpu::Error>(())
 //! ```
 
 pub mod backward;
+mod checks;
 pub mod config;
-pub mod context;
+pub mod device;
+pub mod dtype;
 pub mod error;
 pub mod forward;
 pub mod kernels;
+pub mod plan;
+mod record;
 pub mod reference;
 pub mod roofline;
 pub mod tensor;
 
 pub use backward::{Gradients, HostGradients};
 pub use config::{Algorithm, AttentionConfig, MAX_HEAD_DIM};
-pub use context::{AdapterSummary, Context, GpuTiming, MemoryStats, Tuning};
+pub use device::{AdapterSummary, Context, MemoryStats, Tuning};
+pub use dtype::{DType, Element, HalfStorage};
 pub use error::{Error, Result, TensorRole};
 pub use forward::{Forward, HostForward};
 pub use kernels::Variant;
+pub use record::GpuTiming;
 pub use roofline::Roofline;
 pub use tensor::Tensor;

@@ -114,7 +114,9 @@ pub fn backward(
                 let dp: Vec<f64> = (0..cfg.seq_kv)
                     .map(|j| {
                         let vo = ki(cfg, b, j, hk);
-                        (0..d).map(|x| d_out[oo + x] as f64 * v[vo + x] as f64).sum()
+                        (0..d)
+                            .map(|x| d_out[oo + x] as f64 * v[vo + x] as f64)
+                            .sum()
                     })
                     .collect();
                 let delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();

@@ -1,9 +1,10 @@
 //! The adapter's own ceilings, measured with probe shaders: FMA throughput and global-memory
 //! copy bandwidth. Speed claims are held against these, not against a data sheet.
 
-use crate::context::{Context, Dispatch};
+use crate::device::Context;
 use crate::error::Result;
-use crate::kernels::{Kernel, KernelKey, Params, Tiles};
+use crate::kernels::{Kernel, KernelKey, Params};
+use crate::record::Dispatch;
 
 /// Measured ceilings of one adapter.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -22,16 +23,6 @@ impl Roofline {
     }
 }
 
-fn key(kernel: Kernel) -> KernelKey {
-    KernelKey {
-        kernel,
-        head_dim: 1,
-        tiles: Tiles::ONE,
-        causal: false,
-        subgroup: 0,
-    }
-}
-
 impl Context {
     /// Measures the FMA and copy ceilings. `scale` sizes the probes (1.0 runs a few hundred
     /// milliseconds on a software driver; use more on a fast GPU). Reports the best of 3.
@@ -42,7 +33,7 @@ impl Context {
         let mut fma_best = f64::INFINITY;
         for _ in 0..4 {
             self.run(&[Dispatch {
-                key: key(Kernel::RooflineFma),
+                key: KernelKey::plain(Kernel::RooflineFma),
                 params: Params {
                     total_items: iterations,
                     ..Default::default()
@@ -62,7 +53,7 @@ impl Context {
         let mut copy_best = f64::INFINITY;
         for _ in 0..4 {
             self.run(&[Dispatch {
-                key: key(Kernel::RooflineCopy),
+                key: KernelKey::plain(Kernel::RooflineCopy),
                 params: Params {
                     total_items: vec4s as u32,
                     ..Default::default()

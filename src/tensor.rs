@@ -1,22 +1,34 @@
-//! Device-resident tensors: a storage buffer of f32 plus its shape.
+//! Device-resident tensors: a storage buffer, its shape and its element type.
 
-use crate::context::{Context, TrackedBuffer};
-use crate::error::{Error, Result};
+use crate::device::{Context, TrackedBuffer};
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result, TensorRole};
 
-/// An f32 tensor in device memory, row-major.
+/// A tensor in device memory, row-major, of one element type.
+///
+/// Half-precision tensors hold two elements per 4-byte word (or `array<f16>` where the
+/// adapter has `SHADER_F16`: the same bytes); a buffer is padded to a whole word.
 #[derive(Debug)]
 pub struct Tensor {
     buf: TrackedBuffer,
     shape: Vec<usize>,
+    dtype: DType,
+    role: Option<TensorRole>,
 }
 
 impl Tensor {
-    pub(crate) fn from_parts(buf: TrackedBuffer, shape: Vec<usize>) -> Self {
-        Tensor { buf, shape }
-    }
-
     pub fn shape(&self) -> &[usize] {
         &self.shape
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Which result this tensor is (out, lse, dq, ...), for tensors a call created.
+    pub fn role(&self) -> Option<TensorRole> {
+        self.role
     }
 
     /// Number of elements.
@@ -37,17 +49,43 @@ impl Tensor {
     pub fn buffer(&self) -> &wgpu::Buffer {
         &self.buf.buffer
     }
+
+    pub(crate) fn with_role(mut self, role: TensorRole) -> Self {
+        self.role = Some(role);
+        self
+    }
+
+    /// How errors name this tensor: its role, or "tensor" and its shape.
+    pub(crate) fn describe(&self) -> String {
+        match self.role {
+            Some(r) => r.to_string(),
+            None => format!("tensor of shape {:?}", self.shape),
+        }
+    }
+}
+
+/// Element count of a shape: every dimension at least 1, and the product must fit.
+pub(crate) fn shape_elements(shape: &[usize]) -> Result<usize> {
+    if shape.is_empty() || shape.contains(&0) {
+        return Err(Error::invalid(format!(
+            "a tensor needs a non-empty shape with no zero dimension, got {shape:?}"
+        )));
+    }
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "shape {shape:?} has more elements than fit in usize"
+            ))
+        })
 }
 
 impl Context {
-    /// Copies host data to a new device tensor of the given shape.
-    pub fn upload(&self, data: &[f32], shape: &[usize]) -> Result<Tensor> {
-        let n: usize = shape.iter().product();
-        if shape.is_empty() || n == 0 {
-            return Err(Error::invalid(format!(
-                "a tensor needs a non-empty shape with no zero dimension, got {shape:?}"
-            )));
-        }
+    /// Copies host data to a new device tensor of the given shape. `T` is f32, `half::f16`
+    /// or `half::bf16`, and the tensor takes that dtype.
+    pub fn upload<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<Tensor> {
+        let n = shape_elements(shape)?;
         if data.len() != n {
             return Err(Error::invalid(format!(
                 "upload: {} values given for shape {shape:?}, which holds {n}",
@@ -55,24 +93,65 @@ impl Context {
             )));
         }
         let buf = self.upload_bytes(bytemuck::cast_slice(data), "tensor")?;
-        Ok(self.tensor(buf, shape))
+        Ok(Tensor {
+            buf,
+            shape: shape.to_vec(),
+            dtype: T::DTYPE,
+            role: None,
+        })
     }
 
-    /// A new zero-filled device tensor.
+    /// A new zero-filled f32 device tensor.
     pub fn zeros(&self, shape: &[usize]) -> Result<Tensor> {
-        let n: usize = shape.iter().product();
-        if shape.is_empty() || n == 0 {
+        self.zeros_of(shape, DType::F32)
+    }
+
+    /// A new zero-filled device tensor of `dtype`.
+    pub fn zeros_of(&self, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let n = shape_elements(shape)?;
+        let bytes = dtype
+            .buffer_bytes(n as u64)
+            .ok_or_else(|| Error::invalid(format!("shape {shape:?} of {dtype} is too large")))?;
+        let buf = self.create_storage(bytes, "tensor")?;
+        Ok(Tensor {
+            buf,
+            shape: shape.to_vec(),
+            dtype,
+            role: None,
+        })
+    }
+
+    /// A new tensor holding `t` (f32) rounded to `dtype` on the device, to nearest even.
+    pub fn cast(&self, t: &Tensor, dtype: DType) -> Result<Tensor> {
+        if t.dtype != DType::F32 {
+            return Err(Error::DType {
+                tensor: t.describe(),
+                expected: DType::F32,
+                got: t.dtype,
+            });
+        }
+        if t.len() > u32::MAX as usize {
             return Err(Error::invalid(format!(
-                "a tensor needs a non-empty shape with no zero dimension, got {shape:?}"
+                "cast: {} elements, at most {} per call",
+                t.len(),
+                u32::MAX
             )));
         }
-        let buf = self.create_storage(n as u64 * 4, "tensor")?;
-        Ok(self.tensor(buf, shape))
+        let plan = crate::plan::cast(&t.shape, dtype, &self.plan_env());
+        let out = self.execute(&plan, &[t])?.pop();
+        out.map(|o| Tensor { role: None, ..o })
+            .ok_or_else(|| Error::Device("internal: cast plan without output".into()))
     }
 
-    /// Copies a device tensor back to the host.
-    pub fn download(&self, t: &Tensor) -> Result<Vec<f32>> {
-        let bytes = t.len() as u64 * 4;
-        self.read_buffer::<f32>(t.buffer(), bytes)
+    /// Copies a device tensor back to the host as `T`, which must be the tensor's dtype.
+    pub fn download<T: Element>(&self, t: &Tensor) -> Result<Vec<T>> {
+        if t.dtype != T::DTYPE {
+            return Err(Error::DType {
+                tensor: t.describe(),
+                expected: t.dtype,
+                got: T::DTYPE,
+            });
+        }
+        self.read_buffer::<T>(t.buffer(), t.len())
     }
 }

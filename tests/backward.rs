@@ -12,7 +12,11 @@ fn reference_backward_matches_finite_differences() {
         let g = reference::backward(&c, &data.q, &data.k, &data.v, &data.d_out);
         let loss = |q: &[f32], k: &[f32], v: &[f32]| -> f64 {
             let f = reference::forward(&c, q, k, v);
-            f.out.iter().zip(&data.d_out).map(|(o, d)| o * *d as f64).sum()
+            f.out
+                .iter()
+                .zip(&data.d_out)
+                .map(|(o, d)| o * *d as f64)
+                .sum()
         };
         let h = 1e-3f32;
         for (which, grad) in [(0, &g.dq), (1, &g.dk), (2, &g.dv)] {

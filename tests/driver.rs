@@ -1,7 +1,7 @@
 //! The Vulkan driver runs long shader loops to the end (Mesa lavapipe < 25 does not).
 
 mod common;
-use flash_attn_wgpu::{context::CANARY_ITERATIONS, Error};
+use flash_attn_wgpu::{device::CANARY_ITERATIONS, Error};
 
 #[test]
 fn shader_loop_of_200000_iterations_counts_exactly() {
@@ -13,12 +13,25 @@ fn shader_loop_of_200000_iterations_counts_exactly() {
 
 #[test]
 fn canary_failure_names_the_cause() {
-    let msg = Error::DriverCanary { expected: 200_000, got: 65_535 }.to_string();
-    assert!(msg.contains("65535") && msg.contains("Mesa") && msg.contains("25"), "{msg}");
+    let msg = Error::DriverCanary {
+        expected: 200_000,
+        got: 65_535,
+    }
+    .to_string();
+    assert!(
+        msg.contains("65535") && msg.contains("Mesa") && msg.contains("25"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn no_adapter_error_says_how_to_get_one() {
-    let msg = Error::NoAdapter { detail: "none".into() }.to_string();
-    assert!(msg.contains("lavapipe") && msg.contains("Mesa >= 25"), "{msg}");
+    let msg = Error::NoAdapter {
+        detail: "none".into(),
+    }
+    .to_string();
+    assert!(
+        msg.contains("lavapipe") && msg.contains("Mesa >= 25"),
+        "{msg}"
+    );
 }

@@ -17,7 +17,12 @@ fn short_q_slice_names_the_tensor_and_both_lengths() {
     let (q, kv) = data(&c);
     let err = ctx().forward_host(&c, &q[1..], &kv, &kv).unwrap_err();
     match &err {
-        Error::SliceLength { tensor, expected, got, .. } => {
+        Error::SliceLength {
+            tensor,
+            expected,
+            got,
+            ..
+        } => {
             assert_eq!(*tensor, TensorRole::Q);
             assert_eq!((*expected, *got), (q.len(), q.len() - 1));
         }
@@ -34,7 +39,10 @@ fn long_v_slice_is_rejected() {
     let mut v = kv.clone();
     v.push(1.0);
     match ctx().forward_host(&c, &q, &kv, &v) {
-        Err(Error::SliceLength { tensor: TensorRole::V, .. }) => {}
+        Err(Error::SliceLength {
+            tensor: TensorRole::V,
+            ..
+        }) => {}
         other => panic!("expected SliceLength for v, got {other:?}"),
     }
 }
@@ -45,11 +53,19 @@ fn backward_checks_d_out_and_lse_lengths() {
     let (q, kv) = data(&c);
     let lse = vec![0.0; 16];
     match ctx().backward_host(&c, &q, &kv, &kv, &q, &lse[1..], &q) {
-        Err(Error::SliceLength { tensor: TensorRole::Lse, expected: 16, got: 15, .. }) => {}
+        Err(Error::SliceLength {
+            tensor: TensorRole::Lse,
+            expected: 16,
+            got: 15,
+            ..
+        }) => {}
         other => panic!("expected SliceLength for lse, got {other:?}"),
     }
     match ctx().backward_host(&c, &q, &kv, &kv, &q, &lse, &q[2..]) {
-        Err(Error::SliceLength { tensor: TensorRole::DOut, .. }) => {}
+        Err(Error::SliceLength {
+            tensor: TensorRole::DOut,
+            ..
+        }) => {}
         other => panic!("expected SliceLength for d_out, got {other:?}"),
     }
 }
@@ -72,16 +88,22 @@ fn zero_dimensions_are_invalid() {
         d[i] = 0;
         let c = cfg(d[0], d[1], d[2], d[3], d[4], d[5], false);
         let err = c.validate().unwrap_err();
-        assert!(matches!(err, Error::InvalidConfig(ref m) if m.contains("got 0")), "{err}");
+        assert!(
+            matches!(err, Error::InvalidConfig(ref m) if m.contains("got 0")),
+            "{err}"
+        );
     }
 }
 
 #[test]
 fn heads_q_not_a_multiple_of_heads_kv_is_invalid() {
     let c = cfg(1, 4, 4, 6, 4, 8, false);
-    let err = ctx().forward_host(&c, &[], &[], &[]).unwrap_err();
+    let err = ctx().forward_host::<f32>(&c, &[], &[], &[]).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("heads_q = 6") && msg.contains("heads_kv = 4"), "{msg}");
+    assert!(
+        msg.contains("heads_q = 6") && msg.contains("heads_kv = 4"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -108,7 +130,11 @@ fn tensor_of_wrong_shape_is_rejected() {
     let qt = x.upload(&q, &[1, 8, 2, 16]).unwrap();
     let kt = x.upload(&kv, &[1, 8, 16, 2]).unwrap();
     match x.forward(&c, &qt, &kt, &kt) {
-        Err(Error::Shape { tensor: TensorRole::K, expected, got }) => {
+        Err(Error::Shape {
+            tensor: TensorRole::K,
+            expected,
+            got,
+        }) => {
             assert_eq!(expected, vec![1, 8, 2, 16]);
             assert_eq!(got, vec![1, 8, 16, 2]);
         }
@@ -119,22 +145,32 @@ fn tensor_of_wrong_shape_is_rejected() {
 #[test]
 fn upload_with_mismatched_shape_is_rejected() {
     assert!(ctx().upload(&[1.0; 5], &[2, 3]).is_err());
-    assert!(ctx().upload(&[], &[0, 3]).is_err());
+    assert!(ctx().upload::<f32>(&[], &[0, 3]).is_err());
 }
 
 #[test]
 fn naive_reports_its_memory_limit_and_tiled_has_none() {
     // One (batch, head) slice's seq_q x seq_kv f32 score matrix is over the binding limit.
-    let limit = ctx().adapter_info().max_storage_binding_bytes.min(u32::MAX as u64);
+    let limit = ctx()
+        .adapter_info()
+        .max_storage_binding_bytes
+        .min(u32::MAX as u64);
     let seq_q = 4;
     let seq_kv = (limit / (4 * seq_q as u64) + 1) as usize;
     let mut c = cfg(1, seq_q, seq_kv, 1, 1, 1, false);
     c.algorithm = Algorithm::Naive;
     let q = vec![0.5f32; seq_q];
-    let mut rng_kv: Vec<f32> = (0..seq_kv).map(|j| ((j * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let mut rng_kv: Vec<f32> = (0..seq_kv)
+        .map(|j| ((j * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
     rng_kv[seq_kv - 1] = 3.0;
     match ctx().forward_host(&c, &q, &rng_kv, &rng_kv) {
-        Err(Error::DeviceLimit { needed, limit: l, hint, what }) => {
+        Err(Error::DeviceLimit {
+            needed,
+            limit: l,
+            hint,
+            what,
+        }) => {
             assert_eq!(needed, (seq_q * seq_kv * 4) as u64);
             assert_eq!(l, limit);
             assert!(hint.contains("Algorithm::Tiled"), "{hint}");
@@ -154,19 +190,37 @@ fn naive_reports_its_memory_limit_and_tiled_has_none() {
     // f32 sums over ~8M keys: allow 1e-3 relative (measured ~3e-4; the naive kernels'
     // plain per-thread sums do worse at 1M keys).
     for (i, (g, w)) in got.out.iter().zip(&want.out).enumerate() {
-        assert!((*g as f64 - w).abs() <= 1e-3 * w.abs(), "out[{i}]: {g} vs {w}");
+        assert!(
+            (*g as f64 - w).abs() <= 1e-3 * w.abs(),
+            "out[{i}]: {g} vs {w}"
+        );
     }
     for (i, (g, w)) in got.lse.iter().zip(&want.lse).enumerate() {
-        assert!((*g as f64 - w).abs() <= 1e-4 * w.abs(), "lse[{i}]: {g} vs {w}");
+        assert!(
+            (*g as f64 - w).abs() <= 1e-4 * w.abs(),
+            "lse[{i}]: {g} vs {w}"
+        );
     }
 }
 
 /// A config that is invalid in one random way, with slices sized for what was asked.
 fn invalid_case() -> impl Strategy<Value = (AttentionConfig, i32)> {
     (
-        (0usize..3, 0usize..5, 0usize..5, 0usize..5, 1usize..4, 0usize..300),
+        (
+            0usize..3,
+            0usize..5,
+            0usize..5,
+            0usize..5,
+            1usize..4,
+            0usize..300,
+        ),
         any::<bool>(),
-        prop_oneof![Just(None), Just(Some(f32::NAN)), Just(Some(f32::INFINITY)), Just(Some(0.5))],
+        prop_oneof![
+            Just(None),
+            Just(Some(f32::NAN)),
+            Just(Some(f32::INFINITY)),
+            Just(Some(0.5))
+        ],
         -2i32..3,
     )
         .prop_map(|((b, sq, skv, hq, hkv, d), causal, scale, slice_delta)| {
@@ -175,7 +229,9 @@ fn invalid_case() -> impl Strategy<Value = (AttentionConfig, i32)> {
             c.softmax_scale = scale;
             (c, slice_delta)
         })
-        .prop_filter("must be invalid", |(c, delta)| c.validate().is_err() || *delta != 0)
+        .prop_filter("must be invalid", |(c, delta)| {
+            c.validate().is_err() || *delta != 0
+        })
 }
 
 proptest! {

@@ -9,7 +9,8 @@ use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context, Error, Tun
 /// A context over a device created with exactly `limits`, through `Context::from_wgpu`.
 fn context_with_limits(limits: wgpu::Limits) -> Context {
     pollster::block_on(async {
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = instance
             .request_adapter(&wgpu::RequestAdapterOptions::default())
             .await
@@ -30,7 +31,9 @@ fn check_both_passes(ctx: &Context, c: &AttentionConfig) {
     let data = inputs(c, 1.0);
     let msg = common::describe(c, data.seed);
     let want = reference::forward(c, &data.q, &data.k, &data.v);
-    let f = ctx.forward_host(c, &data.q, &data.k, &data.v).unwrap_or_else(|e| panic!("{e} ({msg})"));
+    let f = ctx
+        .forward_host(c, &data.q, &data.k, &data.v)
+        .unwrap_or_else(|e| panic!("{e} ({msg})"));
     assert_close("out", &f.out, &want.out, &msg);
     assert_lse_close(&f.lse, &want.lse, &msg);
     let wg = reference::backward(c, &data.q, &data.k, &data.v, &data.d_out);
@@ -51,9 +54,16 @@ fn webgpu_default_limits_run_every_head_dim_with_16k_tiles() {
     for variant in [Variant::Lanes, Variant::Rows] {
         ctx.set_tuning(Tuning { variant, ..default }).unwrap();
         for d in [16, 64, 80, 128, 256] {
-            for kernel in [variant.forward(), variant.backward_dq(), variant.backward_dkdv()] {
+            for kernel in [
+                variant.forward(),
+                variant.backward_dq(),
+                variant.backward_dkdv(),
+            ] {
                 let t = ctx.tiles_for(kernel, d).unwrap();
-                assert!(workgroup_words(kernel, d as u32, t) * 4 <= 16384, "{kernel:?} d={d}");
+                assert!(
+                    workgroup_words(kernel, d as u32, t) * 4 <= 16384,
+                    "{kernel:?} d={d}"
+                );
             }
             check_both_passes(&ctx, &cfg(1, 53, 71, 2, 1, d, true));
         }
@@ -70,7 +80,12 @@ fn device_with_too_little_workgroup_memory_names_the_limit() {
     let c = cfg(1, 8, 8, 1, 1, 256, false);
     let data = inputs(&c, 1.0);
     match ctx.forward_host(&c, &data.q, &data.k, &data.v) {
-        Err(Error::DeviceLimit { needed, limit, what, .. }) => {
+        Err(Error::DeviceLimit {
+            needed,
+            limit,
+            what,
+            ..
+        }) => {
             assert_eq!(limit, 1024);
             assert!(needed > 1024);
             assert!(what.contains("head_dim 256"), "{what}");
@@ -95,7 +110,12 @@ fn device_with_too_few_storage_buffers_names_the_limit() {
     let c = cfg(1, 8, 8, 1, 1, 16, false);
     let data = inputs(&c, 1.0);
     match ctx.forward_host(&c, &data.q, &data.k, &data.v) {
-        Err(Error::DeviceLimit { needed: 5, limit: 4, what, .. }) => {
+        Err(Error::DeviceLimit {
+            needed: 5,
+            limit: 4,
+            what,
+            ..
+        }) => {
             assert!(what.contains("storage buffers"), "{what}");
         }
         other => panic!("expected DeviceLimit, got {other:?}"),

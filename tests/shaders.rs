@@ -1,13 +1,22 @@
 //! Every generated shader variant is valid WGSL with the bindings the host declares, and the
 //! host's `Params` mirrors the shader's. Runs without a GPU (naga only).
 
-use flash_attn_wgpu::kernels::{choose_tiles, Access, DeviceCaps, Kernel, KernelKey, Params, Tiles};
+use flash_attn_wgpu::dtype::ElemFormat;
+use flash_attn_wgpu::kernels::{
+    choose_tiles, Access, DeviceCaps, Kernel, KernelKey, Params, Tiles,
+};
 
 fn caps_list() -> [DeviceCaps; 3] {
     [
         DeviceCaps::WEBGPU_DEFAULT,
-        DeviceCaps { max_workgroup_storage_bytes: 32768, max_invocations_per_workgroup: 256 },
-        DeviceCaps { max_workgroup_storage_bytes: 49152, max_invocations_per_workgroup: 1024 },
+        DeviceCaps {
+            max_workgroup_storage_bytes: 32768,
+            max_invocations_per_workgroup: 256,
+        },
+        DeviceCaps {
+            max_workgroup_storage_bytes: 49152,
+            max_invocations_per_workgroup: 1024,
+        },
     ]
 }
 
@@ -15,9 +24,12 @@ fn parse_and_validate(key: &KernelKey) -> naga::Module {
     let src = key.wgsl();
     let module = naga::front::wgsl::parse_str(&src)
         .unwrap_or_else(|e| panic!("{}: {}", key.label(), e.emit_to_string(&src)));
-    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{}: {}", key.label(), e.emit_to_string(&src)));
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .unwrap_or_else(|e| panic!("{}: {}", key.label(), e.emit_to_string(&src)));
     module
 }
 
@@ -32,7 +44,19 @@ fn variants() -> Vec<KernelKey> {
                     if !tiles_seen.contains(&tiles) {
                         tiles_seen.push(tiles);
                         for subgroup in [0, 8] {
-                            keys.push(KernelKey { kernel, head_dim, tiles, causal, subgroup });
+                            for elem in ElemFormat::ALL {
+                                if elem != ElemFormat::F32 && !kernel.has_elem_bindings() {
+                                    continue;
+                                }
+                                keys.push(KernelKey {
+                                    kernel,
+                                    elem,
+                                    head_dim,
+                                    tiles,
+                                    causal,
+                                    subgroup,
+                                });
+                            }
                         }
                     }
                 }
@@ -45,7 +69,7 @@ fn variants() -> Vec<KernelKey> {
 #[test]
 fn every_generated_variant_passes_naga_validation() {
     let keys = variants();
-    assert!(keys.len() > 200, "{} variants", keys.len());
+    assert!(keys.len() > 800, "{} variants", keys.len());
     for key in &keys {
         parse_and_validate(key);
     }
@@ -53,9 +77,13 @@ fn every_generated_variant_passes_naga_validation() {
 
 #[test]
 fn shader_bindings_match_the_host_layout() {
-    for kernel in Kernel::ALL {
+    for (kernel, elem) in Kernel::ALL
+        .into_iter()
+        .flat_map(|k| ElemFormat::ALL.map(|e| (k, e)))
+    {
         let key = KernelKey {
             kernel,
+            elem,
             head_dim: 64,
             tiles: choose_tiles(kernel, 64, DeviceCaps::WEBGPU_DEFAULT).unwrap(),
             causal: false,
@@ -64,18 +92,37 @@ fn shader_bindings_match_the_host_layout() {
         let module = parse_and_validate(&key);
         let mut found = vec![None; kernel.bindings().len() + 1];
         for (_, var) in module.global_variables.iter() {
-            let Some(binding) = &var.binding else { continue };
+            let Some(binding) = &var.binding else {
+                continue;
+            };
             assert_eq!(binding.group, 0, "{kernel:?}");
             let slot = binding.binding as usize;
-            assert!(slot < found.len(), "{kernel:?}: shader binding {slot} unknown to the host");
-            found[slot] = Some(var.space);
+            assert!(
+                slot < found.len(),
+                "{kernel:?}: shader binding {slot} unknown to the host"
+            );
+            found[slot] = Some((var.space, var.name.clone()));
         }
-        assert!(matches!(found[0], Some(naga::AddressSpace::Uniform)), "{kernel:?} params");
-        for (i, access) in kernel.bindings().iter().enumerate() {
-            match found[i + 1] {
-                Some(naga::AddressSpace::Storage { access: a }) => {
+        assert!(
+            matches!(found[0], Some((naga::AddressSpace::Uniform, _))),
+            "{kernel:?} params"
+        );
+        for (i, binding) in kernel.bindings().iter().enumerate() {
+            match &found[i + 1] {
+                Some((naga::AddressSpace::Storage { access: a }, name)) => {
                     let writes = a.contains(naga::StorageAccess::STORE);
-                    assert_eq!(writes, *access == Access::ReadWrite, "{kernel:?} binding {}", i + 1);
+                    assert_eq!(
+                        writes,
+                        binding.access == Access::ReadWrite,
+                        "{kernel:?} binding {}",
+                        i + 1
+                    );
+                    assert_eq!(
+                        name.as_deref(),
+                        Some(binding.name),
+                        "{kernel:?} binding {}",
+                        i + 1
+                    );
                 }
                 other => panic!("{kernel:?} binding {}: {other:?}", i + 1),
             }
@@ -94,6 +141,7 @@ fn flash_backward_kernels_fit_the_webgpu_default_of_8_storage_buffers() {
 fn params_layout_matches_the_shader_struct() {
     let key = KernelKey {
         kernel: Kernel::FlashFwd,
+        elem: ElemFormat::F32,
         head_dim: 64,
         tiles: choose_tiles(Kernel::FlashFwd, 64, DeviceCaps::WEBGPU_DEFAULT).unwrap(),
         causal: false,
@@ -105,13 +153,29 @@ fn params_layout_matches_the_shader_struct() {
         .iter()
         .find(|(_, t)| t.name.as_deref() == Some("Params"))
         .expect("Params struct in common.wgsl");
-    let naga::TypeInner::Struct { members, span } = &ty.inner else { panic!("Params is not a struct") };
+    let naga::TypeInner::Struct { members, span } = &ty.inner else {
+        panic!("Params is not a struct")
+    };
     macro_rules! offsets {
         ($($f:ident),*) => { vec![$((stringify!($f), std::mem::offset_of!(Params, $f))),*] };
     }
     let host = offsets!(
-        batch, seq_q, seq_kv, heads_q, heads_kv, head_dim, group, causal_offset, scale,
-        scale_log2, n_q_tiles, n_kv_tiles, total_wg, slice_base, slice_count, total_items
+        batch,
+        seq_q,
+        seq_kv,
+        heads_q,
+        heads_kv,
+        head_dim,
+        group,
+        causal_offset,
+        scale,
+        scale_log2,
+        n_q_tiles,
+        n_kv_tiles,
+        total_wg,
+        slice_base,
+        slice_count,
+        total_items
     );
     assert_eq!(members.len(), host.len());
     for (m, (name, off)) in members.iter().zip(host) {

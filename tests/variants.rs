@@ -9,11 +9,22 @@ use flash_attn_wgpu::{reference, AttentionConfig, Context, Tuning, Variant};
 fn tunings(ctx: &Context) -> Vec<Tuning> {
     let default = ctx.tuning();
     let mut t = vec![
-        Tuning { variant: Variant::Lanes, rows_subgroup: 0 },
-        Tuning { variant: Variant::Rows, rows_subgroup: 0 },
+        Tuning {
+            variant: Variant::Lanes,
+            rows_subgroup: 0,
+            ..default
+        },
+        Tuning {
+            variant: Variant::Rows,
+            rows_subgroup: 0,
+            ..default
+        },
     ];
     if default.rows_subgroup != 0 {
-        t.push(Tuning { variant: Variant::Rows, rows_subgroup: default.rows_subgroup });
+        t.push(Tuning {
+            variant: Variant::Rows,
+            ..default
+        });
     }
     t
 }
@@ -27,7 +38,9 @@ fn check_all_tunings(c: &AttentionConfig, amp: f32) {
     for tuning in tunings(&ctx) {
         ctx.set_tuning(tuning).unwrap();
         let msg = format!("{tuning:?} {}", common::describe(c, data.seed));
-        let f = ctx.forward_host(c, &data.q, &data.k, &data.v).unwrap_or_else(|e| panic!("{e} ({msg})"));
+        let f = ctx
+            .forward_host(c, &data.q, &data.k, &data.v)
+            .unwrap_or_else(|e| panic!("{e} ({msg})"));
         assert_close("out", &f.out, &want_f.out, &msg);
         assert_lse_close(&f.lse, &want_f.lse, &msg);
         let g = ctx
@@ -60,6 +73,10 @@ fn every_variant_handles_empty_rows_and_large_logits() {
 #[test]
 fn only_the_adapters_fixed_subgroup_size_is_accepted() {
     let ctx = Context::new().unwrap();
-    let bad = Tuning { variant: Variant::Rows, rows_subgroup: 3 };
+    let bad = Tuning {
+        variant: Variant::Rows,
+        rows_subgroup: 3,
+        ..ctx.tuning()
+    };
     assert!(ctx.set_tuning(bad).is_err());
 }

@@ -89,7 +89,14 @@ pub fn assert_lse_close(got: &[f32], want: &[f64], ctx_msg: &str) {
 pub fn describe(cfg: &AttentionConfig, seed: u64) -> String {
     format!(
         "{:?} b={} sq={} skv={} hq={} hkv={} d={} causal={} seed={seed}",
-        cfg.algorithm, cfg.batch, cfg.seq_q, cfg.seq_kv, cfg.heads_q, cfg.heads_kv, cfg.head_dim, cfg.causal
+        cfg.algorithm,
+        cfg.batch,
+        cfg.seq_q,
+        cfg.seq_kv,
+        cfg.heads_q,
+        cfg.heads_kv,
+        cfg.head_dim,
+        cfg.causal
     )
 }
 
@@ -130,7 +137,15 @@ pub fn check_backward(base: &AttentionConfig, amp: f32) {
     }
 }
 
-pub fn cfg(b: usize, sq: usize, skv: usize, hq: usize, hkv: usize, d: usize, causal: bool) -> AttentionConfig {
+pub fn cfg(
+    b: usize,
+    sq: usize,
+    skv: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    causal: bool,
+) -> AttentionConfig {
     let mut c = AttentionConfig::new(b, sq, skv, hq, hkv, d);
     c.causal = causal;
     c

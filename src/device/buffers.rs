@@ -1,0 +1,193 @@
+//! Device buffers: allocation with memory tracking, upload and readback.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::Context;
+use crate::error::{Error, Result};
+
+/// Bytes of device memory held by buffers this library created.
+#[derive(Debug, Default)]
+pub(crate) struct MemTracker {
+    live: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl MemTracker {
+    pub(crate) fn alloc(&self, bytes: u64) {
+        let now = self.live.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+    }
+
+    pub(crate) fn free(&self, bytes: u64) {
+        self.live.fetch_sub(bytes, Ordering::SeqCst);
+    }
+}
+
+/// Device memory held by buffers the library created (tensors, scratch, uniforms, staging).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes held now.
+    pub live_bytes: u64,
+    /// Most bytes held at once since the context was made or `reset_peak_memory` was called.
+    pub peak_bytes: u64,
+}
+
+/// A buffer whose bytes count in the context's `MemoryStats` while it lives.
+#[derive(Debug)]
+pub(crate) struct TrackedBuffer {
+    pub(crate) buffer: wgpu::Buffer,
+    mem: Arc<MemTracker>,
+}
+
+impl Drop for TrackedBuffer {
+    fn drop(&mut self) {
+        self.mem.free(self.buffer.size());
+        self.buffer.destroy();
+    }
+}
+
+impl Context {
+    /// Device memory held by this library's buffers now, and the peak.
+    pub fn memory_stats(&self) -> MemoryStats {
+        MemoryStats {
+            live_bytes: self.mem.live.load(Ordering::SeqCst),
+            peak_bytes: self.mem.peak.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Restarts peak tracking from the bytes held now.
+    pub fn reset_peak_memory(&self) {
+        let live = self.mem.live.load(Ordering::SeqCst);
+        self.mem.peak.store(live, Ordering::SeqCst);
+    }
+
+    /// Checks a buffer size against the device's buffer and binding limits.
+    pub(crate) fn check_buffer_size(&self, bytes: u64, what: &str) -> Result<()> {
+        let limit = self
+            .limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size);
+        if bytes > limit {
+            return Err(Error::DeviceLimit {
+                what: format!("{what} buffer"),
+                needed: bytes,
+                limit,
+                hint: "split the batch or heads into several calls".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A zeroed storage buffer of `bytes` (rounded up to 4) that can be copied in and out.
+    pub(crate) fn create_storage(&self, bytes: u64, label: &str) -> Result<TrackedBuffer> {
+        let bytes = bytes.max(4).next_multiple_of(4);
+        self.check_buffer_size(bytes, label)?;
+        let buffer = self.scoped(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })?;
+        self.mem.alloc(bytes);
+        Ok(TrackedBuffer {
+            buffer,
+            mem: self.mem.clone(),
+        })
+    }
+
+    /// Copies a tensor-sized slice of host data into a new storage buffer.
+    /// Copies `data` into a new storage buffer; a length that is not a multiple of 4 (an odd
+    /// number of half-precision elements) is padded with zero bytes.
+    pub(crate) fn upload_bytes(&self, data: &[u8], label: &str) -> Result<TrackedBuffer> {
+        let buf = self.create_storage(data.len() as u64, label)?;
+        let whole = data.len() / 4 * 4;
+        self.scoped(|| {
+            if whole > 0 {
+                self.queue.write_buffer(&buf.buffer, 0, &data[..whole]);
+            }
+            if whole < data.len() {
+                let mut tail = [0u8; 4];
+                tail[..data.len() - whole].copy_from_slice(&data[whole..]);
+                self.queue.write_buffer(&buf.buffer, whole as u64, &tail);
+            }
+        })?;
+        Ok(buf)
+    }
+
+    /// Reads the first `count` elements of a storage buffer back to the host.
+    pub(crate) fn read_buffer<T: bytemuck::Pod>(
+        &self,
+        src: &wgpu::Buffer,
+        count: usize,
+    ) -> Result<Vec<T>> {
+        let used = count * std::mem::size_of::<T>();
+        let bytes = (used as u64).max(4).next_multiple_of(4);
+        let staging = self.scoped(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })?;
+        self.mem.alloc(bytes);
+        let staging = TrackedBuffer {
+            buffer: staging,
+            mem: self.mem.clone(),
+        };
+        self.scoped(|| {
+            let mut enc = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("readback"),
+                });
+            enc.copy_buffer_to_buffer(src, 0, &staging.buffer, 0, bytes);
+            self.queue.submit([enc.finish()]);
+        })?;
+        self.map_read(&staging.buffer)?;
+        let out = {
+            let view = staging
+                .buffer
+                .get_mapped_range(..)
+                .map_err(|e| Error::Device(format!("mapped range: {e}")))?;
+            bytemuck::pod_collect_to_vec::<u8, T>(&view[..used])
+        };
+        staging.buffer.unmap();
+        Ok(out)
+    }
+
+    /// Maps a whole buffer for reading and blocks until it is mapped. Another thread's poll
+    /// may be the one that fires our callback, so poll until the callback has reported.
+    pub(crate) fn map_read(&self, buffer: &wgpu::Buffer) -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        buffer.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        loop {
+            self.wait()?;
+            match rx.recv_timeout(std::time::Duration::from_millis(1)) {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => {
+                    return Err(Error::Device(format!("mapping a buffer for readback: {e}")))
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Device("buffer mapping was dropped".into()))
+                }
+            }
+        }
+    }
+
+    /// Blocks until all submitted work is done.
+    pub(crate) fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Device(format!("waiting for the GPU: {e}")))?;
+        self.check_alive()
+    }
+}

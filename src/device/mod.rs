@@ -1,0 +1,297 @@
+//! The device: adapter choice, limits and features in use, the kernel-shape tuning, and the
+//! `Context` that holds them. Buffers (`buffers`), error scopes (`scope`) and the driver
+//! canary (`canary`) live beside this file; the pipeline cache is in `kernels::cache` and
+//! recording in `record`.
+
+mod buffers;
+mod canary;
+mod scope;
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+pub use buffers::MemoryStats;
+pub(crate) use buffers::{MemTracker, TrackedBuffer};
+pub use canary::CANARY_ITERATIONS;
+
+use crate::dtype::HalfStorage;
+use crate::error::{Error, Result};
+use crate::kernels::cache::PipelineCache;
+use crate::kernels::{DeviceCaps, Kernel, Tiles, Variant};
+use crate::plan::PlanEnv;
+use crate::record::GpuTiming;
+
+/// What the library knows about the adapter and the limits it runs under.
+#[derive(Debug, Clone)]
+pub struct AdapterSummary {
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub driver_info: String,
+    pub max_workgroup_storage_bytes: u32,
+    pub max_invocations_per_workgroup: u32,
+    pub max_storage_binding_bytes: u64,
+    pub max_buffer_bytes: u64,
+    pub max_storage_buffers_per_stage: u32,
+    pub max_workgroups_per_dimension: u32,
+    pub subgroup_min_size: u32,
+    pub subgroup_max_size: u32,
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub timestamp_query: bool,
+}
+
+impl fmt::Display for AdapterSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({}, {}, driver {} {}); workgroup storage {} KiB, storage binding {} MiB, \
+             subgroup {}..{}, f16 {}, subgroups {}, timestamps {}",
+            self.name,
+            self.backend,
+            self.device_type,
+            self.driver,
+            self.driver_info,
+            self.max_workgroup_storage_bytes / 1024,
+            self.max_storage_binding_bytes >> 20,
+            self.subgroup_min_size,
+            self.subgroup_max_size,
+            self.shader_f16,
+            self.subgroups,
+            self.timestamp_query,
+        )
+    }
+}
+
+/// The library's handle on a GPU. Create once, reuse for every call.
+pub struct Context {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) info: AdapterSummary,
+    fixed_subgroup: u32,
+    pub(crate) caps: DeviceCaps,
+    pub(crate) limits: wgpu::Limits,
+    pub(crate) pipelines: PipelineCache,
+    pub(crate) mem: Arc<MemTracker>,
+    pub(crate) lost: Arc<Mutex<Option<String>>>,
+    pub(crate) timing: Mutex<Option<GpuTiming>>,
+    tuning: Mutex<Tuning>,
+}
+
+/// Per-adapter choices of kernel shape. `Context::new` picks them from the adapter; override
+/// them to benchmark or test the alternatives on one adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    /// Which tiled-kernel variant `Algorithm::Tiled` runs.
+    pub variant: Variant,
+    /// For the rows variant: the subgroup size its tile reads are shared across, or 0 to share
+    /// nothing. Only the adapter's fixed subgroup size (min == max) is accepted.
+    pub rows_subgroup: u32,
+    /// How f16 tensors are stored: `Native` (`array<f16>`, needs `SHADER_F16`) or `Packed`
+    /// (two per u32 word, any adapter). bf16 is always packed.
+    pub half_storage: HalfStorage,
+}
+
+const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::TIMESTAMP_QUERY);
+
+impl Context {
+    /// Picks the default adapter (honouring `WGPU_BACKEND`, `WGPU_ADAPTER_NAME` and
+    /// `WGPU_POWER_PREF`), requests its real limits and the optional features we use, and
+    /// runs the driver canary. Blocking.
+    pub fn new() -> Result<Self> {
+        pollster::block_on(Self::new_async())
+    }
+
+    pub async fn new_async() -> Result<Self> {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = pick_adapter(&instance).await?;
+        let features = adapter.features() & WANTED_FEATURES;
+        let limits = adapter.limits();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("flash-attn-wgpu"),
+                required_features: features,
+                required_limits: limits,
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| Error::RequestDevice(e.to_string()))?;
+        let ctx = Self::build(device, queue, Some(adapter.get_info()));
+        ctx.driver_canary()?;
+        Ok(ctx)
+    }
+
+    /// Wraps a device the caller already has. Uses that device's limits and features.
+    pub fn from_wgpu(device: wgpu::Device, queue: wgpu::Queue) -> Result<Self> {
+        let info = device.adapter_info();
+        let ctx = Self::build(device, queue, Some(info));
+        ctx.driver_canary()?;
+        Ok(ctx)
+    }
+
+    fn build(device: wgpu::Device, queue: wgpu::Queue, info: Option<wgpu::AdapterInfo>) -> Self {
+        let limits = device.limits();
+        let features = device.features();
+        let info = info.unwrap_or_else(|| device.adapter_info());
+        let summary = AdapterSummary {
+            name: info.name.clone(),
+            backend: format!("{:?}", info.backend),
+            device_type: format!("{:?}", info.device_type),
+            driver: info.driver.clone(),
+            driver_info: info.driver_info.clone(),
+            max_workgroup_storage_bytes: limits.max_compute_workgroup_storage_size,
+            max_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+            max_storage_binding_bytes: limits.max_storage_buffer_binding_size,
+            max_buffer_bytes: limits.max_buffer_size,
+            max_storage_buffers_per_stage: limits.max_storage_buffers_per_shader_stage,
+            max_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
+            subgroup_min_size: info.subgroup_min_size,
+            subgroup_max_size: info.subgroup_max_size,
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+        };
+        let fixed_subgroup = (features.contains(wgpu::Features::SUBGROUP)
+            && info.subgroup_min_size == info.subgroup_max_size
+            && (2..=64).contains(&info.subgroup_min_size))
+        .then_some(info.subgroup_min_size)
+        .unwrap_or(0);
+        let shader_f16 = features.contains(wgpu::Features::SHADER_F16);
+        let tuning = Tuning {
+            variant: Variant::for_device_type(info.device_type),
+            rows_subgroup: fixed_subgroup,
+            half_storage: if shader_f16 {
+                HalfStorage::Native
+            } else {
+                HalfStorage::Packed
+            },
+        };
+        let caps = DeviceCaps {
+            max_workgroup_storage_bytes: limits.max_compute_workgroup_storage_size,
+            max_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+        };
+        let lost = Arc::new(Mutex::new(None));
+        let lost_cb = lost.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            if let Ok(mut l) = lost_cb.lock() {
+                *l = Some(format!("{reason:?}: {msg}"));
+            }
+        });
+        Context {
+            device,
+            queue,
+            info: summary,
+            caps,
+            limits,
+            pipelines: PipelineCache::default(),
+            mem: Arc::new(MemTracker::default()),
+            lost,
+            timing: Mutex::new(None),
+            tuning: Mutex::new(tuning),
+            fixed_subgroup,
+        }
+    }
+
+    /// Adapter name, backend, driver and the limits in use.
+    pub fn adapter_info(&self) -> &AdapterSummary {
+        &self.info
+    }
+
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
+    /// The kernel-shape choices in force.
+    pub fn tuning(&self) -> Tuning {
+        self.tuning.lock().map(|t| *t).unwrap_or(Tuning {
+            variant: Variant::Lanes,
+            rows_subgroup: 0,
+            half_storage: HalfStorage::Packed,
+        })
+    }
+
+    /// Which tiled-kernel variant `Algorithm::Tiled` runs.
+    pub fn variant(&self) -> Variant {
+        self.tuning().variant
+    }
+
+    /// Overrides the kernel-shape choices, to benchmark or test alternatives on one adapter.
+    pub fn set_tuning(&self, tuning: Tuning) -> Result<()> {
+        if tuning.rows_subgroup != 0 && tuning.rows_subgroup != self.fixed_subgroup {
+            return Err(Error::invalid(format!(
+                "rows_subgroup must be 0 or this adapter's fixed subgroup size ({}), got {}",
+                self.fixed_subgroup, tuning.rows_subgroup
+            )));
+        }
+        if tuning.half_storage == HalfStorage::Native && !self.info.shader_f16 {
+            return Err(Error::Unsupported {
+                feature: "native f16 storage (HalfStorage::Native)".into(),
+                reason: format!(
+                    "adapter {:?} does not offer SHADER_F16; use HalfStorage::Packed",
+                    self.info.name
+                ),
+            });
+        }
+        if let Ok(mut t) = self.tuning.lock() {
+            *t = tuning;
+        }
+        Ok(())
+    }
+
+    /// Everything planning needs to know about this device, with the tuning in force.
+    pub fn plan_env(&self) -> PlanEnv {
+        PlanEnv {
+            caps: self.caps,
+            tuning: self.tuning(),
+            max_binding_bytes: self
+                .limits
+                .max_storage_buffer_binding_size
+                .min(self.limits.max_buffer_size)
+                .min(u32::MAX as u64),
+        }
+    }
+
+    /// Tile shape the library picks for a tiled kernel on this device.
+    pub fn tiles_for(&self, kernel: Kernel, head_dim: usize) -> Result<Tiles> {
+        crate::kernels::choose_tiles(kernel, head_dim as u32, self.caps)
+    }
+}
+
+async fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
+    if let Ok(wanted) = std::env::var("WGPU_ADAPTER_NAME") {
+        let wanted_lc = wanted.to_lowercase();
+        let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
+        let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+        return adapters
+            .into_iter()
+            .find(|a| a.get_info().name.to_lowercase().contains(&wanted_lc))
+            .ok_or_else(|| Error::NoAdapter {
+                detail: format!(
+                    "WGPU_ADAPTER_NAME={wanted:?} matches none of the adapters found: {names:?}"
+                ),
+            });
+    }
+    instance
+        .request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::from_env()
+                .unwrap_or(wgpu::PowerPreference::HighPerformance),
+            force_fallback_adapter: false,
+            compatible_surface: None,
+            // We want the adapter's real limits (workgroup storage, binding sizes).
+            apply_limit_buckets: false,
+        })
+        .await
+        .map_err(|e| Error::NoAdapter {
+            detail: e.to_string(),
+        })
+}

@@ -1,0 +1,270 @@
+//! Kernels: their identities and bindings (this file), the pure tile chooser (`tiles`), the
+//! parameter block (`params`), WGSL assembly (`wgsl`) and the pipeline cache (`cache`).
+//!
+//! Every pipeline is `prelude + common.wgsl + kernel.wgsl`. The generated prelude holds the
+//! shape constants that size register and workgroup arrays, the kernel's bindings, and the
+//! element load/store functions for the call's dtype and storage mode; booleans are
+//! `override` constants.
+
+pub mod cache;
+pub mod params;
+pub mod tiles;
+pub mod wgsl;
+
+pub use params::{fold_grid, Params};
+pub use tiles::{choose_tiles, workgroup_words, DeviceCaps, Tiles};
+pub use wgsl::KernelKey;
+
+/// Every compute kernel of the crate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    FlashFwd,
+    FlashBwdPreprocess,
+    FlashBwdDkDv,
+    FlashBwdDq,
+    FlashFwdRows,
+    FlashBwdDkDvRows,
+    FlashBwdDqRows,
+    NaiveScores,
+    NaiveSoftmax,
+    NaivePv,
+    NaiveBwdProbs,
+    NaiveBwdDp,
+    NaiveBwdDs,
+    NaiveBwdDkDv,
+    NaiveBwdDq,
+    Cast,
+    Canary,
+    RooflineFma,
+    RooflineCopy,
+}
+
+/// How a kernel uses binding slot i+1 (slot 0 is always the `Params` uniform).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    ReadWrite,
+}
+
+/// What a binding's array holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindType {
+    /// A tensor of the call's element type, read through `load_<name>(i) -> f32` and written
+    /// through `store_<name>(i, x)`, functions the prelude generates per storage format.
+    Elem,
+    /// `array<f32>`: lse, delta and the naive path's score matrices.
+    F32,
+    /// `array<u32>`.
+    U32,
+    /// `array<vec4<f32>>`.
+    Vec4F32,
+}
+
+/// One storage binding of a kernel: its WGSL name, what it holds and how it is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Binding {
+    pub name: &'static str,
+    pub ty: BindType,
+    pub access: Access,
+}
+
+const fn b(name: &'static str, ty: BindType, access: Access) -> Binding {
+    Binding { name, ty, access }
+}
+
+use Access::{Read as R, ReadWrite as W};
+use BindType::{Elem as E, Vec4F32 as V4, F32, U32};
+
+impl Kernel {
+    pub const ALL: [Kernel; 19] = [
+        Kernel::FlashFwd,
+        Kernel::FlashBwdPreprocess,
+        Kernel::FlashBwdDkDv,
+        Kernel::FlashBwdDq,
+        Kernel::FlashFwdRows,
+        Kernel::FlashBwdDkDvRows,
+        Kernel::FlashBwdDqRows,
+        Kernel::NaiveScores,
+        Kernel::NaiveSoftmax,
+        Kernel::NaivePv,
+        Kernel::NaiveBwdProbs,
+        Kernel::NaiveBwdDp,
+        Kernel::NaiveBwdDs,
+        Kernel::NaiveBwdDkDv,
+        Kernel::NaiveBwdDq,
+        Kernel::Cast,
+        Kernel::Canary,
+        Kernel::RooflineFma,
+        Kernel::RooflineCopy,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::FlashFwd => "flash_fwd",
+            Kernel::FlashBwdPreprocess => "flash_bwd_preprocess",
+            Kernel::FlashBwdDkDv => "flash_bwd_dkdv",
+            Kernel::FlashBwdDq => "flash_bwd_dq",
+            Kernel::FlashFwdRows => "flash_fwd_rows",
+            Kernel::FlashBwdDkDvRows => "flash_bwd_dkdv_rows",
+            Kernel::FlashBwdDqRows => "flash_bwd_dq_rows",
+            Kernel::NaiveScores => "naive_scores",
+            Kernel::NaiveSoftmax => "naive_softmax",
+            Kernel::NaivePv => "naive_pv",
+            Kernel::NaiveBwdProbs => "naive_bwd_probs",
+            Kernel::NaiveBwdDp => "naive_bwd_dp",
+            Kernel::NaiveBwdDs => "naive_bwd_ds",
+            Kernel::NaiveBwdDkDv => "naive_bwd_dkdv",
+            Kernel::NaiveBwdDq => "naive_bwd_dq",
+            Kernel::Cast => "cast",
+            Kernel::Canary => "canary",
+            Kernel::RooflineFma => "roofline_fma",
+            Kernel::RooflineCopy => "roofline_copy",
+        }
+    }
+
+    pub fn source(self) -> &'static str {
+        match self {
+            Kernel::FlashFwd => include_str!("../../shaders/flash_fwd.wgsl"),
+            Kernel::FlashBwdPreprocess => include_str!("../../shaders/flash_bwd_preprocess.wgsl"),
+            Kernel::FlashBwdDkDv => include_str!("../../shaders/flash_bwd_dkdv.wgsl"),
+            Kernel::FlashBwdDq => include_str!("../../shaders/flash_bwd_dq.wgsl"),
+            Kernel::FlashFwdRows => include_str!("../../shaders/flash_fwd_rows.wgsl"),
+            Kernel::FlashBwdDkDvRows => include_str!("../../shaders/flash_bwd_dkdv_rows.wgsl"),
+            Kernel::FlashBwdDqRows => include_str!("../../shaders/flash_bwd_dq_rows.wgsl"),
+            Kernel::NaiveScores => include_str!("../../shaders/naive_scores.wgsl"),
+            Kernel::NaiveSoftmax => include_str!("../../shaders/naive_softmax.wgsl"),
+            Kernel::NaivePv => include_str!("../../shaders/naive_pv.wgsl"),
+            Kernel::NaiveBwdProbs => include_str!("../../shaders/naive_bwd_probs.wgsl"),
+            Kernel::NaiveBwdDp => include_str!("../../shaders/naive_bwd_dp.wgsl"),
+            Kernel::NaiveBwdDs => include_str!("../../shaders/naive_bwd_ds.wgsl"),
+            Kernel::NaiveBwdDkDv => include_str!("../../shaders/naive_bwd_dkdv.wgsl"),
+            Kernel::NaiveBwdDq => include_str!("../../shaders/naive_bwd_dq.wgsl"),
+            Kernel::Cast => include_str!("../../shaders/cast.wgsl"),
+            Kernel::Canary => include_str!("../../shaders/canary.wgsl"),
+            Kernel::RooflineFma => include_str!("../../shaders/roofline_fma.wgsl"),
+            Kernel::RooflineCopy => include_str!("../../shaders/roofline_copy.wgsl"),
+        }
+    }
+
+    /// Storage bindings 1.. in order. The prelude declares them from this table, so the
+    /// shader and the host cannot disagree.
+    pub fn bindings(self) -> &'static [Binding] {
+        const Q: Binding = b("q", E, R);
+        const K: Binding = b("k", E, R);
+        const V: Binding = b("v", E, R);
+        const D_OUT: Binding = b("d_out", E, R);
+        const LSE: Binding = b("lse", F32, R);
+        const DELTA: Binding = b("delta", F32, R);
+        match self {
+            Kernel::FlashFwd | Kernel::FlashFwdRows => {
+                const { &[Q, K, V, b("out", E, W), b("lse", F32, W)] }
+            }
+            Kernel::FlashBwdPreprocess => const { &[b("out", E, R), D_OUT, b("delta", F32, W)] },
+            // 8 storage buffers: the WebGPU default per-stage cap
+            Kernel::FlashBwdDkDv | Kernel::FlashBwdDkDvRows => {
+                const { &[Q, K, V, D_OUT, LSE, DELTA, b("dk", E, W), b("dv", E, W)] }
+            }
+            Kernel::FlashBwdDq | Kernel::FlashBwdDqRows => {
+                const { &[Q, K, V, D_OUT, LSE, DELTA, b("dq", E, W)] }
+            }
+            Kernel::NaiveScores => const { &[Q, K, b("scores", F32, W)] },
+            Kernel::NaiveSoftmax => {
+                const { &[b("scores", F32, R), b("probs", F32, W), b("lse", F32, W)] }
+            }
+            Kernel::NaivePv => const { &[b("probs", F32, R), V, b("out", E, W)] },
+            Kernel::NaiveBwdProbs => const { &[Q, K, LSE, b("probs", F32, W)] },
+            Kernel::NaiveBwdDp => const { &[D_OUT, V, b("dp", F32, W)] },
+            // dS is written over dP
+            Kernel::NaiveBwdDs => const { &[b("probs", F32, R), DELTA, b("ds", F32, W)] },
+            Kernel::NaiveBwdDkDv => {
+                const {
+                    &[
+                        b("probs", F32, R),
+                        b("ds", F32, R),
+                        Q,
+                        D_OUT,
+                        b("dk", E, W),
+                        b("dv", E, W),
+                    ]
+                }
+            }
+            Kernel::NaiveBwdDq => const { &[b("ds", F32, R), K, b("dq", E, W)] },
+            Kernel::Cast => const { &[b("src", F32, R), b("dst", E, W)] },
+            Kernel::Canary => const { &[b("counter", U32, W)] },
+            Kernel::RooflineFma => const { &[b("sink", F32, W)] },
+            Kernel::RooflineCopy => const { &[b("src", V4, R), b("dst", V4, W)] },
+        }
+    }
+
+    /// True when some binding holds the call's element type (the key's format matters).
+    pub fn has_elem_bindings(self) -> bool {
+        self.bindings().iter().any(|b| b.ty == BindType::Elem)
+    }
+
+    pub fn is_tiled(self) -> bool {
+        matches!(
+            self,
+            Kernel::FlashFwd
+                | Kernel::FlashBwdDkDv
+                | Kernel::FlashBwdDq
+                | Kernel::FlashFwdRows
+                | Kernel::FlashBwdDkDvRows
+                | Kernel::FlashBwdDqRows
+        )
+    }
+
+    /// Kernels whose workgroup rows are keys (BC of them) rather than queries.
+    pub fn rows_are_keys(self) -> bool {
+        matches!(self, Kernel::FlashBwdDkDv | Kernel::FlashBwdDkDvRows)
+    }
+
+    pub fn is_rows_variant(self) -> bool {
+        matches!(
+            self,
+            Kernel::FlashFwdRows | Kernel::FlashBwdDkDvRows | Kernel::FlashBwdDqRows
+        )
+    }
+}
+
+/// How a tiled kernel spreads a row over invocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// TPR invocations share a row; scores pass through workgroup memory. Suits GPUs, whose
+    /// lanes exchange data through shared memory cheaply and whose registers are scarce.
+    Lanes,
+    /// One invocation per row with the row's vectors in private arrays; every invocation reads
+    /// the same K/V (or Q/dO) element at once. Suits CPU drivers (lavapipe, SwiftShader, WARP),
+    /// where invocations are SIMD lanes and a per-lane workgroup-memory index is a gather.
+    Rows,
+}
+
+impl Variant {
+    /// The variant for an adapter of this device type.
+    pub fn for_device_type(device_type: wgpu::DeviceType) -> Variant {
+        match device_type {
+            wgpu::DeviceType::Cpu => Variant::Rows,
+            _ => Variant::Lanes,
+        }
+    }
+
+    pub fn forward(self) -> Kernel {
+        match self {
+            Variant::Lanes => Kernel::FlashFwd,
+            Variant::Rows => Kernel::FlashFwdRows,
+        }
+    }
+
+    pub fn backward_dkdv(self) -> Kernel {
+        match self {
+            Variant::Lanes => Kernel::FlashBwdDkDv,
+            Variant::Rows => Kernel::FlashBwdDkDvRows,
+        }
+    }
+
+    pub fn backward_dq(self) -> Kernel {
+        match self {
+            Variant::Lanes => Kernel::FlashBwdDq,
+            Variant::Rows => Kernel::FlashBwdDqRows,
+        }
+    }
+}

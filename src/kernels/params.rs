@@ -1,0 +1,66 @@
+//! The runtime parameter block, bound at slot 0 of every kernel, and grid folding.
+
+/// Runtime parameters, bound at slot 0 of every kernel. Mirrors `Params` in common.wgsl.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Params {
+    pub batch: u32,
+    pub seq_q: u32,
+    pub seq_kv: u32,
+    pub heads_q: u32,
+    pub heads_kv: u32,
+    pub head_dim: u32,
+    pub group: u32,
+    pub causal_offset: i32,
+    pub scale: f32,
+    pub scale_log2: f32,
+    pub n_q_tiles: u32,
+    pub n_kv_tiles: u32,
+    pub total_wg: u32,
+    pub slice_base: u32,
+    pub slice_count: u32,
+    pub total_items: u32,
+}
+
+impl Params {
+    pub fn from_config(cfg: &crate::AttentionConfig) -> Params {
+        let scale = cfg.scale();
+        Params {
+            batch: cfg.batch as u32,
+            seq_q: cfg.seq_q as u32,
+            seq_kv: cfg.seq_kv as u32,
+            heads_q: cfg.heads_q as u32,
+            heads_kv: cfg.heads_kv as u32,
+            head_dim: cfg.head_dim as u32,
+            group: cfg.group() as u32,
+            causal_offset: cfg.causal_offset().clamp(i32::MIN as i64, i32::MAX as i64) as i32,
+            scale,
+            scale_log2: scale * std::f32::consts::LOG2_E,
+            ..Default::default()
+        }
+    }
+}
+
+/// Splits `total` workgroups into an (x, y) grid under the per-dimension limit.
+pub fn fold_grid(total: u32, max_dim: u32) -> (u32, u32) {
+    if total == 0 {
+        return (0, 0);
+    }
+    let x = total.min(max_dim.max(1));
+    (x, total.div_ceil(x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grid_folding_covers_every_workgroup() {
+        for total in [1u32, 5, 65535, 65536, 200_000, 4_000_000] {
+            let (x, y) = fold_grid(total, 65535);
+            assert!(x <= 65535 && y <= 65535);
+            assert!(x as u64 * y as u64 >= total as u64);
+            assert!((x as u64) * (y as u64 - 1) < total as u64);
+        }
+    }
+}

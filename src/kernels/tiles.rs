@@ -1,0 +1,277 @@
+//! The pure tile chooser: the largest tiles that fit the device's workgroup memory and
+//! invocation limits, and the workgroup memory each tiled kernel needs for a tile shape.
+
+use super::Kernel;
+use crate::error::{Error, Result};
+
+/// Tile shape of a tiled kernel: BR query rows and BC keys per tile; TPR threads per row
+/// (lanes variant) or RPT rows per thread (rows variant); the other is 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tiles {
+    pub br: u32,
+    pub bc: u32,
+    pub tpr: u32,
+    pub rpt: u32,
+}
+
+impl Tiles {
+    pub const ONE: Tiles = Tiles {
+        br: 1,
+        bc: 1,
+        tpr: 1,
+        rpt: 1,
+    };
+
+    /// Rows a workgroup owns: queries, or keys for the dK/dV kernels.
+    pub fn rows(&self, kernel: Kernel) -> u32 {
+        if kernel.rows_are_keys() {
+            self.bc
+        } else {
+            self.br
+        }
+    }
+
+    /// Threads per workgroup.
+    pub fn threads(&self, kernel: Kernel) -> u32 {
+        self.rows(kernel) * self.tpr / self.rpt.max(1)
+    }
+}
+
+/// What the tile chooser needs to know about the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCaps {
+    pub max_workgroup_storage_bytes: u32,
+    pub max_invocations_per_workgroup: u32,
+}
+
+impl DeviceCaps {
+    /// The WebGPU defaults every conforming adapter offers.
+    pub const WEBGPU_DEFAULT: DeviceCaps = DeviceCaps {
+        max_workgroup_storage_bytes: 16384,
+        max_invocations_per_workgroup: 256,
+    };
+}
+
+/// Threads per row: enough lanes that each owns at most ~8 output dims, a power of two <= 16.
+fn threads_per_row(head_dim: u32) -> u32 {
+    head_dim.div_ceil(8).next_power_of_two().min(16)
+}
+
+/// Workgroup memory (in f32 words) a kernel needs for a tile shape.
+pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
+    let (br, bc, d) = (t.br, t.bc, head_dim);
+    match kernel {
+        // Q tile, one K/V tile, scores, probabilities, row-sum partials
+        Kernel::FlashFwd => br * d + bc * d + 2 * br * bc + br * t.tpr,
+        // Q, dO, K, V tiles; P and dS (dK/dV) or dS (dQ) score tiles; lse and delta
+        Kernel::FlashBwdDkDv => 2 * br * d + 2 * bc * d + 2 * br * bc + 2 * br,
+        Kernel::FlashBwdDq => 2 * br * d + 2 * bc * d + br * bc + 2 * br,
+        // rows variants keep their own row in private arrays: only the streamed tiles
+        // (head_dim padded to a subgroup multiple: up to 7 more words a row at SG = 8)
+        Kernel::FlashFwdRows | Kernel::FlashBwdDqRows => 2 * bc * d.next_multiple_of(8),
+        Kernel::FlashBwdDkDvRows => 2 * br * d.next_multiple_of(8) + 2 * br,
+        _ => 0,
+    }
+}
+
+/// The pure tile chooser: the largest tiles (most reuse per byte loaded) that fit the device's
+/// workgroup memory and invocation limits. Preference order favours square-ish tiles.
+pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<Tiles> {
+    const LANES: [(u32, u32); 12] = [
+        (32, 32),
+        (16, 32),
+        (32, 16),
+        (16, 16),
+        (8, 16),
+        (16, 8),
+        (8, 8),
+        (4, 8),
+        (8, 4),
+        (4, 4),
+        (2, 4),
+        (1, 4),
+    ];
+    // (rows per workgroup, streamed rows per tile, rows per thread); the streamed count also
+    // sizes each invocation's private score array. Two rows per thread halve the tile reads
+    // per FMA in the forward and dQ kernels; the private arrays double, so only up to
+    // head_dim 128.
+    const ROWS: [(u32, u32, u32); 12] = [
+        (128, 32, 2),
+        (128, 16, 2),
+        (64, 64, 1),
+        (64, 32, 1),
+        (64, 16, 1),
+        (64, 8, 1),
+        (32, 8, 1),
+        (64, 4, 1),
+        (32, 4, 1),
+        (16, 4, 1),
+        (16, 2, 1),
+        (8, 1, 1),
+    ];
+    if !kernel.is_tiled() {
+        return Ok(Tiles::ONE);
+    }
+    let candidates: Vec<Tiles> = if kernel.is_rows_variant() {
+        let multi_row =
+            matches!(kernel, Kernel::FlashFwdRows | Kernel::FlashBwdDqRows) && head_dim <= 128;
+        ROWS.iter()
+            .filter(|&&(_, _, rpt)| rpt == 1 || multi_row)
+            .map(|&(rows, streamed, rpt)| {
+                if kernel.rows_are_keys() {
+                    Tiles {
+                        br: streamed,
+                        bc: rows,
+                        tpr: 1,
+                        rpt,
+                    }
+                } else {
+                    Tiles {
+                        br: rows,
+                        bc: streamed,
+                        tpr: 1,
+                        rpt,
+                    }
+                }
+            })
+            .collect()
+    } else {
+        let tpr = threads_per_row(head_dim);
+        LANES
+            .iter()
+            .map(|&(br, bc)| Tiles {
+                br,
+                bc,
+                tpr,
+                rpt: 1,
+            })
+            .collect()
+    };
+    let budget = caps.max_workgroup_storage_bytes / 4;
+    let mut smallest_need = u32::MAX;
+    for t in candidates {
+        let words = workgroup_words(kernel, head_dim, t);
+        smallest_need = smallest_need.min(words);
+        if words <= budget && t.threads(kernel) <= caps.max_invocations_per_workgroup {
+            return Ok(t);
+        }
+    }
+    Err(Error::DeviceLimit {
+        what: format!(
+            "{} with head_dim {head_dim}: workgroup memory",
+            kernel.name()
+        ),
+        needed: smallest_need as u64 * 4,
+        limit: caps.max_workgroup_storage_bytes as u64,
+        hint: "use a smaller head_dim or an adapter with more workgroup storage".into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_forward_takes_two_rows_per_thread_up_to_head_dim_128() {
+        let caps = DeviceCaps::WEBGPU_DEFAULT;
+        assert_eq!(choose_tiles(Kernel::FlashFwdRows, 64, caps).unwrap().rpt, 2);
+        assert_eq!(
+            choose_tiles(Kernel::FlashFwdRows, 128, caps).unwrap().rpt,
+            2
+        );
+        assert_eq!(
+            choose_tiles(Kernel::FlashFwdRows, 256, caps).unwrap().rpt,
+            1
+        );
+        assert_eq!(
+            choose_tiles(Kernel::FlashBwdDqRows, 64, caps).unwrap().rpt,
+            2
+        );
+        assert_eq!(
+            choose_tiles(Kernel::FlashBwdDkDvRows, 64, caps)
+                .unwrap()
+                .rpt,
+            1
+        );
+    }
+
+    #[test]
+    fn tiles_fit_webgpu_defaults_for_every_head_dim() {
+        for kernel in [
+            Kernel::FlashFwd,
+            Kernel::FlashBwdDkDv,
+            Kernel::FlashBwdDq,
+            Kernel::FlashFwdRows,
+            Kernel::FlashBwdDkDvRows,
+            Kernel::FlashBwdDqRows,
+        ] {
+            for d in 1..=256u32 {
+                let t = choose_tiles(kernel, d, DeviceCaps::WEBGPU_DEFAULT).unwrap();
+                assert!(
+                    workgroup_words(kernel, d, t) * 4 <= 16384,
+                    "{kernel:?} d={d} {t:?}"
+                );
+                assert!(t.threads(kernel) <= 256);
+            }
+        }
+    }
+
+    #[test]
+    fn more_workgroup_memory_gives_larger_forward_tiles() {
+        let small = choose_tiles(Kernel::FlashFwd, 128, DeviceCaps::WEBGPU_DEFAULT).unwrap();
+        let big = choose_tiles(
+            Kernel::FlashFwd,
+            128,
+            DeviceCaps {
+                max_workgroup_storage_bytes: 32768,
+                max_invocations_per_workgroup: 256,
+            },
+        )
+        .unwrap();
+        assert!(
+            big.br * big.bc > small.br * small.bc,
+            "{small:?} vs {big:?}"
+        );
+    }
+
+    #[test]
+    fn head_dim_64_at_16k_gets_16x16_tiles() {
+        let t = choose_tiles(Kernel::FlashFwd, 64, DeviceCaps::WEBGPU_DEFAULT).unwrap();
+        assert_eq!((t.br, t.bc, t.tpr), (16, 16, 8));
+    }
+
+    #[test]
+    fn too_little_workgroup_memory_is_a_device_limit_error() {
+        let caps = DeviceCaps {
+            max_workgroup_storage_bytes: 1024,
+            max_invocations_per_workgroup: 256,
+        };
+        match choose_tiles(Kernel::FlashFwd, 256, caps) {
+            Err(Error::DeviceLimit { needed, limit, .. }) => {
+                assert_eq!(limit, 1024);
+                assert!(needed > limit);
+            }
+            other => panic!("expected DeviceLimit, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn invocation_limit_is_respected() {
+        let caps = DeviceCaps {
+            max_workgroup_storage_bytes: 65536,
+            max_invocations_per_workgroup: 64,
+        };
+        let t = choose_tiles(Kernel::FlashFwd, 64, caps).unwrap();
+        assert!(t.threads(Kernel::FlashFwd) <= 64);
+    }
+
+    #[test]
+    fn threads_per_row_is_a_power_of_two_up_to_16() {
+        assert_eq!(threads_per_row(1), 1);
+        assert_eq!(threads_per_row(8), 1);
+        assert_eq!(threads_per_row(9), 2);
+        assert_eq!(threads_per_row(64), 8);
+        assert_eq!(threads_per_row(80), 16);
+        assert_eq!(threads_per_row(256), 16);
+    }
+}

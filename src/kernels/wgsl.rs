@@ -1,0 +1,174 @@
+//! WGSL assembly: a pipeline's source is a generated prelude, then `common.wgsl`, then the
+//! kernel body. The prelude is where everything that varies per pipeline enters:
+//!
+//! - shape constants (HEAD_DIM, BR, BC, ...) that size register and workgroup arrays;
+//! - the kernel's bindings, declared from `Kernel::bindings`;
+//! - for each element-typed binding, `load_<name>(i: u32) -> f32` or
+//!   `store_<name>(i: u32, x: f32)`, written for the call's dtype and storage format. Kernel
+//!   bodies never see the storage type: adding a dtype touches only this file.
+
+use std::fmt::Write as _;
+
+use super::{Access, BindType, Binding, Kernel, Tiles};
+use crate::dtype::ElemFormat;
+
+const COMMON: &str = include_str!("../../shaders/common.wgsl");
+
+/// A pipeline's identity: kernel, element format, shape constants and boolean features.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelKey {
+    pub kernel: Kernel,
+    /// How element-typed bindings are stored; `F32` for kernels without any.
+    pub elem: ElemFormat,
+    pub head_dim: u32,
+    pub tiles: Tiles,
+    pub causal: bool,
+    /// Rows kernels: the fixed subgroup size they share tile reads across, or 0 for none.
+    pub subgroup: u32,
+}
+
+impl KernelKey {
+    /// A key for a kernel with no shape (probes, canary).
+    pub fn plain(kernel: Kernel) -> KernelKey {
+        KernelKey {
+            kernel,
+            elem: ElemFormat::F32,
+            head_dim: 1,
+            tiles: Tiles::ONE,
+            causal: false,
+            subgroup: 0,
+        }
+    }
+
+    pub fn label(&self) -> String {
+        format!(
+            "{} {} d={} br={} bc={} tpr={} rpt={} causal={} sg={}",
+            self.kernel.name(),
+            self.elem.name(),
+            self.head_dim,
+            self.tiles.br,
+            self.tiles.bc,
+            self.tiles.tpr,
+            self.tiles.rpt,
+            self.causal,
+            self.subgroup
+        )
+    }
+
+    /// Full WGSL source: generated prelude, common code, kernel body.
+    pub fn wgsl(&self) -> String {
+        let mut s = String::with_capacity(24 * 1024);
+        if self.elem == ElemFormat::F16Native && self.kernel.has_elem_bindings() {
+            s.push_str("enable f16;\n");
+        }
+        let _ = writeln!(s, "// generated: {}", self.label());
+        s.push_str(&self.shape_constants());
+        for (i, b) in self.kernel.bindings().iter().enumerate() {
+            s.push_str(&binding_wgsl(i as u32 + 1, b, self.elem));
+        }
+        if self.kernel.is_rows_variant() {
+            s.push_str(&lane_prelude(self.subgroup, self.head_dim));
+        }
+        s.push_str(COMMON);
+        s.push('\n');
+        s.push_str(self.kernel.source());
+        s
+    }
+
+    fn shape_constants(&self) -> String {
+        let (t, d) = (self.tiles, self.head_dim);
+        let mut s = String::new();
+        let _ = writeln!(s, "const HEAD_DIM: u32 = {d}u;");
+        if self.kernel.is_tiled() {
+            let cols = if self.kernel.rows_are_keys() {
+                t.br
+            } else {
+                t.bc
+            };
+            let _ = writeln!(s, "const BR: u32 = {}u;", t.br);
+            let _ = writeln!(s, "const BC: u32 = {}u;", t.bc);
+            let _ = writeln!(s, "const TPR: u32 = {}u;", t.tpr);
+            let _ = writeln!(s, "const NT: u32 = {}u;", t.threads(self.kernel));
+            let _ = writeln!(s, "const RPT: u32 = {}u;", t.rpt.max(1));
+            // output dims per lane, score columns per lane
+            let _ = writeln!(s, "const DPT: u32 = {}u;", d.div_ceil(t.tpr));
+            let _ = writeln!(s, "const CPT: u32 = {}u;", cols.div_ceil(t.tpr));
+        }
+        s
+    }
+
+    /// Pipeline-overridable constants for this key.
+    pub fn constants(&self) -> Vec<(&'static str, f64)> {
+        vec![("CAUSAL", if self.causal { 1.0 } else { 0.0 })]
+    }
+}
+
+/// The declaration of binding `slot` and, for element-typed bindings, its load or store
+/// function.
+///
+/// Packed formats hold elements `2w` and `2w + 1` in the low and high halves of word `w`.
+/// Native f16 stores round in integer arithmetic first, so that the final conversion is exact
+/// and every adapter rounds to nearest even alike.
+/// A packed store ORs its half into the word: every output tensor starts zeroed and every
+/// element is stored exactly once, so two invocations that write the two halves of one word
+/// (neighbouring rows at an odd head_dim) never clobber each other.
+fn binding_wgsl(slot: u32, b: &Binding, elem: ElemFormat) -> String {
+    let access = match b.access {
+        Access::Read => "read",
+        Access::ReadWrite => "read_write",
+    };
+    let n = b.name;
+    let decl =
+        |ty: &str| format!("@group(0) @binding({slot}) var<storage, {access}> {n}: array<{ty}>;\n");
+    match b.ty {
+        BindType::F32 => decl("f32"),
+        BindType::U32 => decl("u32"),
+        BindType::Vec4F32 => decl("vec4<f32>"),
+        BindType::Elem => match (elem, b.access) {
+            (ElemFormat::F32, Access::Read) => decl("f32")
+                + &format!("fn load_{n}(i: u32) -> f32 {{ return {n}[i]; }}\n"),
+            (ElemFormat::F32, Access::ReadWrite) => decl("f32")
+                + &format!("fn store_{n}(i: u32, x: f32) {{ {n}[i] = x; }}\n"),
+            (ElemFormat::F16Native, Access::Read) => decl("f16")
+                + &format!("fn load_{n}(i: u32) -> f32 {{ return f32({n}[i]); }}\n"),
+            (ElemFormat::F16Native, Access::ReadWrite) => decl("f16")
+                + &format!(
+                    "fn store_{n}(i: u32, x: f32) {{ {n}[i] = f16(unpack2x16float(f32_to_f16_bits(x)).x); }}\n"
+                ),
+            (ElemFormat::F16Packed, Access::Read) => decl("u32")
+                + &format!("fn load_{n}(i: u32) -> f32 {{ return unpack2x16float({n}[i >> 1u])[i & 1u]; }}\n"),
+            (ElemFormat::Bf16Packed, Access::Read) => decl("u32")
+                + &format!("fn load_{n}(i: u32) -> f32 {{ return bf16_word_to_f32({n}[i >> 1u], i & 1u); }}\n"),
+            (ElemFormat::F16Packed, Access::ReadWrite) => decl("atomic<u32>")
+                + &format!(
+                    "fn store_{n}(i: u32, x: f32) {{ atomicOr(&{n}[i >> 1u], f32_to_f16_bits(x) << (16u * (i & 1u))); }}\n"
+                ),
+            (ElemFormat::Bf16Packed, Access::ReadWrite) => decl("atomic<u32>")
+                + &format!(
+                    "fn store_{n}(i: u32, x: f32) {{ atomicOr(&{n}[i >> 1u], f32_to_bf16_bits(x) << (16u * (i & 1u))); }}\n"
+                ),
+        },
+    }
+}
+
+/// Rows kernels read streamed tiles in chunks of SG elements, one per subgroup lane, and share
+/// them with `lane_values`. With no subgroup size to rely on, SG = 1 and `lane_values` is the
+/// identity. DPAD is head_dim rounded up to a multiple of SG (the padding holds zeros).
+fn lane_prelude(subgroup: u32, head_dim: u32) -> String {
+    let sg = subgroup.max(1);
+    // subgroupBroadcast needs a literal lane, so the SG calls are written out here.
+    let lanes: Vec<String> = if sg > 1 {
+        (0..sg)
+            .map(|l| format!("subgroupBroadcast(x, {l}u)"))
+            .collect()
+    } else {
+        vec!["x".to_string()]
+    };
+    format!(
+        "const SG: u32 = {sg}u;\nconst DPAD: u32 = {}u;\n\
+         // lane l's x, for every l < SG\n\
+         fn lane_values(x: f32) -> array<f32, SG> {{\n    return array<f32, SG>({});\n}}\n",
+        head_dim.next_multiple_of(sg),
+        lanes.join(", ")
+    )
+}

@@ -1,0 +1,157 @@
+//! The backward plan: the delta preprocess, then dK/dV and dQ (tiled), or the naive path's
+//! five kernels per chunk.
+
+use super::{key, naive, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec, Step};
+use crate::config::{Algorithm, AttentionConfig};
+use crate::dtype::DType;
+use crate::error::{Result, TensorRole};
+use crate::kernels::{choose_tiles, Kernel, Params, Tiles};
+
+use BufRef::{Input, Output, Scratch};
+
+// Inputs, in order.
+const Q: BufRef = Input(0);
+const K: BufRef = Input(1);
+const V: BufRef = Input(2);
+const OUT: BufRef = Input(3);
+const LSE: BufRef = Input(4);
+const D_OUT: BufRef = Input(5);
+// Outputs and scratch.
+const DQ: BufRef = Output(0);
+const DK: BufRef = Output(1);
+const DV: BufRef = Output(2);
+const DELTA: BufRef = Scratch(0);
+
+/// Plans `dq, dk, dv` from q, k, v, out, lse (f32) and d_out. Outputs take the inputs' dtype.
+pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
+    let mut plan = Plan {
+        inputs: vec![
+            TensorRole::Q,
+            TensorRole::K,
+            TensorRole::V,
+            TensorRole::Out,
+            TensorRole::Lse,
+            TensorRole::DOut,
+        ],
+        outputs: vec![
+            OutputSpec {
+                role: TensorRole::Dq,
+                shape: cfg.q_shape().to_vec(),
+                dtype,
+            },
+            OutputSpec {
+                role: TensorRole::Dk,
+                shape: cfg.kv_shape().to_vec(),
+                dtype,
+            },
+            OutputSpec {
+                role: TensorRole::Dv,
+                shape: cfg.kv_shape().to_vec(),
+                dtype,
+            },
+        ],
+        scratch: vec![ScratchSpec {
+            label: "delta",
+            bytes: cfg.lse_len() as u64 * 4,
+        }],
+        steps: Vec::new(),
+    };
+    let rows = cfg.lse_len();
+    let mut pre = Params::from_config(cfg);
+    pre.total_items = rows as u32;
+    plan.steps.push(Step {
+        key: key(Kernel::FlashBwdPreprocess, cfg, Tiles::ONE, dtype, env),
+        params: pre,
+        buffers: vec![OUT, D_OUT, DELTA],
+        workgroups: rows.div_ceil(64) as u32,
+    });
+    match cfg.algorithm {
+        Algorithm::Tiled => tiled(cfg, dtype, env, &mut plan)?,
+        Algorithm::Naive => naive_steps(cfg, dtype, env, &mut plan)?,
+    }
+    Ok(plan)
+}
+
+fn tiled(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan) -> Result<()> {
+    let variant = env.tuning.variant;
+    let (kv_kernel, q_kernel) = (variant.backward_dkdv(), variant.backward_dq());
+    let kv_tiles = choose_tiles(kv_kernel, cfg.head_dim as u32, env.caps)?;
+    let q_tiles = choose_tiles(q_kernel, cfg.head_dim as u32, env.caps)?;
+
+    let n_kv = cfg.seq_kv.div_ceil(kv_tiles.bc as usize);
+    let wg_kv = n_kv * cfg.heads_kv * cfg.batch;
+    let mut p_kv = Params::from_config(cfg);
+    p_kv.n_kv_tiles = n_kv as u32;
+    p_kv.n_q_tiles = cfg.seq_q.div_ceil(kv_tiles.br as usize) as u32;
+    p_kv.total_wg = wg_kv as u32;
+
+    let n_q = cfg.seq_q.div_ceil(q_tiles.br as usize);
+    let wg_q = n_q * cfg.heads_q * cfg.batch;
+    let mut p_q = Params::from_config(cfg);
+    p_q.n_q_tiles = n_q as u32;
+    p_q.n_kv_tiles = cfg.seq_kv.div_ceil(q_tiles.bc as usize) as u32;
+    p_q.total_wg = wg_q as u32;
+
+    plan.steps.push(Step {
+        key: key(kv_kernel, cfg, kv_tiles, dtype, env),
+        params: p_kv,
+        buffers: vec![Q, K, V, D_OUT, LSE, DELTA, DK, DV],
+        workgroups: wg_kv as u32,
+    });
+    plan.steps.push(Step {
+        key: key(q_kernel, cfg, q_tiles, dtype, env),
+        params: p_q,
+        buffers: vec![Q, K, V, D_OUT, LSE, DELTA, DQ],
+        workgroups: wg_q as u32,
+    });
+    Ok(())
+}
+
+fn naive_steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan) -> Result<()> {
+    let group = cfg.group();
+    let slices = cfg.batch * cfg.heads_q;
+    // Chunks hold whole GQA groups: dK and dV sum over a group's query heads.
+    let chunk = naive::chunk_slices(cfg, group, env.max_binding_bytes)?.min(slices);
+    let chunk_bytes = (chunk * cfg.seq_q * cfg.seq_kv) as u64 * 4;
+    plan.scratch.push(ScratchSpec {
+        label: "naive probs",
+        bytes: chunk_bytes,
+    });
+    plan.scratch.push(ScratchSpec {
+        label: "naive dP / dS",
+        bytes: chunk_bytes,
+    });
+    let (probs, ds) = (Scratch(1), Scratch(2));
+    let base = Params::from_config(cfg);
+    for first in (0..slices).step_by(chunk) {
+        let count = chunk.min(slices - first);
+        let n_scores = count * cfg.seq_q * cfg.seq_kv;
+        let mut push = |kernel, items: usize, buffers| {
+            plan.steps.push(Step {
+                key: key(kernel, cfg, Tiles::ONE, dtype, env),
+                params: Params {
+                    slice_base: first as u32,
+                    slice_count: count as u32,
+                    total_items: items as u32,
+                    ..base
+                },
+                buffers,
+                workgroups: items.div_ceil(64) as u32,
+            })
+        };
+        push(Kernel::NaiveBwdProbs, n_scores, vec![Q, K, LSE, probs]);
+        push(Kernel::NaiveBwdDp, n_scores, vec![D_OUT, V, ds]);
+        push(Kernel::NaiveBwdDs, n_scores, vec![probs, DELTA, ds]);
+        push(
+            Kernel::NaiveBwdDkDv,
+            (count / group) * cfg.seq_kv * cfg.head_dim,
+            vec![probs, ds, Q, D_OUT, DK, DV],
+        );
+        push(
+            Kernel::NaiveBwdDq,
+            count * cfg.seq_q * cfg.head_dim,
+            vec![ds, K, DQ],
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! The forward plan: one tiled dispatch, or the naive path's three kernels per chunk.
+
+use super::{key, naive, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec, Step};
+use crate::config::{Algorithm, AttentionConfig};
+use crate::dtype::DType;
+use crate::error::{Result, TensorRole};
+use crate::kernels::{choose_tiles, Kernel, Params, Tiles};
+
+use BufRef::{Input, Output, Scratch};
+
+/// Plans `out, lse = attention(q, k, v)`. Inputs: q, k, v. Outputs: out (dtype), lse (f32).
+pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
+    let mut plan = Plan {
+        inputs: vec![TensorRole::Q, TensorRole::K, TensorRole::V],
+        outputs: vec![
+            OutputSpec {
+                role: TensorRole::Out,
+                shape: cfg.q_shape().to_vec(),
+                dtype,
+            },
+            OutputSpec {
+                role: TensorRole::Lse,
+                shape: cfg.lse_shape().to_vec(),
+                dtype: DType::F32,
+            },
+        ],
+        scratch: Vec::new(),
+        steps: Vec::new(),
+    };
+    match cfg.algorithm {
+        Algorithm::Tiled => {
+            let kernel = env.tuning.variant.forward();
+            let tiles = choose_tiles(kernel, cfg.head_dim as u32, env.caps)?;
+            let n_q_tiles = cfg.seq_q.div_ceil(tiles.br as usize);
+            let total = n_q_tiles * cfg.heads_q * cfg.batch;
+            let mut params = Params::from_config(cfg);
+            params.n_q_tiles = n_q_tiles as u32;
+            params.n_kv_tiles = cfg.seq_kv.div_ceil(tiles.bc as usize) as u32;
+            params.total_wg = total as u32;
+            plan.steps.push(Step {
+                key: key(kernel, cfg, tiles, dtype, env),
+                params,
+                buffers: vec![Input(0), Input(1), Input(2), Output(0), Output(1)],
+                workgroups: total as u32,
+            });
+        }
+        Algorithm::Naive => {
+            let slices = cfg.batch * cfg.heads_q;
+            let chunk = naive::chunk_slices(cfg, 1, env.max_binding_bytes)?.min(slices);
+            let chunk_bytes = (chunk * cfg.seq_q * cfg.seq_kv) as u64 * 4;
+            plan.scratch = vec![
+                ScratchSpec {
+                    label: "naive scores",
+                    bytes: chunk_bytes,
+                },
+                ScratchSpec {
+                    label: "naive probs",
+                    bytes: chunk_bytes,
+                },
+            ];
+            let base = Params::from_config(cfg);
+            let k = |kernel| key(kernel, cfg, Tiles::ONE, dtype, env);
+            for first in (0..slices).step_by(chunk) {
+                let count = chunk.min(slices - first);
+                let rows = count * cfg.seq_q;
+                let with = |items: usize, wg: usize| Params {
+                    slice_base: first as u32,
+                    slice_count: count as u32,
+                    total_items: items as u32,
+                    total_wg: wg as u32,
+                    ..base
+                };
+                let n_scores = rows * cfg.seq_kv;
+                let n_out = rows * cfg.head_dim;
+                plan.steps.extend([
+                    Step {
+                        key: k(Kernel::NaiveScores),
+                        params: with(n_scores, n_scores.div_ceil(64)),
+                        buffers: vec![Input(0), Input(1), Scratch(0)],
+                        workgroups: n_scores.div_ceil(64) as u32,
+                    },
+                    Step {
+                        key: k(Kernel::NaiveSoftmax),
+                        params: with(rows, rows),
+                        buffers: vec![Scratch(0), Scratch(1), Output(1)],
+                        workgroups: rows as u32,
+                    },
+                    Step {
+                        key: k(Kernel::NaivePv),
+                        params: with(n_out, n_out.div_ceil(64)),
+                        buffers: vec![Scratch(1), Input(2), Output(0)],
+                        workgroups: n_out.div_ceil(64) as u32,
+                    },
+                ]);
+            }
+        }
+    }
+    Ok(plan)
+}

@@ -1,0 +1,294 @@
+//! Planning: what a call will dispatch, as data. A `Plan` is a pure function of the config,
+//! the dtype, the device's capabilities and the tuning: which kernels (keys), with which
+//! parameters and grids, reading and writing which buffers (the call's inputs, the outputs it
+//! creates, and scratch). It can be unit-tested without a GPU, recorded into any command
+//! encoder (`record`), or replayed elsewhere.
+
+mod backward;
+mod forward;
+mod naive;
+
+pub use backward::backward;
+pub use forward::forward;
+
+use crate::config::AttentionConfig;
+use crate::device::Tuning;
+use crate::dtype::{DType, ElemFormat};
+use crate::error::TensorRole;
+use crate::kernels::{DeviceCaps, Kernel, KernelKey, Params, Tiles};
+
+/// What planning needs to know about the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanEnv {
+    pub caps: DeviceCaps,
+    pub tuning: Tuning,
+    /// Largest storage binding (and buffer) in bytes, capped at u32::MAX.
+    pub max_binding_bytes: u64,
+}
+
+/// A buffer a step binds: one of the call's inputs, an output the call creates, or scratch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufRef {
+    Input(usize),
+    Output(usize),
+    Scratch(usize),
+}
+
+/// A tensor the call creates (zero-filled before the first step).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputSpec {
+    pub role: TensorRole,
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+}
+
+/// A zero-filled f32 buffer the call needs only while it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScratchSpec {
+    pub label: &'static str,
+    pub bytes: u64,
+}
+
+/// One dispatch: the pipeline, its parameters, its buffers (bindings 1.. in order) and how
+/// many workgroups do work.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub key: KernelKey,
+    pub params: Params,
+    pub buffers: Vec<BufRef>,
+    pub workgroups: u32,
+}
+
+/// Everything one call dispatches, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The call's inputs, in the order `BufRef::Input` counts them.
+    pub inputs: Vec<TensorRole>,
+    pub outputs: Vec<OutputSpec>,
+    pub scratch: Vec<ScratchSpec>,
+    pub steps: Vec<Step>,
+}
+
+impl Plan {
+    /// Bytes of device memory the call allocates: outputs and scratch.
+    pub fn allocated_bytes(&self) -> u64 {
+        let outputs: u64 = self
+            .outputs
+            .iter()
+            .map(|o| {
+                o.dtype
+                    .buffer_bytes(o.shape.iter().product::<usize>() as u64)
+                    .unwrap_or(u64::MAX)
+            })
+            .sum();
+        outputs
+            + self
+                .scratch
+                .iter()
+                .map(|s| s.bytes.max(4).next_multiple_of(4))
+                .sum::<u64>()
+    }
+}
+
+/// Plans a device-side cast of `elements` f32 values to `dtype` (input: the f32 tensor).
+pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
+    let n: usize = shape.iter().product();
+    let key = KernelKey {
+        elem: ElemFormat::new(dtype, env.tuning.half_storage),
+        ..KernelKey::plain(Kernel::Cast)
+    };
+    Plan {
+        inputs: vec![TensorRole::Out],
+        outputs: vec![OutputSpec {
+            role: TensorRole::Out,
+            shape: shape.to_vec(),
+            dtype,
+        }],
+        scratch: Vec::new(),
+        steps: vec![Step {
+            key,
+            params: Params {
+                total_items: n as u32,
+                ..Default::default()
+            },
+            buffers: vec![BufRef::Input(0), BufRef::Output(0)],
+            workgroups: n.div_ceil(64) as u32,
+        }],
+    }
+}
+
+/// The pipeline key of `kernel` for this call. Kernels with no element-typed binding share
+/// one pipeline across dtypes.
+pub(crate) fn key(
+    kernel: Kernel,
+    cfg: &AttentionConfig,
+    tiles: Tiles,
+    dtype: DType,
+    env: &PlanEnv,
+) -> KernelKey {
+    KernelKey {
+        kernel,
+        elem: if kernel.has_elem_bindings() {
+            ElemFormat::new(dtype, env.tuning.half_storage)
+        } else {
+            ElemFormat::F32
+        },
+        head_dim: cfg.head_dim as u32,
+        tiles,
+        causal: cfg.causal,
+        subgroup: if kernel.is_rows_variant() {
+            env.tuning.rows_subgroup
+        } else {
+            0
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::HalfStorage;
+    use crate::kernels::Variant;
+
+    fn env(variant: Variant, half: HalfStorage) -> PlanEnv {
+        PlanEnv {
+            caps: DeviceCaps::WEBGPU_DEFAULT,
+            tuning: Tuning {
+                variant,
+                rows_subgroup: 0,
+                half_storage: half,
+            },
+            max_binding_bytes: 128 << 20,
+        }
+    }
+
+    fn cfg(b: usize, sq: usize, skv: usize, hq: usize, hkv: usize, d: usize) -> AttentionConfig {
+        AttentionConfig::new(b, sq, skv, hq, hkv, d)
+    }
+
+    #[test]
+    fn tiled_forward_is_one_dispatch_over_every_query_tile() {
+        let c = cfg(2, 100, 70, 4, 2, 64);
+        let e = env(Variant::Lanes, HalfStorage::Native);
+        let p = forward(&c, DType::F32, &e).unwrap();
+        assert_eq!(p.steps.len(), 1);
+        let s = &p.steps[0];
+        assert_eq!(s.key.kernel, Kernel::FlashFwd);
+        let br = s.key.tiles.br as usize;
+        assert_eq!(s.workgroups as usize, 100usize.div_ceil(br) * 4 * 2);
+        assert_eq!(s.params.total_wg, s.workgroups);
+        assert_eq!(
+            s.buffers,
+            vec![
+                BufRef::Input(0),
+                BufRef::Input(1),
+                BufRef::Input(2),
+                BufRef::Output(0),
+                BufRef::Output(1)
+            ]
+        );
+        assert_eq!(p.outputs[0].dtype, DType::F32);
+        assert_eq!(p.outputs[1].dtype, DType::F32);
+        assert!(p.scratch.is_empty());
+    }
+
+    #[test]
+    fn half_dtypes_pick_the_element_format_from_the_tuning() {
+        let c = cfg(1, 16, 16, 1, 1, 8);
+        for (dtype, half, want) in [
+            (DType::F16, HalfStorage::Native, ElemFormat::F16Native),
+            (DType::F16, HalfStorage::Packed, ElemFormat::F16Packed),
+            (DType::BF16, HalfStorage::Native, ElemFormat::Bf16Packed),
+            (DType::BF16, HalfStorage::Packed, ElemFormat::Bf16Packed),
+        ] {
+            let p = forward(&c, dtype, &env(Variant::Rows, half)).unwrap();
+            assert_eq!(p.steps[0].key.elem, want);
+            assert_eq!(p.outputs[0].dtype, dtype, "out takes the inputs' dtype");
+            assert_eq!(p.outputs[1].dtype, DType::F32, "lse stays f32");
+        }
+    }
+
+    #[test]
+    fn half_outputs_allocate_half_the_bytes_of_f32() {
+        let c = cfg(1, 256, 256, 8, 8, 64);
+        let e = env(Variant::Rows, HalfStorage::Packed);
+        let f32_fwd = forward(&c, DType::F32, &e).unwrap();
+        let f16_fwd = forward(&c, DType::F16, &e).unwrap();
+        let lse = 256 * 8 * 4;
+        assert_eq!(
+            f32_fwd.allocated_bytes() - lse,
+            2 * (f16_fwd.allocated_bytes() - lse)
+        );
+    }
+
+    #[test]
+    fn kernels_without_element_bindings_share_one_pipeline_across_dtypes() {
+        let mut c = cfg(1, 33, 33, 2, 2, 16);
+        c.algorithm = crate::Algorithm::Naive;
+        let e = env(Variant::Rows, HalfStorage::Packed);
+        let a = forward(&c, DType::F32, &e).unwrap();
+        let b = forward(&c, DType::BF16, &e).unwrap();
+        let softmax = |p: &Plan| {
+            p.steps
+                .iter()
+                .find(|s| s.key.kernel == Kernel::NaiveSoftmax)
+                .unwrap()
+                .key
+        };
+        assert_eq!(softmax(&a), softmax(&b));
+        let scores = |p: &Plan| {
+            p.steps
+                .iter()
+                .find(|s| s.key.kernel == Kernel::NaiveScores)
+                .unwrap()
+                .key
+        };
+        assert_ne!(scores(&a), scores(&b));
+    }
+
+    #[test]
+    fn tiled_backward_is_preprocess_then_dkdv_then_dq_with_delta_as_scratch() {
+        let c = cfg(1, 50, 90, 4, 1, 32);
+        let p = backward(&c, DType::BF16, &env(Variant::Rows, HalfStorage::Packed)).unwrap();
+        let kernels: Vec<Kernel> = p.steps.iter().map(|s| s.key.kernel).collect();
+        assert_eq!(
+            kernels,
+            vec![
+                Kernel::FlashBwdPreprocess,
+                Kernel::FlashBwdDkDvRows,
+                Kernel::FlashBwdDqRows
+            ]
+        );
+        assert_eq!(p.scratch.len(), 1);
+        assert_eq!(p.scratch[0].bytes, 50 * 4 * 4);
+        let roles: Vec<TensorRole> = p.outputs.iter().map(|o| o.role).collect();
+        assert_eq!(roles, vec![TensorRole::Dq, TensorRole::Dk, TensorRole::Dv]);
+        assert!(p.outputs.iter().all(|o| o.dtype == DType::BF16));
+        // dK/dV workgroups own key tiles of the kv heads
+        let bc = p.steps[1].key.tiles.bc as usize;
+        assert_eq!(p.steps[1].workgroups as usize, 90usize.div_ceil(bc));
+    }
+
+    #[test]
+    fn naive_forward_splits_slices_into_chunks_that_fit_one_binding() {
+        let mut c = cfg(1, 1024, 1024, 40, 40, 16);
+        c.algorithm = crate::Algorithm::Naive;
+        let mut e = env(Variant::Rows, HalfStorage::Packed);
+        e.max_binding_bytes = 16 << 20; // 4 slices of 1024 x 1024 f32 per chunk
+        let p = forward(&c, DType::F16, &e).unwrap();
+        assert_eq!(p.steps.len(), 3 * 10);
+        assert_eq!(p.scratch[0].bytes, 4 * 1024 * 1024 * 4);
+    }
+
+    #[test]
+    fn naive_score_matrix_past_the_binding_limit_is_a_device_limit_error() {
+        let mut c = cfg(1, 4096, 4096, 1, 1, 16);
+        c.algorithm = crate::Algorithm::Naive;
+        let mut e = env(Variant::Rows, HalfStorage::Packed);
+        e.max_binding_bytes = 32 << 20;
+        assert!(matches!(
+            forward(&c, DType::F32, &e),
+            Err(crate::Error::DeviceLimit { .. })
+        ));
+    }
+}
