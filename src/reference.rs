@@ -100,6 +100,31 @@ pub fn backward(
     v: &[f32],
     d_out: &[f32],
 ) -> RefGradients {
+    backward_impl(cfg, q, k, v, None, d_out)
+}
+
+/// The gradients as the backward pass defines them when it is handed a stored `out`:
+/// `delta = rowsum(dO * out)` uses that `out` (for half dtypes, the rounded forward output)
+/// rather than the exact one. Everything else is as [`backward`].
+pub fn backward_with_out(
+    cfg: &AttentionConfig,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &[f32],
+    d_out: &[f32],
+) -> RefGradients {
+    backward_impl(cfg, q, k, v, Some(out), d_out)
+}
+
+fn backward_impl(
+    cfg: &AttentionConfig,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: Option<&[f32]>,
+    d_out: &[f32],
+) -> RefGradients {
     let d = cfg.head_dim;
     let scale = cfg.scale() as f64;
     let mut dq = vec![0.0; q.len()];
@@ -119,7 +144,12 @@ pub fn backward(
                             .sum()
                     })
                     .collect();
-                let delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                let delta: f64 = match out {
+                    Some(o) => (0..d)
+                        .map(|x| d_out[oo + x] as f64 * o[oo + x] as f64)
+                        .sum(),
+                    None => p.iter().zip(&dp).map(|(a, b)| a * b).sum(),
+                };
                 for j in 0..cfg.seq_kv {
                     if p[j] == 0.0 {
                         continue;

@@ -2,7 +2,7 @@
 
 mod common;
 use common::{cfg, ctx};
-use flash_attn_wgpu::{Algorithm, AttentionConfig, Error, TensorRole};
+use flash_attn_wgpu::{Algorithm, AttentionConfig, DType, Error, TensorRole};
 use proptest::prelude::*;
 
 fn data(c: &AttentionConfig) -> (Vec<f32>, Vec<f32>) {
@@ -254,4 +254,87 @@ proptest! {
             prop_assert!(ctx().backward_host(&c, &q, &kv, &kv, &q, &lse, &q).is_err());
         }
     }
+}
+
+#[test]
+fn mixing_dtypes_in_one_call_names_the_tensor_and_both_dtypes() {
+    let c = cfg(1, 8, 8, 2, 2, 16, false);
+    let (q, kv) = data(&c);
+    let ctx = ctx();
+    let q = ctx.upload(&q, &c.q_shape()).unwrap();
+    let k: Vec<half::f16> = kv.iter().map(|&x| half::f16::from_f32(x)).collect();
+    let k = ctx.upload(&k, &c.kv_shape()).unwrap();
+    let v = ctx.upload(&kv, &c.kv_shape()).unwrap();
+    let err = ctx.forward(&c, &q, &k, &v).unwrap_err();
+    match &err {
+        Error::DType {
+            tensor,
+            expected,
+            got,
+        } => {
+            assert_eq!(tensor, "k");
+            assert_eq!((*expected, *got), (DType::F32, DType::F16));
+        }
+        other => panic!("expected DType, got {other:?}"),
+    }
+    assert!(
+        err.to_string().contains("k has dtype f16, expected f32"),
+        "{err}"
+    );
+}
+
+#[test]
+fn backward_needs_lse_in_f32_whatever_the_dtype() {
+    let c = cfg(1, 8, 8, 1, 1, 16, false);
+    let ctx = ctx();
+    let x: Vec<half::bf16> = vec![half::bf16::from_f32(0.5); 8 * 16];
+    let t = |d: &[half::bf16]| ctx.upload(d, &c.q_shape()).unwrap();
+    let (q, k, v, out, d_out) = (t(&x), t(&x), t(&x), t(&x), t(&x));
+    let lse_bf16 = ctx
+        .upload(&[half::bf16::from_f32(1.0); 8], &c.lse_shape())
+        .unwrap();
+    match ctx.backward(&c, &q, &k, &v, &out, &lse_bf16, &d_out) {
+        Err(Error::DType {
+            tensor,
+            expected: DType::F32,
+            got: DType::BF16,
+        }) => assert_eq!(tensor, "lse"),
+        other => panic!("expected DType for lse, got {other:?}"),
+    }
+}
+
+#[test]
+fn downloading_as_the_wrong_type_is_a_dtype_error() {
+    let c = cfg(1, 4, 4, 1, 1, 8, false);
+    let ctx = ctx();
+    let x: Vec<half::f16> = vec![half::f16::from_f32(0.25); 32];
+    let q = ctx.upload(&x, &c.q_shape()).unwrap();
+    let f = ctx.forward(&c, &q, &q, &q).unwrap();
+    match ctx.download::<f32>(&f.out) {
+        Err(Error::DType {
+            tensor,
+            expected: DType::F16,
+            got: DType::F32,
+        }) => assert_eq!(tensor, "out"),
+        other => panic!("expected DType, got {other:?}"),
+    }
+    assert_eq!(ctx.download::<half::f16>(&f.out).unwrap().len(), 32);
+    assert!(matches!(
+        ctx.download::<half::bf16>(&f.lse),
+        Err(Error::DType { .. })
+    ));
+}
+
+#[test]
+fn casting_needs_an_f32_source() {
+    let ctx = ctx();
+    let t = ctx.upload(&[half::bf16::ONE; 3], &[3]).unwrap();
+    assert!(matches!(
+        ctx.cast(&t, DType::F16),
+        Err(Error::DType {
+            expected: DType::F32,
+            got: DType::BF16,
+            ..
+        })
+    ));
 }

@@ -3,7 +3,8 @@
 
 use std::sync::OnceLock;
 
-use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context};
+use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
+use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context, DType, Element};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// f32 kernels must match the f64 reference to this fraction of its largest magnitude.
@@ -51,6 +52,23 @@ pub fn inputs(cfg: &AttentionConfig, amp: f32) -> Inputs {
 
 /// Max |got - want| relative to max |want|; the check the issue sets for f32.
 pub fn assert_close(what: &str, got: &[f32], want: &[f64], ctx_msg: &str) {
+    assert_close_tol(what, got, want, REL_TOL, ctx_msg);
+}
+
+/// Tolerance, as a fraction of max |reference|, for outputs stored in `dtype` and compared with
+/// the f64 reference computed from the same dtype-rounded inputs. The kernels read inputs
+/// exactly and accumulate in f32, whose error the f32 tests bound by REL_TOL; the only other
+/// error is one round-to-nearest of each output into the dtype, at most its unit roundoff u
+/// (2^-11 for f16, 2^-8 for bf16) times the value, hence at most u * max |reference|.
+pub fn rel_tol(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => REL_TOL,
+        half => REL_TOL + half.unit_roundoff(),
+    }
+}
+
+/// Like `assert_close` with an explicit tolerance; returns max |got - want| / max |want|.
+pub fn assert_close_tol(what: &str, got: &[f32], want: &[f64], tol: f64, ctx_msg: &str) -> f64 {
     assert_eq!(got.len(), want.len(), "{what}: length ({ctx_msg})");
     let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
     let mut worst = (0.0f64, 0usize);
@@ -62,13 +80,14 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f64], ctx_msg: &str) {
         }
     }
     assert!(
-        worst.0 <= REL_TOL * scale,
-        "{what}: max abs error {:.3e} at [{}] (got {}, want {}) exceeds {REL_TOL:e} x {scale:.3e} ({ctx_msg})",
+        worst.0 <= tol * scale,
+        "{what}: max abs error {:.3e} at [{}] (got {}, want {}) exceeds {tol:e} x {scale:.3e} ({ctx_msg})",
         worst.0,
         worst.1,
         got[worst.1],
         want[worst.1]
     );
+    worst.0 / scale
 }
 
 /// lse: -inf exactly where the reference has -inf, else close in absolute terms.
@@ -149,4 +168,82 @@ pub fn cfg(
     let mut c = AttentionConfig::new(b, sq, skv, hq, hkv, d);
     c.causal = causal;
     c
+}
+
+/// Largest errors of one dtype check, as fractions of max |reference|.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Errors {
+    pub out: f64,
+    pub dq: f64,
+    pub dk: f64,
+    pub dv: f64,
+}
+
+impl Errors {
+    pub fn max(self, o: Errors) -> Errors {
+        Errors {
+            out: self.out.max(o.out),
+            dq: self.dq.max(o.dq),
+            dk: self.dk.max(o.dk),
+            dv: self.dv.max(o.dv),
+        }
+    }
+}
+
+/// Forward then backward in element type `T` on `ctx` (with the tuning it has), against the f64
+/// reference computed from the T-rounded inputs. The backward reference takes the forward's
+/// stored (rounded) `out` for delta = rowsum(dO * out), exactly as the backward pass does.
+pub fn check_dtype<T: Element>(
+    ctx: &Context,
+    cfg: &AttentionConfig,
+    amp: f32,
+    msg: &str,
+) -> Errors {
+    let data = inputs(cfg, amp);
+    let msg = format!("{} {msg} {}", T::DTYPE, describe(cfg, data.seed));
+    let (q, k, v, d_out) = (
+        from_f32_slice::<T>(&data.q),
+        from_f32_slice::<T>(&data.k),
+        from_f32_slice::<T>(&data.v),
+        from_f32_slice::<T>(&data.d_out),
+    );
+    let (qr, kr, vr, dor) = (
+        to_f32_vec(&q),
+        to_f32_vec(&k),
+        to_f32_vec(&v),
+        to_f32_vec(&d_out),
+    );
+    let tol = rel_tol(T::DTYPE);
+    let want = reference::forward(cfg, &qr, &kr, &vr);
+    let f = ctx
+        .forward_host(cfg, &q, &k, &v)
+        .unwrap_or_else(|e| panic!("forward failed: {e} ({msg})"));
+    let out = to_f32_vec(&f.out);
+    let e_out = assert_close_tol("out", &out, &want.out, tol, &msg);
+    assert_lse_close(&f.lse, &want.lse, &msg);
+    let g = ctx
+        .backward_host(cfg, &q, &k, &v, &f.out, &f.lse, &d_out)
+        .unwrap_or_else(|e| panic!("backward failed: {e} ({msg})"));
+    let wg = reference::backward_with_out(cfg, &qr, &kr, &vr, &out, &dor);
+    Errors {
+        out: e_out,
+        dq: assert_close_tol("dq", &to_f32_vec(&g.dq), &wg.dq, tol, &msg),
+        dk: assert_close_tol("dk", &to_f32_vec(&g.dk), &wg.dk, tol, &msg),
+        dv: assert_close_tol("dv", &to_f32_vec(&g.dv), &wg.dv, tol, &msg),
+    }
+}
+
+/// `check_dtype` for a runtime dtype.
+pub fn check_dtype_dyn(
+    ctx: &Context,
+    dtype: DType,
+    cfg: &AttentionConfig,
+    amp: f32,
+    msg: &str,
+) -> Errors {
+    match dtype {
+        DType::F32 => check_dtype::<f32>(ctx, cfg, amp, msg),
+        DType::F16 => check_dtype::<half::f16>(ctx, cfg, amp, msg),
+        DType::BF16 => check_dtype::<half::bf16>(ctx, cfg, amp, msg),
+    }
 }
