@@ -36,17 +36,10 @@ fn algorithms(ctx: &Context) -> Vec<(Algorithm, Variant, u32)> {
 /// Runs `check` for every format and algorithm on a context of its own (tuning is per context).
 fn for_every_combination(c: &AttentionConfig, amp: f32) -> Errors {
     let ctx = Context::new().expect("context");
-    let base = ctx.tuning();
     let mut worst = Errors::default();
     for (dtype, half_storage) in formats(&ctx) {
         for (algorithm, variant, rows_subgroup) in algorithms(&ctx) {
-            ctx.set_tuning(Tuning {
-                variant,
-                rows_subgroup,
-                half_storage,
-                ..base
-            })
-            .unwrap();
+            ctx.set_tuning(Tuning { variant, rows_subgroup, half_storage }).unwrap();
             let mut c = c.clone();
             c.algorithm = algorithm;
             let msg = format!("{half_storage:?} {variant:?} sg={rows_subgroup}");
