@@ -2,16 +2,8 @@
 // Grid: ceil(batch * heads_q * seq_q / 64) workgroups, folded.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
-@compute @workgroup_size(64)
-fn main(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) t: u32,
-) {
-    let e = linear_workgroup(wid, nwg) * 64u + t;
-    if (e >= params.total_items) {
-        return;
-    }
+// Item e of total_items; the generated entry point calls it once per item (64 per workgroup).
+fn item(e: u32) {
     let i = e % params.seq_q;
     let h = (e / params.seq_q) % params.heads_q;
     let b = e / (params.seq_q * params.heads_q);

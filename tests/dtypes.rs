@@ -39,7 +39,12 @@ fn for_every_combination(c: &AttentionConfig, amp: f32) -> Errors {
     let mut worst = Errors::default();
     for (dtype, half_storage) in formats(&ctx) {
         for (algorithm, variant, rows_subgroup) in algorithms(&ctx) {
-            ctx.set_tuning(Tuning { variant, rows_subgroup, half_storage }).unwrap();
+            ctx.set_tuning(Tuning {
+                variant,
+                rows_subgroup,
+                half_storage,
+            })
+            .unwrap();
             let mut c = c.clone();
             c.algorithm = algorithm;
             let msg = format!("{half_storage:?} {variant:?} sg={rows_subgroup}");

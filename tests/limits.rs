@@ -139,10 +139,16 @@ fn f16_works_without_shader_f16_through_packed_storage() {
     // A device made without optional features, as WebGPU core gives: no SHADER_F16.
     let ctx = context_with_limits(wgpu::Limits::default());
     assert!(!ctx.adapter_info().shader_f16);
-    assert_eq!(ctx.tuning().half_storage, flash_attn_wgpu::HalfStorage::Packed);
+    assert_eq!(
+        ctx.tuning().half_storage,
+        flash_attn_wgpu::HalfStorage::Packed
+    );
     let c = cfg(1, 21, 19, 2, 1, 24, true);
     common::check_dtype::<half::f16>(&ctx, &c, 1.0, "no SHADER_F16");
-    let native = Tuning { half_storage: flash_attn_wgpu::HalfStorage::Native, ..ctx.tuning() };
+    let native = Tuning {
+        half_storage: flash_attn_wgpu::HalfStorage::Native,
+        ..ctx.tuning()
+    };
     match ctx.set_tuning(native) {
         Err(Error::Unsupported { feature, reason }) => {
             assert!(feature.contains("native f16"), "{feature}");

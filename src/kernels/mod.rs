@@ -201,6 +201,23 @@ impl Kernel {
         self.bindings().iter().any(|b| b.ty == BindType::Elem)
     }
 
+    /// One invocation per item of `total_items`: the kernel file holds `fn item(e: u32)` and
+    /// the generated entry point (64 invocations per workgroup, folded grid) calls it.
+    pub fn is_elementwise(self) -> bool {
+        matches!(
+            self,
+            Kernel::Cast
+                | Kernel::FlashBwdPreprocess
+                | Kernel::NaiveScores
+                | Kernel::NaivePv
+                | Kernel::NaiveBwdProbs
+                | Kernel::NaiveBwdDp
+                | Kernel::NaiveBwdDs
+                | Kernel::NaiveBwdDkDv
+                | Kernel::NaiveBwdDq
+        )
+    }
+
     pub fn is_tiled(self) -> bool {
         matches!(
             self,

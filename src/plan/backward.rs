@@ -1,11 +1,12 @@
 //! The backward plan: the delta preprocess, then dK/dV and dQ (tiled), or the naive path's
 //! five kernels per chunk.
 
-use super::{key, naive, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec, Step};
+use super::{key, naive, tiled_step, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec, Step};
 use crate::config::{Algorithm, AttentionConfig};
 use crate::dtype::DType;
 use crate::error::{Result, TensorRole};
-use crate::kernels::{choose_tiles, Kernel, Params, Tiles};
+use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
+use crate::kernels::{Kernel, Params, Tiles};
 
 use BufRef::{Input, Output, Scratch};
 
@@ -63,7 +64,7 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
         key: key(Kernel::FlashBwdPreprocess, cfg, Tiles::ONE, dtype, env),
         params: pre,
         buffers: vec![OUT, D_OUT, DELTA],
-        workgroups: rows.div_ceil(64) as u32,
+        workgroups: rows.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
     });
     match cfg.algorithm {
         Algorithm::Tiled => tiled(cfg, dtype, env, &mut plan)?,
@@ -74,36 +75,12 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
 
 fn tiled(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan) -> Result<()> {
     let variant = env.tuning.variant;
-    let (kv_kernel, q_kernel) = (variant.backward_dkdv(), variant.backward_dq());
-    let kv_tiles = choose_tiles(kv_kernel, cfg.head_dim as u32, env.caps)?;
-    let q_tiles = choose_tiles(q_kernel, cfg.head_dim as u32, env.caps)?;
-
-    let n_kv = cfg.seq_kv.div_ceil(kv_tiles.bc as usize);
-    let wg_kv = n_kv * cfg.heads_kv * cfg.batch;
-    let mut p_kv = Params::from_config(cfg);
-    p_kv.n_kv_tiles = n_kv as u32;
-    p_kv.n_q_tiles = cfg.seq_q.div_ceil(kv_tiles.br as usize) as u32;
-    p_kv.total_wg = wg_kv as u32;
-
-    let n_q = cfg.seq_q.div_ceil(q_tiles.br as usize);
-    let wg_q = n_q * cfg.heads_q * cfg.batch;
-    let mut p_q = Params::from_config(cfg);
-    p_q.n_q_tiles = n_q as u32;
-    p_q.n_kv_tiles = cfg.seq_kv.div_ceil(q_tiles.bc as usize) as u32;
-    p_q.total_wg = wg_q as u32;
-
-    plan.steps.push(Step {
-        key: key(kv_kernel, cfg, kv_tiles, dtype, env),
-        params: p_kv,
-        buffers: vec![Q, K, V, D_OUT, LSE, DELTA, DK, DV],
-        workgroups: wg_kv as u32,
-    });
-    plan.steps.push(Step {
-        key: key(q_kernel, cfg, q_tiles, dtype, env),
-        params: p_q,
-        buffers: vec![Q, K, V, D_OUT, LSE, DELTA, DQ],
-        workgroups: wg_q as u32,
-    });
+    let dkdv = vec![Q, K, V, D_OUT, LSE, DELTA, DK, DV];
+    plan.steps
+        .push(tiled_step(variant.backward_dkdv(), cfg, dtype, env, dkdv)?);
+    let dq = vec![Q, K, V, D_OUT, LSE, DELTA, DQ];
+    plan.steps
+        .push(tiled_step(variant.backward_dq(), cfg, dtype, env, dq)?);
     Ok(())
 }
 
@@ -136,7 +113,7 @@ fn naive_steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Pl
                     ..base
                 },
                 buffers,
-                workgroups: items.div_ceil(64) as u32,
+                workgroups: items.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
             })
         };
         push(Kernel::NaiveBwdProbs, n_scores, vec![Q, K, LSE, probs]);

@@ -1,10 +1,11 @@
 //! The forward plan: one tiled dispatch, or the naive path's three kernels per chunk.
 
-use super::{key, naive, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec, Step};
+use super::{key, naive, tiled_step, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec, Step};
 use crate::config::{Algorithm, AttentionConfig};
 use crate::dtype::DType;
 use crate::error::{Result, TensorRole};
-use crate::kernels::{choose_tiles, Kernel, Params, Tiles};
+use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
+use crate::kernels::{Kernel, Params, Tiles};
 
 use BufRef::{Input, Output, Scratch};
 
@@ -28,22 +29,13 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
         steps: Vec::new(),
     };
     match cfg.algorithm {
-        Algorithm::Tiled => {
-            let kernel = env.tuning.variant.forward();
-            let tiles = choose_tiles(kernel, cfg.head_dim as u32, env.caps)?;
-            let n_q_tiles = cfg.seq_q.div_ceil(tiles.br as usize);
-            let total = n_q_tiles * cfg.heads_q * cfg.batch;
-            let mut params = Params::from_config(cfg);
-            params.n_q_tiles = n_q_tiles as u32;
-            params.n_kv_tiles = cfg.seq_kv.div_ceil(tiles.bc as usize) as u32;
-            params.total_wg = total as u32;
-            plan.steps.push(Step {
-                key: key(kernel, cfg, tiles, dtype, env),
-                params,
-                buffers: vec![Input(0), Input(1), Input(2), Output(0), Output(1)],
-                workgroups: total as u32,
-            });
-        }
+        Algorithm::Tiled => plan.steps.push(tiled_step(
+            env.tuning.variant.forward(),
+            cfg,
+            dtype,
+            env,
+            vec![Input(0), Input(1), Input(2), Output(0), Output(1)],
+        )?),
         Algorithm::Naive => {
             let slices = cfg.batch * cfg.heads_q;
             let chunk = naive::chunk_slices(cfg, 1, env.max_binding_bytes)?.min(slices);
@@ -75,9 +67,9 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
                 plan.steps.extend([
                     Step {
                         key: k(Kernel::NaiveScores),
-                        params: with(n_scores, n_scores.div_ceil(64)),
+                        params: with(n_scores, n_scores.div_ceil(ELEMENTWISE_WORKGROUP as usize)),
                         buffers: vec![Input(0), Input(1), Scratch(0)],
-                        workgroups: n_scores.div_ceil(64) as u32,
+                        workgroups: n_scores.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
                     },
                     Step {
                         key: k(Kernel::NaiveSoftmax),
@@ -87,9 +79,9 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
                     },
                     Step {
                         key: k(Kernel::NaivePv),
-                        params: with(n_out, n_out.div_ceil(64)),
+                        params: with(n_out, n_out.div_ceil(ELEMENTWISE_WORKGROUP as usize)),
                         buffers: vec![Scratch(1), Input(2), Output(0)],
-                        workgroups: n_out.div_ceil(64) as u32,
+                        workgroups: n_out.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
                     },
                 ]);
             }

@@ -15,6 +15,7 @@ use crate::config::AttentionConfig;
 use crate::device::Tuning;
 use crate::dtype::{DType, ElemFormat};
 use crate::error::TensorRole;
+use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
 use crate::kernels::{DeviceCaps, Kernel, KernelKey, Params, Tiles};
 
 /// What planning needs to know about the device.
@@ -112,9 +113,36 @@ pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
                 ..Default::default()
             },
             buffers: vec![BufRef::Input(0), BufRef::Output(0)],
-            workgroups: n.div_ceil(64) as u32,
+            workgroups: n.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
         }],
     }
+}
+
+/// The step of a tiled kernel: its tiles, the tile counts in `Params`, and one workgroup per
+/// (batch, head, tile of rows), where rows are queries (query heads) or, for dK/dV, keys
+/// (kv heads).
+pub(crate) fn tiled_step(
+    kernel: Kernel,
+    cfg: &AttentionConfig,
+    dtype: DType,
+    env: &PlanEnv,
+    buffers: Vec<BufRef>,
+) -> crate::Result<Step> {
+    let tiles = crate::kernels::choose_tiles(kernel, cfg.head_dim as u32, env.caps)?;
+    let mut params = Params::from_config(cfg);
+    params.n_q_tiles = cfg.seq_q.div_ceil(tiles.br as usize) as u32;
+    params.n_kv_tiles = cfg.seq_kv.div_ceil(tiles.bc as usize) as u32;
+    params.total_wg = if kernel.rows_are_keys() {
+        params.n_kv_tiles * (cfg.heads_kv * cfg.batch) as u32
+    } else {
+        params.n_q_tiles * (cfg.heads_q * cfg.batch) as u32
+    };
+    Ok(Step {
+        key: key(kernel, cfg, tiles, dtype, env),
+        params,
+        buffers,
+        workgroups: params.total_wg,
+    })
 }
 
 /// The pipeline key of `kernel` for this call. Kernels with no element-typed binding share
