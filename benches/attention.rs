@@ -1,4 +1,5 @@
-//! Criterion benches: forward and forward+backward, tiled and naive, a few sizes.
+//! Criterion benches: forward and forward+backward, tiled and naive, a few sizes, and the
+//! tiled kernels in f16 and bf16 beside f32.
 //! FLOPs: forward 4*B*H*Sq*Sk*D (halved for causal); backward 2.5x forward.
 //! Each call ends with a device sync (the library waits for its submission), so wall time per
 //! iteration is GPU time plus submission overhead.
@@ -6,7 +7,8 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, Tensor};
+use flash_attn_wgpu::dtype::from_f32_slice;
+use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, DType, Tensor};
 
 struct Inputs {
     q: Tensor,
@@ -15,7 +17,16 @@ struct Inputs {
     d_out: Tensor,
 }
 
-fn inputs(ctx: &Context, cfg: &AttentionConfig) -> Inputs {
+fn upload(ctx: &Context, x: &[f32], shape: &[usize], dtype: DType) -> Tensor {
+    match dtype {
+        DType::F32 => ctx.upload(x, shape),
+        DType::F16 => ctx.upload(&from_f32_slice::<half::f16>(x), shape),
+        DType::BF16 => ctx.upload(&from_f32_slice::<half::bf16>(x), shape),
+    }
+    .expect("upload")
+}
+
+fn inputs(ctx: &Context, cfg: &AttentionConfig, dtype: DType) -> Inputs {
     let fill = |n: usize, salt: usize| -> Vec<f32> {
         (0..n)
             .map(|i| (((i * 7919 + salt) % 2003) as f32 / 1001.5) - 1.0)
@@ -24,10 +35,10 @@ fn inputs(ctx: &Context, cfg: &AttentionConfig) -> Inputs {
     let nq = cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim;
     let nkv = cfg.batch * cfg.seq_kv * cfg.heads_kv * cfg.head_dim;
     Inputs {
-        q: ctx.upload(&fill(nq, 1), &cfg.q_shape()).expect("upload"),
-        k: ctx.upload(&fill(nkv, 2), &cfg.kv_shape()).expect("upload"),
-        v: ctx.upload(&fill(nkv, 3), &cfg.kv_shape()).expect("upload"),
-        d_out: ctx.upload(&fill(nq, 4), &cfg.q_shape()).expect("upload"),
+        q: upload(ctx, &fill(nq, 1), &cfg.q_shape(), dtype),
+        k: upload(ctx, &fill(nkv, 2), &cfg.kv_shape(), dtype),
+        v: upload(ctx, &fill(nkv, 3), &cfg.kv_shape(), dtype),
+        d_out: upload(ctx, &fill(nq, 4), &cfg.q_shape(), dtype),
     }
 }
 
@@ -44,15 +55,24 @@ fn bench(c: &mut Criterion) {
         group
             .sample_size(10)
             .measurement_time(Duration::from_secs(5));
-        for seq in [256usize, 512, 1024] {
-            for algorithm in [Algorithm::Tiled, Algorithm::Naive] {
+        let points = [256usize, 512, 1024].into_iter().flat_map(|seq| {
+            [
+                (seq, Algorithm::Tiled, DType::F32),
+                (seq, Algorithm::Naive, DType::F32),
+                (seq, Algorithm::Tiled, DType::F16),
+                (seq, Algorithm::Tiled, DType::BF16),
+            ]
+        });
+        for (seq, algorithm, dtype) in points {
+            {
                 let mut cfg = AttentionConfig::new(1, seq, seq, 4, 4, 64);
                 cfg.algorithm = algorithm;
                 let fwd_flops = 4.0 * (4 * seq * seq * 64) as f64;
                 let flops = if backward { 3.5 * fwd_flops } else { fwd_flops };
                 group.throughput(Throughput::Elements(flops as u64));
-                let x = inputs(&ctx, &cfg);
-                let id = BenchmarkId::new(format!("{algorithm:?}").to_lowercase(), seq);
+                let x = inputs(&ctx, &cfg, dtype);
+                let name = format!("{}-{dtype}", format!("{algorithm:?}").to_lowercase());
+                let id = BenchmarkId::new(name, seq);
                 group.bench_function(id, |b| {
                     b.iter_custom(|iters| {
                         let start = Instant::now();
