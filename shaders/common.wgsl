@@ -39,8 +39,15 @@ const MASKED_SCORE: f32 = -3.0e38;
 const LN2: f32 = 0.6931471805599453;
 const LOG2E: f32 = 1.4426950408889634;
 
+// Infinities. WGSL forbids a const-expression whose value is infinite (Tint rejects
+// `bitcast<f32>(0xff800000u)`), so the bits take in a runtime zero from the uniform: the
+// bitcast is then a runtime expression with the same exact value.
+fn runtime_bits(bits: u32) -> u32 {
+    return bits | (params.batch & 0u);
+}
+
 fn neg_inf() -> f32 {
-    return bitcast<f32>(0xff800000u);
+    return bitcast<f32>(runtime_bits(0xff800000u));
 }
 
 // Linear workgroup id of a grid folded into (x, y) to stay under 65,535 per dimension.
@@ -181,7 +188,7 @@ fn score_grad(p: f32, dp: f32, delta: f32) -> f32 {
 }
 
 fn pos_inf() -> f32 {
-    return bitcast<f32>(0x7f800000u);
+    return bitcast<f32>(runtime_bits(0x7f800000u));
 }
 
 // lse (natural log) to the exp2 domain. A row that sees no key (lse = -inf) becomes +inf so

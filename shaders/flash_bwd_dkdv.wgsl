@@ -55,10 +55,10 @@ fn main(
         smem[SV + e] = vx;
     }
 
-    var acc_dk: array<f32, DPT>;
-    var acc_dv: array<f32, DPT>;
-    var p: array<f32, CPT>;
-    var ds: array<f32, CPT>;
+    var acc_dk = array<f32, DPT>();
+    var acc_dv = array<f32, DPT>();
+    var p = array<f32, CPT>();
+    var ds = array<f32, CPT>();
     let q_start = (q_begin_for_key(kv0) / BR) * BR;
 
     for (var g = 0u; g < params.group; g++) {
@@ -115,8 +115,8 @@ fn main(
             workgroupBarrier();
 
             // summed apart, then folded in (f32 error on long columns)
-            var dk_tile: array<f32, DPT>;
-            var dv_tile: array<f32, DPT>;
+            var dk_tile = array<f32, DPT>();
+            var dv_tile = array<f32, DPT>();
             for (var r = 0u; r < BR; r++) {
                 let pr = smem[SP + c * BR + r];
                 let dsr = smem[SDS + c * BR + r];

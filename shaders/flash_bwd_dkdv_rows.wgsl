@@ -33,8 +33,8 @@ fn main(
     let key = kv0 + t;
     let lane = t % SG;
 
-    var kr: array<f32, DPAD>;
-    var vr: array<f32, DPAD>;
+    var kr = array<f32, DPAD>();
+    var vr = array<f32, DPAD>();
     if (key < params.seq_kv) {
         let base = kv_index(b, key, hk, 0u);
         for (var d = 0u; d < HEAD_DIM; d++) {
@@ -42,12 +42,12 @@ fn main(
             vr[d] = load_v(base + d);
         }
     }
-    var acc_dk: array<f32, DPAD>;
-    var acc_dv: array<f32, DPAD>;
-    var dk_tile: array<f32, DPAD>;
-    var dv_tile: array<f32, DPAD>;
-    var p: array<f32, BR>;
-    var ds: array<f32, BR>;
+    var acc_dk = array<f32, DPAD>();
+    var acc_dv = array<f32, DPAD>();
+    var dk_tile = array<f32, DPAD>();
+    var dv_tile = array<f32, DPAD>();
+    var p = array<f32, BR>();
+    var ds = array<f32, BR>();
     let q_start = (q_begin_for_key(kv0) / BR) * BR;
 
     for (var g = 0u; g < params.group; g++) {

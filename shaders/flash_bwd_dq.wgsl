@@ -61,9 +61,9 @@ fn main(
         smem[SDELTA + rr] = dl;
     }
 
-    var acc: array<f32, DPT>;
-    var p: array<f32, CPT>;
-    var dp: array<f32, CPT>;
+    var acc = array<f32, DPT>();
+    var p = array<f32, CPT>();
+    var dp = array<f32, CPT>();
     let kv_end = kv_end_for_rows(q0, q0 + BR);
     for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
         let masked = tile_needs_mask(q0, kv0, BC);
@@ -104,7 +104,7 @@ fn main(
         }
         workgroupBarrier();
 
-        var dq_tile: array<f32, DPT>; // summed apart, then folded in (f32 error on long rows)
+        var dq_tile = array<f32, DPT>(); // summed apart, then folded in (f32 error on long rows)
         for (var c = 0u; c < BC; c++) {
             let dsc = smem[SDS + r * BC + c];
             for (var dd = 0u; dd < DPT; dd++) {

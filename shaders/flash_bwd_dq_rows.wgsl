@@ -30,10 +30,10 @@ fn main(
     let q0 = tile.q0;
     let lane = t % SG;
 
-    var qr: array<array<f32, DPAD>, RPT>;
-    var dor: array<array<f32, DPAD>, RPT>;
-    var lse2: array<f32, RPT>;
-    var delta_i: array<f32, RPT>;
+    var qr = array<array<f32, DPAD>, RPT>();
+    var dor = array<array<f32, DPAD>, RPT>();
+    var lse2 = array<f32, RPT>();
+    var delta_i = array<f32, RPT>();
     for (var rr = 0u; rr < RPT; rr++) {
         let i = q0 + t + rr * NT;
         lse2[rr] = pos_inf(); // rows past seq_q get P = 0
@@ -47,9 +47,9 @@ fn main(
             delta_i[rr] = delta[row_index(b, h, i)];
         }
     }
-    var acc: array<array<f32, DPAD>, RPT>;
-    var dq_tile: array<array<f32, DPAD>, RPT>;
-    var ds: array<array<f32, BC>, RPT>;
+    var acc = array<array<f32, DPAD>, RPT>();
+    var dq_tile = array<array<f32, DPAD>, RPT>();
+    var ds = array<array<f32, BC>, RPT>();
 
     let kv_end = kv_end_for_rows(q0, q0 + BR);
     for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
@@ -71,8 +71,8 @@ fn main(
         workgroupBarrier();
 
         for (var c = 0u; c < BC; c++) {
-            var s: array<f32, RPT>;
-            var dp: array<f32, RPT>;
+            var s = array<f32, RPT>();
+            var dp = array<f32, RPT>();
             for (var d0 = 0u; d0 < DPAD; d0 += SG) {
                 let k_mine = lane_values(sk[c * DPAD + d0 + lane]);
                 let v_mine = lane_values(sv[c * DPAD + d0 + lane]);
@@ -97,7 +97,7 @@ fn main(
             }
         }
         for (var c = 0u; c < BC; c++) {
-            var dsc: array<f32, RPT>;
+            var dsc = array<f32, RPT>();
             for (var rr = 0u; rr < RPT; rr++) {
                 dsc[rr] = ds[rr][c];
             }

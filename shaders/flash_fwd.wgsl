@@ -68,8 +68,8 @@ fn main(
 
     var m_i = NEG_SENTINEL;
     var l_i = 0.0; // this lane's share of the row sum; reduced across lanes at the end
-    var acc: array<f32, DPT>;
-    var s: array<f32, CPT>;
+    var acc = array<f32, DPT>();
+    var s = array<f32, CPT>();
 
     let kv_end = kv_end_for_rows(q0, q0 + BR);
     for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
@@ -121,7 +121,7 @@ fn main(
 
         // Sum the tile apart, then fold it in: two-level summation keeps f32 error low on
         // rows of millions of keys.
-        var o_tile: array<f32, DPT>;
+        var o_tile = array<f32, DPT>();
         for (var c = 0u; c < BC; c++) {
             let p = smem[SP + r * BC + c];
             for (var dd = 0u; dd < DPT; dd++) {

@@ -35,7 +35,7 @@ fn main(
     let lane = t % SG;
 
     // q stays in registers throughout, scaled into the exp2 domain once
-    var qr: array<array<f32, DPAD>, RPT>;
+    var qr = array<array<f32, DPAD>, RPT>();
     for (var rr = 0u; rr < RPT; rr++) {
         let i = q0 + t + rr * NT;
         if (i < params.seq_q) {
@@ -45,12 +45,12 @@ fn main(
             }
         }
     }
-    var acc: array<array<f32, DPAD>, RPT>;
-    var o: array<array<f32, DPAD>, RPT>;
-    var s: array<array<f32, BC>, RPT>;
-    var m_i: array<f32, RPT>;
-    var l_i: array<f32, RPT>;
-    var m_new: array<f32, RPT>;
+    var acc = array<array<f32, DPAD>, RPT>();
+    var o = array<array<f32, DPAD>, RPT>();
+    var s = array<array<f32, BC>, RPT>();
+    var m_i = array<f32, RPT>();
+    var l_i = array<f32, RPT>();
+    var m_new = array<f32, RPT>();
     for (var rr = 0u; rr < RPT; rr++) {
         m_i[rr] = NEG_SENTINEL;
     }
@@ -78,7 +78,7 @@ fn main(
             m_new[rr] = m_i[rr];
         }
         for (var c = 0u; c < BC; c++) {
-            var x: array<f32, RPT>;
+            var x = array<f32, RPT>();
             for (var d0 = 0u; d0 < DPAD; d0 += SG) {
                 let mine = lane_values(sk[c * DPAD + d0 + lane]);
                 for (var l = 0u; l < SG; l++) {
@@ -94,8 +94,8 @@ fn main(
                 m_new[rr] = max(m_new[rr], sc);
             }
         }
-        var alpha: array<f32, RPT>;
-        var l_tile: array<f32, RPT>;
+        var alpha = array<f32, RPT>();
+        var l_tile = array<f32, RPT>();
         for (var rr = 0u; rr < RPT; rr++) {
             alpha[rr] = online_max(m_i[rr], m_new[rr]).alpha;
             m_i[rr] = m_new[rr];
@@ -104,7 +104,7 @@ fn main(
             }
         }
         for (var c = 0u; c < BC; c++) {
-            var p: array<f32, RPT>;
+            var p = array<f32, RPT>();
             for (var rr = 0u; rr < RPT; rr++) {
                 p[rr] = softmax_weight(s[rr][c], m_new[rr]);
                 l_tile[rr] += p[rr];
