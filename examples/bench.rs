@@ -980,7 +980,7 @@ fn to_json(
     let mut s = String::from("[\n");
     for (n, r) in records.iter().enumerate() {
         let c = &r.cfg;
-        let _ = write!(
+        let _ = writeln!(
             s,
             "  {{\"algorithm\": \"{}\", \"dtype\": \"{}\", \"pass\": \"{}\", \"batch\": {}, \"heads_q\": {}, \
              \"heads_kv\": {}, \"seq_q\": {}, \"seq_kv\": {}, \"head_dim\": {}, \"causal\": {}, \
@@ -988,7 +988,7 @@ fn to_json(
              \"bandwidth_roofline_fraction\": {}, \"speedup_naive_over_tiled\": {}, \"vs_f32\": {}, \
              \"bytes_allocated\": {}, \"bytes_allocated_plan\": {}, \"bytes_moved_model\": {}, \
              \"timestamps\": {}, \"variant\": \"{:?}\", \"half_storage\": \"{:?}\", \
-             \"roofline_fma_gflops\": {}, \"roofline_copy_gbps\": {}, \"adapter\": {}, \"note\": {}}}{}\n",
+             \"roofline_fma_gflops\": {}, \"roofline_copy_gbps\": {}, \"adapter\": {}, \"note\": {}}}{}",
             alg_name(r.algorithm),
             r.dtype.name(),
             r.pass.name(),

@@ -119,7 +119,7 @@ fn positive(s: &str) -> Result<usize, String> {
 
 impl Options {
     fn check(&self) -> BoxResult<()> {
-        if self.d_model % self.head_dim != 0 {
+        if !self.d_model.is_multiple_of(self.head_dim) {
             return Err(format!(
                 "--d-model ({}) must be a multiple of --head-dim ({})",
                 self.d_model, self.head_dim
