@@ -1235,7 +1235,7 @@ fn short_number(v: f64) -> String {
     } else if a >= 1.0 {
         format!("{v:.1}")
     } else {
-        let digits = (-a.log10()).floor() as usize + 1;
+        let digits = (-a.log10() - 1e-9).ceil() as usize;
         format!("{v:.digits$}")
     }
 }
