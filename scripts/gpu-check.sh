@@ -9,9 +9,12 @@
 #   MODE      full (default): the correctness tests and the bench grid below, sized for a
 #             fast GPU (see BENCH_BUDGET_S); smoke: one test per test binary and a tiny bench
 #             (under a minute on lavapipe)
-#   BENCH_BUDGET_S   full mode: wall-clock budget of the bench grid in seconds (default 300);
+#   BENCH_BUDGET_S   full mode: wall-clock budget of the bench grid in seconds (default 240);
 #                    points predicted to end past it are recorded as skipped, not measured
-#   TEST_TIMEOUT_S   per test binary (default 300)
+#   TEST_TIMEOUT_S   per test binary (default 120; each takes under a minute on lavapipe)
+#
+# Full mode takes about BENCH_BUDGET_S plus the tests' time (a few minutes on a fast GPU);
+# at most BENCH_BUDGET_S + 120 + 4 * TEST_TIMEOUT_S seconds.
 #
 # Steps: (a) the adapter summary, (b) the test executables dtypes, variants, forward,
 # backward that exist in $BIN_DIR/deps, (c) the bench grid, (d) $OUT_DIR/summary.md.
@@ -21,8 +24,8 @@ set -uo pipefail
 BIN_DIR=${BIN_DIR:-target/release}
 OUT_DIR=${OUT_DIR:-gpu-check-out}
 MODE=${MODE:-full}
-BENCH_BUDGET_S=${BENCH_BUDGET_S:-300}
-TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-300}
+BENCH_BUDGET_S=${BENCH_BUDGET_S:-240}
+TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-120}
 TESTS=(dtypes variants forward backward)
 
 log() { echo "gpu-check: $*" >&2; }
@@ -134,11 +137,14 @@ if [ "$MODE" = full ]; then
     # B = 1, 4; H = 8, 32; D = 64, 128; N = 1K..16K; f16, bf16, f32; forward and
     # forward+backward (measured from the same calls); causal and not; naive only to N = 4096
     # (O(N^2) memory). Cheapest shapes first; what would end past the budget is skipped and
-    # recorded as skipped.
+    # recorded as skipped. The tiled points alone are ~3.5e15 FLOP with the warm-up calls
+    # (4 * BH * N^2 * D summed over the grid, x1.5 for causal and not, x3 dtypes, x3.5 for
+    # fwd+bwd, x4 calls): ~6 min at 10 TFLOP/s, so on a GPU slower than ~15 TFLOP/s the
+    # largest shapes (B=4, H=32, N=16K) are the ones skipped.
     bench_args=(--batch 1,4 --heads 8,32 --head-dim 64,128 --seq 1024,2048,4096,8192,16384
         --dtype f16,bf16,f32 --pass both --causal-both --algorithms tiled,naive
         --naive-max-seq 4096 --repeats 3 --roofline-scale 20 --budget-s "$BENCH_BUDGET_S")
-    bench_timeout=$((BENCH_BUDGET_S + 300))
+    bench_timeout=$((BENCH_BUDGET_S + 120))
 else
     # Every dtype, both passes, both algorithms; non-causal only (the causal pipelines would
     # double the shader compilations, the bulk of a smoke run on a cold shader cache).
