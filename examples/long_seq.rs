@@ -3,28 +3,55 @@
 //! algorithm would need (it refuses: one head's seq x seq matrix exceeds the binding limit).
 //!
 //! cargo run --release --example long_seq -- [--seq 131072] [--head-dim 64] [--causal]
+//! (--help lists the flags)
 
+use std::process::ExitCode;
 use std::time::Instant;
 
+use clap::Parser;
 use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, Error};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut seq = 131_072usize;
-    let mut head_dim = 64usize;
-    let mut causal = false;
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        match flag.as_str() {
-            "--seq" => seq = it.next().ok_or("--seq needs a value")?.parse()?,
-            "--head-dim" => head_dim = it.next().ok_or("--head-dim needs a value")?.parse()?,
-            "--causal" => causal = true,
-            other => return Err(format!("unknown flag {other}").into()),
+/// One tiled forward+backward at a long sequence (B = 1, H = 1): GPU time and the device
+/// memory the library allocated, next to what the naive algorithm would need.
+#[derive(Parser, Debug)]
+#[command(name = "long_seq", version)]
+struct Args {
+    /// Sequence length N (seq_q = seq_kv)
+    #[arg(long, default_value_t = 131_072, value_parser = positive)]
+    seq: usize,
+    /// Head dimension D (1..=256)
+    #[arg(long, default_value_t = 64, value_parser = positive)]
+    head_dim: usize,
+    /// Causal (bottom-right aligned) mask
+    #[arg(long)]
+    causal: bool,
+}
+
+fn positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(v) => Ok(v),
+        Err(e) => Err(format!("{s:?} is not a whole number: {e}")),
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
         }
     }
-    let ctx = Context::new()?;
-    println!("adapter: {}", ctx.adapter_info());
+}
+
+fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let (seq, head_dim, causal) = (a.seq, a.head_dim, a.causal);
     let mut cfg = AttentionConfig::new(1, seq, seq, 1, 1, head_dim);
     cfg.causal = causal;
+    cfg.validate()?;
+    let ctx = Context::new()?;
+    println!("adapter: {}", ctx.adapter_info());
     let n = seq * head_dim;
     let fill = |salt: usize| -> Vec<f32> {
         (0..n)

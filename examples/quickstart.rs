@@ -2,58 +2,49 @@
 //! each one's time and max error against the f64 CPU reference.
 //!
 //! cargo run --release --example quickstart -- [--batch 2] [--seq 1024] [--heads 8]
-//!     [--kv-heads H] [--head-dim 64] [--causal] [--seed N]
+//!     [--kv-heads H] [--head-dim 64] [--causal] [--seed N]   (--help lists the flags)
 
 use std::process::ExitCode;
 use std::time::Instant;
 
+use clap::Parser;
 use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
+/// Random Q, K, V; the tiled (FlashAttention) and naive forward side by side, each checked
+/// against the f64 CPU reference. Exits non-zero if either misses the tolerance.
+#[derive(Parser, Debug)]
+#[command(name = "quickstart", version)]
 struct Args {
+    /// Batch size B
+    #[arg(long, default_value_t = 2, value_parser = positive)]
     batch: usize,
+    /// Sequence length N (seq_q = seq_kv)
+    #[arg(long, default_value_t = 1024, value_parser = positive)]
     seq: usize,
+    /// Query heads H
+    #[arg(long, default_value_t = 8, value_parser = positive)]
     heads: usize,
+    /// Key/value heads (GQA/MQA; must divide --heads) [default: --heads]
+    #[arg(long, value_parser = positive)]
     kv_heads: Option<usize>,
+    /// Head dimension D (1..=256)
+    #[arg(long, default_value_t = 64, value_parser = positive)]
     head_dim: usize,
+    /// Causal (bottom-right aligned) mask
+    #[arg(long)]
     causal: bool,
-    seed: u64,
+    /// Seed of the random inputs [default: a fresh random seed, printed]
+    #[arg(long)]
+    seed: Option<u64>,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        batch: 2,
-        seq: 1024,
-        heads: 8,
-        kv_heads: None,
-        head_dim: 64,
-        causal: false,
-        seed: rand::rng().random(),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = |name: &str| -> Result<u64, String> {
-            it.next()
-                .ok_or(format!("{name} needs a value"))?
-                .parse::<u64>()
-                .map_err(|e| format!("{name}: {e}"))
-        };
-        match flag.as_str() {
-            "--batch" => a.batch = value("--batch")? as usize,
-            "--seq" => a.seq = value("--seq")? as usize,
-            "--heads" => a.heads = value("--heads")? as usize,
-            "--kv-heads" => a.kv_heads = Some(value("--kv-heads")? as usize),
-            "--head-dim" => a.head_dim = value("--head-dim")? as usize,
-            "--seed" => a.seed = value("--seed")?,
-            "--causal" => a.causal = true,
-            "--help" | "-h" => return Err(
-                "flags: --batch N --seq N --heads N --kv-heads N --head-dim N --causal --seed N"
-                    .into(),
-            ),
-            other => return Err(format!("unknown flag {other}; try --help")),
-        }
+fn positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(v) => Ok(v),
+        Err(e) => Err(format!("{s:?} is not a whole number: {e}")),
     }
-    Ok(a)
 }
 
 fn main() -> ExitCode {
@@ -68,9 +59,8 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<bool, Box<dyn std::error::Error>> {
-    let a = parse_args()?;
-    let ctx = Context::new()?;
-    println!("adapter: {}", ctx.adapter_info());
+    let a = Args::parse();
+    let seed = a.seed.unwrap_or_else(|| rand::rng().random());
     let mut cfg = AttentionConfig::new(
         a.batch,
         a.seq,
@@ -81,8 +71,10 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     );
     cfg.causal = a.causal;
     cfg.validate()?;
+    let ctx = Context::new()?;
+    println!("adapter: {}", ctx.adapter_info());
 
-    let mut rng = StdRng::seed_from_u64(a.seed);
+    let mut rng = StdRng::seed_from_u64(seed);
     let mut random =
         |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
     let n_q = cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim;
@@ -90,7 +82,7 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let (q, k, v) = (random(n_q), random(n_kv), random(n_kv));
     println!(
         "batch {} seq {} heads {}/{} head_dim {} causal {} seed {}",
-        cfg.batch, cfg.seq_q, cfg.heads_q, cfg.heads_kv, cfg.head_dim, cfg.causal, a.seed
+        cfg.batch, cfg.seq_q, cfg.heads_q, cfg.heads_kv, cfg.head_dim, cfg.causal, seed
     );
 
     let t = Instant::now();

@@ -4,14 +4,23 @@
 //! the same shape learns to reproduce them. Attention forward and backward run on the GPU through
 //! this library; the projections, their gradients and Adam run on the host.
 //!
+//! With `--dtype f16` or `--dtype bf16` the student's attention runs in that element type: the
+//! projected q, k, v and the loss gradient d_out are rounded to it before upload, and the
+//! attention's outputs and gradients come back to f32 for the loss, the projections' gradients
+//! and Adam. f16 uses loss scaling (`--loss-scale`).
+//!
 //! ```text
-//! cargo run --release --example train -- --steps 300 --seed 1
+//! cargo run --release --example train -- --steps 300 --seed 1 --dtype bf16
+//! cargo run --release --example train -- --help
 //! ```
 
 use std::error::Error;
+use std::process::ExitCode;
 use std::time::Instant;
 
-use flash_attn_wgpu::{Algorithm, AttentionConfig, Context};
+use clap::{Parser, ValueEnum};
+use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
+use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, DType, Element};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -22,85 +31,105 @@ const FINAL_WINDOW: usize = 10;
 /// The loss must fall at least this much for the run to count as a success.
 const REQUIRED_RATIO: f64 = 100.0;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum AlgArg {
+    /// FlashAttention (tiled)
+    Tiled,
+    /// standard attention (S and P in global memory)
+    Naive,
+}
+
+/// Teacher-student training of one causal multi-head attention layer, attention forward and
+/// backward on the GPU. Exits non-zero unless the loss falls at least 100x.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "train", version)]
 struct Options {
+    /// Optimisation steps (one fresh random batch each)
+    #[arg(long, default_value_t = 300, value_parser = positive)]
     steps: usize,
+    /// Sequences per batch
+    #[arg(long, default_value_t = 2, value_parser = positive)]
     batch: usize,
+    /// Sequence length
+    #[arg(long, default_value_t = 64, value_parser = positive)]
     seq: usize,
+    /// Model width (heads = d_model / head_dim)
+    #[arg(long, default_value_t = 32, value_parser = positive)]
     d_model: usize,
+    /// Head dimension (must divide --d-model)
+    #[arg(long, default_value_t = 16, value_parser = positive)]
     head_dim: usize,
+    /// Adam learning rate (cosine-decayed to 1% over the run)
+    #[arg(long, default_value_t = 3e-2)]
     lr: f32,
+    /// Seed of the teacher, the student and the data
+    #[arg(long, default_value_t = 0)]
     seed: u64,
-    algorithm: Algorithm,
+    /// Attention algorithm
+    #[arg(long, value_enum, default_value = "tiled")]
+    algorithm: AlgArg,
+    /// Element type of the attention's q, k, v, out, d_out and gradients: f32, f16, bf16
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    dtype: DType,
+    /// Scale of d_out in the backward, undone in f32: auto (f16: a power of two per step), off,
+    /// or a factor
+    ///
+    /// `auto` scales d_out, for f16 only, by the power of two that brings its largest entry
+    /// into [0.5, 1), so that d_out and the gradients stay clear of f16's subnormal range.
+    #[arg(long, default_value = "auto", value_parser = parse_loss_scale)]
+    loss_scale: LossScale,
+    /// Print the loss every this many steps
+    #[arg(long, default_value_t = 25, value_parser = positive)]
     print_every: usize,
 }
 
-impl Default for Options {
-    fn default() -> Self {
-        Self {
-            steps: 300,
-            batch: 2,
-            seq: 64,
-            d_model: 32,
-            head_dim: 16,
-            lr: 3e-2,
-            seed: 0,
-            algorithm: Algorithm::Tiled,
-            print_every: 25,
-        }
+/// How `d_out` is scaled before the attention backward (and the gradients unscaled after).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum LossScale {
+    /// Per step, for f16 only: the power of two that brings max |d_out| into [0.5, 1).
+    Auto,
+    Off,
+    Fixed(f32),
+}
+
+fn parse_loss_scale(s: &str) -> Result<LossScale, String> {
+    match s.trim() {
+        "auto" => Ok(LossScale::Auto),
+        "off" | "none" | "1" => Ok(LossScale::Off),
+        v => match v.parse::<f32>() {
+            Ok(x) if x.is_finite() && x > 0.0 => Ok(LossScale::Fixed(x)),
+            _ => Err(format!(
+                "expected auto, off or a positive factor, got {v:?}"
+            )),
+        },
     }
 }
 
-const USAGE: &str = "usage: train [--steps N] [--batch N] [--seq N] [--d-model N] [--head-dim N] \
-                     [--lr F] [--seed N] [--algorithm tiled|naive] [--print-every N]";
+fn parse_dtype(s: &str) -> Result<DType, String> {
+    s.parse()
+}
+
+fn positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(v) => Ok(v),
+        Err(e) => Err(format!("{s:?} is not a whole number: {e}")),
+    }
+}
 
 impl Options {
-    fn parse(args: impl IntoIterator<Item = String>) -> BoxResult<Self> {
-        let mut o = Self::default();
-        let mut args = args.into_iter();
-        while let Some(flag) = args.next() {
-            if flag == "--help" || flag == "-h" {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            let mut value = || {
-                args.next()
-                    .ok_or_else(|| format!("{flag} needs a value (try --help)"))
-            };
-            match flag.as_str() {
-                "--steps" => o.steps = parse(&flag, &value()?)?,
-                "--batch" => o.batch = parse(&flag, &value()?)?,
-                "--seq" => o.seq = parse(&flag, &value()?)?,
-                "--d-model" => o.d_model = parse(&flag, &value()?)?,
-                "--head-dim" => o.head_dim = parse(&flag, &value()?)?,
-                "--lr" => o.lr = parse(&flag, &value()?)?,
-                "--seed" => o.seed = parse(&flag, &value()?)?,
-                "--print-every" => o.print_every = parse(&flag, &value()?)?,
-                "--algorithm" => {
-                    o.algorithm = match value()?.as_str() {
-                        "tiled" => Algorithm::Tiled,
-                        "naive" => Algorithm::Naive,
-                        other => {
-                            return Err(
-                                format!("--algorithm must be tiled or naive, got {other}").into()
-                            )
-                        }
-                    }
-                }
-                _ => return Err(format!("unknown flag {flag} (try --help)").into()),
-            }
-        }
-        if o.steps == 0 || o.print_every == 0 {
-            return Err("--steps and --print-every must be at least 1".into());
-        }
-        if o.head_dim == 0 || o.d_model % o.head_dim != 0 {
+    fn check(&self) -> BoxResult<()> {
+        if !self.d_model.is_multiple_of(self.head_dim) {
             return Err(format!(
-                "--d-model ({}) must be a positive multiple of --head-dim ({})",
-                o.d_model, o.head_dim
+                "--d-model ({}) must be a multiple of --head-dim ({})",
+                self.d_model, self.head_dim
             )
             .into());
         }
-        Ok(o)
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(format!("--lr must be a positive number, got {}", self.lr).into());
+        }
+        Ok(())
     }
 
     fn attention_config(&self) -> AttentionConfig {
@@ -108,18 +137,30 @@ impl Options {
         let mut cfg =
             AttentionConfig::new(self.batch, self.seq, self.seq, heads, heads, self.head_dim);
         cfg.causal = true;
-        cfg.algorithm = self.algorithm;
+        cfg.algorithm = match self.algorithm {
+            AlgArg::Tiled => Algorithm::Tiled,
+            AlgArg::Naive => Algorithm::Naive,
+        };
         cfg
     }
-}
 
-fn parse<T: std::str::FromStr>(flag: &str, value: &str) -> BoxResult<T>
-where
-    T::Err: std::fmt::Display,
-{
-    value
-        .parse()
-        .map_err(|e| format!("bad value {value:?} for {flag}: {e}").into())
+    /// The factor d_out is multiplied by this step.
+    fn scale_for(&self, d_out: &[f32]) -> f32 {
+        match self.loss_scale {
+            LossScale::Off => 1.0,
+            LossScale::Fixed(x) => x,
+            LossScale::Auto if self.dtype != DType::F16 => 1.0,
+            LossScale::Auto => {
+                let max = d_out.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                if max > 0.0 && max.is_finite() {
+                    // 2^k with max * 2^k in [0.5, 1); exact in every float format.
+                    2f32.powi(-(max.log2().floor() as i32) - 1)
+                } else {
+                    1.0
+                }
+            }
+        }
+    }
 }
 
 /// `a [n, k] * b [k, m] -> [n, m]`, all row-major.
@@ -243,32 +284,58 @@ fn mse(student: &[f32], teacher: &[f32]) -> (f64, Vec<f32>) {
     (sum / f64::from(n), grad)
 }
 
-/// One optimisation step on a fresh batch; returns the loss before the update.
-fn train_step(
+/// One optimisation step on a fresh batch; returns the loss before the update and the loss
+/// scale used. The teacher's targets are computed in f32; the student's attention runs in `T`.
+#[allow(clippy::too_many_arguments)]
+fn train_step<T: Element>(
     ctx: &Context,
     cfg: &AttentionConfig,
+    opts: &Options,
     teacher: &Layer,
     student: &mut Layer,
     adam: &mut Adam,
     x: &[f32],
     lr_scale: f32,
-) -> BoxResult<f64> {
+) -> BoxResult<(f64, f32)> {
     let d = cfg.heads_q * cfg.head_dim;
     let [tq, tk, tv] = teacher.project(x, d);
     let target = ctx.forward_host(cfg, &tq, &tk, &tv)?.out;
 
-    let [q, k, v] = student.project(x, d);
+    let [q, k, v] = student.project(x, d).map(|p| from_f32_slice::<T>(&p));
     let f = ctx.forward_host(cfg, &q, &k, &v)?;
-    let (loss, d_out) = mse(&f.out, &target);
+    let (loss, d_out) = mse(&to_f32_vec(&f.out), &target);
+    let scale = opts.scale_for(&d_out);
+    let d_out: Vec<T> = d_out.iter().map(|&g| T::from_f32(g * scale)).collect();
     let g = ctx.backward_host(cfg, &q, &k, &v, &f.out, &f.lse, &d_out)?;
 
-    let grads = [g.dq, g.dk, g.dv].map(|dy| matmul_at_b(x, &dy, d, d));
+    let grads = [g.dq, g.dk, g.dv].map(|dy| {
+        let dy: Vec<f32> = dy.iter().map(|v| v.to_f32() / scale).collect();
+        matmul_at_b(x, &dy, d, d)
+    });
+    if let Some(bad) = grads.iter().flatten().find(|g| !g.is_finite()) {
+        return Err(format!("non-finite weight gradient {bad} (loss scale {scale})").into());
+    }
     adam.step(&mut student.w, &grads, lr_scale);
-    Ok(loss)
+    Ok((loss, scale))
 }
 
-fn main() -> Result<(), Box<dyn Error>> {
-    let opts = Options::parse(std::env::args().skip(1))?;
+fn main() -> ExitCode {
+    let opts = Options::parse();
+    let result = opts.check().and_then(|()| match opts.dtype {
+        DType::F32 => train::<f32>(&opts),
+        DType::F16 => train::<half::f16>(&opts),
+        DType::BF16 => train::<half::bf16>(&opts),
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn train<T: Element>(opts: &Options) -> BoxResult<()> {
     let cfg = opts.attention_config();
     cfg.validate()?;
 
@@ -276,6 +343,11 @@ fn main() -> Result<(), Box<dyn Error>> {
     println!("adapter: {}", ctx.adapter_info());
     println!("options: {opts:?}");
     println!("config:  {cfg:?}");
+    println!(
+        "attention in {} (teacher targets in f32); tuning {:?}",
+        T::DTYPE,
+        ctx.tuning()
+    );
 
     let d = opts.d_model;
     let teacher = Layer::random(&mut StdRng::seed_from_u64(opts.seed), d);
@@ -292,14 +364,23 @@ fn main() -> Result<(), Box<dyn Error>> {
     for step in 0..opts.steps {
         let x = random_vec(&mut data_rng, x_len, 1.0);
         let lr_scale = lr_schedule(step, opts.steps);
-        let loss = train_step(&ctx, &cfg, &teacher, &mut student, &mut adam, &x, lr_scale)?;
+        let (loss, scale) = train_step::<T>(
+            &ctx,
+            &cfg,
+            opts,
+            &teacher,
+            &mut student,
+            &mut adam,
+            &x,
+            lr_scale,
+        )?;
         if !loss.is_finite() {
             return Err(format!("loss became {loss} at step {step}").into());
         }
         losses.push(loss);
         if step % opts.print_every == 0 || step + 1 == opts.steps {
             println!(
-                "step {step:>5}  loss {loss:.6e}  lr {:.2e}",
+                "step {step:>5}  loss {loss:.6e}  lr {:.2e}  loss scale {scale}",
                 opts.lr * lr_scale
             );
         }
@@ -319,7 +400,6 @@ fn main() -> Result<(), Box<dyn Error>> {
     println!("time per step:  {ms_per_step:.1} ms");
 
     if ratio < REQUIRED_RATIO {
-        // Returning the error makes the process exit with a non-zero status.
         return Err(format!(
             "FAILED: loss fell {ratio:.1}x, less than the required {REQUIRED_RATIO}x"
         )

@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# GPU check with prebuilt binaries (no cargo, no Rust needed), on whatever adapter wgpu picks
+# (WGPU_BACKEND, WGPU_ADAPTER_NAME and WGPU_POWER_PREF choose one).
+#
+#   BIN_DIR   prebuilt binaries, laid out like cargo's target/release
+#             (examples/bench, deps/<test>-<hash>); default target/release.
+#             scripts/gpu-check-build.sh builds and strips them into gpu-bin/.
+#   OUT_DIR   where the logs, bench JSON/Markdown/SVG and summary.md go; default gpu-check-out
+#   MODE      full (default): the correctness tests and the bench grid below, sized for a
+#             fast GPU (see BENCH_BUDGET_S); smoke: one test per test binary and a tiny bench
+#             (under a minute on lavapipe)
+#   BENCH_BUDGET_S   full mode: wall-clock budget of the bench grid in seconds (default 240);
+#                    points predicted to end past it are recorded as skipped, not measured
+#   TEST_TIMEOUT_S   per test binary (default 120; each takes under a minute on lavapipe)
+#
+# Full mode takes about BENCH_BUDGET_S plus the tests' time (a few minutes on a fast GPU);
+# at most BENCH_BUDGET_S + 120 + 4 * TEST_TIMEOUT_S seconds.
+#
+# Steps: (a) the adapter summary, (b) the test executables dtypes, variants, forward,
+# backward that exist in $BIN_DIR/deps, (c) the bench grid, (d) $OUT_DIR/summary.md.
+# Every step runs even if an earlier one failed; the exit status is non-zero if any failed.
+set -uo pipefail
+
+BIN_DIR=${BIN_DIR:-target/release}
+OUT_DIR=${OUT_DIR:-gpu-check-out}
+MODE=${MODE:-full}
+BENCH_BUDGET_S=${BENCH_BUDGET_S:-240}
+TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-120}
+TESTS=(dtypes variants forward backward)
+
+log() { echo "gpu-check: $*" >&2; }
+
+case "$MODE" in
+    full | smoke) ;;
+    *) log "MODE must be full or smoke, got '$MODE'"; exit 2 ;;
+esac
+BENCH="$BIN_DIR/examples/bench"
+if [ ! -x "$BENCH" ]; then
+    log "no executable $BENCH (build it with scripts/gpu-check-build.sh and set BIN_DIR=gpu-bin)"
+    exit 2
+fi
+mkdir -p "$OUT_DIR" || exit 2
+rm -f "$OUT_DIR"/*.log "$OUT_DIR"/bench.* "$OUT_DIR"/adapter.txt "$OUT_DIR"/summary.md
+
+started=$(date +%s)
+failed=0
+steps=()      # markdown rows: | step | status | seconds | detail |
+test_rows=()  # markdown rows: | binary | status | result |
+
+# run_step NAME LOGFILE DETAIL CMD...: runs CMD with stdout and stderr to LOGFILE (and stderr),
+# records the outcome.
+run_step() {
+    local name=$1 logfile=$2 detail=$3
+    shift 3
+    log "== $name: $*"
+    local t0 rc
+    t0=$(date +%s)
+    "$@" >"$logfile" 2>&1
+    rc=$?
+    local secs=$(($(date +%s) - t0))
+    if [ "$rc" -eq 0 ]; then
+        steps+=("| $name | ok | $secs | $detail |")
+        log "   ok ($secs s)"
+    else
+        failed=1
+        local why="exit $rc"
+        [ "$rc" -eq 124 ] && why="timed out (exit 124)"
+        steps+=("| $name | **FAILED: $why** | $secs | $detail; log: $(basename "$logfile") |")
+        log "   FAILED: $why ($secs s); last lines of $logfile:"
+        tail -n 20 "$logfile" >&2
+    fi
+    return "$rc"
+}
+
+# (a) the adapter, and what the machine offers
+{
+    echo "host: $(uname -srm)"
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi -L 2>&1 | sed 's/^/nvidia-smi: /'
+    fi
+    if command -v ldconfig >/dev/null 2>&1; then
+        ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1' &&
+            echo "vulkan loader: present" || echo "vulkan loader: libvulkan.so.1 NOT FOUND"
+    fi
+    for f in /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json; do
+        [ -e "$f" ] && echo "vulkan icd: $f"
+    done
+} >"$OUT_DIR/machine.txt" 2>&1
+run_step "adapter" "$OUT_DIR/adapter.log" "bench --info" "$BENCH" --info
+cp "$OUT_DIR/adapter.log" "$OUT_DIR/adapter.txt"
+cat "$OUT_DIR/machine.txt" "$OUT_DIR/adapter.txt" >&2
+
+# (b) correctness tests: the newest <name>-<16 hex digits> executable per test target
+found_tests=0
+for name in "${TESTS[@]}"; do
+    exe=""
+    for f in $(ls -t "$BIN_DIR/deps/" 2>/dev/null); do
+        if [[ "$f" =~ ^${name}-[0-9a-f]{16}$ ]] && [ -x "$BIN_DIR/deps/$f" ] && [ -f "$BIN_DIR/deps/$f" ]; then
+            exe="$BIN_DIR/deps/$f"
+            break
+        fi
+    done
+    if [ -z "$exe" ]; then
+        log "no $name test executable in $BIN_DIR/deps: skipped"
+        test_rows+=("| $name | not built | - |")
+        continue
+    fi
+    found_tests=$((found_tests + 1))
+    args=()
+    what="all tests"
+    if [ "$MODE" = smoke ]; then
+        # One test per binary (the first listed): the binary runs on this adapter. `cargo test`
+        # runs all of them.
+        first=$("$exe" --list 2>/dev/null | sed -n 's/: test$//p' | head -n 1)
+        if [ -n "$first" ]; then
+            args=(--exact "$first")
+            what="smoke: $first"
+        fi
+    fi
+    logfile="$OUT_DIR/test-$name.log"
+    if run_step "test $name" "$logfile" "$what" timeout "$TEST_TIMEOUT_S" "$exe" "${args[@]}"; then
+        status=ok
+    else
+        status="**FAILED**"
+    fi
+    result=$(grep -E '^test result:' "$logfile" | tail -n 1)
+    test_rows+=("| $name | $status | ${result:-no result line (see test-$name.log)} |")
+done
+if [ "$found_tests" -eq 0 ]; then
+    failed=1
+    steps+=("| tests | **FAILED: no test executables in $BIN_DIR/deps** | 0 | - |")
+    log "no test executables found in $BIN_DIR/deps"
+fi
+
+# (c) the bench grid
+if [ "$MODE" = full ]; then
+    # B = 1, 4; H = 8, 32; D = 64, 128; N = 1K..16K; f16, bf16, f32; forward and
+    # forward+backward (measured from the same calls); causal and not; naive only to N = 4096
+    # (O(N^2) memory). Cheapest shapes first; what would end past the budget is skipped and
+    # recorded as skipped. The tiled points alone are ~3.5e15 FLOP with the warm-up calls
+    # (4 * BH * N^2 * D summed over the grid, x1.5 for causal and not, x3 dtypes, x3.5 for
+    # fwd+bwd, x4 calls): ~6 min at 10 TFLOP/s, so on a GPU slower than ~15 TFLOP/s the
+    # largest shapes (B=4, H=32, N=16K) are the ones skipped.
+    bench_args=(--batch 1,4 --heads 8,32 --head-dim 64,128 --seq 1024,2048,4096,8192,16384
+        --dtype f16,bf16,f32 --pass both --causal-both --algorithms tiled,naive
+        --naive-max-seq 4096 --repeats 3 --roofline-scale 20 --budget-s "$BENCH_BUDGET_S")
+    bench_timeout=$((BENCH_BUDGET_S + 120))
+else
+    # Every dtype, both passes, both algorithms; non-causal only (the causal pipelines would
+    # double the shader compilations, the bulk of a smoke run on a cold shader cache).
+    bench_args=(--batch 1 --heads 2 --head-dim 16 --seq 64,128 --dtype f16,bf16,f32
+        --pass both --algorithms tiled,naive --repeats 1 --roofline-scale 0.1)
+    bench_timeout=600
+fi
+# The table goes to bench.txt (stdout), progress and errors to bench.log (stderr).
+run_bench() {
+    timeout "$bench_timeout" "$BENCH" "${bench_args[@]}" --json "$OUT_DIR/bench.json" \
+        --markdown "$OUT_DIR/bench.md" --plot "$OUT_DIR/bench.svg" >"$OUT_DIR/bench.txt"
+}
+run_step "bench" "$OUT_DIR/bench.log" "$MODE grid; table in bench.txt and bench.md, records in bench.json, plot bench.svg" run_bench
+if [ -f "$OUT_DIR/bench.json" ]; then
+    measured=$(grep -c '"median_ms": [0-9]' "$OUT_DIR/bench.json" || true)
+    skipped=$(grep -c '"note": "skipped' "$OUT_DIR/bench.json" || true)
+    limited=$(grep -c '"note": "device limit' "$OUT_DIR/bench.json" || true)
+    bench_counts="$measured records measured, $skipped skipped (time budget), $limited over a device limit"
+else
+    bench_counts="no bench.json"
+fi
+
+# (d) the summary
+total=$(($(date +%s) - started))
+{
+    echo "# GPU check ($MODE mode)"
+    echo
+    echo "$(date -u '+%Y-%m-%d %H:%M:%S UTC'), $total s in all; binaries from \`$BIN_DIR\`."
+    echo
+    echo "## Machine and adapter"
+    echo
+    echo '```'
+    cat "$OUT_DIR/machine.txt" "$OUT_DIR/adapter.txt" 2>/dev/null
+    echo '```'
+    echo
+    echo "## Steps"
+    echo
+    echo "| step | status | seconds | detail |"
+    echo "|---|---|---|---|"
+    printf '%s\n' "${steps[@]}"
+    echo
+    echo "## Tests"
+    echo
+    echo "| test binary | status | result |"
+    echo "|---|---|---|"
+    printf '%s\n' "${test_rows[@]}"
+    echo
+    echo "## Bench"
+    echo
+    echo "Arguments: \`${bench_args[*]}\`"
+    echo
+    echo "$bench_counts."
+    echo
+    if [ -f "$OUT_DIR/bench.md" ]; then
+        # Rows skipped for the time budget are left out here (bench.md and bench.json have them).
+        grep -v '| skipped: ' "$OUT_DIR/bench.md"
+    else
+        echo "(no table: the bench step failed; see bench.log)"
+    fi
+} >"$OUT_DIR/summary.md"
+
+log "summary: $OUT_DIR/summary.md ($total s)"
+if [ "$failed" -ne 0 ]; then
+    log "FAILED: at least one step failed (see the summary)"
+    exit 1
+fi
+log "all steps passed"
