@@ -37,6 +37,7 @@ pub mod kernels;
 pub mod plan;
 mod record;
 pub mod reference;
+pub mod replay;
 pub mod roofline;
 pub mod tensor;
 

@@ -1,24 +1,10 @@
 //! Every generated shader variant is valid WGSL with the bindings the host declares, and the
 //! host's `Params` mirrors the shader's. Runs without a GPU (naga only).
 
+mod common;
+use common::variants::variants;
 use flash_attn_wgpu::dtype::ElemFormat;
-use flash_attn_wgpu::kernels::{
-    choose_tiles, Access, DeviceCaps, Kernel, KernelKey, Params, Tiles,
-};
-
-fn caps_list() -> [DeviceCaps; 3] {
-    [
-        DeviceCaps::WEBGPU_DEFAULT,
-        DeviceCaps {
-            max_workgroup_storage_bytes: 32768,
-            max_invocations_per_workgroup: 256,
-        },
-        DeviceCaps {
-            max_workgroup_storage_bytes: 49152,
-            max_invocations_per_workgroup: 1024,
-        },
-    ]
-}
+use flash_attn_wgpu::kernels::{choose_tiles, Access, DeviceCaps, Kernel, KernelKey, Params};
 
 fn parse_and_validate(key: &KernelKey) -> naga::Module {
     let src = key.wgsl();
@@ -31,39 +17,6 @@ fn parse_and_validate(key: &KernelKey) -> naga::Module {
     .validate(&module)
     .unwrap_or_else(|e| panic!("{}: {}", key.label(), e.emit_to_string(&src)));
     module
-}
-
-fn variants() -> Vec<KernelKey> {
-    let mut keys = Vec::new();
-    for kernel in Kernel::ALL {
-        for head_dim in [1u32, 3, 16, 32, 64, 80, 96, 128, 255, 256] {
-            for causal in [false, true] {
-                let mut tiles_seen: Vec<Tiles> = Vec::new();
-                for caps in caps_list() {
-                    let tiles = choose_tiles(kernel, head_dim, caps).unwrap();
-                    if !tiles_seen.contains(&tiles) {
-                        tiles_seen.push(tiles);
-                        for subgroup in [0, 8] {
-                            for elem in ElemFormat::ALL {
-                                if elem != ElemFormat::F32 && !kernel.has_elem_bindings() {
-                                    continue;
-                                }
-                                keys.push(KernelKey {
-                                    kernel,
-                                    elem,
-                                    head_dim,
-                                    tiles,
-                                    causal,
-                                    subgroup,
-                                });
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    keys
 }
 
 #[test]

@@ -13,7 +13,7 @@ pub mod wgsl;
 
 pub use params::{fold_grid, Params};
 pub use tiles::{choose_tiles, workgroup_words, DeviceCaps, Tiles};
-pub use wgsl::KernelKey;
+pub use wgsl::{KernelKey, WgslConsumer};
 
 /// Every compute kernel of the crate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -31,6 +31,15 @@ fn main(
 }
 ";
 
+/// Which shader compiler a WGSL source is generated for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WgslConsumer {
+    /// naga, wgpu's compiler (to SPIR-V, MSL, HLSL).
+    Naga,
+    /// Tint, the compiler of Dawn and Chrome's WebGPU.
+    Tint,
+}
+
 /// A pipeline's identity: kernel, element format, shape constants and boolean features.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KernelKey {
@@ -72,11 +81,32 @@ impl KernelKey {
         )
     }
 
-    /// Full WGSL source: generated prelude, common code, kernel body.
+    /// Full WGSL source for naga (wgpu): generated prelude, common code, kernel body.
     pub fn wgsl(&self) -> String {
+        self.wgsl_for(WgslConsumer::Naga)
+    }
+
+    /// True when the kernel calls subgroup builtins (rows kernels sharing tile reads).
+    pub fn uses_subgroups(&self) -> bool {
+        self.kernel.is_rows_variant() && self.subgroup > 1
+    }
+
+    /// True when the kernel declares `f16` storage.
+    pub fn uses_f16(&self) -> bool {
+        self.elem == ElemFormat::F16Native && self.kernel.has_elem_bindings()
+    }
+
+    /// Full WGSL source for one shader compiler. They disagree on directives: Tint (Dawn,
+    /// browsers) requires `enable subgroups;` before subgroup builtins, as the WGSL
+    /// specification does, while naga 30 rejects that directive and enables subgroups
+    /// through the device's features.
+    pub fn wgsl_for(&self, consumer: WgslConsumer) -> String {
         let mut s = String::with_capacity(24 * 1024);
-        if self.elem == ElemFormat::F16Native && self.kernel.has_elem_bindings() {
+        if self.uses_f16() {
             s.push_str("enable f16;\n");
+        }
+        if consumer == WgslConsumer::Tint && self.uses_subgroups() {
+            s.push_str("enable subgroups;\n");
         }
         let _ = writeln!(s, "// generated: {}", self.label());
         s.push_str(&self.shape_constants());

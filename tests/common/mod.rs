@@ -1,6 +1,8 @@
 //! Shared test helpers: one context per test binary, fresh random data, tolerances.
 #![allow(dead_code)]
 
+pub mod variants;
+
 use std::sync::OnceLock;
 
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};

@@ -1,0 +1,147 @@
+//! A plan as portable data, for replay on another WebGPU implementation.
+//!
+//! [`Plan::replay`] turns what a call dispatches into plain data: the WGSL of every step for a
+//! given shader compiler, its bindings, override constants, the `Params` words and the folded
+//! grid, and the buffers with their initial contents. Serialized as JSON, a small runner on
+//! any WebGPU implementation can execute it exactly as `record` does on wgpu
+//! (`dawn/runner.mjs` does so on Dawn), and compare against expected outputs in
+//! [`ReplayCheck`]s, so the two paths cannot drift.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::dtype::Element;
+use crate::kernels::{fold_grid, Access, WgslConsumer};
+use crate::plan::{BufRef, Plan};
+
+/// One buffer of a replayed call, zero-filled unless `words` gives its contents.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayBuffer {
+    pub label: String,
+    pub bytes: u64,
+    /// Little-endian 32-bit words (half-precision tensors: two elements per word).
+    pub words: Option<Vec<u32>>,
+}
+
+/// A storage binding (slot 1 + its index): which buffer, and whether the kernel only reads it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayBinding {
+    pub buffer: usize,
+    pub read_only: bool,
+}
+
+/// One dispatch, self-contained.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayStep {
+    pub label: String,
+    pub wgsl: String,
+    pub constants: BTreeMap<String, f64>,
+    pub bindings: Vec<ReplayBinding>,
+    /// The `Params` uniform (binding 0) as 32-bit words.
+    pub params: Vec<u32>,
+    /// Workgroups in x and y (the grid folded under the per-dimension limit).
+    pub grid: [u32; 2],
+    pub uses_f16: bool,
+    pub uses_subgroups: bool,
+}
+
+/// What one output buffer must hold after the steps ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayCheck {
+    pub label: String,
+    pub buffer: usize,
+    pub dtype: &'static str,
+    /// `"tensor"`: max |got - expected| <= tol * max |expected|. `"lse"`: per element,
+    /// |got - expected| <= tol * max(1, |expected|), and `null` means exactly -inf.
+    pub kind: &'static str,
+    pub expected: Vec<Option<f64>>,
+    pub tol: f64,
+}
+
+/// A replayable call: buffers (inputs, then outputs, then scratch), steps and checks.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayCase {
+    pub name: String,
+    pub buffers: Vec<ReplayBuffer>,
+    pub steps: Vec<ReplayStep>,
+    pub checks: Vec<ReplayCheck>,
+}
+
+impl ReplayCase {
+    /// The case as JSON (what `dawn/runner.mjs` reads).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// A tensor's device bytes as little-endian words, padded to a whole word.
+pub fn to_words<T: Element>(x: &[T]) -> Vec<u32> {
+    let mut bytes: Vec<u8> = bytemuck::cast_slice(x).to_vec();
+    bytes.resize(bytes.len().next_multiple_of(4).max(4), 0);
+    bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+impl Plan {
+    /// This plan as replay data. `inputs` gives each input's words (in `Plan::inputs`
+    /// order); `max_workgroups_per_dimension` folds the grids as `record` does.
+    pub fn replay(
+        &self,
+        name: &str,
+        consumer: WgslConsumer,
+        inputs: Vec<Vec<u32>>,
+        max_workgroups_per_dimension: u32,
+    ) -> ReplayCase {
+        let mut buffers: Vec<ReplayBuffer> = self
+            .inputs
+            .iter()
+            .zip(inputs)
+            .map(|(role, words)| ReplayBuffer { label: role.to_string(), bytes: words.len() as u64 * 4, words: Some(words) })
+            .collect();
+        let first_output = buffers.len();
+        buffers.extend(self.outputs.iter().map(|o| ReplayBuffer {
+            label: o.role.to_string(),
+            bytes: o.dtype.buffer_bytes(o.shape.iter().product::<usize>() as u64).unwrap_or(4),
+            words: None,
+        }));
+        let first_scratch = buffers.len();
+        buffers.extend(self.scratch.iter().map(|s| ReplayBuffer {
+            label: s.label.to_string(),
+            bytes: s.bytes.max(4).next_multiple_of(4),
+            words: None,
+        }));
+        let index = |r: &BufRef| match *r {
+            BufRef::Input(i) => i,
+            BufRef::Output(i) => first_output + i,
+            BufRef::Scratch(i) => first_scratch + i,
+        };
+        let steps = self
+            .steps
+            .iter()
+            .map(|s| {
+                let (x, y) = fold_grid(s.workgroups, max_workgroups_per_dimension);
+                ReplayStep {
+                    label: s.key.label(),
+                    wgsl: s.key.wgsl_for(consumer),
+                    constants: s.key.constants().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+                    bindings: s
+                        .buffers
+                        .iter()
+                        .zip(s.key.kernel.bindings())
+                        .map(|(r, b)| ReplayBinding { buffer: index(r), read_only: b.access == Access::Read })
+                        .collect(),
+                    params: bytemuck::cast_slice(std::slice::from_ref(&s.params)).to_vec(),
+                    grid: [x, y],
+                    uses_f16: s.key.uses_f16(),
+                    uses_subgroups: s.key.uses_subgroups(),
+                }
+            })
+            .collect();
+        ReplayCase { name: name.to_string(), buffers, steps, checks: Vec::new() }
+    }
+
+    /// The replay buffer index of output `i`.
+    pub fn replay_output_buffer(&self, i: usize) -> usize {
+        self.inputs.len() + i
+    }
+}

@@ -1,0 +1,57 @@
+//! Every kernel variant the tile chooser can produce: the set the shader-compiler tests
+//! (naga here, Tint on Dawn) go through.
+
+use flash_attn_wgpu::dtype::ElemFormat;
+use flash_attn_wgpu::kernels::{choose_tiles, DeviceCaps, Kernel, KernelKey, Tiles};
+
+/// Workgroup-memory and invocation limits the chooser is asked about: WebGPU defaults,
+/// lavapipe, and a large desktop GPU.
+pub fn caps_list() -> [DeviceCaps; 3] {
+    [
+        DeviceCaps::WEBGPU_DEFAULT,
+        DeviceCaps {
+            max_workgroup_storage_bytes: 32768,
+            max_invocations_per_workgroup: 256,
+        },
+        DeviceCaps {
+            max_workgroup_storage_bytes: 49152,
+            max_invocations_per_workgroup: 1024,
+        },
+    ]
+}
+
+/// Every (kernel, element format, head_dim, tiles, causal, subgroup) the chooser can pick
+/// for the limits above.
+pub fn variants() -> Vec<KernelKey> {
+    let mut keys = Vec::new();
+    for kernel in Kernel::ALL {
+        for head_dim in [1u32, 3, 16, 32, 64, 80, 96, 128, 255, 256] {
+            for causal in [false, true] {
+                let mut tiles_seen: Vec<Tiles> = Vec::new();
+                for caps in caps_list() {
+                    let tiles = choose_tiles(kernel, head_dim, caps).unwrap();
+                    if !tiles_seen.contains(&tiles) {
+                        tiles_seen.push(tiles);
+                        for subgroup in [0, 8] {
+                            for elem in ElemFormat::ALL {
+                                if elem != ElemFormat::F32 && !kernel.has_elem_bindings() {
+                                    continue;
+                                }
+                                keys.push(KernelKey {
+                                    kernel,
+                                    elem,
+                                    head_dim,
+                                    tiles,
+                                    causal,
+                                    subgroup,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    keys
+}
+
