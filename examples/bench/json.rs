@@ -1,80 +1,133 @@
-//! Every record as JSON, one object per line (scripts/gpu-check.sh greps it).
+//! Every record as JSON (serde): an array with one object per line, `"key": value` pairs
+//! separated by `, `, the layout scripts/gpu-check.sh greps (`"median_ms": [0-9]`,
+//! `"note": "skipped`). Values that are missing or not finite are null.
 
-use std::fmt::Write as _;
+use std::io;
 
-use flash_attn_wgpu::Roofline;
+use flash_attn_wgpu::{Roofline, Tuning};
+use serde::Serialize;
+use serde_json::ser::{Formatter, Serializer};
 
 use crate::grid::Record;
 use crate::model::{alg_name, bw_fraction};
 
-fn json_num(v: Option<f64>) -> String {
-    v.filter(|x| x.is_finite())
-        .map_or("null".into(), |x| format!("{x}"))
+/// One record as written; the field order is the key order.
+#[derive(Serialize)]
+struct JsonRecord<'a> {
+    algorithm: &'static str,
+    dtype: &'static str,
+    pass: &'static str,
+    batch: usize,
+    heads_q: usize,
+    heads_kv: usize,
+    seq_q: usize,
+    seq_kv: usize,
+    head_dim: usize,
+    causal: bool,
+    median_ms: Option<f64>,
+    gflops: Option<f64>,
+    fma_roofline_fraction: Option<f64>,
+    bandwidth_roofline_fraction: Option<f64>,
+    speedup_naive_over_tiled: Option<f64>,
+    vs_f32: Option<f64>,
+    bytes_allocated: Option<u64>,
+    bytes_allocated_plan: Option<u64>,
+    bytes_moved_model: f64,
+    timestamps: Option<bool>,
+    variant: String,
+    half_storage: String,
+    roofline_fma_gflops: f64,
+    roofline_copy_gbps: f64,
+    adapter: &'a str,
+    note: &'a str,
 }
 
-fn json_str(s: &str) -> String {
-    let mut out = String::from("\"");
-    for ch in s.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
+impl<'a> JsonRecord<'a> {
+    fn new(r: &'a Record, adapter: &'a str, roof: &Roofline, tuning: &Tuning) -> Self {
+        let c = &r.cfg;
+        JsonRecord {
+            algorithm: alg_name(r.algorithm),
+            dtype: r.dtype.name(),
+            pass: r.pass.name(),
+            batch: c.batch,
+            heads_q: c.heads_q,
+            heads_kv: c.heads_kv,
+            seq_q: c.seq_q,
+            seq_kv: c.seq_kv,
+            head_dim: c.head_dim,
+            causal: c.causal,
+            median_ms: r.median_ms,
+            gflops: r.gflops,
+            fma_roofline_fraction: r.gflops.map(|g| g / roof.fma_gflops),
+            bandwidth_roofline_fraction: r
+                .median_ms
+                .map(|ms| bw_fraction(r.bytes_moved_model, ms, roof)),
+            speedup_naive_over_tiled: r.speedup,
+            vs_f32: r.vs_f32,
+            bytes_allocated: r.bytes_allocated,
+            bytes_allocated_plan: r.bytes_allocated_plan,
+            bytes_moved_model: r.bytes_moved_model,
+            timestamps: r.timestamps,
+            variant: format!("{:?}", tuning.variant),
+            half_storage: format!("{:?}", tuning.half_storage),
+            roofline_fma_gflops: roof.fma_gflops,
+            roofline_copy_gbps: roof.copy_gbps,
+            adapter,
+            note: &r.note,
         }
     }
-    out.push('"');
-    out
 }
 
 pub fn to_json(
     records: &[Record],
     adapter: &str,
     roof: &Roofline,
-    tuning: &flash_attn_wgpu::Tuning,
-) -> String {
-    let mut s = String::from("[\n");
-    for (n, r) in records.iter().enumerate() {
-        let c = &r.cfg;
-        let _ = writeln!(
-            s,
-            "  {{\"algorithm\": \"{}\", \"dtype\": \"{}\", \"pass\": \"{}\", \"batch\": {}, \"heads_q\": {}, \
-             \"heads_kv\": {}, \"seq_q\": {}, \"seq_kv\": {}, \"head_dim\": {}, \"causal\": {}, \
-             \"median_ms\": {}, \"gflops\": {}, \"fma_roofline_fraction\": {}, \
-             \"bandwidth_roofline_fraction\": {}, \"speedup_naive_over_tiled\": {}, \"vs_f32\": {}, \
-             \"bytes_allocated\": {}, \"bytes_allocated_plan\": {}, \"bytes_moved_model\": {}, \
-             \"timestamps\": {}, \"variant\": \"{:?}\", \"half_storage\": \"{:?}\", \
-             \"roofline_fma_gflops\": {}, \"roofline_copy_gbps\": {}, \"adapter\": {}, \"note\": {}}}{}",
-            alg_name(r.algorithm),
-            r.dtype.name(),
-            r.pass.name(),
-            c.batch,
-            c.heads_q,
-            c.heads_kv,
-            c.seq_q,
-            c.seq_kv,
-            c.head_dim,
-            c.causal,
-            json_num(r.median_ms),
-            json_num(r.gflops),
-            json_num(r.gflops.map(|g| g / roof.fma_gflops)),
-            json_num(r.median_ms.map(|ms| bw_fraction(r.bytes_moved_model, ms, roof))),
-            json_num(r.speedup),
-            json_num(r.vs_f32),
-            r.bytes_allocated.map_or("null".into(), |b| b.to_string()),
-            r.bytes_allocated_plan.map_or("null".into(), |b| b.to_string()),
-            r.bytes_moved_model,
-            r.timestamps.map_or("null".into(), |t| t.to_string()),
-            tuning.variant,
-            tuning.half_storage,
-            roof.fma_gflops,
-            roof.copy_gbps,
-            json_str(adapter),
-            json_str(&r.note),
-            if n + 1 < records.len() { "," } else { "" }
-        );
+    tuning: &Tuning,
+) -> serde_json::Result<String> {
+    let rows: Vec<JsonRecord> = records
+        .iter()
+        .map(|r| JsonRecord::new(r, adapter, roof, tuning))
+        .collect();
+    let mut out = Vec::new();
+    rows.serialize(&mut Serializer::with_formatter(&mut out, OneRecordPerLine))?;
+    out.push(b'\n');
+    Ok(String::from_utf8(out).expect("serde_json writes UTF-8"))
+}
+
+/// serde_json's compact layout with a line per array element and a space after `:` and `,`;
+/// numbers as Rust's `Display` writes them (shortest round trip, no exponent, `3` not `3.0`).
+struct OneRecordPerLine;
+
+impl Formatter for OneRecordPerLine {
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        w.write_all(if first { b"\n  " } else { b",\n  " })
     }
-    s.push_str("]\n");
-    s
+
+    fn end_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        w.write_all(b"\n]")
+    }
+
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        w.write_all(b": ")
+    }
+
+    fn write_f64<W: ?Sized + io::Write>(&mut self, w: &mut W, value: f64) -> io::Result<()> {
+        write!(w, "{value}")
+    }
 }

@@ -72,7 +72,7 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let records = &outcome.records;
 
     if let Some(path) = &a.json {
-        write_file(path, &json::to_json(records, &adapter, &roof, &tuning))?;
+        write_file(path, &json::to_json(records, &adapter, &roof, &tuning)?)?;
         println!("wrote {}", path.display());
     }
     if let Some(path) = &a.markdown {
