@@ -1,0 +1,158 @@
+//! The command line: flags, their defaults and parsers, and the tuning they ask for.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+use flash_attn_wgpu::{DType, HalfStorage, Tuning, Variant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
+pub enum PassArg {
+    /// forward only
+    Fwd,
+    /// forward then backward
+    Fwdbwd,
+    /// both, measured from the same calls
+    Both,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AlgArg {
+    /// FlashAttention: tiles in workgroup memory, nothing quadratic in global memory
+    Tiled,
+    /// standard attention: S and P materialized in global memory
+    Naive,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum VariantArg {
+    /// several threads per query row (GPUs)
+    Lanes,
+    /// one thread per row, tile reads shared across the subgroup (CPU drivers)
+    Rows,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HalfArg {
+    /// array<f16> in the shader (needs the adapter's SHADER_F16)
+    Native,
+    /// two halves per u32 word (any adapter)
+    Packed,
+}
+
+/// Tiled vs naive attention in f32/f16/bf16 on this adapter: GPU time, GFLOP/s, roofline
+/// fractions, device memory allocated and modelled global-memory bytes.
+///
+/// Comma lists (--seq, --batch, --heads, --head-dim, --dtype, --algorithms) form a grid:
+/// every combination is measured. Rows print as they are measured; progress goes to stderr.
+#[derive(Parser, Debug)]
+#[command(name = "bench", version)]
+pub struct Args {
+    /// Sequence lengths N (seq_q = seq_kv), comma list
+    #[arg(long = "seq", value_delimiter = ',', value_parser = positive,
+          default_values_t = [256, 512, 1024, 2048, 4096, 8192, 16384])]
+    pub seqs: Vec<usize>,
+    /// Batch sizes B, comma list
+    #[arg(long, value_delimiter = ',', value_parser = positive, default_values_t = [1])]
+    pub batch: Vec<usize>,
+    /// Query heads H, comma list
+    #[arg(long, value_delimiter = ',', value_parser = positive, default_values_t = [8])]
+    pub heads: Vec<usize>,
+    /// Key/value heads (GQA/MQA; must divide every --heads value) [default: --heads]
+    #[arg(long, value_parser = positive)]
+    pub kv_heads: Option<usize>,
+    /// Head dimensions D, comma list (1..=256)
+    #[arg(long, value_delimiter = ',', value_parser = positive, default_values_t = [64])]
+    pub head_dim: Vec<usize>,
+    /// Element types of q, k, v, out and the gradients, comma list: f32, f16, bf16
+    #[arg(long, value_delimiter = ',', value_parser = parse_dtype, default_value = "f32")]
+    pub dtype: Vec<DType>,
+    /// Causal (bottom-right aligned) mask
+    #[arg(long, conflicts_with = "causal_both")]
+    pub causal: bool,
+    /// Measure both non-causal and causal in one run
+    #[arg(long)]
+    pub causal_both: bool,
+    /// Which pass to time
+    #[arg(long, value_enum, default_value = "both")]
+    pub pass: PassArg,
+    /// Algorithms, comma list
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["tiled", "naive"])]
+    pub algorithms: Vec<AlgArg>,
+    /// Skip the naive algorithm for N above this (its memory is O(N^2))
+    #[arg(long, value_name = "N")]
+    pub naive_max_seq: Option<usize>,
+    /// Timed calls per point after one warm-up call; the median is reported (0 counts as 1)
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// Wall-clock budget in seconds: points predicted (from the throughput measured so far)
+    /// to end past it are skipped and recorded as skipped
+    #[arg(long, value_name = "SECONDS")]
+    pub budget_s: Option<f64>,
+    /// Write every record as JSON to FILE
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write the table as Markdown to FILE
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
+    /// Write runtime and memory against N (log-log) as SVG to FILE
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Tiled-kernel variant [default: the adapter's choice]
+    #[arg(long, value_enum)]
+    pub variant: Option<VariantArg>,
+    /// Rows variant: share no tile reads across the subgroup
+    #[arg(long)]
+    pub no_subgroup: bool,
+    /// How f16 tensors are stored on the device [default: the adapter's choice]
+    #[arg(long, value_enum)]
+    pub half_storage: Option<HalfArg>,
+    /// Size of the roofline probes (1.0: a few hundred ms on a software driver)
+    #[arg(long, default_value_t = 1.0, value_parser = positive_f64)]
+    pub roofline_scale: f64,
+    /// Print the adapter, its limits and the default tuning, then exit
+    #[arg(long)]
+    pub info: bool,
+}
+
+impl Args {
+    /// The adapter's default tuning with --variant, --no-subgroup and --half-storage applied.
+    pub fn tuning(&self, default: Tuning) -> Tuning {
+        let mut tuning = default;
+        if let Some(v) = self.variant {
+            tuning.variant = match v {
+                VariantArg::Lanes => Variant::Lanes,
+                VariantArg::Rows => Variant::Rows,
+            };
+        }
+        if self.no_subgroup {
+            tuning.rows_subgroup = 0;
+        }
+        if let Some(h) = self.half_storage {
+            tuning.half_storage = match h {
+                HalfArg::Native => HalfStorage::Native,
+                HalfArg::Packed => HalfStorage::Packed,
+            };
+        }
+        tuning
+    }
+}
+
+fn positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(v) => Ok(v),
+        Err(e) => Err(format!("{s:?} is not a whole number: {e}")),
+    }
+}
+
+fn positive_f64(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        Ok(v) => Err(format!("must be a positive number, got {v}")),
+        Err(e) => Err(format!("{s:?} is not a number: {e}")),
+    }
+}
+
+fn parse_dtype(s: &str) -> Result<DType, String> {
+    s.parse()
+}

@@ -1,0 +1,372 @@
+//! The grid: every (shape, dtype, causal, algorithm) point the flags ask for, walked cheapest
+//! first under the time budget, and the records it yields.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use flash_attn_wgpu::{plan, Algorithm, AttentionConfig, Context, DType, Error, Variant};
+
+use crate::args::{AlgArg, Args, PassArg};
+use crate::measure::{measure, upload, DeviceInputs, HostInputs, Measured};
+use crate::model::{alg_name, bytes_moved_model, flops, ModelTiles, Pass};
+
+/// One grid shape (everything but dtype, causal, algorithm and pass).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shape {
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub seq: usize,
+}
+
+impl Shape {
+    fn config(&self, causal: bool, alg: Algorithm) -> AttentionConfig {
+        let mut cfg = AttentionConfig::new(
+            self.batch,
+            self.seq,
+            self.seq,
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+        );
+        cfg.causal = causal;
+        cfg.algorithm = alg;
+        cfg
+    }
+}
+
+/// What to measure, resolved from the flags and checked before the GPU is touched.
+pub struct Grid {
+    /// Cheapest first: under a time budget, the points that do not fit are the largest.
+    pub shapes: Vec<Shape>,
+    /// f32 first, so that every half-precision point finds its f32 time (vs_f32).
+    pub dtypes: Vec<DType>,
+    /// Tiled first, so that every naive point finds its tiled time (speedup).
+    pub algorithms: Vec<Algorithm>,
+    pub passes: Vec<Pass>,
+    pub causals: Vec<bool>,
+    /// The head dimensions, in the order given.
+    pub head_dims: Vec<usize>,
+    /// Timed calls per point (at least 1).
+    pub repeats: usize,
+    pub naive_max_seq: Option<usize>,
+    pub budget_s: Option<f64>,
+}
+
+impl Grid {
+    pub fn from_args(a: &Args) -> Result<Self, String> {
+        let dtypes = {
+            let mut d = dedup(&a.dtype);
+            d.sort_by_key(|&t| t != DType::F32);
+            d
+        };
+        let algorithms: Vec<Algorithm> = {
+            let mut v: Vec<Algorithm> = dedup(&a.algorithms)
+                .into_iter()
+                .map(|x| match x {
+                    AlgArg::Tiled => Algorithm::Tiled,
+                    AlgArg::Naive => Algorithm::Naive,
+                })
+                .collect();
+            v.sort_by_key(|&x| x != Algorithm::Tiled);
+            v
+        };
+        let passes = match a.pass {
+            PassArg::Fwd => vec![Pass::Fwd],
+            PassArg::Fwdbwd => vec![Pass::FwdBwd],
+            PassArg::Both => vec![Pass::Fwd, Pass::FwdBwd],
+        };
+        let causals = if a.causal_both {
+            vec![false, true]
+        } else {
+            vec![a.causal]
+        };
+        let mut shapes = Vec::new();
+        for &batch in &dedup(&a.batch) {
+            for &heads in &dedup(&a.heads) {
+                for &head_dim in &dedup(&a.head_dim) {
+                    for &seq in &dedup(&a.seqs) {
+                        let kv_heads = a.kv_heads.unwrap_or(heads);
+                        let s = Shape {
+                            batch,
+                            heads,
+                            kv_heads,
+                            head_dim,
+                            seq,
+                        };
+                        s.config(false, Algorithm::Tiled).validate().map_err(|e| {
+                            format!(
+                                "B={batch} H={heads} kv-heads={kv_heads} D={head_dim} N={seq}: {e}"
+                            )
+                        })?;
+                        shapes.push(s);
+                    }
+                }
+            }
+        }
+        shapes.sort_by_key(|s| s.batch * s.heads * s.head_dim * s.seq * s.seq);
+        Ok(Grid {
+            shapes,
+            dtypes,
+            algorithms,
+            passes,
+            causals,
+            head_dims: dedup(&a.head_dim),
+            repeats: a.repeats.max(1),
+            naive_max_seq: a.naive_max_seq,
+            budget_s: a.budget_s,
+        })
+    }
+}
+
+/// One measured (or skipped) point.
+pub struct Record {
+    pub algorithm: Algorithm,
+    pub dtype: DType,
+    pub pass: Pass,
+    pub cfg: AttentionConfig,
+    pub median_ms: Option<f64>,
+    pub gflops: Option<f64>,
+    pub bytes_allocated: Option<u64>,
+    pub bytes_allocated_plan: Option<u64>,
+    pub bytes_moved_model: f64,
+    /// Naive time over tiled time of the same point (naive rows only).
+    pub speedup: Option<f64>,
+    /// This point's time over the f32 time of the same point (half dtypes only).
+    pub vs_f32: Option<f64>,
+    pub timestamps: Option<bool>,
+    pub note: String,
+}
+
+/// The records of a grid run, and how many points failed (their notes say why).
+pub struct Outcome {
+    pub records: Vec<Record>,
+    pub failures: usize,
+}
+
+/// Measures every point of `grid` with `variant`'s kernels, progress on stderr, handing each
+/// record to `on_record` as it is made. Points predicted to end past the budget are recorded
+/// as skipped; points over a device limit or failing are recorded with a note.
+pub fn run(
+    ctx: &Context,
+    grid: &Grid,
+    variant: Variant,
+    mut on_record: impl FnMut(&Record),
+) -> Result<Outcome, Box<dyn std::error::Error>> {
+    let repeats = grid.repeats;
+    let need_bwd = grid.passes.contains(&Pass::FwdBwd);
+    let naive_runs = |s: &Shape| grid.naive_max_seq.is_none_or(|m| s.seq <= m);
+    let total_points: usize = grid
+        .shapes
+        .iter()
+        .map(|s| {
+            let algs = grid
+                .algorithms
+                .iter()
+                .filter(|&&x| x == Algorithm::Tiled || naive_runs(s))
+                .count();
+            grid.dtypes.len() * grid.causals.len() * algs
+        })
+        .sum();
+    let started = Instant::now();
+    let mut records: Vec<Record> = Vec::new();
+    let mut failures = 0usize;
+    // Slowest throughput seen so far per (algorithm, dtype), FLOP/s, for the budget prediction.
+    let mut slowest: HashMap<(Algorithm, DType), f64> = HashMap::new();
+    let mut point = 0;
+    for (si, shape) in grid.shapes.iter().enumerate() {
+        let tiles = ModelTiles::new(ctx, variant, shape.head_dim)?;
+        // Generated on first use, shared by every dtype, causal and algorithm of this shape.
+        let mut host: Option<HostInputs> = None;
+        for &dt in &grid.dtypes {
+            let mut device: Option<DeviceInputs> = None;
+            for &causal in &grid.causals {
+                for &alg in &grid.algorithms {
+                    if alg == Algorithm::Naive && !naive_runs(shape) {
+                        continue;
+                    }
+                    point += 1;
+                    let cfg = shape.config(causal, alg);
+                    let heaviest = if need_bwd { Pass::FwdBwd } else { Pass::Fwd };
+                    let elapsed = started.elapsed().as_secs_f64();
+                    let predicted = slowest
+                        .get(&(alg, dt))
+                        .map(|rate| (repeats + 1) as f64 * flops(&cfg, heaviest) / rate);
+                    let what = format!(
+                        "B={} H={} D={} N={} {dt} {} {}",
+                        shape.batch,
+                        shape.heads,
+                        shape.head_dim,
+                        shape.seq,
+                        if causal { "causal" } else { "non-causal" },
+                        alg_name(alg),
+                    );
+                    eprintln!(
+                        "[{point}/{total_points}] {elapsed:.0}s: {what}{}",
+                        predicted.map_or(String::new(), |p| format!(" (predicted {p:.1}s)"))
+                    );
+                    let result = match (grid.budget_s, predicted) {
+                        (Some(budget), Some(p)) if elapsed + p > budget => Err(format!(
+                            "skipped: predicted {p:.1} s after {elapsed:.0} s passes --budget-s {budget}"
+                        )),
+                        (Some(budget), _) if elapsed > budget => Err(format!(
+                            "skipped: {elapsed:.0} s passed --budget-s {budget}"
+                        )),
+                        _ => {
+                            let measured = match &device {
+                                Some(x) => measure(ctx, &cfg, x, repeats),
+                                None => {
+                                    let h = host.get_or_insert_with(|| {
+                                        HostInputs::random(&cfg, 0x5eed + si as u64)
+                                    });
+                                    upload(ctx, dt, h, &cfg, need_bwd).and_then(|x| {
+                                        let m = measure(ctx, &cfg, &x, repeats);
+                                        device = Some(x);
+                                        m
+                                    })
+                                }
+                            };
+                            measured.map_err(|e| match e {
+                                Error::DeviceLimit {
+                                    what,
+                                    needed,
+                                    limit,
+                                    ..
+                                } => format!("device limit: {what} needs {needed} B > {limit} B"),
+                                e => {
+                                    failures += 1;
+                                    eprintln!("error: {what}: {e}");
+                                    format!("FAILED: {e}")
+                                }
+                            })
+                        }
+                    };
+                    if let Ok(m) = &result {
+                        let (ms, pass) = match m.fwdbwd {
+                            Some((ms, _)) => (ms, Pass::FwdBwd),
+                            None => (m.fwd_ms, Pass::Fwd),
+                        };
+                        let rate = flops(&cfg, pass) / (ms * 1e-3);
+                        let e = slowest.entry((alg, dt)).or_insert(rate);
+                        *e = e.min(rate);
+                    }
+                    for &pass in &grid.passes {
+                        let rec = record(ctx, &cfg, dt, pass, tiles, &result, &records)?;
+                        on_record(&rec);
+                        records.push(rec);
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "measured {} records in {:.1} s",
+        records.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(Outcome { records, failures })
+}
+
+/// The record of one pass of a measured (or skipped, or failed) point, with its speedup over
+/// the tiled record and its ratio to the f32 record of the same point when those exist.
+fn record(
+    ctx: &Context,
+    cfg: &AttentionConfig,
+    dt: DType,
+    pass: Pass,
+    tiles: ModelTiles,
+    result: &Result<Measured, String>,
+    earlier: &[Record],
+) -> Result<Record, String> {
+    let env = ctx.plan_env();
+    // What the plans say the calls allocate: the forward's outputs and scratch; for fwdbwd
+    // the larger of that and the forward's outputs (still held) plus the backward's.
+    let plan_bytes = plan::forward(cfg, dt, &env).and_then(|f| match pass {
+        Pass::Fwd => Ok(f.allocated_bytes()),
+        Pass::FwdBwd => plan::backward(cfg, dt, &env).map(|b| {
+            let fwd_outputs: u64 = f
+                .outputs
+                .iter()
+                .map(|o| {
+                    o.dtype
+                        .buffer_bytes(o.shape.iter().product::<usize>() as u64)
+                        .unwrap_or(u64::MAX)
+                })
+                .sum();
+            f.allocated_bytes()
+                .max(fwd_outputs.saturating_add(b.allocated_bytes()))
+        }),
+    });
+    let mut rec = Record {
+        algorithm: cfg.algorithm,
+        dtype: dt,
+        pass,
+        cfg: cfg.clone(),
+        median_ms: None,
+        gflops: None,
+        bytes_allocated: None,
+        bytes_allocated_plan: plan_bytes.ok(),
+        bytes_moved_model: bytes_moved_model(cfg, dt, cfg.algorithm, pass, tiles),
+        speedup: None,
+        vs_f32: None,
+        timestamps: None,
+        note: String::new(),
+    };
+    match result {
+        Ok(m) => {
+            let (ms, alloc) = match pass {
+                Pass::Fwd => (m.fwd_ms, m.fwd_alloc),
+                Pass::FwdBwd => m.fwdbwd.ok_or("internal: backward not measured")?,
+            };
+            rec.median_ms = Some(ms);
+            rec.gflops = Some(flops(cfg, pass) / (ms * 1e-3) / 1e9);
+            rec.bytes_allocated = Some(alloc);
+            rec.timestamps = Some(m.timestamps);
+        }
+        Err(note) => rec.note = note.clone(),
+    }
+    let same =
+        |r: &&Record| r.pass == pass && r.cfg.causal == cfg.causal && same_shape(&r.cfg, cfg);
+    if cfg.algorithm == Algorithm::Naive {
+        let tiled = earlier
+            .iter()
+            .filter(same)
+            .find(|r| r.algorithm == Algorithm::Tiled && r.dtype == dt);
+        rec.speedup = ratio(rec.median_ms, tiled.and_then(|r| r.median_ms));
+    }
+    if dt != DType::F32 {
+        let f32_rec = earlier
+            .iter()
+            .filter(same)
+            .find(|r| r.algorithm == cfg.algorithm && r.dtype == DType::F32);
+        rec.vs_f32 = ratio(rec.median_ms, f32_rec.and_then(|r| r.median_ms));
+    }
+    Ok(rec)
+}
+
+fn same_shape(a: &AttentionConfig, b: &AttentionConfig) -> bool {
+    (
+        a.batch, a.seq_q, a.seq_kv, a.heads_q, a.heads_kv, a.head_dim,
+    ) == (
+        b.batch, b.seq_q, b.seq_kv, b.heads_q, b.heads_kv, b.head_dim,
+    )
+}
+
+fn ratio(num: Option<f64>, den: Option<f64>) -> Option<f64> {
+    match (num, den) {
+        (Some(n), Some(d)) if d > 0.0 => Some(n / d),
+        _ => None,
+    }
+}
+
+/// `v` without repeats, in first-seen order.
+fn dedup<T: PartialEq + Copy>(v: &[T]) -> Vec<T> {
+    let mut out = Vec::new();
+    for &x in v {
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    out
+}

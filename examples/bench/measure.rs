@@ -1,0 +1,130 @@
+//! Measuring one point: random inputs, their upload in each dtype, and the timed calls.
+
+use flash_attn_wgpu::{dtype, AttentionConfig, Context, DType, Element, Error, Tensor};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// The inputs of one shape, in f32, shared by every dtype, algorithm and pass.
+pub struct HostInputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    d_out: Vec<f32>,
+}
+
+impl HostInputs {
+    pub fn random(cfg: &AttentionConfig, seed: u64) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut random =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+        let nq = cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim;
+        let nkv = cfg.batch * cfg.seq_kv * cfg.heads_kv * cfg.head_dim;
+        HostInputs {
+            q: random(nq),
+            k: random(nkv),
+            v: random(nkv),
+            d_out: random(nq),
+        }
+    }
+}
+
+/// Device copies of the inputs in one dtype.
+pub struct DeviceInputs {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    d_out: Option<Tensor>,
+}
+
+fn upload_as<T: Element>(
+    ctx: &Context,
+    host: &HostInputs,
+    cfg: &AttentionConfig,
+    with_d_out: bool,
+) -> Result<DeviceInputs, Error> {
+    let up = |x: &[f32], shape: &[usize]| ctx.upload(&dtype::from_f32_slice::<T>(x), shape);
+    Ok(DeviceInputs {
+        q: up(&host.q, &cfg.q_shape())?,
+        k: up(&host.k, &cfg.kv_shape())?,
+        v: up(&host.v, &cfg.kv_shape())?,
+        d_out: if with_d_out {
+            Some(up(&host.d_out, &cfg.q_shape())?)
+        } else {
+            None
+        },
+    })
+}
+
+pub fn upload(
+    ctx: &Context,
+    dt: DType,
+    host: &HostInputs,
+    cfg: &AttentionConfig,
+    with_d_out: bool,
+) -> Result<DeviceInputs, Error> {
+    match dt {
+        DType::F32 => upload_as::<f32>(ctx, host, cfg, with_d_out),
+        DType::F16 => upload_as::<half::f16>(ctx, host, cfg, with_d_out),
+        DType::BF16 => upload_as::<half::bf16>(ctx, host, cfg, with_d_out),
+    }
+}
+
+/// Medians and allocations of one (shape, dtype, causal, algorithm) point.
+pub struct Measured {
+    pub fwd_ms: f64,
+    pub fwd_alloc: u64,
+    /// Forward + backward, when the backward ran.
+    pub fwdbwd: Option<(f64, u64)>,
+    pub timestamps: bool,
+}
+
+/// Warm-up, then `repeats` timed calls: the forward, then (with `d_out`) the backward on its
+/// output. Allocated bytes are the peak of the library's device memory beyond the inputs.
+pub fn measure(
+    ctx: &Context,
+    cfg: &AttentionConfig,
+    x: &DeviceInputs,
+    repeats: usize,
+) -> Result<Measured, Error> {
+    let gpu_seconds = || {
+        ctx.last_gpu_timing()
+            .ok_or_else(|| Error::Device("no GPU timing recorded for the last call".into()))
+    };
+    let inputs = ctx.memory_stats().live_bytes;
+    let (mut fwd_times, mut fb_times) = (Vec::new(), Vec::new());
+    let (mut fwd_alloc, mut fb_alloc) = (0, 0);
+    let mut timestamps = true;
+    for rep in 0..=repeats {
+        ctx.reset_peak_memory();
+        let f = ctx.forward(cfg, &x.q, &x.k, &x.v)?;
+        let tf = gpu_seconds()?;
+        timestamps &= tf.from_timestamps;
+        fwd_alloc = ctx.memory_stats().peak_bytes.saturating_sub(inputs);
+        let mut tb = None;
+        if let Some(d_out) = &x.d_out {
+            let g = ctx.backward(cfg, &x.q, &x.k, &x.v, &f.out, &f.lse, d_out)?;
+            let t = gpu_seconds()?;
+            timestamps &= t.from_timestamps;
+            tb = Some(t.seconds);
+            fb_alloc = ctx.memory_stats().peak_bytes.saturating_sub(inputs);
+            drop(g);
+        }
+        drop(f);
+        if rep > 0 {
+            fwd_times.push(tf.seconds);
+            if let Some(tb) = tb {
+                fb_times.push(tf.seconds + tb);
+            }
+        }
+    }
+    Ok(Measured {
+        fwd_ms: median(fwd_times) * 1e3,
+        fwd_alloc,
+        fwdbwd: (!fb_times.is_empty()).then(|| (median(fb_times) * 1e3, fb_alloc)),
+        timestamps,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}

@@ -1,0 +1,123 @@
+//! What each point should cost by design: FLOPs, global-memory bytes moved, and the tile sizes
+//! the bytes model needs.
+
+use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, DType, Error, Roofline, Variant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pass {
+    Fwd,
+    FwdBwd,
+}
+
+impl Pass {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pass::Fwd => "fwd",
+            Pass::FwdBwd => "fwdbwd",
+        }
+    }
+}
+
+pub fn alg_name(a: Algorithm) -> &'static str {
+    match a {
+        Algorithm::Tiled => "tiled",
+        Algorithm::Naive => "naive",
+    }
+}
+
+/// FLOPs by the convention of the FlashAttention papers.
+pub fn flops(cfg: &AttentionConfig, pass: Pass) -> f64 {
+    let f = 4.0
+        * (cfg.batch * cfg.heads_q) as f64
+        * cfg.seq_q as f64
+        * cfg.seq_kv as f64
+        * cfg.head_dim as f64;
+    let f = if cfg.causal { f / 2.0 } else { f };
+    match pass {
+        Pass::Fwd => f,
+        Pass::FwdBwd => 3.5 * f,
+    }
+}
+
+/// Tile sizes the bytes model needs: query rows per forward tile, key rows per dK/dV tile and
+/// query rows per dQ tile.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelTiles {
+    fwd_q: u32,
+    dkdv_kv: u32,
+    dq_q: u32,
+}
+
+impl ModelTiles {
+    /// The tiles `variant`'s kernels use at head dimension `head_dim` on this adapter.
+    pub fn new(ctx: &Context, variant: Variant, head_dim: usize) -> Result<Self, Error> {
+        Ok(ModelTiles {
+            fwd_q: ctx.tiles_for(variant.forward(), head_dim)?.br,
+            dkdv_kv: ctx.tiles_for(variant.backward_dkdv(), head_dim)?.bc,
+            dq_q: ctx.tiles_for(variant.backward_dq(), head_dim)?.br,
+        })
+    }
+}
+
+/// Global-memory bytes each algorithm moves by design, as in the paper's IO analysis, from the
+/// kernels' bindings. Tensors of the call's dtype (q, k, v, out, d_out, dq, dk, dv) count
+/// `dtype.size_bytes()` per element; lse, delta and the naive path's score matrices are f32.
+/// The naive path writes and rereads the seq_q x seq_kv matrices; the tiled path reads K and V
+/// once per Q tile (and Q, dO, lse, delta once per K/V tile in the dK/dV kernel) and nothing
+/// quadratic.
+pub fn bytes_moved_model(
+    cfg: &AttentionConfig,
+    dtype: DType,
+    alg: Algorithm,
+    pass: Pass,
+    t: ModelTiles,
+) -> f64 {
+    let (bh, sq, sk, d) = (
+        (cfg.batch * cfg.heads_q) as f64,
+        cfg.seq_q as f64,
+        cfg.seq_kv as f64,
+        cfg.head_dim as f64,
+    );
+    let vis = if cfg.causal { 0.5 } else { 1.0 };
+    let q_tiles = (sq / t.fwd_q as f64).ceil();
+    let kv_tiles = (sk / t.dkdv_kv as f64).ceil();
+    let dq_tiles = (sq / t.dq_q as f64).ceil();
+    // (elements of the call's dtype, f32 elements)
+    let fwd = match alg {
+        // scores: Q, K -> S; softmax: S -> P, lse; pv: P, V -> O
+        Algorithm::Naive => (2.0 * sq * d + 2.0 * sk * d, 4.0 * sq * sk + sq),
+        // Q once, K and V once per Q tile (the visible part), O once; lse once
+        Algorithm::Tiled => (sq * d + q_tiles * 2.0 * sk * d * vis + sq * d, sq),
+    };
+    let bwd = match alg {
+        // delta: O, dO -> delta; probs: Q, K, lse -> P; dp: dO, V -> dP;
+        // ds: P, delta, dP -> dS (over dP); dkdv: P, dS, Q, dO -> dK, dV; dq: dS, K -> dQ
+        Algorithm::Naive => (
+            2.0 * sq * d
+                + (sq * d + sk * d)
+                + (sq * d + sk * d)
+                + (2.0 * sq * d + 2.0 * sk * d)
+                + (sk * d + sq * d),
+            sq + (sq + sq * sk) + sq * sk + (3.0 * sq * sk + sq) + 2.0 * sq * sk + sq * sk,
+        ),
+        // delta: O, dO -> delta; dK/dV: K, V once, Q and dO (and lse, delta) once per K/V
+        // tile, dK and dV written once; dQ: Q, dO, lse, delta once, K and V once per Q tile,
+        // dQ written once
+        Algorithm::Tiled => (
+            2.0 * sq * d
+                + (4.0 * sk * d + kv_tiles * 2.0 * sq * d * vis)
+                + (3.0 * sq * d + dq_tiles * 2.0 * sk * d * vis),
+            sq + kv_tiles * 2.0 * sq * vis + 2.0 * sq,
+        ),
+    };
+    let (elems, f32s) = match pass {
+        Pass::Fwd => fwd,
+        Pass::FwdBwd => (fwd.0 + bwd.0, fwd.1 + bwd.1),
+    };
+    bh * (elems * dtype.size_bytes() as f64 + f32s * 4.0)
+}
+
+/// Modelled bytes over time, as a fraction of the measured copy bandwidth.
+pub fn bw_fraction(bytes: f64, ms: f64, roof: &Roofline) -> f64 {
+    bytes / (ms * 1e-3) / (roof.copy_gbps * 1e9)
+}

@@ -1,0 +1,182 @@
+//! What the bench prints: the adapter details (--info), the preamble of a run, and the table of
+//! records, as text (one row as each record is made) and as Markdown.
+
+use std::fmt::Write as _;
+
+use flash_attn_wgpu::kernels::workgroup_words;
+use flash_attn_wgpu::{Context, Error, Roofline, Tuning};
+
+use crate::grid::{Grid, Record};
+use crate::model::{alg_name, bw_fraction};
+
+/// --info: the adapter's limits and the default tuning's tiles at D = 64 and 128.
+pub fn print_info(ctx: &Context, default_tuning: Tuning) -> Result<(), Error> {
+    let info = ctx.adapter_info();
+    println!(
+        "limits: max buffer {} MiB, storage buffers per stage {}, invocations per workgroup {}, \
+         workgroups per dimension {}",
+        info.max_buffer_bytes >> 20,
+        info.max_storage_buffers_per_stage,
+        info.max_invocations_per_workgroup,
+        info.max_workgroups_per_dimension
+    );
+    for d in [64usize, 128] {
+        let v = default_tuning.variant;
+        let (f, kv, q) = (
+            ctx.tiles_for(v.forward(), d)?,
+            ctx.tiles_for(v.backward_dkdv(), d)?,
+            ctx.tiles_for(v.backward_dq(), d)?,
+        );
+        println!(
+            "tiles at D={d}: forward {}x{}, dK/dV {}x{}, dQ {}x{}",
+            f.br, f.bc, kv.bc, kv.br, q.br, q.bc
+        );
+    }
+    Ok(())
+}
+
+/// Before the rows: the tuning, the tiles at each head dimension, the roofline, the FLOP
+/// convention, what the columns mean, and the table header.
+pub fn print_preamble(
+    ctx: &Context,
+    tuning: &Tuning,
+    grid: &Grid,
+    roof: &Roofline,
+) -> Result<(), Error> {
+    let (fwd_kernel, dkdv_kernel, dq_kernel) = (
+        tuning.variant.forward(),
+        tuning.variant.backward_dkdv(),
+        tuning.variant.backward_dq(),
+    );
+    println!("tuning: {tuning:?}");
+    for &d in &grid.head_dims {
+        let (tq, tkv, tdq) = (
+            ctx.tiles_for(fwd_kernel, d)?,
+            ctx.tiles_for(dkdv_kernel, d)?,
+            ctx.tiles_for(dq_kernel, d)?,
+        );
+        println!(
+            "D={d}: forward tiles {}x{} ({} B workgroup memory), dK/dV {}x{}, dQ {}x{}",
+            tq.br,
+            tq.bc,
+            workgroup_words(fwd_kernel, d as u32, tq) * 4,
+            tkv.bc,
+            tkv.br,
+            tdq.br,
+            tdq.bc
+        );
+    }
+    println!(
+        "roofline (measured): FMA {:.1} GFLOP/s, copy {:.2} GB/s",
+        roof.fma_gflops, roof.copy_gbps
+    );
+    println!("FLOPs: forward 4*B*H*Sq*Sk*D (halved for causal); backward 2.5x forward; fwdbwd = 3.5x forward");
+    println!(
+        "repeats={} (median GPU time after one warm-up call); %FMA: achieved GFLOP/s over the FMA \
+         roofline; %BW: modelled bytes over time over the copy roofline; speedup: naive time over \
+         tiled time; vs_f32: this dtype's time over f32's",
+        grid.repeats
+    );
+    println!("{}", table_header());
+    Ok(())
+}
+
+const COLUMNS: [&str; 17] = [
+    "pass",
+    "causal",
+    "B",
+    "H",
+    "D",
+    "seq",
+    "alg",
+    "dtype",
+    "ms",
+    "GFLOP/s",
+    "%FMA",
+    "%BW",
+    "speedup",
+    "vs_f32",
+    "alloc MiB",
+    "model MiB",
+    "note",
+];
+
+fn cells(r: &Record, roof: &Roofline) -> [String; 17] {
+    let c = &r.cfg;
+    let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".to_string(), f);
+    [
+        r.pass.name().into(),
+        if c.causal { "yes" } else { "no" }.into(),
+        c.batch.to_string(),
+        if c.heads_kv == c.heads_q {
+            c.heads_q.to_string()
+        } else {
+            format!("{}/{}", c.heads_q, c.heads_kv)
+        },
+        c.head_dim.to_string(),
+        c.seq_q.to_string(),
+        alg_name(r.algorithm).into(),
+        r.dtype.name().into(),
+        opt(r.median_ms, &|v| format!("{v:.3}")),
+        opt(r.gflops, &|v| format!("{v:.1}")),
+        opt(r.gflops, &|v| format!("{:.1}", 100.0 * v / roof.fma_gflops)),
+        opt(r.median_ms, &|ms| {
+            format!("{:.1}", 100.0 * bw_fraction(r.bytes_moved_model, ms, roof))
+        }),
+        opt(r.speedup, &|v| format!("{v:.2}x")),
+        opt(r.vs_f32, &|v| format!("{v:.2}")),
+        opt(r.bytes_allocated.map(|b| b as f64), &|v| {
+            format!("{:.3}", v / 1048576.0)
+        }),
+        format!("{:.1}", r.bytes_moved_model / 1048576.0),
+        r.note.clone(),
+    ]
+}
+
+const WIDTHS: [usize; 16] = [6, 6, 3, 5, 4, 6, 5, 5, 11, 9, 6, 6, 8, 6, 10, 10];
+
+fn table_header() -> String {
+    let mut s = String::new();
+    for (i, c) in COLUMNS.iter().enumerate() {
+        match WIDTHS.get(i) {
+            Some(&w) => {
+                let _ = write!(s, "{c:>w$} ");
+            }
+            None => {
+                let _ = write!(s, " {c}");
+            }
+        }
+    }
+    s.trim_end().to_string()
+}
+
+pub fn table_row(r: &Record, roof: &Roofline) -> String {
+    let mut s = String::new();
+    for (i, c) in cells(r, roof).iter().enumerate() {
+        match WIDTHS.get(i) {
+            Some(&w) => {
+                let _ = write!(s, "{c:>w$} ");
+            }
+            None => {
+                let _ = write!(s, " {c}");
+            }
+        }
+    }
+    s.trim_end().to_string()
+}
+
+pub fn to_markdown(records: &[Record], roof: &Roofline) -> String {
+    let mut s = format!("| {} |\n|", COLUMNS.join(" | "));
+    for _ in COLUMNS {
+        s.push_str("---|");
+    }
+    s.push('\n');
+    for r in records {
+        let row: Vec<String> = cells(r, roof)
+            .into_iter()
+            .map(|c| c.replace('|', "\\|"))
+            .collect();
+        let _ = writeln!(s, "| {} |", row.join(" | "));
+    }
+    s
+}
