@@ -11,15 +11,23 @@
 //
 // Exit status: 0 when everything compiled / matched, 1 otherwise, 2 on bad usage.
 
-import { readFileSync } from 'node:fs';
+import { readFileSync, writeSync } from 'node:fs';
 import { create, globals } from 'webgpu';
 
 Object.assign(globalThis, globals);
 
+// Output goes out synchronously: console.log to a pipe is asynchronous in Node, and the
+// process ends with process.exit below.
+const say = (line) => writeSync(1, `${line}\n`);
+
 const WANTED = ['shader-f16', 'subgroups', 'timestamp-query'];
 
+// Kept for the whole run: once the instance is garbage-collected, Dawn tears down under the
+// device still in use and the process crashes.
+let gpu = null;
+
 async function open() {
-  const gpu = create([]);
+  gpu = create([]);
   const adapter = await gpu.requestAdapter();
   if (!adapter) throw new Error('Dawn found no adapter');
   const requiredFeatures = WANTED.filter((f) => adapter.features.has(f));
@@ -79,6 +87,15 @@ function decode(bytes, dtype, count) {
 // ---- replay
 
 const modules = new Map();
+
+// A shader module through Tint; its validation error (WGSL Tint rejects) becomes an exception.
+async function compileModule(device, code, label) {
+  device.pushErrorScope('validation');
+  const module = device.createShaderModule({ code, label });
+  const err = await device.popErrorScope();
+  if (err) throw new Error(`${label}: Tint: ${err.message.split('\n').slice(0, 4).join(' | ')}`);
+  return module;
+}
 const pipelines = new Map();
 
 async function pipelineFor(device, step) {
@@ -86,12 +103,7 @@ async function pipelineFor(device, step) {
   if (pipelines.has(key)) return pipelines.get(key);
   let module = modules.get(step.wgsl);
   if (!module) {
-    module = device.createShaderModule({ code: step.wgsl, label: step.label });
-    const info = await module.getCompilationInfo();
-    const errors = info.messages.filter((m) => m.type === 'error');
-    if (errors.length) {
-      throw new Error(`${step.label}: Tint: ${errors.map((m) => `${m.lineNum}:${m.linePos} ${m.message}`).join('; ')}`);
-    }
+    module = await compileModule(device, step.wgsl, step.label);
     modules.set(step.wgsl, module);
   }
   const layout = device.createBindGroupLayout({
@@ -262,28 +274,26 @@ async function benchCase(device, c, repeats, timestamps) {
 
 async function main() {
   const [cmd, file, arg] = process.argv.slice(2);
-  const { adapter, device, features } = await open();
-  if (cmd === 'info') {
-    console.log(JSON.stringify(adapterInfo(adapter, features)));
-    return 0;
-  }
-  if (!file) {
+  if (cmd !== 'info' && !file) {
     console.error('usage: node runner.mjs info | compile FILE | run FILE | bench FILE REPEATS');
     return 2;
   }
-  const data = JSON.parse(readFileSync(file, 'utf8'));
+  const data = cmd === 'info' ? null : JSON.parse(readFileSync(file, 'utf8'));
+  const { adapter, device, features } = await open();
+  if (cmd === 'info') {
+    say(JSON.stringify(adapterInfo(adapter, features)));
+    return 0;
+  }
   if (cmd === 'compile') {
     let failed = 0;
     for (const m of data.modules) {
-      const module = device.createShaderModule({ code: m.wgsl, label: m.label });
-      const info = await module.getCompilationInfo();
-      const errors = info.messages.filter((x) => x.type === 'error');
-      if (errors.length) {
+      const err = await compileModule(device, m.wgsl, m.label).then(() => null, (e) => e);
+      if (err) {
         failed++;
-        console.log(`FAIL ${m.label}: ${errors.map((x) => `${x.lineNum}:${x.linePos} ${x.message}`).join('; ')}`);
+        say(`FAIL ${err.message}`);
       }
     }
-    console.log(`compiled ${data.modules.length} modules with Tint: ${data.modules.length - failed} ok, ${failed} failed`);
+    say(`compiled ${data.modules.length} modules with Tint: ${data.modules.length - failed} ok, ${failed} failed`);
     return failed ? 1 : 0;
   }
   if (cmd === 'run') {
@@ -296,9 +306,9 @@ async function main() {
         r = { ok: false, detail: e.message };
       }
       if (!r.ok) failed++;
-      console.log(`${r.ok ? 'ok  ' : 'FAIL'} ${c.name}${r.ok ? ' ' + JSON.stringify(r.errors) : ': ' + r.detail}`);
+      say(`${r.ok ? 'ok  ' : 'FAIL'} ${c.name}${r.ok ? ' ' + JSON.stringify(r.errors) : ': ' + r.detail}`);
     }
-    console.log(`${data.cases.length - failed} passed, ${failed} failed`);
+    say(`${data.cases.length - failed} passed, ${failed} failed`);
     return failed ? 1 : 0;
   }
   if (cmd === 'bench') {
@@ -306,7 +316,7 @@ async function main() {
     const timestamps = features.includes('timestamp-query');
     for (const c of data.cases) {
       const ms = await benchCase(device, c, repeats, timestamps);
-      console.log(JSON.stringify({ name: c.name, ms, from_timestamps: timestamps }));
+      say(JSON.stringify({ name: c.name, ms, from_timestamps: timestamps }));
     }
     return 0;
   }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Tools of the portability tests (tests/dawn.rs, tests/portability.rs):
+# - the Dawn runner (dawn/runner.mjs): Node.js and the pinned `webgpu` npm package (Dawn,
+#   Chrome's WebGPU implementation with the Tint compiler, built for Node), installed into
+#   dawn/node_modules from dawn/package-lock.json. Dawn uses the machine's Vulkan driver
+#   (lavapipe here, installed by scripts/ensure-vulkan.sh);
+# - spirv-val (Debian's spirv-tools), which validates the SPIR-V naga makes of every kernel.
+#
+# Idempotent: installs nothing that is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { echo "ensure-portability: $*" >&2; }
+
+missing=()
+command -v node >/dev/null && command -v npm >/dev/null || missing+=(nodejs npm)
+command -v spirv-val >/dev/null || missing+=(spirv-tools)
+if [ ${#missing[@]} -gt 0 ]; then
+    command -v apt-get >/dev/null || { log "no apt-get: install ${missing[*]} by hand"; exit 1; }
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+    log "installing ${missing[*]} from the distribution"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+want=$(node -p "require('./dawn/package.json').dependencies.webgpu")
+have=$(node -p "try { require('./dawn/node_modules/webgpu/package.json').version } catch (e) { '' }")
+if [ "$have" = "$want" ]; then
+    log "webgpu $have present: nothing to do"
+    exit 0
+fi
+log "installing webgpu $want into dawn/node_modules"
+npm ci --prefix dawn --no-audit --no-fund --loglevel=error
+log "installed webgpu $(node -p "require('./dawn/node_modules/webgpu/package.json').version")"

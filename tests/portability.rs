@@ -1,0 +1,177 @@
+//! Portability without a GPU: every generated kernel variant through every backend's shader
+//! compiler that naga drives (SPIR-V for Vulkan, checked by `spirv-val` where it is
+//! installed; MSL for Metal; HLSL for DX12), and a lint for WGSL that naga accepts but the
+//! WGSL specification, or another compiler (Tint), rejects or compiles differently. Tint's own
+//! compile of every variant is in tests/dawn.rs.
+
+mod common;
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::process::Command;
+
+use common::variants::variants;
+use flash_attn_wgpu::kernels::{Kernel, KernelKey};
+
+fn naga_module(key: &KernelKey) -> (naga::Module, naga::valid::ModuleInfo) {
+    let src = key.wgsl();
+    let module = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| panic!("{}: {}", key.label(), e.emit_to_string(&src)));
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}: {}", key.label(), e.emit_to_string(&src)));
+    // Resolve the override constants as a pipeline would.
+    let mut constants = naga::back::PipelineConstants::default();
+    for (name, value) in key.constants() {
+        constants.insert(name.to_string(), value);
+    }
+    let (m, i) = naga::back::pipeline_constants::process_overrides(&module, &info, Some((naga::ShaderStage::Compute, "main")), &constants)
+        .unwrap_or_else(|e| panic!("{}: overrides: {e}", key.label()));
+    (m.into_owned(), i.into_owned())
+}
+
+fn spirv_val() -> Option<&'static str> {
+    Command::new("spirv-val").arg("--version").output().is_ok_and(|o| o.status.success()).then_some("spirv-val")
+}
+
+#[test]
+fn every_variant_translates_to_spirv_msl_and_hlsl() {
+    let validator = spirv_val();
+    if validator.is_none() {
+        let msg = "spirv-val is not installed (`bash scripts/ensure-portability.sh` installs Debian's spirv-tools)";
+        if std::env::var_os("CI").is_some() {
+            panic!("{msg}");
+        }
+        eprintln!("{msg}: SPIR-V is generated but not validated");
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("spirv");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut seen = HashSet::new();
+    let mut count = 0;
+    for key in variants() {
+        if !seen.insert((key.wgsl(), key.causal)) {
+            continue;
+        }
+        count += 1;
+        let (module, info) = naga_module(&key);
+        let label = key.label();
+
+        let spv_options = naga::back::spv::Options { lang_version: (1, 3), ..Default::default() };
+        let pipeline = naga::back::spv::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: "main".into() };
+        let words = naga::back::spv::write_vec(&module, &info, &spv_options, Some(&pipeline))
+            .unwrap_or_else(|e| panic!("{label}: SPIR-V: {e}"));
+        if let Some(tool) = validator {
+            let file = dir.join(format!("v{count}.spv"));
+            std::fs::write(&file, bytemuck::cast_slice::<u32, u8>(&words)).unwrap();
+            let out = Command::new(tool).args(["--target-env", "vulkan1.1"]).arg(&file).output().unwrap();
+            assert!(out.status.success(), "{label}: spirv-val: {}", String::from_utf8_lossy(&out.stderr));
+        }
+
+        let msl_options = naga::back::msl::Options { lang_version: (2, 4), ..Default::default() };
+        let msl_pipeline = naga::back::msl::PipelineOptions {
+            entry_point: Some((naga::ShaderStage::Compute, "main".into())),
+            ..Default::default()
+        };
+        naga::back::msl::write_string(&module, &info, &msl_options, &msl_pipeline).unwrap_or_else(|e| panic!("{label}: MSL: {e}"));
+
+        let hlsl_options = naga::back::hlsl::Options { shader_model: naga::back::hlsl::ShaderModel::V6_2, ..Default::default() };
+        let hlsl_pipeline = naga::back::hlsl::PipelineOptions { entry_point: Some((naga::ShaderStage::Compute, "main".into())) };
+        let mut hlsl = String::new();
+        naga::back::hlsl::Writer::new(&mut hlsl, &hlsl_options, &hlsl_pipeline)
+            .write(&module, &info, None)
+            .unwrap_or_else(|e| panic!("{label}: HLSL: {e}"));
+    }
+    assert!(count > 1000, "{count} variants");
+    eprintln!("{count} variants translated to SPIR-V, MSL and HLSL");
+}
+
+// ---- The lint. Each rule is a class of construct found to break portability; the test
+// fails with the file, line and rule.
+
+/// WGSL sources the kernels are built from (the generated prelude is checked on every
+/// variant in `generated_preludes_pass_the_lint`).
+fn sources() -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = Kernel::ALL.iter().map(|k| (format!("{}.wgsl", k.name()), k.source().to_string())).collect();
+    v.push(("common.wgsl".into(), include_str!("../shaders/common.wgsl").into()));
+    v
+}
+
+/// Problems in one WGSL text: (line, rule).
+fn lint(text: &str) -> Vec<(usize, &'static str)> {
+    let mut found = Vec::new();
+    let mut depth = 0i32;
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.split("//").next().unwrap_or("");
+        let t = line.trim();
+        // 1. Tint zero-initializes a `var` without initializer once, not at each loop iteration
+        //    as WGSL requires: code that accumulates into one would silently go wrong. Every
+        //    function-scope var gets an explicit initializer.
+        if depth > 0 && t.starts_with("var ") && !t.contains('=') {
+            found.push((n + 1, "function-scope var without an initializer"));
+        }
+        // 2. A const-expression whose value is infinite or NaN is an error in WGSL (Tint
+        //    enforces it; naga folds it silently): no bitcast of a literal to a float.
+        let compact: String = t.split_whitespace().collect();
+        for ty in ["bitcast<f32>(", "bitcast<f16>(", "bitcast<vec2<f16>>("] {
+            if let Some(at) = compact.find(ty) {
+                let arg = &compact[at + ty.len()..];
+                if arg.starts_with(|c: char| c.is_ascii_digit()) {
+                    found.push((n + 1, "bitcast of a literal to a float (infinite or NaN const-expressions are invalid WGSL)"));
+                }
+            }
+        }
+        // 3. Directives differ per compiler (naga rejects `enable subgroups;`, Tint requires
+        //    it): only the generator (KernelKey::wgsl_for) writes them.
+        if depth == 0 && (t.starts_with("enable ") || t.starts_with("requires ")) {
+            found.push((n + 1, "a directive in a source file (the generator emits them per compiler)"));
+        }
+        // 4. Float literals out of f32 range are infinite const-expressions too.
+        for word in t.split(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '+')) {
+            if word.contains('e') && word.chars().next().is_some_and(|c| c.is_ascii_digit() || c == '-') {
+                if let Ok(x) = word.trim_end_matches('f').parse::<f64>() {
+                    if x.is_finite() && x.abs() > f32::MAX as f64 {
+                        found.push((n + 1, "float literal outside the f32 range"));
+                    }
+                }
+            }
+        }
+        depth += line.matches('{').count() as i32 - line.matches('}').count() as i32;
+    }
+    found
+}
+
+#[test]
+fn kernel_sources_pass_the_portability_lint() {
+    let mut problems = Vec::new();
+    for (name, text) in sources() {
+        for (line, rule) in lint(&text) {
+            problems.push(format!("shaders/{name}:{line}: {rule}"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn generated_preludes_pass_the_portability_lint() {
+    let mut seen = HashSet::new();
+    for key in variants() {
+        let src = key.wgsl();
+        let prelude_end = src.find(include_str!("../shaders/common.wgsl")).unwrap_or(src.len());
+        let prelude = &src[..prelude_end];
+        if !seen.insert(prelude.to_string()) {
+            continue;
+        }
+        // the f16 directive is the generator's own, allowed at the top of the prelude
+        let body: String = prelude.lines().filter(|l| !l.starts_with("enable f16;")).collect::<Vec<_>>().join("\n");
+        let problems = lint(&body);
+        assert!(problems.is_empty(), "{}: {problems:?}", key.label());
+    }
+}
+
+#[test]
+fn the_lint_catches_each_class_it_names() {
+    let bad = "fn f() {\n    var x: f32;\n    let i = bitcast<f32>(0x7f800000u);\n    let b = 1.0e39;\n}\nenable subgroups;\n";
+    let rules: Vec<&str> = lint(bad).into_iter().map(|(_, r)| r).collect();
+    assert_eq!(rules.len(), 4, "{rules:?}");
+    let good = "fn f() {\n    var x = 0.0;\n    let i = bitcast<f32>(runtime_bits(0x7f800000u));\n    let b = 3.0e38;\n}\n";
+    assert!(lint(good).is_empty(), "{:?}", lint(good));
+}
