@@ -8,6 +8,7 @@
 //   node runner.mjs compile FILE.json    create a shader module for every source; list errors
 //   node runner.mjs run FILE.json        run every case, check it, print one line per case
 //   node runner.mjs bench FILE.json N    run every case N times, print GPU (or wall) ms
+//   (DAWN_TOGGLES=a,b in the environment enables Dawn toggles)
 //
 // Exit status: 0 when everything compiled / matched, 1 otherwise, 2 on bad usage.
 
@@ -27,7 +28,9 @@ const WANTED = ['shader-f16', 'subgroups', 'timestamp-query'];
 let gpu = null;
 
 async function open() {
-  gpu = create([]);
+  // DAWN_TOGGLES=a,b enables Dawn toggles (for measurements, e.g. disable_robustness).
+  const toggles = process.env.DAWN_TOGGLES;
+  gpu = create(toggles ? [`enable-dawn-features=${toggles}`] : []);
   const adapter = await gpu.requestAdapter();
   if (!adapter) throw new Error('Dawn found no adapter');
   const requiredFeatures = WANTED.filter((f) => adapter.features.has(f));
