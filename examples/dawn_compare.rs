@@ -48,9 +48,13 @@ struct Args {
 
 fn default_limits_context() -> Result<Context, Box<dyn std::error::Error>> {
     pollster::block_on(async {
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = instance.request_adapter(&wgpu::RequestAdapterOptions::default()).await?;
-        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions::default())
+            .await?;
+        let wanted =
+            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("default limits"),
@@ -63,8 +67,17 @@ fn default_limits_context() -> Result<Context, Box<dyn std::error::Error>> {
     })
 }
 
-fn upload(ctx: &Context, x: &[f32], shape: &[usize], dtype: DType) -> flash_attn_wgpu::Result<(Tensor, Vec<u32>)> {
-    fn typed<T: Element>(ctx: &Context, x: &[f32], shape: &[usize]) -> flash_attn_wgpu::Result<(Tensor, Vec<u32>)> {
+fn upload(
+    ctx: &Context,
+    x: &[f32],
+    shape: &[usize],
+    dtype: DType,
+) -> flash_attn_wgpu::Result<(Tensor, Vec<u32>)> {
+    fn typed<T: Element>(
+        ctx: &Context,
+        x: &[f32],
+        shape: &[usize],
+    ) -> flash_attn_wgpu::Result<(Tensor, Vec<u32>)> {
         let t = from_f32_slice::<T>(x);
         Ok((ctx.upload(&t, shape)?, to_words(&t)))
     }
@@ -93,11 +106,16 @@ fn main() -> ExitCode {
 fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     if !root.join("dawn/node_modules/webgpu/package.json").exists() {
-        return Err("dawn/node_modules/webgpu is missing: run `bash scripts/ensure-portability.sh`".into());
+        return Err(
+            "dawn/node_modules/webgpu is missing: run `bash scripts/ensure-portability.sh`".into(),
+        );
     }
     let ctx = default_limits_context()?;
     println!("adapter: {}", ctx.adapter_info());
-    println!("tuning: {:?} (both implementations run the same plans)", ctx.tuning());
+    println!(
+        "tuning: {:?} (both implementations run the same plans)",
+        ctx.tuning()
+    );
     let mut rng = StdRng::seed_from_u64(7);
     let mut rows = Vec::new();
     let mut cases = Vec::new();
@@ -105,8 +123,13 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         for &dtype in &a.dtype {
             let mut cfg = AttentionConfig::new(1, n, n, a.heads, a.heads, a.head_dim);
             cfg.causal = a.causal;
-            let mut random = |len: usize| -> Vec<f32> { (0..len).map(|_| rng.random_range(-1.0..1.0)).collect() };
-            let (nq, nkv) = (cfg.q_shape().iter().product(), cfg.kv_shape().iter().product());
+            let mut random = |len: usize| -> Vec<f32> {
+                (0..len).map(|_| rng.random_range(-1.0..1.0)).collect()
+            };
+            let (nq, nkv) = (
+                cfg.q_shape().iter().product(),
+                cfg.kv_shape().iter().product(),
+            );
             let (q, qw) = upload(&ctx, &random(nq), &cfg.q_shape(), dtype)?;
             let (k, kw) = upload(&ctx, &random(nkv), &cfg.kv_shape(), dtype)?;
             let (v, vw) = upload(&ctx, &random(nkv), &cfg.kv_shape(), dtype)?;
@@ -134,10 +157,21 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             let env = ctx.plan_env();
             let name = format!("N={n} {dtype}");
             let pf = plan::forward(&cfg, dtype, &env)?;
-            cases.push(pf.replay(&format!("fwd {name}"), WgslConsumer::Tint, vec![qw.clone(), kw.clone(), vw.clone()], 65535));
+            cases.push(pf.replay(
+                &format!("fwd {name}"),
+                WgslConsumer::Tint,
+                vec![qw.clone(), kw.clone(), vw.clone()],
+                65535,
+            ));
             let pb = plan::backward(&cfg, dtype, &env)?;
-            cases.push(pb.replay(&format!("bwd {name}"), WgslConsumer::Tint, vec![qw, kw, vw, out_words, lse_words, dow], 65535));
-            let flops = 4.0 * (a.heads * n * n * a.head_dim) as f64 * if a.causal { 0.5 } else { 1.0 };
+            cases.push(pb.replay(
+                &format!("bwd {name}"),
+                WgslConsumer::Tint,
+                vec![qw, kw, vw, out_words, lse_words, dow],
+                65535,
+            ));
+            let flops =
+                4.0 * (a.heads * n * n * a.head_dim) as f64 * if a.causal { 0.5 } else { 1.0 };
             rows.push((n, dtype, "fwd", median(tf), flops));
             rows.push((n, dtype, "bwd", median(tb), 2.5 * flops));
         }
@@ -145,18 +179,30 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let file = std::env::temp_dir().join("flash-attn-dawn-compare.json");
     std::fs::write(&file, serde_json::json!({ "cases": cases }).to_string())?;
     let mut cmd = Command::new("node");
-    cmd.arg(root.join("dawn/runner.mjs")).arg("bench").arg(&file).arg(a.repeats.to_string());
+    cmd.arg(root.join("dawn/runner.mjs"))
+        .arg("bench")
+        .arg(&file)
+        .arg(a.repeats.to_string());
     if let Some(t) = &a.dawn_toggles {
         cmd.env("DAWN_TOGGLES", t);
     }
     let out = cmd.output()?;
     if !out.status.success() {
-        return Err(format!("Dawn runner failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+        return Err(format!(
+            "Dawn runner failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
     }
-    let dawn: Vec<serde_json::Value> =
-        String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let dawn: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
     println!("FLOPs: forward 4*B*H*Sq*Sk*D (halved for causal); backward 2.5x forward. B=1, H={}, D={}, causal={}", a.heads, a.head_dim, a.causal);
-    println!("{:>5} {:>6} {:>5} {:>10} {:>10} {:>10} {:>10} {:>9}", "N", "dtype", "pass", "wgpu ms", "Dawn ms", "wgpu GF/s", "Dawn GF/s", "Dawn/wgpu");
+    println!(
+        "{:>5} {:>6} {:>5} {:>10} {:>10} {:>10} {:>10} {:>9}",
+        "N", "dtype", "pass", "wgpu ms", "Dawn ms", "wgpu GF/s", "Dawn GF/s", "Dawn/wgpu"
+    );
     for ((n, dtype, pass, wgpu_ms, flops), d) in rows.iter().zip(&dawn) {
         let dawn_ms = d["ms"].as_f64().unwrap_or(f64::NAN);
         println!(

@@ -42,12 +42,12 @@ impl Context {
     ) -> Result<Gradients> {
         cfg.validate()?;
         let dtype = q.dtype();
-        check_tensor(TensorRole::Q, q, &cfg.q_shape(), dtype)?;
-        check_tensor(TensorRole::K, k, &cfg.kv_shape(), dtype)?;
-        check_tensor(TensorRole::V, v, &cfg.kv_shape(), dtype)?;
-        check_tensor(TensorRole::Out, out, &cfg.q_shape(), dtype)?;
-        check_tensor(TensorRole::Lse, lse, &cfg.lse_shape(), DType::F32)?;
-        check_tensor(TensorRole::DOut, d_out, &cfg.q_shape(), dtype)?;
+        check_tensor(self, TensorRole::Q, q, &cfg.q_shape(), dtype)?;
+        check_tensor(self, TensorRole::K, k, &cfg.kv_shape(), dtype)?;
+        check_tensor(self, TensorRole::V, v, &cfg.kv_shape(), dtype)?;
+        check_tensor(self, TensorRole::Out, out, &cfg.q_shape(), dtype)?;
+        check_tensor(self, TensorRole::Lse, lse, &cfg.lse_shape(), DType::F32)?;
+        check_tensor(self, TensorRole::DOut, d_out, &cfg.q_shape(), dtype)?;
         let plan = plan::backward(cfg, dtype, &self.plan_env())?;
         let mut g = self
             .execute(&plan, &[q, k, v, out, lse, d_out])?

@@ -1,17 +1,20 @@
 //! Argument checks shared by every entry point: tensor shapes and dtypes, host slice lengths
 //! and lse values. Each failure names the tensor, what was expected and what was given.
 
+use crate::device::Context;
 use crate::dtype::DType;
 use crate::error::{Error, Result, TensorRole};
 use crate::tensor::Tensor;
 
-/// A device tensor has the shape the config implies and the call's dtype.
+/// A device tensor belongs to `ctx`, has the shape the config implies and the call's dtype.
 pub(crate) fn check_tensor(
+    ctx: &Context,
     role: TensorRole,
     t: &Tensor,
     expected: &[usize],
     dtype: DType,
 ) -> Result<()> {
+    ctx.check_owned(t, || role.to_string())?;
     if t.shape() != expected {
         return Err(Error::Shape {
             tensor: role,

@@ -118,14 +118,22 @@ impl AttentionConfig {
             }
         }
         // Kernels index with u32; each tensor must stay addressable.
-        let limit = u32::MAX as u128;
-        let q = self.q_shape().iter().map(|&d| d as u128).product::<u128>();
-        let kv = self.kv_shape().iter().map(|&d| d as u128).product::<u128>();
-        for (name, n) in [("q", q), ("k/v", kv)] {
-            if n > limit {
-                return Err(Error::invalid(format!(
-                    "{name} has {n} elements; at most {limit} are addressable by the kernels"
-                )));
+        // Checked: the product of four dimensions can overflow any integer type.
+        let limit = u32::MAX as u64;
+        for (name, shape) in [("q", self.q_shape()), ("k/v", self.kv_shape())] {
+            let n = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64));
+            match n {
+                Some(n) if n <= limit => {}
+                Some(n) => {
+                    return Err(Error::invalid(format!(
+                        "{name} {shape:?} has {n} elements; at most {limit} are addressable by the kernels"
+                    )))
+                }
+                None => {
+                    return Err(Error::invalid(format!(
+                        "{name} {shape:?} has more elements than fit in 64 bits; at most {limit} are addressable by the kernels"
+                    )))
+                }
             }
         }
         Ok(())

@@ -72,6 +72,12 @@ pub enum Error {
         got: DType,
     },
 
+    #[error(
+        "{tensor} was made by another Context: a tensor can only be used with the Context that \
+         created it (download it and upload it to this one)"
+    )]
+    ForeignTensor { tensor: String },
+
     #[error("{feature} is not supported here: {reason}")]
     Unsupported { feature: String, reason: String },
 

@@ -35,9 +35,9 @@ impl Context {
     ) -> Result<Forward> {
         cfg.validate()?;
         let dtype = q.dtype();
-        check_tensor(TensorRole::Q, q, &cfg.q_shape(), dtype)?;
-        check_tensor(TensorRole::K, k, &cfg.kv_shape(), dtype)?;
-        check_tensor(TensorRole::V, v, &cfg.kv_shape(), dtype)?;
+        check_tensor(self, TensorRole::Q, q, &cfg.q_shape(), dtype)?;
+        check_tensor(self, TensorRole::K, k, &cfg.kv_shape(), dtype)?;
+        check_tensor(self, TensorRole::V, v, &cfg.kv_shape(), dtype)?;
         let plan = plan::forward(cfg, dtype, &self.plan_env())?;
         let mut outputs = self.execute(&plan, &[q, k, v])?.into_iter();
         match (outputs.next(), outputs.next()) {

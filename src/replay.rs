@@ -79,7 +79,10 @@ impl ReplayCase {
 pub fn to_words<T: Element>(x: &[T]) -> Vec<u32> {
     let mut bytes: Vec<u8> = bytemuck::cast_slice(x).to_vec();
     bytes.resize(bytes.len().next_multiple_of(4).max(4), 0);
-    bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 impl Plan {
@@ -96,13 +99,22 @@ impl Plan {
             .inputs
             .iter()
             .zip(inputs)
-            .map(|(role, words)| ReplayBuffer { label: role.to_string(), bytes: words.len() as u64 * 4, words: Some(words) })
+            .map(|(role, words)| ReplayBuffer {
+                label: role.to_string(),
+                bytes: words.len() as u64 * 4,
+                words: Some(words),
+            })
             .collect();
         let first_output = buffers.len();
-        buffers.extend(self.outputs.iter().map(|o| ReplayBuffer {
-            label: o.role.to_string(),
-            bytes: o.dtype.buffer_bytes(o.shape.iter().product::<usize>() as u64).unwrap_or(4),
-            words: None,
+        buffers.extend(self.outputs.iter().map(|o| {
+            ReplayBuffer {
+                label: o.role.to_string(),
+                bytes: o
+                    .dtype
+                    .buffer_bytes(o.shape.iter().product::<usize>() as u64)
+                    .unwrap_or(4),
+                words: None,
+            }
         }));
         let first_scratch = buffers.len();
         buffers.extend(self.scratch.iter().map(|s| ReplayBuffer {
@@ -123,12 +135,20 @@ impl Plan {
                 ReplayStep {
                     label: s.key.label(),
                     wgsl: s.key.wgsl_for(consumer),
-                    constants: s.key.constants().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+                    constants: s
+                        .key
+                        .constants()
+                        .into_iter()
+                        .map(|(k, v)| (k.to_string(), v))
+                        .collect(),
                     bindings: s
                         .buffers
                         .iter()
                         .zip(s.key.kernel.bindings())
-                        .map(|(r, b)| ReplayBinding { buffer: index(r), read_only: b.access == Access::Read })
+                        .map(|(r, b)| ReplayBinding {
+                            buffer: index(r),
+                            read_only: b.access == Access::Read,
+                        })
                         .collect(),
                     params: bytemuck::cast_slice(std::slice::from_ref(&s.params)).to_vec(),
                     grid: [x, y],
@@ -137,7 +157,12 @@ impl Plan {
                 }
             })
             .collect();
-        ReplayCase { name: name.to_string(), buffers, steps, checks: Vec::new() }
+        ReplayCase {
+            name: name.to_string(),
+            buffers,
+            steps,
+            checks: Vec::new(),
+        }
     }
 
     /// The replay buffer index of output `i`.

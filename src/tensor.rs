@@ -82,6 +82,16 @@ pub(crate) fn shape_elements(shape: &[usize]) -> Result<usize> {
 }
 
 impl Context {
+    /// A typed error unless `t` was created by this context (its buffer belongs to this
+    /// context's device; another context's buffer would read unrelated memory or fault).
+    pub(crate) fn check_owned(&self, t: &Tensor, name: impl FnOnce() -> String) -> Result<()> {
+        if t.buf.belongs_to(&self.mem) {
+            Ok(())
+        } else {
+            Err(Error::ForeignTensor { tensor: name() })
+        }
+    }
+
     /// Copies host data to a new device tensor of the given shape. `T` is f32, `half::f16`
     /// or `half::bf16`, and the tensor takes that dtype.
     pub fn upload<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<Tensor> {
@@ -123,6 +133,7 @@ impl Context {
 
     /// A new tensor holding `t` (f32) rounded to `dtype` on the device, to nearest even.
     pub fn cast(&self, t: &Tensor, dtype: DType) -> Result<Tensor> {
+        self.check_owned(t, || t.describe())?;
         if t.dtype != DType::F32 {
             return Err(Error::DType {
                 tensor: t.describe(),
@@ -145,6 +156,7 @@ impl Context {
 
     /// Copies a device tensor back to the host as `T`, which must be the tensor's dtype.
     pub fn download<T: Element>(&self, t: &Tensor) -> Result<Vec<T>> {
+        self.check_owned(t, || t.describe())?;
         if t.dtype != T::DTYPE {
             return Err(Error::DType {
                 tensor: t.describe(),

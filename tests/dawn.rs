@@ -16,7 +16,9 @@ use common::{cfg, inputs, rel_tol};
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
 use flash_attn_wgpu::kernels::{DeviceCaps, WgslConsumer};
 use flash_attn_wgpu::replay::{to_words, ReplayCase, ReplayCheck};
-use flash_attn_wgpu::{plan, reference, Algorithm, AttentionConfig, DType, Element, HalfStorage, Tuning, Variant};
+use flash_attn_wgpu::{
+    plan, reference, Algorithm, AttentionConfig, DType, Element, HalfStorage, Tuning, Variant,
+};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -25,12 +27,21 @@ fn root() -> &'static Path {
 /// The runner script, if node and the webgpu package are there.
 fn runner() -> Option<PathBuf> {
     let script = root().join("dawn/runner.mjs");
-    let has_pkg = root().join("dawn/node_modules/webgpu/package.json").exists();
-    let has_node = Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success());
+    let has_pkg = root()
+        .join("dawn/node_modules/webgpu/package.json")
+        .exists();
+    let has_node = Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
     if has_pkg && has_node {
         return Some(script);
     }
-    let why = if has_node { "dawn/node_modules/webgpu is missing" } else { "node is missing" };
+    let why = if has_node {
+        "dawn/node_modules/webgpu is missing"
+    } else {
+        "node is missing"
+    };
     if std::env::var_os("CI").is_some() || std::env::var_os("FLASH_ATTN_REQUIRE_DAWN").is_some() {
         panic!("Dawn runner unavailable ({why}): run `bash scripts/ensure-portability.sh`");
     }
@@ -40,7 +51,11 @@ fn runner() -> Option<PathBuf> {
 
 /// Runs the runner; returns (success, stdout).
 fn run_node(script: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new("node").arg(script).args(args).output().expect("spawning node");
+    let out = Command::new("node")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("spawning node");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     // Dawn warns about lavapipe's limits on stderr; keep only real errors in the test log.
@@ -58,13 +73,26 @@ struct DawnAdapter {
 fn dawn_adapter(script: &Path) -> DawnAdapter {
     let (ok, out) = run_node(script, &["info"]);
     assert!(ok, "runner info failed: {out}");
-    let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or("")).expect("info JSON");
+    let v: serde_json::Value =
+        serde_json::from_str(out.lines().last().unwrap_or("")).expect("info JSON");
     eprintln!("Dawn adapter: {v}");
-    let features: Vec<&str> = v["features"].as_array().unwrap().iter().filter_map(|f| f.as_str()).collect();
-    let (min, max) = (v["subgroup_min_size"].as_u64().unwrap_or(0), v["subgroup_max_size"].as_u64().unwrap_or(0));
+    let features: Vec<&str> = v["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f.as_str())
+        .collect();
+    let (min, max) = (
+        v["subgroup_min_size"].as_u64().unwrap_or(0),
+        v["subgroup_max_size"].as_u64().unwrap_or(0),
+    );
     DawnAdapter {
         // As on wgpu: share tile reads only across a subgroup size the adapter fixes.
-        subgroup: if features.contains(&"subgroups") && min == max && (2..=64).contains(&min) { min as u32 } else { 0 },
+        subgroup: if features.contains(&"subgroups") && min == max && (2..=64).contains(&min) {
+            min as u32
+        } else {
+            0
+        },
         shader_f16: features.contains(&"shader-f16"),
     }
 }
@@ -72,7 +100,11 @@ fn dawn_adapter(script: &Path) -> DawnAdapter {
 fn env(variant: Variant, rows_subgroup: u32, half_storage: HalfStorage) -> plan::PlanEnv {
     plan::PlanEnv {
         caps: DeviceCaps::WEBGPU_DEFAULT,
-        tuning: Tuning { variant, rows_subgroup, half_storage },
+        tuning: Tuning {
+            variant,
+            rows_subgroup,
+            half_storage,
+        },
         max_binding_bytes: 128 << 20,
     }
 }
@@ -94,14 +126,22 @@ fn lse_check(buffer: usize, want: &[f64]) -> ReplayCheck {
         buffer,
         dtype: "f32",
         kind: "lse",
-        expected: want.iter().map(|&x| (x != f64::NEG_INFINITY).then_some(x)).collect(),
+        expected: want
+            .iter()
+            .map(|&x| (x != f64::NEG_INFINITY).then_some(x))
+            .collect(),
         tol: 1e-4,
     }
 }
 
 /// A forward case and a backward case for `T`, with expected outputs from the f64 reference
 /// on the T-rounded inputs (the backward's `out` is the reference's, rounded to T).
-fn cases<T: Element>(c: &AttentionConfig, amp: f32, e: &plan::PlanEnv, name: &str) -> [ReplayCase; 2] {
+fn cases<T: Element>(
+    c: &AttentionConfig,
+    amp: f32,
+    e: &plan::PlanEnv,
+    name: &str,
+) -> [ReplayCase; 2] {
     let data = inputs(c, amp);
     let (q, k, v, d_out) = (
         from_f32_slice::<T>(&data.q),
@@ -109,13 +149,23 @@ fn cases<T: Element>(c: &AttentionConfig, amp: f32, e: &plan::PlanEnv, name: &st
         from_f32_slice::<T>(&data.v),
         from_f32_slice::<T>(&data.d_out),
     );
-    let (qr, kr, vr, dor) = (to_f32_vec(&q), to_f32_vec(&k), to_f32_vec(&v), to_f32_vec(&d_out));
+    let (qr, kr, vr, dor) = (
+        to_f32_vec(&q),
+        to_f32_vec(&k),
+        to_f32_vec(&v),
+        to_f32_vec(&d_out),
+    );
     let want = reference::forward(c, &qr, &kr, &vr);
     let dtype = T::DTYPE;
     let name = format!("{name} seed={}", data.seed);
 
     let p = plan::forward(c, dtype, e).expect("forward plan");
-    let mut fwd = p.replay(&format!("fwd {name}"), WgslConsumer::Tint, vec![to_words(&q), to_words(&k), to_words(&v)], 65535);
+    let mut fwd = p.replay(
+        &format!("fwd {name}"),
+        WgslConsumer::Tint,
+        vec![to_words(&q), to_words(&k), to_words(&v)],
+        65535,
+    );
     fwd.checks = vec![
         tensor_check("out", p.replay_output_buffer(0), dtype, &want.out),
         lse_check(p.replay_output_buffer(1), &want.lse),
@@ -125,7 +175,14 @@ fn cases<T: Element>(c: &AttentionConfig, amp: f32, e: &plan::PlanEnv, name: &st
     let lse: Vec<f32> = want.lse.iter().map(|&x| x as f32).collect();
     let grads = reference::backward_with_out(c, &qr, &kr, &vr, &to_f32_vec(&out), &dor);
     let p = plan::backward(c, dtype, e).expect("backward plan");
-    let words = vec![to_words(&q), to_words(&k), to_words(&v), to_words(&out), to_words(&lse), to_words(&d_out)];
+    let words = vec![
+        to_words(&q),
+        to_words(&k),
+        to_words(&v),
+        to_words(&out),
+        to_words(&lse),
+        to_words(&d_out),
+    ];
     let mut bwd = p.replay(&format!("bwd {name}"), WgslConsumer::Tint, words, 65535);
     bwd.checks = vec![
         tensor_check("dq", p.replay_output_buffer(0), dtype, &grads.dq),
@@ -154,11 +211,19 @@ fn kernels_match_the_f64_reference_on_dawn() {
         // one head, odd head_dim sizes: odd element counts in packed storage
         (cfg(1, 19, 23, 1, 1, 256, true), 1.0),
     ];
-    let mut formats = vec![(DType::F32, HalfStorage::Packed), (DType::F16, HalfStorage::Packed), (DType::BF16, HalfStorage::Packed)];
+    let mut formats = vec![
+        (DType::F32, HalfStorage::Packed),
+        (DType::F16, HalfStorage::Packed),
+        (DType::BF16, HalfStorage::Packed),
+    ];
     if dawn.shader_f16 {
         formats.push((DType::F16, HalfStorage::Native));
     }
-    let mut algorithms = vec![(Algorithm::Tiled, Variant::Lanes, 0), (Algorithm::Tiled, Variant::Rows, 0), (Algorithm::Naive, Variant::Rows, 0)];
+    let mut algorithms = vec![
+        (Algorithm::Tiled, Variant::Lanes, 0),
+        (Algorithm::Tiled, Variant::Rows, 0),
+        (Algorithm::Naive, Variant::Rows, 0),
+    ];
     if dawn.subgroup != 0 {
         algorithms.push((Algorithm::Tiled, Variant::Rows, dawn.subgroup));
     }
@@ -169,7 +234,10 @@ fn kernels_match_the_f64_reference_on_dawn() {
                 let mut c = c.clone();
                 c.algorithm = algorithm;
                 let e = env(variant, sg, half);
-                let name = format!("{dtype} {half:?} {algorithm:?} {variant:?} sg={sg} {}", common::describe(&c, 0));
+                let name = format!(
+                    "{dtype} {half:?} {algorithm:?} {variant:?} sg={sg} {}",
+                    common::describe(&c, 0)
+                );
                 all.extend(match dtype {
                     DType::F32 => cases::<f32>(&c, *amp, &e, &name),
                     DType::F16 => cases::<half::f16>(&c, *amp, &e, &name),
@@ -181,8 +249,14 @@ fn kernels_match_the_f64_reference_on_dawn() {
     let path = write_json("dawn-cases.json", &serde_json::json!({ "cases": all }));
     let (ok, out) = run_node(&script, &["run", path.to_str().unwrap()]);
     eprintln!("{out}");
-    assert!(ok, "Dawn results differ from the reference (see the FAIL lines above)");
-    assert!(out.contains(&format!("{} passed, 0 failed", all.len())), "{out}");
+    assert!(
+        ok,
+        "Dawn results differ from the reference (see the FAIL lines above)"
+    );
+    assert!(
+        out.contains(&format!("{} passed, 0 failed", all.len())),
+        "{out}"
+    );
 }
 
 #[test]
@@ -192,15 +266,21 @@ fn every_kernel_variant_compiles_with_tint() {
     let mut seen = std::collections::HashSet::new();
     let modules: Vec<serde_json::Value> = variants()
         .into_iter()
-        .filter(|k| (dawn.shader_f16 || !k.uses_f16()) && (dawn.subgroup != 0 || !k.uses_subgroups()))
+        .filter(|k| {
+            (dawn.shader_f16 || !k.uses_f16()) && (dawn.subgroup != 0 || !k.uses_subgroups())
+        })
         .filter_map(|k| {
             // CAUSAL is an override constant: one module serves both.
             let wgsl = k.wgsl_for(WgslConsumer::Tint);
-            seen.insert(wgsl.clone()).then(|| serde_json::json!({ "label": k.label(), "wgsl": wgsl }))
+            seen.insert(wgsl.clone())
+                .then(|| serde_json::json!({ "label": k.label(), "wgsl": wgsl }))
         })
         .collect();
     assert!(modules.len() > 400, "{} modules", modules.len());
-    let path = write_json("tint-modules.json", &serde_json::json!({ "modules": modules }));
+    let path = write_json(
+        "tint-modules.json",
+        &serde_json::json!({ "modules": modules }),
+    );
     let (ok, out) = run_node(&script, &["compile", path.to_str().unwrap()]);
     eprintln!("{out}");
     assert!(ok, "Tint rejected some variants (see the FAIL lines above)");

@@ -338,3 +338,71 @@ fn casting_needs_an_f32_source() {
         })
     ));
 }
+
+#[test]
+fn a_tensor_from_another_context_is_refused_by_every_call() {
+    let c = cfg(1, 8, 8, 1, 1, 16, false);
+    let (q, kv) = data(&c);
+    let a = flash_attn_wgpu::Context::new().unwrap();
+    let b = ctx();
+    let qa = a.upload(&q, &c.q_shape()).unwrap();
+    let kb = b.upload(&kv, &c.kv_shape()).unwrap();
+    let vb = b.upload(&kv, &c.kv_shape()).unwrap();
+    match b.forward(&c, &qa, &kb, &vb) {
+        Err(Error::ForeignTensor { tensor }) => assert_eq!(tensor, "q"),
+        other => panic!("expected ForeignTensor for q, got {other:?}"),
+    }
+    match b.download::<f32>(&qa) {
+        Err(e @ Error::ForeignTensor { .. }) => {
+            assert!(e.to_string().contains("another Context"), "{e}")
+        }
+        other => panic!("expected ForeignTensor, got {other:?}"),
+    }
+    assert!(matches!(
+        b.cast(&qa, DType::F16),
+        Err(Error::ForeignTensor { .. })
+    ));
+    let fb = b
+        .forward(&c, &b.upload(&q, &c.q_shape()).unwrap(), &kb, &vb)
+        .unwrap();
+    match b.backward(&c, &qa, &kb, &vb, &fb.out, &fb.lse, &fb.out) {
+        Err(Error::ForeignTensor { tensor }) => assert_eq!(tensor, "q"),
+        other => panic!("expected ForeignTensor, got {other:?}"),
+    }
+    let la = a
+        .upload(&b.download::<f32>(&fb.lse).unwrap(), &c.lse_shape())
+        .unwrap();
+    let qb = b.upload(&q, &c.q_shape()).unwrap();
+    match b.backward(&c, &qb, &kb, &vb, &fb.out, &la, &fb.out) {
+        Err(Error::ForeignTensor { tensor }) => assert_eq!(tensor, "lse"),
+        other => panic!("expected ForeignTensor for lse, got {other:?}"),
+    }
+}
+
+#[test]
+fn element_counts_that_overflow_are_invalid_configs_not_panics() {
+    let huge = 1usize << 62;
+    let c = cfg(huge, huge, huge, 4, 4, 1, false);
+    match c.validate() {
+        Err(Error::InvalidConfig(m)) => assert!(m.contains("64 bits"), "{m}"),
+        other => panic!("expected InvalidConfig, got {other:?}"),
+    }
+    assert!(matches!(
+        ctx().forward_host::<f32>(&c, &[0.0], &[0.0], &[0.0]),
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        ctx().upload(&[1.0f32], &[usize::MAX, 2]),
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        ctx().zeros(&[usize::MAX, 3]),
+        Err(Error::InvalidConfig(_))
+    ));
+}
+
+#[test]
+fn context_can_be_debug_printed() {
+    let s = format!("{:?}", ctx());
+    assert!(s.contains("Context") && s.contains("adapter"), "{s}");
+}

@@ -15,22 +15,35 @@ use flash_attn_wgpu::kernels::{Kernel, KernelKey};
 
 fn naga_module(key: &KernelKey) -> (naga::Module, naga::valid::ModuleInfo) {
     let src = key.wgsl();
-    let module = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| panic!("{}: {}", key.label(), e.emit_to_string(&src)));
-    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
-        .validate(&module)
+    let module = naga::front::wgsl::parse_str(&src)
         .unwrap_or_else(|e| panic!("{}: {}", key.label(), e.emit_to_string(&src)));
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .unwrap_or_else(|e| panic!("{}: {}", key.label(), e.emit_to_string(&src)));
     // Resolve the override constants as a pipeline would.
     let mut constants = naga::back::PipelineConstants::default();
     for (name, value) in key.constants() {
         constants.insert(name.to_string(), value);
     }
-    let (m, i) = naga::back::pipeline_constants::process_overrides(&module, &info, Some((naga::ShaderStage::Compute, "main")), &constants)
-        .unwrap_or_else(|e| panic!("{}: overrides: {e}", key.label()));
+    let (m, i) = naga::back::pipeline_constants::process_overrides(
+        &module,
+        &info,
+        Some((naga::ShaderStage::Compute, "main")),
+        &constants,
+    )
+    .unwrap_or_else(|e| panic!("{}: overrides: {e}", key.label()));
     (m.into_owned(), i.into_owned())
 }
 
 fn spirv_val() -> Option<&'static str> {
-    Command::new("spirv-val").arg("--version").output().is_ok_and(|o| o.status.success()).then_some("spirv-val")
+    Command::new("spirv-val")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+        .then_some("spirv-val")
 }
 
 #[test]
@@ -55,26 +68,49 @@ fn every_variant_translates_to_spirv_msl_and_hlsl() {
         let (module, info) = naga_module(&key);
         let label = key.label();
 
-        let spv_options = naga::back::spv::Options { lang_version: (1, 3), ..Default::default() };
-        let pipeline = naga::back::spv::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: "main".into() };
+        let spv_options = naga::back::spv::Options {
+            lang_version: (1, 3),
+            ..Default::default()
+        };
+        let pipeline = naga::back::spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: "main".into(),
+        };
         let words = naga::back::spv::write_vec(&module, &info, &spv_options, Some(&pipeline))
             .unwrap_or_else(|e| panic!("{label}: SPIR-V: {e}"));
         if let Some(tool) = validator {
             let file = dir.join(format!("v{count}.spv"));
             std::fs::write(&file, bytemuck::cast_slice::<u32, u8>(&words)).unwrap();
-            let out = Command::new(tool).args(["--target-env", "vulkan1.1"]).arg(&file).output().unwrap();
-            assert!(out.status.success(), "{label}: spirv-val: {}", String::from_utf8_lossy(&out.stderr));
+            let out = Command::new(tool)
+                .args(["--target-env", "vulkan1.1"])
+                .arg(&file)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{label}: spirv-val: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
 
-        let msl_options = naga::back::msl::Options { lang_version: (2, 4), ..Default::default() };
+        let msl_options = naga::back::msl::Options {
+            lang_version: (2, 4),
+            ..Default::default()
+        };
         let msl_pipeline = naga::back::msl::PipelineOptions {
             entry_point: Some((naga::ShaderStage::Compute, "main".into())),
             ..Default::default()
         };
-        naga::back::msl::write_string(&module, &info, &msl_options, &msl_pipeline).unwrap_or_else(|e| panic!("{label}: MSL: {e}"));
+        naga::back::msl::write_string(&module, &info, &msl_options, &msl_pipeline)
+            .unwrap_or_else(|e| panic!("{label}: MSL: {e}"));
 
-        let hlsl_options = naga::back::hlsl::Options { shader_model: naga::back::hlsl::ShaderModel::V6_2, ..Default::default() };
-        let hlsl_pipeline = naga::back::hlsl::PipelineOptions { entry_point: Some((naga::ShaderStage::Compute, "main".into())) };
+        let hlsl_options = naga::back::hlsl::Options {
+            shader_model: naga::back::hlsl::ShaderModel::V6_2,
+            ..Default::default()
+        };
+        let hlsl_pipeline = naga::back::hlsl::PipelineOptions {
+            entry_point: Some((naga::ShaderStage::Compute, "main".into())),
+        };
         let mut hlsl = String::new();
         naga::back::hlsl::Writer::new(&mut hlsl, &hlsl_options, &hlsl_pipeline)
             .write(&module, &info, None)
@@ -90,8 +126,14 @@ fn every_variant_translates_to_spirv_msl_and_hlsl() {
 /// WGSL sources the kernels are built from (the generated prelude is checked on every
 /// variant in `generated_preludes_pass_the_lint`).
 fn sources() -> Vec<(String, String)> {
-    let mut v: Vec<(String, String)> = Kernel::ALL.iter().map(|k| (format!("{}.wgsl", k.name()), k.source().to_string())).collect();
-    v.push(("common.wgsl".into(), include_str!("../shaders/common.wgsl").into()));
+    let mut v: Vec<(String, String)> = Kernel::ALL
+        .iter()
+        .map(|k| (format!("{}.wgsl", k.name()), k.source().to_string()))
+        .collect();
+    v.push((
+        "common.wgsl".into(),
+        include_str!("../shaders/common.wgsl").into(),
+    ));
     v
 }
 
@@ -122,11 +164,21 @@ fn lint(text: &str) -> Vec<(usize, &'static str)> {
         // 3. Directives differ per compiler (naga rejects `enable subgroups;`, Tint requires
         //    it): only the generator (KernelKey::wgsl_for) writes them.
         if depth == 0 && (t.starts_with("enable ") || t.starts_with("requires ")) {
-            found.push((n + 1, "a directive in a source file (the generator emits them per compiler)"));
+            found.push((
+                n + 1,
+                "a directive in a source file (the generator emits them per compiler)",
+            ));
         }
         // 4. Float literals out of f32 range are infinite const-expressions too.
-        for word in t.split(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '+')) {
-            if word.contains('e') && word.chars().next().is_some_and(|c| c.is_ascii_digit() || c == '-') {
+        for word in
+            t.split(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '+'))
+        {
+            if word.contains('e')
+                && word
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_digit() || c == '-')
+            {
                 if let Ok(x) = word.trim_end_matches('f').parse::<f64>() {
                     if x.is_finite() && x.abs() > f32::MAX as f64 {
                         found.push((n + 1, "float literal outside the f32 range"));
@@ -155,13 +207,19 @@ fn generated_preludes_pass_the_portability_lint() {
     let mut seen = HashSet::new();
     for key in variants() {
         let src = key.wgsl();
-        let prelude_end = src.find(include_str!("../shaders/common.wgsl")).unwrap_or(src.len());
+        let prelude_end = src
+            .find(include_str!("../shaders/common.wgsl"))
+            .unwrap_or(src.len());
         let prelude = &src[..prelude_end];
         if !seen.insert(prelude.to_string()) {
             continue;
         }
         // the f16 directive is the generator's own, allowed at the top of the prelude
-        let body: String = prelude.lines().filter(|l| !l.starts_with("enable f16;")).collect::<Vec<_>>().join("\n");
+        let body: String = prelude
+            .lines()
+            .filter(|l| !l.starts_with("enable f16;"))
+            .collect::<Vec<_>>()
+            .join("\n");
         let problems = lint(&body);
         assert!(problems.is_empty(), "{}: {problems:?}", key.label());
     }

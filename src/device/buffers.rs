@@ -24,7 +24,9 @@ impl MemTracker {
     }
 }
 
-/// Device memory held by buffers the library created (tensors, scratch, uniforms, staging).
+/// Device memory held by storage and readback buffers the library created: tensors, scratch
+/// and staging copies. Per-call uniform and timestamp buffers (a few hundred bytes) are not
+/// counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryStats {
     /// Bytes held now.
@@ -38,6 +40,13 @@ pub struct MemoryStats {
 pub(crate) struct TrackedBuffer {
     pub(crate) buffer: wgpu::Buffer,
     mem: Arc<MemTracker>,
+}
+
+impl TrackedBuffer {
+    /// True when this buffer was made by the context that owns `mem`.
+    pub(crate) fn belongs_to(&self, mem: &Arc<MemTracker>) -> bool {
+        Arc::ptr_eq(&self.mem, mem)
+    }
 }
 
 impl Drop for TrackedBuffer {

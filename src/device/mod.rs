@@ -79,6 +79,17 @@ pub struct Context {
     tuning: Mutex<Tuning>,
 }
 
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("adapter", &self.info.name)
+            .field("backend", &self.info.backend)
+            .field("tuning", &self.tuning())
+            .field("memory", &self.memory_stats())
+            .finish_non_exhaustive()
+    }
+}
+
 /// Per-adapter choices of kernel shape. `Context::new` picks them from the adapter; override
 /// them to benchmark or test the alternatives on one adapter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

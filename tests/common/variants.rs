@@ -54,4 +54,3 @@ pub fn variants() -> Vec<KernelKey> {
     }
     keys
 }
-
