@@ -30,12 +30,6 @@ struct Params {
 
 override CAUSAL: bool = false;
 
-// Finite stand-in for -inf as the initial running max: exp2(m_old - m_new) stays 0 or 1,
-// never NaN, for rows whose keys are all masked so far (llama.cpp uses -FLT_MAX/2 alike).
-const NEG_SENTINEL: f32 = -1.0e30;
-// A masked score: far below NEG_SENTINEL, so exp2(MASKED_SCORE - m) is exactly 0 even while
-// m is still the sentinel, and max() never picks it over a real score.
-const MASKED_SCORE: f32 = -3.0e38;
 const LN2: f32 = 0.6931471805599453;
 const LOG2E: f32 = 1.4426950408889634;
 
@@ -145,11 +139,24 @@ fn visible(i: u32, j: u32) -> bool {
     return in_range & (!CAUSAL | (i32(j) <= i32(i) + params.causal_offset));
 }
 
+// A hidden pair's score: -inf, so that any finite score, however negative, outweighs it.
+fn masked_score() -> f32 {
+    return neg_inf();
+}
+
+// The running max before any key: -inf. The online-softmax functions below guard the
+// -inf - -inf = NaN cases, so rows whose keys are all hidden so far stay NaN-free, and rows
+// whose every score is finite but hugely negative still get the exact softmax (a finite
+// stand-in such as -1e30 would drop them).
+fn running_max_start() -> f32 {
+    return neg_inf();
+}
+
 // The score softmax sees, from x = q.k * scale * log2(e) (scores live in the exp2 domain):
-// MASKED_SCORE where the pair is hidden. `check` false skips the mask for tiles known to be
+// masked_score() where the pair is hidden. `check` false skips the mask for tiles known to be
 // fully visible (tile_needs_mask), so unmasked tiles pay nothing for it.
 fn finish_score(x: f32, i: u32, j: u32, check: bool) -> f32 {
-    return select(MASKED_SCORE, x, !check | visible(i, j));
+    return select(masked_score(), x, !check | visible(i, j));
 }
 
 // Online softmax: the running max after a tile whose max is m_tile, and the factor alpha that
@@ -161,12 +168,14 @@ struct OnlineMax {
 
 fn online_max(m_old: f32, m_tile: f32) -> OnlineMax {
     let m = max(m_old, m_tile);
-    return OnlineMax(m, exp2(m_old - m));
+    // nothing seen yet (m = -inf): the old sum and accumulator are zero, any factor will do
+    return OnlineMax(m, select(exp2(m_old - m), 1.0, m == neg_inf()));
 }
 
-// Unnormalized probability of a finished score against the running max (0 for masked).
+// Unnormalized probability of a finished score against the running max: 0 for a hidden pair,
+// also while the running max is still -inf.
 fn softmax_weight(s: f32, m: f32) -> f32 {
-    return exp2(s - m);
+    return select(exp2(s - m), 0.0, s == neg_inf());
 }
 
 // Natural-log LSE from the exp2-domain running max and the row sum.

@@ -66,7 +66,7 @@ fn main(
         smem[SQ + e] = x;
     }
 
-    var m_i = NEG_SENTINEL;
+    var m_i = running_max_start();
     var l_i = 0.0; // this lane's share of the row sum; reduced across lanes at the end
     var acc = array<f32, DPT>();
     var s = array<f32, CPT>();
@@ -90,14 +90,14 @@ fn main(
         for (var cc = 0u; cc < CPT; cc++) {
             let c = j + cc * TPR;
             // columns past BC belong to no key of this tile
-            s[cc] = select(MASKED_SCORE, finish_score(s[cc] * params.scale_log2, i, kv0 + c, masked), c < BC);
+            s[cc] = select(masked_score(), finish_score(s[cc] * params.scale_log2, i, kv0 + c, masked), c < BC);
             if (c < BC) {
                 smem[SS + r * BC + c] = s[cc];
             }
         }
         workgroupBarrier();
 
-        var m_tile = NEG_SENTINEL;
+        var m_tile = running_max_start();
         for (var c = 0u; c < BC; c++) {
             m_tile = max(m_tile, smem[SS + r * BC + c]);
         }

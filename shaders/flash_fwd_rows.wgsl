@@ -52,7 +52,7 @@ fn main(
     var l_i = array<f32, RPT>();
     var m_new = array<f32, RPT>();
     for (var rr = 0u; rr < RPT; rr++) {
-        m_i[rr] = NEG_SENTINEL;
+        m_i[rr] = running_max_start();
     }
 
     let kv_end = kv_end_for_rows(q0, q0 + BR);

@@ -33,7 +33,7 @@ fn main(
     let at = slice_row(row);
     let base = row * params.seq_kv;
 
-    var m = NEG_SENTINEL;
+    var m = running_max_start();
     for (var j = t; j < params.seq_kv; j += 64u) {
         m = max(m, finish_score(scores[base + j] * params.scale_log2, at.i, j, true));
     }

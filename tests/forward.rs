@@ -90,3 +90,30 @@ fn explicit_softmax_scale_is_used() {
     c.softmax_scale = Some(0.37);
     check_forward(&c, 1.0);
 }
+
+#[test]
+fn rows_whose_every_score_is_hugely_negative_still_get_the_exact_softmax() {
+    // q and k positive and softmax_scale = -1e31: every score is finite and below -1e30,
+    // far under any finite stand-in for the running max's start. The result is the exact
+    // softmax: each row's weight goes (almost) entirely to its least negative key.
+    use flash_attn_wgpu::{reference, Algorithm, Context, Tuning, Variant};
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    let mut c = cfg(1, 37, 45, 2, 1, 16, true);
+    c.softmax_scale = Some(-1.0e31);
+    let seed = common::fresh_seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut pos = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(0.1..1.0)).collect() };
+    let (q, k, v) = (pos(37 * 2 * 16), pos(45 * 16), pos(45 * 16));
+    let want = reference::forward(&c, &q, &k, &v);
+    assert!(want.lse.iter().all(|&l| l < -1.0e30), "the test needs every lse below -1e30");
+    let ctx = Context::new().unwrap();
+    let base = ctx.tuning();
+    for (algorithm, variant) in [(Algorithm::Tiled, Variant::Lanes), (Algorithm::Tiled, Variant::Rows), (Algorithm::Naive, Variant::Rows)] {
+        ctx.set_tuning(Tuning { variant, ..base }).unwrap();
+        c.algorithm = algorithm;
+        let msg = format!("{algorithm:?} {variant:?} seed={seed}");
+        let got = ctx.forward_host(&c, &q, &k, &v).unwrap();
+        common::assert_close("out", &got.out, &want.out, &msg);
+        common::assert_lse_close(&got.lse, &want.lse, &msg);
+    }
+}
