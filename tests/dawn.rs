@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::variants::variants;
-use common::{cfg, inputs, rel_tol};
-use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
+use common::{cfg, rel_tol, rounded_inputs, Rounded};
+use flash_attn_wgpu::dtype::to_f32_vec;
 use flash_attn_wgpu::kernels::{DeviceCaps, WgslConsumer};
 use flash_attn_wgpu::replay::{to_words, ReplayCase, ReplayCheck};
 use flash_attn_wgpu::{
@@ -142,22 +142,20 @@ fn cases<T: Element>(
     e: &plan::PlanEnv,
     name: &str,
 ) -> [ReplayCase; 2] {
-    let data = inputs(c, amp);
-    let (q, k, v, d_out) = (
-        from_f32_slice::<T>(&data.q),
-        from_f32_slice::<T>(&data.k),
-        from_f32_slice::<T>(&data.v),
-        from_f32_slice::<T>(&data.d_out),
-    );
-    let (qr, kr, vr, dor) = (
-        to_f32_vec(&q),
-        to_f32_vec(&k),
-        to_f32_vec(&v),
-        to_f32_vec(&d_out),
-    );
+    let Rounded {
+        seed,
+        q,
+        k,
+        v,
+        d_out,
+        qr,
+        kr,
+        vr,
+        dor,
+    } = rounded_inputs::<T>(c, amp);
     let want = reference::forward(c, &qr, &kr, &vr);
     let dtype = T::DTYPE;
-    let name = format!("{name} seed={}", data.seed);
+    let name = format!("{name} seed={seed}");
 
     let p = plan::forward(c, dtype, e).expect("forward plan");
     let mut fwd = p.replay(

@@ -105,10 +105,17 @@ fn rows_whose_every_score_is_hugely_negative_still_get_the_exact_softmax() {
     let mut pos = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(0.1..1.0)).collect() };
     let (q, k, v) = (pos(37 * 2 * 16), pos(45 * 16), pos(45 * 16));
     let want = reference::forward(&c, &q, &k, &v);
-    assert!(want.lse.iter().all(|&l| l < -1.0e30), "the test needs every lse below -1e30");
+    assert!(
+        want.lse.iter().all(|&l| l < -1.0e30),
+        "the test needs every lse below -1e30"
+    );
     let ctx = Context::new().unwrap();
     let base = ctx.tuning();
-    for (algorithm, variant) in [(Algorithm::Tiled, Variant::Lanes), (Algorithm::Tiled, Variant::Rows), (Algorithm::Naive, Variant::Rows)] {
+    for (algorithm, variant) in [
+        (Algorithm::Tiled, Variant::Lanes),
+        (Algorithm::Tiled, Variant::Rows),
+        (Algorithm::Naive, Variant::Rows),
+    ] {
         ctx.set_tuning(Tuning { variant, ..base }).unwrap();
         c.algorithm = algorithm;
         let msg = format!("{algorithm:?} {variant:?} seed={seed}");

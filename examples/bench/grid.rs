@@ -285,15 +285,7 @@ fn record(
     let plan_bytes = plan::forward(cfg, dt, &env).and_then(|f| match pass {
         Pass::Fwd => Ok(f.allocated_bytes()),
         Pass::FwdBwd => plan::backward(cfg, dt, &env).map(|b| {
-            let fwd_outputs: u64 = f
-                .outputs
-                .iter()
-                .map(|o| {
-                    o.dtype
-                        .buffer_bytes(o.shape.iter().product::<usize>() as u64)
-                        .unwrap_or(u64::MAX)
-                })
-                .sum();
+            let fwd_outputs = f.output_bytes();
             f.allocated_bytes()
                 .max(fwd_outputs.saturating_add(b.allocated_bytes()))
         }),

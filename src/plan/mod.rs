@@ -71,18 +71,21 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Bytes of device memory the call allocates: outputs and scratch.
-    pub fn allocated_bytes(&self) -> u64 {
-        let outputs: u64 = self
-            .outputs
+    /// Bytes of device memory the call's outputs take.
+    pub fn output_bytes(&self) -> u64 {
+        self.outputs
             .iter()
             .map(|o| {
                 o.dtype
                     .buffer_bytes(o.shape.iter().product::<usize>() as u64)
                     .unwrap_or(u64::MAX)
             })
-            .sum();
-        outputs
+            .sum()
+    }
+
+    /// Bytes of device memory the call allocates: outputs and scratch.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.output_bytes()
             + self
                 .scratch
                 .iter()

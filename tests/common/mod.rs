@@ -172,6 +172,47 @@ pub fn cfg(
     c
 }
 
+/// Fresh random inputs rounded to `T`, and the same rounded values in f32 (exact) for the
+/// reference.
+pub struct Rounded<T> {
+    pub seed: u64,
+    pub q: Vec<T>,
+    pub k: Vec<T>,
+    pub v: Vec<T>,
+    pub d_out: Vec<T>,
+    pub qr: Vec<f32>,
+    pub kr: Vec<f32>,
+    pub vr: Vec<f32>,
+    pub dor: Vec<f32>,
+}
+
+pub fn rounded_inputs<T: Element>(cfg: &AttentionConfig, amp: f32) -> Rounded<T> {
+    let data = inputs(cfg, amp);
+    let (q, k, v, d_out) = (
+        from_f32_slice::<T>(&data.q),
+        from_f32_slice::<T>(&data.k),
+        from_f32_slice::<T>(&data.v),
+        from_f32_slice::<T>(&data.d_out),
+    );
+    let (qr, kr, vr, dor) = (
+        to_f32_vec(&q),
+        to_f32_vec(&k),
+        to_f32_vec(&v),
+        to_f32_vec(&d_out),
+    );
+    Rounded {
+        seed: data.seed,
+        q,
+        k,
+        v,
+        d_out,
+        qr,
+        kr,
+        vr,
+        dor,
+    }
+}
+
 /// Largest errors of one dtype check, as fractions of max |reference|.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Errors {
@@ -201,20 +242,18 @@ pub fn check_dtype<T: Element>(
     amp: f32,
     msg: &str,
 ) -> Errors {
-    let data = inputs(cfg, amp);
-    let msg = format!("{} {msg} {}", T::DTYPE, describe(cfg, data.seed));
-    let (q, k, v, d_out) = (
-        from_f32_slice::<T>(&data.q),
-        from_f32_slice::<T>(&data.k),
-        from_f32_slice::<T>(&data.v),
-        from_f32_slice::<T>(&data.d_out),
-    );
-    let (qr, kr, vr, dor) = (
-        to_f32_vec(&q),
-        to_f32_vec(&k),
-        to_f32_vec(&v),
-        to_f32_vec(&d_out),
-    );
+    let Rounded {
+        seed,
+        q,
+        k,
+        v,
+        d_out,
+        qr,
+        kr,
+        vr,
+        dor,
+    } = rounded_inputs::<T>(cfg, amp);
+    let msg = format!("{} {msg} {}", T::DTYPE, describe(cfg, seed));
     let tol = rel_tol(T::DTYPE);
     let want = reference::forward(cfg, &qr, &kr, &vr);
     let f = ctx
