@@ -104,7 +104,7 @@ impl AttentionConfig {
                 self.head_dim
             )));
         }
-        if self.heads_q % self.heads_kv != 0 {
+        if !self.heads_q.is_multiple_of(self.heads_kv) {
             return Err(Error::invalid(format!(
                 "heads_q must be a multiple of heads_kv (GQA/MQA), got heads_q = {} and heads_kv = {}",
                 self.heads_q, self.heads_kv

@@ -266,7 +266,6 @@ fn nan_and_inf_inputs_behave_in_half_dtypes_as_in_f32() {
                 variant,
                 rows_subgroup,
                 half_storage,
-                ..base
             })
             .unwrap();
             let got = match dtype {

@@ -168,11 +168,10 @@ impl Context {
             subgroups: features.contains(wgpu::Features::SUBGROUP),
             timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
         };
-        let fixed_subgroup = (features.contains(wgpu::Features::SUBGROUP)
+        let fixed = features.contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size == info.subgroup_max_size
-            && (2..=64).contains(&info.subgroup_min_size))
-        .then_some(info.subgroup_min_size)
-        .unwrap_or(0);
+            && (2..=64).contains(&info.subgroup_min_size);
+        let fixed_subgroup = if fixed { info.subgroup_min_size } else { 0 };
         let shader_f16 = features.contains(wgpu::Features::SHADER_F16);
         let tuning = Tuning {
             variant: Variant::for_device_type(info.device_type),
