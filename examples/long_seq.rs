@@ -8,6 +8,10 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
+#[path = "common/cli.rs"]
+mod cli;
+use cli::positive;
+
 use clap::Parser;
 use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, Error};
 
@@ -25,14 +29,6 @@ struct Args {
     /// Causal (bottom-right aligned) mask
     #[arg(long)]
     causal: bool,
-}
-
-fn positive(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(v) => Ok(v),
-        Err(e) => Err(format!("{s:?} is not a whole number: {e}")),
-    }
 }
 
 fn main() -> ExitCode {

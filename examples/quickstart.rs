@@ -7,6 +7,10 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
+#[path = "common/cli.rs"]
+mod cli;
+use cli::positive;
+
 use clap::Parser;
 use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -37,14 +41,6 @@ struct Args {
     /// Seed of the random inputs [default: a fresh random seed, printed]
     #[arg(long)]
     seed: Option<u64>,
-}
-
-fn positive(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(v) => Ok(v),
-        Err(e) => Err(format!("{s:?} is not a whole number: {e}")),
-    }
 }
 
 fn main() -> ExitCode {

@@ -18,6 +18,10 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::time::Instant;
 
+#[path = "common/cli.rs"]
+mod cli;
+use cli::positive;
+
 use clap::{Parser, ValueEnum};
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
 use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, DType, Element};
@@ -69,7 +73,7 @@ struct Options {
     #[arg(long, value_enum, default_value = "tiled")]
     algorithm: AlgArg,
     /// Element type of the attention's q, k, v, out, d_out and gradients: f32, f16, bf16
-    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    #[arg(long, default_value = "f32")]
     dtype: DType,
     /// Scale of d_out in the backward, undone in f32: auto (f16: a power of two per step), off,
     /// or a factor
@@ -102,18 +106,6 @@ fn parse_loss_scale(s: &str) -> Result<LossScale, String> {
                 "expected auto, off or a positive factor, got {v:?}"
             )),
         },
-    }
-}
-
-fn parse_dtype(s: &str) -> Result<DType, String> {
-    s.parse()
-}
-
-fn positive(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(v) => Ok(v),
-        Err(e) => Err(format!("{s:?} is not a whole number: {e}")),
     }
 }
 

@@ -2,6 +2,10 @@
 
 use std::path::PathBuf;
 
+#[path = "../common/cli.rs"]
+mod cli;
+use cli::positive;
+
 use clap::{Parser, ValueEnum};
 use flash_attn_wgpu::{DType, HalfStorage, Tuning, Variant};
 
@@ -64,7 +68,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', value_parser = positive, default_values_t = [64])]
     pub head_dim: Vec<usize>,
     /// Element types of q, k, v, out and the gradients, comma list: f32, f16, bf16
-    #[arg(long, value_delimiter = ',', value_parser = parse_dtype, default_value = "f32")]
+    #[arg(long, value_delimiter = ',', default_value = "f32")]
     pub dtype: Vec<DType>,
     /// Causal (bottom-right aligned) mask
     #[arg(long, conflicts_with = "causal_both")]
@@ -137,22 +141,10 @@ impl Args {
     }
 }
 
-fn positive(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(v) => Ok(v),
-        Err(e) => Err(format!("{s:?} is not a whole number: {e}")),
-    }
-}
-
 fn positive_f64(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
         Ok(v) => Err(format!("must be a positive number, got {v}")),
         Err(e) => Err(format!("{s:?} is not a number: {e}")),
     }
-}
-
-fn parse_dtype(s: &str) -> Result<DType, String> {
-    s.parse()
 }

@@ -136,23 +136,17 @@ fn cells(r: &Record, roof: &Roofline) -> [String; 17] {
 const WIDTHS: [usize; 16] = [6, 6, 3, 5, 4, 6, 5, 5, 11, 9, 6, 6, 8, 6, 10, 10];
 
 fn table_header() -> String {
-    let mut s = String::new();
-    for (i, c) in COLUMNS.iter().enumerate() {
-        match WIDTHS.get(i) {
-            Some(&w) => {
-                let _ = write!(s, "{c:>w$} ");
-            }
-            None => {
-                let _ = write!(s, " {c}");
-            }
-        }
-    }
-    s.trim_end().to_string()
+    aligned(COLUMNS.iter().copied())
 }
 
 pub fn table_row(r: &Record, roof: &Roofline) -> String {
+    aligned(cells(r, roof).iter().map(String::as_str))
+}
+
+/// One line of the text table: cells right-aligned to WIDTHS; cells past them (the note) follow.
+fn aligned<'a>(cells: impl Iterator<Item = &'a str>) -> String {
     let mut s = String::new();
-    for (i, c) in cells(r, roof).iter().enumerate() {
+    for (i, c) in cells.enumerate() {
         match WIDTHS.get(i) {
             Some(&w) => {
                 let _ = write!(s, "{c:>w$} ");

@@ -71,12 +71,16 @@ impl Context {
         self.mem.peak.store(live, Ordering::SeqCst);
     }
 
+    /// The largest buffer that can also be bound whole as storage.
+    pub(crate) fn binding_limit(&self) -> u64 {
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
+    }
+
     /// Checks a buffer size against the device's buffer and binding limits.
     pub(crate) fn check_buffer_size(&self, bytes: u64, what: &str) -> Result<()> {
-        let limit = self
-            .limits
-            .max_storage_buffer_binding_size
-            .min(self.limits.max_buffer_size);
+        let limit = self.binding_limit();
         if bytes > limit {
             return Err(Error::DeviceLimit {
                 what: format!("{what} buffer"),

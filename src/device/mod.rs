@@ -263,11 +263,7 @@ impl Context {
         PlanEnv {
             caps: self.caps,
             tuning: self.tuning(),
-            max_binding_bytes: self
-                .limits
-                .max_storage_buffer_binding_size
-                .min(self.limits.max_buffer_size)
-                .min(u32::MAX as u64),
+            max_binding_bytes: self.binding_limit().min(u32::MAX as u64),
         }
     }
 

@@ -17,19 +17,25 @@ const COMMON: &str = include_str!("../../shaders/common.wgsl");
 /// The entry point of every element-parallel kernel: 64 invocations per workgroup over a
 /// grid folded into (x, y); each invocation below `total_items` runs the kernel's `item`.
 pub const ELEMENTWISE_WORKGROUP: u32 = 64;
-const ELEMENTWISE_ENTRY: &str = "
-@compute @workgroup_size(64)
+
+fn elementwise_entry() -> String {
+    let n = ELEMENTWISE_WORKGROUP;
+    format!(
+        "
+@compute @workgroup_size({n})
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) t: u32,
-) {
-    let e = linear_workgroup(wid, nwg) * 64u + t;
-    if (e < params.total_items) {
+) {{
+    let e = linear_workgroup(wid, nwg) * {n}u + t;
+    if (e < params.total_items) {{
         item(e);
-    }
+    }}
+}}
+"
+    )
 }
-";
 
 /// Which shader compiler a WGSL source is generated for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,7 +126,7 @@ impl KernelKey {
         s.push('\n');
         s.push_str(self.kernel.source());
         if self.kernel.is_elementwise() {
-            s.push_str(ELEMENTWISE_ENTRY);
+            s.push_str(&elementwise_entry());
         }
         s
     }
