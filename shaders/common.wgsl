@@ -24,6 +24,14 @@ struct Params {
     slice_base: u32,     // naive kernels: first (batch, head) slice of this chunk
     slice_count: u32,    // naive kernels: slices in this chunk
     total_items: u32,    // element-parallel kernels: items in this dispatch
+    q_shift: u32,        // windowed calls: where element 0 of q, out, d_out, dq lies in its binding
+    kv_shift: u32,       // ... of k, v, dk, dv
+    row_shift: u32,      // ... of lse, delta
+    row_stride: u32,     // lse, delta: stride between (batch, head) rows (the call's seq_q)
+    resume: u32,         // windowed calls: 1 to continue from what earlier passes stored
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -42,6 +50,11 @@ fn runtime_bits(bits: u32) -> u32 {
 
 fn neg_inf() -> f32 {
     return bitcast<f32>(runtime_bits(0xff800000u));
+}
+
+// NaN test on the bits, which no float optimization may fold away.
+fn is_nan(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
 }
 
 // Linear workgroup id of a grid folded into (x, y) to stay under 65,535 per dimension.
@@ -88,19 +101,24 @@ fn slice_row(row: u32) -> SliceRow {
     return SliceRow(slice / params.heads_q, slice % params.heads_q, row % params.seq_q);
 }
 
-// q, out, dq: [batch, seq_q, heads_q, head_dim]
+// Every tensor index goes through these three functions. A call split into windows
+// (src/plan/split.rs) runs each part as a smaller problem whose tensors are bound from an
+// aligned byte offset: the shifts place its element 0, and row_stride keeps the whole call's
+// lse layout.
+
+// q, out, d_out, dq: [batch, seq_q, heads_q, head_dim]
 fn q_index(b: u32, i: u32, h: u32, d: u32) -> u32 {
-    return ((b * params.seq_q + i) * params.heads_q + h) * HEAD_DIM + d;
+    return ((b * params.seq_q + i) * params.heads_q + h) * HEAD_DIM + d + params.q_shift;
 }
 
 // k, v, dk, dv: [batch, seq_kv, heads_kv, head_dim]
 fn kv_index(b: u32, j: u32, hk: u32, d: u32) -> u32 {
-    return ((b * params.seq_kv + j) * params.heads_kv + hk) * HEAD_DIM + d;
+    return ((b * params.seq_kv + j) * params.heads_kv + hk) * HEAD_DIM + d + params.kv_shift;
 }
 
 // lse, delta: [batch, heads_q, seq_q]
 fn row_index(b: u32, h: u32, i: u32) -> u32 {
-    return (b * params.heads_q + h) * params.seq_q + i;
+    return (b * params.heads_q + h) * params.row_stride + i + params.row_shift;
 }
 
 // Keys [0, end) are the only ones any of query rows [q_begin, q_end) can see.
@@ -178,22 +196,61 @@ fn softmax_weight(s: f32, m: f32) -> f32 {
     return select(exp2(s - m), 0.0, s == neg_inf());
 }
 
-// Natural-log LSE from the exp2-domain running max and the row sum.
+// A windowed forward's later pass (params.resume) continues each row from what the earlier
+// passes stored: its normalized out and its lse. With the running max set to the lse (exp2
+// domain) the row sum is exactly 1 and the accumulator is out itself, so the merge is exact.
+// A row that has seen no key yet (lse = -inf) starts empty; a NaN lse stays NaN.
+struct Resumed {
+    m: f32,
+    l: f32,
+}
+
+fn resumed_row(lse: f32) -> Resumed {
+    if (lse == neg_inf()) {
+        return Resumed(running_max_start(), 0.0);
+    }
+    return Resumed(lse * LOG2E, 1.0);
+}
+
+// Natural-log LSE from the exp2-domain running max and the row sum: -inf for a row that sees
+// no key, NaN for a row that sees a NaN (its sum is NaN), never -inf for it.
 fn finish_lse(m: f32, l: f32) -> f32 {
-    if (l > 0.0) {
+    if (l > 0.0 || is_nan(l)) {
         return (m + log2(l)) * LN2;
     }
     return neg_inf();
 }
 
+// 1 / row sum, for normalizing the output: 0 for a row that sees no key (its accumulator is
+// 0), NaN for a row whose sum is NaN, so that the NaN reaches every output element.
+fn row_normalizer(l: f32) -> f32 {
+    return select(0.0, 1.0 / l, l > 0.0 || is_nan(l));
+}
+
+// acc + w * x, skipped when the weight w is exactly 0. A hidden or out-of-range pair's weight
+// (P, or dS = P * ...) is exactly 0, and 0 * NaN or 0 * Inf would carry a value the row never
+// sees into it; a visible NaN still propagates (its weight is NaN, or x is NaN with w != 0).
+// Every P V, P^T dO, dS K and dS^T Q product goes through this.
+fn add_weighted(acc: f32, w: f32, x: f32) -> f32 {
+    // `w == 0.0` rather than `w != 0.0`: compilers may lower `!=` to an ordered compare,
+    // false for a NaN weight, which would drop the NaN
+    return select(fma(w, x, acc), acc, w == 0.0);
+}
+
 // Backward: P recomputed from a finished score and the row's lse in the exp2 domain.
+// A hidden pair gets exactly 0, also for a row whose lse is NaN (it saw a NaN). P <= 1 holds
+// exactly (s <= lse), but for huge scores (|s| ~ 1e19) the f32 rounding of lse can put s - lse2
+// far above 0, and exp2 of it at infinity: such a P is 1. (`x > 0.0` is false for NaN, which
+// stays NaN.)
 fn recompute_p(s: f32, lse2: f32) -> f32 {
-    return exp2(s - lse2);
+    let x = s - lse2;
+    return select(select(exp2(x), 1.0, x > 0.0), 0.0, s == neg_inf());
 }
 
 // Backward: dS = P * (dP - delta), the gradient at the finished score (delta = rowsum(dO * O)).
+// A hidden pair (P exactly 0) gets exactly 0, whatever dP holds (dP = dO . v sees the pair's v).
 fn score_grad(p: f32, dp: f32, delta: f32) -> f32 {
-    return p * (dp - delta);
+    return select(p * (dp - delta), 0.0, p == 0.0);
 }
 
 fn pos_inf() -> f32 {

@@ -108,8 +108,8 @@ fn main(
                     let q_mine = lane_values(sq[r * DPAD + d0 + lane]);
                     let do_mine = lane_values(sdo[r * DPAD + d0 + lane]);
                     for (var l = 0u; l < SG; l++) {
-                        dv_tile[d0 + l] = fma(pr, do_mine[l], dv_tile[d0 + l]);
-                        dk_tile[d0 + l] = fma(dsr, q_mine[l], dk_tile[d0 + l]);
+                        dv_tile[d0 + l] = add_weighted(dv_tile[d0 + l], pr, do_mine[l]);
+                        dk_tile[d0 + l] = add_weighted(dk_tile[d0 + l], dsr, q_mine[l]);
                     }
                 }
             }

@@ -106,7 +106,7 @@ fn main(
                 for (var l = 0u; l < SG; l++) {
                     let kd = k_mine[l];
                     for (var rr = 0u; rr < RPT; rr++) {
-                        dq_tile[rr][d0 + l] = fma(dsc[rr], kd, dq_tile[rr][d0 + l]);
+                        dq_tile[rr][d0 + l] = add_weighted(dq_tile[rr][d0 + l], dsc[rr], kd);
                     }
                 }
             }

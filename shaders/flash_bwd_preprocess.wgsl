@@ -12,5 +12,5 @@ fn item(e: u32) {
     for (var d = 0u; d < HEAD_DIM; d++) {
         acc = fma(load_out(base + d), load_d_out(base + d), acc);
     }
-    delta[e] = acc;
+    delta[row_index(b, h, i)] = acc;
 }

@@ -70,6 +70,17 @@ fn main(
     var l_i = 0.0; // this lane's share of the row sum; reduced across lanes at the end
     var acc = array<f32, DPT>();
     var s = array<f32, CPT>();
+    if (params.resume != 0u && i < params.seq_q) {
+        let st = resumed_row(lse[row_index(b, h, i)]);
+        m_i = st.m;
+        l_i = select(0.0, st.l, j == 0u);
+        for (var dd = 0u; dd < DPT; dd++) {
+            let d = j + dd * TPR;
+            if (d < HEAD_DIM) {
+                acc[dd] = load_out(q_index(b, i, h, d));
+            }
+        }
+    }
 
     let kv_end = kv_end_for_rows(q0, q0 + BR);
     for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
@@ -126,7 +137,7 @@ fn main(
             let p = smem[SP + r * BC + c];
             for (var dd = 0u; dd < DPT; dd++) {
                 let d = min(j + dd * TPR, HEAD_DIM - 1u);
-                o_tile[dd] = fma(p, smem[SKV + c * HEAD_DIM + d], o_tile[dd]);
+                o_tile[dd] = add_weighted(o_tile[dd], p, smem[SKV + c * HEAD_DIM + d]);
             }
         }
         for (var dd = 0u; dd < DPT; dd++) {
@@ -142,7 +153,7 @@ fn main(
         l += smem[SL + r * TPR + jj];
     }
     if (i < params.seq_q) {
-        let inv_l = select(0.0, 1.0 / l, l > 0.0);
+        let inv_l = row_normalizer(l);
         for (var dd = 0u; dd < DPT; dd++) {
             let d = j + dd * TPR;
             if (d < HEAD_DIM) {

@@ -53,6 +53,16 @@ fn main(
     var m_new = array<f32, RPT>();
     for (var rr = 0u; rr < RPT; rr++) {
         m_i[rr] = running_max_start();
+        let i = q0 + t + rr * NT;
+        if (params.resume != 0u && i < params.seq_q) {
+            let st = resumed_row(lse[row_index(b, h, i)]);
+            m_i[rr] = st.m;
+            l_i[rr] = st.l;
+            let base = q_index(b, i, h, 0u);
+            for (var d = 0u; d < HEAD_DIM; d++) {
+                acc[rr][d] = load_out(base + d);
+            }
+        }
     }
 
     let kv_end = kv_end_for_rows(q0, q0 + BR);
@@ -114,7 +124,7 @@ fn main(
                 for (var l = 0u; l < SG; l++) {
                     let vd = mine[l];
                     for (var rr = 0u; rr < RPT; rr++) {
-                        o[rr][d0 + l] = fma(p[rr], vd, o[rr][d0 + l]);
+                        o[rr][d0 + l] = add_weighted(o[rr][d0 + l], p[rr], vd);
                     }
                 }
             }
@@ -131,7 +141,7 @@ fn main(
     for (var rr = 0u; rr < RPT; rr++) {
         let i = q0 + t + rr * NT;
         if (i < params.seq_q) {
-            let inv_l = select(0.0, 1.0 / l_i[rr], l_i[rr] > 0.0);
+            let inv_l = row_normalizer(l_i[rr]);
             let base = q_index(b, i, h, 0u);
             for (var d = 0u; d < HEAD_DIM; d++) {
                 store_out(base + d, acc[rr][d] * inv_l);

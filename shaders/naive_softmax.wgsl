@@ -43,7 +43,7 @@ fn main(
         l += softmax_weight(finish_score(scores[base + j] * params.scale_log2, at.i, j, true), m);
     }
     l = reduce(t, l, false);
-    let inv_l = select(0.0, 1.0 / l, l > 0.0);
+    let inv_l = row_normalizer(l);
     for (var j = t; j < params.seq_kv; j += 64u) {
         let s = finish_score(scores[base + j] * params.scale_log2, at.i, j, true);
         probs[base + j] = softmax_weight(s, m) * inv_l;

@@ -28,7 +28,8 @@ pub struct HostGradients<T = f32> {
 impl Context {
     /// Backward pass on device tensors. `out` and `lse` are the forward's results exactly as
     /// returned; `d_out` is the gradient of the loss with respect to `out`. q, k, v, out and
-    /// d_out share q's dtype; lse is f32.
+    /// d_out share q's dtype; lse is f32 and is refused (`Error::InvalidValue`) where it holds
+    /// +inf, which no forward returns.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
@@ -48,6 +49,9 @@ impl Context {
         check_tensor(self, TensorRole::Out, out, &cfg.q_shape(), dtype)?;
         check_tensor(self, TensorRole::Lse, lse, &cfg.lse_shape(), DType::F32)?;
         check_tensor(self, TensorRole::DOut, d_out, &cfg.q_shape(), dtype)?;
+        // lse is one value per row, small beside the pass itself: read back and checked here
+        // as the host call checks it.
+        check_lse_values(&self.download::<f32>(lse)?)?;
         let plan = plan::backward(cfg, dtype, &self.plan_env())?;
         let mut g = self
             .execute(&plan, &[q, k, v, out, lse, d_out])?
@@ -80,7 +84,6 @@ impl Context {
         check_slice(TensorRole::Out, out.len(), &cfg.q_shape())?;
         check_slice(TensorRole::Lse, lse.len(), &cfg.lse_shape())?;
         check_slice(TensorRole::DOut, d_out.len(), &cfg.q_shape())?;
-        check_lse_values(lse)?;
         let (qs, kvs) = (cfg.q_shape(), cfg.kv_shape());
         let g = self.backward(
             cfg,

@@ -46,12 +46,19 @@ pub(crate) fn check_slice(role: TensorRole, len: usize, expected: &[usize]) -> R
     Ok(())
 }
 
-/// lse values are finite or -inf (a row that sees no key).
+/// lse values are what a forward can produce: finite, -inf (a row that sees no key) or NaN (a
+/// row that saw a NaN; its gradients come back NaN). +inf cannot come from a forward and would
+/// silently zero the row's gradients, so it is refused.
 pub(crate) fn check_lse_values(lse: &[f32]) -> Result<()> {
-    if let Some(x) = lse.iter().find(|x| x.is_nan() || **x == f32::INFINITY) {
-        return Err(Error::invalid(format!(
-            "lse must be finite or -inf (a row that sees no key), got {x}"
-        )));
+    if let Some(index) = lse.iter().position(|x| *x == f32::INFINITY) {
+        return Err(Error::InvalidValue {
+            tensor: TensorRole::Lse,
+            index,
+            value: lse[index],
+            expected: "a finite value, -inf (a row that sees no key) or NaN (a row that saw a \
+                       NaN), as the forward returns it"
+                .into(),
+        });
     }
     Ok(())
 }

@@ -81,6 +81,14 @@ pub enum Error {
     #[error("{feature} is not supported here: {reason}")]
     Unsupported { feature: String, reason: String },
 
+    #[error("{tensor}[{index}] is {value}, expected {expected}")]
+    InvalidValue {
+        tensor: TensorRole,
+        index: usize,
+        value: f32,
+        expected: String,
+    },
+
     #[error("invalid attention config: {0}")]
     InvalidConfig(String),
 

@@ -55,11 +55,22 @@ fn row_probs(
             *sj = dot * scale;
         }
     }
-    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    if m == f64::NEG_INFINITY {
+    if s.iter().all(|&x| x == f64::NEG_INFINITY) {
         return (vec![0.0; cfg.seq_kv], f64::NEG_INFINITY);
     }
-    let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
+    // NaN scores (a NaN in q or a visible k) are skipped by the max and make the row's sum,
+    // every probability and the lse NaN; a -inf score (hidden, or a -inf dot product) weighs 0.
+    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = s
+        .iter()
+        .map(|&x| {
+            if x == f64::NEG_INFINITY {
+                0.0
+            } else {
+                (x - m).exp()
+            }
+        })
+        .collect();
     let l: f64 = e.iter().sum();
     (e.iter().map(|x| x / l).collect(), m + l.ln())
 }
@@ -148,7 +159,13 @@ fn backward_impl(
                     Some(o) => (0..d)
                         .map(|x| d_out[oo + x] as f64 * o[oo + x] as f64)
                         .sum(),
-                    None => p.iter().zip(&dp).map(|(a, b)| a * b).sum(),
+                    // hidden keys (p = 0) contribute nothing, whatever their v holds
+                    None => p
+                        .iter()
+                        .zip(&dp)
+                        .filter(|(a, _)| **a != 0.0)
+                        .map(|(a, b)| a * b)
+                        .sum(),
                 };
                 for j in 0..cfg.seq_kv {
                     if p[j] == 0.0 {

@@ -288,3 +288,68 @@ pub fn check_dtype_dyn(
         DType::BF16 => check_dtype::<half::bf16>(ctx, cfg, amp, msg),
     }
 }
+
+/// Like `assert_close_tol`, for results that may hold NaN: NaN exactly where the reference has
+/// NaN (a row that sees a NaN), and everywhere else within `tol` x the largest finite
+/// |reference|. Returns the number of NaN entries.
+pub fn assert_close_nan(what: &str, got: &[f32], want: &[f64], tol: f64, ctx_msg: &str) -> usize {
+    assert_eq!(got.len(), want.len(), "{what}: length ({ctx_msg})");
+    let scale = want
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(0.0f64, |m, x| m.max(x.abs()))
+        .max(1e-30);
+    let mut nans = 0;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if w.is_nan() {
+            assert!(g.is_nan(), "{what}[{i}] = {g}, want NaN ({ctx_msg})");
+            nans += 1;
+        } else if w.is_infinite() {
+            assert_eq!(g as f64, w, "{what}[{i}] ({ctx_msg})");
+        } else {
+            let e = (g as f64 - w).abs();
+            assert!(
+                e <= tol * scale,
+                "{what}[{i}]: got {g}, want {w}: error {e:.3e} exceeds {tol:e} x {scale:.3e} ({ctx_msg})"
+            );
+        }
+    }
+    nans
+}
+
+/// Writes `x` into every element of key `j` (all kv heads) of a `[b, seq_kv, heads_kv, d]`
+/// tensor, in batch 0.
+pub fn poison_key(t: &mut [f32], cfg: &AttentionConfig, j: usize, x: f32) {
+    let row = cfg.heads_kv * cfg.head_dim;
+    t[j * row..(j + 1) * row].fill(x);
+}
+
+/// Fresh rounded inputs for a causal config with seq_q == seq_kv (row i sees keys 0..=i),
+/// poisoned where causal masking hides the values from most rows: NaN and +-Inf in the k and
+/// v of the last four keys (key n-1 is seen by the last row alone), and a NaN query row (row 3
+/// of head 0). Rows that see a poisoned key or query carry NaN; every other row must come out
+/// as if nothing had been poisoned.
+pub fn poisoned_inputs<T: Element>(cfg: &AttentionConfig) -> Rounded<T> {
+    assert!(cfg.causal && cfg.seq_q == cfg.seq_kv && cfg.seq_q > 4);
+    let r = rounded_inputs::<T>(cfg, 1.0);
+    let (mut qr, mut kr, mut vr) = (r.qr, r.kr, r.vr);
+    let n = cfg.seq_kv;
+    poison_key(&mut vr, cfg, n - 1, f32::NAN);
+    poison_key(&mut kr, cfg, n - 2, f32::NAN);
+    poison_key(&mut vr, cfg, n - 3, f32::INFINITY);
+    poison_key(&mut kr, cfg, n - 4, f32::NEG_INFINITY);
+    poison_key(&mut vr, cfg, n - 4, f32::NAN);
+    let qrow = 3 * cfg.heads_q * cfg.head_dim;
+    qr[qrow..qrow + cfg.head_dim].fill(f32::NAN);
+    Rounded {
+        seed: r.seed,
+        q: from_f32_slice::<T>(&qr),
+        k: from_f32_slice::<T>(&kr),
+        v: from_f32_slice::<T>(&vr),
+        d_out: r.d_out,
+        qr,
+        kr,
+        vr,
+        dor: r.dor,
+    }
+}
