@@ -123,6 +123,43 @@ fn device_with_too_few_storage_buffers_names_the_limit() {
 }
 
 #[test]
+fn device_without_storage_buffers_is_refused_as_such() {
+    // A device as WebGL2-class downlevel limits give: no storage buffers in compute at all.
+    let limits = wgpu::Limits {
+        max_storage_buffers_per_shader_stage: 0,
+        ..wgpu::Limits::default()
+    };
+    let made = pollster::block_on(async {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions::default())
+            .await
+            .expect("an adapter");
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("no storage"),
+                required_limits: limits,
+                ..Default::default()
+            })
+            .await
+            .expect("a device");
+        Context::from_wgpu(device, queue)
+    });
+    match made {
+        Err(Error::Unsupported { reason, .. }) => {
+            assert!(
+                reason.contains("max_storage_buffers_per_shader_stage"),
+                "{reason}"
+            );
+            assert!(reason.contains("with 0"), "{reason}");
+            assert!(!reason.contains("canary"), "{reason}");
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+}
+
+#[test]
 fn more_than_65535_workgroups_are_folded_into_two_dimensions() {
     // 66,000 query heads of one row each: 66,000 workgroups for the tiled forward and the
     // naive softmax, past the 65,535 per dimension limit.
