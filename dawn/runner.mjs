@@ -157,7 +157,12 @@ async function record(device, c, buffers, query) {
       layout,
       entries: [
         { binding: 0, resource: { buffer: params } },
-        ...step.bindings.map((b, i) => ({ binding: i + 1, resource: { buffer: buffers[b.buffer] } })),
+        ...step.bindings.map((b, i) => ({
+          binding: i + 1,
+          resource: b.offset == null
+            ? { buffer: buffers[b.buffer] }
+            : { buffer: buffers[b.buffer], offset: b.offset, size: b.size },
+        })),
       ],
     });
     prepared.push({ pipeline, bindGroup, grid: step.grid });
@@ -189,8 +194,13 @@ async function readBack(device, buf, bytes) {
 }
 
 function checkOne(chk, got) {
+  const nan = new Set(chk.nan ?? []);
+  for (const i of nan) {
+    if (!Number.isNaN(got[i])) return { ok: false, detail: `${chk.label}[${i}] = ${got[i]}, want NaN (the row sees a NaN)` };
+  }
   if (chk.kind === 'lse') {
     for (let i = 0; i < chk.expected.length; i++) {
+      if (nan.has(i)) continue;
       const w = chk.expected[i];
       const g = got[i];
       if (w === null) {
@@ -202,10 +212,11 @@ function checkOne(chk, got) {
     return { ok: true, err: 0 };
   }
   let scale = 1e-30;
-  for (const w of chk.expected) scale = Math.max(scale, Math.abs(w));
+  chk.expected.forEach((w, i) => { if (!nan.has(i)) scale = Math.max(scale, Math.abs(w)); });
   let worst = 0;
   let at = 0;
   for (let i = 0; i < chk.expected.length; i++) {
+    if (nan.has(i)) continue;
     const e = Math.abs(got[i] - chk.expected[i]);
     if (!(e <= worst)) {
       worst = Number.isNaN(e) ? Infinity : e;

@@ -4,7 +4,7 @@
 use crate::device::{Context, TrackedBuffer};
 use crate::error::{Error, Result};
 use crate::kernels::{fold_grid, KernelKey, Params};
-use crate::plan::{BufRef, Plan};
+use crate::plan::{BufRef, Plan, Window};
 use crate::tensor::Tensor;
 
 /// One dispatch to record: which kernel, its parameters, its buffers (bindings 1..), and how
@@ -13,6 +13,8 @@ pub(crate) struct Dispatch<'a> {
     pub key: KernelKey,
     pub params: Params,
     pub buffers: Vec<&'a wgpu::Buffer>,
+    /// The byte window each buffer is bound through; empty or `None`: the whole buffer.
+    pub windows: Vec<Option<Window>>,
     pub workgroups: u32,
 }
 
@@ -56,9 +58,17 @@ impl Context {
                 resource: ub.as_entire_binding(),
             }];
             for (i, b) in d.buffers.iter().enumerate() {
+                let resource = match d.windows.get(i).copied().flatten() {
+                    Some(w) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: b,
+                        offset: w.offset,
+                        size: std::num::NonZeroU64::new(w.size),
+                    }),
+                    None => b.as_entire_binding(),
+                };
                 entries.push(wgpu::BindGroupEntry {
                     binding: i as u32 + 1,
-                    resource: b.as_entire_binding(),
+                    resource,
                 });
             }
             let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -188,16 +198,38 @@ impl Context {
                 BufRef::Scratch(i) => &scratch[i].buffer,
             }
         };
-        let dispatches: Vec<Dispatch<'_>> = plan
-            .steps
-            .iter()
-            .map(|s| Dispatch {
+        let name = |r: &BufRef| -> String {
+            match *r {
+                BufRef::Input(i) => plan.inputs[i].to_string(),
+                BufRef::Output(i) => plan.outputs[i].role.to_string(),
+                BufRef::Scratch(i) => plan.scratch[i].label.to_string(),
+            }
+        };
+        let limit = self.binding_limit();
+        let mut dispatches: Vec<Dispatch<'_>> = Vec::with_capacity(plan.steps.len());
+        for s in &plan.steps {
+            let buffers: Vec<&wgpu::Buffer> = s.buffers.iter().map(resolve).collect();
+            for (i, (r, b)) in s.buffers.iter().zip(&buffers).enumerate() {
+                let bound = s.window(i).map_or(b.size(), |w| w.size);
+                if bound > limit {
+                    return Err(Error::DeviceLimit {
+                        what: format!("{} bound by {}", name(r), s.key.kernel.name()),
+                        needed: bound,
+                        limit,
+                        hint: "Algorithm::Tiled splits tensors past one binding into windows; \
+                               Algorithm::Naive binds each tensor whole"
+                            .into(),
+                    });
+                }
+            }
+            dispatches.push(Dispatch {
                 key: s.key,
                 params: s.params,
-                buffers: s.buffers.iter().map(resolve).collect(),
+                buffers,
+                windows: s.windows.clone(),
                 workgroups: s.workgroups,
-            })
-            .collect();
+            });
+        }
         self.run(&dispatches)?;
         drop(dispatches);
         Ok(outputs)

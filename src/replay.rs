@@ -29,6 +29,9 @@ pub struct ReplayBuffer {
 pub struct ReplayBinding {
     pub buffer: usize,
     pub read_only: bool,
+    /// The bound byte range when not the whole buffer (a split call's window).
+    pub offset: Option<u64>,
+    pub size: Option<u64>,
 }
 
 /// One dispatch, self-contained.
@@ -57,6 +60,9 @@ pub struct ReplayCheck {
     pub kind: &'static str,
     pub expected: Vec<Option<f64>>,
     pub tol: f64,
+    /// Elements that must be NaN (rows that see a NaN); their `expected` is ignored and they
+    /// do not count in max |expected|.
+    pub nan: Vec<usize>,
 }
 
 /// A replayable call: buffers (inputs, then outputs, then scratch), steps and checks.
@@ -145,9 +151,12 @@ impl Plan {
                         .buffers
                         .iter()
                         .zip(s.key.kernel.bindings())
-                        .map(|(r, b)| ReplayBinding {
+                        .enumerate()
+                        .map(|(i, (r, b))| ReplayBinding {
                             buffer: index(r),
                             read_only: b.access == Access::Read,
+                            offset: s.window(i).map(|w| w.offset),
+                            size: s.window(i).map(|w| w.size),
                         })
                         .collect(),
                     params: bytemuck::cast_slice(std::slice::from_ref(&s.params)).to_vec(),

@@ -33,6 +33,7 @@ impl Context {
         let mut fma_best = f64::INFINITY;
         for _ in 0..4 {
             self.run(&[Dispatch {
+                windows: Vec::new(),
                 key: KernelKey::plain(Kernel::RooflineFma),
                 params: Params {
                     total_items: iterations,
@@ -53,6 +54,7 @@ impl Context {
         let mut copy_best = f64::INFINITY;
         for _ in 0..4 {
             self.run(&[Dispatch {
+                windows: Vec::new(),
                 key: KernelKey::plain(Kernel::RooflineCopy),
                 params: Params {
                     total_items: vec4s as u32,

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::variants::variants;
-use common::{cfg, rel_tol, rounded_inputs, Rounded};
+use common::{cfg, poisoned_inputs, rel_tol, rounded_inputs, Rounded};
 use flash_attn_wgpu::dtype::to_f32_vec;
 use flash_attn_wgpu::kernels::{DeviceCaps, WgslConsumer};
 use flash_attn_wgpu::replay::{to_words, ReplayCase, ReplayCheck};
@@ -106,7 +106,13 @@ fn env(variant: Variant, rows_subgroup: u32, half_storage: HalfStorage) -> plan:
             half_storage,
         },
         max_binding_bytes: 128 << 20,
+        offset_align: 256,
     }
+}
+
+/// Indices of the NaN entries of a reference result (rows that see a NaN).
+fn nan_at(want: &[f64]) -> Vec<usize> {
+    (0..want.len()).filter(|&i| want[i].is_nan()).collect()
 }
 
 fn tensor_check(label: &str, buffer: usize, dtype: DType, want: &[f64]) -> ReplayCheck {
@@ -115,8 +121,12 @@ fn tensor_check(label: &str, buffer: usize, dtype: DType, want: &[f64]) -> Repla
         buffer,
         dtype: dtype.name(),
         kind: "tensor",
-        expected: want.iter().map(|&x| Some(x)).collect(),
+        expected: want
+            .iter()
+            .map(|&x| Some(if x.is_nan() { 0.0 } else { x }))
+            .collect(),
         tol: rel_tol(dtype),
+        nan: nan_at(want),
     }
 }
 
@@ -128,9 +138,10 @@ fn lse_check(buffer: usize, want: &[f64]) -> ReplayCheck {
         kind: "lse",
         expected: want
             .iter()
-            .map(|&x| (x != f64::NEG_INFINITY).then_some(x))
+            .map(|&x| (x != f64::NEG_INFINITY).then_some(if x.is_nan() { 0.0 } else { x }))
             .collect(),
         tol: 1e-4,
+        nan: nan_at(want),
     }
 }
 
@@ -142,6 +153,16 @@ fn cases<T: Element>(
     e: &plan::PlanEnv,
     name: &str,
 ) -> [ReplayCase; 2] {
+    cases_of(c, e, name, rounded_inputs::<T>(c, amp))
+}
+
+/// `cases` for given inputs.
+fn cases_of<T: Element>(
+    c: &AttentionConfig,
+    e: &plan::PlanEnv,
+    name: &str,
+    inputs: Rounded<T>,
+) -> [ReplayCase; 2] {
     let Rounded {
         seed,
         q,
@@ -152,7 +173,7 @@ fn cases<T: Element>(
         kr,
         vr,
         dor,
-    } = rounded_inputs::<T>(c, amp);
+    } = inputs;
     let want = reference::forward(c, &qr, &kr, &vr);
     let dtype = T::DTYPE;
     let name = format!("{name} seed={seed}");
@@ -244,7 +265,85 @@ fn kernels_match_the_f64_reference_on_dawn() {
             }
         }
     }
+    // Calls split into windows (bindings of a few KiB): whole batches (4 KiB), and rows of
+    // one batch with several query and key windows merged in accumulate mode (8 KiB).
+    for (c, limit) in [
+        (cfg(3, 20, 20, 2, 1, 16, true), 4 << 10),
+        (cfg(1, 150, 130, 2, 1, 16, true), 8 << 10),
+        (cfg(1, 97, 140, 1, 1, 24, false), 8 << 10),
+    ] {
+        for &(dtype, half) in &formats {
+            for variant in [Variant::Lanes, Variant::Rows] {
+                let mut e = env(variant, 0, half);
+                e.max_binding_bytes = limit;
+                let name = format!(
+                    "{dtype} {half:?} {variant:?} windows of {limit} B {}",
+                    common::describe(&c, 0)
+                );
+                all.extend(match dtype {
+                    DType::F32 => cases::<f32>(&c, 1.0, &e, &name),
+                    DType::F16 => cases::<half::f16>(&c, 1.0, &e, &name),
+                    DType::BF16 => cases::<half::bf16>(&c, 1.0, &e, &name),
+                });
+            }
+        }
+    }
     let path = write_json("dawn-cases.json", &serde_json::json!({ "cases": all }));
+    let (ok, out) = run_node(&script, &["run", path.to_str().unwrap()]);
+    eprintln!("{out}");
+    assert!(
+        ok,
+        "Dawn results differ from the reference (see the FAIL lines above)"
+    );
+    assert!(
+        out.contains(&format!("{} passed, 0 failed", all.len())),
+        "{out}"
+    );
+}
+
+#[test]
+fn keys_a_row_cannot_see_never_reach_it_on_dawn() {
+    // As tests/nonfinite.rs on wgpu: NaN and Inf in keys and values the causal mask hides from
+    // most rows, and a NaN query row. NaN exactly where the reference has it, every other
+    // element as the reference.
+    let Some(script) = runner() else { return };
+    let c0 = cfg(1, 40, 40, 2, 1, 16, true);
+    let mut all = Vec::new();
+    for (algorithm, variant) in [
+        (Algorithm::Tiled, Variant::Lanes),
+        (Algorithm::Tiled, Variant::Rows),
+        (Algorithm::Naive, Variant::Rows),
+    ] {
+        let mut c = c0.clone();
+        c.algorithm = algorithm;
+        let e = env(variant, 0, HalfStorage::Packed);
+        let name = format!("poisoned {algorithm:?} {variant:?}");
+        all.extend(cases_of(
+            &c,
+            &e,
+            &format!("f32 {name}"),
+            poisoned_inputs::<f32>(&c),
+        ));
+        all.extend(cases_of(
+            &c,
+            &e,
+            &format!("f16 {name}"),
+            poisoned_inputs::<half::f16>(&c),
+        ));
+        all.extend(cases_of(
+            &c,
+            &e,
+            &format!("bf16 {name}"),
+            poisoned_inputs::<half::bf16>(&c),
+        ));
+    }
+    assert!(all.iter().all(|case| !case.checks.is_empty()));
+    assert!(
+        all.iter()
+            .any(|case| case.checks.iter().any(|k| !k.nan.is_empty())),
+        "the poisoned rows must be expected NaN"
+    );
+    let path = write_json("dawn-poisoned.json", &serde_json::json!({ "cases": all }));
     let (ok, out) = run_node(&script, &["run", path.to_str().unwrap()]);
     eprintln!("{out}");
     assert!(

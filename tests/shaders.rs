@@ -41,6 +41,7 @@ fn shader_bindings_match_the_host_layout() {
             tiles: choose_tiles(kernel, 64, DeviceCaps::WEBGPU_DEFAULT).unwrap(),
             causal: false,
             subgroup: 0,
+            accumulate: false,
         };
         let module = parse_and_validate(&key);
         let mut found = vec![None; kernel.bindings().len() + 1];
@@ -99,6 +100,7 @@ fn params_layout_matches_the_shader_struct() {
         tiles: choose_tiles(Kernel::FlashFwd, 64, DeviceCaps::WEBGPU_DEFAULT).unwrap(),
         causal: false,
         subgroup: 0,
+        accumulate: false,
     };
     let module = parse_and_validate(&key);
     let (_, ty) = module

@@ -78,15 +78,24 @@ impl Context {
             .min(self.limits.max_buffer_size)
     }
 
-    /// Checks a buffer size against the device's buffer and binding limits.
+    /// The largest buffer the device can create. Tensors up to this size are fine: a call
+    /// binds windows of them when they pass one binding (`plan::split`).
+    pub(crate) fn buffer_limit(&self) -> u64 {
+        self.limits.max_buffer_size
+    }
+
+    /// Checks a buffer size against the device's buffer limit.
     pub(crate) fn check_buffer_size(&self, bytes: u64, what: &str) -> Result<()> {
-        let limit = self.binding_limit();
+        let limit = self.buffer_limit();
         if bytes > limit {
             return Err(Error::DeviceLimit {
                 what: format!("{what} buffer"),
                 needed: bytes,
                 limit,
-                hint: "split the batch or heads into several calls".into(),
+                hint: "a tensor must fit one buffer (max_buffer_size): request the adapter's \
+                       limits (Context::new does), or split the batch, the queries (rows are \
+                       independent) or the keys (merge the parts by their lse) over calls"
+                    .into(),
             });
         }
         Ok(())

@@ -25,6 +25,7 @@ impl Context {
             key,
             params,
             buffers: vec![&counter.buffer],
+            windows: Vec::new(),
             workgroups: 1,
         }])?;
         let got: Vec<u32> = self.read_buffer(&counter.buffer, 2)?;

@@ -133,6 +133,7 @@ impl Context {
             })
             .await
             .map_err(|e| Error::RequestDevice(e.to_string()))?;
+        check_device_limits(&device.limits())?;
         let ctx = Self::build(device, queue, Some(adapter.get_info()));
         ctx.driver_canary()?;
         Ok(ctx)
@@ -140,6 +141,7 @@ impl Context {
 
     /// Wraps a device the caller already has. Uses that device's limits and features.
     pub fn from_wgpu(device: wgpu::Device, queue: wgpu::Queue) -> Result<Self> {
+        check_device_limits(&device.limits())?;
         let info = device.adapter_info();
         let ctx = Self::build(device, queue, Some(info));
         ctx.driver_canary()?;
@@ -264,6 +266,7 @@ impl Context {
             caps: self.caps,
             tuning: self.tuning(),
             max_binding_bytes: self.binding_limit().min(u32::MAX as u64),
+            offset_align: self.limits.min_storage_buffer_offset_alignment as u64,
         }
     }
 
@@ -300,4 +303,40 @@ async fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
         .map_err(|e| Error::NoAdapter {
             detail: e.to_string(),
         })
+}
+
+/// The limits below which no kernel of the crate can run (each call checks what its own
+/// kernels need beyond these), checked before anything is created so that a too-small device
+/// is named as such, not as a failing first buffer. WebGPU's default limits are far above.
+fn check_device_limits(limits: &wgpu::Limits) -> Result<()> {
+    let checks = [
+        (
+            "storage buffers per shader stage (max_storage_buffers_per_shader_stage)",
+            limits.max_storage_buffers_per_shader_stage as u64,
+            1,
+        ),
+        (
+            "bytes of storage buffer binding (max_storage_buffer_binding_size)",
+            limits.max_storage_buffer_binding_size,
+            256,
+        ),
+        (
+            "compute invocations per workgroup (max_compute_invocations_per_workgroup)",
+            limits.max_compute_invocations_per_workgroup as u64,
+            crate::kernels::wgsl::ELEMENTWISE_WORKGROUP as u64,
+        ),
+    ];
+    for (what, have, need) in checks {
+        if have < need {
+            return Err(Error::Unsupported {
+                feature: "this device".into(),
+                reason: format!(
+                    "the attention kernels need at least {need} {what}, the device was created \
+                     with {have}; create it with wgpu::Limits::default() (the WebGPU defaults) \
+                     or the adapter's limits"
+                ),
+            });
+        }
+    }
+    Ok(())
 }

@@ -230,6 +230,19 @@ impl Kernel {
         )
     }
 
+    /// Tiled kernels that can run a windowed call's passes (`KernelKey::accumulate`): their
+    /// element outputs are then f32 and carried from pass to pass.
+    pub fn can_accumulate(self) -> bool {
+        self.is_tiled()
+    }
+
+    /// Backward kernels, whose outputs are sums over the other sequence: in accumulate mode a
+    /// resumed pass adds to what earlier passes stored. (The forward overwrites its output and
+    /// reads it back itself to resume the running softmax.)
+    pub fn sums_outputs(self) -> bool {
+        self.is_tiled() && !matches!(self, Kernel::FlashFwd | Kernel::FlashFwdRows)
+    }
+
     /// Kernels whose workgroup rows are keys (BC of them) rather than queries.
     pub fn rows_are_keys(self) -> bool {
         matches!(self, Kernel::FlashBwdDkDv | Kernel::FlashBwdDkDvRows)

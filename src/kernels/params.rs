@@ -20,6 +20,19 @@ pub struct Params {
     pub slice_base: u32,
     pub slice_count: u32,
     pub total_items: u32,
+    /// Element offsets of the bound windows: where element 0 of a q-layout tensor (q, out,
+    /// d_out, dq), a kv-layout tensor (k, v, dk, dv) and a row tensor (lse, delta) lies in its
+    /// binding. 0 unless a call is split into windows (`plan::split`).
+    pub q_shift: u32,
+    pub kv_shift: u32,
+    pub row_shift: u32,
+    /// Row tensors' stride between (batch, head) rows: the whole call's seq_q.
+    pub row_stride: u32,
+    /// Windowed calls: 0 for the first pass over a window of outputs, 1 for each later pass,
+    /// which continues from what the earlier ones stored (forward: the running softmax;
+    /// backward: the gradient sums).
+    pub resume: u32,
+    pub _pad: [u32; 3],
 }
 
 impl Params {
@@ -36,6 +49,7 @@ impl Params {
             causal_offset: cfg.causal_offset().clamp(i32::MIN as i64, i32::MAX as i64) as i32,
             scale,
             scale_log2: scale * std::f32::consts::LOG2_E,
+            row_stride: cfg.seq_q as u32,
             ..Default::default()
         }
     }

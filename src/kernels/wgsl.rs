@@ -3,9 +3,10 @@
 //!
 //! - shape constants (HEAD_DIM, BR, BC, ...) that size register and workgroup arrays;
 //! - the kernel's bindings, declared from `Kernel::bindings`;
-//! - for each element-typed binding, `load_<name>(i: u32) -> f32` or
-//!   `store_<name>(i: u32, x: f32)`, written for the call's dtype and storage format. Kernel
-//!   bodies never see the storage type: adding a dtype touches only this file.
+//! - for each element-typed binding, `load_<name>(i: u32) -> f32` and, for outputs,
+//!   `store_<name>(i: u32, x: f32)`, written for the call's dtype and storage format (or, in a
+//!   windowed call's accumulate mode, f32 outputs carried between passes). Kernel bodies never
+//!   see the storage type: adding a dtype touches only this file.
 
 use std::fmt::Write as _;
 
@@ -57,6 +58,9 @@ pub struct KernelKey {
     pub causal: bool,
     /// Rows kernels: the fixed subgroup size they share tile reads across, or 0 for none.
     pub subgroup: u32,
+    /// A windowed call's pass (tiled kernels only): the element outputs are f32 buffers that
+    /// later passes continue from (`Params::resume`); a final cast takes them to the dtype.
+    pub accumulate: bool,
 }
 
 impl KernelKey {
@@ -69,12 +73,13 @@ impl KernelKey {
             tiles: Tiles::ONE,
             causal: false,
             subgroup: 0,
+            accumulate: false,
         }
     }
 
     pub fn label(&self) -> String {
         format!(
-            "{} {} d={} br={} bc={} tpr={} rpt={} causal={} sg={}",
+            "{} {} d={} br={} bc={} tpr={} rpt={} causal={} sg={}{}",
             self.kernel.name(),
             self.elem.name(),
             self.head_dim,
@@ -83,7 +88,8 @@ impl KernelKey {
             self.tiles.tpr,
             self.tiles.rpt,
             self.causal,
-            self.subgroup
+            self.subgroup,
+            if self.accumulate { " accumulate" } else { "" }
         )
     }
 
@@ -117,7 +123,12 @@ impl KernelKey {
         let _ = writeln!(s, "// generated: {}", self.label());
         s.push_str(&self.shape_constants());
         for (i, b) in self.kernel.bindings().iter().enumerate() {
-            s.push_str(&binding_wgsl(i as u32 + 1, b, self.elem));
+            let slot = i as u32 + 1;
+            if self.accumulate && b.ty == BindType::Elem && b.access == Access::ReadWrite {
+                s.push_str(&accumulator_wgsl(slot, b.name, self.kernel.sums_outputs()));
+            } else {
+                s.push_str(&binding_wgsl(slot, b, self.elem));
+            }
         }
         if self.kernel.is_rows_variant() {
             s.push_str(&lane_prelude(self.subgroup, self.head_dim));
@@ -184,13 +195,15 @@ fn binding_wgsl(slot: u32, b: &Binding, elem: ElemFormat) -> String {
             (ElemFormat::F32, Access::Read) => decl("f32")
                 + &format!("fn load_{n}(i: u32) -> f32 {{ return {n}[i]; }}\n"),
             (ElemFormat::F32, Access::ReadWrite) => decl("f32")
-                + &format!("fn store_{n}(i: u32, x: f32) {{ {n}[i] = x; }}\n"),
+                + &format!("fn store_{n}(i: u32, x: f32) {{ {n}[i] = x; }}\n")
+                + &format!("fn load_{n}(i: u32) -> f32 {{ return {n}[i]; }}\n"),
             (ElemFormat::F16Native, Access::Read) => decl("f16")
                 + &format!("fn load_{n}(i: u32) -> f32 {{ return f32({n}[i]); }}\n"),
             (ElemFormat::F16Native, Access::ReadWrite) => decl("f16")
                 + &format!(
                     "fn store_{n}(i: u32, x: f32) {{ {n}[i] = f16(unpack2x16float(f32_to_f16_bits(x)).x); }}\n"
-                ),
+                )
+                + &format!("fn load_{n}(i: u32) -> f32 {{ return f32({n}[i]); }}\n"),
             (ElemFormat::F16Packed, Access::Read) => decl("u32")
                 + &format!("fn load_{n}(i: u32) -> f32 {{ return unpack2x16float({n}[i >> 1u])[i & 1u]; }}\n"),
             (ElemFormat::Bf16Packed, Access::Read) => decl("u32")
@@ -198,13 +211,31 @@ fn binding_wgsl(slot: u32, b: &Binding, elem: ElemFormat) -> String {
             (ElemFormat::F16Packed, Access::ReadWrite) => decl("atomic<u32>")
                 + &format!(
                     "fn store_{n}(i: u32, x: f32) {{ atomicOr(&{n}[i >> 1u], f32_to_f16_bits(x) << (16u * (i & 1u))); }}\n"
-                ),
+                )
+                + &format!("fn load_{n}(i: u32) -> f32 {{ return unpack2x16float(atomicLoad(&{n}[i >> 1u]))[i & 1u]; }}\n"),
             (ElemFormat::Bf16Packed, Access::ReadWrite) => decl("atomic<u32>")
                 + &format!(
                     "fn store_{n}(i: u32, x: f32) {{ atomicOr(&{n}[i >> 1u], f32_to_bf16_bits(x) << (16u * (i & 1u))); }}\n"
-                ),
+                )
+                + &format!("fn load_{n}(i: u32) -> f32 {{ return bf16_word_to_f32(atomicLoad(&{n}[i >> 1u]), i & 1u); }}\n"),
         },
     }
+}
+
+/// An element output in accumulate mode: an f32 array whatever the dtype, read back by
+/// `load_<name>`. A summing kernel's store adds to what an earlier pass stored when
+/// `params.resume` is set; otherwise the store overwrites.
+fn accumulator_wgsl(slot: u32, n: &str, sums: bool) -> String {
+    let store = if sums {
+        format!("{n}[i] = select(x, {n}[i] + x, params.resume != 0u);")
+    } else {
+        format!("{n}[i] = x;")
+    };
+    format!(
+        "@group(0) @binding({slot}) var<storage, read_write> {n}: array<f32>;\n\
+         fn store_{n}(i: u32, x: f32) {{ {store} }}\n\
+         fn load_{n}(i: u32) -> f32 {{ return {n}[i]; }}\n"
+    )
 }
 
 /// Rows kernels read streamed tiles in chunks of SG elements, one per subgroup lane, and share

@@ -1,7 +1,7 @@
 //! The backward plan: the delta preprocess, then dK/dV and dQ (tiled), or the naive path's
 //! five kernels per chunk.
 
-use super::{key, naive, tiled_step, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec, Step};
+use super::{key, naive, split, tiled_step, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec, Step};
 use crate::config::{Algorithm, AttentionConfig};
 use crate::dtype::DType;
 use crate::error::{Result, TensorRole};
@@ -57,6 +57,14 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
         }],
         steps: Vec::new(),
     };
+    if cfg.algorithm == Algorithm::Tiled {
+        if let Some(parts) = split::choose(cfg, dtype, env)? {
+            split::backward_steps(cfg, dtype, env, parts, &mut plan)?;
+            return Ok(plan);
+        }
+    } else {
+        naive::check_whole(cfg, dtype, env)?;
+    }
     let rows = cfg.lse_len();
     let mut pre = Params::from_config(cfg);
     pre.total_items = rows as u32;
@@ -64,6 +72,7 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
         key: key(Kernel::FlashBwdPreprocess, cfg, Tiles::ONE, dtype, env),
         params: pre,
         buffers: vec![OUT, D_OUT, DELTA],
+        windows: Vec::new(),
         workgroups: rows.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
     });
     match cfg.algorithm {
@@ -113,6 +122,7 @@ fn naive_steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Pl
                     ..base
                 },
                 buffers,
+                windows: Vec::new(),
                 workgroups: items.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
             })
         };

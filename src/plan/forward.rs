@@ -1,6 +1,6 @@
 //! The forward plan: one tiled dispatch, or the naive path's three kernels per chunk.
 
-use super::{key, naive, tiled_step, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec, Step};
+use super::{key, naive, split, tiled_step, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec, Step};
 use crate::config::{Algorithm, AttentionConfig};
 use crate::dtype::DType;
 use crate::error::{Result, TensorRole};
@@ -29,14 +29,18 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
         steps: Vec::new(),
     };
     match cfg.algorithm {
-        Algorithm::Tiled => plan.steps.push(tiled_step(
-            env.tuning.variant.forward(),
-            cfg,
-            dtype,
-            env,
-            vec![Input(0), Input(1), Input(2), Output(0), Output(1)],
-        )?),
+        Algorithm::Tiled => match split::choose(cfg, dtype, env)? {
+            None => plan.steps.push(tiled_step(
+                env.tuning.variant.forward(),
+                cfg,
+                dtype,
+                env,
+                vec![Input(0), Input(1), Input(2), Output(0), Output(1)],
+            )?),
+            Some(parts) => split::forward_steps(cfg, dtype, env, parts, &mut plan)?,
+        },
         Algorithm::Naive => {
+            naive::check_whole(cfg, dtype, env)?;
             let slices = cfg.batch * cfg.heads_q;
             let chunk = naive::chunk_slices(cfg, 1, env.max_binding_bytes)?.min(slices);
             let chunk_bytes = (chunk * cfg.seq_q * cfg.seq_kv) as u64 * 4;
@@ -69,18 +73,21 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
                         key: k(Kernel::NaiveScores),
                         params: with(n_scores, n_scores.div_ceil(ELEMENTWISE_WORKGROUP as usize)),
                         buffers: vec![Input(0), Input(1), Scratch(0)],
+                        windows: Vec::new(),
                         workgroups: n_scores.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
                     },
                     Step {
                         key: k(Kernel::NaiveSoftmax),
                         params: with(rows, rows),
                         buffers: vec![Scratch(0), Scratch(1), Output(1)],
+                        windows: Vec::new(),
                         workgroups: rows as u32,
                     },
                     Step {
                         key: k(Kernel::NaivePv),
                         params: with(n_out, n_out.div_ceil(ELEMENTWISE_WORKGROUP as usize)),
                         buffers: vec![Scratch(1), Input(2), Output(0)],
+                        windows: Vec::new(),
                         workgroups: n_out.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
                     },
                 ]);

@@ -7,6 +7,7 @@
 mod backward;
 mod forward;
 mod naive;
+pub mod split;
 
 pub use backward::backward;
 pub use forward::forward;
@@ -25,6 +26,8 @@ pub struct PlanEnv {
     pub tuning: Tuning,
     /// Largest storage binding (and buffer) in bytes, capped at u32::MAX.
     pub max_binding_bytes: u64,
+    /// Alignment of a binding's byte offset into its buffer (min_storage_buffer_offset_alignment).
+    pub offset_align: u64,
 }
 
 /// A buffer a step binds: one of the call's inputs, an output the call creates, or scratch.
@@ -50,14 +53,31 @@ pub struct ScratchSpec {
     pub bytes: u64,
 }
 
-/// One dispatch: the pipeline, its parameters, its buffers (bindings 1.. in order) and how
-/// many workgroups do work.
+/// The bytes of a buffer a binding covers, when not the whole buffer (`split`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// A multiple of `PlanEnv::offset_align`.
+    pub offset: u64,
+    pub size: u64,
+}
+
+/// One dispatch: the pipeline, its parameters, its buffers (bindings 1.. in order), the
+/// window each is bound through (empty, or `None` for one: the whole buffer) and how many
+/// workgroups do work.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step {
     pub key: KernelKey,
     pub params: Params,
     pub buffers: Vec<BufRef>,
+    pub windows: Vec<Option<Window>>,
     pub workgroups: u32,
+}
+
+impl Step {
+    /// The window binding `i` is bound through, `None` for the whole buffer.
+    pub fn window(&self, i: usize) -> Option<Window> {
+        self.windows.get(i).copied().flatten()
+    }
 }
 
 /// Everything one call dispatches, in order.
@@ -116,6 +136,7 @@ pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
                 ..Default::default()
             },
             buffers: vec![BufRef::Input(0), BufRef::Output(0)],
+            windows: Vec::new(),
             workgroups: n.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
         }],
     }
@@ -144,6 +165,7 @@ pub(crate) fn tiled_step(
         key: key(kernel, cfg, tiles, dtype, env),
         params,
         buffers,
+        windows: Vec::new(),
         workgroups: params.total_wg,
     })
 }
@@ -172,6 +194,7 @@ pub(crate) fn key(
         } else {
             0
         },
+        accumulate: false,
     }
 }
 
@@ -190,6 +213,7 @@ mod tests {
                 half_storage: half,
             },
             max_binding_bytes: 128 << 20,
+            offset_align: 256,
         }
     }
 

@@ -44,7 +44,20 @@ pub fn variants() -> Vec<KernelKey> {
                                     tiles,
                                     causal,
                                     subgroup,
+                                    accumulate: false,
                                 });
+                                // a split call's passes: f32 outputs whatever the dtype
+                                if kernel.can_accumulate() {
+                                    keys.push(KernelKey {
+                                        kernel,
+                                        elem,
+                                        head_dim,
+                                        tiles,
+                                        causal,
+                                        subgroup,
+                                        accumulate: true,
+                                    });
+                                }
                             }
                         }
                     }

@@ -1,0 +1,661 @@
+//! Tiled calls whose tensors do not fit one storage binding.
+//!
+//! A device binds at most `max_storage_buffer_binding_size` bytes of a buffer at once (128 MiB
+//! under WebGPU's defaults and on lavapipe), while a buffer may be larger. A tiled call whose q,
+//! k, v (or outputs, or lse) pass that limit is run as a sequence of smaller problems, each
+//! binding a window (an aligned byte range) of every tensor:
+//!
+//! - **Whole batches** when one batch fits: every window holds `batches` full batches and each
+//!   part is an ordinary call on them.
+//! - **Rows of one batch** otherwise: windows of `q_rows` queries and `kv_rows` keys. The
+//!   kernels run in accumulate mode (`KernelKey::accumulate`): outputs are f32 and a part that
+//!   continues a window (`Params::resume`) merges exactly with what earlier parts stored. The
+//!   forward resumes each row's online softmax from its stored out and lse (the running max set
+//!   to the lse makes the row sum exactly 1); dK/dV sum over query windows and dQ over key
+//!   windows. Half-precision outputs gather in an f32 scratch window and are cast once.
+//!
+//! Each part is the original problem restricted to its rows: the causal offset moves with the
+//! windows' first query and key, `Params::row_stride` keeps the lse layout of the whole call,
+//! and the shifts place element 0 of each window past its aligned start. Parts that no query of
+//! the window can see (causal) are skipped, except the first, which initializes the window.
+
+use super::{key, tiled_step, BufRef, Plan, PlanEnv, ScratchSpec, Step, Window};
+use crate::config::AttentionConfig;
+use crate::dtype::{DType, ElemFormat};
+use crate::error::{Error, Result, TensorRole};
+use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
+use crate::kernels::{Kernel, KernelKey, Params, Tiles};
+
+use BufRef::{Input, Output, Scratch};
+
+/// How a call is cut: batches per part and, within one batch, query and key rows per part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Split {
+    pub batches: usize,
+    pub q_rows: usize,
+    pub kv_rows: usize,
+    /// Rows of one batch are split: the kernels run in accumulate mode.
+    pub accumulate: bool,
+}
+
+/// Bytes a window may hold beyond its elements: the aligned start before them and the
+/// rounding of its end to a word.
+fn slack(env: &PlanEnv) -> u64 {
+    2 * env.offset_align.max(4) + 8
+}
+
+/// The split a tiled call needs, or `None` when every tensor fits one binding.
+pub fn choose(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Option<Split>> {
+    let esz = dtype.size_bytes() as u64;
+    let d = cfg.head_dim as u64;
+    let q_row = cfg.heads_q as u64 * d; // elements per query position
+    let kv_row = cfg.heads_kv as u64 * d;
+    let (sq, skv, b) = (cfg.seq_q as u64, cfg.seq_kv as u64, cfg.batch as u64);
+    let limit = env.max_binding_bytes;
+    let q_batch = sq * q_row * esz;
+    let kv_batch = skv * kv_row * esz;
+    let rows_batch = cfg.heads_q as u64 * sq * 4;
+    let whole = [q_batch, kv_batch, rows_batch]
+        .iter()
+        .all(|x| x.checked_mul(b).is_some_and(|t| t.max(4) <= limit));
+    if whole {
+        return Ok(None);
+    }
+    let room = limit.saturating_sub(slack(env));
+    let per_batch = q_batch.max(kv_batch).max(rows_batch);
+    if per_batch <= room {
+        return Ok(Some(Split {
+            batches: ((room / per_batch) as usize).clamp(1, cfg.batch),
+            q_rows: cfg.seq_q,
+            kv_rows: cfg.seq_kv,
+            accumulate: false,
+        }));
+    }
+    if rows_batch > room {
+        return Err(Error::DeviceLimit {
+            what: format!(
+                "lse of one batch ({} query heads x {} queries, f32)",
+                cfg.heads_q, cfg.seq_q
+            ),
+            needed: rows_batch + slack(env),
+            limit,
+            hint: "split the query heads over several calls (each with fewer heads_q)".into(),
+        });
+    }
+    // Accumulators are f32 whatever the dtype: rows are sized for 4 bytes per element.
+    let rows_in = |row: u64, what: &str| -> Result<usize> {
+        let n = room / (row * 4);
+        if n == 0 {
+            return Err(Error::DeviceLimit {
+                what: format!("one {what} position ({row} elements as f32)"),
+                needed: row * 4 + slack(env),
+                limit,
+                hint: "use fewer heads per call".into(),
+            });
+        }
+        Ok(if n >= 64 { n / 64 * 64 } else { n } as usize)
+    };
+    Ok(Some(Split {
+        batches: 1,
+        q_rows: rows_in(q_row, "query")?.min(cfg.seq_q),
+        kv_rows: rows_in(kv_row, "key")?.min(cfg.seq_kv),
+        accumulate: true,
+    }))
+}
+
+/// A window of a `[batch, seq, heads, head_dim]` tensor: `rows` positions from (`b`, `r0`),
+/// stored `esz` bytes per element. Returns the window and the shift of its first element.
+fn seq_window(
+    env: &PlanEnv,
+    esz: u64,
+    seq: usize,
+    row: usize,
+    b: usize,
+    r0: usize,
+    rows: usize,
+) -> (Window, u32) {
+    let start = ((b * seq + r0) * row) as u64;
+    let n = (rows * row) as u64;
+    window(env, esz, start, n)
+}
+
+/// The aligned window holding elements [start, start + n) of `esz` bytes each.
+fn window(env: &PlanEnv, esz: u64, start: u64, n: u64) -> (Window, u32) {
+    let align = env.offset_align.max(4);
+    let first = start * esz;
+    let offset = first / align * align;
+    let end = ((start + n) * esz).max(first + 4).next_multiple_of(4);
+    (
+        Window {
+            offset,
+            size: end - offset,
+        },
+        ((first - offset) / esz) as u32,
+    )
+}
+
+/// The lse (or delta) window of `batches` batches from `b`, query rows [q0, q0 + rows).
+fn row_window(
+    cfg: &AttentionConfig,
+    env: &PlanEnv,
+    b: usize,
+    batches: usize,
+    q0: usize,
+    rows: usize,
+) -> (Window, u32) {
+    let hq = cfg.heads_q;
+    let start = (b * hq * cfg.seq_q + q0) as u64;
+    let last = ((b + batches - 1) * hq + hq - 1) * cfg.seq_q + q0 + rows;
+    window(env, 4, start, last as u64 - start)
+}
+
+/// One part of a split call: its batches and rows, and the windows of its tensors.
+#[derive(Debug, Clone, Copy)]
+struct Part {
+    b: usize,
+    batches: usize,
+    q0: usize,
+    q_rows: usize,
+    k0: usize,
+    kv_rows: usize,
+}
+
+impl Part {
+    /// The part as a problem of its own, with the causal offset of its windows.
+    fn config(&self, cfg: &AttentionConfig) -> AttentionConfig {
+        let mut c = cfg.clone();
+        c.batch = self.batches;
+        c.seq_q = self.q_rows;
+        c.seq_kv = self.kv_rows;
+        c
+    }
+
+    fn causal_offset(&self, cfg: &AttentionConfig) -> i32 {
+        (cfg.causal_offset() + self.q0 as i64 - self.k0 as i64)
+            .clamp(i32::MIN as i64, i32::MAX as i64) as i32
+    }
+
+    /// True when some query of the part sees some key of it.
+    fn visible(&self, cfg: &AttentionConfig) -> bool {
+        !cfg.causal || (self.k0 as i64) <= (self.q0 + self.q_rows - 1) as i64 + cfg.causal_offset()
+    }
+
+    fn q_window(&self, cfg: &AttentionConfig, env: &PlanEnv, esz: u64) -> (Window, u32) {
+        let rows = if self.batches > 1 {
+            self.batches * cfg.seq_q
+        } else {
+            self.q_rows
+        };
+        seq_window(
+            env,
+            esz,
+            cfg.seq_q,
+            cfg.heads_q * cfg.head_dim,
+            self.b,
+            self.q0,
+            rows,
+        )
+    }
+
+    fn kv_window(&self, cfg: &AttentionConfig, env: &PlanEnv, esz: u64) -> (Window, u32) {
+        let rows = if self.batches > 1 {
+            self.batches * cfg.seq_kv
+        } else {
+            self.kv_rows
+        };
+        seq_window(
+            env,
+            esz,
+            cfg.seq_kv,
+            cfg.heads_kv * cfg.head_dim,
+            self.b,
+            self.k0,
+            rows,
+        )
+    }
+
+    fn row_window(&self, cfg: &AttentionConfig, env: &PlanEnv) -> (Window, u32) {
+        row_window(cfg, env, self.b, self.batches, self.q0, self.q_rows)
+    }
+}
+
+/// Ranges [start, start + len) of `total` in steps of `step`.
+fn ranges(total: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..total)
+        .step_by(step.max(1))
+        .map(move |s| (s, step.min(total - s)))
+}
+
+/// Every (batches, query rows) block of the call, in order.
+fn q_blocks(cfg: &AttentionConfig, split: &Split) -> Vec<(usize, usize, usize, usize)> {
+    let mut v = Vec::new();
+    for (b, nb) in ranges(cfg.batch, split.batches) {
+        for (q0, qn) in ranges(cfg.seq_q, split.q_rows) {
+            v.push((b, nb, q0, qn));
+        }
+    }
+    v
+}
+
+/// Where an output of a part is bound: the output itself (f32, or any dtype when the part is
+/// not accumulating), or an f32 scratch window that a cast then takes to the dtype.
+struct OutputSlot {
+    output: BufRef,
+    scratch: Option<BufRef>,
+}
+
+/// The builder of a split plan's steps.
+struct Builder<'a> {
+    cfg: &'a AttentionConfig,
+    dtype: DType,
+    env: &'a PlanEnv,
+    split: Split,
+    esz: u64,
+}
+
+impl Builder<'_> {
+    /// One tiled pass over `part` with `buffers` bound through `windows`.
+    fn tiled(
+        &self,
+        kernel: Kernel,
+        part: &Part,
+        buffers: Vec<BufRef>,
+        windows: Vec<Window>,
+        shifts: (u32, u32, u32),
+        resume: bool,
+    ) -> Result<Step> {
+        let sub = part.config(self.cfg);
+        let mut step = tiled_step(kernel, &sub, self.dtype, self.env, buffers)?;
+        step.key.accumulate = self.split.accumulate;
+        step.params.causal_offset = part.causal_offset(self.cfg);
+        step.params.q_shift = shifts.0;
+        step.params.kv_shift = shifts.1;
+        step.params.row_shift = shifts.2;
+        step.params.row_stride = self.cfg.seq_q as u32;
+        step.params.resume = resume as u32;
+        step.windows = windows.into_iter().map(Some).collect();
+        Ok(step)
+    }
+
+    /// The window and buffer an accumulating output of `n` elements, at `shift` in the
+    /// tensor's window `tensor_win`, is bound through.
+    fn out_binding(
+        &self,
+        slot: &OutputSlot,
+        tensor_win: Window,
+        shift: u32,
+        n: usize,
+    ) -> (BufRef, Window) {
+        match slot.scratch {
+            Some(s) => (
+                s,
+                Window {
+                    offset: 0,
+                    size: (shift as u64 + n as u64) * 4,
+                },
+            ),
+            None => (slot.output, tensor_win),
+        }
+    }
+
+    /// The cast of a scratch window into the output's window (half dtypes only).
+    fn cast(&self, slot: &OutputSlot, tensor_win: Window, shift: u32, n: usize) -> Option<Step> {
+        let scratch = slot.scratch?;
+        let key = KernelKey {
+            elem: ElemFormat::new(self.dtype, self.env.tuning.half_storage),
+            ..KernelKey::plain(Kernel::Cast)
+        };
+        Some(Step {
+            key,
+            params: Params {
+                total_items: n as u32,
+                q_shift: shift,
+                ..Default::default()
+            },
+            buffers: vec![scratch, slot.output],
+            windows: vec![
+                Some(Window {
+                    offset: 0,
+                    size: (shift as u64 + n as u64) * 4,
+                }),
+                Some(tensor_win),
+            ],
+            workgroups: n.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
+        })
+    }
+
+    /// Scratch for an accumulating output of up to `elems` elements per window (half dtypes).
+    fn scratch_slot(
+        &self,
+        plan: &mut Plan,
+        output: BufRef,
+        label: &'static str,
+        elems: usize,
+    ) -> OutputSlot {
+        let scratch = (self.split.accumulate && self.dtype != DType::F32).then(|| {
+            plan.scratch.push(ScratchSpec {
+                label,
+                bytes: (elems as u64 + self.env.offset_align.max(4)) * 4,
+            });
+            Scratch(plan.scratch.len() - 1)
+        });
+        OutputSlot { output, scratch }
+    }
+}
+
+/// The forward's steps for a split call (inputs q, k, v; outputs out, lse).
+pub fn forward_steps(
+    cfg: &AttentionConfig,
+    dtype: DType,
+    env: &PlanEnv,
+    split: Split,
+    plan: &mut Plan,
+) -> Result<()> {
+    let bld = Builder {
+        cfg,
+        dtype,
+        env,
+        split,
+        esz: dtype.size_bytes() as u64,
+    };
+    let q_row = cfg.heads_q * cfg.head_dim;
+    let out = bld.scratch_slot(plan, Output(0), "out accumulator", split.q_rows * q_row);
+    let kernel = env.tuning.variant.forward();
+    for (b, nb, q0, qn) in q_blocks(cfg, &split) {
+        let mut first = true;
+        let mut last = Part {
+            b,
+            batches: nb,
+            q0,
+            q_rows: qn,
+            k0: 0,
+            kv_rows: 0,
+        };
+        for (k0, kn) in ranges(cfg.seq_kv, split.kv_rows) {
+            let part = Part {
+                b,
+                batches: nb,
+                q0,
+                q_rows: qn,
+                k0,
+                kv_rows: kn,
+            };
+            if !first && !part.visible(cfg) {
+                break;
+            }
+            let (qw, qs) = part.q_window(cfg, env, bld.esz);
+            let (kw, ks) = part.kv_window(cfg, env, bld.esz);
+            let (rw, rs) = part.row_window(cfg, env);
+            let (ob, ow) = bld.out_binding(&out, qw, qs, nb.max(1) * qn * q_row);
+            plan.steps.push(bld.tiled(
+                kernel,
+                &part,
+                vec![Input(0), Input(1), Input(2), ob, Output(1)],
+                vec![qw, kw, kw, ow, rw],
+                (qs, ks, rs),
+                !first,
+            )?);
+            first = false;
+            last = part;
+        }
+        let (qw, qs) = last.q_window(cfg, env, bld.esz);
+        plan.steps.extend(bld.cast(&out, qw, qs, qn * q_row));
+    }
+    Ok(())
+}
+
+/// The backward's steps for a split call (inputs q, k, v, out, lse, d_out; outputs dq, dk,
+/// dv; scratch 0 is delta, of every row).
+pub fn backward_steps(
+    cfg: &AttentionConfig,
+    dtype: DType,
+    env: &PlanEnv,
+    split: Split,
+    plan: &mut Plan,
+) -> Result<()> {
+    const Q: BufRef = Input(0);
+    const K: BufRef = Input(1);
+    const V: BufRef = Input(2);
+    const OUT: BufRef = Input(3);
+    const LSE: BufRef = Input(4);
+    const D_OUT: BufRef = Input(5);
+    const DELTA: BufRef = Scratch(0);
+    let bld = Builder {
+        cfg,
+        dtype,
+        env,
+        split,
+        esz: dtype.size_bytes() as u64,
+    };
+    let q_row = cfg.heads_q * cfg.head_dim;
+    let kv_row = cfg.heads_kv * cfg.head_dim;
+    let dq = bld.scratch_slot(plan, Output(0), "dq accumulator", split.q_rows * q_row);
+    let dk = bld.scratch_slot(plan, Output(1), "dk accumulator", split.kv_rows * kv_row);
+    let dv = bld.scratch_slot(plan, Output(2), "dv accumulator", split.kv_rows * kv_row);
+    let blocks = q_blocks(cfg, &split);
+
+    // delta = rowsum(dO * out), per block of query rows
+    for &(b, nb, q0, qn) in &blocks {
+        let part = Part {
+            b,
+            batches: nb,
+            q0,
+            q_rows: qn,
+            k0: 0,
+            kv_rows: cfg.seq_kv,
+        };
+        let (qw, qs) = part.q_window(cfg, env, bld.esz);
+        let (rw, rs) = part.row_window(cfg, env);
+        let sub = part.config(cfg);
+        let mut params = Params::from_config(&sub);
+        let rows = nb * cfg.heads_q * qn;
+        params.total_items = rows as u32;
+        params.q_shift = qs;
+        params.row_shift = rs;
+        params.row_stride = cfg.seq_q as u32;
+        plan.steps.push(Step {
+            key: key(Kernel::FlashBwdPreprocess, &sub, Tiles::ONE, dtype, env),
+            params,
+            buffers: vec![OUT, D_OUT, DELTA],
+            windows: vec![Some(qw), Some(qw), Some(rw)],
+            workgroups: rows.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
+        });
+    }
+
+    // dK, dV: each key window sums over the query windows that see it
+    let dkdv = env.tuning.variant.backward_dkdv();
+    for (b, nb) in ranges(cfg.batch, split.batches) {
+        for (k0, kn) in ranges(cfg.seq_kv, split.kv_rows) {
+            let parts: Vec<Part> = ranges(cfg.seq_q, split.q_rows)
+                .map(|(q0, qn)| Part {
+                    b,
+                    batches: nb,
+                    q0,
+                    q_rows: qn,
+                    k0,
+                    kv_rows: kn,
+                })
+                .collect();
+            let mut seen: Vec<Part> = parts.iter().copied().filter(|p| p.visible(cfg)).collect();
+            if seen.is_empty() {
+                seen.extend(parts.last().copied());
+            }
+            let mut kv = None;
+            for (n, part) in seen.iter().enumerate() {
+                let (qw, qs) = part.q_window(cfg, env, bld.esz);
+                let (kw, ks) = part.kv_window(cfg, env, bld.esz);
+                let (rw, rs) = part.row_window(cfg, env);
+                let elems = nb * kn * kv_row;
+                let (dkb, dkw) = bld.out_binding(&dk, kw, ks, elems);
+                let (dvb, dvw) = bld.out_binding(&dv, kw, ks, elems);
+                plan.steps.push(bld.tiled(
+                    dkdv,
+                    part,
+                    vec![Q, K, V, D_OUT, LSE, DELTA, dkb, dvb],
+                    vec![qw, kw, kw, qw, rw, rw, dkw, dvw],
+                    (qs, ks, rs),
+                    n > 0,
+                )?);
+                kv = Some((kw, ks, elems));
+            }
+            if let Some((kw, ks, elems)) = kv {
+                plan.steps.extend(bld.cast(&dk, kw, ks, elems));
+                plan.steps.extend(bld.cast(&dv, kw, ks, elems));
+            }
+        }
+    }
+
+    // dQ: each query window sums over the key windows it sees
+    let dq_kernel = env.tuning.variant.backward_dq();
+    for &(b, nb, q0, qn) in &blocks {
+        let mut first = true;
+        let mut q = None;
+        for (k0, kn) in ranges(cfg.seq_kv, split.kv_rows) {
+            let part = Part {
+                b,
+                batches: nb,
+                q0,
+                q_rows: qn,
+                k0,
+                kv_rows: kn,
+            };
+            if !first && !part.visible(cfg) {
+                break;
+            }
+            let (qw, qs) = part.q_window(cfg, env, bld.esz);
+            let (kw, ks) = part.kv_window(cfg, env, bld.esz);
+            let (rw, rs) = part.row_window(cfg, env);
+            let elems = nb * qn * q_row;
+            let (dqb, dqw) = bld.out_binding(&dq, qw, qs, elems);
+            plan.steps.push(bld.tiled(
+                dq_kernel,
+                &part,
+                vec![Q, K, V, D_OUT, LSE, DELTA, dqb],
+                vec![qw, kw, kw, qw, rw, rw, dqw],
+                (qs, ks, rs),
+                !first,
+            )?);
+            first = false;
+            q = Some((qw, qs, elems));
+        }
+        if let Some((qw, qs, elems)) = q {
+            plan.steps.extend(bld.cast(&dq, qw, qs, elems));
+        }
+    }
+    Ok(())
+}
+
+/// Every tensor of a call bound whole must fit one binding: the check for plans that do not
+/// split (the naive algorithm), naming the tensor and what would work.
+pub fn check_whole(role: TensorRole, bytes: u64, env: &PlanEnv, hint: &str) -> Result<()> {
+    if bytes > env.max_binding_bytes {
+        return Err(Error::DeviceLimit {
+            what: format!("{role} bound whole"),
+            needed: bytes,
+            limit: env.max_binding_bytes,
+            hint: hint.into(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Tuning;
+    use crate::dtype::HalfStorage;
+    use crate::kernels::{DeviceCaps, Variant};
+
+    fn env(limit: u64) -> PlanEnv {
+        PlanEnv {
+            caps: DeviceCaps::WEBGPU_DEFAULT,
+            tuning: Tuning {
+                variant: Variant::Rows,
+                rows_subgroup: 0,
+                half_storage: HalfStorage::Packed,
+            },
+            max_binding_bytes: limit,
+            offset_align: 256,
+        }
+    }
+
+    #[test]
+    fn calls_that_fit_are_not_split() {
+        let c = AttentionConfig::new(2, 100, 100, 4, 4, 64);
+        assert_eq!(choose(&c, DType::F32, &env(128 << 20)).unwrap(), None);
+    }
+
+    #[test]
+    fn windows_start_aligned_and_cover_their_elements() {
+        let e = env(1 << 20);
+        for esz in [2u64, 4] {
+            for start in [0u64, 1, 63, 64, 127, 128, 1000, 12345] {
+                for n in [1u64, 2, 3, 100, 777] {
+                    let (w, shift) = window(&e, esz, start, n);
+                    assert_eq!(w.offset % 256, 0);
+                    assert_eq!(w.size % 4, 0);
+                    assert_eq!(w.offset + shift as u64 * esz, start * esz);
+                    assert!(w.offset + w.size >= (start + n) * esz);
+                    assert!(w.size <= n * esz + 256 + 4);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_window_of_a_split_plan_fits_the_binding() {
+        for (c, limit) in [
+            (AttentionConfig::new(3, 20, 20, 2, 1, 16), 4 << 10),
+            (AttentionConfig::new(1, 150, 130, 2, 1, 16), 8 << 10),
+            (AttentionConfig::new(2, 37, 140, 1, 1, 24), 8 << 10),
+        ] {
+            let e = env(limit);
+            for dtype in [DType::F32, DType::F16] {
+                if choose(&c, dtype, &e).unwrap().is_none() {
+                    assert_eq!(dtype, DType::F16, "f32 must split");
+                    continue;
+                }
+                for p in [
+                    crate::plan::forward(&c, dtype, &e).unwrap(),
+                    crate::plan::backward(&c, dtype, &e).unwrap(),
+                ] {
+                    assert!(p.steps.len() >= 2);
+                    for s in &p.steps {
+                        assert_eq!(s.windows.len(), s.buffers.len(), "{:?}", s.key.kernel);
+                        for w in s.windows.iter().flatten() {
+                            assert!(w.size <= limit && w.offset % 256 == 0, "{w:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn causal_key_windows_no_query_sees_are_skipped_but_every_window_starts_fresh() {
+        // 4 query windows x 4 key windows of 64 rows, causal: the forward visits only the key
+        // windows at or below the diagonal, 10 of 16, each query window starting unresumed.
+        let c = {
+            let mut c = AttentionConfig::new(1, 256, 256, 1, 1, 16);
+            c.causal = true;
+            c
+        };
+        let split = Split {
+            batches: 1,
+            q_rows: 64,
+            kv_rows: 64,
+            accumulate: true,
+        };
+        let mut p = crate::plan::forward(
+            &AttentionConfig::new(1, 1, 1, 1, 1, 16),
+            DType::F32,
+            &env(1 << 20),
+        )
+        .unwrap();
+        p.steps.clear();
+        forward_steps(&c, DType::F32, &env(1 << 20), split, &mut p).unwrap();
+        assert_eq!(p.steps.len(), 10);
+        assert_eq!(p.steps.iter().filter(|s| s.params.resume == 0).count(), 4);
+        assert!(p.steps.iter().all(|s| s.key.accumulate));
+    }
+}

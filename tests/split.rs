@@ -1,0 +1,128 @@
+//! Inputs bigger than one storage binding (issue 9, class 4): the tiled algorithm splits the
+//! call into windows itself (whole batches, or query and key rows with an exact merge), in
+//! both variants, every dtype, forward and backward. Devices created with bindings of a few
+//! KiB exercise every kind of split quickly; one test goes just past lavapipe's real 128 MiB.
+
+mod common;
+
+use common::{cfg, check_dtype_dyn};
+use flash_attn_wgpu::plan::{self, split};
+use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, DType, Error, Tuning, Variant};
+
+/// A context whose device binds at most `binding` bytes of a buffer at once.
+fn context_with_binding(binding: u32) -> Context {
+    pollster::block_on(async {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions::default())
+            .await
+            .expect("an adapter");
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("small bindings"),
+                required_features: adapter.features() & wgpu::Features::SHADER_F16,
+                required_limits: wgpu::Limits {
+                    max_storage_buffer_binding_size: binding.into(),
+                    ..wgpu::Limits::default()
+                },
+                ..Default::default()
+            })
+            .await
+            .expect("a device");
+        Context::from_wgpu(device, queue).expect("context")
+    })
+}
+
+/// Forward and backward of every dtype and both variants on `ctx`, against the reference.
+fn every_dtype_and_variant(ctx: &Context, c: &AttentionConfig, want: &str) {
+    let split = split::choose(c, DType::F32, &ctx.plan_env()).unwrap();
+    match (want, split) {
+        ("batches", Some(s)) => assert!(!s.accumulate && s.batches < c.batch, "{s:?}"),
+        ("rows", Some(s)) => assert!(
+            s.accumulate && (s.q_rows < c.seq_q || s.kv_rows < c.seq_kv),
+            "{s:?}"
+        ),
+        (w, s) => panic!("expected a split by {w}, got {s:?}"),
+    }
+    let base = ctx.tuning();
+    for variant in [Variant::Lanes, Variant::Rows] {
+        ctx.set_tuning(Tuning { variant, ..base }).unwrap();
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            check_dtype_dyn(ctx, dtype, c, 1.0, &format!("{variant:?} split by {want}"));
+        }
+    }
+    ctx.set_tuning(base).unwrap();
+}
+
+#[test]
+fn whole_batches_per_window() {
+    let ctx = context_with_binding(4 << 10);
+    // 3 batches of 2,560 bytes of q each: one batch per 4 KiB window
+    every_dtype_and_variant(&ctx, &cfg(3, 20, 20, 2, 1, 16, true), "batches");
+}
+
+#[test]
+fn query_and_key_windows_merge_exactly() {
+    let ctx = context_with_binding(8 << 10);
+    // Causal, GQA, odd lengths: several query windows, several key windows each (skipped
+    // where causal hides them), a resumed online softmax, dK/dV and dQ summed over windows.
+    every_dtype_and_variant(&ctx, &cfg(1, 150, 130, 2, 1, 16, true), "rows");
+    // seq_q < seq_kv, not causal, head_dim not a power of two
+    every_dtype_and_variant(&ctx, &cfg(2, 37, 140, 1, 1, 24, false), "rows");
+}
+
+#[test]
+fn the_naive_algorithm_names_the_tensor_and_points_to_the_tiled_one() {
+    let ctx = context_with_binding(4 << 10);
+    let mut c = cfg(3, 20, 20, 2, 1, 16, false);
+    c.algorithm = Algorithm::Naive;
+    let n = 3 * 20 * 2 * 16;
+    match ctx.forward_host(
+        &c,
+        &vec![0.5f32; n],
+        &vec![0.5f32; n / 2],
+        &vec![0.5f32; n / 2],
+    ) {
+        Err(Error::DeviceLimit {
+            what, limit, hint, ..
+        }) => {
+            assert!(what.contains('q'), "{what}");
+            assert_eq!(limit, 4 << 10);
+            assert!(hint.contains("Algorithm::Tiled"), "{hint}");
+        }
+        other => panic!("expected DeviceLimit, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_lse_past_one_binding_is_a_typed_error_with_a_possible_hint() {
+    // 64 query heads x 40 queries of lse = 10 KiB per batch, past a 8 KiB binding
+    let ctx = context_with_binding(8 << 10);
+    let c = cfg(1, 40, 8, 64, 1, 4, false);
+    match plan::forward(&c, DType::F32, &ctx.plan_env()) {
+        Err(Error::DeviceLimit { what, hint, .. }) => {
+            assert!(what.contains("lse"), "{what}");
+            assert!(hint.contains("query heads"), "{hint}");
+        }
+        other => panic!(
+            "expected DeviceLimit, got {:?}",
+            other.map(|p| p.steps.len())
+        ),
+    }
+}
+
+#[test]
+fn keys_just_past_128_mib_on_the_real_device() {
+    // k and v of 524,289 keys x 64 f32 = 128 MiB + 256 B each: past lavapipe's (and WebGPU's
+    // default) 128 MiB storage binding. Four causal queries see all of them.
+    let ctx = common::ctx();
+    let limit = ctx.plan_env().max_binding_bytes;
+    let c = cfg(1, 4, (limit / 256 + 1) as usize, 1, 1, 64, true);
+    assert!(c.seq_kv as u64 * 256 > limit);
+    let split = split::choose(&c, DType::F32, &ctx.plan_env())
+        .unwrap()
+        .unwrap();
+    assert!(split.kv_rows < c.seq_kv, "{split:?}");
+    check_dtype_dyn(ctx, DType::F32, &c, 1.0, "past 128 MiB");
+}
