@@ -227,14 +227,17 @@ fn row_normalizer(l: f32) -> f32 {
     return select(0.0, 1.0 / l, l > 0.0 || is_nan(l));
 }
 
-// acc + w * x, skipped when the weight w is exactly 0. A hidden or out-of-range pair's weight
-// (P, or dS = P * ...) is exactly 0, and 0 * NaN or 0 * Inf would carry a value the row never
-// sees into it; a visible NaN still propagates (its weight is NaN, or x is NaN with w != 0).
-// Every P V, P^T dO, dS K and dS^T Q product goes through this.
-fn add_weighted(acc: f32, w: f32, x: f32) -> f32 {
+// acc + w * x, skipped when `guard` is set and the weight w is exactly 0. A hidden pair's
+// weight (P, or dS = P * ...) is exactly 0, and 0 * NaN or 0 * Inf would carry a value the row
+// never sees into it; a visible NaN still propagates (its weight is NaN, or x is NaN with
+// w != 0). Every P V, P^T dO, dS K and dS^T Q product goes through this. Callers pass the
+// tile's `masked` flag (or CAUSAL): tiles without hidden in-range pairs (out-of-range rows and
+// keys are loaded as 0) skip the compare and select, which cost the backward 2x on lavapipe
+// when applied to every product (docs/PERFORMANCE.md).
+fn add_weighted(acc: f32, w: f32, x: f32, guard: bool) -> f32 {
     // `w == 0.0` rather than `w != 0.0`: compilers may lower `!=` to an ordered compare,
     // false for a NaN weight, which would drop the NaN
-    return select(fma(w, x, acc), acc, w == 0.0);
+    return select(fma(w, x, acc), acc, guard & (w == 0.0));
 }
 
 // Backward: P recomputed from a finished score and the row's lse in the exp2 domain.

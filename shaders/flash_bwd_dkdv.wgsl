@@ -122,8 +122,8 @@ fn main(
                 let dsr = smem[SDS + c * BR + r];
                 for (var dd = 0u; dd < DPT; dd++) {
                     let d = min(j + dd * TPR, HEAD_DIM - 1u);
-                    dv_tile[dd] = add_weighted(dv_tile[dd], pr, smem[SDO + r * HEAD_DIM + d]);
-                    dk_tile[dd] = add_weighted(dk_tile[dd], dsr, smem[SQ + r * HEAD_DIM + d]);
+                    dv_tile[dd] = add_weighted(dv_tile[dd], pr, smem[SDO + r * HEAD_DIM + d], masked);
+                    dk_tile[dd] = add_weighted(dk_tile[dd], dsr, smem[SQ + r * HEAD_DIM + d], masked);
                 }
             }
             for (var dd = 0u; dd < DPT; dd++) {

@@ -15,6 +15,33 @@ var<workgroup> sq: array<f32, BR * DPAD>;    // Q tile, pre-scaled into the exp2
 var<workgroup> sdo: array<f32, BR * DPAD>;   // dO tile
 var<workgroup> slse: array<f32, BR>;         // lse, exp2 domain
 var<workgroup> sdelta: array<f32, BR>;
+// per invocation: P and dS of this key against the tile's rows, and the tile's dK/dV sums
+var<private> p: array<f32, BR>;
+var<private> ds: array<f32, BR>;
+var<private> dk_tile: array<f32, DPAD>;
+var<private> dv_tile: array<f32, DPAD>;
+
+// dV_tile = P^T dO, dK_tile = dS^T Q over the tile's rows, summed apart (f32 error on long
+// columns). `guard` (the tile has hidden pairs) is a constant at each call site, so the
+// unmasked tiles' loop is plain FMAs.
+fn fold_tile(guard: bool, lane: u32) {
+    for (var d = 0u; d < DPAD; d++) {
+        dk_tile[d] = 0.0;
+        dv_tile[d] = 0.0;
+    }
+    for (var r = 0u; r < BR; r++) {
+        let pr = p[r];
+        let dsr = ds[r];
+        for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+            let q_mine = lane_values(sq[r * DPAD + d0 + lane]);
+            let do_mine = lane_values(sdo[r * DPAD + d0 + lane]);
+            for (var l = 0u; l < SG; l++) {
+                dv_tile[d0 + l] = add_weighted(dv_tile[d0 + l], pr, do_mine[l], guard);
+                dk_tile[d0 + l] = add_weighted(dk_tile[d0 + l], dsr, q_mine[l], guard);
+            }
+        }
+    }
+}
 
 @compute @workgroup_size(BC)
 fn main(
@@ -44,10 +71,6 @@ fn main(
     }
     var acc_dk = array<f32, DPAD>();
     var acc_dv = array<f32, DPAD>();
-    var dk_tile = array<f32, DPAD>();
-    var dv_tile = array<f32, DPAD>();
-    var p = array<f32, BR>();
-    var ds = array<f32, BR>();
     let q_start = (q_begin_for_key(kv0) / BR) * BR;
 
     for (var g = 0u; g < params.group; g++) {
@@ -96,22 +119,10 @@ fn main(
                 p[r] = pr;
                 ds[r] = score_grad(pr, dp, sdelta[r]);
             }
-            // summed apart, then folded in (f32 error on long columns)
-            for (var d = 0u; d < DPAD; d++) {
-                dk_tile[d] = 0.0;
-                dv_tile[d] = 0.0;
-            }
-            for (var r = 0u; r < BR; r++) {
-                let pr = p[r];
-                let dsr = ds[r];
-                for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-                    let q_mine = lane_values(sq[r * DPAD + d0 + lane]);
-                    let do_mine = lane_values(sdo[r * DPAD + d0 + lane]);
-                    for (var l = 0u; l < SG; l++) {
-                        dv_tile[d0 + l] = add_weighted(dv_tile[d0 + l], pr, do_mine[l]);
-                        dk_tile[d0 + l] = add_weighted(dk_tile[d0 + l], dsr, q_mine[l]);
-                    }
-                }
+            if (masked) {
+                fold_tile(true, lane);
+            } else {
+                fold_tile(false, lane);
             }
             for (var d = 0u; d < DPAD; d++) {
                 acc_dk[d] += dk_tile[d];

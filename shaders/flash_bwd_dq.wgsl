@@ -109,7 +109,7 @@ fn main(
             let dsc = smem[SDS + r * BC + c];
             for (var dd = 0u; dd < DPT; dd++) {
                 let d = min(j + dd * TPR, HEAD_DIM - 1u);
-                dq_tile[dd] = add_weighted(dq_tile[dd], dsc, smem[SK + c * HEAD_DIM + d]);
+                dq_tile[dd] = add_weighted(dq_tile[dd], dsc, smem[SK + c * HEAD_DIM + d], masked);
             }
         }
         for (var dd = 0u; dd < DPT; dd++) {

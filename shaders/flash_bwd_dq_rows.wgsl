@@ -13,6 +13,35 @@
 var<workgroup> sk: array<f32, BC * DPAD>;
 var<workgroup> sv: array<f32, BC * DPAD>;
 
+// per invocation: dS of its rows against the tile's keys, and the tile's dQ sums
+var<private> ds: array<array<f32, BC>, RPT>;
+var<private> dq_tile: array<array<f32, DPAD>, RPT>;
+
+// dQ_tile = dS K over the tile's keys, summed apart (f32 error on long rows). `guard` (the tile
+// has hidden pairs) is a constant at each call site, so the unmasked tiles' loop is plain FMAs.
+fn fold_tile(guard: bool, lane: u32) {
+    for (var rr = 0u; rr < RPT; rr++) {
+        for (var d = 0u; d < DPAD; d++) {
+            dq_tile[rr][d] = 0.0;
+        }
+    }
+    for (var c = 0u; c < BC; c++) {
+        var dsc = array<f32, RPT>();
+        for (var rr = 0u; rr < RPT; rr++) {
+            dsc[rr] = ds[rr][c];
+        }
+        for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+            let k_mine = lane_values(sk[c * DPAD + d0 + lane]);
+            for (var l = 0u; l < SG; l++) {
+                let kd = k_mine[l];
+                for (var rr = 0u; rr < RPT; rr++) {
+                    dq_tile[rr][d0 + l] = add_weighted(dq_tile[rr][d0 + l], dsc[rr], kd, guard);
+                }
+            }
+        }
+    }
+}
+
 @compute @workgroup_size(NT)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -48,8 +77,6 @@ fn main(
         }
     }
     var acc = array<array<f32, DPAD>, RPT>();
-    var dq_tile = array<array<f32, DPAD>, RPT>();
-    var ds = array<array<f32, BC>, RPT>();
 
     let kv_end = kv_end_for_rows(q0, q0 + BR);
     for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
@@ -90,26 +117,10 @@ fn main(
                 ds[rr][c] = score_grad(recompute_p(sc, lse2[rr]), dp[rr], delta_i[rr]);
             }
         }
-        // summed apart, then folded in (f32 error on long rows)
-        for (var rr = 0u; rr < RPT; rr++) {
-            for (var d = 0u; d < DPAD; d++) {
-                dq_tile[rr][d] = 0.0;
-            }
-        }
-        for (var c = 0u; c < BC; c++) {
-            var dsc = array<f32, RPT>();
-            for (var rr = 0u; rr < RPT; rr++) {
-                dsc[rr] = ds[rr][c];
-            }
-            for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-                let k_mine = lane_values(sk[c * DPAD + d0 + lane]);
-                for (var l = 0u; l < SG; l++) {
-                    let kd = k_mine[l];
-                    for (var rr = 0u; rr < RPT; rr++) {
-                        dq_tile[rr][d0 + l] = add_weighted(dq_tile[rr][d0 + l], dsc[rr], kd);
-                    }
-                }
-            }
+        if (masked) {
+            fold_tile(true, lane);
+        } else {
+            fold_tile(false, lane);
         }
         for (var rr = 0u; rr < RPT; rr++) {
             for (var d = 0u; d < DPAD; d++) {

@@ -137,7 +137,7 @@ fn main(
             let p = smem[SP + r * BC + c];
             for (var dd = 0u; dd < DPT; dd++) {
                 let d = min(j + dd * TPR, HEAD_DIM - 1u);
-                o_tile[dd] = add_weighted(o_tile[dd], p, smem[SKV + c * HEAD_DIM + d]);
+                o_tile[dd] = add_weighted(o_tile[dd], p, smem[SKV + c * HEAD_DIM + d], masked);
             }
         }
         for (var dd = 0u; dd < DPT; dd++) {

@@ -124,7 +124,7 @@ fn main(
                 for (var l = 0u; l < SG; l++) {
                     let vd = mine[l];
                     for (var rr = 0u; rr < RPT; rr++) {
-                        o[rr][d0 + l] = add_weighted(o[rr][d0 + l], p[rr], vd);
+                        o[rr][d0 + l] = add_weighted(o[rr][d0 + l], p[rr], vd, masked);
                     }
                 }
             }

@@ -18,8 +18,8 @@ fn item(e: u32) {
         let pb = local * params.seq_q * params.seq_kv + jrow;
         for (var i = 0u; i < params.seq_q; i++) {
             let o = q_index(b, i, h, d);
-            acc_dv = add_weighted(acc_dv, probs[pb + i * params.seq_kv], load_d_out(o));
-            acc_dk = add_weighted(acc_dk, ds[pb + i * params.seq_kv], load_q(o));
+            acc_dv = add_weighted(acc_dv, probs[pb + i * params.seq_kv], load_d_out(o), CAUSAL);
+            acc_dk = add_weighted(acc_dk, ds[pb + i * params.seq_kv], load_q(o), CAUSAL);
         }
     }
     let o = kv_index(b, jrow, hk, d);

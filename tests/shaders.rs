@@ -130,7 +130,15 @@ fn params_layout_matches_the_shader_struct() {
         total_wg,
         slice_base,
         slice_count,
-        total_items
+        total_items,
+        q_shift,
+        kv_shift,
+        row_shift,
+        row_stride,
+        resume,
+        pad0,
+        pad1,
+        pad2
     );
     assert_eq!(members.len(), host.len());
     for (m, (name, off)) in members.iter().zip(host) {

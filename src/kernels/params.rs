@@ -32,7 +32,10 @@ pub struct Params {
     /// which continues from what the earlier ones stored (forward: the running softmax;
     /// backward: the gradient sums).
     pub resume: u32,
-    pub _pad: [u32; 3],
+    /// Padding to a multiple of 16 bytes (uniform layout).
+    pub pad0: u32,
+    pub pad1: u32,
+    pub pad2: u32,
 }
 
 impl Params {
