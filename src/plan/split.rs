@@ -93,14 +93,34 @@ pub fn choose(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Opti
                 hint: "use fewer heads per call".into(),
             });
         }
-        Ok(if n >= 64 { n / 64 * 64 } else { n } as usize)
+        Ok(n.min(usize::MAX as u64) as usize)
     };
     Ok(Some(Split {
         batches: 1,
-        q_rows: rows_in(q_row, "query")?.min(cfg.seq_q),
-        kv_rows: rows_in(kv_row, "key")?.min(cfg.seq_kv),
+        q_rows: balanced(cfg.seq_q, rows_in(q_row, "query")?),
+        kv_rows: balanced(cfg.seq_kv, rows_in(kv_row, "key")?),
         accumulate: true,
     }))
+}
+
+/// Rows per window for `total` rows and windows of at most `max`. Windows should fill whole
+/// kernel tiles (64 or 128 rows): as few windows as `max` allows, of equal size rounded up to a
+/// multiple of 64 where that still fits (1,024 rows in windows of at most 448: 384 + 384 +
+/// 256, not 448 + 448 + 128); else the largest multiple of 64 under `max`; only windows under
+/// 64 rows are not tile multiples (docs/PERFORMANCE.md measures both).
+fn balanced(total: usize, max: usize) -> usize {
+    if max >= total {
+        return total;
+    }
+    let rows = total.div_ceil(total.div_ceil(max));
+    let tiled = rows.next_multiple_of(64);
+    if tiled <= max {
+        tiled
+    } else if max >= 64 {
+        max / 64 * 64
+    } else {
+        rows
+    }
 }
 
 /// A window of a `[batch, seq, heads, head_dim]` tensor: `rows` positions from (`b`, `r0`),
@@ -576,6 +596,19 @@ mod tests {
             },
             max_binding_bytes: limit,
             offset_align: 256,
+        }
+    }
+
+    #[test]
+    fn windows_are_balanced_and_fill_tiles_where_they_can() {
+        assert_eq!(balanced(1024, 448), 384); // 384 + 384 + 256, not 448 + 448 + 128
+        assert_eq!(balanced(1024, 2000), 1024);
+        assert_eq!(balanced(1024, 127), 64); // equal windows of 114 would split tiles
+        assert_eq!(balanced(100, 30), 25); // under 64 rows: equal windows, no rounding
+        for (total, max) in [(1000, 70), (524_289, 65_000), (7, 1), (130, 64)] {
+            let r = balanced(total, max);
+            assert!(r >= 1 && r <= max, "{total} {max} -> {r}");
+            assert!(r.is_multiple_of(64) || max < 64, "{total} {max} -> {r}");
         }
     }
 
