@@ -14,10 +14,10 @@
 #   TEST_TIMEOUT_S   per test binary (default 120; each takes under a minute on lavapipe)
 #
 # Full mode takes about BENCH_BUDGET_S plus the tests' time (a few minutes on a fast GPU);
-# at most BENCH_BUDGET_S + 120 + 4 * TEST_TIMEOUT_S seconds.
+# at most BENCH_BUDGET_S + 120 + 6 * TEST_TIMEOUT_S seconds.
 #
 # Steps: (a) the adapter summary, (b) the test executables dtypes, variants, forward,
-# backward that exist in $BIN_DIR/deps, (c) the bench grid, (d) $OUT_DIR/summary.md.
+# backward, nonfinite, split that exist in $BIN_DIR/deps, (c) the bench grid, (d) $OUT_DIR/summary.md.
 # Every step runs even if an earlier one failed; the exit status is non-zero if any failed.
 set -uo pipefail
 
@@ -26,7 +26,7 @@ OUT_DIR=${OUT_DIR:-gpu-check-out}
 MODE=${MODE:-full}
 BENCH_BUDGET_S=${BENCH_BUDGET_S:-240}
 TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-120}
-TESTS=(dtypes variants forward backward)
+TESTS=(dtypes variants forward backward nonfinite split)
 
 log() { echo "gpu-check: $*" >&2; }
 
