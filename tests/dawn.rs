@@ -211,6 +211,21 @@ fn cases_of<T: Element>(
     [fwd, bwd]
 }
 
+/// Replays `cases` on Dawn; every one must pass.
+fn run_cases(script: &Path, file: &str, cases: &[ReplayCase]) {
+    let path = write_json(file, &serde_json::json!({ "cases": cases }));
+    let (ok, out) = run_node(script, &["run", path.to_str().unwrap()]);
+    eprintln!("{out}");
+    assert!(
+        ok,
+        "Dawn results differ from the reference (see the FAIL lines above)"
+    );
+    assert!(
+        out.contains(&format!("{} passed, 0 failed", cases.len())),
+        "{out}"
+    );
+}
+
 fn write_json(file: &str, value: &serde_json::Value) -> PathBuf {
     let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(file);
     std::fs::write(&path, value.to_string()).expect("writing replay data");
@@ -288,17 +303,7 @@ fn kernels_match_the_f64_reference_on_dawn() {
             }
         }
     }
-    let path = write_json("dawn-cases.json", &serde_json::json!({ "cases": all }));
-    let (ok, out) = run_node(&script, &["run", path.to_str().unwrap()]);
-    eprintln!("{out}");
-    assert!(
-        ok,
-        "Dawn results differ from the reference (see the FAIL lines above)"
-    );
-    assert!(
-        out.contains(&format!("{} passed, 0 failed", all.len())),
-        "{out}"
-    );
+    run_cases(&script, "dawn-cases.json", &all);
 }
 
 #[test]
@@ -343,17 +348,7 @@ fn keys_a_row_cannot_see_never_reach_it_on_dawn() {
             .any(|case| case.checks.iter().any(|k| !k.nan.is_empty())),
         "the poisoned rows must be expected NaN"
     );
-    let path = write_json("dawn-poisoned.json", &serde_json::json!({ "cases": all }));
-    let (ok, out) = run_node(&script, &["run", path.to_str().unwrap()]);
-    eprintln!("{out}");
-    assert!(
-        ok,
-        "Dawn results differ from the reference (see the FAIL lines above)"
-    );
-    assert!(
-        out.contains(&format!("{} passed, 0 failed", all.len())),
-        "{out}"
-    );
+    run_cases(&script, "dawn-poisoned.json", &all);
 }
 
 #[test]

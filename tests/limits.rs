@@ -8,23 +8,8 @@ use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context, Error, Tun
 
 /// A context over a device created with exactly `limits`, through `Context::from_wgpu`.
 fn context_with_limits(limits: wgpu::Limits) -> Context {
-    pollster::block_on(async {
-        let instance =
-            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = instance
-            .request_adapter(&wgpu::RequestAdapterOptions::default())
-            .await
-            .expect("an adapter");
-        let (device, queue) = adapter
-            .request_device(&wgpu::DeviceDescriptor {
-                label: Some("limited"),
-                required_limits: limits,
-                ..Default::default()
-            })
-            .await
-            .expect("a device");
-        Context::from_wgpu(device, queue).expect("context")
-    })
+    let (device, queue) = common::device_with(limits, wgpu::Features::empty());
+    Context::from_wgpu(device, queue).expect("context")
 }
 
 fn check_both_passes(ctx: &Context, c: &AttentionConfig) {
@@ -129,23 +114,8 @@ fn device_without_storage_buffers_is_refused_as_such() {
         max_storage_buffers_per_shader_stage: 0,
         ..wgpu::Limits::default()
     };
-    let made = pollster::block_on(async {
-        let instance =
-            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = instance
-            .request_adapter(&wgpu::RequestAdapterOptions::default())
-            .await
-            .expect("an adapter");
-        let (device, queue) = adapter
-            .request_device(&wgpu::DeviceDescriptor {
-                label: Some("no storage"),
-                required_limits: limits,
-                ..Default::default()
-            })
-            .await
-            .expect("a device");
-        Context::from_wgpu(device, queue)
-    });
+    let (device, queue) = common::device_with(limits, wgpu::Features::empty());
+    let made = Context::from_wgpu(device, queue);
     match made {
         Err(Error::Unsupported { reason, .. }) => {
             assert!(

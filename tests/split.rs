@@ -11,27 +11,12 @@ use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, DType, Error, Tuning,
 
 /// A context whose device binds at most `binding` bytes of a buffer at once.
 fn context_with_binding(binding: u32) -> Context {
-    pollster::block_on(async {
-        let instance =
-            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = instance
-            .request_adapter(&wgpu::RequestAdapterOptions::default())
-            .await
-            .expect("an adapter");
-        let (device, queue) = adapter
-            .request_device(&wgpu::DeviceDescriptor {
-                label: Some("small bindings"),
-                required_features: adapter.features() & wgpu::Features::SHADER_F16,
-                required_limits: wgpu::Limits {
-                    max_storage_buffer_binding_size: binding.into(),
-                    ..wgpu::Limits::default()
-                },
-                ..Default::default()
-            })
-            .await
-            .expect("a device");
-        Context::from_wgpu(device, queue).expect("context")
-    })
+    let limits = wgpu::Limits {
+        max_storage_buffer_binding_size: binding.into(),
+        ..wgpu::Limits::default()
+    };
+    let (device, queue) = common::device_with(limits, wgpu::Features::SHADER_F16);
+    Context::from_wgpu(device, queue).expect("context")
 }
 
 /// Forward and backward of every dtype and both variants on `ctx`, against the reference.

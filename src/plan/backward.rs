@@ -10,18 +10,18 @@ use crate::kernels::{Kernel, Params, Tiles};
 
 use BufRef::{Input, Output, Scratch};
 
-// Inputs, in order.
-const Q: BufRef = Input(0);
-const K: BufRef = Input(1);
-const V: BufRef = Input(2);
-const OUT: BufRef = Input(3);
-const LSE: BufRef = Input(4);
-const D_OUT: BufRef = Input(5);
+// Inputs, in order (shared with `split`).
+pub(super) const Q: BufRef = Input(0);
+pub(super) const K: BufRef = Input(1);
+pub(super) const V: BufRef = Input(2);
+pub(super) const OUT: BufRef = Input(3);
+pub(super) const LSE: BufRef = Input(4);
+pub(super) const D_OUT: BufRef = Input(5);
 // Outputs and scratch.
-const DQ: BufRef = Output(0);
-const DK: BufRef = Output(1);
-const DV: BufRef = Output(2);
-const DELTA: BufRef = Scratch(0);
+pub(super) const DQ: BufRef = Output(0);
+pub(super) const DK: BufRef = Output(1);
+pub(super) const DV: BufRef = Output(2);
+pub(super) const DELTA: BufRef = Scratch(0);
 
 /// Plans `dq, dk, dv` from q, k, v, out, lse (f32) and d_out. Outputs take the inputs' dtype.
 pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {

@@ -257,6 +257,82 @@ fn q_blocks(cfg: &AttentionConfig, split: &Split) -> Vec<(usize, usize, usize, u
     v
 }
 
+/// The parts of query block (`b`, `nb`, `q0`, `qn`) in key order: the first always (it
+/// initializes the block's outputs), then each key window some query of the block sees
+/// (causal: the later ones end at the first that none sees).
+fn key_parts(
+    cfg: &AttentionConfig,
+    split: &Split,
+    block: (usize, usize, usize, usize),
+) -> Vec<Part> {
+    let (b, batches, q0, q_rows) = block;
+    let mut parts = Vec::new();
+    for (k0, kv_rows) in ranges(cfg.seq_kv, split.kv_rows) {
+        let part = Part {
+            b,
+            batches,
+            q0,
+            q_rows,
+            k0,
+            kv_rows,
+        };
+        if !parts.is_empty() && !part.visible(cfg) {
+            break;
+        }
+        parts.push(part);
+    }
+    parts
+}
+
+/// The parts of key block (`b`, `nb`, `k0`, `kn`) in query order that see it, or the last
+/// query window if none does (it initializes the block's outputs).
+fn query_parts(
+    cfg: &AttentionConfig,
+    split: &Split,
+    b: usize,
+    batches: usize,
+    k0: usize,
+    kv_rows: usize,
+) -> Vec<Part> {
+    let all: Vec<Part> = ranges(cfg.seq_q, split.q_rows)
+        .map(|(q0, q_rows)| Part {
+            b,
+            batches,
+            q0,
+            q_rows,
+            k0,
+            kv_rows,
+        })
+        .collect();
+    let mut seen: Vec<Part> = all.iter().copied().filter(|p| p.visible(cfg)).collect();
+    if seen.is_empty() {
+        seen.extend(all.last().copied());
+    }
+    seen
+}
+
+/// The windows of a part's q-layout, kv-layout and row tensors, with their shifts.
+struct Windows {
+    q: Window,
+    kv: Window,
+    rows: Window,
+    shifts: (u32, u32, u32),
+}
+
+impl Part {
+    fn windows(&self, cfg: &AttentionConfig, env: &PlanEnv, esz: u64) -> Windows {
+        let (q, qs) = self.q_window(cfg, env, esz);
+        let (kv, ks) = self.kv_window(cfg, env, esz);
+        let (rows, rs) = self.row_window(cfg, env);
+        Windows {
+            q,
+            kv,
+            rows,
+            shifts: (qs, ks, rs),
+        }
+    }
+}
+
 /// Where an output of a part is bound: the output itself (f32, or any dtype when the part is
 /// not accumulating), or an f32 scratch window that a cast then takes to the dtype.
 struct OutputSlot {
@@ -381,45 +457,25 @@ pub fn forward_steps(
     let q_row = cfg.heads_q * cfg.head_dim;
     let out = bld.scratch_slot(plan, Output(0), "out accumulator", split.q_rows * q_row);
     let kernel = env.tuning.variant.forward();
-    for (b, nb, q0, qn) in q_blocks(cfg, &split) {
-        let mut first = true;
-        let mut last = Part {
-            b,
-            batches: nb,
-            q0,
-            q_rows: qn,
-            k0: 0,
-            kv_rows: 0,
-        };
-        for (k0, kn) in ranges(cfg.seq_kv, split.kv_rows) {
-            let part = Part {
-                b,
-                batches: nb,
-                q0,
-                q_rows: qn,
-                k0,
-                kv_rows: kn,
-            };
-            if !first && !part.visible(cfg) {
-                break;
-            }
-            let (qw, qs) = part.q_window(cfg, env, bld.esz);
-            let (kw, ks) = part.kv_window(cfg, env, bld.esz);
-            let (rw, rs) = part.row_window(cfg, env);
-            let (ob, ow) = bld.out_binding(&out, qw, qs, nb.max(1) * qn * q_row);
+    for block in q_blocks(cfg, &split) {
+        let n = block.1 * block.3 * q_row;
+        let mut last = None;
+        for (i, part) in key_parts(cfg, &split, block).iter().enumerate() {
+            let w = part.windows(cfg, env, bld.esz);
+            let (ob, ow) = bld.out_binding(&out, w.q, w.shifts.0, n);
             plan.steps.push(bld.tiled(
                 kernel,
-                &part,
+                part,
                 vec![Input(0), Input(1), Input(2), ob, Output(1)],
-                vec![qw, kw, kw, ow, rw],
-                (qs, ks, rs),
-                !first,
+                vec![w.q, w.kv, w.kv, ow, w.rows],
+                w.shifts,
+                i > 0,
             )?);
-            first = false;
-            last = part;
+            last = Some(w);
         }
-        let (qw, qs) = last.q_window(cfg, env, bld.esz);
-        plan.steps.extend(bld.cast(&out, qw, qs, qn * q_row));
+        if let Some(w) = last {
+            plan.steps.extend(bld.cast(&out, w.q, w.shifts.0, n));
+        }
     }
     Ok(())
 }
@@ -433,13 +489,7 @@ pub fn backward_steps(
     split: Split,
     plan: &mut Plan,
 ) -> Result<()> {
-    const Q: BufRef = Input(0);
-    const K: BufRef = Input(1);
-    const V: BufRef = Input(2);
-    const OUT: BufRef = Input(3);
-    const LSE: BufRef = Input(4);
-    const D_OUT: BufRef = Input(5);
-    const DELTA: BufRef = Scratch(0);
+    use super::backward::{DELTA, DK, DQ, DV, D_OUT, K, LSE, OUT, Q, V};
     let bld = Builder {
         cfg,
         dtype,
@@ -449,9 +499,9 @@ pub fn backward_steps(
     };
     let q_row = cfg.heads_q * cfg.head_dim;
     let kv_row = cfg.heads_kv * cfg.head_dim;
-    let dq = bld.scratch_slot(plan, Output(0), "dq accumulator", split.q_rows * q_row);
-    let dk = bld.scratch_slot(plan, Output(1), "dk accumulator", split.kv_rows * kv_row);
-    let dv = bld.scratch_slot(plan, Output(2), "dv accumulator", split.kv_rows * kv_row);
+    let dq = bld.scratch_slot(plan, DQ, "dq accumulator", split.q_rows * q_row);
+    let dk = bld.scratch_slot(plan, DK, "dk accumulator", split.kv_rows * kv_row);
+    let dv = bld.scratch_slot(plan, DV, "dv accumulator", split.kv_rows * kv_row);
     let blocks = q_blocks(cfg, &split);
 
     // delta = rowsum(dO * out), per block of query rows
@@ -486,80 +536,49 @@ pub fn backward_steps(
     let dkdv = env.tuning.variant.backward_dkdv();
     for (b, nb) in ranges(cfg.batch, split.batches) {
         for (k0, kn) in ranges(cfg.seq_kv, split.kv_rows) {
-            let parts: Vec<Part> = ranges(cfg.seq_q, split.q_rows)
-                .map(|(q0, qn)| Part {
-                    b,
-                    batches: nb,
-                    q0,
-                    q_rows: qn,
-                    k0,
-                    kv_rows: kn,
-                })
-                .collect();
-            let mut seen: Vec<Part> = parts.iter().copied().filter(|p| p.visible(cfg)).collect();
-            if seen.is_empty() {
-                seen.extend(parts.last().copied());
-            }
-            let mut kv = None;
-            for (n, part) in seen.iter().enumerate() {
-                let (qw, qs) = part.q_window(cfg, env, bld.esz);
-                let (kw, ks) = part.kv_window(cfg, env, bld.esz);
-                let (rw, rs) = part.row_window(cfg, env);
-                let elems = nb * kn * kv_row;
-                let (dkb, dkw) = bld.out_binding(&dk, kw, ks, elems);
-                let (dvb, dvw) = bld.out_binding(&dv, kw, ks, elems);
+            let n = nb * kn * kv_row;
+            let mut last = None;
+            for (i, part) in query_parts(cfg, &split, b, nb, k0, kn).iter().enumerate() {
+                let w = part.windows(cfg, env, bld.esz);
+                let (dkb, dkw) = bld.out_binding(&dk, w.kv, w.shifts.1, n);
+                let (dvb, dvw) = bld.out_binding(&dv, w.kv, w.shifts.1, n);
                 plan.steps.push(bld.tiled(
                     dkdv,
                     part,
                     vec![Q, K, V, D_OUT, LSE, DELTA, dkb, dvb],
-                    vec![qw, kw, kw, qw, rw, rw, dkw, dvw],
-                    (qs, ks, rs),
-                    n > 0,
+                    vec![w.q, w.kv, w.kv, w.q, w.rows, w.rows, dkw, dvw],
+                    w.shifts,
+                    i > 0,
                 )?);
-                kv = Some((kw, ks, elems));
+                last = Some(w);
             }
-            if let Some((kw, ks, elems)) = kv {
-                plan.steps.extend(bld.cast(&dk, kw, ks, elems));
-                plan.steps.extend(bld.cast(&dv, kw, ks, elems));
+            if let Some(w) = last {
+                plan.steps.extend(bld.cast(&dk, w.kv, w.shifts.1, n));
+                plan.steps.extend(bld.cast(&dv, w.kv, w.shifts.1, n));
             }
         }
     }
 
     // dQ: each query window sums over the key windows it sees
     let dq_kernel = env.tuning.variant.backward_dq();
-    for &(b, nb, q0, qn) in &blocks {
-        let mut first = true;
-        let mut q = None;
-        for (k0, kn) in ranges(cfg.seq_kv, split.kv_rows) {
-            let part = Part {
-                b,
-                batches: nb,
-                q0,
-                q_rows: qn,
-                k0,
-                kv_rows: kn,
-            };
-            if !first && !part.visible(cfg) {
-                break;
-            }
-            let (qw, qs) = part.q_window(cfg, env, bld.esz);
-            let (kw, ks) = part.kv_window(cfg, env, bld.esz);
-            let (rw, rs) = part.row_window(cfg, env);
-            let elems = nb * qn * q_row;
-            let (dqb, dqw) = bld.out_binding(&dq, qw, qs, elems);
+    for &block in &blocks {
+        let n = block.1 * block.3 * q_row;
+        let mut last = None;
+        for (i, part) in key_parts(cfg, &split, block).iter().enumerate() {
+            let w = part.windows(cfg, env, bld.esz);
+            let (dqb, dqw) = bld.out_binding(&dq, w.q, w.shifts.0, n);
             plan.steps.push(bld.tiled(
                 dq_kernel,
-                &part,
+                part,
                 vec![Q, K, V, D_OUT, LSE, DELTA, dqb],
-                vec![qw, kw, kw, qw, rw, rw, dqw],
-                (qs, ks, rs),
-                !first,
+                vec![w.q, w.kv, w.kv, w.q, w.rows, w.rows, dqw],
+                w.shifts,
+                i > 0,
             )?);
-            first = false;
-            q = Some((qw, qs, elems));
+            last = Some(w);
         }
-        if let Some((qw, qs, elems)) = q {
-            plan.steps.extend(bld.cast(&dq, qw, qs, elems));
+        if let Some(w) = last {
+            plan.steps.extend(bld.cast(&dq, w.q, w.shifts.0, n));
         }
     }
     Ok(())

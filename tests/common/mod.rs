@@ -3,6 +3,28 @@
 
 pub mod variants;
 
+/// A device of the default adapter created with exactly `limits` and the adapter's features
+/// among `features`: for tests of small or unusual devices.
+pub fn device_with(limits: wgpu::Limits, features: wgpu::Features) -> (wgpu::Device, wgpu::Queue) {
+    pollster::block_on(async {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions::default())
+            .await
+            .expect("an adapter");
+        adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("test device"),
+                required_features: adapter.features() & features,
+                required_limits: limits,
+                ..Default::default()
+            })
+            .await
+            .expect("a device")
+    })
+}
+
 use std::sync::OnceLock;
 
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};

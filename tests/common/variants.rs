@@ -37,19 +37,15 @@ pub fn variants() -> Vec<KernelKey> {
                                 if elem != ElemFormat::F32 && !kernel.has_elem_bindings() {
                                     continue;
                                 }
-                                keys.push(KernelKey {
-                                    kernel,
-                                    elem,
-                                    head_dim,
-                                    tiles,
-                                    causal,
-                                    subgroup,
-                                    accumulate: false,
-                                });
                                 // a split call's passes: f32 outputs whatever the dtype
                                 // (only its output declarations differ, so a few head_dims
                                 // cover it)
-                                if kernel.can_accumulate() && [1, 64, 256].contains(&head_dim) {
+                                let accumulate_too =
+                                    kernel.can_accumulate() && [1, 64, 256].contains(&head_dim);
+                                for accumulate in [false, true] {
+                                    if accumulate && !accumulate_too {
+                                        continue;
+                                    }
                                     keys.push(KernelKey {
                                         kernel,
                                         elem,
@@ -57,7 +53,7 @@ pub fn variants() -> Vec<KernelKey> {
                                         tiles,
                                         causal,
                                         subgroup,
-                                        accumulate: true,
+                                        accumulate,
                                     });
                                 }
                             }
