@@ -422,6 +422,45 @@ fn a_tensor_from_another_context_is_refused_by_every_call() {
         Err(Error::ForeignTensor { tensor }) => assert_eq!(tensor, "lse"),
         other => panic!("expected ForeignTensor for lse, got {other:?}"),
     }
+    // every algorithm and dtype: the check comes before anything runs
+    fn each<T: flash_attn_wgpu::Element>(
+        a: &flash_attn_wgpu::Context,
+        b: &flash_attn_wgpu::Context,
+        c: &AttentionConfig,
+        q: &[f32],
+        kv: &[f32],
+    ) {
+        use flash_attn_wgpu::dtype::from_f32_slice;
+        let (q, kv) = (from_f32_slice::<T>(q), from_f32_slice::<T>(kv));
+        let (qb, kb) = (
+            b.upload(&q, &c.q_shape()).unwrap(),
+            b.upload(&kv, &c.kv_shape()).unwrap(),
+        );
+        let va = a.upload(&kv, &c.kv_shape()).unwrap();
+        for alg in [Algorithm::Tiled, Algorithm::Naive] {
+            let mut c = c.clone();
+            c.algorithm = alg;
+            match b.forward(&c, &qb, &kb, &va) {
+                Err(Error::ForeignTensor { tensor }) => assert_eq!(tensor, "v"),
+                other => panic!(
+                    "{alg:?} {}: expected ForeignTensor for v, got {other:?}",
+                    T::DTYPE
+                ),
+            }
+            let f = b.forward(&c, &qb, &kb, &kb).unwrap();
+            let d_out_a = a.upload(&q, &c.q_shape()).unwrap();
+            match b.backward(&c, &qb, &kb, &kb, &f.out, &f.lse, &d_out_a) {
+                Err(Error::ForeignTensor { tensor }) => assert_eq!(tensor, "d_out"),
+                other => panic!(
+                    "{alg:?} {}: expected ForeignTensor for d_out, got {other:?}",
+                    T::DTYPE
+                ),
+            }
+        }
+    }
+    each::<f32>(&a, b, &c, &q, &kv);
+    each::<half::f16>(&a, b, &c, &q, &kv);
+    each::<half::bf16>(&a, b, &c, &q, &kv);
 }
 
 #[test]
