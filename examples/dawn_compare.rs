@@ -10,6 +10,9 @@
 //!
 //! cargo run --release --example dawn_compare -- --seq 512,1024 --dtype f32,f16
 
+#[path = "common/device.rs"]
+mod device;
+
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
@@ -47,24 +50,7 @@ struct Args {
 }
 
 fn default_limits_context() -> Result<Context, Box<dyn std::error::Error>> {
-    pollster::block_on(async {
-        let instance =
-            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = instance
-            .request_adapter(&wgpu::RequestAdapterOptions::default())
-            .await?;
-        let wanted =
-            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
-        let (device, queue) = adapter
-            .request_device(&wgpu::DeviceDescriptor {
-                label: Some("default limits"),
-                required_features: adapter.features() & wanted,
-                required_limits: wgpu::Limits::default(),
-                ..Default::default()
-            })
-            .await?;
-        Ok(Context::from_wgpu(device, queue)?)
-    })
+    device::context_with_limits(|_| wgpu::Limits::default())
 }
 
 fn upload(

@@ -10,6 +10,8 @@
 
 #[path = "common/cli.rs"]
 mod cli;
+#[path = "common/device.rs"]
+mod device;
 
 use clap::Parser;
 use flash_attn_wgpu::{plan, AttentionConfig, Context, Tensor};
@@ -38,31 +40,13 @@ struct Args {
 /// A context over the default adapter whose device binds at most `binding` bytes (or the
 /// adapter's own limit), with the features `Context::new` asks for.
 fn context(binding: Option<u64>) -> Result<Context, Box<dyn std::error::Error>> {
-    let Some(binding) = binding else {
-        return Ok(Context::new()?);
-    };
-    pollster::block_on(async {
-        let instance =
-            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = instance
-            .request_adapter(&wgpu::RequestAdapterOptions::default())
-            .await?;
-        let wanted =
-            wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
-        let limits = wgpu::Limits {
+    match binding {
+        None => Ok(Context::new()?),
+        Some(binding) => device::context_with_limits(|adapter| wgpu::Limits {
             max_storage_buffer_binding_size: binding,
-            ..adapter.limits()
-        };
-        let (device, queue) = adapter
-            .request_device(&wgpu::DeviceDescriptor {
-                label: Some("split_cost"),
-                required_features: adapter.features() & wanted,
-                required_limits: limits,
-                ..Default::default()
-            })
-            .await?;
-        Ok(Context::from_wgpu(device, queue)?)
-    })
+            ..adapter
+        }),
+    }
 }
 
 struct Timed {

@@ -349,7 +349,17 @@ struct Builder<'a> {
     esz: u64,
 }
 
-impl Builder<'_> {
+impl<'a> Builder<'a> {
+    fn new(cfg: &'a AttentionConfig, dtype: DType, env: &'a PlanEnv, split: Split) -> Self {
+        Builder {
+            cfg,
+            dtype,
+            env,
+            split,
+            esz: dtype.size_bytes() as u64,
+        }
+    }
+
     /// One tiled pass over `part` with `buffers` bound through `windows`.
     fn tiled(
         &self,
@@ -447,13 +457,7 @@ pub fn forward_steps(
     split: Split,
     plan: &mut Plan,
 ) -> Result<()> {
-    let bld = Builder {
-        cfg,
-        dtype,
-        env,
-        split,
-        esz: dtype.size_bytes() as u64,
-    };
+    let bld = Builder::new(cfg, dtype, env, split);
     let q_row = cfg.heads_q * cfg.head_dim;
     let out = bld.scratch_slot(plan, Output(0), "out accumulator", split.q_rows * q_row);
     let kernel = env.tuning.variant.forward();
@@ -490,13 +494,7 @@ pub fn backward_steps(
     plan: &mut Plan,
 ) -> Result<()> {
     use super::backward::{DELTA, DK, DQ, DV, D_OUT, K, LSE, OUT, Q, V};
-    let bld = Builder {
-        cfg,
-        dtype,
-        env,
-        split,
-        esz: dtype.size_bytes() as u64,
-    };
+    let bld = Builder::new(cfg, dtype, env, split);
     let q_row = cfg.heads_q * cfg.head_dim;
     let kv_row = cfg.heads_kv * cfg.head_dim;
     let dq = bld.scratch_slot(plan, DQ, "dq accumulator", split.q_rows * q_row);
