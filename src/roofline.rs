@@ -1,5 +1,5 @@
-//! The adapter's own ceilings, measured with probe shaders: FMA throughput and global-memory
-//! copy bandwidth. Speed claims are held against these, not against a data sheet.
+//! The adapter's own ceilings, measured with probe shaders: f32 and f16 FMA throughput and
+//! global-memory copy bandwidth. Speed claims are held against these, not against a data sheet.
 
 use crate::device::Context;
 use crate::error::Result;
@@ -11,6 +11,8 @@ use crate::record::Dispatch;
 pub struct Roofline {
     /// f32 FMA throughput, GFLOP/s (an FMA counts as 2 FLOPs).
     pub fma_gflops: f64,
+    /// f16 FMA throughput, GFLOP/s, where the adapter has SHADER_F16.
+    pub fma_f16_gflops: Option<f64>,
     /// Global-memory copy bandwidth, GB/s (read + write bytes).
     pub copy_gbps: f64,
 }
@@ -30,21 +32,30 @@ impl Context {
         let workgroups = 64u32;
         let iterations = ((2000.0 * scale) as u32).max(16);
         let sink = self.create_storage(workgroups as u64 * 256 * 4, "roofline sink")?;
-        let mut fma_best = f64::INFINITY;
-        for _ in 0..4 {
-            self.run(&[Dispatch {
-                windows: Vec::new(),
-                key: KernelKey::plain(Kernel::RooflineFma),
-                params: Params {
-                    total_items: iterations,
-                    ..Default::default()
-                },
-                buffers: vec![&sink.buffer],
-                workgroups,
-            }])?;
-            fma_best = fma_best.min(self.last_gpu_timing().map_or(f64::INFINITY, |t| t.seconds));
-        }
         let flops = workgroups as f64 * 256.0 * iterations as f64 * 64.0;
+        let fma_probe = |kernel| -> Result<f64> {
+            let mut best = f64::INFINITY;
+            for _ in 0..4 {
+                self.run(&[Dispatch {
+                    windows: Vec::new(),
+                    key: KernelKey::plain(kernel),
+                    params: Params {
+                        total_items: iterations,
+                        ..Default::default()
+                    },
+                    buffers: vec![&sink.buffer],
+                    workgroups,
+                }])?;
+                best = best.min(self.last_gpu_timing().map_or(f64::INFINITY, |t| t.seconds));
+            }
+            Ok(flops / best / 1e9)
+        };
+        let fma_gflops = fma_probe(Kernel::RooflineFma)?;
+        let fma_f16_gflops = if self.info.shader_f16 {
+            Some(fma_probe(Kernel::RooflineFmaF16)?)
+        } else {
+            None
+        };
 
         let vec4s = ((4u64 << 20) as f64 * scale).max(4096.0) as u64;
         let bytes = (vec4s * 16).min(self.limits.max_storage_buffer_binding_size / 2 / 16 * 16);
@@ -66,7 +77,8 @@ impl Context {
             copy_best = copy_best.min(self.last_gpu_timing().map_or(f64::INFINITY, |t| t.seconds));
         }
         Ok(Roofline {
-            fma_gflops: flops / fma_best / 1e9,
+            fma_gflops,
+            fma_f16_gflops,
             copy_gbps: 2.0 * bytes as f64 / copy_best / 1e9,
         })
     }

@@ -35,3 +35,20 @@ fn no_adapter_error_says_how_to_get_one() {
         "{msg}"
     );
 }
+
+#[test]
+fn roofline_probes_measure_every_ceiling_the_adapter_has() {
+    let ctx = common::ctx();
+    let r = ctx.measure_roofline(0.05).unwrap();
+    assert!(r.fma_gflops.is_finite() && r.fma_gflops > 0.0, "{r:?}");
+    assert!(r.copy_gbps.is_finite() && r.copy_gbps > 0.0, "{r:?}");
+    // f16 arithmetic is probed exactly where the device has SHADER_F16 (lavapipe has it)
+    assert_eq!(
+        r.fma_f16_gflops.is_some(),
+        ctx.adapter_info().shader_f16,
+        "{r:?}"
+    );
+    if let Some(g) = r.fma_f16_gflops {
+        assert!(g.is_finite() && g > 0.0, "{r:?}");
+    }
+}

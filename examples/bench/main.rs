@@ -77,11 +77,10 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(path) = &a.markdown {
         let mut md = format!(
-            "Adapter: {}\n\nTuning: {tuning:?}; roofline (measured): FMA {:.1} GFLOP/s, copy {:.2} GB/s; \
+            "Adapter: {}\n\nTuning: {tuning:?}; roofline (measured): {}; \
              repeats {} (median GPU time after one warm-up call)\n\n",
             ctx.adapter_info(),
-            roof.fma_gflops,
-            roof.copy_gbps,
+            report::roofline_summary(&roof),
             grid.repeats
         );
         md.push_str(&report::to_markdown(records, &roof));

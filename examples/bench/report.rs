@@ -66,10 +66,7 @@ pub fn print_preamble(
             tdq.bc
         );
     }
-    println!(
-        "roofline (measured): FMA {:.1} GFLOP/s, copy {:.2} GB/s",
-        roof.fma_gflops, roof.copy_gbps
-    );
+    println!("roofline (measured): {}", roofline_summary(roof));
     println!("FLOPs: forward 4*B*H*Sq*Sk*D (halved for causal); backward 2.5x forward; fwdbwd = 3.5x forward");
     println!(
         "repeats={} (median GPU time after one warm-up call); %FMA: achieved GFLOP/s over the FMA \
@@ -173,4 +170,16 @@ pub fn to_markdown(records: &[Record], roof: &Roofline) -> String {
         let _ = writeln!(s, "| {} |", row.join(" | "));
     }
     s
+}
+
+/// The measured ceilings in one line: f32 FMA (what %FMA divides by), f16 FMA where the
+/// adapter has it, and copy bandwidth.
+pub fn roofline_summary(roof: &Roofline) -> String {
+    let f16 = roof
+        .fma_f16_gflops
+        .map_or(String::new(), |g| format!(", FMA f16 {g:.1} GFLOP/s"));
+    format!(
+        "FMA {:.1} GFLOP/s{f16}, copy {:.2} GB/s",
+        roof.fma_gflops, roof.copy_gbps
+    )
 }

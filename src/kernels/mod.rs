@@ -36,6 +36,7 @@ pub enum Kernel {
     Cast,
     Canary,
     RooflineFma,
+    RooflineFmaF16,
     RooflineCopy,
 }
 
@@ -76,7 +77,7 @@ use Access::{Read as R, ReadWrite as W};
 use BindType::{Elem as E, Vec4F32 as V4, F32, U32};
 
 impl Kernel {
-    pub const ALL: [Kernel; 19] = [
+    pub const ALL: [Kernel; 20] = [
         Kernel::FlashFwd,
         Kernel::FlashBwdPreprocess,
         Kernel::FlashBwdDkDv,
@@ -95,6 +96,7 @@ impl Kernel {
         Kernel::Cast,
         Kernel::Canary,
         Kernel::RooflineFma,
+        Kernel::RooflineFmaF16,
         Kernel::RooflineCopy,
     ];
 
@@ -118,6 +120,7 @@ impl Kernel {
             Kernel::Cast => "cast",
             Kernel::Canary => "canary",
             Kernel::RooflineFma => "roofline_fma",
+            Kernel::RooflineFmaF16 => "roofline_fma_f16",
             Kernel::RooflineCopy => "roofline_copy",
         }
     }
@@ -142,6 +145,7 @@ impl Kernel {
             Kernel::Cast => include_str!("../../shaders/cast.wgsl"),
             Kernel::Canary => include_str!("../../shaders/canary.wgsl"),
             Kernel::RooflineFma => include_str!("../../shaders/roofline_fma.wgsl"),
+            Kernel::RooflineFmaF16 => include_str!("../../shaders/roofline_fma_f16.wgsl"),
             Kernel::RooflineCopy => include_str!("../../shaders/roofline_copy.wgsl"),
         }
     }
@@ -191,7 +195,7 @@ impl Kernel {
             Kernel::NaiveBwdDq => const { &[b("ds", F32, R), K, b("dq", E, W)] },
             Kernel::Cast => const { &[b("src", F32, R), b("dst", E, W)] },
             Kernel::Canary => const { &[b("counter", U32, W)] },
-            Kernel::RooflineFma => const { &[b("sink", F32, W)] },
+            Kernel::RooflineFma | Kernel::RooflineFmaF16 => const { &[b("sink", F32, W)] },
             Kernel::RooflineCopy => const { &[b("src", V4, R), b("dst", V4, W)] },
         }
     }

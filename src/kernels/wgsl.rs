@@ -103,9 +103,11 @@ impl KernelKey {
         self.kernel.is_rows_variant() && self.subgroup > 1
     }
 
-    /// True when the kernel declares `f16` storage.
+    /// True when the kernel uses the `f16` type (native f16 storage, or f16 arithmetic): it
+    /// needs `enable f16;` and an adapter with SHADER_F16.
     pub fn uses_f16(&self) -> bool {
-        self.elem == ElemFormat::F16Native && self.kernel.has_elem_bindings()
+        (self.elem == ElemFormat::F16Native && self.kernel.has_elem_bindings())
+            || self.kernel == Kernel::RooflineFmaF16
     }
 
     /// Full WGSL source for one shader compiler. They disagree on directives: Tint (Dawn,
