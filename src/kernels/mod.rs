@@ -144,8 +144,10 @@ impl Kernel {
             Kernel::NaiveBwdDq => include_str!("../../shaders/naive_bwd_dq.wgsl"),
             Kernel::Cast => include_str!("../../shaders/cast.wgsl"),
             Kernel::Canary => include_str!("../../shaders/canary.wgsl"),
-            Kernel::RooflineFma => include_str!("../../shaders/roofline_fma.wgsl"),
-            Kernel::RooflineFmaF16 => include_str!("../../shaders/roofline_fma_f16.wgsl"),
+            // one probe in two types: the prelude defines FT
+            Kernel::RooflineFma | Kernel::RooflineFmaF16 => {
+                include_str!("../../shaders/roofline_fma.wgsl")
+            }
             Kernel::RooflineCopy => include_str!("../../shaders/roofline_copy.wgsl"),
         }
     }

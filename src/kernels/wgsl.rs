@@ -148,6 +148,11 @@ impl KernelKey {
         let (t, d) = (self.tiles, self.head_dim);
         let mut s = String::new();
         let _ = writeln!(s, "const HEAD_DIM: u32 = {d}u;");
+        match self.kernel {
+            Kernel::RooflineFma => s.push_str("alias FT = f32;\n"),
+            Kernel::RooflineFmaF16 => s.push_str("alias FT = f16;\n"),
+            _ => {}
+        }
         if self.kernel.is_tiled() {
             let cols = if self.kernel.rows_are_keys() {
                 t.br
