@@ -11,8 +11,8 @@ use flash_attn_wgpu::dtype::to_f32_vec;
 use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context, Element, Tuning, Variant};
 
 /// One poisoned case in `T` on every algorithm and variant: forward and backward against the
-/// reference on the same (poisoned, T-rounded) inputs. Returns the number of NaN rows in out.
-fn poisoned_case<T: Element>(ctx: &Context, base: &AttentionConfig) -> usize {
+/// reference on the same (poisoned, T-rounded) inputs.
+fn poisoned_case<T: Element>(ctx: &Context, base: &AttentionConfig) {
     let Rounded {
         seed,
         q,
@@ -27,7 +27,6 @@ fn poisoned_case<T: Element>(ctx: &Context, base: &AttentionConfig) -> usize {
     let want = reference::forward(base, &qr, &kr, &vr);
     let tol = rel_tol(T::DTYPE);
     let tuning = ctx.tuning();
-    let mut nan_rows = 0;
     for (algorithm, variant) in [
         (Algorithm::Tiled, Variant::Lanes),
         (Algorithm::Tiled, Variant::Rows),
@@ -81,10 +80,8 @@ fn poisoned_case<T: Element>(ctx: &Context, base: &AttentionConfig) -> usize {
             }
             Err(e) => panic!("backward failed: {e} ({msg})"),
         }
-        nan_rows = nans / c.head_dim;
     }
     ctx.set_tuning(tuning).unwrap();
-    nan_rows
 }
 
 fn every_dtype(base: &AttentionConfig) {
