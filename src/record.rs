@@ -178,6 +178,8 @@ impl Context {
                 inputs.len()
             )));
         }
+        let input_bytes: Vec<u64> = inputs.iter().map(|t| t.buffer().size()).collect();
+        plan.check_bindings(&input_bytes, self.binding_limit())?;
         let outputs = plan
             .outputs
             .iter()
@@ -198,38 +200,17 @@ impl Context {
                 BufRef::Scratch(i) => &scratch[i].buffer,
             }
         };
-        let name = |r: &BufRef| -> String {
-            match *r {
-                BufRef::Input(i) => plan.inputs[i].to_string(),
-                BufRef::Output(i) => plan.outputs[i].role.to_string(),
-                BufRef::Scratch(i) => plan.scratch[i].label.to_string(),
-            }
-        };
-        let limit = self.binding_limit();
-        let mut dispatches: Vec<Dispatch<'_>> = Vec::with_capacity(plan.steps.len());
-        for s in &plan.steps {
-            let buffers: Vec<&wgpu::Buffer> = s.buffers.iter().map(resolve).collect();
-            for (i, (r, b)) in s.buffers.iter().zip(&buffers).enumerate() {
-                let bound = s.window(i).map_or(b.size(), |w| w.size);
-                if bound > limit {
-                    return Err(Error::DeviceLimit {
-                        what: format!("{} bound by {}", name(r), s.key.kernel.name()),
-                        needed: bound,
-                        limit,
-                        hint: "Algorithm::Tiled splits tensors past one binding into windows; \
-                               Algorithm::Naive binds each tensor whole"
-                            .into(),
-                    });
-                }
-            }
-            dispatches.push(Dispatch {
+        let dispatches: Vec<Dispatch<'_>> = plan
+            .steps
+            .iter()
+            .map(|s| Dispatch {
                 key: s.key,
                 params: s.params,
-                buffers,
+                buffers: s.buffers.iter().map(resolve).collect(),
                 windows: s.windows.clone(),
                 workgroups: s.workgroups,
-            });
-        }
+            })
+            .collect();
         self.run(&dispatches)?;
         drop(dispatches);
         Ok(outputs)

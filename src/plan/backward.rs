@@ -62,8 +62,6 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
             split::backward_steps(cfg, dtype, env, parts, &mut plan)?;
             return Ok(plan);
         }
-    } else {
-        naive::check_whole(cfg, dtype, env)?;
     }
     let rows = cfg.lse_len();
     let mut pre = Params::from_config(cfg);

@@ -40,7 +40,6 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
             Some(parts) => split::forward_steps(cfg, dtype, env, parts, &mut plan)?,
         },
         Algorithm::Naive => {
-            naive::check_whole(cfg, dtype, env)?;
             let slices = cfg.batch * cfg.heads_q;
             let chunk = naive::chunk_slices(cfg, 1, env.max_binding_bytes)?.min(slices);
             let chunk_bytes = (chunk * cfg.seq_q * cfg.seq_kv) as u64 * 4;

@@ -93,23 +93,60 @@ pub struct Plan {
 impl Plan {
     /// Bytes of device memory the call's outputs take.
     pub fn output_bytes(&self) -> u64 {
-        self.outputs
-            .iter()
-            .map(|o| {
+        (0..self.outputs.len())
+            .map(|i| self.buffer_bytes(BufRef::Output(i), &[]))
+            .sum()
+    }
+
+    /// Bytes of the buffer `r` names: an input's from `input_bytes`, an output's or a
+    /// scratch buffer's as the call will allocate it.
+    pub fn buffer_bytes(&self, r: BufRef, input_bytes: &[u64]) -> u64 {
+        match r {
+            BufRef::Input(i) => input_bytes.get(i).copied().unwrap_or(u64::MAX),
+            BufRef::Output(i) => {
+                let o = &self.outputs[i];
                 o.dtype
                     .buffer_bytes(o.shape.iter().product::<usize>() as u64)
                     .unwrap_or(u64::MAX)
-            })
-            .sum()
+            }
+            BufRef::Scratch(i) => self.scratch[i].bytes.max(4).next_multiple_of(4),
+        }
+    }
+
+    /// Every binding of every step (a window, or a whole buffer) fits `limit` bytes: the one
+    /// check that a plan can be bound, before anything is allocated. A failure names the
+    /// tensor and the kernel binding it.
+    pub fn check_bindings(&self, input_bytes: &[u64], limit: u64) -> crate::Result<()> {
+        for s in &self.steps {
+            for (i, &r) in s.buffers.iter().enumerate() {
+                let bound = s
+                    .window(i)
+                    .map_or_else(|| self.buffer_bytes(r, input_bytes), |w| w.size);
+                if bound > limit {
+                    let name = match r {
+                        BufRef::Input(i) => self.inputs[i].to_string(),
+                        BufRef::Output(i) => self.outputs[i].role.to_string(),
+                        BufRef::Scratch(i) => self.scratch[i].label.to_string(),
+                    };
+                    return Err(crate::Error::DeviceLimit {
+                        what: format!("{name} bound by {}", s.key.kernel.name()),
+                        needed: bound,
+                        limit,
+                        hint: "Algorithm::Tiled splits tensors past one binding into windows; \
+                               Algorithm::Naive binds each tensor whole"
+                            .into(),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Bytes of device memory the call allocates: outputs and scratch.
     pub fn allocated_bytes(&self) -> u64 {
         self.output_bytes()
-            + self
-                .scratch
-                .iter()
-                .map(|s| s.bytes.max(4).next_multiple_of(4))
+            + (0..self.scratch.len())
+                .map(|i| self.buffer_bytes(BufRef::Scratch(i), &[]))
                 .sum::<u64>()
     }
 }
@@ -333,6 +370,29 @@ mod tests {
         let p = forward(&c, DType::F16, &e).unwrap();
         assert_eq!(p.steps.len(), 3 * 10);
         assert_eq!(p.scratch[0].bytes, 4 * 1024 * 1024 * 4);
+    }
+
+    #[test]
+    fn a_whole_binding_past_the_limit_is_named_before_anything_is_allocated() {
+        let mut c = cfg(3, 20, 20, 2, 1, 16);
+        c.algorithm = crate::Algorithm::Naive;
+        let mut e = env(Variant::Rows, HalfStorage::Packed);
+        e.max_binding_bytes = 4 << 10;
+        let p = forward(&c, DType::F32, &e).unwrap();
+        let q_bytes = (3 * 20 * 2 * 16 * 4) as u64;
+        let kv_bytes = q_bytes / 2;
+        match p.check_bindings(&[q_bytes, kv_bytes, kv_bytes], 4 << 10) {
+            Err(crate::Error::DeviceLimit { what, needed, .. }) => {
+                assert_eq!(what, "q bound by naive_scores");
+                assert_eq!(needed, q_bytes);
+            }
+            other => panic!("expected DeviceLimit, got {other:?}"),
+        }
+        // the same call, tiled, is split into windows that all fit
+        c.algorithm = crate::Algorithm::Tiled;
+        let p = forward(&c, DType::F32, &e).unwrap();
+        assert!(p.steps.len() > 1);
+        p.check_bindings(&[q_bytes, kv_bytes, kv_bytes], 4 << 10).unwrap();
     }
 
     #[test]

@@ -35,20 +35,3 @@ pub(super) fn chunk_slices(
     }
     Ok(((limit / unit_bytes) as usize).max(1) * unit_slices)
 }
-
-/// The naive kernels bind q, k, v (and their gradients) whole: each must fit one binding.
-pub(super) fn check_whole(
-    cfg: &AttentionConfig,
-    dtype: crate::dtype::DType,
-    env: &super::PlanEnv,
-) -> Result<()> {
-    use crate::error::TensorRole;
-    let bytes = |n: u64| dtype.buffer_bytes(n).unwrap_or(u64::MAX);
-    let q = bytes((cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim) as u64);
-    let kv = bytes((cfg.batch * cfg.seq_kv * cfg.heads_kv * cfg.head_dim) as u64);
-    let hint = "Algorithm::Naive binds each tensor whole; Algorithm::Tiled splits tensors past \
-                one binding into windows";
-    super::split::check_whole(TensorRole::Q, q, env, hint)?;
-    super::split::check_whole(TensorRole::K, kv, env, hint)?;
-    super::split::check_whole(TensorRole::Lse, (cfg.lse_len() as u64) * 4, env, hint)
-}

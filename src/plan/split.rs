@@ -22,7 +22,7 @@
 use super::{key, tiled_step, BufRef, Plan, PlanEnv, ScratchSpec, Step, Window};
 use crate::config::AttentionConfig;
 use crate::dtype::{DType, ElemFormat};
-use crate::error::{Error, Result, TensorRole};
+use crate::error::{Error, Result};
 use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
 use crate::kernels::{Kernel, KernelKey, Params, Tiles};
 
@@ -319,6 +319,23 @@ struct Windows {
     shifts: (u32, u32, u32),
 }
 
+/// Which window of a part an output lies in: its queries (out, dq) or its keys (dk, dv).
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    Queries,
+    Keys,
+}
+
+impl Windows {
+    /// The window and shift of the q-layout (`Queries`) or kv-layout (`Keys`) tensors.
+    fn side(&self, side: Side) -> (Window, u32) {
+        match side {
+            Side::Queries => (self.q, self.shifts.0),
+            Side::Keys => (self.kv, self.shifts.1),
+        }
+    }
+}
+
 impl Part {
     fn windows(&self, cfg: &AttentionConfig, env: &PlanEnv, esz: u64) -> Windows {
         let (q, qs) = self.q_window(cfg, env, esz);
@@ -381,6 +398,43 @@ impl<'a> Builder<'a> {
         step.params.resume = resume as u32;
         step.windows = windows.into_iter().map(Some).collect();
         Ok(step)
+    }
+
+    /// `kernel` over `parts` in order, the first initializing its outputs and each later one
+    /// resuming them (continuing the online softmax, or adding to the gradient sums); then
+    /// the casts of the outputs' scratch into their dtype (half dtypes). The outputs are `n`
+    /// elements on `side` of each part; `bind` lays out a step's buffers and windows from the
+    /// part's windows and each output's binding.
+    #[allow(clippy::too_many_arguments)]
+    fn passes(
+        &self,
+        plan: &mut Plan,
+        kernel: Kernel,
+        parts: &[Part],
+        outputs: &[&OutputSlot],
+        side: Side,
+        n: usize,
+        bind: impl Fn(&Windows, &[(BufRef, Window)]) -> (Vec<BufRef>, Vec<Window>),
+    ) -> Result<()> {
+        let mut last = None;
+        for (i, part) in parts.iter().enumerate() {
+            let w = part.windows(self.cfg, self.env, self.esz);
+            let (tensor_win, shift) = w.side(side);
+            let outs: Vec<(BufRef, Window)> = outputs
+                .iter()
+                .map(|slot| self.out_binding(slot, tensor_win, shift, n))
+                .collect();
+            let (buffers, windows) = bind(&w, &outs);
+            plan.steps
+                .push(self.tiled(kernel, part, buffers, windows, w.shifts, i > 0)?);
+            last = Some((tensor_win, shift));
+        }
+        if let Some((tensor_win, shift)) = last {
+            for slot in outputs {
+                plan.steps.extend(self.cast(slot, tensor_win, shift, n));
+            }
+        }
+        Ok(())
     }
 
     /// The window and buffer an accumulating output of `n` elements, at `shift` in the
@@ -462,24 +516,14 @@ pub fn forward_steps(
     let out = bld.scratch_slot(plan, Output(0), "out accumulator", split.q_rows * q_row);
     let kernel = env.tuning.variant.forward();
     for block in q_blocks(cfg, &split) {
+        let parts = key_parts(cfg, &split, block);
         let n = block.1 * block.3 * q_row;
-        let mut last = None;
-        for (i, part) in key_parts(cfg, &split, block).iter().enumerate() {
-            let w = part.windows(cfg, env, bld.esz);
-            let (ob, ow) = bld.out_binding(&out, w.q, w.shifts.0, n);
-            plan.steps.push(bld.tiled(
-                kernel,
-                part,
-                vec![Input(0), Input(1), Input(2), ob, Output(1)],
-                vec![w.q, w.kv, w.kv, ow, w.rows],
-                w.shifts,
-                i > 0,
-            )?);
-            last = Some(w);
-        }
-        if let Some(w) = last {
-            plan.steps.extend(bld.cast(&out, w.q, w.shifts.0, n));
-        }
+        bld.passes(plan, kernel, &parts, &[&out], Side::Queries, n, |w, o| {
+            (
+                vec![Input(0), Input(1), Input(2), o[0].0, Output(1)],
+                vec![w.q, w.kv, w.kv, o[0].1, w.rows],
+            )
+        })?;
     }
     Ok(())
 }
@@ -534,64 +578,28 @@ pub fn backward_steps(
     let dkdv = env.tuning.variant.backward_dkdv();
     for (b, nb) in ranges(cfg.batch, split.batches) {
         for (k0, kn) in ranges(cfg.seq_kv, split.kv_rows) {
+            let parts = query_parts(cfg, &split, b, nb, k0, kn);
             let n = nb * kn * kv_row;
-            let mut last = None;
-            for (i, part) in query_parts(cfg, &split, b, nb, k0, kn).iter().enumerate() {
-                let w = part.windows(cfg, env, bld.esz);
-                let (dkb, dkw) = bld.out_binding(&dk, w.kv, w.shifts.1, n);
-                let (dvb, dvw) = bld.out_binding(&dv, w.kv, w.shifts.1, n);
-                plan.steps.push(bld.tiled(
-                    dkdv,
-                    part,
-                    vec![Q, K, V, D_OUT, LSE, DELTA, dkb, dvb],
-                    vec![w.q, w.kv, w.kv, w.q, w.rows, w.rows, dkw, dvw],
-                    w.shifts,
-                    i > 0,
-                )?);
-                last = Some(w);
-            }
-            if let Some(w) = last {
-                plan.steps.extend(bld.cast(&dk, w.kv, w.shifts.1, n));
-                plan.steps.extend(bld.cast(&dv, w.kv, w.shifts.1, n));
-            }
+            bld.passes(plan, dkdv, &parts, &[&dk, &dv], Side::Keys, n, |w, o| {
+                (
+                    vec![Q, K, V, D_OUT, LSE, DELTA, o[0].0, o[1].0],
+                    vec![w.q, w.kv, w.kv, w.q, w.rows, w.rows, o[0].1, o[1].1],
+                )
+            })?;
         }
     }
 
     // dQ: each query window sums over the key windows it sees
     let dq_kernel = env.tuning.variant.backward_dq();
     for &block in &blocks {
+        let parts = key_parts(cfg, &split, block);
         let n = block.1 * block.3 * q_row;
-        let mut last = None;
-        for (i, part) in key_parts(cfg, &split, block).iter().enumerate() {
-            let w = part.windows(cfg, env, bld.esz);
-            let (dqb, dqw) = bld.out_binding(&dq, w.q, w.shifts.0, n);
-            plan.steps.push(bld.tiled(
-                dq_kernel,
-                part,
-                vec![Q, K, V, D_OUT, LSE, DELTA, dqb],
-                vec![w.q, w.kv, w.kv, w.q, w.rows, w.rows, dqw],
-                w.shifts,
-                i > 0,
-            )?);
-            last = Some(w);
-        }
-        if let Some(w) = last {
-            plan.steps.extend(bld.cast(&dq, w.q, w.shifts.0, n));
-        }
-    }
-    Ok(())
-}
-
-/// Every tensor of a call bound whole must fit one binding: the check for plans that do not
-/// split (the naive algorithm), naming the tensor and what would work.
-pub fn check_whole(role: TensorRole, bytes: u64, env: &PlanEnv, hint: &str) -> Result<()> {
-    if bytes > env.max_binding_bytes {
-        return Err(Error::DeviceLimit {
-            what: format!("{role} bound whole"),
-            needed: bytes,
-            limit: env.max_binding_bytes,
-            hint: hint.into(),
-        });
+        bld.passes(plan, dq_kernel, &parts, &[&dq], Side::Queries, n, |w, o| {
+            (
+                vec![Q, K, V, D_OUT, LSE, DELTA, o[0].0],
+                vec![w.q, w.kv, w.kv, w.q, w.rows, w.rows, o[0].1],
+            )
+        })?;
     }
     Ok(())
 }
