@@ -240,6 +240,11 @@ fn add_weighted(acc: f32, w: f32, x: f32, guard: bool) -> f32 {
     return select(fma(w, x, acc), acc, guard & (w == 0.0));
 }
 
+// add_weighted for a vec4 of values sharing one weight.
+fn add_weighted4(acc: vec4<f32>, w: f32, x: vec4<f32>, guard: bool) -> vec4<f32> {
+    return select(fma(vec4<f32>(w), x, acc), acc, guard & (w == 0.0));
+}
+
 // Backward: P recomputed from a finished score and the row's lse in the exp2 domain.
 // A hidden pair gets exactly 0, also for a row whose lse is NaN (it saw a NaN). P <= 1 holds
 // exactly (s <= lse), but for huge scores (|s| ~ 1e19) the f32 rounding of lse can put s - lse2

@@ -1,5 +1,5 @@
-//! Every kernel variant the tuning can pick is exact, at odd sizes: the lanes variant (GPUs),
-//! the rows variant with and without subgroup sharing (CPU drivers). The other test files run
+//! Every kernel variant the tuning can pick is exact, at odd sizes: the lanes and blocks
+//! variants (GPUs), the rows variant with and without subgroup sharing (CPU drivers). The other test files run
 //! whichever the adapter gets by default.
 
 mod common;
@@ -8,18 +8,14 @@ use flash_attn_wgpu::{reference, AttentionConfig, Context, Tuning, Variant};
 
 fn tunings(ctx: &Context) -> Vec<Tuning> {
     let default = ctx.tuning();
-    let mut t = vec![
-        Tuning {
-            variant: Variant::Lanes,
+    let mut t: Vec<Tuning> = Variant::ALL
+        .into_iter()
+        .map(|variant| Tuning {
+            variant,
             rows_subgroup: 0,
             ..default
-        },
-        Tuning {
-            variant: Variant::Rows,
-            rows_subgroup: 0,
-            ..default
-        },
-    ];
+        })
+        .collect();
     if default.rows_subgroup != 0 {
         t.push(Tuning {
             variant: Variant::Rows,

@@ -33,6 +33,8 @@ pub enum VariantArg {
     Lanes,
     /// one thread per row, tile reads shared across the subgroup (CPU drivers)
     Rows,
+    /// register micro-tiles, conflict-free vec4 workgroup memory (GPUs)
+    Blocks,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -126,6 +128,7 @@ impl Args {
             tuning.variant = match v {
                 VariantArg::Lanes => Variant::Lanes,
                 VariantArg::Rows => Variant::Rows,
+                VariantArg::Blocks => Variant::Blocks,
             };
         }
         if self.no_subgroup {

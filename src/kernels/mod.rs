@@ -25,6 +25,9 @@ pub enum Kernel {
     FlashFwdRows,
     FlashBwdDkDvRows,
     FlashBwdDqRows,
+    FlashFwdBlocks,
+    FlashBwdDkDvBlocks,
+    FlashBwdDqBlocks,
     NaiveScores,
     NaiveSoftmax,
     NaivePv,
@@ -77,7 +80,7 @@ use Access::{Read as R, ReadWrite as W};
 use BindType::{Elem as E, Vec4F32 as V4, F32, U32};
 
 impl Kernel {
-    pub const ALL: [Kernel; 20] = [
+    pub const ALL: [Kernel; 23] = [
         Kernel::FlashFwd,
         Kernel::FlashBwdPreprocess,
         Kernel::FlashBwdDkDv,
@@ -85,6 +88,9 @@ impl Kernel {
         Kernel::FlashFwdRows,
         Kernel::FlashBwdDkDvRows,
         Kernel::FlashBwdDqRows,
+        Kernel::FlashFwdBlocks,
+        Kernel::FlashBwdDkDvBlocks,
+        Kernel::FlashBwdDqBlocks,
         Kernel::NaiveScores,
         Kernel::NaiveSoftmax,
         Kernel::NaivePv,
@@ -109,6 +115,9 @@ impl Kernel {
             Kernel::FlashFwdRows => "flash_fwd_rows",
             Kernel::FlashBwdDkDvRows => "flash_bwd_dkdv_rows",
             Kernel::FlashBwdDqRows => "flash_bwd_dq_rows",
+            Kernel::FlashFwdBlocks => "flash_fwd_blocks",
+            Kernel::FlashBwdDkDvBlocks => "flash_bwd_dkdv_blocks",
+            Kernel::FlashBwdDqBlocks => "flash_bwd_dq_blocks",
             Kernel::NaiveScores => "naive_scores",
             Kernel::NaiveSoftmax => "naive_softmax",
             Kernel::NaivePv => "naive_pv",
@@ -134,6 +143,11 @@ impl Kernel {
             Kernel::FlashFwdRows => include_str!("../../shaders/flash_fwd_rows.wgsl"),
             Kernel::FlashBwdDkDvRows => include_str!("../../shaders/flash_bwd_dkdv_rows.wgsl"),
             Kernel::FlashBwdDqRows => include_str!("../../shaders/flash_bwd_dq_rows.wgsl"),
+            Kernel::FlashFwdBlocks => include_str!("../../shaders/flash_fwd_blocks.wgsl"),
+            Kernel::FlashBwdDkDvBlocks => {
+                include_str!("../../shaders/flash_bwd_dkdv_blocks.wgsl")
+            }
+            Kernel::FlashBwdDqBlocks => include_str!("../../shaders/flash_bwd_dq_blocks.wgsl"),
             Kernel::NaiveScores => include_str!("../../shaders/naive_scores.wgsl"),
             Kernel::NaiveSoftmax => include_str!("../../shaders/naive_softmax.wgsl"),
             Kernel::NaivePv => include_str!("../../shaders/naive_pv.wgsl"),
@@ -162,15 +176,15 @@ impl Kernel {
         const LSE: Binding = b("lse", F32, R);
         const DELTA: Binding = b("delta", F32, R);
         match self {
-            Kernel::FlashFwd | Kernel::FlashFwdRows => {
+            Kernel::FlashFwd | Kernel::FlashFwdRows | Kernel::FlashFwdBlocks => {
                 const { &[Q, K, V, b("out", E, W), b("lse", F32, W)] }
             }
             Kernel::FlashBwdPreprocess => const { &[b("out", E, R), D_OUT, b("delta", F32, W)] },
             // 8 storage buffers: the WebGPU default per-stage cap
-            Kernel::FlashBwdDkDv | Kernel::FlashBwdDkDvRows => {
+            Kernel::FlashBwdDkDv | Kernel::FlashBwdDkDvRows | Kernel::FlashBwdDkDvBlocks => {
                 const { &[Q, K, V, D_OUT, LSE, DELTA, b("dk", E, W), b("dv", E, W)] }
             }
-            Kernel::FlashBwdDq | Kernel::FlashBwdDqRows => {
+            Kernel::FlashBwdDq | Kernel::FlashBwdDqRows | Kernel::FlashBwdDqBlocks => {
                 const { &[Q, K, V, D_OUT, LSE, DELTA, b("dq", E, W)] }
             }
             Kernel::NaiveScores => const { &[Q, K, b("scores", F32, W)] },
@@ -233,6 +247,9 @@ impl Kernel {
                 | Kernel::FlashFwdRows
                 | Kernel::FlashBwdDkDvRows
                 | Kernel::FlashBwdDqRows
+                | Kernel::FlashFwdBlocks
+                | Kernel::FlashBwdDkDvBlocks
+                | Kernel::FlashBwdDqBlocks
         )
     }
 
@@ -246,18 +263,33 @@ impl Kernel {
     /// resumed pass adds to what earlier passes stored. (The forward overwrites its output and
     /// reads it back itself to resume the running softmax.)
     pub fn sums_outputs(self) -> bool {
-        self.is_tiled() && !matches!(self, Kernel::FlashFwd | Kernel::FlashFwdRows)
+        self.is_tiled()
+            && !matches!(
+                self,
+                Kernel::FlashFwd | Kernel::FlashFwdRows | Kernel::FlashFwdBlocks
+            )
     }
 
     /// Kernels whose workgroup rows are keys (BC of them) rather than queries.
     pub fn rows_are_keys(self) -> bool {
-        matches!(self, Kernel::FlashBwdDkDv | Kernel::FlashBwdDkDvRows)
+        matches!(
+            self,
+            Kernel::FlashBwdDkDv | Kernel::FlashBwdDkDvRows | Kernel::FlashBwdDkDvBlocks
+        )
     }
 
     pub fn is_rows_variant(self) -> bool {
         matches!(
             self,
             Kernel::FlashFwdRows | Kernel::FlashBwdDkDvRows | Kernel::FlashBwdDqRows
+        )
+    }
+
+    /// Kernels built from the register micro-tiles of `shaders/blocks.wgsl`.
+    pub fn is_blocks_variant(self) -> bool {
+        matches!(
+            self,
+            Kernel::FlashFwdBlocks | Kernel::FlashBwdDkDvBlocks | Kernel::FlashBwdDqBlocks
         )
     }
 }
@@ -272,9 +304,25 @@ pub enum Variant {
     /// the same K/V (or Q/dO) element at once. Suits CPU drivers (lavapipe, SwiftShader, WARP),
     /// where invocations are SIMD lanes and a per-lane workgroup-memory index is a gather.
     Rows,
+    /// Register micro-tiles: each invocation owns a TM x TN block of every score tile and a
+    /// TM x 4 GPT block of the output, so each vec4 read from workgroup memory feeds several
+    /// FMAs; rows are padded to an odd vec4 stride (no bank conflicts). Designed for GPUs
+    /// (shaders/blocks.wgsl, docs/PERFORMANCE.md has its model).
+    Blocks,
 }
 
 impl Variant {
+    /// Every variant, for tests and benchmarks that cover them all.
+    pub const ALL: [Variant; 3] = [Variant::Lanes, Variant::Rows, Variant::Blocks];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Lanes => "lanes",
+            Variant::Rows => "rows",
+            Variant::Blocks => "blocks",
+        }
+    }
+
     /// The variant for an adapter of this device type.
     pub fn for_device_type(device_type: wgpu::DeviceType) -> Variant {
         match device_type {
@@ -287,6 +335,7 @@ impl Variant {
         match self {
             Variant::Lanes => Kernel::FlashFwd,
             Variant::Rows => Kernel::FlashFwdRows,
+            Variant::Blocks => Kernel::FlashFwdBlocks,
         }
     }
 
@@ -294,6 +343,7 @@ impl Variant {
         match self {
             Variant::Lanes => Kernel::FlashBwdDkDv,
             Variant::Rows => Kernel::FlashBwdDkDvRows,
+            Variant::Blocks => Kernel::FlashBwdDkDvBlocks,
         }
     }
 
@@ -301,6 +351,7 @@ impl Variant {
         match self {
             Variant::Lanes => Kernel::FlashBwdDq,
             Variant::Rows => Kernel::FlashBwdDqRows,
+            Variant::Blocks => Kernel::FlashBwdDqBlocks,
         }
     }
 }

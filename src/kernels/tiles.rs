@@ -5,7 +5,8 @@ use super::Kernel;
 use crate::error::{Error, Result};
 
 /// Tile shape of a tiled kernel: BR query rows and BC keys per tile; TPR threads per row
-/// (lanes variant) or RPT rows per thread (rows variant); the other is 1.
+/// (lanes variant) or RPT rows per thread (rows variant), the other 1; the blocks variant
+/// uses both: TPR threads across the streamed rows (NTX) and RPT resident rows per thread (TM).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tiles {
     pub br: u32,
@@ -70,6 +71,24 @@ pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
         // (head_dim padded to a subgroup multiple: up to 7 more words a row at SG = 8)
         Kernel::FlashFwdRows | Kernel::FlashBwdDqRows => 2 * bc * d.next_multiple_of(8),
         Kernel::FlashBwdDkDvRows => 2 * br * d.next_multiple_of(8) + 2 * br,
+        // blocks: rows of RS vec4s (odd), weight tiles of WS vec4s per resident row
+        Kernel::FlashFwdBlocks | Kernel::FlashBwdDqBlocks | Kernel::FlashBwdDkDvBlocks => {
+            let rs = d.div_ceil(4) | 1;
+            let (resident, streamed) = (t.rows(kernel), t.br + t.bc - t.rows(kernel));
+            let ws = streamed.div_ceil(4);
+            4 * match kernel {
+                // Q; K then V; P; plus the row maxima (words)
+                Kernel::FlashFwdBlocks => (resident + streamed) * rs + resident * ws,
+                // Q, dO; K, V; dS
+                Kernel::FlashBwdDqBlocks => 2 * (resident + streamed) * rs + resident * ws,
+                // K, V; Q, dO; P^T, dS^T
+                _ => 2 * (resident + streamed) * rs + 2 * resident * ws,
+            } + if kernel == Kernel::FlashFwdBlocks {
+                resident * t.tpr
+            } else {
+                0
+            }
+        }
         _ => 0,
     }
 }
@@ -109,10 +128,51 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
         (16, 2, 1),
         (8, 1, 1),
     ];
+    // (resident rows, streamed rows per tile, NTX, TM): NT = resident / TM * NTX threads, each
+    // with a TM x (streamed / NTX) score block. Largest first; TM = 4 where the output block
+    // (TM x 4 GPT floats, GPT = ceil(head_dim / 4 / NTX)) stays within 64 registers.
+    const BLOCKS: [(u32, u32, u32, u32); 14] = [
+        (64, 64, 16, 4),
+        (64, 32, 8, 4),
+        (64, 32, 16, 4),
+        (32, 32, 8, 4),
+        (32, 32, 16, 2),
+        (32, 16, 8, 4),
+        (16, 16, 8, 2),
+        (16, 16, 16, 1),
+        (16, 8, 8, 2),
+        (8, 8, 8, 1),
+        (8, 4, 4, 1),
+        (4, 4, 4, 1),
+        (4, 2, 2, 1),
+        (2, 1, 1, 1),
+    ];
     if !kernel.is_tiled() {
         return Ok(Tiles::ONE);
     }
-    let candidates: Vec<Tiles> = if kernel.is_rows_variant() {
+    let candidates: Vec<Tiles> = if kernel.is_blocks_variant() {
+        // registers for the output blocks: dK/dV keeps two
+        let outputs = if kernel.rows_are_keys() { 2 } else { 1 };
+        BLOCKS
+            .iter()
+            .filter(|&&(_, _, ntx, tm)| {
+                outputs * tm * 4 * head_dim.div_ceil(4).div_ceil(ntx) <= 64 || tm == 1
+            })
+            .map(|&(resident, streamed, ntx, tm)| {
+                let (br, bc) = if kernel.rows_are_keys() {
+                    (streamed, resident)
+                } else {
+                    (resident, streamed)
+                };
+                Tiles {
+                    br,
+                    bc,
+                    tpr: ntx,
+                    rpt: tm,
+                }
+            })
+            .collect()
+    } else if kernel.is_rows_variant() {
         let multi_row =
             matches!(kernel, Kernel::FlashFwdRows | Kernel::FlashBwdDqRows) && head_dim <= 128;
         ROWS.iter()
@@ -204,6 +264,9 @@ mod tests {
             Kernel::FlashFwdRows,
             Kernel::FlashBwdDkDvRows,
             Kernel::FlashBwdDqRows,
+            Kernel::FlashFwdBlocks,
+            Kernel::FlashBwdDkDvBlocks,
+            Kernel::FlashBwdDqBlocks,
         ] {
             for d in 1..=256u32 {
                 let t = choose_tiles(kernel, d, DeviceCaps::WEBGPU_DEFAULT).unwrap();

@@ -14,6 +14,7 @@ use super::{Access, BindType, Binding, Kernel, Tiles};
 use crate::dtype::ElemFormat;
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
+const BLOCKS: &str = include_str!("../../shaders/blocks.wgsl");
 
 /// The entry point of every element-parallel kernel: 64 invocations per workgroup over a
 /// grid folded into (x, y); each invocation below `total_items` runs the kernel's `item`.
@@ -135,8 +136,17 @@ impl KernelKey {
         if self.kernel.is_rows_variant() {
             s.push_str(&lane_prelude(self.subgroup, self.head_dim));
         }
+        if self.kernel.is_blocks_variant() {
+            for b in self.kernel.bindings().iter().filter(|b| b.ty == BindType::Elem) {
+                s.push_str(&load4_wgsl(b.name));
+            }
+        }
         s.push_str(COMMON);
         s.push('\n');
+        if self.kernel.is_blocks_variant() {
+            s.push_str(BLOCKS);
+            s.push('\n');
+        }
         s.push_str(self.kernel.source());
         if self.kernel.is_elementwise() {
             s.push_str(&elementwise_entry());
@@ -242,6 +252,22 @@ fn accumulator_wgsl(slot: u32, n: &str, sums: bool) -> String {
         "@group(0) @binding({slot}) var<storage, read_write> {n}: array<f32>;\n\
          fn store_{n}(i: u32, x: f32) {{ {store} }}\n\
          fn load_{n}(i: u32) -> f32 {{ return {n}[i]; }}\n"
+    )
+}
+
+/// `load4_<name>(base, g)`: head dims 4g .. 4g + 3 of the row starting at element `base`, with
+/// the dims past HEAD_DIM as 0 (blocks kernels keep rows as vec4s).
+fn load4_wgsl(n: &str) -> String {
+    format!(
+        "fn load4_{n}(base: u32, g: u32) -> vec4<f32> {{\n\
+         \x20   var x = vec4<f32>();\n\
+         \x20   for (var l = 0u; l < 4u; l++) {{\n\
+         \x20       if (4u * g + l < HEAD_DIM) {{\n\
+         \x20           x[l] = load_{n}(base + 4u * g + l);\n\
+         \x20       }}\n\
+         \x20   }}\n\
+         \x20   return x;\n\
+         }}\n"
     )
 }
 

@@ -1,0 +1,76 @@
+// Shared by the "blocks" kernels (register micro-tiles for GPUs): the thread layout, the
+// workgroup-memory row layout, and the two micro-tile products every attention matmul is made
+// of. Each blocks kernel declares `sm`, its vec4 workgroup array, and places its tiles in it
+// at offsets (in vec4 units); the functions here read it.
+//
+// Threads: NT = NTY x NTX, thread t = (ty, tx) = (t / NTX, t % NTX). Of the workgroup's
+//          resident rows (queries, or keys for dK/dV) a thread owns TM consecutive ones,
+//          ty * TM + i. Of each streamed tile's rows it owns TN interleaved ones, tx + j * NTX,
+//          and of the head dims the vec4 groups tx + k * NTX (GPT of them).
+// Rows:    a tile of rows is stored row-major in vec4 units with row stride RS = D4 | 1, odd, so
+//          the eight 16-byte reads a quarter-warp issues (eight consecutive rows at one group,
+//          or eight consecutive groups of one row) fall in eight different bank quads.
+// Weights: a [resident][streamed] tile of P or dS is stored row-major in vec4 units, WS per row.
+// Reuse:   `dot_tile` reads TM + TN vec4s per 4 * TM * TN FMAs; `weighted_rows` reads TM + 4 GPT
+//          vec4s per 16 * TM * GPT FMAs (docs/PERFORMANCE.md has the model).
+
+const NTX: u32 = TPR;               // threads across the streamed rows and the head dims
+const NTY: u32 = NT / TPR;          // threads down the resident rows
+const TM: u32 = RPT;                // resident rows per thread
+const TN: u32 = CPT;                // streamed rows per thread
+const NS: u32 = TN * NTX;           // streamed rows per tile
+const D4: u32 = (HEAD_DIM + 3u) / 4u;
+const RS: u32 = D4 | 1u;
+const GPT: u32 = (D4 + NTX - 1u) / NTX;
+const WS: u32 = (NS + 3u) / 4u;
+
+// s[i][j] = row (ty * TM + i) of the tile at `a` . row (tx + j * NTX) of the tile at `b`.
+fn dot_tile(a: u32, b: u32, ty: u32, tx: u32) -> array<array<f32, TN>, TM> {
+    var s = array<array<f32, TN>, TM>();
+    for (var g = 0u; g < D4; g++) {
+        var av = array<vec4<f32>, TM>();
+        for (var i = 0u; i < TM; i++) {
+            av[i] = sm[a + (ty * TM + i) * RS + g];
+        }
+        for (var j = 0u; j < TN; j++) {
+            let bv = sm[b + (tx + j * NTX) * RS + g];
+            for (var i = 0u; i < TM; i++) {
+                s[i][j] += dot(av[i], bv);
+            }
+        }
+    }
+    return s;
+}
+
+// Stores a thread's micro-tile w[i][j] into the weight tile at `w`.
+fn store_weights(w: u32, x: array<array<f32, TN>, TM>, ty: u32, tx: u32) {
+    for (var i = 0u; i < TM; i++) {
+        for (var j = 0u; j < TN; j++) {
+            let c = tx + j * NTX;
+            sm[w + (ty * TM + i) * WS + c / 4u][c % 4u] = x[i][j];
+        }
+    }
+}
+
+// acc[i][k] += sum over streamed rows c of W[ty * TM + i][c] * X[c][group tx + k * NTX], from
+// the weight tile at `w` and the row tile at `x`. With `guard`, zero weights are skipped
+// (add_weighted4: hidden pairs never carry their values in).
+fn weighted_rows(acc: ptr<function, array<array<vec4<f32>, GPT>, TM>>, w: u32, x: u32, ty: u32, tx: u32, guard: bool) {
+    for (var c4 = 0u; c4 < WS; c4++) {
+        var wv = array<vec4<f32>, TM>();
+        for (var i = 0u; i < TM; i++) {
+            wv[i] = sm[w + (ty * TM + i) * WS + c4];
+        }
+        for (var cc = 0u; cc < 4u; cc++) {
+            let c = c4 * 4u + cc;
+            if (c < NS) {
+                for (var k = 0u; k < GPT; k++) {
+                    let xv = sm[x + c * RS + min(tx + k * NTX, D4 - 1u)];
+                    for (var i = 0u; i < TM; i++) {
+                        (*acc)[i][k] = add_weighted4((*acc)[i][k], wv[i][cc], xv, guard);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,121 @@
+// FlashAttention backward, dQ, "blocks" variant: register micro-tiles for GPUs.
+//
+// Grid:    n_q_tiles * heads_q * batch workgroups of NT = NTY x NTX threads, folded.
+// Threads: (ty, tx) as in blocks.wgsl: TM query rows x TN keys of each score tile, and TM rows
+//          x GPT vec4 groups of dQ, in registers.
+// Loop:    Q_i and dO_i stay in workgroup memory while K/V tiles stream through; with CAUSAL
+//          tiles wholly above the diagonal are never visited.
+// Math:    S = Q K^T and dP = dO V^T (dot_tile), P = exp2(s - lse2), dS = P * (dP - delta) to
+//          workgroup memory, dQ += dS K (weighted_rows); dQ is scaled once at the end.
+// Memory:  Q, dO [BR][RS] resident; K, V [BC][RS]; dS [BR][WS] (vec4 units).
+// No atomics: each workgroup owns its dQ rows.
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
+
+const OQ: u32 = 0u;
+const ODO: u32 = OQ + BR * RS;
+const OK: u32 = ODO + BR * RS;
+const OV: u32 = OK + BC * RS;
+const ODS: u32 = OV + BC * RS;
+var<workgroup> sm: array<vec4<f32>, ODS + BR * WS>;
+
+@compute @workgroup_size(NT)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let wg = linear_workgroup(wid, nwg);
+    if (wg >= params.total_wg) {
+        return;
+    }
+    let tile = q_tile_of(wg, BR);
+    let b = tile.b;
+    let h = tile.h;
+    let hk = tile.hk;
+    let q0 = tile.q0;
+    let ty = t / NTX;
+    let tx = t % NTX;
+
+    for (var e = t; e < BR * D4; e += NT) {
+        let r = e / D4;
+        let g = e % D4;
+        let i = q0 + r;
+        var qx = vec4<f32>();
+        var dox = vec4<f32>();
+        if (i < params.seq_q) {
+            let base = q_index(b, i, h, 0u);
+            qx = load4_q(base, g) * params.scale_log2;
+            dox = load4_d_out(base, g);
+        }
+        sm[OQ + r * RS + g] = qx;
+        sm[ODO + r * RS + g] = dox;
+    }
+    var lse2 = array<f32, TM>();
+    var dl = array<f32, TM>();
+    for (var i = 0u; i < TM; i++) {
+        let qi = q0 + ty * TM + i;
+        lse2[i] = pos_inf();
+        if (qi < params.seq_q) {
+            lse2[i] = lse_to_log2(lse[row_index(b, h, qi)]);
+            dl[i] = delta[row_index(b, h, qi)];
+        }
+    }
+
+    var acc = array<array<vec4<f32>, GPT>, TM>();
+    let kv_end = kv_end_for_rows(q0, q0 + BR);
+    for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
+        let masked = tile_needs_mask(q0, kv0, BC);
+        workgroupBarrier(); // the previous tile's dS K is done with K and dS
+        for (var e = t; e < BC * D4; e += NT) {
+            let c = e / D4;
+            let g = e % D4;
+            let j = kv0 + c;
+            var kx = vec4<f32>();
+            var vx = vec4<f32>();
+            if (j < params.seq_kv) {
+                let base = kv_index(b, j, hk, 0u);
+                kx = load4_k(base, g);
+                vx = load4_v(base, g);
+            }
+            sm[OK + c * RS + g] = kx;
+            sm[OV + c * RS + g] = vx;
+        }
+        workgroupBarrier();
+
+        var ds = dot_tile(OQ, OK, ty, tx);
+        let dp = dot_tile(ODO, OV, ty, tx);
+        for (var i = 0u; i < TM; i++) {
+            for (var j = 0u; j < TN; j++) {
+                let sc = finish_score(ds[i][j], q0 + ty * TM + i, kv0 + tx + j * NTX, masked);
+                ds[i][j] = score_grad(recompute_p(sc, lse2[i]), dp[i][j], dl[i]);
+            }
+        }
+        store_weights(ODS, ds, ty, tx);
+        workgroupBarrier();
+
+        // summed apart, then folded in (f32 error on long rows)
+        var dq = array<array<vec4<f32>, GPT>, TM>();
+        weighted_rows(&dq, ODS, OK, ty, tx, masked);
+        for (var i = 0u; i < TM; i++) {
+            for (var k = 0u; k < GPT; k++) {
+                acc[i][k] += dq[i][k];
+            }
+        }
+    }
+
+    for (var i = 0u; i < TM; i++) {
+        let qi = q0 + ty * TM + i;
+        if (qi < params.seq_q) {
+            let base = q_index(b, qi, h, 0u);
+            for (var k = 0u; k < GPT; k++) {
+                let g = tx + k * NTX;
+                for (var c = 0u; c < 4u; c++) {
+                    let d = 4u * g + c;
+                    if (g < D4 && d < HEAD_DIM) {
+                        store_dq(base + d, acc[i][k][c] * params.scale);
+                    }
+                }
+            }
+        }
+    }
+}
