@@ -24,6 +24,14 @@ const RS: u32 = D4 | 1u;
 const GPT: u32 = (D4 + NTX - 1u) / NTX;
 const WS: u32 = (NS + 3u) / 4u;
 
+// acc + a . b summed in order of the head dims, one fma each, as every kernel sums dot
+// products: dP = dO . v then equals delta = dO . out bit for bit where out is a single key's v
+// (a one-hot softmax), so dS = P (dP - delta) is exactly 0 there, as it is in exact arithmetic
+// (`dot` may sum in any order; at a huge softmax_scale the difference would overflow dq).
+fn fma_chain4(a: vec4<f32>, b: vec4<f32>, acc: f32) -> f32 {
+    return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, acc))));
+}
+
 // s[i][j] = row (ty * TM + i) of the tile at `a` . row (tx + j * NTX) of the tile at `b`.
 fn dot_tile(a: u32, b: u32, ty: u32, tx: u32) -> array<array<f32, TN>, TM> {
     var s = array<array<f32, TN>, TM>();
@@ -35,7 +43,7 @@ fn dot_tile(a: u32, b: u32, ty: u32, tx: u32) -> array<array<f32, TN>, TM> {
         for (var j = 0u; j < TN; j++) {
             let bv = sm[b + (tx + j * NTX) * RS + g];
             for (var i = 0u; i < TM; i++) {
-                s[i][j] += dot(av[i], bv);
+                s[i][j] = fma_chain4(av[i], bv, s[i][j]);
             }
         }
     }

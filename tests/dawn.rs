@@ -253,11 +253,10 @@ fn kernels_match_the_f64_reference_on_dawn() {
     if dawn.shader_f16 {
         formats.push((DType::F16, HalfStorage::Native));
     }
-    let mut algorithms = vec![
-        (Algorithm::Tiled, Variant::Lanes, 0),
-        (Algorithm::Tiled, Variant::Rows, 0),
-        (Algorithm::Naive, Variant::Rows, 0),
-    ];
+    let mut algorithms: Vec<(Algorithm, Variant, u32)> = common::algorithm_variants()
+        .into_iter()
+        .map(|(alg, v)| (alg, v, 0))
+        .collect();
     if dawn.subgroup != 0 {
         algorithms.push((Algorithm::Tiled, Variant::Rows, dawn.subgroup));
     }
@@ -288,7 +287,7 @@ fn kernels_match_the_f64_reference_on_dawn() {
         (cfg(1, 97, 140, 1, 1, 24, false), 8 << 10),
     ] {
         for &(dtype, half) in &formats {
-            for variant in [Variant::Lanes, Variant::Rows] {
+            for variant in Variant::ALL {
                 let mut e = env(variant, 0, half);
                 e.max_binding_bytes = limit;
                 let name = format!(
@@ -314,11 +313,7 @@ fn keys_a_row_cannot_see_never_reach_it_on_dawn() {
     let Some(script) = runner() else { return };
     let c0 = cfg(1, 40, 40, 2, 1, 16, true);
     let mut all = Vec::new();
-    for (algorithm, variant) in [
-        (Algorithm::Tiled, Variant::Lanes),
-        (Algorithm::Tiled, Variant::Rows),
-        (Algorithm::Naive, Variant::Rows),
-    ] {
+    for (algorithm, variant) in common::algorithm_variants() {
         let mut c = c0.clone();
         c.algorithm = algorithm;
         let e = env(variant, 0, HalfStorage::Packed);

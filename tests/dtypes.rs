@@ -22,11 +22,10 @@ fn formats(ctx: &Context) -> Vec<(DType, HalfStorage)> {
 /// Every algorithm and tiled variant: lanes, rows without and with subgroup sharing, naive.
 fn algorithms(ctx: &Context) -> Vec<(Algorithm, Variant, u32)> {
     let sg = ctx.tuning().rows_subgroup;
-    let mut a = vec![
-        (Algorithm::Tiled, Variant::Lanes, 0),
-        (Algorithm::Tiled, Variant::Rows, 0),
-        (Algorithm::Naive, Variant::Rows, 0),
-    ];
+    let mut a: Vec<(Algorithm, Variant, u32)> = common::algorithm_variants()
+        .into_iter()
+        .map(|(alg, v)| (alg, v, 0))
+        .collect();
     if sg != 0 {
         a.insert(2, (Algorithm::Tiled, Variant::Rows, sg));
     }

@@ -97,7 +97,7 @@ fn explicit_softmax_scale_is_used() {
 /// Inf), which it is, P being capped at 1 (docs/PRECISION.md).
 fn hugely_negative_scores<T: flash_attn_wgpu::Element>(ctx: &flash_attn_wgpu::Context) {
     use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
-    use flash_attn_wgpu::{reference, Algorithm, Tuning, Variant};
+    use flash_attn_wgpu::{reference, Tuning};
     use rand::{rngs::StdRng, Rng, SeedableRng};
     let mut c = cfg(1, 37, 45, 2, 1, 16, true);
     c.softmax_scale = Some(-1.0e31);
@@ -124,11 +124,7 @@ fn hugely_negative_scores<T: flash_attn_wgpu::Element>(ctx: &flash_attn_wgpu::Co
     );
     let tol = common::rel_tol(T::DTYPE);
     let base = ctx.tuning();
-    for (algorithm, variant) in [
-        (Algorithm::Tiled, Variant::Lanes),
-        (Algorithm::Tiled, Variant::Rows),
-        (Algorithm::Naive, Variant::Rows),
-    ] {
+    for (algorithm, variant) in common::algorithm_variants() {
         ctx.set_tuning(Tuning { variant, ..base }).unwrap();
         c.algorithm = algorithm;
         let msg = format!("{} {algorithm:?} {variant:?} seed={seed}", T::DTYPE);

@@ -16,7 +16,7 @@ mod common;
 use common::{ctx, rel_tol};
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
 use flash_attn_wgpu::{
-    reference, Algorithm, AttentionConfig, DType, Element, Error, Tuning, Variant,
+    reference, AttentionConfig, DType, Element, Error, Tuning, Variant,
 };
 use proptest::prelude::*;
 
@@ -63,11 +63,7 @@ fn case() -> impl Strategy<Value = Case> {
             Some(-3.0),
             Some(1e20),
         ]),
-        prop::sample::select(vec![
-            (Algorithm::Tiled, Variant::Lanes),
-            (Algorithm::Tiled, Variant::Rows),
-            (Algorithm::Naive, Variant::Rows),
-        ]),
+        prop::sample::select(common::algorithm_variants()),
         prop::sample::select(vec![DType::F32, DType::F16, DType::BF16]),
     )
         .prop_flat_map(

@@ -8,7 +8,7 @@ mod common;
 
 use common::{assert_close_nan, cfg, poisoned_inputs, rel_tol, Rounded};
 use flash_attn_wgpu::dtype::to_f32_vec;
-use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context, Element, Tuning, Variant};
+use flash_attn_wgpu::{reference, AttentionConfig, Context, Element, Tuning};
 
 /// One poisoned case in `T` on every algorithm and variant: forward and backward against the
 /// reference on the same (poisoned, T-rounded) inputs.
@@ -27,11 +27,7 @@ fn poisoned_case<T: Element>(ctx: &Context, base: &AttentionConfig) {
     let want = reference::forward(base, &qr, &kr, &vr);
     let tol = rel_tol(T::DTYPE);
     let tuning = ctx.tuning();
-    for (algorithm, variant) in [
-        (Algorithm::Tiled, Variant::Lanes),
-        (Algorithm::Tiled, Variant::Rows),
-        (Algorithm::Naive, Variant::Rows),
-    ] {
+    for (algorithm, variant) in common::algorithm_variants() {
         ctx.set_tuning(Tuning { variant, ..tuning }).unwrap();
         let mut c = base.clone();
         c.algorithm = algorithm;

@@ -31,7 +31,7 @@ fn every_dtype_and_variant(ctx: &Context, c: &AttentionConfig, want: &str) {
         (w, s) => panic!("expected a split by {w}, got {s:?}"),
     }
     let base = ctx.tuning();
-    for variant in [Variant::Lanes, Variant::Rows] {
+    for variant in Variant::ALL {
         ctx.set_tuning(Tuning { variant, ..base }).unwrap();
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             check_dtype_dyn(ctx, dtype, c, 1.0, &format!("{variant:?} split by {want}"));

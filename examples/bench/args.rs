@@ -48,7 +48,7 @@ pub enum HalfArg {
 /// Tiled vs naive attention in f32/f16/bf16 on this adapter: GPU time, GFLOP/s, roofline
 /// fractions, device memory allocated and modelled global-memory bytes.
 ///
-/// Comma lists (--seq, --batch, --heads, --head-dim, --dtype, --algorithms) form a grid:
+/// Comma lists (--seq, --batch, --heads, --head-dim, --dtype, --algorithms, --variant) form a grid:
 /// every combination is measured. Rows print as they are measured; progress goes to stderr.
 #[derive(Parser, Debug)]
 #[command(name = "bench", version)]
@@ -103,9 +103,10 @@ pub struct Args {
     /// Write runtime and memory against N (log-log) as SVG to FILE
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
-    /// Tiled-kernel variant [default: the adapter's choice]
-    #[arg(long, value_enum)]
-    pub variant: Option<VariantArg>,
+    /// Tiled-kernel variants, comma list, each measured beside the others [default: the
+    /// adapter's choice]
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub variant: Vec<VariantArg>,
     /// Rows variant: share no tile reads across the subgroup
     #[arg(long)]
     pub no_subgroup: bool,
@@ -121,16 +122,10 @@ pub struct Args {
 }
 
 impl Args {
-    /// The adapter's default tuning with --variant, --no-subgroup and --half-storage applied.
+    /// The adapter's default tuning with --no-subgroup and --half-storage applied (the
+    /// variant is the grid's: `variants`).
     pub fn tuning(&self, default: Tuning) -> Tuning {
         let mut tuning = default;
-        if let Some(v) = self.variant {
-            tuning.variant = match v {
-                VariantArg::Lanes => Variant::Lanes,
-                VariantArg::Rows => Variant::Rows,
-                VariantArg::Blocks => Variant::Blocks,
-            };
-        }
         if self.no_subgroup {
             tuning.rows_subgroup = 0;
         }
@@ -141,6 +136,25 @@ impl Args {
             };
         }
         tuning
+    }
+
+    /// --variant in the order given without repeats, or the adapter's choice.
+    pub fn variants(&self, default: Variant) -> Vec<Variant> {
+        let mut out = Vec::new();
+        for v in &self.variant {
+            let v = match v {
+                VariantArg::Lanes => Variant::Lanes,
+                VariantArg::Rows => Variant::Rows,
+                VariantArg::Blocks => Variant::Blocks,
+            };
+            if !out.contains(&v) {
+                out.push(v);
+            }
+        }
+        if out.is_empty() {
+            out.push(default);
+        }
+        out
     }
 }
 

@@ -1,14 +1,16 @@
-//! The grid: every (shape, dtype, causal, algorithm) point the flags ask for, walked cheapest
-//! first under the time budget, and the records it yields.
+//! The grid: every (shape, dtype, causal, algorithm, variant) point the flags ask for, walked
+//! cheapest first under the time budget, and the records it yields.
 
 use std::collections::HashMap;
 use std::time::Instant;
 
-use flash_attn_wgpu::{plan, Algorithm, AttentionConfig, Context, DType, Error, Variant};
+use flash_attn_wgpu::{
+    plan, Algorithm, AttentionConfig, Context, DType, Error, Tuning, Variant,
+};
 
 use crate::args::{AlgArg, Args, PassArg};
 use crate::measure::{measure, upload, DeviceInputs, HostInputs, Measured};
-use crate::model::{alg_name, bytes_moved_model, flops, ModelTiles, Pass};
+use crate::model::{alg_label, bytes_moved_model, flops, ModelTiles, Pass};
 
 /// One grid shape (everything but dtype, causal, algorithm and pass).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -44,6 +46,9 @@ pub struct Grid {
     pub dtypes: Vec<DType>,
     /// Tiled first, so that every naive point finds its tiled time (speedup).
     pub algorithms: Vec<Algorithm>,
+    /// The tiled algorithm's kernel variants, measured side by side; the first is the one
+    /// naive points are compared with. Empty until `main` resolves the adapter's default.
+    pub variants: Vec<Variant>,
     pub passes: Vec<Pass>,
     pub causals: Vec<bool>,
     /// The head dimensions, in the order given.
@@ -110,6 +115,7 @@ impl Grid {
             shapes,
             dtypes,
             algorithms,
+            variants: Vec::new(),
             passes,
             causals,
             head_dims: dedup(&a.head_dim),
@@ -123,6 +129,8 @@ impl Grid {
 /// One measured (or skipped) point.
 pub struct Record {
     pub algorithm: Algorithm,
+    /// The tiled algorithm's kernel variant (None for the naive algorithm).
+    pub variant: Option<Variant>,
     pub dtype: DType,
     pub pass: Pass,
     pub cfg: AttentionConfig,
@@ -145,13 +153,13 @@ pub struct Outcome {
     pub failures: usize,
 }
 
-/// Measures every point of `grid` with `variant`'s kernels, progress on stderr, handing each
-/// record to `on_record` as it is made. Points predicted to end past the budget are recorded
+/// Measures every point of `grid` (each tiled point in each of `grid.variants`, over the tuning
+/// `base`), progress on stderr, handing each record to `on_record` as it is made. Points predicted to end past the budget are recorded
 /// as skipped; points over a device limit or failing are recorded with a note.
 pub fn run(
     ctx: &Context,
     grid: &Grid,
-    variant: Variant,
+    base: Tuning,
     mut on_record: impl FnMut(&Record),
 ) -> Result<Outcome, Box<dyn std::error::Error>> {
     let repeats = grid.repeats;
@@ -161,37 +169,50 @@ pub fn run(
         .shapes
         .iter()
         .map(|s| {
-            let algs = grid
+            let algs: usize = grid
                 .algorithms
                 .iter()
-                .filter(|&&x| x == Algorithm::Tiled || naive_runs(s))
-                .count();
+                .map(|&x| match x {
+                    Algorithm::Tiled => grid.variants.len(),
+                    Algorithm::Naive => usize::from(naive_runs(s)),
+                })
+                .sum();
             grid.dtypes.len() * grid.causals.len() * algs
         })
         .sum();
     let started = Instant::now();
     let mut records: Vec<Record> = Vec::new();
     let mut failures = 0usize;
-    // Slowest throughput seen so far per (algorithm, dtype), FLOP/s, for the budget prediction.
-    let mut slowest: HashMap<(Algorithm, DType), f64> = HashMap::new();
+    // Slowest throughput seen so far per (algorithm, variant, dtype), FLOP/s, for the budget
+    // prediction.
+    let mut slowest: HashMap<(Algorithm, Option<Variant>, DType), f64> = HashMap::new();
+    let first_variant = *grid.variants.first().ok_or("no variant to measure")?;
     let mut point = 0;
     for (si, shape) in grid.shapes.iter().enumerate() {
-        let tiles = ModelTiles::new(ctx, variant, shape.head_dim)?;
         // Generated on first use, shared by every dtype, causal and algorithm of this shape.
         let mut host: Option<HostInputs> = None;
         for &dt in &grid.dtypes {
             let mut device: Option<DeviceInputs> = None;
             for &causal in &grid.causals {
-                for &alg in &grid.algorithms {
+                for (alg, variant) in grid.algorithms.iter().flat_map(|&alg| match alg {
+                    Algorithm::Tiled => grid.variants.iter().map(|&v| (alg, Some(v))).collect(),
+                    Algorithm::Naive => vec![(alg, None)],
+                }) {
                     if alg == Algorithm::Naive && !naive_runs(shape) {
                         continue;
                     }
                     point += 1;
+                    let kernels = variant.unwrap_or(first_variant);
+                    ctx.set_tuning(Tuning {
+                        variant: kernels,
+                        ..base
+                    })?;
+                    let tiles = ModelTiles::new(ctx, kernels, shape.head_dim)?;
                     let cfg = shape.config(causal, alg);
                     let heaviest = if need_bwd { Pass::FwdBwd } else { Pass::Fwd };
                     let elapsed = started.elapsed().as_secs_f64();
                     let predicted = slowest
-                        .get(&(alg, dt))
+                        .get(&(alg, variant, dt))
                         .map(|rate| (repeats + 1) as f64 * flops(&cfg, heaviest) / rate);
                     let what = format!(
                         "B={} H={} D={} N={} {dt} {} {}",
@@ -200,7 +221,7 @@ pub fn run(
                         shape.head_dim,
                         shape.seq,
                         if causal { "causal" } else { "non-causal" },
-                        alg_name(alg),
+                        alg_label(alg, variant),
                     );
                     eprintln!(
                         "[{point}/{total_points}] {elapsed:.0}s: {what}{}",
@@ -248,11 +269,11 @@ pub fn run(
                             None => (m.fwd_ms, Pass::Fwd),
                         };
                         let rate = flops(&cfg, pass) / (ms * 1e-3);
-                        let e = slowest.entry((alg, dt)).or_insert(rate);
+                        let e = slowest.entry((alg, variant, dt)).or_insert(rate);
                         *e = e.min(rate);
                     }
                     for &pass in &grid.passes {
-                        let rec = record(ctx, &cfg, dt, pass, tiles, &result, &records)?;
+                        let rec = record(ctx, &cfg, variant, dt, pass, tiles, &result, &records)?;
                         on_record(&rec);
                         records.push(rec);
                     }
@@ -270,9 +291,11 @@ pub fn run(
 
 /// The record of one pass of a measured (or skipped, or failed) point, with its speedup over
 /// the tiled record and its ratio to the f32 record of the same point when those exist.
+#[allow(clippy::too_many_arguments)]
 fn record(
     ctx: &Context,
     cfg: &AttentionConfig,
+    variant: Option<Variant>,
     dt: DType,
     pass: Pass,
     tiles: ModelTiles,
@@ -292,6 +315,7 @@ fn record(
     });
     let mut rec = Record {
         algorithm: cfg.algorithm,
+        variant,
         dtype: dt,
         pass,
         cfg: cfg.clone(),
@@ -331,7 +355,7 @@ fn record(
         let f32_rec = earlier
             .iter()
             .filter(same)
-            .find(|r| r.algorithm == cfg.algorithm && r.dtype == DType::F32);
+            .find(|r| r.algorithm == cfg.algorithm && r.variant == variant && r.dtype == DType::F32);
         rec.vs_f32 = ratio(rec.median_ms, f32_rec.and_then(|r| r.median_ms));
     }
     Ok(rec)

@@ -31,7 +31,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser;
-use flash_attn_wgpu::{Context, Roofline};
+use flash_attn_wgpu::{Context, Roofline, Tuning};
 
 use args::Args;
 use grid::Grid;
@@ -49,11 +49,15 @@ fn main() -> ExitCode {
 
 fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     // Everything the user asked for is checked before the GPU is touched.
-    let grid = Grid::from_args(&a)?;
+    let mut grid = Grid::from_args(&a)?;
 
     let ctx = Context::new()?;
     let default_tuning = ctx.tuning();
-    let tuning = a.tuning(default_tuning);
+    grid.variants = a.variants(default_tuning.variant);
+    let tuning = Tuning {
+        variant: grid.variants[0],
+        ..a.tuning(default_tuning)
+    };
     ctx.set_tuning(tuning)?;
     let adapter = ctx.adapter_info().name.clone();
     println!("adapter: {}", ctx.adapter_info());
@@ -66,7 +70,7 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("measuring the adapter's roofline...");
     let roof: Roofline = ctx.measure_roofline(a.roofline_scale)?;
     report::print_preamble(&ctx, &tuning, &grid, &roof)?;
-    let outcome = grid::run(&ctx, &grid, tuning.variant, |rec| {
+    let outcome = grid::run(&ctx, &grid, tuning, |rec| {
         println!("{}", report::table_row(rec, &roof))
     })?;
     let records = &outcome.records;

@@ -25,6 +25,14 @@ pub fn alg_name(a: Algorithm) -> &'static str {
     }
 }
 
+/// "tiled/<variant>" or "naive": what a record measured.
+pub fn alg_label(a: Algorithm, variant: Option<Variant>) -> String {
+    match variant {
+        Some(v) if a == Algorithm::Tiled => format!("{}/{}", alg_name(a), v.name()),
+        _ => alg_name(a).to_string(),
+    }
+}
+
 /// FLOPs by the convention of the FlashAttention papers.
 pub fn flops(cfg: &AttentionConfig, pass: Pass) -> f64 {
     let f = 4.0

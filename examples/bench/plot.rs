@@ -1,9 +1,9 @@
 //! Runtime and memory against sequence length, log-log, as SVG (plotters).
 
-use flash_attn_wgpu::{Algorithm, DType};
+use flash_attn_wgpu::{Algorithm, DType, Variant};
 
 use crate::grid::Record;
-use crate::model::{alg_name, Pass};
+use crate::model::{alg_label, Pass};
 
 /// Which (B, H, D, causal) the plot shows.
 #[derive(Debug, Clone, Copy)]
@@ -18,13 +18,14 @@ pub struct Slice {
 struct Series {
     name: String,
     algorithm: Algorithm,
+    variant: Option<Variant>,
     dtype: DType,
     pass: Pass,
     points: Vec<(f64, f64)>,
 }
 
 /// Colour by dtype (hue) and pass (light: fwd, dark: fwdbwd); the naive algorithm is dashed
-/// with triangles, tiled solid with circles.
+/// with triangles, tiled solid with circles (blocks), squares (lanes) or crosses (rows).
 fn series_color(dtype: DType, pass: Pass) -> plotters::style::RGBColor {
     use plotters::style::RGBColor;
     match (dtype, pass) {
@@ -75,9 +76,9 @@ pub fn plot_svg(
         .collect();
     // Every (algorithm, dtype, pass) in the slice, in measurement order, so both panels and the
     // legend agree.
-    let mut names: Vec<(Algorithm, DType, Pass)> = Vec::new();
+    let mut names: Vec<(Algorithm, Option<Variant>, DType, Pass)> = Vec::new();
     for r in &in_slice {
-        let key = (r.algorithm, r.dtype, r.pass);
+        let key = (r.algorithm, r.variant, r.dtype, r.pass);
         if !names.contains(&key) {
             names.push(key);
         }
@@ -85,10 +86,12 @@ pub fn plot_svg(
     let series = |value: &dyn Fn(&Record) -> Option<f64>| -> Vec<Series> {
         names
             .iter()
-            .map(|&(algorithm, dtype, pass)| {
+            .map(|&(algorithm, variant, dtype, pass)| {
                 let mut points: Vec<(f64, f64)> = in_slice
                     .iter()
-                    .filter(|r| (r.algorithm, r.dtype, r.pass) == (algorithm, dtype, pass))
+                    .filter(|r| {
+                        (r.algorithm, r.variant, r.dtype, r.pass) == (algorithm, variant, dtype, pass)
+                    })
                     .filter_map(|r| {
                         value(r)
                             .filter(|v| *v > 0.0 && v.is_finite())
@@ -97,8 +100,14 @@ pub fn plot_svg(
                     .collect();
                 points.sort_by(|a, b| a.0.total_cmp(&b.0));
                 Series {
-                    name: format!("{} {} {}", alg_name(algorithm), dtype, pass.name()),
+                    name: format!(
+                        "{} {} {}",
+                        alg_label(algorithm, variant),
+                        dtype,
+                        pass.name()
+                    ),
                     algorithm,
+                    variant,
                     dtype,
                     pass,
                     points,
@@ -166,12 +175,22 @@ pub fn plot_svg(
             let color = series_color(s.dtype, s.pass);
             let line = color.stroke_width(2);
             let pts = s.points.iter().copied();
-            match s.algorithm {
-                Algorithm::Tiled => {
+            match (s.algorithm, s.variant) {
+                (Algorithm::Tiled, Some(Variant::Lanes)) => {
+                    chart.draw_series(LineSeries::new(pts.clone(), line))?;
+                    chart.draw_series(pts.map(|p| {
+                        EmptyElement::at(p) + Rectangle::new([(-4, -4), (4, 4)], color.filled())
+                    }))?;
+                }
+                (Algorithm::Tiled, Some(Variant::Rows)) => {
+                    chart.draw_series(LineSeries::new(pts.clone(), line))?;
+                    chart.draw_series(pts.map(|p| Cross::new(p, 4, color.stroke_width(2))))?;
+                }
+                (Algorithm::Tiled, _) => {
                     chart.draw_series(LineSeries::new(pts.clone(), line))?;
                     chart.draw_series(pts.map(|p| Circle::new(p, 4, color.filled())))?;
                 }
-                Algorithm::Naive => {
+                (Algorithm::Naive, _) => {
                     chart.draw_series(DashedLineSeries::new(pts.clone(), 8, 5, line))?;
                     chart.draw_series(pts.map(|p| TriangleMarker::new(p, 5, color.filled())))?;
                 }
@@ -189,12 +208,20 @@ pub fn plot_svg(
         let y = 28 + 24 * i as i32;
         let color = series_color(s.dtype, s.pass);
         let line = color.stroke_width(2);
-        match s.algorithm {
-            Algorithm::Tiled => {
+        match (s.algorithm, s.variant) {
+            (Algorithm::Tiled, Some(Variant::Lanes)) => {
+                legend.draw(&PathElement::new(vec![(0, y), (36, y)], line))?;
+                legend.draw(&Rectangle::new([(14, y - 4), (22, y + 4)], color.filled()))?;
+            }
+            (Algorithm::Tiled, Some(Variant::Rows)) => {
+                legend.draw(&PathElement::new(vec![(0, y), (36, y)], line))?;
+                legend.draw(&Cross::new((18, y), 4, color.stroke_width(2)))?;
+            }
+            (Algorithm::Tiled, _) => {
                 legend.draw(&PathElement::new(vec![(0, y), (36, y)], line))?;
                 legend.draw(&Circle::new((18, y), 4, color.filled()))?;
             }
-            Algorithm::Naive => {
+            (Algorithm::Naive, _) => {
                 legend.draw(&PathElement::new(vec![(0, y), (12, y)], line))?;
                 legend.draw(&PathElement::new(vec![(24, y), (36, y)], line))?;
                 legend.draw(&TriangleMarker::new((18, y), 5, color.filled()))?;

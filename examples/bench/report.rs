@@ -7,7 +7,7 @@ use flash_attn_wgpu::kernels::workgroup_words;
 use flash_attn_wgpu::{Context, Error, Roofline, Tuning};
 
 use crate::grid::{Grid, Record};
-use crate::model::{alg_name, bw_fraction};
+use crate::model::{alg_label, bw_fraction};
 
 /// --info: the adapter's limits and the default tuning's tiles at D = 64 and 128.
 pub fn print_info(ctx: &Context, default_tuning: Tuning) -> Result<(), Error> {
@@ -43,35 +43,38 @@ pub fn print_preamble(
     grid: &Grid,
     roof: &Roofline,
 ) -> Result<(), Error> {
-    let (fwd_kernel, dkdv_kernel, dq_kernel) = (
-        tuning.variant.forward(),
-        tuning.variant.backward_dkdv(),
-        tuning.variant.backward_dq(),
-    );
     println!("tuning: {tuning:?}");
-    for &d in &grid.head_dims {
-        let (tq, tkv, tdq) = (
-            ctx.tiles_for(fwd_kernel, d)?,
-            ctx.tiles_for(dkdv_kernel, d)?,
-            ctx.tiles_for(dq_kernel, d)?,
+    for &variant in &grid.variants {
+        let (fwd_kernel, dkdv_kernel, dq_kernel) = (
+            variant.forward(),
+            variant.backward_dkdv(),
+            variant.backward_dq(),
         );
-        println!(
-            "D={d}: forward tiles {}x{} ({} B workgroup memory), dK/dV {}x{}, dQ {}x{}",
-            tq.br,
-            tq.bc,
-            workgroup_words(fwd_kernel, d as u32, tq) * 4,
-            tkv.bc,
-            tkv.br,
-            tdq.br,
-            tdq.bc
-        );
+        for &d in &grid.head_dims {
+            let (tq, tkv, tdq) = (
+                ctx.tiles_for(fwd_kernel, d)?,
+                ctx.tiles_for(dkdv_kernel, d)?,
+                ctx.tiles_for(dq_kernel, d)?,
+            );
+            println!(
+                "{} D={d}: forward tiles {}x{} ({} B workgroup memory), dK/dV {}x{}, dQ {}x{}",
+                variant.name(),
+                tq.br,
+                tq.bc,
+                workgroup_words(fwd_kernel, d as u32, tq) * 4,
+                tkv.bc,
+                tkv.br,
+                tdq.br,
+                tdq.bc
+            );
+        }
     }
     println!("roofline (measured): {}", roofline_summary(roof));
     println!("FLOPs: forward 4*B*H*Sq*Sk*D (halved for causal); backward 2.5x forward; fwdbwd = 3.5x forward");
     println!(
         "repeats={} (median GPU time after one warm-up call); %FMA: achieved GFLOP/s over the FMA \
          roofline; %BW: modelled bytes over time over the copy roofline; speedup: naive time over \
-         tiled time; vs_f32: this dtype's time over f32's",
+         the first variant's tiled time; vs_f32: this dtype's time over f32's",
         grid.repeats
     );
     println!("{}", table_header());
@@ -112,7 +115,7 @@ fn cells(r: &Record, roof: &Roofline) -> [String; 17] {
         },
         c.head_dim.to_string(),
         c.seq_q.to_string(),
-        alg_name(r.algorithm).into(),
+        alg_label(r.algorithm, r.variant),
         r.dtype.name().into(),
         opt(r.median_ms, &|v| format!("{v:.3}")),
         opt(r.gflops, &|v| format!("{v:.1}")),
@@ -130,7 +133,7 @@ fn cells(r: &Record, roof: &Roofline) -> [String; 17] {
     ]
 }
 
-const WIDTHS: [usize; 16] = [6, 6, 3, 5, 4, 6, 5, 5, 11, 9, 6, 6, 8, 6, 10, 10];
+const WIDTHS: [usize; 16] = [6, 6, 3, 5, 4, 6, 12, 5, 11, 9, 6, 6, 8, 6, 10, 10];
 
 fn table_header() -> String {
     aligned(COLUMNS.iter().copied())

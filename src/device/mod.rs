@@ -226,7 +226,7 @@ impl Context {
     /// The kernel-shape choices in force.
     pub fn tuning(&self) -> Tuning {
         self.tuning.lock().map(|t| *t).unwrap_or(Tuning {
-            variant: Variant::Lanes,
+            variant: Variant::Blocks,
             rows_subgroup: 0,
             half_storage: HalfStorage::Packed,
         })

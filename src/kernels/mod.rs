@@ -327,7 +327,7 @@ impl Variant {
     pub fn for_device_type(device_type: wgpu::DeviceType) -> Variant {
         match device_type {
             wgpu::DeviceType::Cpu => Variant::Rows,
-            _ => Variant::Lanes,
+            _ => Variant::Blocks,
         }
     }
 

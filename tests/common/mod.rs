@@ -28,11 +28,21 @@ pub fn device_with(limits: wgpu::Limits, features: wgpu::Features) -> (wgpu::Dev
 use std::sync::OnceLock;
 
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
-use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context, DType, Element};
+use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context, DType, Element, Variant};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// f32 kernels must match the f64 reference to this fraction of its largest magnitude.
 pub const REL_TOL: f64 = 1e-4;
+
+/// Every way a call can run: the tiled algorithm in each variant, and the naive algorithm
+/// (which has no variants; Rows stands in).
+pub fn algorithm_variants() -> Vec<(Algorithm, Variant)> {
+    Variant::ALL
+        .into_iter()
+        .map(|v| (Algorithm::Tiled, v))
+        .chain([(Algorithm::Naive, Variant::Rows)])
+        .collect()
+}
 
 pub fn ctx() -> &'static Context {
     static CTX: OnceLock<Context> = OnceLock::new();
