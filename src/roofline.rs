@@ -13,6 +13,9 @@ pub struct Roofline {
     pub fma_gflops: f64,
     /// f16 FMA throughput, GFLOP/s, where the adapter has SHADER_F16.
     pub fma_f16_gflops: Option<f64>,
+    /// Cooperative-matrix multiply-add throughput (16x16x16, f16 x f16 + f32), GFLOP/s, where
+    /// the coop variant is available (`AdapterSummary::cooperative_matrices`).
+    pub coop_f16_gflops: Option<f64>,
     /// Global-memory copy bandwidth, GB/s (read + write bytes).
     pub copy_gbps: f64,
 }
@@ -57,6 +60,12 @@ impl Context {
             None
         };
 
+        let coop_f16_gflops = if self.caps.coop_f16 {
+            Some(self.coop_probe(scale)?)
+        } else {
+            None
+        };
+
         let vec4s = ((4u64 << 20) as f64 * scale).max(4096.0) as u64;
         let bytes = (vec4s * 16).min(self.limits.max_storage_buffer_binding_size / 2 / 16 * 16);
         let vec4s = bytes / 16;
@@ -79,7 +88,34 @@ impl Context {
         Ok(Roofline {
             fma_gflops,
             fma_f16_gflops,
+            coop_f16_gflops,
             copy_gbps: 2.0 * bytes as f64 / copy_best / 1e9,
         })
+    }
+
+    /// The cooperative-matrix probe (shaders/roofline_coop.wgsl): best of 4, FLOPs counted
+    /// from the subgroups per workgroup the shader reports.
+    fn coop_probe(&self, scale: f64) -> Result<f64> {
+        let workgroups = 256u32;
+        let iterations = ((4000.0 * scale) as u32).max(16);
+        let sink = self.create_storage((1 + workgroups as u64 * 128) * 4, "coop probe sink")?;
+        let mut best = f64::INFINITY;
+        for _ in 0..4 {
+            self.run(&[Dispatch {
+                windows: Vec::new(),
+                key: KernelKey::plain(Kernel::RooflineCoop),
+                params: Params {
+                    total_items: iterations,
+                    ..Default::default()
+                },
+                buffers: vec![&sink.buffer],
+                workgroups,
+            }])?;
+            best = best.min(self.last_gpu_timing().map_or(f64::INFINITY, |t| t.seconds));
+        }
+        let subgroups: Vec<f32> = self.read_buffer(&sink.buffer, 1)?;
+        let flops =
+            workgroups as f64 * subgroups[0] as f64 * iterations as f64 * 4.0 * 2.0 * 4096.0;
+        Ok(flops / best / 1e9)
     }
 }

@@ -51,4 +51,13 @@ fn roofline_probes_measure_every_ceiling_the_adapter_has() {
     if let Some(g) = r.fma_f16_gflops {
         assert!(g.is_finite() && g > 0.0, "{r:?}");
     }
+    // cooperative matrices exactly where the coop variant runs (not on lavapipe)
+    assert_eq!(
+        r.coop_f16_gflops.is_some(),
+        ctx.adapter_info().cooperative_matrices.contains("in use"),
+        "{r:?}"
+    );
+    if let Some(g) = r.coop_f16_gflops {
+        assert!(g.is_finite() && g > 0.0, "{r:?}");
+    }
 }

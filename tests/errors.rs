@@ -490,3 +490,28 @@ fn context_can_be_debug_printed() {
     let s = format!("{:?}", ctx());
     assert!(s.contains("Context") && s.contains("adapter"), "{s}");
 }
+
+#[test]
+fn the_coop_variant_is_unsupported_without_cooperative_matrices() {
+    // lavapipe (and every adapter without 16x16 f16 cooperative matrices): a typed
+    // Unsupported naming the variant and what the adapter lacks; the tuning is unchanged.
+    let ctx = flash_attn_wgpu::Context::new().unwrap();
+    if ctx.adapter_info().cooperative_matrices.contains("in use") {
+        return;
+    }
+    let before = ctx.tuning();
+    let err = ctx
+        .set_tuning(flash_attn_wgpu::Tuning {
+            variant: flash_attn_wgpu::Variant::Coop,
+            ..before
+        })
+        .unwrap_err();
+    match err {
+        flash_attn_wgpu::Error::Unsupported { feature, reason } => {
+            assert!(feature.contains("Variant::Coop"), "{feature}");
+            assert!(reason.contains("Variant::Blocks"), "{reason}");
+        }
+        e => panic!("expected Unsupported, got {e:?}"),
+    }
+    assert_eq!(ctx.tuning(), before);
+}

@@ -38,7 +38,15 @@ fn shader_bindings_match_the_host_layout() {
             kernel,
             elem,
             head_dim: 64,
-            tiles: choose_tiles(kernel, 64, DeviceCaps::WEBGPU_DEFAULT).unwrap(),
+            tiles: choose_tiles(
+                kernel,
+                64,
+                DeviceCaps {
+                    coop_f16: kernel.is_coop(),
+                    ..DeviceCaps::WEBGPU_DEFAULT
+                },
+            )
+            .unwrap(),
             causal: false,
             subgroup: 0,
             accumulate: false,

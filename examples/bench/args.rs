@@ -35,6 +35,8 @@ pub enum VariantArg {
     Rows,
     /// register micro-tiles, conflict-free vec4 workgroup memory (GPUs)
     Blocks,
+    /// the f16 forward on cooperative matrices (tensor cores), where the adapter has them
+    Coop,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -146,6 +148,7 @@ impl Args {
                 VariantArg::Lanes => Variant::Lanes,
                 VariantArg::Rows => Variant::Rows,
                 VariantArg::Blocks => Variant::Blocks,
+                VariantArg::Coop => Variant::Coop,
             };
             if !out.contains(&v) {
                 out.push(v);

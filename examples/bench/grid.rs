@@ -4,9 +4,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use flash_attn_wgpu::{
-    plan, Algorithm, AttentionConfig, Context, DType, Error, Tuning, Variant,
-};
+use flash_attn_wgpu::{plan, Algorithm, AttentionConfig, Context, DType, Error, Tuning, Variant};
 
 use crate::args::{AlgArg, Args, PassArg};
 use crate::measure::{measure, upload, DeviceInputs, HostInputs, Measured};
@@ -352,10 +350,9 @@ fn record(
         rec.speedup = ratio(rec.median_ms, tiled.and_then(|r| r.median_ms));
     }
     if dt != DType::F32 {
-        let f32_rec = earlier
-            .iter()
-            .filter(same)
-            .find(|r| r.algorithm == cfg.algorithm && r.variant == variant && r.dtype == DType::F32);
+        let f32_rec = earlier.iter().filter(same).find(|r| {
+            r.algorithm == cfg.algorithm && r.variant == variant && r.dtype == DType::F32
+        });
         rec.vs_f32 = ratio(rec.median_ms, f32_rec.and_then(|r| r.median_ms));
     }
     Ok(rec)

@@ -38,6 +38,8 @@ struct JsonRecord<'a> {
     half_storage: String,
     roofline_fma_gflops: f64,
     roofline_fma_f16_gflops: Option<f64>,
+    roofline_coop_f16_gflops: Option<f64>,
+    coop_roofline_fraction: Option<f64>,
     roofline_copy_gbps: f64,
     adapter: &'a str,
     note: &'a str,
@@ -73,6 +75,12 @@ impl<'a> JsonRecord<'a> {
             half_storage: format!("{:?}", tuning.half_storage),
             roofline_fma_gflops: roof.fma_gflops,
             roofline_fma_f16_gflops: roof.fma_f16_gflops,
+            roofline_coop_f16_gflops: roof.coop_f16_gflops,
+            coop_roofline_fraction: r
+                .gflops
+                .zip(roof.coop_f16_gflops)
+                .filter(|_| r.variant == Some(flash_attn_wgpu::Variant::Coop))
+                .map(|(g, peak)| g / peak),
             roofline_copy_gbps: roof.copy_gbps,
             adapter,
             note: &r.note,

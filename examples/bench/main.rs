@@ -53,10 +53,28 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     let ctx = Context::new()?;
     let default_tuning = ctx.tuning();
-    grid.variants = a.variants(default_tuning.variant);
+    // Variants this adapter cannot run (coop without cooperative matrices) are named and
+    // left out; the rest are measured side by side.
+    let base = a.tuning(default_tuning);
+    grid.variants = a
+        .variants(default_tuning.variant)
+        .into_iter()
+        .filter(
+            |&variant| match ctx.set_tuning(Tuning { variant, ..base }) {
+                Ok(()) => true,
+                Err(e) => {
+                    println!("variant {} left out: {e}", variant.name());
+                    false
+                }
+            },
+        )
+        .collect();
+    if grid.variants.is_empty() {
+        return Err("no requested variant runs on this adapter".into());
+    }
     let tuning = Tuning {
         variant: grid.variants[0],
-        ..a.tuning(default_tuning)
+        ..base
     };
     ctx.set_tuning(tuning)?;
     let adapter = ctx.adapter_info().name.clone();

@@ -90,7 +90,8 @@ pub fn plot_svg(
                 let mut points: Vec<(f64, f64)> = in_slice
                     .iter()
                     .filter(|r| {
-                        (r.algorithm, r.variant, r.dtype, r.pass) == (algorithm, variant, dtype, pass)
+                        (r.algorithm, r.variant, r.dtype, r.pass)
+                            == (algorithm, variant, dtype, pass)
                     })
                     .filter_map(|r| {
                         value(r)

@@ -176,13 +176,16 @@ pub fn to_markdown(records: &[Record], roof: &Roofline) -> String {
 }
 
 /// The measured ceilings in one line: f32 FMA (what %FMA divides by), f16 FMA where the
-/// adapter has it, and copy bandwidth.
+/// adapter has it, cooperative matrices where the coop variant runs, and copy bandwidth.
 pub fn roofline_summary(roof: &Roofline) -> String {
     let f16 = roof
         .fma_f16_gflops
         .map_or(String::new(), |g| format!(", FMA f16 {g:.1} GFLOP/s"));
+    let coop = roof.coop_f16_gflops.map_or(String::new(), |g| {
+        format!(", cooperative matrix f16/f32 {g:.1} GFLOP/s")
+    });
     format!(
-        "FMA {:.1} GFLOP/s{f16}, copy {:.2} GB/s",
+        "FMA {:.1} GFLOP/s{f16}{coop}, copy {:.2} GB/s",
         roof.fma_gflops, roof.copy_gbps
     )
 }

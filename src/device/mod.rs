@@ -5,6 +5,7 @@
 
 mod buffers;
 mod canary;
+mod coop;
 mod scope;
 
 use std::fmt;
@@ -40,6 +41,9 @@ pub struct AdapterSummary {
     pub shader_f16: bool,
     pub subgroups: bool,
     pub timestamp_query: bool,
+    /// Cooperative matrices for the coop variant: "in use", "not offered", or why they are
+    /// offered but not used.
+    pub cooperative_matrices: String,
 }
 
 impl fmt::Display for AdapterSummary {
@@ -47,7 +51,7 @@ impl fmt::Display for AdapterSummary {
         write!(
             f,
             "{} ({}, {}, driver {} {}); workgroup storage {} KiB, storage binding {} MiB, \
-             subgroup {}..{}, f16 {}, subgroups {}, timestamps {}",
+             subgroup {}..{}, f16 {}, subgroups {}, timestamps {}, cooperative matrices {}",
             self.name,
             self.backend,
             self.device_type,
@@ -60,6 +64,7 @@ impl fmt::Display for AdapterSummary {
             self.shader_f16,
             self.subgroups,
             self.timestamp_query,
+            self.cooperative_matrices,
         )
     }
 }
@@ -120,35 +125,80 @@ impl Context {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = pick_adapter(&instance).await?;
-        let features = adapter.features() & WANTED_FEATURES;
+        let mut features = adapter.features() & WANTED_FEATURES;
+        // Cooperative matrices are an experimental wgpu feature: asked for only where the
+        // adapter offers the configuration the coop kernels use, and picked only after
+        // they pass their self-check below.
+        let coop = adapter
+            .features()
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            && coop::offers_coop_f16(&adapter.cooperative_matrix_properties());
+        if coop {
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         let limits = adapter.limits();
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("flash-attn-wgpu"),
                 required_features: features,
                 required_limits: limits,
-                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                experimental_features: if coop {
+                    // SAFETY: only the coop kernels use the experimental feature, and only
+                    // after their self-check against the f64 reference passed on this device.
+                    unsafe { wgpu::ExperimentalFeatures::enabled() }
+                } else {
+                    wgpu::ExperimentalFeatures::disabled()
+                },
                 memory_hints: wgpu::MemoryHints::Performance,
                 trace: wgpu::Trace::Off,
             })
             .await
             .map_err(|e| Error::RequestDevice(e.to_string()))?;
         check_device_limits(&device.limits())?;
-        let ctx = Self::build(device, queue, Some(adapter.get_info()));
+        let mut ctx = Self::build(device, queue, Some(adapter.get_info()), coop);
         ctx.driver_canary()?;
+        if ctx.caps.coop_f16 {
+            let failed = match ctx.coop_self_check() {
+                Ok(None) => None,
+                Ok(Some(why)) => Some(why),
+                Err(e) => Some(format!("the coop forward's self-check failed: {e}")),
+            };
+            match failed {
+                None => {
+                    ctx.info.cooperative_matrices =
+                        "16x16x16 f16/f32, in use (Variant::Coop)".into();
+                    let t = ctx.tuning();
+                    ctx.set_tuning_unchecked(Tuning {
+                        variant: Variant::Coop,
+                        ..t
+                    });
+                }
+                Some(why) => {
+                    ctx.caps.coop_f16 = false;
+                    ctx.info.cooperative_matrices = format!("offered, not used: {why}");
+                }
+            }
+        }
         Ok(ctx)
     }
 
-    /// Wraps a device the caller already has. Uses that device's limits and features.
+    /// Wraps a device the caller already has. Uses that device's limits and features; the
+    /// coop variant is not used (a device does not tell its cooperative-matrix
+    /// configurations: `Context::new` asks the adapter).
     pub fn from_wgpu(device: wgpu::Device, queue: wgpu::Queue) -> Result<Self> {
         check_device_limits(&device.limits())?;
         let info = device.adapter_info();
-        let ctx = Self::build(device, queue, Some(info));
+        let ctx = Self::build(device, queue, Some(info), false);
         ctx.driver_canary()?;
         Ok(ctx)
     }
 
-    fn build(device: wgpu::Device, queue: wgpu::Queue, info: Option<wgpu::AdapterInfo>) -> Self {
+    fn build(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        info: Option<wgpu::AdapterInfo>,
+        coop_offered: bool,
+    ) -> Self {
         let limits = device.limits();
         let features = device.features();
         let info = info.unwrap_or_else(|| device.adapter_info());
@@ -169,6 +219,7 @@ impl Context {
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups: features.contains(wgpu::Features::SUBGROUP),
             timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            cooperative_matrices: "not offered".into(),
         };
         let fixed = features.contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size == info.subgroup_max_size
@@ -187,6 +238,10 @@ impl Context {
         let caps = DeviceCaps {
             max_workgroup_storage_bytes: limits.max_compute_workgroup_storage_size,
             max_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+            coop_f16: coop_offered
+                && features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+                && shader_f16
+                && features.contains(wgpu::Features::SUBGROUP),
         };
         let lost = Arc::new(Mutex::new(None));
         let lost_cb = lost.clone();
@@ -254,10 +309,23 @@ impl Context {
                 ),
             });
         }
+        if tuning.variant == Variant::Coop && !self.caps.coop_f16 {
+            return Err(Error::Unsupported {
+                feature: "the coop variant (Variant::Coop)".into(),
+                reason: format!(
+                    "adapter {:?}: cooperative matrices {}; use Variant::Blocks",
+                    self.info.name, self.info.cooperative_matrices
+                ),
+            });
+        }
+        self.set_tuning_unchecked(tuning);
+        Ok(())
+    }
+
+    fn set_tuning_unchecked(&self, tuning: Tuning) {
         if let Ok(mut t) = self.tuning.lock() {
             *t = tuning;
         }
-        Ok(())
     }
 
     /// Everything planning needs to know about this device, with the tuning in force.

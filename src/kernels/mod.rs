@@ -28,6 +28,7 @@ pub enum Kernel {
     FlashFwdBlocks,
     FlashBwdDkDvBlocks,
     FlashBwdDqBlocks,
+    FlashFwdCoop,
     NaiveScores,
     NaiveSoftmax,
     NaivePv,
@@ -40,6 +41,7 @@ pub enum Kernel {
     Canary,
     RooflineFma,
     RooflineFmaF16,
+    RooflineCoop,
     RooflineCopy,
 }
 
@@ -80,7 +82,7 @@ use Access::{Read as R, ReadWrite as W};
 use BindType::{Elem as E, Vec4F32 as V4, F32, U32};
 
 impl Kernel {
-    pub const ALL: [Kernel; 23] = [
+    pub const ALL: [Kernel; 25] = [
         Kernel::FlashFwd,
         Kernel::FlashBwdPreprocess,
         Kernel::FlashBwdDkDv,
@@ -91,6 +93,7 @@ impl Kernel {
         Kernel::FlashFwdBlocks,
         Kernel::FlashBwdDkDvBlocks,
         Kernel::FlashBwdDqBlocks,
+        Kernel::FlashFwdCoop,
         Kernel::NaiveScores,
         Kernel::NaiveSoftmax,
         Kernel::NaivePv,
@@ -103,6 +106,7 @@ impl Kernel {
         Kernel::Canary,
         Kernel::RooflineFma,
         Kernel::RooflineFmaF16,
+        Kernel::RooflineCoop,
         Kernel::RooflineCopy,
     ];
 
@@ -118,6 +122,7 @@ impl Kernel {
             Kernel::FlashFwdBlocks => "flash_fwd_blocks",
             Kernel::FlashBwdDkDvBlocks => "flash_bwd_dkdv_blocks",
             Kernel::FlashBwdDqBlocks => "flash_bwd_dq_blocks",
+            Kernel::FlashFwdCoop => "flash_fwd_coop",
             Kernel::NaiveScores => "naive_scores",
             Kernel::NaiveSoftmax => "naive_softmax",
             Kernel::NaivePv => "naive_pv",
@@ -130,6 +135,7 @@ impl Kernel {
             Kernel::Canary => "canary",
             Kernel::RooflineFma => "roofline_fma",
             Kernel::RooflineFmaF16 => "roofline_fma_f16",
+            Kernel::RooflineCoop => "roofline_coop",
             Kernel::RooflineCopy => "roofline_copy",
         }
     }
@@ -148,6 +154,7 @@ impl Kernel {
                 include_str!("../../shaders/flash_bwd_dkdv_blocks.wgsl")
             }
             Kernel::FlashBwdDqBlocks => include_str!("../../shaders/flash_bwd_dq_blocks.wgsl"),
+            Kernel::FlashFwdCoop => include_str!("../../shaders/flash_fwd_coop.wgsl"),
             Kernel::NaiveScores => include_str!("../../shaders/naive_scores.wgsl"),
             Kernel::NaiveSoftmax => include_str!("../../shaders/naive_softmax.wgsl"),
             Kernel::NaivePv => include_str!("../../shaders/naive_pv.wgsl"),
@@ -162,6 +169,7 @@ impl Kernel {
             Kernel::RooflineFma | Kernel::RooflineFmaF16 => {
                 include_str!("../../shaders/roofline_fma.wgsl")
             }
+            Kernel::RooflineCoop => include_str!("../../shaders/roofline_coop.wgsl"),
             Kernel::RooflineCopy => include_str!("../../shaders/roofline_copy.wgsl"),
         }
     }
@@ -176,9 +184,10 @@ impl Kernel {
         const LSE: Binding = b("lse", F32, R);
         const DELTA: Binding = b("delta", F32, R);
         match self {
-            Kernel::FlashFwd | Kernel::FlashFwdRows | Kernel::FlashFwdBlocks => {
-                const { &[Q, K, V, b("out", E, W), b("lse", F32, W)] }
-            }
+            Kernel::FlashFwd
+            | Kernel::FlashFwdRows
+            | Kernel::FlashFwdBlocks
+            | Kernel::FlashFwdCoop => const { &[Q, K, V, b("out", E, W), b("lse", F32, W)] },
             Kernel::FlashBwdPreprocess => const { &[b("out", E, R), D_OUT, b("delta", F32, W)] },
             // 8 storage buffers: the WebGPU default per-stage cap
             Kernel::FlashBwdDkDv | Kernel::FlashBwdDkDvRows | Kernel::FlashBwdDkDvBlocks => {
@@ -211,7 +220,9 @@ impl Kernel {
             Kernel::NaiveBwdDq => const { &[b("ds", F32, R), K, b("dq", E, W)] },
             Kernel::Cast => const { &[b("src", F32, R), b("dst", E, W)] },
             Kernel::Canary => const { &[b("counter", U32, W)] },
-            Kernel::RooflineFma | Kernel::RooflineFmaF16 => const { &[b("sink", F32, W)] },
+            Kernel::RooflineFma | Kernel::RooflineFmaF16 | Kernel::RooflineCoop => {
+                const { &[b("sink", F32, W)] }
+            }
             Kernel::RooflineCopy => const { &[b("src", V4, R), b("dst", V4, W)] },
         }
     }
@@ -250,6 +261,7 @@ impl Kernel {
                 | Kernel::FlashFwdBlocks
                 | Kernel::FlashBwdDkDvBlocks
                 | Kernel::FlashBwdDqBlocks
+                | Kernel::FlashFwdCoop
         )
     }
 
@@ -266,7 +278,10 @@ impl Kernel {
         self.is_tiled()
             && !matches!(
                 self,
-                Kernel::FlashFwd | Kernel::FlashFwdRows | Kernel::FlashFwdBlocks
+                Kernel::FlashFwd
+                    | Kernel::FlashFwdRows
+                    | Kernel::FlashFwdBlocks
+                    | Kernel::FlashFwdCoop
             )
     }
 
@@ -283,6 +298,13 @@ impl Kernel {
             self,
             Kernel::FlashFwdRows | Kernel::FlashBwdDkDvRows | Kernel::FlashBwdDqRows
         )
+    }
+
+    /// Kernels that multiply on cooperative matrices: they need an adapter with
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX` (16x16x16, f16 operands, f32 accumulators), `SHADER_F16`
+    /// and `SUBGROUP`, and run on wgpu only (Tint has no cooperative matrices).
+    pub fn is_coop(self) -> bool {
+        matches!(self, Kernel::FlashFwdCoop | Kernel::RooflineCoop)
     }
 
     /// Kernels built from the register micro-tiles of `shaders/blocks.wgsl`.
@@ -309,10 +331,14 @@ pub enum Variant {
     /// FMAs; rows are padded to an odd vec4 stride (no bank conflicts). Designed for GPUs
     /// (shaders/blocks.wgsl, docs/PERFORMANCE.md has its model).
     Blocks,
+    /// The forward's two products on cooperative matrices (tensor cores), for f16 tensors on
+    /// adapters that offer 16x16x16 f16 x f16 + f32 (`Context::adapter_info` says whether this
+    /// one does). Other dtypes, and the backward, run the blocks kernels.
+    Coop,
 }
 
 impl Variant {
-    /// Every variant, for tests and benchmarks that cover them all.
+    /// The variants every adapter can run, for tests and benchmarks that cover them all.
     pub const ALL: [Variant; 3] = [Variant::Lanes, Variant::Rows, Variant::Blocks];
 
     pub fn name(self) -> &'static str {
@@ -320,6 +346,24 @@ impl Variant {
             Variant::Lanes => "lanes",
             Variant::Rows => "rows",
             Variant::Blocks => "blocks",
+            Variant::Coop => "coop",
+        }
+    }
+
+    /// The forward kernel for tensors of `dtype` at `head_dim` on a device with `caps`: the
+    /// coop variant's only for f16 (its operands are f16; f32 and bf16 values would be
+    /// rounded) and where its tiles fit the workgroup memory (head_dim 256 needs 41 KiB), the
+    /// blocks kernel otherwise.
+    pub fn forward_for(self, dtype: crate::DType, head_dim: u32, caps: DeviceCaps) -> Kernel {
+        match (self, dtype) {
+            (Variant::Coop, crate::DType::F16) => {
+                match choose_tiles(Kernel::FlashFwdCoop, head_dim, caps) {
+                    Err(crate::Error::DeviceLimit { .. }) => Kernel::FlashFwdBlocks,
+                    _ => Kernel::FlashFwdCoop,
+                }
+            }
+            (Variant::Coop, _) => Kernel::FlashFwdBlocks,
+            _ => self.forward(),
         }
     }
 
@@ -336,6 +380,7 @@ impl Variant {
             Variant::Lanes => Kernel::FlashFwd,
             Variant::Rows => Kernel::FlashFwdRows,
             Variant::Blocks => Kernel::FlashFwdBlocks,
+            Variant::Coop => Kernel::FlashFwdCoop,
         }
     }
 
@@ -343,7 +388,7 @@ impl Variant {
         match self {
             Variant::Lanes => Kernel::FlashBwdDkDv,
             Variant::Rows => Kernel::FlashBwdDkDvRows,
-            Variant::Blocks => Kernel::FlashBwdDkDvBlocks,
+            Variant::Blocks | Variant::Coop => Kernel::FlashBwdDkDvBlocks,
         }
     }
 
@@ -351,7 +396,7 @@ impl Variant {
         match self {
             Variant::Lanes => Kernel::FlashBwdDq,
             Variant::Rows => Kernel::FlashBwdDqRows,
-            Variant::Blocks => Kernel::FlashBwdDqBlocks,
+            Variant::Blocks | Variant::Coop => Kernel::FlashBwdDqBlocks,
         }
     }
 }

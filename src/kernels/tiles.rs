@@ -43,6 +43,9 @@ impl Tiles {
 pub struct DeviceCaps {
     pub max_workgroup_storage_bytes: u32,
     pub max_invocations_per_workgroup: u32,
+    /// Cooperative matrices 16x16x16 with f16 operands and f32 accumulators, with SHADER_F16
+    /// and SUBGROUP: what the coop kernels need.
+    pub coop_f16: bool,
 }
 
 impl DeviceCaps {
@@ -50,8 +53,13 @@ impl DeviceCaps {
     pub const WEBGPU_DEFAULT: DeviceCaps = DeviceCaps {
         max_workgroup_storage_bytes: 16384,
         max_invocations_per_workgroup: 256,
+        coop_f16: false,
     };
 }
+
+/// Invocations of a coop workgroup: a multiple of every subgroup size (4 subgroups of 32, 2
+/// of 64); the matrix blocks are shared out by subgroup id, whatever the size.
+pub const COOP_THREADS: u32 = 128;
 
 /// Threads per row: enough lanes that each owns at most ~8 output dims, a power of two <= 16.
 fn threads_per_row(head_dim: u32) -> u32 {
@@ -72,6 +80,11 @@ pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
         Kernel::FlashFwdRows | Kernel::FlashBwdDqRows => 2 * bc * d.next_multiple_of(8),
         Kernel::FlashBwdDkDvRows => 2 * br * d.next_multiple_of(8) + 2 * br,
         // blocks: rows of RS vec4s (odd), weight tiles of WS vec4s per resident row
+        // Q, K, V, P as f16 (rows padded to 16 dims); S, then O_tile, as f32; row partials
+        Kernel::FlashFwdCoop => {
+            let dp = d.next_multiple_of(16);
+            (br * dp + 2 * bc * dp + br * bc).div_ceil(2) + br * bc.max(dp) + br * t.tpr
+        }
         Kernel::FlashFwdBlocks | Kernel::FlashBwdDqBlocks | Kernel::FlashBwdDkDvBlocks => {
             let rs = d.div_ceil(4) | 1;
             let (resident, streamed) = (t.rows(kernel), t.br + t.bc - t.rows(kernel));
@@ -150,7 +163,26 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
     if !kernel.is_tiled() {
         return Ok(Tiles::ONE);
     }
-    let candidates: Vec<Tiles> = if kernel.is_blocks_variant() {
+    if kernel.is_coop() && !caps.coop_f16 {
+        return Err(Error::Unsupported {
+            feature: format!("{} (cooperative matrices)", kernel.name()),
+            reason: "the adapter offers no 16x16x16 f16 x f16 + f32 cooperative matrix \
+                     configuration with SHADER_F16 and SUBGROUP; use Variant::Blocks"
+                .into(),
+        });
+    }
+    let candidates: Vec<Tiles> = if kernel.is_coop() {
+        // (BR, BC): multiples of the 16x16 blocks; COOP_THREADS / BR invocations per row
+        [(64u32, 32u32), (32, 32), (32, 16), (16, 16)]
+            .iter()
+            .map(|&(br, bc)| Tiles {
+                br,
+                bc,
+                tpr: COOP_THREADS / br,
+                rpt: 1,
+            })
+            .collect()
+    } else if kernel.is_blocks_variant() {
         // registers for the output blocks: dK/dV keeps two
         let outputs = if kernel.rows_are_keys() { 2 } else { 1 };
         BLOCKS
@@ -280,6 +312,26 @@ mod tests {
     }
 
     #[test]
+    fn coop_tiles_are_whole_blocks_of_128_invocations_and_fit_48_kib_at_every_head_dim() {
+        let caps = DeviceCaps {
+            max_workgroup_storage_bytes: 49152,
+            max_invocations_per_workgroup: 1024,
+            coop_f16: true,
+        };
+        for d in 1..=256u32 {
+            let t = choose_tiles(Kernel::FlashFwdCoop, d, caps).unwrap();
+            assert_eq!((t.br % 16, t.bc % 16), (0, 0), "d={d} {t:?}");
+            assert_eq!(t.threads(Kernel::FlashFwdCoop), COOP_THREADS, "d={d} {t:?}");
+            assert!(
+                workgroup_words(Kernel::FlashFwdCoop, d, t) * 4 <= 49152,
+                "d={d} {t:?}"
+            );
+        }
+        let t = choose_tiles(Kernel::FlashFwdCoop, 64, caps).unwrap();
+        assert_eq!((t.br, t.bc), (64, 32));
+    }
+
+    #[test]
     fn more_workgroup_memory_gives_larger_forward_tiles() {
         let small = choose_tiles(Kernel::FlashFwd, 128, DeviceCaps::WEBGPU_DEFAULT).unwrap();
         let big = choose_tiles(
@@ -288,6 +340,7 @@ mod tests {
             DeviceCaps {
                 max_workgroup_storage_bytes: 32768,
                 max_invocations_per_workgroup: 256,
+                coop_f16: false,
             },
         )
         .unwrap();
@@ -308,6 +361,7 @@ mod tests {
         let caps = DeviceCaps {
             max_workgroup_storage_bytes: 1024,
             max_invocations_per_workgroup: 256,
+            coop_f16: false,
         };
         match choose_tiles(Kernel::FlashFwd, 256, caps) {
             Err(Error::DeviceLimit { needed, limit, .. }) => {
@@ -323,6 +377,7 @@ mod tests {
         let caps = DeviceCaps {
             max_workgroup_storage_bytes: 65536,
             max_invocations_per_workgroup: 64,
+            coop_f16: false,
         };
         let t = choose_tiles(Kernel::FlashFwd, 64, caps).unwrap();
         assert!(t.threads(Kernel::FlashFwd) <= 64);

@@ -99,9 +99,10 @@ impl KernelKey {
         self.wgsl_for(WgslConsumer::Naga)
     }
 
-    /// True when the kernel calls subgroup builtins (rows kernels sharing tile reads).
+    /// True when the kernel calls subgroup builtins (rows kernels sharing tile reads, coop
+    /// kernels sharing out matrix blocks by subgroup id).
     pub fn uses_subgroups(&self) -> bool {
-        self.kernel.is_rows_variant() && self.subgroup > 1
+        (self.kernel.is_rows_variant() && self.subgroup > 1) || self.kernel.is_coop()
     }
 
     /// True when the kernel uses the `f16` type (native f16 storage, or f16 arithmetic): it
@@ -109,6 +110,7 @@ impl KernelKey {
     pub fn uses_f16(&self) -> bool {
         (self.elem == ElemFormat::F16Native && self.kernel.has_elem_bindings())
             || self.kernel == Kernel::RooflineFmaF16
+            || self.kernel.is_coop()
     }
 
     /// Full WGSL source for one shader compiler. They disagree on directives: Tint (Dawn,
@@ -122,6 +124,9 @@ impl KernelKey {
         }
         if consumer == WgslConsumer::Tint && self.uses_subgroups() {
             s.push_str("enable subgroups;\n");
+        }
+        if self.kernel.is_coop() {
+            s.push_str("enable wgpu_cooperative_matrix;\n");
         }
         let _ = writeln!(s, "// generated: {}", self.label());
         s.push_str(&self.shape_constants());
@@ -137,7 +142,12 @@ impl KernelKey {
             s.push_str(&lane_prelude(self.subgroup, self.head_dim));
         }
         if self.kernel.is_blocks_variant() {
-            for b in self.kernel.bindings().iter().filter(|b| b.ty == BindType::Elem) {
+            for b in self
+                .kernel
+                .bindings()
+                .iter()
+                .filter(|b| b.ty == BindType::Elem)
+            {
                 s.push_str(&load4_wgsl(b.name));
             }
         }

@@ -285,6 +285,39 @@ mod tests {
     }
 
     #[test]
+    fn the_coop_variant_runs_f16_forwards_on_cooperative_matrices_and_the_rest_on_blocks() {
+        let c = cfg(1, 100, 70, 4, 2, 64);
+        let mut e = env(Variant::Coop, HalfStorage::Native);
+        e.caps = DeviceCaps {
+            max_workgroup_storage_bytes: 49152,
+            max_invocations_per_workgroup: 1024,
+            coop_f16: true,
+        };
+        for (dtype, want) in [
+            (DType::F16, Kernel::FlashFwdCoop),
+            (DType::F32, Kernel::FlashFwdBlocks),
+            (DType::BF16, Kernel::FlashFwdBlocks),
+        ] {
+            let p = forward(&c, dtype, &e).unwrap();
+            assert_eq!(p.steps[0].key.kernel, want, "{dtype}");
+        }
+        let p = backward(&c, DType::F16, &e).unwrap();
+        let kernels: Vec<Kernel> = p.steps.iter().map(|s| s.key.kernel).collect();
+        assert!(
+            kernels.contains(&Kernel::FlashBwdDkDvBlocks)
+                && kernels.contains(&Kernel::FlashBwdDqBlocks)
+        );
+        // without cooperative matrices the chooser refuses the coop kernel by name
+        e.caps.coop_f16 = false;
+        match forward(&c, DType::F16, &e) {
+            Err(crate::Error::Unsupported { feature, .. }) => {
+                assert!(feature.contains("flash_fwd_coop"))
+            }
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+    }
+
+    #[test]
     fn half_dtypes_pick_the_element_format_from_the_tuning() {
         let c = cfg(1, 16, 16, 1, 1, 8);
         for (dtype, half, want) in [
@@ -392,7 +425,8 @@ mod tests {
         c.algorithm = crate::Algorithm::Tiled;
         let p = forward(&c, DType::F32, &e).unwrap();
         assert!(p.steps.len() > 1);
-        p.check_bindings(&[q_bytes, kv_bytes, kv_bytes], 4 << 10).unwrap();
+        p.check_bindings(&[q_bytes, kv_bytes, kv_bytes], 4 << 10)
+            .unwrap();
     }
 
     #[test]

@@ -5,17 +5,19 @@ use flash_attn_wgpu::dtype::ElemFormat;
 use flash_attn_wgpu::kernels::{choose_tiles, DeviceCaps, Kernel, KernelKey, Tiles};
 
 /// Workgroup-memory and invocation limits the chooser is asked about: WebGPU defaults,
-/// lavapipe, and a large desktop GPU.
+/// lavapipe, and a large desktop GPU with cooperative matrices.
 pub fn caps_list() -> [DeviceCaps; 3] {
     [
         DeviceCaps::WEBGPU_DEFAULT,
         DeviceCaps {
             max_workgroup_storage_bytes: 32768,
             max_invocations_per_workgroup: 256,
+            coop_f16: false,
         },
         DeviceCaps {
             max_workgroup_storage_bytes: 49152,
             max_invocations_per_workgroup: 1024,
+            coop_f16: true,
         },
     ]
 }
@@ -29,12 +31,26 @@ pub fn variants() -> Vec<KernelKey> {
             for causal in [false, true] {
                 let mut tiles_seen: Vec<Tiles> = Vec::new();
                 for caps in caps_list() {
-                    let tiles = choose_tiles(kernel, head_dim, caps).unwrap();
+                    // coop kernels exist only where the caps offer cooperative matrices
+                    let tiles = match choose_tiles(kernel, head_dim, caps) {
+                        Err(_) if kernel.is_coop() && !caps.coop_f16 => continue,
+                        t => t.unwrap(),
+                    };
                     if !tiles_seen.contains(&tiles) {
                         tiles_seen.push(tiles);
                         for subgroup in [0, 8] {
                             for elem in ElemFormat::ALL {
                                 if elem != ElemFormat::F32 && !kernel.has_elem_bindings() {
+                                    continue;
+                                }
+                                // coop kernels take f16 tensors only
+                                if kernel.is_coop()
+                                    && kernel.has_elem_bindings()
+                                    && !matches!(
+                                        elem,
+                                        ElemFormat::F16Native | ElemFormat::F16Packed
+                                    )
+                                {
                                     continue;
                                 }
                                 // a split call's passes: f32 outputs whatever the dtype
