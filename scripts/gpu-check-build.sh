@@ -3,7 +3,7 @@
 # folder that can be carried to a GPU machine that has no Rust:
 #
 #   $GPU_BIN/examples/bench          the bench example (also prints the adapter: --info)
-#   $GPU_BIN/deps/<test>-<hash>      the test executables of tests/{dtypes,variants,forward,backward,nonfinite,split}.rs
+#   $GPU_BIN/deps/<test>-<hash>      the test executables of tests/{dtypes,variants,forward,backward,nonfinite,split,errors,driver}.rs
 #                                    (whichever exist in this checkout)
 #
 # GPU_BIN defaults to gpu-bin (in the repository root). Uses cargo's usual CARGO_TARGET_DIR.
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 GPU_BIN=${GPU_BIN:-gpu-bin}
 MAX_MIB=60
-TESTS=(dtypes variants forward backward nonfinite split)
+TESTS=(dtypes variants forward backward nonfinite split errors driver)
 
 log() { echo "gpu-check-build: $*" >&2; }
 

@@ -17,7 +17,8 @@
 # at most BENCH_BUDGET_S + 120 + 6 * TEST_TIMEOUT_S seconds.
 #
 # Steps: (a) the adapter summary, (b) the test executables dtypes, variants, forward,
-# backward, nonfinite, split that exist in $BIN_DIR/deps, (c) the bench grid, (d) $OUT_DIR/summary.md.
+# backward, nonfinite, split, errors, driver that exist in $BIN_DIR/deps, (c) the bench grid
+# with every kernel family side by side, (d) $OUT_DIR/summary.md.
 # Every step runs even if an earlier one failed; the exit status is non-zero if any failed.
 set -uo pipefail
 
@@ -26,7 +27,7 @@ OUT_DIR=${OUT_DIR:-gpu-check-out}
 MODE=${MODE:-full}
 BENCH_BUDGET_S=${BENCH_BUDGET_S:-240}
 TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-120}
-TESTS=(dtypes variants forward backward nonfinite split)
+TESTS=(dtypes variants forward backward nonfinite split errors driver)
 
 log() { echo "gpu-check: $*" >&2; }
 
@@ -141,15 +142,19 @@ if [ "$MODE" = full ]; then
     # (4 * BH * N^2 * D summed over the grid, x1.5 for causal and not, x3 dtypes, x3.5 for
     # fwd+bwd, x4 calls): ~6 min at 10 TFLOP/s, so on a GPU slower than ~15 TFLOP/s the
     # largest shapes (B=4, H=32, N=16K) are the ones skipped.
+    # Every kernel family side by side: coop (where the adapter has cooperative matrices;
+    # left out with a note elsewhere), blocks, lanes, rows.
     bench_args=(--batch 1,4 --heads 8,32 --head-dim 64,128 --seq 1024,2048,4096,8192,16384
-        --dtype f16,bf16,f32 --pass both --causal-both --algorithms tiled,naive
+        --dtype f16,bf16,f32 --variant coop,blocks,lanes,rows --pass both --causal-both
+        --algorithms tiled,naive
         --naive-max-seq 4096 --repeats 3 --roofline-scale 20 --budget-s "$BENCH_BUDGET_S")
     bench_timeout=$((BENCH_BUDGET_S + 120))
 else
     # Every dtype, both passes, both algorithms; non-causal only (the causal pipelines would
     # double the shader compilations, the bulk of a smoke run on a cold shader cache).
     bench_args=(--batch 1 --heads 2 --head-dim 16 --seq 64,128 --dtype f16,bf16,f32
-        --pass both --algorithms tiled,naive --repeats 1 --roofline-scale 0.1)
+        --variant coop,rows --pass both --algorithms tiled,naive --repeats 1
+        --roofline-scale 0.1)
     bench_timeout=600
 fi
 # The table goes to bench.txt (stdout), progress and errors to bench.log (stderr).
