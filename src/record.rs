@@ -19,18 +19,21 @@ pub(crate) struct Dispatch<'a> {
 }
 
 /// GPU time of the last `run`, from timestamp queries where the adapter has them.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GpuTiming {
     /// Seconds between the first dispatch's start and the last one's end.
     pub seconds: f64,
     /// True when measured with timestamp queries; false when it is wall-clock around a wait.
     pub from_timestamps: bool,
+    /// With timestamps: seconds per kernel, summed over its dispatches, in order of first
+    /// dispatch (where a call's time goes: the forward, or dK/dV against dQ). Empty without.
+    pub per_kernel: Vec<(&'static str, f64)>,
 }
 
 impl Context {
     /// GPU time of the most recent forward/backward call.
     pub fn last_gpu_timing(&self) -> Option<GpuTiming> {
-        self.timing.lock().ok().and_then(|t| *t)
+        self.timing.lock().ok().and_then(|t| t.clone())
     }
 
     /// Records the dispatches, in order, into `enc`, one compute pass each, with a begin and
@@ -144,6 +147,7 @@ impl Context {
         let mut timing = GpuTiming {
             seconds: wall,
             from_timestamps: false,
+            per_kernel: Vec::new(),
         };
         if let Some(read) = ts {
             if self.map_read(&read).is_ok() {
@@ -153,9 +157,19 @@ impl Context {
                     let last = t.iter().skip(1).step_by(2).copied().max().unwrap_or(0);
                     let period = self.queue.get_timestamp_period() as f64;
                     if last > first {
+                        let mut per_kernel: Vec<(&'static str, f64)> = Vec::new();
+                        for (d, pair) in dispatches.iter().zip(t.chunks_exact(2)) {
+                            let secs = pair[1].saturating_sub(pair[0]) as f64 * period * 1e-9;
+                            let name = d.key.kernel.name();
+                            match per_kernel.iter_mut().find(|(n, _)| *n == name) {
+                                Some(entry) => entry.1 += secs,
+                                None => per_kernel.push((name, secs)),
+                            }
+                        }
                         timing = GpuTiming {
                             seconds: (last - first) as f64 * period * 1e-9,
                             from_timestamps: true,
+                            per_kernel,
                         };
                     }
                 }

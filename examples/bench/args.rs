@@ -118,6 +118,9 @@ pub struct Args {
     /// Size of the roofline probes (1.0: a few hundred ms on a software driver)
     #[arg(long, default_value_t = 1.0, value_parser = positive_f64)]
     pub roofline_scale: f64,
+    /// Print, under each row, the median GPU time of each kernel of the pass (timestamps)
+    #[arg(long)]
+    pub per_kernel: bool,
     /// Print the adapter, its limits and the default tuning, then exit
     #[arg(long)]
     pub info: bool,

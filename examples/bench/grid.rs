@@ -142,6 +142,8 @@ pub struct Record {
     /// This point's time over the f32 time of the same point (half dtypes only).
     pub vs_f32: Option<f64>,
     pub timestamps: Option<bool>,
+    /// Median GPU milliseconds per kernel of this pass (empty without timestamps).
+    pub kernels_ms: Vec<(&'static str, f64)>,
     pub note: String,
 }
 
@@ -325,6 +327,7 @@ fn record(
         speedup: None,
         vs_f32: None,
         timestamps: None,
+        kernels_ms: Vec::new(),
         note: String::new(),
     };
     match result {
@@ -337,6 +340,10 @@ fn record(
             rec.gflops = Some(flops(cfg, pass) / (ms * 1e-3) / 1e9);
             rec.bytes_allocated = Some(alloc);
             rec.timestamps = Some(m.timestamps);
+            rec.kernels_ms = m.fwd_kernels_ms.clone();
+            if pass == Pass::FwdBwd {
+                rec.kernels_ms.extend(m.bwd_kernels_ms.iter().copied());
+            }
         }
         Err(note) => rec.note = note.clone(),
     }

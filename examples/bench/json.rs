@@ -34,6 +34,8 @@ struct JsonRecord<'a> {
     bytes_allocated_plan: Option<u64>,
     bytes_moved_model: f64,
     timestamps: Option<bool>,
+    /// [kernel name, median ms] for each kernel of the pass
+    kernels_ms: &'a [(&'static str, f64)],
     variant: &'static str,
     half_storage: String,
     roofline_fma_gflops: f64,
@@ -71,6 +73,7 @@ impl<'a> JsonRecord<'a> {
             bytes_allocated_plan: r.bytes_allocated_plan,
             bytes_moved_model: r.bytes_moved_model,
             timestamps: r.timestamps,
+            kernels_ms: &r.kernels_ms,
             variant: r.variant.map_or("none", |v| v.name()),
             half_storage: format!("{:?}", tuning.half_storage),
             roofline_fma_gflops: roof.fma_gflops,

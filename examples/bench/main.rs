@@ -89,7 +89,10 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let roof: Roofline = ctx.measure_roofline(a.roofline_scale)?;
     report::print_preamble(&ctx, &tuning, &grid, &roof)?;
     let outcome = grid::run(&ctx, &grid, tuning, |rec| {
-        println!("{}", report::table_row(rec, &roof))
+        println!("{}", report::table_row(rec, &roof));
+        if a.per_kernel && !rec.kernels_ms.is_empty() {
+            println!("{}", report::kernels_line(rec));
+        }
     })?;
     let records = &outcome.records;
 

@@ -75,6 +75,10 @@ pub struct Measured {
     /// Forward + backward, when the backward ran.
     pub fwdbwd: Option<(f64, u64)>,
     pub timestamps: bool,
+    /// Median GPU milliseconds per kernel (timestamps only): the forward's, then with the
+    /// backward the backward's.
+    pub fwd_kernels_ms: Vec<(&'static str, f64)>,
+    pub bwd_kernels_ms: Vec<(&'static str, f64)>,
 }
 
 /// Warm-up, then `repeats` timed calls: the forward, then (with `d_out`) the backward on its
@@ -93,6 +97,7 @@ pub fn measure(
     let (mut fwd_times, mut fb_times) = (Vec::new(), Vec::new());
     let (mut fwd_alloc, mut fb_alloc) = (0, 0);
     let mut timestamps = true;
+    let (mut fwd_kernels, mut bwd_kernels) = (Vec::new(), Vec::new());
     for rep in 0..=repeats {
         ctx.reset_peak_memory();
         let f = ctx.forward(cfg, &x.q, &x.k, &x.v)?;
@@ -105,11 +110,15 @@ pub fn measure(
             let t = gpu_seconds()?;
             timestamps &= t.from_timestamps;
             tb = Some(t.seconds);
+            if rep > 0 {
+                bwd_kernels.push(t.per_kernel);
+            }
             fb_alloc = ctx.memory_stats().peak_bytes.saturating_sub(inputs);
             drop(g);
         }
         drop(f);
         if rep > 0 {
+            fwd_kernels.push(tf.per_kernel);
             fwd_times.push(tf.seconds);
             if let Some(tb) = tb {
                 fb_times.push(tf.seconds + tb);
@@ -121,7 +130,26 @@ pub fn measure(
         fwd_alloc,
         fwdbwd: (!fb_times.is_empty()).then(|| (median(fb_times) * 1e3, fb_alloc)),
         timestamps,
+        fwd_kernels_ms: median_per_kernel(&fwd_kernels),
+        bwd_kernels_ms: median_per_kernel(&bwd_kernels),
     })
+}
+
+/// Per kernel, the median of its milliseconds over the runs (kernels in first-run order).
+fn median_per_kernel(runs: &[Vec<(&'static str, f64)>]) -> Vec<(&'static str, f64)> {
+    let Some(first) = runs.first() else {
+        return Vec::new();
+    };
+    first
+        .iter()
+        .map(|&(name, _)| {
+            let times: Vec<f64> = runs
+                .iter()
+                .filter_map(|r| r.iter().find(|(n, _)| *n == name).map(|(_, s)| *s))
+                .collect();
+            (name, median(times) * 1e3)
+        })
+        .collect()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -143,6 +143,16 @@ pub fn table_row(r: &Record, roof: &Roofline) -> String {
     aligned(cells(r, roof).iter().map(String::as_str))
 }
 
+/// --per-kernel: where a record's GPU time went, kernel by kernel (median ms of each).
+pub fn kernels_line(r: &Record) -> String {
+    let parts: Vec<String> = r
+        .kernels_ms
+        .iter()
+        .map(|(name, ms)| format!("{name} {ms:.3}"))
+        .collect();
+    format!("        kernels (ms): {}", parts.join(", "))
+}
+
 /// One line of the text table: cells right-aligned to WIDTHS; cells past them (the note) follow.
 fn aligned<'a>(cells: impl Iterator<Item = &'a str>) -> String {
     let mut s = String::new();
