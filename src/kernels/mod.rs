@@ -350,13 +350,19 @@ impl Variant {
         }
     }
 
-    /// The forward kernel for tensors of `dtype` at `head_dim` on a device with `caps`: the
-    /// coop variant's only for f16 (its operands are f16; f32 and bf16 values would be
-    /// rounded) and where its tiles fit the workgroup memory (head_dim 256 needs 41 KiB), the
-    /// blocks kernel otherwise.
-    pub fn forward_for(self, dtype: crate::DType, head_dim: u32, caps: DeviceCaps) -> Kernel {
-        match (self, dtype) {
-            (Variant::Coop, crate::DType::F16) => {
+    /// The forward kernel for tensors in element format `elem` at `head_dim` on a device with
+    /// `caps`: the coop variant's only for f16 in native storage (its operands are f16, so f32
+    /// and bf16 values would be rounded; packed f16 stores are atomics, which naga's SPIR-V for
+    /// cooperative matrices scopes to the device without declaring it) and where its tiles fit
+    /// the workgroup memory (head_dim 256 needs 41 KiB), the blocks kernel otherwise.
+    pub fn forward_for(
+        self,
+        elem: crate::dtype::ElemFormat,
+        head_dim: u32,
+        caps: DeviceCaps,
+    ) -> Kernel {
+        match (self, elem) {
+            (Variant::Coop, crate::dtype::ElemFormat::F16Native) => {
                 match choose_tiles(Kernel::FlashFwdCoop, head_dim, caps) {
                     Err(crate::Error::DeviceLimit { .. }) => Kernel::FlashFwdBlocks,
                     _ => Kernel::FlashFwdCoop,

@@ -31,9 +31,11 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
     match cfg.algorithm {
         Algorithm::Tiled => match split::choose(cfg, dtype, env)? {
             None => plan.steps.push(tiled_step(
-                env.tuning
-                    .variant
-                    .forward_for(dtype, cfg.head_dim as u32, env.caps),
+                env.tuning.variant.forward_for(
+                    crate::dtype::ElemFormat::new(dtype, env.tuning.half_storage),
+                    cfg.head_dim as u32,
+                    env.caps,
+                ),
                 cfg,
                 dtype,
                 env,

@@ -301,6 +301,16 @@ mod tests {
             let p = forward(&c, dtype, &e).unwrap();
             assert_eq!(p.steps[0].key.kernel, want, "{dtype}");
         }
+        // packed f16 storage (atomic stores) runs the blocks kernel
+        let packed = PlanEnv {
+            tuning: Tuning {
+                half_storage: HalfStorage::Packed,
+                ..e.tuning
+            },
+            ..e
+        };
+        let p = forward(&c, DType::F16, &packed).unwrap();
+        assert_eq!(p.steps[0].key.kernel, Kernel::FlashFwdBlocks);
         let p = backward(&c, DType::F16, &e).unwrap();
         let kernels: Vec<Kernel> = p.steps.iter().map(|s| s.key.kernel).collect();
         assert!(

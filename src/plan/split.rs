@@ -514,10 +514,11 @@ pub fn forward_steps(
     let bld = Builder::new(cfg, dtype, env, split);
     let q_row = cfg.heads_q * cfg.head_dim;
     let out = bld.scratch_slot(plan, Output(0), "out accumulator", split.q_rows * q_row);
-    let kernel = env
-        .tuning
-        .variant
-        .forward_for(dtype, cfg.head_dim as u32, env.caps);
+    let kernel = env.tuning.variant.forward_for(
+        crate::dtype::ElemFormat::new(dtype, env.tuning.half_storage),
+        cfg.head_dim as u32,
+        env.caps,
+    );
     for block in q_blocks(cfg, &split) {
         let parts = key_parts(cfg, &split, block);
         let n = block.1 * block.3 * q_row;

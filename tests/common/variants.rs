@@ -43,13 +43,10 @@ pub fn variants() -> Vec<KernelKey> {
                                 if elem != ElemFormat::F32 && !kernel.has_elem_bindings() {
                                     continue;
                                 }
-                                // coop kernels take f16 tensors only
+                                // coop kernels take f16 tensors in native storage only
                                 if kernel.is_coop()
                                     && kernel.has_elem_bindings()
-                                    && !matches!(
-                                        elem,
-                                        ElemFormat::F16Native | ElemFormat::F16Packed
-                                    )
+                                    && elem != ElemFormat::F16Native
                                 {
                                     continue;
                                 }
