@@ -1,33 +1,29 @@
 // FlashAttention forward (exact), "coop" variant: the two matrix products on cooperative
-// matrices (tensor cores on NVIDIA, matrix cores on AMD, XMX on Intel, simdgroup matrices on
-// Apple), 16x16x16 with f16 operands and f32 accumulators. For f16 tensors only: q, k, v are
-// f16 already, so staging them as f16 loses nothing; P is rounded to f16 once, and the row sum
-// adds the rounded values, so out is normalized by exactly the weights it was built from.
+// matrices (tensor cores on NVIDIA, matrix cores on AMD, XMX on Intel), 16x16x16 with f16
+// operands and f32 accumulators (coop.wgsl). For f16 tensors only: q, k, v are f16 already,
+// so staging them as f16 loses nothing; P is rounded to f16 once, and the row sum adds the
+// rounded values, so out is normalized by exactly the weights it was built from.
 //
 // Grid:    n_q_tiles * heads_q * batch workgroups of NT = 128 invocations, folded.
-// Threads: the matrix products are shared out by subgroup (@builtin(subgroup_id), no subgroup
-//          size assumed): subgroup g takes 16x16 output blocks g, g + num_subgroups, ...
-//          The softmax and the output fold are scalar: invocation t owns row t / TPR, and of it
-//          the score columns and head dims t % TPR + k * TPR.
+// Threads: products by subgroup (coop.wgsl); softmax and the output fold scalar: invocation t
+//          owns row t / TPR, and of it score columns and head dims t % TPR + k * TPR.
 // Loop:    over K/V tiles of BC keys; with CAUSAL, tiles wholly above the diagonal are never
-//          visited. Per tile: S = Q K^T (cooperative, f32 to workgroup memory), the online
-//          softmax (scalar, exp2 domain, scale applied in f32), P as f16, O_tile = P V
-//          (cooperative) folded into each row's registers: acc = alpha acc + O_tile.
-//          Tiles with hidden pairs (the diagonal, the ragged end) take P V from scalar code
-//          with add_weighted: the matrix product would carry 0 * NaN from a hidden key's value.
-// Memory:  Q, K, V [rows][DP] and P [BR][BC] as f16; one f32 area for S, then O_tile.
+//          visited. Per tile: S = Q K^T (f32 to fs), the online softmax (scalar, exp2 domain,
+//          scale applied in f32), P to hs as f16, O_tile = P V folded into each row's
+//          registers: acc = alpha acc + O_tile. Tiles with hidden pairs (the diagonal, the
+//          ragged end) take O_tile from guarded_row instead (a hidden key's NaN value stays out).
+// Memory:  hs: Q [BR][DP], K, V [BC][DP], P [BR][BC] (f16); fs: S, then O_tile (f32).
+// Cooperative operations need uniform control flow: padding workgroups of a folded grid run
+// no tile and store nothing instead of returning early.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
-const DP: u32 = (HEAD_DIM + 15u) / 16u * 16u;  // head dims padded to whole blocks
-const DPR: u32 = DP / TPR;                     // head dims per invocation
-const CPR: u32 = BC / TPR;                     // score columns per invocation
-const FS: u32 = BR * max(BC, DP);
-
-var<workgroup> qs: array<f16, BR * DP>;
-var<workgroup> ks: array<f16, BC * DP>;
-var<workgroup> vs: array<f16, BC * DP>;
-var<workgroup> ps: array<f16, BR * BC>;
-var<workgroup> fs: array<f32, FS>;
+const CPR: u32 = BC / TPR;          // score columns per invocation
+const OQ: u32 = 0u;
+const OK: u32 = OQ + BR * DP;
+const OV: u32 = OK + BC * DP;
+const OP: u32 = OV + BC * DP;
+var<workgroup> hs: array<f16, OP + BR * BC>;
+var<workgroup> fs: array<f32, BR * max(BC, DP)>;
 var<workgroup> red: array<f32, BR * TPR>;
 
 @compute @workgroup_size(NT)
@@ -38,11 +34,8 @@ fn main(
     @builtin(subgroup_id) sg: u32,
     @builtin(num_subgroups) nsg: u32,
 ) {
-    // Cooperative-matrix operations need uniform control flow, so padding workgroups of a
-    // folded grid run no tile (kv_end = 0) and store nothing, instead of returning early.
     let live = linear_workgroup(wid, nwg) < params.total_wg;
-    let wg = min(linear_workgroup(wid, nwg), params.total_wg - 1u);
-    let tile = q_tile_of(wg, BR);
+    let tile = q_tile_of(min(linear_workgroup(wid, nwg), params.total_wg - 1u), BR);
     let b = tile.b;
     let h = tile.h;
     let hk = tile.hk;
@@ -58,7 +51,7 @@ fn main(
         if (qi < params.seq_q && d < HEAD_DIM) {
             x = load_q(q_index(b, qi, h, d));
         }
-        qs[e] = f16(x);
+        hs[OQ + e] = f16(x);
     }
 
     var m_i = running_max_start();
@@ -79,7 +72,7 @@ fn main(
     let kv_end = select(0u, kv_end_for_rows(q0, q0 + BR), live);
     for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
         let masked = tile_needs_mask(q0, kv0, BC);
-        workgroupBarrier(); // the previous tile is done with ks, vs, ps and fs
+        workgroupBarrier(); // the previous tile is done with K, V, P and fs
         for (var e = t; e < BC * DP; e += NT) {
             let j = kv0 + e / DP;
             let d = e % DP;
@@ -90,23 +83,11 @@ fn main(
                 kx = load_k(g);
                 vx = load_v(g);
             }
-            ks[e] = f16(kx);
-            vs[e] = f16(vx);
+            hs[OK + e] = f16(kx);
+            hs[OV + e] = f16(vx);
         }
         workgroupBarrier();
-
-        // S = Q K^T: block (rb, cb) reads Q rows row-major and K rows as the columns of B
-        for (var blk = sg; blk < (BR / 16u) * (BC / 16u); blk += nsg) {
-            let rb = blk / (BC / 16u);
-            let cb = blk % (BC / 16u);
-            var c = coop_mat16x16<f32, C>();
-            for (var kk = 0u; kk < DP / 16u; kk++) {
-                let qa = coopLoadT<coop_mat16x16<f16, A>>(&qs[rb * 16u * DP + kk * 16u], DP);
-                let kb = coopLoad<coop_mat16x16<f16, B>>(&ks[cb * 16u * DP + kk * 16u], DP);
-                c = coopMultiplyAdd(qa, kb, c);
-            }
-            coopStoreT(c, &fs[rb * 16u * BC + cb * 16u], BC);
-        }
+        coop_nt(OQ, DP, OK, DP, DP, BR / 16u, BC / 16u, 0u, BC, sg, nsg);
         workgroupBarrier();
 
         var s = array<f32, CPR>();
@@ -126,47 +107,22 @@ fn main(
         var l_tile = 0.0;
         for (var k = 0u; k < CPR; k++) {
             let p = f16(softmax_weight(s[k], om.m));
-            ps[r * BC + part + k * TPR] = p;
+            hs[OP + r * BC + part + k * TPR] = p;
             l_tile += f32(p);
         }
         l_i = fma(om.alpha, l_i, l_tile);
         m_i = om.m;
-        for (var k = 0u; k < DPR; k++) {
-            acc[k] *= om.alpha;
-        }
         workgroupBarrier(); // P is in; S and the maxima are dead
 
-        // O_tile = P V: block (rb, db) reads P rows and V rows, both row-major. Computed for
-        // every tile (cooperative operations need uniform control flow), used where no pair
-        // is hidden.
-        for (var blk = sg; blk < (BR / 16u) * (DP / 16u); blk += nsg) {
-            let rb = blk / (DP / 16u);
-            let db = blk % (DP / 16u);
-            var c = coop_mat16x16<f32, C>();
-            for (var kk = 0u; kk < BC / 16u; kk++) {
-                let pa = coopLoadT<coop_mat16x16<f16, A>>(&ps[rb * 16u * BC + kk * 16u], BC);
-                let vb = coopLoadT<coop_mat16x16<f16, B>>(&vs[kk * 16u * DP + db * 16u], DP);
-                c = coopMultiplyAdd(pa, vb, c);
-            }
-            coopStoreT(c, &fs[rb * 16u * DP + db * 16u], DP);
-        }
+        coop_nn(OP, BC, OV, DP, BC, BR / 16u, DP / 16u, 0u, DP, sg, nsg);
         workgroupBarrier();
-        // summed apart, then folded in
-        var o = array<f32, DPR>();
+        // the tile was summed apart and is folded in here
+        var o = product_row(0u, r, part);
         if (masked) {
-            for (var c = 0u; c < BC; c++) {
-                let p = f32(ps[r * BC + c]);
-                for (var k = 0u; k < DPR; k++) {
-                    o[k] = add_weighted(o[k], p, f32(vs[c * DP + part + k * TPR]), true);
-                }
-            }
-        } else {
-            for (var k = 0u; k < DPR; k++) {
-                o[k] = fs[r * DP + part + k * TPR];
-            }
+            o = guarded_row(OP, BC, OV, BC, r, part);
         }
         for (var k = 0u; k < DPR; k++) {
-            acc[k] += o[k];
+            acc[k] = fma(om.alpha, acc[k], o[k]);
         }
     }
 

@@ -215,6 +215,10 @@ fn sources() -> Vec<(String, String)> {
         "blocks.wgsl".into(),
         include_str!("../shaders/blocks.wgsl").into(),
     ));
+    v.push((
+        "coop.wgsl".into(),
+        include_str!("../shaders/coop.wgsl").into(),
+    ));
     v
 }
 

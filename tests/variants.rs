@@ -76,3 +76,15 @@ fn only_the_adapters_fixed_subgroup_size_is_accepted() {
     };
     assert!(ctx.set_tuning(bad).is_err());
 }
+
+#[test]
+fn the_variant_self_check_passes_every_variant_here() {
+    // The check Context::new runs before it picks the coop kernels, run here on the variants
+    // lavapipe has: each matches the f64 reference forward and backward.
+    let ctx = Context::new().expect("context");
+    let before = ctx.tuning();
+    for variant in Variant::ALL {
+        assert_eq!(ctx.check_variant(variant).unwrap(), None, "{variant:?}");
+    }
+    assert_eq!(ctx.tuning(), before, "the tuning is restored");
+}

@@ -22,21 +22,33 @@ pub fn offers_coop_f16(props: &[wgpu::CooperativeMatrixProperties]) -> bool {
 const SELF_CHECK_TOL: f64 = 4.0 / 2048.0;
 
 impl Context {
-    /// Runs the coop forward on small causal and non-causal f16 calls (odd lengths, GQA,
-    /// head_dim 64) against the f64 reference. Ok(None) when it matches, Ok(Some(why)) when it
-    /// does not.
+    /// The coop kernels' check before `Context::new` picks them (caps.coop_f16 is set).
     pub(crate) fn coop_self_check(&self) -> Result<Option<String>> {
         let before = self.tuning();
         self.set_tuning_unchecked(Tuning {
             variant: Variant::Coop,
             ..before
         });
-        let result = self.coop_cases();
+        let result = self.variant_cases();
         self.set_tuning_unchecked(before);
         result
     }
 
-    fn coop_cases(&self) -> Result<Option<String>> {
+    /// Runs `variant`'s forward and backward on small causal and non-causal f16 calls (odd
+    /// lengths, GQA, head_dim 64) against the f64 reference on this device: `Ok(None)` when
+    /// every output is within 4 x 2^-11 of its largest reference value, `Ok(Some(why))` when
+    /// one is not, `Err` when the variant cannot run here. `Context::new` runs it for the coop
+    /// variant before picking it; it checks any variant on a driver one does not trust.
+    /// The tuning is restored afterwards.
+    pub fn check_variant(&self, variant: Variant) -> Result<Option<String>> {
+        let before = self.tuning();
+        self.set_tuning(Tuning { variant, ..before })?;
+        let result = self.variant_cases();
+        self.set_tuning_unchecked(before);
+        result
+    }
+
+    fn variant_cases(&self) -> Result<Option<String>> {
         for causal in [false, true] {
             let mut cfg = AttentionConfig::new(1, 77, 93, 4, 2, 64);
             cfg.causal = causal;
@@ -51,30 +63,48 @@ impl Context {
                     })
                     .collect()
             };
-            let (q, k, v) = (
+            let (q, k, v, d_out) = (
                 next(cfg.q_shape().iter().product()),
                 next(cfg.kv_shape().iter().product()),
                 next(cfg.kv_shape().iter().product()),
+                next(cfg.q_shape().iter().product()),
             );
             let f32s = |x: &[half::f16]| x.iter().map(|h| h.to_f32()).collect::<Vec<_>>();
-            let want = crate::reference::forward(&cfg, &f32s(&q), &f32s(&k), &f32s(&v));
+            let (qf, kf, vf) = (f32s(&q), f32s(&k), f32s(&v));
+            let want = crate::reference::forward(&cfg, &qf, &kf, &vf);
             let got = self.forward_host(&cfg, &q, &k, &v)?;
-            let scale = want.out.iter().fold(1e-30f64, |m, x| m.max(x.abs()));
-            let worst = f32s(&got.out)
-                .iter()
-                .zip(&want.out)
-                .map(|(g, w)| (*g as f64 - w).abs() / scale)
-                .fold(
-                    0.0f64,
-                    |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) },
-                );
-            if worst > SELF_CHECK_TOL {
-                return Ok(Some(format!(
-                    "the coop forward's self-check (causal {causal}) is off by {worst:.2e} of \
-                     max|out| (allowed {SELF_CHECK_TOL:.2e})"
-                )));
+            let out = f32s(&got.out);
+            // the backward is defined on the stored (f16-rounded) out
+            let grads =
+                crate::reference::backward_with_out(&cfg, &qf, &kf, &vf, &out, &f32s(&d_out));
+            let g = self.backward_host(&cfg, &q, &k, &v, &got.out, &got.lse, &d_out)?;
+            for (name, got, want) in [
+                ("out", out, &want.out),
+                ("dq", f32s(&g.dq), &grads.dq),
+                ("dk", f32s(&g.dk), &grads.dk),
+                ("dv", f32s(&g.dv), &grads.dv),
+            ] {
+                let worst = worst_error(&got, want);
+                if worst > SELF_CHECK_TOL {
+                    return Ok(Some(format!(
+                        "the self-check (causal {causal}) has {name} off by \
+                         {worst:.2e} of max|{name}| (allowed {SELF_CHECK_TOL:.2e})"
+                    )));
+                }
             }
         }
         Ok(None)
     }
+}
+
+/// The largest |got - want| over max|want|; infinite where got is NaN.
+fn worst_error(got: &[f32], want: &[f64]) -> f64 {
+    let scale = want.iter().fold(1e-30f64, |m, x| m.max(x.abs()));
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (*g as f64 - w).abs() / scale)
+        .fold(
+            0.0f64,
+            |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) },
+        )
 }

@@ -161,7 +161,7 @@ impl Context {
             let failed = match ctx.coop_self_check() {
                 Ok(None) => None,
                 Ok(Some(why)) => Some(why),
-                Err(e) => Some(format!("the coop forward's self-check failed: {e}")),
+                Err(e) => Some(format!("the coop kernels' self-check failed: {e}")),
             };
             match failed {
                 None => {

@@ -29,6 +29,8 @@ pub enum Kernel {
     FlashBwdDkDvBlocks,
     FlashBwdDqBlocks,
     FlashFwdCoop,
+    FlashBwdDkDvCoop,
+    FlashBwdDqCoop,
     NaiveScores,
     NaiveSoftmax,
     NaivePv,
@@ -82,7 +84,7 @@ use Access::{Read as R, ReadWrite as W};
 use BindType::{Elem as E, Vec4F32 as V4, F32, U32};
 
 impl Kernel {
-    pub const ALL: [Kernel; 25] = [
+    pub const ALL: [Kernel; 27] = [
         Kernel::FlashFwd,
         Kernel::FlashBwdPreprocess,
         Kernel::FlashBwdDkDv,
@@ -94,6 +96,8 @@ impl Kernel {
         Kernel::FlashBwdDkDvBlocks,
         Kernel::FlashBwdDqBlocks,
         Kernel::FlashFwdCoop,
+        Kernel::FlashBwdDkDvCoop,
+        Kernel::FlashBwdDqCoop,
         Kernel::NaiveScores,
         Kernel::NaiveSoftmax,
         Kernel::NaivePv,
@@ -123,6 +127,8 @@ impl Kernel {
             Kernel::FlashBwdDkDvBlocks => "flash_bwd_dkdv_blocks",
             Kernel::FlashBwdDqBlocks => "flash_bwd_dq_blocks",
             Kernel::FlashFwdCoop => "flash_fwd_coop",
+            Kernel::FlashBwdDkDvCoop => "flash_bwd_dkdv_coop",
+            Kernel::FlashBwdDqCoop => "flash_bwd_dq_coop",
             Kernel::NaiveScores => "naive_scores",
             Kernel::NaiveSoftmax => "naive_softmax",
             Kernel::NaivePv => "naive_pv",
@@ -155,6 +161,8 @@ impl Kernel {
             }
             Kernel::FlashBwdDqBlocks => include_str!("../../shaders/flash_bwd_dq_blocks.wgsl"),
             Kernel::FlashFwdCoop => include_str!("../../shaders/flash_fwd_coop.wgsl"),
+            Kernel::FlashBwdDkDvCoop => include_str!("../../shaders/flash_bwd_dkdv_coop.wgsl"),
+            Kernel::FlashBwdDqCoop => include_str!("../../shaders/flash_bwd_dq_coop.wgsl"),
             Kernel::NaiveScores => include_str!("../../shaders/naive_scores.wgsl"),
             Kernel::NaiveSoftmax => include_str!("../../shaders/naive_softmax.wgsl"),
             Kernel::NaivePv => include_str!("../../shaders/naive_pv.wgsl"),
@@ -190,12 +198,16 @@ impl Kernel {
             | Kernel::FlashFwdCoop => const { &[Q, K, V, b("out", E, W), b("lse", F32, W)] },
             Kernel::FlashBwdPreprocess => const { &[b("out", E, R), D_OUT, b("delta", F32, W)] },
             // 8 storage buffers: the WebGPU default per-stage cap
-            Kernel::FlashBwdDkDv | Kernel::FlashBwdDkDvRows | Kernel::FlashBwdDkDvBlocks => {
+            Kernel::FlashBwdDkDv
+            | Kernel::FlashBwdDkDvRows
+            | Kernel::FlashBwdDkDvBlocks
+            | Kernel::FlashBwdDkDvCoop => {
                 const { &[Q, K, V, D_OUT, LSE, DELTA, b("dk", E, W), b("dv", E, W)] }
             }
-            Kernel::FlashBwdDq | Kernel::FlashBwdDqRows | Kernel::FlashBwdDqBlocks => {
-                const { &[Q, K, V, D_OUT, LSE, DELTA, b("dq", E, W)] }
-            }
+            Kernel::FlashBwdDq
+            | Kernel::FlashBwdDqRows
+            | Kernel::FlashBwdDqBlocks
+            | Kernel::FlashBwdDqCoop => const { &[Q, K, V, D_OUT, LSE, DELTA, b("dq", E, W)] },
             Kernel::NaiveScores => const { &[Q, K, b("scores", F32, W)] },
             Kernel::NaiveSoftmax => {
                 const { &[b("scores", F32, R), b("probs", F32, W), b("lse", F32, W)] }
@@ -262,6 +274,8 @@ impl Kernel {
                 | Kernel::FlashBwdDkDvBlocks
                 | Kernel::FlashBwdDqBlocks
                 | Kernel::FlashFwdCoop
+                | Kernel::FlashBwdDkDvCoop
+                | Kernel::FlashBwdDqCoop
         )
     }
 
@@ -289,7 +303,10 @@ impl Kernel {
     pub fn rows_are_keys(self) -> bool {
         matches!(
             self,
-            Kernel::FlashBwdDkDv | Kernel::FlashBwdDkDvRows | Kernel::FlashBwdDkDvBlocks
+            Kernel::FlashBwdDkDv
+                | Kernel::FlashBwdDkDvRows
+                | Kernel::FlashBwdDkDvBlocks
+                | Kernel::FlashBwdDkDvCoop
         )
     }
 
@@ -304,7 +321,13 @@ impl Kernel {
     /// `EXPERIMENTAL_COOPERATIVE_MATRIX` (16x16x16, f16 operands, f32 accumulators), `SHADER_F16`
     /// and `SUBGROUP`, and run on wgpu only (Tint has no cooperative matrices).
     pub fn is_coop(self) -> bool {
-        matches!(self, Kernel::FlashFwdCoop | Kernel::RooflineCoop)
+        matches!(
+            self,
+            Kernel::FlashFwdCoop
+                | Kernel::FlashBwdDkDvCoop
+                | Kernel::FlashBwdDqCoop
+                | Kernel::RooflineCoop
+        )
     }
 
     /// Kernels built from the register micro-tiles of `shaders/blocks.wgsl`.
@@ -331,9 +354,10 @@ pub enum Variant {
     /// FMAs; rows are padded to an odd vec4 stride (no bank conflicts). Designed for GPUs
     /// (shaders/blocks.wgsl, docs/PERFORMANCE.md has its model).
     Blocks,
-    /// The forward's two products on cooperative matrices (tensor cores), for f16 tensors on
-    /// adapters that offer 16x16x16 f16 x f16 + f32 (`Context::adapter_info` says whether this
-    /// one does). Other dtypes, and the backward, run the blocks kernels.
+    /// The matrix products of the forward, dK/dV and dQ kernels on cooperative matrices
+    /// (tensor cores), for f16 tensors in native storage on adapters that offer 16x16x16
+    /// f16 x f16 + f32 (`Context::adapter_info` says whether this one does). Other dtypes, and
+    /// head dims whose coop tiles do not fit the workgroup memory, run the blocks kernels.
     Coop,
 }
 
@@ -350,30 +374,36 @@ impl Variant {
         }
     }
 
-    /// The forward kernel for tensors in element format `elem` at `head_dim` on a device with
-    /// `caps`: the coop variant's only for f16 in native storage (its operands are f16, so f32
-    /// and bf16 values would be rounded; packed f16 stores are atomics, which naga's SPIR-V for
-    /// cooperative matrices scopes to the device without declaring it) and where its tiles fit
-    /// the workgroup memory (head_dim 256 needs 41 KiB), the blocks kernel otherwise.
-    pub fn forward_for(
+    /// The kernel `self` runs for `kernel_of(self)` (its forward, dK/dV or dQ kernel) on
+    /// tensors in element format `elem` at `head_dim` on a device with `caps`: a coop kernel
+    /// only for f16 in native storage (its operands are f16, so f32 and bf16 values would be
+    /// rounded; packed f16 stores are atomics, which naga's SPIR-V for cooperative matrices
+    /// scopes to the device without declaring it) and where its tiles fit the workgroup
+    /// memory; the blocks kernel of the same pass otherwise.
+    pub fn kernel_for(
         self,
+        kernel_of: fn(Variant) -> Kernel,
         elem: crate::dtype::ElemFormat,
         head_dim: u32,
         caps: DeviceCaps,
     ) -> Kernel {
-        match (self, elem) {
-            (Variant::Coop, crate::dtype::ElemFormat::F16Native) => {
-                match choose_tiles(Kernel::FlashFwdCoop, head_dim, caps) {
-                    Err(crate::Error::DeviceLimit { .. }) => Kernel::FlashFwdBlocks,
-                    _ => Kernel::FlashFwdCoop,
-                }
-            }
-            (Variant::Coop, _) => Kernel::FlashFwdBlocks,
-            _ => self.forward(),
+        let kernel = kernel_of(self);
+        if !kernel.is_coop() {
+            return kernel;
+        }
+        let fits = !matches!(
+            choose_tiles(kernel, head_dim, caps),
+            Err(crate::Error::DeviceLimit { .. })
+        );
+        if elem == crate::dtype::ElemFormat::F16Native && fits {
+            kernel
+        } else {
+            kernel_of(Variant::Blocks)
         }
     }
 
-    /// The variant for an adapter of this device type.
+    /// The variant for an adapter of this device type (`Context::new` then picks coop where
+    /// cooperative matrices pass their self-check).
     pub fn for_device_type(device_type: wgpu::DeviceType) -> Variant {
         match device_type {
             wgpu::DeviceType::Cpu => Variant::Rows,
@@ -394,7 +424,8 @@ impl Variant {
         match self {
             Variant::Lanes => Kernel::FlashBwdDkDv,
             Variant::Rows => Kernel::FlashBwdDkDvRows,
-            Variant::Blocks | Variant::Coop => Kernel::FlashBwdDkDvBlocks,
+            Variant::Blocks => Kernel::FlashBwdDkDvBlocks,
+            Variant::Coop => Kernel::FlashBwdDkDvCoop,
         }
     }
 
@@ -402,7 +433,8 @@ impl Variant {
         match self {
             Variant::Lanes => Kernel::FlashBwdDq,
             Variant::Rows => Kernel::FlashBwdDqRows,
-            Variant::Blocks | Variant::Coop => Kernel::FlashBwdDqBlocks,
+            Variant::Blocks => Kernel::FlashBwdDqBlocks,
+            Variant::Coop => Kernel::FlashBwdDqCoop,
         }
     }
 }

@@ -85,6 +85,17 @@ pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
             let dp = d.next_multiple_of(16);
             (br * dp + 2 * bc * dp + br * bc).div_ceil(2) + br * bc.max(dp) + br * t.tpr
         }
+        // Q, dO, K, V, dS as f16; S and dP, then dQ_tile, as f32
+        Kernel::FlashBwdDqCoop => {
+            let dp = d.next_multiple_of(16);
+            (2 * br * dp + 2 * bc * dp + br * bc).div_ceil(2) + br * (2 * bc).max(dp)
+        }
+        // K, V, Q, dO, P^T, dS^T as f16; S^T and dP^T, then dV_tile and dK_tile, as f32;
+        // lse and delta of the Q tile
+        Kernel::FlashBwdDkDvCoop => {
+            let dp = d.next_multiple_of(16);
+            (2 * bc * dp + 2 * br * dp + 2 * bc * br).div_ceil(2) + bc * (2 * br).max(dp) + 2 * br
+        }
         Kernel::FlashFwdBlocks | Kernel::FlashBwdDqBlocks | Kernel::FlashBwdDkDvBlocks => {
             let rs = d.div_ceil(4) | 1;
             let (resident, streamed) = (t.rows(kernel), t.br + t.bc - t.rows(kernel));
@@ -172,14 +183,22 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
         });
     }
     let candidates: Vec<Tiles> = if kernel.is_coop() {
-        // (BR, BC): multiples of the 16x16 blocks; COOP_THREADS / BR invocations per row
+        // (resident rows, streamed rows): multiples of the 16x16 blocks; COOP_THREADS /
+        // resident invocations per row
         [(64u32, 32u32), (32, 32), (32, 16), (16, 16)]
             .iter()
-            .map(|&(br, bc)| Tiles {
-                br,
-                bc,
-                tpr: COOP_THREADS / br,
-                rpt: 1,
+            .map(|&(resident, streamed)| {
+                let (br, bc) = if kernel.rows_are_keys() {
+                    (streamed, resident)
+                } else {
+                    (resident, streamed)
+                };
+                Tiles {
+                    br,
+                    bc,
+                    tpr: COOP_THREADS / resident,
+                    rpt: 1,
+                }
             })
             .collect()
     } else if kernel.is_blocks_variant() {
@@ -326,6 +345,18 @@ mod tests {
                 workgroup_words(Kernel::FlashFwdCoop, d, t) * 4 <= 49152,
                 "d={d} {t:?}"
             );
+        }
+        // the backward's coop kernels fit up to head_dim 128 (at 256 the blocks kernels run)
+        for kernel in [Kernel::FlashBwdDkDvCoop, Kernel::FlashBwdDqCoop] {
+            for d in 1..=128u32 {
+                let t = choose_tiles(kernel, d, caps).unwrap();
+                assert_eq!((t.br % 16, t.bc % 16), (0, 0), "{kernel:?} d={d} {t:?}");
+                assert_eq!(t.threads(kernel), COOP_THREADS, "{kernel:?} d={d} {t:?}");
+                assert!(
+                    workgroup_words(kernel, d, t) * 4 <= 49152,
+                    "{kernel:?} d={d}"
+                );
+            }
         }
         let t = choose_tiles(Kernel::FlashFwdCoop, 64, caps).unwrap();
         assert_eq!((t.br, t.bc), (64, 32));

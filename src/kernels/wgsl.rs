@@ -15,6 +15,7 @@ use crate::dtype::ElemFormat;
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
 const BLOCKS: &str = include_str!("../../shaders/blocks.wgsl");
+const COOP: &str = include_str!("../../shaders/coop.wgsl");
 
 /// The entry point of every element-parallel kernel: 64 invocations per workgroup over a
 /// grid folded into (x, y); each invocation below `total_items` runs the kernel's `item`.
@@ -155,6 +156,10 @@ impl KernelKey {
         s.push('\n');
         if self.kernel.is_blocks_variant() {
             s.push_str(BLOCKS);
+            s.push('\n');
+        }
+        if self.kernel.is_coop() && self.kernel.is_tiled() {
+            s.push_str(COOP);
             s.push('\n');
         }
         s.push_str(self.kernel.source());

@@ -1,12 +1,15 @@
 //! The backward plan: the delta preprocess, then dK/dV and dQ (tiled), or the naive path's
 //! five kernels per chunk.
 
-use super::{key, naive, split, tiled_step, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec, Step};
+use super::{
+    key, naive, pass_kernel, split, tiled_step, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec,
+    Step,
+};
 use crate::config::{Algorithm, AttentionConfig};
 use crate::dtype::DType;
 use crate::error::{Result, TensorRole};
 use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
-use crate::kernels::{Kernel, Params, Tiles};
+use crate::kernels::{Kernel, Params, Tiles, Variant};
 
 use BufRef::{Input, Output, Scratch};
 
@@ -81,13 +84,13 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
 }
 
 fn tiled(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan) -> Result<()> {
-    let variant = env.tuning.variant;
+    let dkdv_kernel = pass_kernel(Variant::backward_dkdv, cfg, dtype, env);
     let dkdv = vec![Q, K, V, D_OUT, LSE, DELTA, DK, DV];
     plan.steps
-        .push(tiled_step(variant.backward_dkdv(), cfg, dtype, env, dkdv)?);
+        .push(tiled_step(dkdv_kernel, cfg, dtype, env, dkdv)?);
+    let dq_kernel = pass_kernel(Variant::backward_dq, cfg, dtype, env);
     let dq = vec![Q, K, V, D_OUT, LSE, DELTA, DQ];
-    plan.steps
-        .push(tiled_step(variant.backward_dq(), cfg, dtype, env, dq)?);
+    plan.steps.push(tiled_step(dq_kernel, cfg, dtype, env, dq)?);
     Ok(())
 }
 

@@ -1,11 +1,14 @@
 //! The forward plan: one tiled dispatch, or the naive path's three kernels per chunk.
 
-use super::{key, naive, split, tiled_step, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec, Step};
+use super::{
+    key, naive, pass_kernel, split, tiled_step, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec,
+    Step,
+};
 use crate::config::{Algorithm, AttentionConfig};
 use crate::dtype::DType;
 use crate::error::{Result, TensorRole};
 use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
-use crate::kernels::{Kernel, Params, Tiles};
+use crate::kernels::{Kernel, Params, Tiles, Variant};
 
 use BufRef::{Input, Output, Scratch};
 
@@ -31,11 +34,7 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
     match cfg.algorithm {
         Algorithm::Tiled => match split::choose(cfg, dtype, env)? {
             None => plan.steps.push(tiled_step(
-                env.tuning.variant.forward_for(
-                    crate::dtype::ElemFormat::new(dtype, env.tuning.half_storage),
-                    cfg.head_dim as u32,
-                    env.caps,
-                ),
+                pass_kernel(Variant::forward, cfg, dtype, env),
                 cfg,
                 dtype,
                 env,

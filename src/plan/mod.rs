@@ -179,6 +179,22 @@ pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
     }
 }
 
+/// The kernel the tuning's variant runs for one pass (`Variant::forward`, `backward_dkdv` or
+/// `backward_dq`) on this call: `Variant::kernel_for` with the call's element format.
+pub(crate) fn pass_kernel(
+    kernel_of: fn(crate::kernels::Variant) -> Kernel,
+    cfg: &AttentionConfig,
+    dtype: DType,
+    env: &PlanEnv,
+) -> Kernel {
+    env.tuning.variant.kernel_for(
+        kernel_of,
+        ElemFormat::new(dtype, env.tuning.half_storage),
+        cfg.head_dim as u32,
+        env.caps,
+    )
+}
+
 /// The step of a tiled kernel: its tiles, the tile counts in `Params`, and one workgroup per
 /// (batch, head, tile of rows), where rows are queries (query heads) or, for dK/dV, keys
 /// (kv heads).
@@ -311,12 +327,15 @@ mod tests {
         };
         let p = forward(&c, DType::F16, &packed).unwrap();
         assert_eq!(p.steps[0].key.kernel, Kernel::FlashFwdBlocks);
-        let p = backward(&c, DType::F16, &e).unwrap();
-        let kernels: Vec<Kernel> = p.steps.iter().map(|s| s.key.kernel).collect();
-        assert!(
-            kernels.contains(&Kernel::FlashBwdDkDvBlocks)
-                && kernels.contains(&Kernel::FlashBwdDqBlocks)
-        );
+        let kernels = |p: Plan| p.steps.iter().map(|s| s.key.kernel).collect::<Vec<_>>();
+        let coop_bwd = kernels(backward(&c, DType::F16, &e).unwrap());
+        assert!(coop_bwd.contains(&Kernel::FlashBwdDkDvCoop), "{coop_bwd:?}");
+        assert!(coop_bwd.contains(&Kernel::FlashBwdDqCoop), "{coop_bwd:?}");
+        let f32_bwd = kernels(backward(&c, DType::F32, &e).unwrap());
+        assert!(f32_bwd.contains(&Kernel::FlashBwdDkDvBlocks), "{f32_bwd:?}");
+        // head_dim 256 does not fit the backward's coop tiles in 48 KiB: blocks
+        let big = kernels(backward(&cfg(1, 40, 40, 2, 2, 256), DType::F16, &e).unwrap());
+        assert!(big.contains(&Kernel::FlashBwdDqBlocks), "{big:?}");
         // without cooperative matrices the chooser refuses the coop kernel by name
         e.caps.coop_f16 = false;
         match forward(&c, DType::F16, &e) {

@@ -1,0 +1,77 @@
+// Shared by the coop kernels (cooperative matrices, 16x16x16, f16 operands and f32
+// accumulators): the matrix products, shared out by subgroup, and the scalar pieces around
+// them. Each coop kernel declares `hs` (f16 operands, rows of DP head dims or of a tile's
+// columns) and `fs` (f32 products) in workgroup memory and places its tiles there at offsets.
+//
+// Products: `coop_nt` (A B^T: both operands given as rows, as Q K^T) and `coop_nn` (A B with B
+//           row-major, as P V). Subgroup g of the workgroup takes the 16x16 output blocks g,
+//           g + num_subgroups, ...: no subgroup size is assumed. Every pointer index is bound
+//           to a `let` first (naga 30's SPIR-V writer panics on an inline one beside a
+//           runtime stride).
+// Scalar:  invocation t owns row t / TPR of the workgroup's resident rows, and of it the head
+//          dims (or columns) t % TPR + k * TPR.
+
+const DP: u32 = (HEAD_DIM + 15u) / 16u * 16u;   // head dims padded to whole blocks
+const DPR: u32 = DP / TPR;                      // head dims per invocation
+
+// fs[out + m * ldo + n] = sum over k < inner of A[m][k] B[n][k], for the mb x nb blocks; A rows
+// at hs[a] (stride lda), B rows at hs[b] (stride ldb).
+fn coop_nt(a: u32, lda: u32, b: u32, ldb: u32, inner: u32, mb: u32, nb: u32, out: u32, ldo: u32, sg: u32, nsg: u32) {
+    for (var blk = sg; blk < mb * nb; blk += nsg) {
+        let i = blk / nb;
+        let j = blk % nb;
+        var c = coop_mat16x16<f32, C>();
+        for (var kk = 0u; kk < inner; kk += 16u) {
+            let ai = a + i * 16u * lda + kk;
+            let bi = b + j * 16u * ldb + kk;
+            let x = coopLoadT<coop_mat16x16<f16, A>>(&hs[ai], lda);
+            let y = coopLoad<coop_mat16x16<f16, B>>(&hs[bi], ldb);
+            c = coopMultiplyAdd(x, y, c);
+        }
+        let oi = out + i * 16u * ldo + j * 16u;
+        coopStoreT(c, &fs[oi], ldo);
+    }
+}
+
+// fs[out + m * ldo + n] = sum over k < inner of A[m][k] B[k][n], for the mb x nb blocks; A rows
+// at hs[a] (stride lda), B row-major at hs[b] (stride ldb).
+fn coop_nn(a: u32, lda: u32, b: u32, ldb: u32, inner: u32, mb: u32, nb: u32, out: u32, ldo: u32, sg: u32, nsg: u32) {
+    for (var blk = sg; blk < mb * nb; blk += nsg) {
+        let i = blk / nb;
+        let j = blk % nb;
+        var c = coop_mat16x16<f32, C>();
+        for (var kk = 0u; kk < inner; kk += 16u) {
+            let ai = a + i * 16u * lda + kk;
+            let bi = b + kk * ldb + j * 16u;
+            let x = coopLoadT<coop_mat16x16<f16, A>>(&hs[ai], lda);
+            let y = coopLoadT<coop_mat16x16<f16, B>>(&hs[bi], ldb);
+            c = coopMultiplyAdd(x, y, c);
+        }
+        let oi = out + i * 16u * ldo + j * 16u;
+        coopStoreT(c, &fs[oi], ldo);
+    }
+}
+
+// This invocation's head dims of row `row` of an f32 product [rows][DP] at fs[out].
+fn product_row(out: u32, row: u32, part: u32) -> array<f32, DPR> {
+    var o = array<f32, DPR>();
+    for (var k = 0u; k < DPR; k++) {
+        o[k] = fs[out + row * DP + part + k * TPR];
+    }
+    return o;
+}
+
+// The same product row computed in scalar code, for tiles with hidden pairs: sum over c < n of
+// W[row][c] X[c][d] with W at hs[w] (stride ldw) and X rows at hs[x] (stride DP), through
+// add_weighted, so a hidden pair's zero weight never carries its row's NaN or Inf in (a matrix
+// product would: 0 * NaN).
+fn guarded_row(w: u32, ldw: u32, x: u32, n: u32, row: u32, part: u32) -> array<f32, DPR> {
+    var o = array<f32, DPR>();
+    for (var c = 0u; c < n; c++) {
+        let wc = f32(hs[w + row * ldw + c]);
+        for (var k = 0u; k < DPR; k++) {
+            o[k] = add_weighted(o[k], wc, f32(hs[x + c * DP + part + k * TPR]), true);
+        }
+    }
+    return o;
+}
