@@ -129,55 +129,55 @@ impl Context {
         // Cooperative matrices are an experimental wgpu feature: asked for only where the
         // adapter offers the configuration the coop kernels use, and picked only after
         // they pass their self-check below.
-        let coop = adapter
-            .features()
-            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
-            && coop::offers_coop_f16(&adapter.cooperative_matrix_properties());
+        let coop = adapter.features().contains(
+            wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+                | wgpu::Features::SHADER_F16
+                | wgpu::Features::SUBGROUP,
+        ) && coop::offers_coop_f16(&adapter.cooperative_matrix_properties());
         if coop {
             features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
         let limits = adapter.limits();
-        let (device, queue) = adapter
-            .request_device(&wgpu::DeviceDescriptor {
-                label: Some("flash-attn-wgpu"),
-                required_features: features,
-                required_limits: limits,
-                experimental_features: if coop {
-                    // SAFETY: only the coop kernels use the experimental feature, and only
-                    // after their self-check against the f64 reference passed on this device.
-                    unsafe { wgpu::ExperimentalFeatures::enabled() }
-                } else {
-                    wgpu::ExperimentalFeatures::disabled()
-                },
-                memory_hints: wgpu::MemoryHints::Performance,
-                trace: wgpu::Trace::Off,
+        // The coop kernels prove themselves on a device of their own first: a kernel no CI
+        // machine can run must not be able to take the caller's device down with it (a
+        // driver fault loses only the probe device).
+        let coop_verdict = if coop {
+            let probe = request(&adapter, features, &limits, true).await;
+            Some(match probe {
+                Ok((device, queue)) => {
+                    let probe = Self::build(device, queue, Some(adapter.get_info()), true);
+                    match probe.coop_self_check() {
+                        Ok(None) => probe
+                            .check_alive()
+                            .map_err(|e| format!("the device was lost in the self-check: {e}")),
+                        Ok(Some(why)) => Err(why),
+                        Err(e) => Err(format!("the coop kernels' self-check failed: {e}")),
+                    }
+                }
+                Err(e) => Err(format!("no device for the self-check: {e}")),
             })
-            .await
-            .map_err(|e| Error::RequestDevice(e.to_string()))?;
+        } else {
+            None
+        };
+        let coop_ok = matches!(coop_verdict, Some(Ok(())));
+        if !coop_ok {
+            features.remove(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        }
+        let (device, queue) = request(&adapter, features, &limits, coop_ok).await?;
         check_device_limits(&device.limits())?;
-        let mut ctx = Self::build(device, queue, Some(adapter.get_info()), coop);
+        let mut ctx = Self::build(device, queue, Some(adapter.get_info()), coop_ok);
         ctx.driver_canary()?;
-        if ctx.caps.coop_f16 {
-            let failed = match ctx.coop_self_check() {
-                Ok(None) => None,
-                Ok(Some(why)) => Some(why),
-                Err(e) => Some(format!("the coop kernels' self-check failed: {e}")),
-            };
-            match failed {
-                None => {
-                    ctx.info.cooperative_matrices =
-                        "16x16x16 f16/f32, in use (Variant::Coop)".into();
-                    let t = ctx.tuning();
-                    ctx.set_tuning_unchecked(Tuning {
-                        variant: Variant::Coop,
-                        ..t
-                    });
-                }
-                Some(why) => {
-                    ctx.caps.coop_f16 = false;
-                    ctx.info.cooperative_matrices = format!("offered, not used: {why}");
-                }
+        match coop_verdict {
+            Some(Ok(())) => {
+                ctx.info.cooperative_matrices = "16x16x16 f16/f32, in use (Variant::Coop)".into();
+                let t = ctx.tuning();
+                ctx.set_tuning_unchecked(Tuning {
+                    variant: Variant::Coop,
+                    ..t
+                });
             }
+            Some(Err(why)) => ctx.info.cooperative_matrices = format!("offered, not used: {why}"),
+            None => {}
         }
         Ok(ctx)
     }
@@ -342,6 +342,33 @@ impl Context {
     pub fn tiles_for(&self, kernel: Kernel, head_dim: usize) -> Result<Tiles> {
         crate::kernels::choose_tiles(kernel, head_dim as u32, self.caps)
     }
+}
+
+/// A device with `features` (and the experimental cooperative matrices when `coop`) and the
+/// adapter's own limits.
+async fn request(
+    adapter: &wgpu::Adapter,
+    features: wgpu::Features,
+    limits: &wgpu::Limits,
+    coop: bool,
+) -> Result<(wgpu::Device, wgpu::Queue)> {
+    adapter
+        .request_device(&wgpu::DeviceDescriptor {
+            label: Some("flash-attn-wgpu"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: if coop {
+                // SAFETY: only the coop kernels use the experimental feature, and only after
+                // they passed their self-check against the f64 reference on a probe device.
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        })
+        .await
+        .map_err(|e| Error::RequestDevice(e.to_string()))
 }
 
 async fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
