@@ -232,6 +232,17 @@ fn write_json(file: &str, value: &serde_json::Value) -> PathBuf {
     path
 }
 
+/// Which (variant, storage) pairs the Dawn replays run. The blocks kernels are 5-10x slower
+/// for lavapipe to compile from Tint's SPIR-V than the others (about 9 s a pipeline, from
+/// naga's 2 s), so on Dawn they run f32 and native f16 (split calls: f32) over every shape;
+/// their packed f16 and bf16 loads and stores are the prelude's, which the lanes and rows
+/// replays and every wgpu test cover for every variant.
+fn on_dawn(variant: Variant, dtype: DType, half: HalfStorage) -> bool {
+    variant != Variant::Blocks
+        || dtype == DType::F32
+        || (dtype == DType::F16 && half == HalfStorage::Native)
+}
+
 #[test]
 fn kernels_match_the_f64_reference_on_dawn() {
     let Some(script) = runner() else { return };
@@ -264,6 +275,9 @@ fn kernels_match_the_f64_reference_on_dawn() {
     for (c, amp) in &shapes {
         for &(dtype, half) in &formats {
             for &(algorithm, variant, sg) in &algorithms {
+                if !on_dawn(variant, dtype, half) {
+                    continue;
+                }
                 let mut c = c.clone();
                 c.algorithm = algorithm;
                 let e = env(variant, sg, half);
@@ -288,6 +302,11 @@ fn kernels_match_the_f64_reference_on_dawn() {
     ] {
         for &(dtype, half) in &formats {
             for variant in Variant::ALL {
+                if !on_dawn(variant, dtype, half)
+                    || (variant == Variant::Blocks && dtype != DType::F32)
+                {
+                    continue;
+                }
                 let mut e = env(variant, 0, half);
                 e.max_binding_bytes = limit;
                 let name = format!(
