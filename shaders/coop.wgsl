@@ -52,6 +52,24 @@ fn coop_nn(a: u32, lda: u32, b: u32, ldb: u32, inner: u32, mb: u32, nb: u32, out
     }
 }
 
+// Stages keys [kv0, kv0 + n) of k and v (batch b, kv head hk) as f16 rows of DP dims at
+// hs[ok] and hs[ov]: zeros past seq_kv and past HEAD_DIM. Every coop kernel binds k and v.
+fn stage_kv(ok: u32, ov: u32, b: u32, hk: u32, kv0: u32, n: u32, t: u32) {
+    for (var e = t; e < n * DP; e += NT) {
+        let j = kv0 + e / DP;
+        let d = e % DP;
+        var kx = 0.0;
+        var vx = 0.0;
+        if (j < params.seq_kv && d < HEAD_DIM) {
+            let g = kv_index(b, j, hk, d);
+            kx = load_k(g);
+            vx = load_v(g);
+        }
+        hs[ok + e] = f16(kx);
+        hs[ov + e] = f16(vx);
+    }
+}
+
 // This invocation's head dims of row `row` of an f32 product [rows][DP] at fs[out].
 fn product_row(out: u32, row: u32, part: u32) -> array<f32, DPR> {
     var o = array<f32, DPR>();

@@ -45,19 +45,7 @@ fn main(
     let part = t % TPR;
     let key = kv0 + c;
 
-    for (var e = t; e < BC * DP; e += NT) {
-        let j = kv0 + e / DP;
-        let d = e % DP;
-        var kx = 0.0;
-        var vx = 0.0;
-        if (j < params.seq_kv && d < HEAD_DIM) {
-            let g = kv_index(b, j, hk, d);
-            kx = load_k(g);
-            vx = load_v(g);
-        }
-        hs[OK + e] = f16(kx);
-        hs[OV + e] = f16(vx);
-    }
+    stage_kv(OK, OV, b, hk, kv0, BC, t);
 
     var acc_dk = array<f32, DPR>();
     var acc_dv = array<f32, DPR>();

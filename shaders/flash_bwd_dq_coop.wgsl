@@ -68,19 +68,7 @@ fn main(
     for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
         let masked = tile_needs_mask(q0, kv0, BC);
         workgroupBarrier(); // the previous tile is done with K, V, dS and fs
-        for (var e = t; e < BC * DP; e += NT) {
-            let j = kv0 + e / DP;
-            let d = e % DP;
-            var kx = 0.0;
-            var vx = 0.0;
-            if (j < params.seq_kv && d < HEAD_DIM) {
-                let g = kv_index(b, j, hk, d);
-                kx = load_k(g);
-                vx = load_v(g);
-            }
-            hs[OK + e] = f16(kx);
-            hs[OV + e] = f16(vx);
-        }
+        stage_kv(OK, OV, b, hk, kv0, BC, t);
         workgroupBarrier();
         coop_nt(OQ, DP, OK, DP, DP, BR / 16u, BC / 16u, 0u, BC, sg, nsg);
         coop_nt(ODO, DP, OV, DP, DP, BR / 16u, BC / 16u, FDP, BC, sg, nsg);
