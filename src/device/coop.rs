@@ -22,18 +22,6 @@ pub fn offers_coop_f16(props: &[wgpu::CooperativeMatrixProperties]) -> bool {
 const SELF_CHECK_TOL: f64 = 4.0 / 2048.0;
 
 impl Context {
-    /// The coop kernels' check before `Context::new` picks them (caps.coop_f16 is set).
-    pub(crate) fn coop_self_check(&self) -> Result<Option<String>> {
-        let before = self.tuning();
-        self.set_tuning_unchecked(Tuning {
-            variant: Variant::Coop,
-            ..before
-        });
-        let result = self.variant_cases();
-        self.set_tuning_unchecked(before);
-        result
-    }
-
     /// Runs `variant`'s forward and backward on small causal and non-causal f16 calls (odd
     /// lengths, GQA, head_dim 64) against the f64 reference on this device: `Ok(None)` when
     /// every output is within 4 x 2^-11 of its largest reference value, `Ok(Some(why))` when

@@ -146,7 +146,7 @@ impl Context {
             Some(match probe {
                 Ok((device, queue)) => {
                     let probe = Self::build(device, queue, Some(adapter.get_info()), true);
-                    match probe.coop_self_check() {
+                    match probe.check_variant(Variant::Coop) {
                         Ok(None) => probe
                             .check_alive()
                             .map_err(|e| format!("the device was lost in the self-check: {e}")),
