@@ -7,7 +7,7 @@
 mod common;
 
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::variants::variants;
@@ -38,19 +38,38 @@ fn naga_module(key: &KernelKey) -> (naga::Module, naga::valid::ModuleInfo) {
     (m.into_owned(), i.into_owned())
 }
 
-fn spirv_val() -> Option<&'static str> {
-    Command::new("spirv-val")
+/// `tool` when it runs; otherwise None, which fails under CI and only warns elsewhere (the
+/// SPIR-V is still generated). `what` names the tool and how to get it.
+fn validator(tool: PathBuf, what: &str) -> Option<PathBuf> {
+    if Command::new(&tool)
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success())
-        .then_some("spirv-val")
+    {
+        return Some(tool);
+    }
+    let msg = format!("{what} is not installed (`bash scripts/ensure-portability.sh` installs it)");
+    if std::env::var_os("CI").is_some() {
+        panic!("{msg}");
+    }
+    eprintln!("{msg}: SPIR-V is generated but not validated");
+    None
 }
 
-/// spirv-val 2025.5, which knows SPV_KHR_cooperative_matrix (scripts/ensure-portability.sh
-/// unpacks it into .tools/).
-fn modern_spirv_val() -> Option<std::path::PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/spirv-tools-2025.5/bin/spirv-val");
-    p.exists().then_some(p)
+/// Writes `words` to `file` and asserts that `tool` accepts them for Vulkan 1.1.
+fn assert_valid_spirv(tool: &Path, file: &Path, words: &[u32], label: &str) {
+    std::fs::write(file, bytemuck::cast_slice::<u32, u8>(words)).unwrap();
+    let out = Command::new(tool)
+        .args(["--target-env", "vulkan1.1"])
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{label}: {}: {}",
+        tool.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// `words` without the ArrayStride decorations of arrays in the Workgroup storage class.
@@ -89,14 +108,16 @@ fn without_workgroup_array_strides(words: &[u32]) -> Vec<u32> {
 
 #[test]
 fn every_variant_translates_to_spirv_msl_and_hlsl() {
-    let validator = spirv_val();
-    if validator.is_none() {
-        let msg = "spirv-val is not installed (`bash scripts/ensure-portability.sh` installs Debian's spirv-tools)";
-        if std::env::var_os("CI").is_some() {
-            panic!("{msg}");
-        }
-        eprintln!("{msg}: SPIR-V is generated but not validated");
-    }
+    // Debian's spirv-val (2023.1) predates SPV_KHR_cooperative_matrix: the coop kernels go to
+    // spirv-val 2025.5, which ensure-portability.sh unpacks into .tools/.
+    let debian = validator(
+        PathBuf::from("spirv-val"),
+        "spirv-val (Debian's spirv-tools)",
+    );
+    let modern = validator(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/spirv-tools-2025.5/bin/spirv-val"),
+        "spirv-val 2025.5 (.tools/)",
+    );
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("spirv");
     std::fs::create_dir_all(&dir).unwrap();
     let mut seen = HashSet::new();
@@ -120,46 +141,19 @@ fn every_variant_translates_to_spirv_msl_and_hlsl() {
         };
         let words = naga::back::spv::write_vec(&module, &info, &spv_options, Some(&pipeline))
             .unwrap_or_else(|e| panic!("{label}: SPIR-V: {e}"));
-        // Debian's spirv-val (2023.1) predates SPV_KHR_cooperative_matrix: the coop kernels
-        // go to spirv-val 2025.5.
         if key.kernel.is_coop() {
-            match modern_spirv_val() {
-                Some(tool) => {
-                    let file = dir.join(format!("v{count}-coop.spv"));
-                    let stripped = without_workgroup_array_strides(&words);
-                    std::fs::write(&file, bytemuck::cast_slice::<u32, u8>(&stripped)).unwrap();
-                    let out = Command::new(&tool)
-                        .args(["--target-env", "vulkan1.1"])
-                        .arg(&file)
-                        .output()
-                        .unwrap();
-                    assert!(
-                        out.status.success(),
-                        "{label}: spirv-val 2025.5: {}",
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                    coop_validated += 1;
-                }
-                None if std::env::var_os("CI").is_some() => {
-                    panic!(
-                        "no .tools/spirv-tools-2025.5 (run `bash scripts/ensure-portability.sh`)"
-                    )
-                }
-                None => {}
+            if let Some(tool) = &modern {
+                let file = dir.join(format!("v{count}-coop.spv"));
+                assert_valid_spirv(
+                    tool,
+                    &file,
+                    &without_workgroup_array_strides(&words),
+                    &label,
+                );
+                coop_validated += 1;
             }
-        } else if let Some(tool) = validator {
-            let file = dir.join(format!("v{count}.spv"));
-            std::fs::write(&file, bytemuck::cast_slice::<u32, u8>(&words)).unwrap();
-            let out = Command::new(tool)
-                .args(["--target-env", "vulkan1.1"])
-                .arg(&file)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{label}: spirv-val: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+        } else if let Some(tool) = &debian {
+            assert_valid_spirv(tool, &dir.join(format!("v{count}.spv")), &words, &label);
         }
 
         // Cooperative matrices of 16x16 (what the coop kernels use) exist on Vulkan only:
