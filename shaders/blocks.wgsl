@@ -82,3 +82,22 @@ fn weighted_rows(acc: ptr<function, array<array<vec4<f32>, GPT>, TM>>, w: u32, x
         }
     }
 }
+
+// Stages keys [kv0, kv0 + n) of k (times k_scale) and v (batch b, kv head hk) as rows at
+// sm[ok] and sm[ov]: zeros past seq_kv (load4 zeroes the dims past HEAD_DIM).
+fn stage_kv(ok: u32, ov: u32, b: u32, hk: u32, kv0: u32, n: u32, t: u32, k_scale: f32) {
+    for (var e = t; e < n * D4; e += NT) {
+        let c = e / D4;
+        let g = e % D4;
+        let j = kv0 + c;
+        var kx = vec4<f32>();
+        var vx = vec4<f32>();
+        if (j < params.seq_kv) {
+            let base = kv_index(b, j, hk, 0u);
+            kx = load4_k(base, g) * k_scale;
+            vx = load4_v(base, g);
+        }
+        sm[ok + c * RS + g] = kx;
+        sm[ov + c * RS + g] = vx;
+    }
+}

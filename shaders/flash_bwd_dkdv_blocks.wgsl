@@ -41,20 +41,7 @@ fn main(
     let tx = t % NTX;
 
     // K (scaled into the exp2 domain) and V stay in workgroup memory throughout
-    for (var e = t; e < BC * D4; e += NT) {
-        let c = e / D4;
-        let g = e % D4;
-        let j = kv0 + c;
-        var kx = vec4<f32>();
-        var vx = vec4<f32>();
-        if (j < params.seq_kv) {
-            let base = kv_index(b, j, hk, 0u);
-            kx = load4_k(base, g) * params.scale_log2;
-            vx = load4_v(base, g);
-        }
-        sm[OK + c * RS + g] = kx;
-        sm[OV + c * RS + g] = vx;
-    }
+    stage_kv(OK, OV, b, hk, kv0, BC, t, params.scale_log2);
 
     var acc_dk = array<array<vec4<f32>, GPT>, TM>();
     var acc_dv = array<array<vec4<f32>, GPT>, TM>();

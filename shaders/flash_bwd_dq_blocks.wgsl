@@ -66,20 +66,7 @@ fn main(
     for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
         let masked = tile_needs_mask(q0, kv0, BC);
         workgroupBarrier(); // the previous tile's dS K is done with K and dS
-        for (var e = t; e < BC * D4; e += NT) {
-            let c = e / D4;
-            let g = e % D4;
-            let j = kv0 + c;
-            var kx = vec4<f32>();
-            var vx = vec4<f32>();
-            if (j < params.seq_kv) {
-                let base = kv_index(b, j, hk, 0u);
-                kx = load4_k(base, g);
-                vx = load4_v(base, g);
-            }
-            sm[OK + c * RS + g] = kx;
-            sm[OV + c * RS + g] = vx;
-        }
+        stage_kv(OK, OV, b, hk, kv0, BC, t, 1.0);
         workgroupBarrier();
 
         var ds = dot_tile(OQ, OK, ty, tx);
