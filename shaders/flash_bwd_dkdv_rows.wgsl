@@ -15,29 +15,52 @@ var<workgroup> sq: array<f32, BR * DPAD>;    // Q tile, pre-scaled into the exp2
 var<workgroup> sdo: array<f32, BR * DPAD>;   // dO tile
 var<workgroup> slse: array<f32, BR>;         // lse, exp2 domain
 var<workgroup> sdelta: array<f32, BR>;
-// per invocation: P and dS of this key against the tile's rows, and the tile's dK/dV sums
-var<private> p: array<f32, BR>;
-var<private> ds: array<f32, BR>;
+// per invocation: this key's k and v, and the tile's dK/dV sums
+var<private> kr: array<f32, DPAD>;
+var<private> vr: array<f32, DPAD>;
 var<private> dk_tile: array<f32, DPAD>;
 var<private> dv_tile: array<f32, DPAD>;
 
-// dV_tile = P^T dO, dK_tile = dS^T Q over the tile's rows, summed apart (f32 error on long
-// columns). `guard` (the tile has hidden pairs) is a constant at each call site, so the
-// unmasked tiles' loop is plain FMAs.
-fn fold_tile(guard: bool, lane: u32) {
+// One Q/dO tile against this invocation's key: for each of the tile's rows, the score and dP
+// (k . q and v . dO), P and dS, then dV_tile += P dO and dK_tile += dS q. Each lane reads one
+// element of a row's q and dO chunk (`sq`/`sdo` reads are per-lane loads, the costly part on
+// CPU drivers) and keeps it for the fold, so a row's q and dO are read from workgroup memory
+// once, not once for the dots and again for the fold. The tile sums are summed apart (f32
+// error on long columns). `guard` (the tile has hidden pairs) is a constant at each call site,
+// so the unmasked tiles' fold is plain FMAs.
+fn visit_tile(guard: bool, lane: u32, q0: u32, key: u32) {
     for (var d = 0u; d < DPAD; d++) {
         dk_tile[d] = 0.0;
         dv_tile[d] = 0.0;
     }
-    for (var r = 0u; r < BR; r++) {
-        let pr = p[r];
-        let dsr = ds[r];
-        for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-            let q_mine = lane_values(sq[r * DPAD + d0 + lane]);
-            let do_mine = lane_values(sdo[r * DPAD + d0 + lane]);
-            for (var l = 0u; l < SG; l++) {
-                dv_tile[d0 + l] = add_weighted(dv_tile[d0 + l], pr, do_mine[l], guard);
-                dk_tile[d0 + l] = add_weighted(dk_tile[d0 + l], dsr, q_mine[l], guard);
+    // a row's lse and delta: one per-lane read for SG rows, handed out with lane_value
+    for (var r0 = 0u; r0 < BR; r0 += SG) {
+        let lse_lanes = slse[min(r0 + lane, BR - 1u)];
+        let delta_lanes = sdelta[min(r0 + lane, BR - 1u)];
+        for (var r = r0; r < min(r0 + SG, BR); r++) {
+            var q_chunk = array<f32, DPAD / SG>();
+            var do_chunk = array<f32, DPAD / SG>();
+            var s = 0.0;
+            var dp = 0.0;
+            for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+                q_chunk[d0 / SG] = sq[r * DPAD + d0 + lane];
+                do_chunk[d0 / SG] = sdo[r * DPAD + d0 + lane];
+                let q_mine = lane_values(q_chunk[d0 / SG]);
+                let do_mine = lane_values(do_chunk[d0 / SG]);
+                for (var l = 0u; l < SG; l++) {
+                    s = fma(kr[d0 + l], q_mine[l], s);
+                    dp = fma(vr[d0 + l], do_mine[l], dp);
+                }
+            }
+            let pr = recompute_p(finish_score(s, q0 + r, key, guard), lane_value(lse_lanes, r - r0));
+            let dsr = score_grad(pr, dp, lane_value(delta_lanes, r - r0));
+            for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+                let q_mine = lane_values(q_chunk[d0 / SG]);
+                let do_mine = lane_values(do_chunk[d0 / SG]);
+                for (var l = 0u; l < SG; l++) {
+                    dv_tile[d0 + l] = add_weighted(dv_tile[d0 + l], pr, do_mine[l], guard);
+                    dk_tile[d0 + l] = add_weighted(dk_tile[d0 + l], dsr, q_mine[l], guard);
+                }
             }
         }
     }
@@ -60,8 +83,10 @@ fn main(
     let key = kv0 + t;
     let lane = t % SG;
 
-    var kr = array<f32, DPAD>();
-    var vr = array<f32, DPAD>();
+    for (var d = 0u; d < DPAD; d++) {
+        kr[d] = 0.0;
+        vr[d] = 0.0;
+    }
     if (key < params.seq_kv) {
         let base = kv_index(b, key, hk, 0u);
         for (var d = 0u; d < HEAD_DIM; d++) {
@@ -104,25 +129,10 @@ fn main(
             }
             workgroupBarrier();
 
-            for (var r = 0u; r < BR; r++) {
-                var s = 0.0;
-                var dp = 0.0;
-                for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-                    let q_mine = lane_values(sq[r * DPAD + d0 + lane]);
-                    let do_mine = lane_values(sdo[r * DPAD + d0 + lane]);
-                    for (var l = 0u; l < SG; l++) {
-                        s = fma(kr[d0 + l], q_mine[l], s);
-                        dp = fma(vr[d0 + l], do_mine[l], dp);
-                    }
-                }
-                let pr = recompute_p(finish_score(s, q0 + r, key, masked), slse[r]);
-                p[r] = pr;
-                ds[r] = score_grad(pr, dp, sdelta[r]);
-            }
             if (masked) {
-                fold_tile(true, lane);
+                visit_tile(true, lane, q0, key);
             } else {
-                fold_tile(false, lane);
+                visit_tile(false, lane, q0, key);
             }
             for (var d = 0u; d < DPAD; d++) {
                 acc_dk[d] += dk_tile[d];

@@ -13,25 +13,51 @@
 var<workgroup> sk: array<f32, BC * DPAD>;
 var<workgroup> sv: array<f32, BC * DPAD>;
 
-// per invocation: dS of its rows against the tile's keys, and the tile's dQ sums
-var<private> ds: array<array<f32, BC>, RPT>;
+// per invocation: its rows' q (pre-scaled), dO, lse (exp2 domain) and delta, and the tile's
+// dQ sums
+var<private> qr: array<array<f32, DPAD>, RPT>;
+var<private> dor: array<array<f32, DPAD>, RPT>;
+var<private> lse2: array<f32, RPT>;
+var<private> delta_i: array<f32, RPT>;
 var<private> dq_tile: array<array<f32, DPAD>, RPT>;
 
-// dQ_tile = dS K over the tile's keys, summed apart (f32 error on long rows). `guard` (the tile
-// has hidden pairs) is a constant at each call site, so the unmasked tiles' loop is plain FMAs.
-fn fold_tile(guard: bool, lane: u32) {
+// One K/V tile against this invocation's rows: for each of the tile's keys, the scores and dP
+// (q . k and dO . v), dS, then dQ_tile += dS k. Each lane reads one element of the key's k and
+// v chunk (`sk`/`sv` reads are per-lane loads, the costly part on CPU drivers) and keeps the k
+// element for the fold, so k is read from workgroup memory once, not once for the dots and
+// again for the fold. The tile sums are summed apart (f32 error on long rows). `guard` (the
+// tile has hidden pairs) is a constant at each call site, so the unmasked tiles' fold is
+// plain FMAs.
+fn visit_tile(guard: bool, lane: u32, row0: u32, kv0: u32) {
     for (var rr = 0u; rr < RPT; rr++) {
         for (var d = 0u; d < DPAD; d++) {
             dq_tile[rr][d] = 0.0;
         }
     }
     for (var c = 0u; c < BC; c++) {
+        var k_chunk = array<f32, DPAD / SG>();
+        var s = array<f32, RPT>();
+        var dp = array<f32, RPT>();
+        for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+            k_chunk[d0 / SG] = sk[c * DPAD + d0 + lane];
+            let k_mine = lane_values(k_chunk[d0 / SG]);
+            let v_mine = lane_values(sv[c * DPAD + d0 + lane]);
+            for (var l = 0u; l < SG; l++) {
+                let kd = k_mine[l];
+                let vd = v_mine[l];
+                for (var rr = 0u; rr < RPT; rr++) {
+                    s[rr] = fma(qr[rr][d0 + l], kd, s[rr]);
+                    dp[rr] = fma(dor[rr][d0 + l], vd, dp[rr]);
+                }
+            }
+        }
         var dsc = array<f32, RPT>();
         for (var rr = 0u; rr < RPT; rr++) {
-            dsc[rr] = ds[rr][c];
+            let sc = finish_score(s[rr], row0 + rr * NT, kv0 + c, guard);
+            dsc[rr] = score_grad(recompute_p(sc, lse2[rr]), dp[rr], delta_i[rr]);
         }
         for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-            let k_mine = lane_values(sk[c * DPAD + d0 + lane]);
+            let k_mine = lane_values(k_chunk[d0 / SG]);
             for (var l = 0u; l < SG; l++) {
                 let kd = k_mine[l];
                 for (var rr = 0u; rr < RPT; rr++) {
@@ -59,12 +85,13 @@ fn main(
     let q0 = tile.q0;
     let lane = t % SG;
 
-    var qr = array<array<f32, DPAD>, RPT>();
-    var dor = array<array<f32, DPAD>, RPT>();
-    var lse2 = array<f32, RPT>();
-    var delta_i = array<f32, RPT>();
     for (var rr = 0u; rr < RPT; rr++) {
         let i = q0 + t + rr * NT;
+        for (var d = 0u; d < DPAD; d++) {
+            qr[rr][d] = 0.0;
+            dor[rr][d] = 0.0;
+        }
+        delta_i[rr] = 0.0;
         lse2[rr] = pos_inf(); // rows past seq_q get P = 0
         if (i < params.seq_q) {
             let base = q_index(b, i, h, 0u);
@@ -97,30 +124,10 @@ fn main(
         }
         workgroupBarrier();
 
-        for (var c = 0u; c < BC; c++) {
-            var s = array<f32, RPT>();
-            var dp = array<f32, RPT>();
-            for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-                let k_mine = lane_values(sk[c * DPAD + d0 + lane]);
-                let v_mine = lane_values(sv[c * DPAD + d0 + lane]);
-                for (var l = 0u; l < SG; l++) {
-                    let kd = k_mine[l];
-                    let vd = v_mine[l];
-                    for (var rr = 0u; rr < RPT; rr++) {
-                        s[rr] = fma(qr[rr][d0 + l], kd, s[rr]);
-                        dp[rr] = fma(dor[rr][d0 + l], vd, dp[rr]);
-                    }
-                }
-            }
-            for (var rr = 0u; rr < RPT; rr++) {
-                let sc = finish_score(s[rr], q0 + t + rr * NT, kv0 + c, masked);
-                ds[rr][c] = score_grad(recompute_p(sc, lse2[rr]), dp[rr], delta_i[rr]);
-            }
-        }
         if (masked) {
-            fold_tile(true, lane);
+            visit_tile(true, lane, q0 + t, kv0);
         } else {
-            fold_tile(false, lane);
+            visit_tile(false, lane, q0 + t, kv0);
         }
         for (var rr = 0u; rr < RPT; rr++) {
             for (var d = 0u; d < DPAD; d++) {

@@ -287,8 +287,8 @@ fn load4_wgsl(n: &str) -> String {
 }
 
 /// Rows kernels read streamed tiles in chunks of SG elements, one per subgroup lane, and share
-/// them with `lane_values`. With no subgroup size to rely on, SG = 1 and `lane_values` is the
-/// identity. DPAD is head_dim rounded up to a multiple of SG (the padding holds zeros).
+/// them with `lane_values` (or one lane's with `lane_value`). With no subgroup size to rely on,
+/// SG = 1 and both are the identity. DPAD is head_dim rounded up to a multiple of SG (the padding holds zeros).
 fn lane_prelude(subgroup: u32, head_dim: u32) -> String {
     let sg = subgroup.max(1);
     // subgroupBroadcast needs a literal lane, so the SG calls are written out here.
@@ -299,10 +299,13 @@ fn lane_prelude(subgroup: u32, head_dim: u32) -> String {
     } else {
         vec!["x".to_string()]
     };
+    let one_lane = if sg > 1 { "subgroupShuffle(x, l)" } else { "x" };
     format!(
         "const SG: u32 = {sg}u;\nconst DPAD: u32 = {}u;\n\
          // lane l's x, for every l < SG\n\
-         fn lane_values(x: f32) -> array<f32, SG> {{\n    return array<f32, SG>({});\n}}\n",
+         fn lane_values(x: f32) -> array<f32, SG> {{\n    return array<f32, SG>({});\n}}\n\
+         // lane l's x, for one l < SG known only at run time\n\
+         fn lane_value(x: f32, l: u32) -> f32 {{\n    return {one_lane};\n}}\n",
         head_dim.next_multiple_of(sg),
         lanes.join(", ")
     )
