@@ -138,9 +138,11 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
     // sizes each invocation's private score array. Two rows per thread halve the tile reads
     // per FMA in the forward and dQ kernels; the private arrays double, so only up to
     // head_dim 128.
-    const ROWS: [(u32, u32, u32); 12] = [
+    const ROWS: [(u32, u32, u32); 14] = [
         (128, 32, 2),
         (128, 16, 2),
+        (128, 32, 1),
+        (128, 16, 1),
         (64, 64, 1),
         (64, 32, 1),
         (64, 16, 1),
