@@ -20,6 +20,10 @@ var<private> kr: array<f32, DPAD>;
 var<private> vr: array<f32, DPAD>;
 var<private> dk_tile: array<f32, DPAD>;
 var<private> dv_tile: array<f32, DPAD>;
+// the lane's elements of the current row's q and dO, read by the generated `dots_key` and kept
+// for `add_dkdv` (src/kernels/unroll.rs)
+var<private> qc: array<f32, DPAD / SG>;
+var<private> dc: array<f32, DPAD / SG>;
 
 // One Q/dO tile against this invocation's key: for each of the tile's rows, the score and dP
 // (k . q and v . dO), P and dS, then dV_tile += P dO and dK_tile += dS q. Each lane reads one
@@ -29,39 +33,21 @@ var<private> dv_tile: array<f32, DPAD>;
 // error on long columns). `guard` (the tile has hidden pairs) is a constant at each call site,
 // so the unmasked tiles' fold is plain FMAs.
 fn visit_tile(guard: bool, lane: u32, q0: u32, key: u32) {
-    for (var d = 0u; d < DPAD; d++) {
-        dk_tile[d] = 0.0;
-        dv_tile[d] = 0.0;
+    for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+        for (var l = 0u; l < SG; l++) {
+            dk_tile[d0 + l] = 0.0;
+            dv_tile[d0 + l] = 0.0;
+        }
     }
     // a row's lse and delta: one per-lane read for SG rows, handed out with lane_value
     for (var r0 = 0u; r0 < BR; r0 += SG) {
         let lse_lanes = slse[min(r0 + lane, BR - 1u)];
         let delta_lanes = sdelta[min(r0 + lane, BR - 1u)];
         for (var r = r0; r < min(r0 + SG, BR); r++) {
-            var q_chunk = array<f32, DPAD / SG>();
-            var do_chunk = array<f32, DPAD / SG>();
-            var s = 0.0;
-            var dp = 0.0;
-            for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-                q_chunk[d0 / SG] = sq[r * DPAD + d0 + lane];
-                do_chunk[d0 / SG] = sdo[r * DPAD + d0 + lane];
-                let q_mine = lane_values(q_chunk[d0 / SG]);
-                let do_mine = lane_values(do_chunk[d0 / SG]);
-                for (var l = 0u; l < SG; l++) {
-                    s = fma(kr[d0 + l], q_mine[l], s);
-                    dp = fma(vr[d0 + l], do_mine[l], dp);
-                }
-            }
-            let pr = recompute_p(finish_score(s, q0 + r, key, guard), lane_value(lse_lanes, r - r0));
-            let dsr = score_grad(pr, dp, lane_value(delta_lanes, r - r0));
-            for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-                let q_mine = lane_values(q_chunk[d0 / SG]);
-                let do_mine = lane_values(do_chunk[d0 / SG]);
-                for (var l = 0u; l < SG; l++) {
-                    dv_tile[d0 + l] = add_weighted(dv_tile[d0 + l], pr, do_mine[l], guard);
-                    dk_tile[d0 + l] = add_weighted(dk_tile[d0 + l], dsr, q_mine[l], guard);
-                }
-            }
+            let x = dots_key(r, lane);
+            let pr = recompute_p(finish_score(x[0], q0 + r, key, guard), lane_value(lse_lanes, r - r0));
+            let dsr = score_grad(pr, x[1], lane_value(delta_lanes, r - r0));
+            add_dkdv(pr, dsr, guard);
         }
     }
 }
@@ -77,15 +63,17 @@ fn main(
         return;
     }
     let tile = kv_tile_of(wg, BC);
-    let b = tile.b;
-    let hk = tile.hk;
-    let kv0 = tile.kv0;
+    let b = pinned(tile.b);
+    let hk = pinned(tile.hk);
+    let kv0 = pinned(tile.kv0);
     let key = kv0 + t;
     let lane = t % SG;
 
-    for (var d = 0u; d < DPAD; d++) {
-        kr[d] = 0.0;
-        vr[d] = 0.0;
+    for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+        for (var l = 0u; l < SG; l++) {
+            kr[d0 + l] = 0.0;
+            vr[d0 + l] = 0.0;
+        }
     }
     if (key < params.seq_kv) {
         let base = kv_index(b, key, hk, 0u);
@@ -134,9 +122,11 @@ fn main(
             } else {
                 visit_tile(false, lane, q0, key);
             }
-            for (var d = 0u; d < DPAD; d++) {
-                acc_dk[d] += dk_tile[d];
-                acc_dv[d] += dv_tile[d];
+            for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+                for (var l = 0u; l < SG; l++) {
+                    acc_dk[d0 + l] += dk_tile[d0 + l];
+                    acc_dv[d0 + l] += dv_tile[d0 + l];
+                }
             }
         }
     }

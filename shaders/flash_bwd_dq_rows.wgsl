@@ -20,6 +20,9 @@ var<private> dor: array<array<f32, DPAD>, RPT>;
 var<private> lse2: array<f32, RPT>;
 var<private> delta_i: array<f32, RPT>;
 var<private> dq_tile: array<array<f32, DPAD>, RPT>;
+// the lane's elements of the current key's k, read by the generated `dots_rows` and kept for
+// `add_dq_rows` (src/kernels/unroll.rs)
+var<private> kc: array<f32, DPAD / SG>;
 
 // One K/V tile against this invocation's rows: for each of the tile's keys, the scores and dP
 // (q . k and dO . v), dS, then dQ_tile += dS k. Each lane reads one element of the key's k and
@@ -30,41 +33,20 @@ var<private> dq_tile: array<array<f32, DPAD>, RPT>;
 // plain FMAs.
 fn visit_tile(guard: bool, lane: u32, row0: u32, kv0: u32) {
     for (var rr = 0u; rr < RPT; rr++) {
-        for (var d = 0u; d < DPAD; d++) {
-            dq_tile[rr][d] = 0.0;
+        for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+            for (var l = 0u; l < SG; l++) {
+                dq_tile[rr][d0 + l] = 0.0;
+            }
         }
     }
     for (var c = 0u; c < BC; c++) {
-        var k_chunk = array<f32, DPAD / SG>();
-        var s = array<f32, RPT>();
-        var dp = array<f32, RPT>();
-        for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-            k_chunk[d0 / SG] = sk[c * DPAD + d0 + lane];
-            let k_mine = lane_values(k_chunk[d0 / SG]);
-            let v_mine = lane_values(sv[c * DPAD + d0 + lane]);
-            for (var l = 0u; l < SG; l++) {
-                let kd = k_mine[l];
-                let vd = v_mine[l];
-                for (var rr = 0u; rr < RPT; rr++) {
-                    s[rr] = fma(qr[rr][d0 + l], kd, s[rr]);
-                    dp[rr] = fma(dor[rr][d0 + l], vd, dp[rr]);
-                }
-            }
-        }
+        let x = dots_rows(c, lane);
         var dsc = array<f32, RPT>();
         for (var rr = 0u; rr < RPT; rr++) {
-            let sc = finish_score(s[rr], row0 + rr * NT, kv0 + c, guard);
-            dsc[rr] = score_grad(recompute_p(sc, lse2[rr]), dp[rr], delta_i[rr]);
+            let sc = finish_score(x[rr], row0 + rr * NT, kv0 + c, guard);
+            dsc[rr] = score_grad(recompute_p(sc, lse2[rr]), x[RPT + rr], delta_i[rr]);
         }
-        for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-            let k_mine = lane_values(k_chunk[d0 / SG]);
-            for (var l = 0u; l < SG; l++) {
-                let kd = k_mine[l];
-                for (var rr = 0u; rr < RPT; rr++) {
-                    dq_tile[rr][d0 + l] = add_weighted(dq_tile[rr][d0 + l], dsc[rr], kd, guard);
-                }
-            }
-        }
+        add_dq_rows(dsc, guard);
     }
 }
 
@@ -79,17 +61,19 @@ fn main(
         return;
     }
     let tile = q_tile_of(wg, BR);
-    let b = tile.b;
-    let h = tile.h;
-    let hk = tile.hk;
-    let q0 = tile.q0;
+    let b = pinned(tile.b);
+    let h = pinned(tile.h);
+    let hk = pinned(tile.hk);
+    let q0 = pinned(tile.q0);
     let lane = t % SG;
 
     for (var rr = 0u; rr < RPT; rr++) {
         let i = q0 + t + rr * NT;
-        for (var d = 0u; d < DPAD; d++) {
-            qr[rr][d] = 0.0;
-            dor[rr][d] = 0.0;
+        for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+            for (var l = 0u; l < SG; l++) {
+                qr[rr][d0 + l] = 0.0;
+                dor[rr][d0 + l] = 0.0;
+            }
         }
         delta_i[rr] = 0.0;
         lse2[rr] = pos_inf(); // rows past seq_q get P = 0
@@ -130,8 +114,10 @@ fn main(
             visit_tile(false, lane, q0 + t, kv0);
         }
         for (var rr = 0u; rr < RPT; rr++) {
-            for (var d = 0u; d < DPAD; d++) {
-                acc[rr][d] += dq_tile[rr][d];
+            for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+                for (var l = 0u; l < SG; l++) {
+                    acc[rr][d0 + l] += dq_tile[rr][d0 + l];
+                }
             }
         }
     }

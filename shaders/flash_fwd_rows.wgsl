@@ -16,6 +16,10 @@
 
 var<workgroup> sk: array<f32, BC * DPAD>;
 var<workgroup> sv: array<f32, BC * DPAD>;
+// per invocation: its rows' q (scaled into the exp2 domain once) and the tile's output sums,
+// read and written by the generated `score_rows` and `add_rows` (src/kernels/unroll.rs)
+var<private> qr: array<array<f32, DPAD>, RPT>;
+var<private> o: array<array<f32, DPAD>, RPT>;
 
 @compute @workgroup_size(NT)
 fn main(
@@ -28,14 +32,12 @@ fn main(
         return;
     }
     let tile = q_tile_of(wg, BR);
-    let b = tile.b;
-    let h = tile.h;
-    let hk = tile.hk;
-    let q0 = tile.q0;
+    let b = pinned(tile.b);
+    let h = pinned(tile.h);
+    let hk = pinned(tile.hk);
+    let q0 = pinned(tile.q0);
     let lane = t % SG;
 
-    // q stays in registers throughout, scaled into the exp2 domain once
-    var qr = array<array<f32, DPAD>, RPT>();
     for (var rr = 0u; rr < RPT; rr++) {
         let i = q0 + t + rr * NT;
         if (i < params.seq_q) {
@@ -46,7 +48,6 @@ fn main(
         }
     }
     var acc = array<array<f32, DPAD>, RPT>();
-    var o = array<array<f32, DPAD>, RPT>();
     var s = array<array<f32, BC>, RPT>();
     var m_i = array<f32, RPT>();
     var l_i = array<f32, RPT>();
@@ -88,16 +89,7 @@ fn main(
             m_new[rr] = m_i[rr];
         }
         for (var c = 0u; c < BC; c++) {
-            var x = array<f32, RPT>();
-            for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-                let mine = lane_values(sk[c * DPAD + d0 + lane]);
-                for (var l = 0u; l < SG; l++) {
-                    let kd = mine[l];
-                    for (var rr = 0u; rr < RPT; rr++) {
-                        x[rr] = fma(qr[rr][d0 + l], kd, x[rr]);
-                    }
-                }
-            }
+            let x = score_rows(c, lane);
             for (var rr = 0u; rr < RPT; rr++) {
                 let sc = finish_score(x[rr], q0 + t + rr * NT, kv0 + c, masked);
                 s[rr][c] = sc;
@@ -109,8 +101,10 @@ fn main(
         for (var rr = 0u; rr < RPT; rr++) {
             alpha[rr] = online_max(m_i[rr], m_new[rr]).alpha;
             m_i[rr] = m_new[rr];
-            for (var d = 0u; d < DPAD; d++) {
-                o[rr][d] = 0.0;
+            for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+                for (var l = 0u; l < SG; l++) {
+                    o[rr][d0 + l] = 0.0;
+                }
             }
         }
         for (var c = 0u; c < BC; c++) {
@@ -119,21 +113,15 @@ fn main(
                 p[rr] = softmax_weight(s[rr][c], m_new[rr]);
                 l_tile[rr] += p[rr];
             }
-            for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-                let mine = lane_values(sv[c * DPAD + d0 + lane]);
-                for (var l = 0u; l < SG; l++) {
-                    let vd = mine[l];
-                    for (var rr = 0u; rr < RPT; rr++) {
-                        o[rr][d0 + l] = add_weighted(o[rr][d0 + l], p[rr], vd, masked);
-                    }
-                }
-            }
+            add_rows(c, lane, p, masked);
         }
         // the tile was summed apart and is folded in here: two-level summation for long rows
         for (var rr = 0u; rr < RPT; rr++) {
             l_i[rr] = fma(alpha[rr], l_i[rr], l_tile[rr]);
-            for (var d = 0u; d < DPAD; d++) {
-                acc[rr][d] = fma(alpha[rr], acc[rr][d], o[rr][d]);
+            for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+                for (var l = 0u; l < SG; l++) {
+                    acc[rr][d0 + l] = fma(alpha[rr], acc[rr][d0 + l], o[rr][d0 + l]);
+                }
             }
         }
     }

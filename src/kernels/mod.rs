@@ -9,6 +9,7 @@
 pub mod cache;
 pub mod params;
 pub mod tiles;
+mod unroll;
 pub mod wgsl;
 
 pub use params::{fold_grid, Params};

@@ -135,10 +135,14 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
         (1, 4),
     ];
     // (rows per workgroup, streamed rows per tile, rows per thread); the streamed count also
-    // sizes each invocation's private score array. Two rows per thread halve the tile reads
-    // per FMA in the forward and dQ kernels; the private arrays double, so only up to
-    // head_dim 128.
-    const ROWS: [(u32, u32, u32); 14] = [
+    // sizes each invocation's private score array. Four rows per thread quarter the tile reads
+    // per FMA in the forward and dQ kernels (their products are written out with literal
+    // indices, src/kernels/unroll.rs, so the private arrays stay in registers or whole-vector
+    // spills); the private arrays grow with them, so only up to head_dim 128. The dK/dV kernel
+    // keeps one key per thread: its 128-key tiles halve the Q/dO tile loads per key.
+    const ROWS: [(u32, u32, u32); 16] = [
+        (128, 32, 4),
+        (128, 16, 4),
         (128, 32, 2),
         (128, 16, 2),
         (128, 32, 1),
@@ -285,26 +289,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rows_forward_takes_two_rows_per_thread_up_to_head_dim_128() {
+    fn rows_forward_and_dq_take_four_rows_per_thread_up_to_head_dim_128() {
         let caps = DeviceCaps::WEBGPU_DEFAULT;
-        assert_eq!(choose_tiles(Kernel::FlashFwdRows, 64, caps).unwrap().rpt, 2);
+        let rpt = |kernel, d| choose_tiles(kernel, d, caps).unwrap().rpt;
+        assert_eq!(rpt(Kernel::FlashFwdRows, 64), 4);
+        assert_eq!(rpt(Kernel::FlashFwdRows, 128), 4);
+        assert_eq!(rpt(Kernel::FlashFwdRows, 256), 1);
+        assert_eq!(rpt(Kernel::FlashBwdDqRows, 64), 4);
+        assert_eq!(rpt(Kernel::FlashBwdDkDvRows, 64), 1);
         assert_eq!(
-            choose_tiles(Kernel::FlashFwdRows, 128, caps).unwrap().rpt,
-            2
-        );
-        assert_eq!(
-            choose_tiles(Kernel::FlashFwdRows, 256, caps).unwrap().rpt,
-            1
-        );
-        assert_eq!(
-            choose_tiles(Kernel::FlashBwdDqRows, 64, caps).unwrap().rpt,
-            2
-        );
-        assert_eq!(
-            choose_tiles(Kernel::FlashBwdDkDvRows, 64, caps)
-                .unwrap()
-                .rpt,
-            1
+            choose_tiles(Kernel::FlashBwdDkDvRows, 64, caps).unwrap().bc,
+            128
         );
     }
 

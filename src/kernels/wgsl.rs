@@ -142,6 +142,22 @@ impl KernelKey {
         if self.kernel.is_rows_variant() {
             s.push_str(&lane_prelude(self.subgroup, self.head_dim));
         }
+        match self.kernel {
+            Kernel::FlashFwdRows => s.push_str(&super::unroll::forward_rows(
+                self.subgroup,
+                self.head_dim,
+                self.tiles.rpt,
+            )),
+            Kernel::FlashBwdDkDvRows => {
+                s.push_str(&super::unroll::dkdv_rows(self.subgroup, self.head_dim))
+            }
+            Kernel::FlashBwdDqRows => s.push_str(&super::unroll::dq_rows(
+                self.subgroup,
+                self.head_dim,
+                self.tiles.rpt,
+            )),
+            _ => {}
+        }
         if self.kernel.is_blocks_variant() {
             for b in self
                 .kernel
@@ -300,12 +316,21 @@ fn lane_prelude(subgroup: u32, head_dim: u32) -> String {
         vec!["x".to_string()]
     };
     let one_lane = if sg > 1 { "subgroupShuffle(x, l)" } else { "x" };
+    let first = if sg > 1 {
+        "subgroupBroadcastFirst(x)"
+    } else {
+        "x"
+    };
     format!(
         "const SG: u32 = {sg}u;\nconst DPAD: u32 = {}u;\n\
          // lane l's x, for every l < SG\n\
          fn lane_values(x: f32) -> array<f32, SG> {{\n    return array<f32, SG>({});\n}}\n\
          // lane l's x, for one l < SG known only at run time\n\
-         fn lane_value(x: f32, l: u32) -> f32 {{\n    return {one_lane};\n}}\n",
+         fn lane_value(x: f32, l: u32) -> f32 {{\n    return {one_lane};\n}}\n\
+         // x, the same in every invocation, kept rather than recomputed: llvmpipe recomputes\n\
+         // integer arithmetic lane by lane after each barrier (its divisions too), but not\n\
+         // a subgroup broadcast\n\
+         fn pinned(x: u32) -> u32 {{\n    return {first};\n}}\n",
         head_dim.next_multiple_of(sg),
         lanes.join(", ")
     )
