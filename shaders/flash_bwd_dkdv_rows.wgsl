@@ -63,9 +63,9 @@ fn main(
         return;
     }
     let tile = kv_tile_of(wg, BC);
-    let b = pinned(tile.b);
-    let hk = pinned(tile.hk);
-    let kv0 = pinned(tile.kv0);
+    let b = pinned(tile.b, 0u);
+    let hk = pinned(tile.hk, 1u);
+    let kv0 = pinned(tile.kv0, 2u);
     let key = kv0 + t;
     let lane = t % SG;
 

@@ -61,10 +61,10 @@ fn main(
         return;
     }
     let tile = q_tile_of(wg, BR);
-    let b = pinned(tile.b);
-    let h = pinned(tile.h);
-    let hk = pinned(tile.hk);
-    let q0 = pinned(tile.q0);
+    let b = pinned(tile.b, 0u);
+    let h = pinned(tile.h, 1u);
+    let hk = pinned(tile.hk, 2u);
+    let q0 = pinned(tile.q0, 3u);
     let lane = t % SG;
 
     for (var rr = 0u; rr < RPT; rr++) {
