@@ -66,6 +66,9 @@ fn threads_per_row(head_dim: u32) -> u32 {
     head_dim.div_ceil(8).next_power_of_two().min(16)
 }
 
+/// Words of the rows kernels' `pins` array (the generated prelude, src/kernels/wgsl.rs).
+pub const PIN_WORDS: u32 = 4;
+
 /// Workgroup memory (in f32 words) a kernel needs for a tile shape.
 pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
     let (br, bc, d) = (t.br, t.bc, head_dim);
@@ -76,9 +79,10 @@ pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
         Kernel::FlashBwdDkDv => 2 * br * d + 2 * bc * d + 2 * br * bc + 2 * br,
         Kernel::FlashBwdDq => 2 * br * d + 2 * bc * d + br * bc + 2 * br,
         // rows variants keep their own row in private arrays: only the streamed tiles
-        // (head_dim padded to a subgroup multiple: up to 7 more words a row at SG = 8)
-        Kernel::FlashFwdRows | Kernel::FlashBwdDqRows => 2 * bc * d.next_multiple_of(8),
-        Kernel::FlashBwdDkDvRows => 2 * br * d.next_multiple_of(8) + 2 * br,
+        // (head_dim padded to a subgroup multiple: up to 7 more words a row at SG = 8), and
+        // the prelude's `pins` (PIN_WORDS) that hand the tile coordinates to every invocation
+        Kernel::FlashFwdRows | Kernel::FlashBwdDqRows => 2 * bc * d.next_multiple_of(8) + PIN_WORDS,
+        Kernel::FlashBwdDkDvRows => 2 * br * d.next_multiple_of(8) + 2 * br + PIN_WORDS,
         // blocks: rows of RS vec4s (odd), weight tiles of WS vec4s per resident row
         // Q, K, V, P as f16 (rows padded to 16 dims); S, then O_tile, as f32; row partials
         Kernel::FlashFwdCoop => {
@@ -140,9 +144,10 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
     // indices, src/kernels/unroll.rs, so the private arrays stay in registers or whole-vector
     // spills); the private arrays grow with them, so only up to head_dim 128. The dK/dV kernel
     // keeps one key per thread: its 128-key tiles halve the Q/dO tile loads per key.
-    const ROWS: [(u32, u32, u32); 16] = [
+    const ROWS: [(u32, u32, u32); 17] = [
         (128, 32, 4),
         (128, 16, 4),
+        (128, 8, 4),
         (128, 32, 2),
         (128, 16, 2),
         (128, 32, 1),

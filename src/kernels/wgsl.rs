@@ -10,6 +10,7 @@
 
 use std::fmt::Write as _;
 
+use super::tiles::PIN_WORDS;
 use super::{Access, BindType, Binding, Kernel, Tiles};
 use crate::dtype::ElemFormat;
 
@@ -326,7 +327,7 @@ fn lane_prelude(subgroup: u32, head_dim: u32) -> String {
          // x, the same in every invocation, passed through workgroup memory so that it is\n\
          // kept rather than recomputed: llvmpipe recomputes integer arithmetic lane by lane\n\
          // after each barrier (its divisions too), but not a load. One slot per value.\n\
-         var<workgroup> pins: array<u32, 4>;\n\
+         var<workgroup> pins: array<u32, {PIN_WORDS}>;\n\
          fn pinned(x: u32, slot: u32) -> u32 {{\n    pins[slot] = x;\n    \
          return workgroupUniformLoad(&pins[slot]);\n}}\n",
         head_dim.next_multiple_of(sg),
