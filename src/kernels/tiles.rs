@@ -143,13 +143,12 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
     // per FMA in the forward and dQ kernels (their products are written out with literal
     // indices, src/kernels/unroll.rs, so the private arrays stay in registers or whole-vector
     // spills); the private arrays grow with them, so only up to head_dim 128. The dK/dV kernel
-    // keeps one key per thread: its 128-key tiles halve the Q/dO tile loads per key.
-    const ROWS: [(u32, u32, u32); 17] = [
+    // keeps one key per thread: its 128-key tiles halve the Q/dO tile loads per key. (No
+    // two-rows entries: wherever 128 rows at two a thread would fit, 128 x 8 at four does.)
+    const ROWS: [(u32, u32, u32); 15] = [
         (128, 32, 4),
         (128, 16, 4),
         (128, 8, 4),
-        (128, 32, 2),
-        (128, 16, 2),
         (128, 32, 1),
         (128, 16, 1),
         (64, 64, 1),
