@@ -1,9 +1,10 @@
-// FlashAttention backward, dK and dV, "rows" variant: one invocation per key row.
+// FlashAttention backward, dK and dV, "rows" variant: each invocation owns RPT key rows.
 //
-// Grid:    n_kv_tiles * heads_kv * batch workgroups of BC invocations, folded.
-// Threads: invocation c owns key row kv0 + c: k, v and the dK/dV accumulators live in
-//          private arrays; Q/dO tiles in workgroup memory are read SG elements at a time and
-//          shared across the subgroup with `lane_values` (see flash_fwd_rows.wgsl).
+// Grid:    n_kv_tiles * heads_kv * batch workgroups of BC / RPT invocations, folded.
+// Threads: invocation t owns key rows kv0 + t + kk * NT (kk < RPT): their k, v and dK/dV
+//          accumulators live in private arrays; Q/dO tiles in workgroup memory are read SG
+//          TileVecs at a time and shared across the subgroup with `lane_values` (see
+//          flash_fwd_rows.wgsl); each element read serves RPT keys.
 // Loop:    every query head of the GQA group, and for each the Q tiles that can see these
 //          keys (with CAUSAL, tiles wholly above the diagonal are skipped).
 // Math:    P = exp2(s - lse2), dP = dO V^T, dS = P * (dP - delta),
@@ -11,32 +12,34 @@
 // No atomics: each workgroup owns its dK/dV rows. 8 storage buffers: the WebGPU default cap.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
-var<workgroup> sq: array<f32, BR * DPAD>;    // Q tile, pre-scaled into the exp2 domain
-var<workgroup> sdo: array<f32, BR * DPAD>;   // dO tile
+var<workgroup> sq: array<TileVec, BR * DPAD_V>;    // Q tile, pre-scaled into the exp2 domain
+var<workgroup> sdo: array<TileVec, BR * DPAD_V>;  // dO tile
 var<workgroup> slse: array<f32, BR>;         // lse, exp2 domain
 var<workgroup> sdelta: array<f32, BR>;
-// per invocation: this key's k and v, and the tile's dK/dV sums
-var<private> kr: array<f32, DPAD>;
-var<private> vr: array<f32, DPAD>;
-var<private> dk_tile: array<f32, DPAD>;
-var<private> dv_tile: array<f32, DPAD>;
-// the lane's elements of the current row's q and dO, read by the generated `dots_key` and kept
-// for `add_dkdv` (src/kernels/unroll.rs)
-var<private> qc: array<f32, DPAD / SG>;
-var<private> dc: array<f32, DPAD / SG>;
+// per invocation: its keys' k and v, and the tile's dK/dV sums
+var<private> kr: array<array<f32, DPAD>, RPT>;
+var<private> vr: array<array<f32, DPAD>, RPT>;
+var<private> dk_tile: array<array<f32, DPAD>, RPT>;
+var<private> dv_tile: array<array<f32, DPAD>, RPT>;
+// the lane's elements of the current row's q and dO, read by the generated `dots_keys` and kept
+// for `add_dkdv` (src/kernels/rows.rs)
+var<private> qc: array<TileVec, DPAD_V / SG>;
+var<private> dc: array<TileVec, DPAD_V / SG>;
 
-// One Q/dO tile against this invocation's key: for each of the tile's rows, the score and dP
+// One Q/dO tile against this invocation's keys: for each of the tile's rows, the scores and dP
 // (k . q and v . dO), P and dS, then dV_tile += P dO and dK_tile += dS q. Each lane reads one
-// element of a row's q and dO chunk (`sq`/`sdo` reads are per-lane loads, the costly part on
+// TileVec of a row's q and dO chunk (`sq`/`sdo` reads are per-lane loads, the costly part on
 // CPU drivers) and keeps it for the fold, so a row's q and dO are read from workgroup memory
 // once, not once for the dots and again for the fold. The tile sums are summed apart (f32
 // error on long columns). `guard` (the tile has hidden pairs) is a constant at each call site,
 // so the unmasked tiles' fold is plain FMAs.
-fn visit_tile(guard: bool, lane: u32, q0: u32, key: u32) {
-    for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-        for (var l = 0u; l < SG; l++) {
-            dk_tile[d0 + l] = 0.0;
-            dv_tile[d0 + l] = 0.0;
+fn visit_tile(guard: bool, lane: u32, q0: u32, key0: u32) {
+    for (var kk = 0u; kk < RPT; kk++) {
+        for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+            for (var l = 0u; l < SG; l++) {
+                dk_tile[kk][d0 + l] = 0.0;
+                dv_tile[kk][d0 + l] = 0.0;
+            }
         }
     }
     // a row's lse and delta: one per-lane read for SG rows, handed out with lane_value
@@ -44,15 +47,21 @@ fn visit_tile(guard: bool, lane: u32, q0: u32, key: u32) {
         let lse_lanes = slse[min(r0 + lane, BR - 1u)];
         let delta_lanes = sdelta[min(r0 + lane, BR - 1u)];
         for (var r = r0; r < min(r0 + SG, BR); r++) {
-            let x = dots_key(r, lane);
-            let pr = recompute_p(finish_score(x[0], q0 + r, key, guard), lane_value(lse_lanes, r - r0));
-            let dsr = score_grad(pr, x[1], lane_value(delta_lanes, r - r0));
+            let x = dots_keys(r, lane);
+            let lse_r = lane_value(lse_lanes, r - r0);
+            let delta_r = lane_value(delta_lanes, r - r0);
+            var pr = array<f32, RPT>();
+            var dsr = array<f32, RPT>();
+            for (var kk = 0u; kk < RPT; kk++) {
+                pr[kk] = recompute_p(finish_score(x[kk], q0 + r, key0 + kk * NT, guard), lse_r);
+                dsr[kk] = score_grad(pr[kk], x[RPT + kk], delta_r);
+            }
             add_dkdv(pr, dsr, guard);
         }
     }
 }
 
-@compute @workgroup_size(BC)
+@compute @workgroup_size(NT)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -66,24 +75,27 @@ fn main(
     let b = pinned(tile.b, 0u);
     let hk = pinned(tile.hk, 1u);
     let kv0 = pinned(tile.kv0, 2u);
-    let key = kv0 + t;
+    let key0 = kv0 + t;
     let lane = t % SG;
 
-    for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-        for (var l = 0u; l < SG; l++) {
-            kr[d0 + l] = 0.0;
-            vr[d0 + l] = 0.0;
+    for (var kk = 0u; kk < RPT; kk++) {
+        for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+            for (var l = 0u; l < SG; l++) {
+                kr[kk][d0 + l] = 0.0;
+                vr[kk][d0 + l] = 0.0;
+            }
+        }
+        let key = key0 + kk * NT;
+        if (key < params.seq_kv) {
+            let base = kv_index(b, key, hk, 0u);
+            for (var d = 0u; d < HEAD_DIM; d++) {
+                kr[kk][d] = load_k(base + d);
+                vr[kk][d] = load_v(base + d);
+            }
         }
     }
-    if (key < params.seq_kv) {
-        let base = kv_index(b, key, hk, 0u);
-        for (var d = 0u; d < HEAD_DIM; d++) {
-            kr[d] = load_k(base + d);
-            vr[d] = load_v(base + d);
-        }
-    }
-    var acc_dk = array<f32, DPAD>();
-    var acc_dv = array<f32, DPAD>();
+    var acc_dk = array<array<f32, DPAD>, RPT>();
+    var acc_dv = array<array<f32, DPAD>, RPT>();
     let q_start = (q_begin_for_key(kv0) / BR) * BR;
 
     for (var g = 0u; g < params.group; g++) {
@@ -91,20 +103,20 @@ fn main(
         for (var q0 = q_start; q0 < params.seq_q; q0 += BR) {
             let masked = q0 + BR > params.seq_q || tile_needs_mask(q0, kv0, BC);
             workgroupBarrier();
-            for (var e = t; e < BR * DPAD; e += BC) {
-                let qi = q0 + e / DPAD;
-                let d = e % DPAD;
-                var qx = 0.0;
-                var dox = 0.0;
+            for (var e = t; e < BR * DPAD_V; e += NT) {
+                let qi = q0 + e / DPAD_V;
+                let d = (e % DPAD_V) * VW;
+                var qx = TileVec();
+                var dox = TileVec();
                 if (qi < params.seq_q && d < HEAD_DIM) {
                     let g2 = q_index(b, qi, h, d);
-                    qx = load_q(g2) * params.scale_log2;
-                    dox = load_d_out(g2);
+                    qx = load_tile_q(g2, d) * params.scale_log2;
+                    dox = load_tile_d_out(g2, d);
                 }
                 sq[e] = qx;
                 sdo[e] = dox;
             }
-            for (var r = t; r < BR; r += BC) {
+            for (var r = t; r < BR; r += NT) {
                 let qi = q0 + r;
                 var l2 = pos_inf();
                 var dl = 0.0;
@@ -118,25 +130,30 @@ fn main(
             workgroupBarrier();
 
             if (masked) {
-                visit_tile(true, lane, q0, key);
+                visit_tile(true, lane, q0, key0);
             } else {
-                visit_tile(false, lane, q0, key);
+                visit_tile(false, lane, q0, key0);
             }
-            for (var d0 = 0u; d0 < DPAD; d0 += SG) {
-                for (var l = 0u; l < SG; l++) {
-                    acc_dk[d0 + l] += dk_tile[d0 + l];
-                    acc_dv[d0 + l] += dv_tile[d0 + l];
+            for (var kk = 0u; kk < RPT; kk++) {
+                for (var d0 = 0u; d0 < DPAD; d0 += SG) {
+                    for (var l = 0u; l < SG; l++) {
+                        acc_dk[kk][d0 + l] += dk_tile[kk][d0 + l];
+                        acc_dv[kk][d0 + l] += dv_tile[kk][d0 + l];
+                    }
                 }
             }
         }
     }
 
-    if (key < params.seq_kv) {
-        let base = kv_index(b, key, hk, 0u);
-        // sq held scale * log2(e) * q and dK needs scale * q: multiply log2(e) back out
-        for (var d = 0u; d < HEAD_DIM; d++) {
-            store_dk(base + d, acc_dk[d] * LN2);
-            store_dv(base + d, acc_dv[d]);
+    for (var kk = 0u; kk < RPT; kk++) {
+        let key = key0 + kk * NT;
+        if (key < params.seq_kv) {
+            let base = kv_index(b, key, hk, 0u);
+            // sq held scale * log2(e) * q and dK needs scale * q: multiply log2(e) back out
+            for (var d = 0u; d < HEAD_DIM; d++) {
+                store_dk(base + d, acc_dk[kk][d] * LN2);
+                store_dv(base + d, acc_dv[kk][d]);
+            }
         }
     }
 }

@@ -3,15 +3,15 @@
 // Grid:    n_q_tiles * heads_q * batch workgroups of BR / RPT invocations, folded.
 // Threads: invocation t owns query rows q0 + t + rr * NT (rr < RPT): q (pre-scaled), dO and
 //          the dQ accumulators live in private arrays; K/V tiles in workgroup memory are read
-//          SG elements at a time and shared across the subgroup with `lane_values` (see
+//          SG TileVecs at a time and shared across the subgroup with `lane_values` (see
 //          flash_fwd_rows.wgsl); each element read serves RPT rows.
 // Loop:    over K/V tiles of BC keys; with CAUSAL, tiles above the diagonal are skipped.
 // Math:    P = exp2(s - lse2), dP = dO V^T, dS = P * (dP - delta), dQ += scale * dS K.
 // No atomics: each workgroup owns its dQ rows.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
-var<workgroup> sk: array<f32, BC * DPAD>;
-var<workgroup> sv: array<f32, BC * DPAD>;
+var<workgroup> sk: array<TileVec, BC * DPAD_V>;
+var<workgroup> sv: array<TileVec, BC * DPAD_V>;
 
 // per invocation: its rows' q (pre-scaled), dO, lse (exp2 domain) and delta, and the tile's
 // dQ sums
@@ -21,13 +21,13 @@ var<private> lse2: array<f32, RPT>;
 var<private> delta_i: array<f32, RPT>;
 var<private> dq_tile: array<array<f32, DPAD>, RPT>;
 // the lane's elements of the current key's k, read by the generated `dots_rows` and kept for
-// `add_dq_rows` (src/kernels/unroll.rs)
-var<private> kc: array<f32, DPAD / SG>;
+// `add_dq_rows` (src/kernels/rows.rs)
+var<private> kc: array<TileVec, DPAD_V / SG>;
 
 // One K/V tile against this invocation's rows: for each of the tile's keys, the scores and dP
-// (q . k and dO . v), dS, then dQ_tile += dS k. Each lane reads one element of the key's k and
+// (q . k and dO . v), dS, then dQ_tile += dS k. Each lane reads one TileVec of the key's k and
 // v chunk (`sk`/`sv` reads are per-lane loads, the costly part on CPU drivers) and keeps the k
-// element for the fold, so k is read from workgroup memory once, not once for the dots and
+// TileVec for the fold, so k is read from workgroup memory once, not once for the dots and
 // again for the fold. The tile sums are summed apart (f32 error on long rows). `guard` (the
 // tile has hidden pairs) is a constant at each call site, so the unmasked tiles' fold is
 // plain FMAs.
@@ -93,19 +93,7 @@ fn main(
     for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
         let masked = tile_needs_mask(q0, kv0, BC);
         workgroupBarrier();
-        for (var e = t; e < BC * DPAD; e += NT) {
-            let j = kv0 + e / DPAD;
-            let d = e % DPAD;
-            var kx = 0.0;
-            var vx = 0.0;
-            if (j < params.seq_kv && d < HEAD_DIM) {
-                let g = kv_index(b, j, hk, d);
-                kx = load_k(g);
-                vx = load_v(g);
-            }
-            sk[e] = kx;
-            sv[e] = vx;
-        }
+        stage_kv(b, hk, kv0, t);
         workgroupBarrier();
 
         if (masked) {

@@ -5,19 +5,20 @@
 //          m, l and output accumulators live in private arrays.
 // Loop:    over K/V tiles of BC keys held in workgroup memory; with CAUSAL, tiles wholly above
 //          the diagonal are never visited and only tiles crossing it are masked.
-//          Every invocation needs every K/V element of the tile. With subgroups (SG > 1) each
-//          lane reads a different element and `lane_values` broadcasts it to the others, so a
-//          subgroup makes SG times fewer workgroup-memory reads; without, SG = 1 and each
-//          invocation reads every element itself. Each element read serves RPT rows.
+//          Every invocation needs every K/V element of the tile. The tiles hold TileVecs of
+//          VW elements (up to 4; src/kernels/rows.rs). With subgroups (SG > 1) each lane reads
+//          a different TileVec and `lane_values` broadcasts it to the others, so a subgroup
+//          makes SG times fewer workgroup-memory reads; without, SG = 1 and each invocation
+//          reads every TileVec itself. Each element read serves RPT rows.
 //          Lane = local_invocation_index % SG: subgroups are consecutive invocations, as on
 //          the CPU drivers this variant is picked for (tests/variants.rs checks it there).
 // Math:    as flash_fwd.wgsl (exp2 domain, online softmax, one write of out and lse).
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
-var<workgroup> sk: array<f32, BC * DPAD>;
-var<workgroup> sv: array<f32, BC * DPAD>;
+var<workgroup> sk: array<TileVec, BC * DPAD_V>;
+var<workgroup> sv: array<TileVec, BC * DPAD_V>;
 // per invocation: its rows' q (scaled into the exp2 domain once) and the tile's output sums,
-// read and written by the generated `score_rows` and `add_rows` (src/kernels/unroll.rs)
+// read and written by the generated `score_rows` and `add_rows` (src/kernels/rows.rs)
 var<private> qr: array<array<f32, DPAD>, RPT>;
 var<private> o: array<array<f32, DPAD>, RPT>;
 
@@ -70,19 +71,7 @@ fn main(
     for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
         let masked = tile_needs_mask(q0, kv0, BC);
         workgroupBarrier();
-        for (var e = t; e < BC * DPAD; e += NT) {
-            let j = kv0 + e / DPAD;
-            let d = e % DPAD;
-            var kx = 0.0;
-            var vx = 0.0;
-            if (j < params.seq_kv && d < HEAD_DIM) {
-                let g = kv_index(b, j, hk, d);
-                kx = load_k(g);
-                vx = load_v(g);
-            }
-            sk[e] = kx;
-            sv[e] = vx;
-        }
+        stage_kv(b, hk, kv0, t);
         workgroupBarrier();
 
         for (var rr = 0u; rr < RPT; rr++) {

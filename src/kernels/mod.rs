@@ -8,8 +8,8 @@
 
 pub mod cache;
 pub mod params;
+mod rows;
 pub mod tiles;
-mod unroll;
 pub mod wgsl;
 
 pub use params::{fold_grid, Params};

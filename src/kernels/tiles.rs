@@ -141,10 +141,11 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
     // (rows per workgroup, streamed rows per tile, rows per thread); the streamed count also
     // sizes each invocation's private score array. Four rows per thread quarter the tile reads
     // per FMA in the forward and dQ kernels (their products are written out with literal
-    // indices, src/kernels/unroll.rs, so the private arrays stay in registers or whole-vector
-    // spills); the private arrays grow with them, so only up to head_dim 128. The dK/dV kernel
-    // keeps one key per thread: its 128-key tiles halve the Q/dO tile loads per key. (No
-    // two-rows entries: wherever 128 rows at two a thread would fit, 128 x 8 at four does.)
+    // indices, src/kernels/rows.rs, so the private arrays stay in registers or whole-vector
+    // spills); the private arrays grow with them, so only up to head_dim 128, and fewer where
+    // a kernel keeps more per row (`max_rpt` below caps an entry's rows per thread). The dK/dV
+    // kernel's 128-key tiles halve the Q/dO tile loads per key. (No two-rows entries:
+    // wherever 128 rows at two a thread would fit, 128 x 8 at four does.)
     const ROWS: [(u32, u32, u32); 15] = [
         (128, 32, 4),
         (128, 16, 4),
@@ -234,11 +235,21 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
             })
             .collect()
     } else if kernel.is_rows_variant() {
-        let multi_row =
-            matches!(kernel, Kernel::FlashFwdRows | Kernel::FlashBwdDqRows) && head_dim <= 128;
+        // rows (keys for dK/dV) a thread may own. dK/dV keeps four arrays per key (k, v and
+        // two tile sums) and dQ four per row past head_dim 64 (q, dO, the tile sums, the
+        // accumulator) where the forward keeps three; at four rows or keys those spill
+        // (N=1024: dK/dV at head_dim 64 188 ms with four, 123 with two; dQ at head_dim 128
+        // 322-335 ms with four, 262-289 with two)
+        let max_rpt = match kernel {
+            _ if head_dim > 128 => 1,
+            Kernel::FlashBwdDqRows if head_dim > 64 => 2,
+            Kernel::FlashBwdDkDvRows => 2,
+            _ => 4,
+        };
         ROWS.iter()
-            .filter(|&&(_, _, rpt)| rpt == 1 || multi_row)
-            .map(|&(rows, streamed, rpt)| {
+            .filter(|&&(_, _, rpt)| rpt == 1 || max_rpt > 1)
+            .map(|&(rows, streamed, rpt)| (rows, streamed, rpt.min(max_rpt)))
+            .map(|(rows, streamed, rpt)| {
                 if kernel.rows_are_keys() {
                     Tiles {
                         br: streamed,
@@ -293,14 +304,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rows_forward_and_dq_take_four_rows_per_thread_up_to_head_dim_128() {
+    fn rows_threads_own_four_rows_or_two_keys_up_to_head_dim_128() {
         let caps = DeviceCaps::WEBGPU_DEFAULT;
         let rpt = |kernel, d| choose_tiles(kernel, d, caps).unwrap().rpt;
         assert_eq!(rpt(Kernel::FlashFwdRows, 64), 4);
         assert_eq!(rpt(Kernel::FlashFwdRows, 128), 4);
         assert_eq!(rpt(Kernel::FlashFwdRows, 256), 1);
         assert_eq!(rpt(Kernel::FlashBwdDqRows, 64), 4);
-        assert_eq!(rpt(Kernel::FlashBwdDkDvRows, 64), 1);
+        assert_eq!(rpt(Kernel::FlashBwdDqRows, 128), 2);
+        assert_eq!(rpt(Kernel::FlashBwdDkDvRows, 64), 2);
+        assert_eq!(rpt(Kernel::FlashBwdDkDvRows, 128), 2);
+        assert_eq!(rpt(Kernel::FlashBwdDkDvRows, 256), 1);
         assert_eq!(
             choose_tiles(Kernel::FlashBwdDkDvRows, 64, caps).unwrap().bc,
             128

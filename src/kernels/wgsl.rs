@@ -141,18 +141,24 @@ impl KernelKey {
             }
         }
         if self.kernel.is_rows_variant() {
-            s.push_str(&lane_prelude(self.subgroup, self.head_dim));
+            s.push_str(&super::rows::lane_prelude(
+                self.subgroup,
+                self.head_dim,
+                PIN_WORDS,
+            ));
         }
         match self.kernel {
-            Kernel::FlashFwdRows => s.push_str(&super::unroll::forward_rows(
+            Kernel::FlashFwdRows => s.push_str(&super::rows::forward_rows(
                 self.subgroup,
                 self.head_dim,
                 self.tiles.rpt,
             )),
-            Kernel::FlashBwdDkDvRows => {
-                s.push_str(&super::unroll::dkdv_rows(self.subgroup, self.head_dim))
-            }
-            Kernel::FlashBwdDqRows => s.push_str(&super::unroll::dq_rows(
+            Kernel::FlashBwdDkDvRows => s.push_str(&super::rows::dkdv_rows(
+                self.subgroup,
+                self.head_dim,
+                self.tiles.rpt,
+            )),
+            Kernel::FlashBwdDqRows => s.push_str(&super::rows::dq_rows(
                 self.subgroup,
                 self.head_dim,
                 self.tiles.rpt,
@@ -300,37 +306,5 @@ fn load4_wgsl(n: &str) -> String {
          \x20   }}\n\
          \x20   return x;\n\
          }}\n"
-    )
-}
-
-/// Rows kernels read streamed tiles in chunks of SG elements, one per subgroup lane, and share
-/// them with `lane_values` (or one lane's with `lane_value`). With no subgroup size to rely on,
-/// SG = 1 and both are the identity. DPAD is head_dim rounded up to a multiple of SG (the
-/// padding holds zeros).
-fn lane_prelude(subgroup: u32, head_dim: u32) -> String {
-    let sg = subgroup.max(1);
-    // subgroupBroadcast needs a literal lane, so the SG calls are written out here.
-    let lanes: Vec<String> = if sg > 1 {
-        (0..sg)
-            .map(|l| format!("subgroupBroadcast(x, {l}u)"))
-            .collect()
-    } else {
-        vec!["x".to_string()]
-    };
-    let one_lane = if sg > 1 { "subgroupShuffle(x, l)" } else { "x" };
-    format!(
-        "const SG: u32 = {sg}u;\nconst DPAD: u32 = {}u;\n\
-         // lane l's x, for every l < SG\n\
-         fn lane_values(x: f32) -> array<f32, SG> {{\n    return array<f32, SG>({});\n}}\n\
-         // lane l's x, for one l < SG known only at run time\n\
-         fn lane_value(x: f32, l: u32) -> f32 {{\n    return {one_lane};\n}}\n\
-         // x, the same in every invocation, passed through workgroup memory so that it is\n\
-         // kept rather than recomputed: llvmpipe recomputes integer arithmetic lane by lane\n\
-         // after each barrier (its divisions too), but not a load. One slot per value.\n\
-         var<workgroup> pins: array<u32, {PIN_WORDS}>;\n\
-         fn pinned(x: u32, slot: u32) -> u32 {{\n    pins[slot] = x;\n    \
-         return workgroupUniformLoad(&pins[slot]);\n}}\n",
-        head_dim.next_multiple_of(sg),
-        lanes.join(", ")
     )
 }
