@@ -3,8 +3,9 @@
 # folder that can be carried to a GPU machine that has no Rust:
 #
 #   $GPU_BIN/examples/bench          the bench example (also prints the adapter: --info)
-#   $GPU_BIN/deps/<test>-<hash>      the test executables of tests/{dtypes,variants,forward,backward,nonfinite,split,errors,driver}.rs
-#                                    (whichever exist in this checkout)
+#   $GPU_BIN/deps/<test>-<hash>      the test executables of tests/{dtypes,variants,forward,backward,nonfinite,split,errors,driver,cuda_forward}.rs
+#                                    (whichever exist in this checkout), built with --features cuda
+#                                    (the CUDA driver and NVRTC are loaded at run time, if present)
 #
 # GPU_BIN defaults to gpu-bin (in the repository root). Uses cargo's usual CARGO_TARGET_DIR.
 # Fails if the folder ends up larger than 60 MiB.
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 GPU_BIN=${GPU_BIN:-gpu-bin}
 MAX_MIB=60
-TESTS=(dtypes variants forward backward nonfinite split errors driver)
+TESTS=(dtypes variants forward backward nonfinite split errors driver cuda_forward)
 
 log() { echo "gpu-check-build: $*" >&2; }
 
@@ -32,8 +33,8 @@ trap 'rm -f "$messages"' EXIT
 log "cargo build --release --example bench"
 cargo build --release --example bench --message-format=json-render-diagnostics >"$messages"
 if [ ${#test_args[@]} -gt 0 ]; then
-    log "cargo test --release --no-run ${test_args[*]}"
-    cargo test --release --no-run "${test_args[@]}" --message-format=json-render-diagnostics >>"$messages"
+    log "cargo test --release --no-run --features cuda ${test_args[*]}"
+    cargo test --release --no-run --features cuda "${test_args[@]}" --message-format=json-render-diagnostics >>"$messages"
 fi
 
 # "target":{...,"name":"forward",...} ... "executable":"/path/forward-0123456789abcdef"

@@ -14,10 +14,12 @@
 #   TEST_TIMEOUT_S   per test binary (default 120; each takes under a minute on lavapipe)
 #
 # Full mode takes about BENCH_BUDGET_S plus the tests' time (a few minutes on a fast GPU);
-# at most BENCH_BUDGET_S + 120 + 6 * TEST_TIMEOUT_S seconds.
+# at most BENCH_BUDGET_S + 120 + 9 * TEST_TIMEOUT_S seconds (one timeout per test binary).
 #
 # Steps: (a) the adapter summary, (b) the test executables dtypes, variants, forward,
-# backward, nonfinite, split, errors, driver that exist in $BIN_DIR/deps, (c) the bench grid
+# backward, nonfinite, split, errors, driver, cuda_forward that exist in $BIN_DIR/deps (the
+# CUDA one on the first CUDA device, with NVRTC from FLASH_ATTN_NVRTC_DIR or found below; it
+# prints a skip where there is no CUDA driver), (c) the bench grid
 # with every kernel family side by side, (d) $OUT_DIR/summary.md.
 # Every step runs even if an earlier one failed; the exit status is non-zero if any failed.
 set -uo pipefail
@@ -27,7 +29,7 @@ OUT_DIR=${OUT_DIR:-gpu-check-out}
 MODE=${MODE:-full}
 BENCH_BUDGET_S=${BENCH_BUDGET_S:-240}
 TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-120}
-TESTS=(dtypes variants forward backward nonfinite split errors driver)
+TESTS=(dtypes variants forward backward nonfinite split errors driver cuda_forward)
 
 log() { echo "gpu-check: $*" >&2; }
 
@@ -73,8 +75,22 @@ run_step() {
     return "$rc"
 }
 
+# NVRTC for the CUDA test: FLASH_ATTN_NVRTC_DIR if set, else the first folder with
+# libnvrtc.so.13 among the CUDA toolkit's and Python's nvidia wheels' (PyTorch's CUDA 13
+# builds bring one)
+if [ -z "${FLASH_ATTN_NVRTC_DIR:-}" ]; then
+    wheel_dirs=$(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13", "lib") for p in nvidia.__path__))' 2>/dev/null || true)
+    for d in .tools/cuda-13.0/lib /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $wheel_dirs; do
+        if ls "$d"/libnvrtc.so.13* >/dev/null 2>&1; then
+            export FLASH_ATTN_NVRTC_DIR=$d
+            break
+        fi
+    done
+fi
+
 # (a) the adapter, and what the machine offers
 {
+    echo "nvrtc: ${FLASH_ATTN_NVRTC_DIR:-not found}"
     echo "host: $(uname -srm)"
     if command -v nvidia-smi >/dev/null 2>&1; then
         nvidia-smi -L 2>&1 | sed 's/^/nvidia-smi: /'

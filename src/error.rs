@@ -115,6 +115,12 @@ pub enum Error {
          (`bash scripts/ensure-vulkan.sh`)"
     )]
     DriverCanary { expected: u32, got: u32 },
+
+    #[error("the CUDA path is not available: {missing}. {fix}")]
+    CudaUnavailable { missing: String, fix: String },
+
+    #[error("NVRTC could not compile {kernel}: {log}")]
+    CudaCompile { kernel: String, log: String },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -29,6 +29,7 @@
 pub mod backward;
 mod checks;
 pub mod config;
+pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod error;

@@ -1,0 +1,81 @@
+//! The CUDA kernels compiled by NVRTC for real architectures, with no GPU: every variant
+//! (kernel x f16/bf16 x head dim) to CUBIN for sm_80 and sm_90 (machine code, so ptxas runs:
+//! PTX-only targets would check nothing), failing on any compile error or register spill.
+//!
+//! NVRTC comes from `FLASH_ATTN_NVRTC_DIR`, or from .tools/cuda-13.0/lib, where
+//! `bash scripts/ensure-cuda.sh` (part of the README's test command) unpacks the pinned wheel.
+#![cfg(feature = "cuda")]
+
+use std::path::{Path, PathBuf};
+
+use flash_attn_wgpu::cuda::kernels::{CudaKernel, CudaKey};
+use flash_attn_wgpu::cuda::nvrtc::{Nvrtc, NVRTC_DIR_ENV};
+use flash_attn_wgpu::{DType, Error};
+
+fn nvrtc_dir() -> PathBuf {
+    std::env::var_os(NVRTC_DIR_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/cuda-13.0/lib"))
+}
+
+fn nvrtc() -> Nvrtc {
+    let dir = nvrtc_dir();
+    Nvrtc::load_from(Some(&dir)).unwrap_or_else(|e| {
+        panic!("{e}\n(run `bash scripts/ensure-cuda.sh` first, or set {NVRTC_DIR_ENV})")
+    })
+}
+
+#[test]
+fn every_cuda_kernel_compiles_for_sm80_and_sm90_without_spills() {
+    let nvrtc = nvrtc();
+    eprintln!("NVRTC {:?}", nvrtc.version());
+    let mut report = Vec::new();
+    for arch in [80, 90] {
+        for key in CudaKey::all_for_arch(arch) {
+            let c = nvrtc
+                .compile(&key)
+                .unwrap_or_else(|e| panic!("{}: {e}", key.label()));
+            // CUBIN is an ELF file
+            assert_eq!(&c.cubin[..4], b"\x7fELF", "{}", key.label());
+            assert!(
+                c.log.contains("bytes spill stores"),
+                "{}: {}",
+                key.label(),
+                c.log
+            );
+            assert_eq!(c.spill_bytes, 0, "{} spills:\n{}", key.label(), c.log);
+            let regs = c.registers.expect("ptxas reports registers");
+            assert!(regs <= 255, "{}", key.label());
+            report.push(format!("{}: {regs} registers", key.label()));
+        }
+    }
+    eprintln!("{}", report.join("\n"));
+    // each key compiles once per process
+    let key = CudaKey::new(CudaKernel::Forward, DType::F16, 64, 90).unwrap();
+    let a = nvrtc.compile(&key).unwrap();
+    let b = nvrtc.compile(&key).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&a, &b));
+}
+
+#[test]
+fn a_compile_error_is_a_typed_error_with_the_log() {
+    let nvrtc = nvrtc();
+    // sm_75 (Turing) has no bf16 mma or cp.async: the kernel cannot compile for it.
+    // CudaKey::new refuses such an arch itself, so the key is built by hand to reach NVRTC.
+    let key = CudaKey {
+        kernel: CudaKernel::Forward,
+        dtype: DType::BF16,
+        head_dim: 64,
+        arch: 75,
+    };
+    match nvrtc.compile(&key) {
+        Err(Error::CudaCompile { kernel, log }) => {
+            assert!(kernel.contains("sm_75"), "{kernel}");
+            assert!(!log.is_empty());
+        }
+        other => panic!(
+            "expected a compile error, got {:?}",
+            other.map(|c| c.log.clone())
+        ),
+    }
+}

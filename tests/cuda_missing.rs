@@ -1,0 +1,26 @@
+//! A missing NVRTC is a typed error that says how to get one, not a panic (cudarc panics when
+//! asked for a library it cannot find). Its own test binary, so that no other test has loaded
+//! NVRTC into the process first.
+#![cfg(feature = "cuda")]
+
+use flash_attn_wgpu::cuda::nvrtc::Nvrtc;
+use flash_attn_wgpu::Error;
+
+#[test]
+fn a_missing_nvrtc_is_a_typed_error_not_a_panic() {
+    let empty = std::env::temp_dir().join(format!("no-nvrtc-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let got = std::panic::catch_unwind(|| Nvrtc::load_from(Some(&empty)).map(|n| n.version()));
+    std::fs::remove_dir_all(&empty).unwrap();
+    match got {
+        Ok(Err(Error::CudaUnavailable { missing, fix })) => {
+            assert!(
+                missing.contains("NVRTC") && missing.contains("no-nvrtc"),
+                "{missing}"
+            );
+            assert!(fix.contains("ensure-cuda.sh"), "{fix}");
+        }
+        Ok(other) => panic!("expected CudaUnavailable, got {other:?}"),
+        Err(_) => panic!("loading NVRTC from an empty folder panicked"),
+    }
+}
