@@ -1,7 +1,7 @@
 // FlashAttention forward (exact) on NVIDIA tensor cores: FlashAttention-2 structure.
 //
-// Compiled at run time by NVRTC (src/cuda/nvrtc.rs) once per key (src/cuda/kernels.rs, which
-// owns the launch geometry and passes it in):
+// Compiled at run time by NVRTC (src/cuda/nvrtc.rs), after cuda/common.cuh, once per key
+// (src/cuda/kernels.rs, which owns the launch geometry and passes it in):
 //   -DHEAD_DIM=d     head dimension, a multiple of 16, at most 256
 //   -DELEM_BF16=0|1  f16 or bf16 storage (both multiply on tensor cores with f32 accumulation)
 //   -DWARPS=w        warps per block, 16 query rows each
@@ -18,132 +18,17 @@
 //          softmax in registers in the exp2 domain (running max and sum, exact), one write of
 //          out and lse. A row that sees no key gets out = 0 and lse = -inf, as on wgpu.
 
-// Elements are raw 16-bit words: the tensor cores read them through ldmatrix and the only
-// arithmetic on them is the f32 -> 16-bit rounding of P and of out, done with PTX cvt. So no
-// CUDA header is needed (cuda_fp16.h / cuda_bf16.h are not part of NVRTC).
-typedef unsigned short elem_t;
-#if ELEM_BF16
-#define MMA_TYPE "bf16"
-#define CVT_PAIR "cvt.rn.bf16x2.f32"
-#else
-#define MMA_TYPE "f16"
-#define CVT_PAIR "cvt.rn.f16x2.f32"
+#if !defined(BLOCK_N) || BLOCK_N % 16 != 0
+#error "BLOCK_N (a multiple of 16) must be defined"
 #endif
-
-// two f32 rounded to nearest even and packed, lo in the low half
-__device__ __forceinline__ unsigned int pack2(float lo, float hi) {
-    unsigned int r;
-    asm(CVT_PAIR " %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// NVRTC has no <math.h>: -inf from its bits
-#define NEG_INF __int_as_float(0xff800000)
-
-#ifndef HEAD_DIM
-#error "HEAD_DIM must be defined"
-#endif
-#if HEAD_DIM % 16 != 0 || HEAD_DIM > 256
-#error "HEAD_DIM must be a multiple of 16, at most 256"
-#endif
-
-#if !defined(WARPS) || !defined(BLOCK_N) || BLOCK_N % 16 != 0
-#error "WARPS and BLOCK_N (a multiple of 16) must be defined"
-#endif
-#define THREADS (WARPS * 32)
 #define BLOCK_M (WARPS * 16)
-// shared-memory row stride in elements: 8 more than HEAD_DIM, so the 8 rows an ldmatrix
-// reads start 16 bytes apart modulo 128 (no bank conflicts)
-#define STRIDE (HEAD_DIM + 8)
-#define KSTEPS (HEAD_DIM / 16)
-#define DTILES (HEAD_DIM / 8)
 #define NTILES (BLOCK_N / 8)
-
-// the call's scalars; mirrored by FwdShape in src/cuda/kernels.rs (28 bytes, 4-aligned)
-struct FwdShape {
-    unsigned int seq_q;
-    unsigned int seq_kv;
-    unsigned int heads_q;
-    unsigned int heads_kv;
-    int causal;
-    int causal_offset;
-    float scale_log2; // softmax scale * log2(e)
-};
-
-__device__ __forceinline__ unsigned int smem_addr(const void* p) {
-    return static_cast<unsigned int>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, or zeros where `valid` is false (rows past the sequence)
-__device__ __forceinline__ void copy16(elem_t* dst, const elem_t* src, bool valid) {
-    unsigned int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(n));
-}
-
-__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void copy_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// rows [row0, row0 + rows) of a [.., seq, heads, HEAD_DIM] tensor at one (batch, head) into a
-// shared tile of `rows` x STRIDE; rows at or past `seq` become zeros
-__device__ __forceinline__ void stage_rows(elem_t* tile, const elem_t* base, unsigned int row0,
-                                           int rows, unsigned int seq, unsigned int row_pitch) {
-    const int chunks = HEAD_DIM / 8; // 16-byte chunks per row
-    for (int c = threadIdx.x; c < rows * chunks; c += THREADS) {
-        int r = c / chunks;
-        int d = (c % chunks) * 8;
-        unsigned int row = row0 + r;
-        bool valid = row < seq;
-        const elem_t* src = base + (size_t)(valid ? row : 0) * row_pitch + d;
-        copy16(tile + r * STRIDE + d, src, valid);
-    }
-}
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned int* r, const elem_t* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-
-__device__ __forceinline__ void ldmatrix_x2(unsigned int* r, const elem_t* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1])
-                 : "r"(smem_addr(p)));
-}
-
-__device__ __forceinline__ void ldmatrix_x2_trans(unsigned int* r, const elem_t* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1])
-                 : "r"(smem_addr(p)));
-}
-
-// c += a b for one m16n8k16 block: a 16x16 (4 regs), b 16x8 (2 regs), c 16x8 f32 (4 regs)
-__device__ __forceinline__ void mma(float* c, const unsigned int* a, const unsigned int* b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE
-                 ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ float row_max4(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
-}
-
-__device__ __forceinline__ float row_sum4(float x) {
-    x += __shfl_xor_sync(0xffffffff, x, 1);
-    return x + __shfl_xor_sync(0xffffffff, x, 2);
-}
 
 // (THREADS, 1): registers up to 255. Without the 1, ptxas capped some head dims at 128 and
 // spilled (head_dim 48: 8 bytes); occupancy against registers is to be tuned on a GPU.
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t* __restrict__ q, const elem_t* __restrict__ k,
               const elem_t* __restrict__ v, elem_t* __restrict__ out, float* __restrict__ lse,
-              const FwdShape p) {
+              const AttnShape p) {
     // Q staged here first, then read into registers; then the two K/V stages. Dynamic, as
     // it passes the 48 KiB of static shared memory at head_dim 128 (size: the host's
     // CudaKey::shared_bytes)
@@ -171,10 +56,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
     __syncthreads();
     unsigned int qf[KSTEPS][4];
     {
-        const elem_t* w = smem + warp * 16 * STRIDE;
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ks++) {
-            ldmatrix_x4(qf[ks], w + (lane % 16) * STRIDE + ks * 16 + (lane / 16) * 8);
+            load_a(qf[ks], smem, warp * 16, ks);
         }
     }
     __syncthreads();
@@ -215,9 +99,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ks++) {
                 unsigned int kf[2];
-                // K rows are the B operand's columns: rows nt*8.., dims ks*16 + (0 | 8)
-                ldmatrix_x2(kf, sk + (nt * 8 + lane % 8) * STRIDE + ks * 16 +
-                                    ((lane / 8) % 2) * 8);
+                load_b_rows(kf, sk, nt * 8, ks);
                 mma(s[nt], qf[ks], kf);
             }
         }
@@ -235,9 +117,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
                 unsigned int i = e < 2 ? row_lo : row_hi;
                 float x = s[nt][e] * p.scale_log2;
                 if (need_mask) {
-                    bool vis = i < p.seq_q && j < p.seq_kv &&
-                               (!p.causal || (long long)j <= (long long)i + p.causal_offset);
-                    x = vis ? x : NEG_INF;
+                    x = visible(p, i, j) ? x : NEG_INF;
                 }
                 s[nt][e] = x;
             }
@@ -277,17 +157,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
         // O += P V: P's accumulator layout for keys 16kk.. is the A operand's for k = 16kk..
 #pragma unroll
         for (int kk = 0; kk < BLOCK_N / 16; kk++) {
-            unsigned int pf[4] = {
-                pack2(s[2 * kk][0], s[2 * kk][1]),
-                pack2(s[2 * kk][2], s[2 * kk][3]),
-                pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]),
-            };
+            unsigned int pf[4];
+            c_to_a(pf, s, kk);
 #pragma unroll
             for (int t = 0; t < DTILES; t++) {
                 unsigned int vf[2];
-                // V rows are keys (k), its columns dims (n): a transposed load
-                ldmatrix_x2_trans(vf, sv + (kk * 16 + (lane % 16)) * STRIDE + t * 8);
+                load_b_cols(vf, sv, kk * 16, t * 8);
                 mma(o[t], pf, vf);
             }
         }
@@ -297,31 +172,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
     // out = O / l, lse = ln(l) + m ln 2 (natural log); rows that saw nothing: 0 and -inf
     const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f;
     const float inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
-    if (row_lo < p.seq_q) {
-        elem_t* dst = out + (((size_t)b * p.seq_q + row_lo) * p.heads_q + h) * HEAD_DIM;
-#pragma unroll
-        for (int t = 0; t < DTILES; t++) {
-            *reinterpret_cast<unsigned int*>(dst + t * 8 + (lane % 4) * 2) =
-                pack2(o[t][0] * inv_lo, o[t][1] * inv_lo);
-        }
-    }
-    if (row_hi < p.seq_q) {
-        elem_t* dst = out + (((size_t)b * p.seq_q + row_hi) * p.heads_q + h) * HEAD_DIM;
-#pragma unroll
-        for (int t = 0; t < DTILES; t++) {
-            *reinterpret_cast<unsigned int*>(dst + t * 8 + (lane % 4) * 2) =
-                pack2(o[t][2] * inv_hi, o[t][3] * inv_hi);
-        }
-    }
+    store_rows(out + ((size_t)b * p.seq_q * p.heads_q + h) * HEAD_DIM, q_pitch, row_lo, p.seq_q,
+               o, inv_lo, inv_hi);
     if (lane % 4 == 0) {
-        const float ln2 = 0.6931471805599453f;
         if (row_lo < p.seq_q) {
             lse[((size_t)b * p.heads_q + h) * p.seq_q + row_lo] =
-                l_lo > 0.f ? logf(l_lo) + m_lo * ln2 : NEG_INF;
+                l_lo > 0.f ? logf(l_lo) + m_lo * LN2 : NEG_INF;
         }
         if (row_hi < p.seq_q) {
             lse[((size_t)b * p.heads_q + h) * p.seq_q + row_hi] =
-                l_hi > 0.f ? logf(l_hi) + m_hi * ln2 : NEG_INF;
+                l_hi > 0.f ? logf(l_hi) + m_hi * LN2 : NEG_INF;
         }
     }
 }

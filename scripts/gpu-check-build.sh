@@ -3,7 +3,7 @@
 # folder that can be carried to a GPU machine that has no Rust:
 #
 #   $GPU_BIN/examples/bench          the bench example (also prints the adapter: --info)
-#   $GPU_BIN/deps/<test>-<hash>      the test executables of tests/{dtypes,variants,forward,backward,nonfinite,split,errors,driver,cuda_forward}.rs
+#   $GPU_BIN/deps/<test>-<hash>      the test executables of tests/{dtypes,variants,forward,backward,nonfinite,split,errors,driver,cuda}.rs
 #                                    (whichever exist in this checkout), built with --features cuda
 #                                    (the CUDA driver and NVRTC are loaded at run time, if present)
 #
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 GPU_BIN=${GPU_BIN:-gpu-bin}
 MAX_MIB=60
-TESTS=(dtypes variants forward backward nonfinite split errors driver cuda_forward)
+TESTS=(dtypes variants forward backward nonfinite split errors driver cuda)
 
 log() { echo "gpu-check-build: $*" >&2; }
 

@@ -17,7 +17,7 @@
 # at most BENCH_BUDGET_S + 120 + 9 * TEST_TIMEOUT_S seconds (one timeout per test binary).
 #
 # Steps: (a) the adapter summary, (b) the test executables dtypes, variants, forward,
-# backward, nonfinite, split, errors, driver, cuda_forward that exist in $BIN_DIR/deps (the
+# backward, nonfinite, split, errors, driver, cuda that exist in $BIN_DIR/deps (the
 # CUDA one on the first CUDA device, with NVRTC from FLASH_ATTN_NVRTC_DIR or found below; it
 # prints a skip where there is no CUDA driver), (c) the bench grid
 # with every kernel family side by side, (d) $OUT_DIR/summary.md.
@@ -29,7 +29,7 @@ OUT_DIR=${OUT_DIR:-gpu-check-out}
 MODE=${MODE:-full}
 BENCH_BUDGET_S=${BENCH_BUDGET_S:-240}
 TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-120}
-TESTS=(dtypes variants forward backward nonfinite split errors driver cuda_forward)
+TESTS=(dtypes variants forward backward nonfinite split errors driver cuda)
 
 log() { echo "gpu-check: $*" >&2; }
 

@@ -1,5 +1,5 @@
-//! [`CudaContext`]: one NVIDIA GPU through the CUDA driver, with the same calls as the wgpu
-//! [`Context`](crate::Context) where the CUDA kernels exist (so far the forward).
+//! [`CudaContext`]: one NVIDIA GPU through the CUDA driver, with the same host calls as the
+//! wgpu [`Context`](crate::Context): `forward_host` and `backward_host`.
 //!
 //! The driver and NVRTC are loaded at run time. What is missing (no driver, no device, no
 //! NVRTC, a GPU older than sm_80) is a typed error that says which and how to fix it; cudarc
@@ -9,17 +9,20 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    self as drv, CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+    self as drv, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
+    PushKernelArg,
 };
 
-use super::kernels::{CudaKernel, CudaKey, FwdShape, MIN_ARCH};
+use super::kernels::{AttnShape, CudaKernel, CudaKey, Launch, MIN_ARCH};
 use super::nvrtc::Nvrtc;
-use crate::checks::check_slice;
-use crate::{Algorithm, AttentionConfig, Element, Error, HostForward, Result, TensorRole};
+use crate::checks::{check_lse_values, check_slice};
+use crate::{
+    Algorithm, AttentionConfig, Element, Error, HostForward, HostGradients, Result, TensorRole,
+};
 
 // SAFETY: #[repr(C)], plain 4-byte fields, the layout of the kernel's struct (tested in
 // kernels.rs).
-unsafe impl DeviceRepr for FwdShape {}
+unsafe impl DeviceRepr for AttnShape {}
 
 fn driver_error(what: &str) -> impl Fn(drv::DriverError) -> Error + '_ {
     move |e| Error::Device(format!("CUDA {what}: {e:?}"))
@@ -33,7 +36,8 @@ pub struct CudaContext {
     name: String,
     max_shared_optin: u32,
     nvrtc: Nvrtc,
-    functions: Mutex<HashMap<CudaKey, CudaFunction>>,
+    modules: Mutex<HashMap<CudaKey, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<(CudaKey, &'static str), CudaFunction>>,
 }
 
 impl CudaContext {
@@ -94,6 +98,7 @@ impl CudaContext {
             name,
             max_shared_optin,
             nvrtc,
+            modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
         })
     }
@@ -113,35 +118,104 @@ impl CudaContext {
         self.nvrtc.version()
     }
 
-    /// The key's kernel, compiled and loaded once per context.
-    fn function(&self, key: &CudaKey) -> Result<CudaFunction> {
-        if let Some(f) = self.functions.lock().unwrap().get(key) {
+    /// A launch's function: the key's program compiled and loaded once per context, the entry
+    /// looked up once, its dynamic shared memory allowed.
+    fn function(&self, key: &CudaKey, launch: &Launch) -> Result<CudaFunction> {
+        let id = (*key, launch.entry);
+        if let Some(f) = self.functions.lock().unwrap().get(&id) {
             return Ok(f.clone());
         }
-        let shared = key.shared_bytes();
-        if shared > self.max_shared_optin {
+        if launch.shared_bytes > self.max_shared_optin {
             return Err(Error::DeviceLimit {
-                what: format!("{}: shared memory per block", key.label()),
-                needed: shared as u64,
+                what: format!("{} {}: shared memory per block", key.label(), launch.entry),
+                needed: launch.shared_bytes as u64,
                 limit: self.max_shared_optin as u64,
                 hint: "use a smaller head_dim, or the wgpu path".into(),
             });
         }
-        let compiled = self.nvrtc.compile(key)?;
-        let module = self
-            .ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))
-            .map_err(driver_error("module load"))?;
+        let module = {
+            let mut modules = self.modules.lock().unwrap();
+            match modules.get(key) {
+                Some(m) => m.clone(),
+                None => {
+                    let compiled = self.nvrtc.compile(key)?;
+                    let m = self
+                        .ctx
+                        .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))
+                        .map_err(driver_error("module load"))?;
+                    modules.insert(*key, m.clone());
+                    m
+                }
+            }
+        };
         let f = module
-            .load_function(key.kernel.entry())
+            .load_function(launch.entry)
             .map_err(driver_error("function"))?;
         f.set_attribute(
             drv::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            shared as i32,
+            launch.shared_bytes as i32,
         )
         .map_err(driver_error("shared memory attribute"))?;
-        self.functions.lock().unwrap().insert(*key, f.clone());
+        self.functions.lock().unwrap().insert(id, f.clone());
         Ok(f)
+    }
+
+    /// The checks every call shares, and its program's key and scalars.
+    fn prepare<T: Element>(
+        &self,
+        kernel: CudaKernel,
+        cfg: &AttentionConfig,
+    ) -> Result<(CudaKey, AttnShape)> {
+        if cfg.algorithm == Algorithm::Naive {
+            return Err(Error::Unsupported {
+                feature: "Algorithm::Naive on the CUDA path".into(),
+                reason: "the CUDA path has the tiled kernels only; use the wgpu path".into(),
+            });
+        }
+        let key = CudaKey::new(kernel, T::DTYPE, cfg.head_dim as u32, self.arch)?;
+        let shape = AttnShape::new(cfg)?;
+        for l in key.launches(cfg) {
+            if l.grid.1 > 65_535 || l.grid.2 > 65_535 {
+                return Err(Error::DeviceLimit {
+                    what: format!("CUDA grid of {}: heads and batch", l.entry),
+                    needed: l.grid.1.max(l.grid.2) as u64,
+                    limit: 65_535,
+                    hint: "split the call over batch or heads".into(),
+                });
+            }
+        }
+        Ok((key, shape))
+    }
+
+    fn upload<T: Element>(&self, x: &[T]) -> Result<CudaSlice<u16>> {
+        self.stream
+            .clone_htod(bytemuck::cast_slice::<T, u16>(x))
+            .map_err(driver_error("upload"))
+    }
+
+    fn zeros<U: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<U>> {
+        self.stream
+            .alloc_zeros::<U>(n)
+            .map_err(driver_error("alloc"))
+    }
+
+    fn download<T: Element>(&self, x: &CudaSlice<u16>) -> Result<Vec<T>> {
+        let bits: Vec<u16> = self
+            .stream
+            .clone_dtoh(x)
+            .map_err(driver_error("download"))?;
+        Ok(bytemuck::cast_slice::<u16, T>(&bits).to_vec())
+    }
+
+    fn config(launch: &Launch) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: launch.grid,
+            block_dim: (launch.threads, 1, 1),
+            shared_mem_bytes: launch.shared_bytes,
+        }
     }
 
     /// Forward pass from host slices: q `[batch, seq_q, heads_q, head_dim]`, k and v
@@ -158,28 +232,7 @@ impl CudaContext {
         check_slice(TensorRole::Q, q.len(), &cfg.q_shape())?;
         check_slice(TensorRole::K, k.len(), &cfg.kv_shape())?;
         check_slice(TensorRole::V, v.len(), &cfg.kv_shape())?;
-        if cfg.algorithm == Algorithm::Naive {
-            return Err(Error::Unsupported {
-                feature: "Algorithm::Naive on the CUDA path".into(),
-                reason: "the CUDA path has the tiled kernels only; use the wgpu path".into(),
-            });
-        }
-        let key = CudaKey::new(
-            CudaKernel::Forward,
-            T::DTYPE,
-            cfg.head_dim as u32,
-            self.arch,
-        )?;
-        let shape = FwdShape::new(cfg)?;
-        let (gx, gy, gz) = key.grid(cfg);
-        if gy > 65_535 || gz > 65_535 {
-            return Err(Error::DeviceLimit {
-                what: "CUDA grid: heads_q and batch".into(),
-                needed: gy.max(gz) as u64,
-                limit: 65_535,
-                hint: "split the call over batch or heads".into(),
-            });
-        }
+        let (key, shape) = self.prepare::<T>(CudaKernel::Forward, cfg)?;
         let rows = cfg.batch * cfg.heads_q * cfg.seq_q;
         if q.is_empty() || k.is_empty() {
             // nothing to launch: rows that see no key get out = 0 and lse = -inf
@@ -188,37 +241,114 @@ impl CudaContext {
                 lse: vec![f32::NEG_INFINITY; rows],
             });
         }
-        let f = self.function(&key)?;
-        let s = &self.stream;
-        let upload = |x: &[T]| {
-            s.clone_htod(bytemuck::cast_slice::<T, u16>(x))
-                .map_err(driver_error("upload"))
-        };
-        let (dq, dk, dv) = (upload(q)?, upload(k)?, upload(v)?);
-        let mut out = s
-            .alloc_zeros::<u16>(q.len())
-            .map_err(driver_error("alloc"))?;
-        let mut lse = s.alloc_zeros::<f32>(rows).map_err(driver_error("alloc"))?;
-        let launch = LaunchConfig {
-            grid_dim: (gx, gy, gz),
-            block_dim: (key.threads(), 1, 1),
-            shared_mem_bytes: key.shared_bytes(),
-        };
-        let mut args = s.launch_builder(&f);
+        let launch = key.launches(cfg)[0];
+        let f = self.function(&key, &launch)?;
+        let (dq, dk, dv) = (self.upload(q)?, self.upload(k)?, self.upload(v)?);
+        let mut out = self.zeros::<u16>(q.len())?;
+        let mut lse = self.zeros::<f32>(rows)?;
+        let mut args = self.stream.launch_builder(&f);
         args.arg(&dq)
             .arg(&dk)
             .arg(&dv)
             .arg(&mut out)
             .arg(&mut lse)
             .arg(&shape);
-        // SAFETY: the arguments are the kernel's, in order, with the sizes it indexes (checked
+        // SAFETY: the arguments are flash_fwd's, in order, with the sizes it indexes (checked
         // above against the config it is given).
-        unsafe { args.launch(launch) }.map_err(driver_error("launch"))?;
-        let out: Vec<u16> = s.clone_dtoh(&out).map_err(driver_error("download"))?;
-        let lse = s.clone_dtoh(&lse).map_err(driver_error("download"))?;
+        unsafe { args.launch(Self::config(&launch)) }.map_err(driver_error("launch"))?;
         Ok(HostForward {
-            out: bytemuck::cast_slice::<u16, T>(&out).to_vec(),
-            lse,
+            out: self.download(&out)?,
+            lse: self
+                .stream
+                .clone_dtoh(&lse)
+                .map_err(driver_error("download"))?,
+        })
+    }
+
+    /// Backward pass from host slices, given the forward's out and lse: the same call and
+    /// results as [`Context::backward_host`](crate::Context::backward_host) (f16 or bf16,
+    /// head dims up to 128). Deterministic: no atomics.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_host<T: Element>(
+        &self,
+        cfg: &AttentionConfig,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        out: &[T],
+        lse: &[f32],
+        d_out: &[T],
+    ) -> Result<HostGradients<T>> {
+        cfg.validate()?;
+        check_slice(TensorRole::Q, q.len(), &cfg.q_shape())?;
+        check_slice(TensorRole::K, k.len(), &cfg.kv_shape())?;
+        check_slice(TensorRole::V, v.len(), &cfg.kv_shape())?;
+        check_slice(TensorRole::Out, out.len(), &cfg.q_shape())?;
+        check_slice(TensorRole::Lse, lse.len(), &cfg.lse_shape())?;
+        check_slice(TensorRole::DOut, d_out.len(), &cfg.q_shape())?;
+        check_lse_values(lse)?;
+        let (key, shape) = self.prepare::<T>(CudaKernel::Backward, cfg)?;
+        if q.is_empty() || k.is_empty() {
+            // no pair: every gradient is zero
+            return Ok(HostGradients {
+                dq: vec![T::from_f32(0.0); q.len()],
+                dk: vec![T::from_f32(0.0); k.len()],
+                dv: vec![T::from_f32(0.0); v.len()],
+            });
+        }
+        let launches = key.launches(cfg);
+        let (pre, dkdv, dq_l) = (launches[0], launches[1], launches[2]);
+        let (f_pre, f_dkdv, f_dq) = (
+            self.function(&key, &pre)?,
+            self.function(&key, &dkdv)?,
+            self.function(&key, &dq_l)?,
+        );
+        let (q_d, k_d, v_d) = (self.upload(q)?, self.upload(k)?, self.upload(v)?);
+        let (out_d, do_d) = (self.upload(out)?, self.upload(d_out)?);
+        let lse_d = self
+            .stream
+            .clone_htod(lse)
+            .map_err(driver_error("upload"))?;
+        let mut delta = self.zeros::<f32>(lse.len())?;
+        let mut dq = self.zeros::<u16>(q.len())?;
+        let mut dk = self.zeros::<u16>(k.len())?;
+        let mut dv = self.zeros::<u16>(v.len())?;
+        let batch = cfg.batch as u32;
+        let mut a = self.stream.launch_builder(&f_pre);
+        a.arg(&out_d)
+            .arg(&do_d)
+            .arg(&mut delta)
+            .arg(&shape)
+            .arg(&batch);
+        // SAFETY: flash_bwd_preprocess's arguments, in order, sized by the checks above.
+        unsafe { a.launch(Self::config(&pre)) }.map_err(driver_error("launch"))?;
+        let mut a = self.stream.launch_builder(&f_dkdv);
+        a.arg(&q_d)
+            .arg(&k_d)
+            .arg(&v_d)
+            .arg(&do_d)
+            .arg(&lse_d)
+            .arg(&delta)
+            .arg(&mut dk)
+            .arg(&mut dv)
+            .arg(&shape);
+        // SAFETY: flash_bwd_dkdv's arguments, in order.
+        unsafe { a.launch(Self::config(&dkdv)) }.map_err(driver_error("launch"))?;
+        let mut a = self.stream.launch_builder(&f_dq);
+        a.arg(&q_d)
+            .arg(&k_d)
+            .arg(&v_d)
+            .arg(&do_d)
+            .arg(&lse_d)
+            .arg(&delta)
+            .arg(&mut dq)
+            .arg(&shape);
+        // SAFETY: flash_bwd_dq's arguments, in order.
+        unsafe { a.launch(Self::config(&dq_l)) }.map_err(driver_error("launch"))?;
+        Ok(HostGradients {
+            dq: self.download(&dq)?,
+            dk: self.download(&dk)?,
+            dv: self.download(&dv)?,
         })
     }
 }

@@ -6,42 +6,59 @@
 
 use crate::{AttentionConfig, DType, Error, Result};
 
-/// Warps per forward block, 16 query rows each.
-const FWD_WARPS: u32 = 4;
+/// The helpers every kernel shares (cuda/common.cuh), put before each kernel's source.
+pub const COMMON: &str = include_str!("../../cuda/common.cuh");
 
-/// A CUDA kernel of this crate.
+/// Warps per block, 16 resident rows (query rows, or keys in dK/dV) each.
+const WARPS: u32 = 4;
+
+/// A CUDA program of this crate: one source file, compiled as one unit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CudaKernel {
-    /// FlashAttention-2 forward on tensor cores (`cuda/flash_fwd.cu`).
+    /// FlashAttention-2 forward on tensor cores (`cuda/flash_fwd.cu`): entry `flash_fwd`.
     Forward,
+    /// The backward (`cuda/flash_bwd.cu`): entries `flash_bwd_preprocess`, `flash_bwd_dkdv`,
+    /// `flash_bwd_dq`.
+    Backward,
 }
 
 impl CudaKernel {
-    pub const ALL: [CudaKernel; 1] = [CudaKernel::Forward];
+    pub const ALL: [CudaKernel; 2] = [CudaKernel::Forward, CudaKernel::Backward];
 
     pub fn name(self) -> &'static str {
         match self {
             CudaKernel::Forward => "flash_fwd",
+            CudaKernel::Backward => "flash_bwd",
         }
     }
 
-    /// The CUDA C source.
+    /// The largest head dim the program takes (multiples of 16 up to it).
+    pub fn max_head_dim(self) -> u32 {
+        match self {
+            CudaKernel::Forward => 256,
+            // dK/dV keeps two head_dim-wide accumulators per thread beside the score blocks
+            CudaKernel::Backward => 128,
+        }
+    }
+
+    /// The kernel's own CUDA C source; NVRTC compiles [`COMMON`] followed by it.
     pub fn source(self) -> &'static str {
         match self {
             CudaKernel::Forward => include_str!("../../cuda/flash_fwd.cu"),
+            CudaKernel::Backward => include_str!("../../cuda/flash_bwd.cu"),
         }
     }
 
-    /// The `extern "C"` entry point.
-    pub fn entry(self) -> &'static str {
-        self.name()
+    /// The program NVRTC compiles: the shared helpers, then the kernel.
+    pub fn program(self) -> String {
+        format!("{COMMON}\n{}", self.source())
     }
 }
 
-/// The forward's scalar argument, as the kernel's `FwdShape` (cuda/flash_fwd.cu).
+/// A call's scalar argument, as the kernels' `AttnShape` (cuda/common.cuh).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct FwdShape {
+pub struct AttnShape {
     pub seq_q: u32,
     pub seq_kv: u32,
     pub heads_q: u32,
@@ -52,10 +69,10 @@ pub struct FwdShape {
     pub scale_log2: f32,
 }
 
-impl FwdShape {
+impl AttnShape {
     /// The scalars of a validated config, or a typed error where they do not fit the kernel's
     /// 32-bit indices.
-    pub fn new(cfg: &AttentionConfig) -> Result<FwdShape> {
+    pub fn new(cfg: &AttentionConfig) -> Result<AttnShape> {
         let fits = |what: &str, x: usize| {
             u32::try_from(x)
                 .ok()
@@ -66,7 +83,7 @@ impl FwdShape {
                     ))
                 })
         };
-        Ok(FwdShape {
+        Ok(AttnShape {
             seq_q: fits("seq_q", cfg.seq_q)?,
             seq_kv: fits("seq_kv", cfg.seq_kv)?,
             heads_q: fits("heads_q", cfg.heads_q)?,
@@ -92,8 +109,18 @@ pub struct CudaKey {
 /// `ldmatrix` and `cp.async` (Ampere).
 pub const MIN_ARCH: u32 = 80;
 
-/// Head dims the tensor-core kernels take: multiples of 16 up to this.
+/// Head dims the tensor-core kernels take: multiples of 16 up to this (the forward; the
+/// backward stops at [`CudaKernel::max_head_dim`]).
 pub const MAX_CUDA_HEAD_DIM: u32 = 256;
+
+/// One kernel launch: entry point, grid, block and dynamic shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launch {
+    pub entry: &'static str,
+    pub grid: (u32, u32, u32),
+    pub threads: u32,
+    pub shared_bytes: u32,
+}
 
 impl CudaKey {
     /// A key, or a typed error for what the kernels cannot do.
@@ -106,12 +133,14 @@ impl CudaKey {
                     .into(),
             });
         }
-        if head_dim == 0 || !head_dim.is_multiple_of(16) || head_dim > MAX_CUDA_HEAD_DIM {
+        let max = kernel.max_head_dim();
+        if head_dim == 0 || !head_dim.is_multiple_of(16) || head_dim > max {
             return Err(Error::Unsupported {
-                feature: format!("head_dim {head_dim} on the CUDA path"),
+                feature: format!("head_dim {head_dim} in the CUDA {}", kernel.name()),
                 reason: format!(
-                    "the CUDA kernels take head dims that are multiples of 16 up to \
-                     {MAX_CUDA_HEAD_DIM}; use the wgpu path for others"
+                    "the CUDA {} takes head dims that are multiples of 16 up to {max}; use \
+                     the wgpu path for others",
+                    kernel.name()
                 ),
             });
         }
@@ -132,41 +161,87 @@ impl CudaKey {
         })
     }
 
-    /// Threads per block.
-    pub fn threads(&self) -> u32 {
-        FWD_WARPS * 32
+    fn threads(&self) -> u32 {
+        WARPS * 32
     }
 
-    /// Query rows per block.
+    /// Rows resident in a block: query rows (forward, dQ) or keys (dK/dV).
     pub fn block_rows(&self) -> u32 {
-        FWD_WARPS * 16
+        WARPS * 16
     }
 
-    /// Keys per K/V tile: the score block (keys / 2 floats a thread), the output block
-    /// (head_dim / 2) and Q's fragments (head_dim / 4 registers) share 255 registers; past
-    /// head_dim 128, 16 keys keep them from spilling (tests/cuda_compile.rs checks).
+    /// Keys per streamed K/V tile (forward, dQ). The forward's score block (keys / 2 floats a
+    /// thread), output block (head_dim / 2) and Q fragments (head_dim / 4 registers) share 255
+    /// registers: past head_dim 128, 16 keys keep them from spilling. The dQ kernel also keeps
+    /// dO's fragments and a dP block: 32 keys past head_dim 64. (tests/cuda_compile.rs checks
+    /// that nothing spills.)
     pub fn block_keys(&self) -> u32 {
-        if self.head_dim <= 128 {
-            64
-        } else {
-            16
+        match (self.kernel, self.head_dim) {
+            (CudaKernel::Forward, d) if d <= 128 => 64,
+            (CudaKernel::Forward, _) => 16,
+            (CudaKernel::Backward, d) if d <= 64 => 64,
+            (CudaKernel::Backward, _) => 32,
         }
     }
 
-    /// Dynamic shared memory per block, bytes: two stages of a K and a V tile, or the Q tile
-    /// (staged once, in the same space), rows padded by 8 elements against bank conflicts.
-    pub fn shared_bytes(&self) -> u32 {
-        let stride = self.head_dim + 8;
-        (4 * self.block_keys()).max(self.block_rows()) * stride * 2
+    /// Query rows per streamed Q/dO tile of the dK/dV kernel (two head_dim-wide accumulators
+    /// and the S^T and dP^T blocks per thread): 32 past head_dim 64.
+    pub fn block_queries(&self) -> u32 {
+        if self.head_dim <= 64 {
+            64
+        } else {
+            32
+        }
     }
 
-    /// The grid for a call: (query-row blocks, heads_q, batch).
-    pub fn grid(&self, cfg: &AttentionConfig) -> (u32, u32, u32) {
-        (
-            (cfg.seq_q as u32).div_ceil(self.block_rows()),
-            cfg.heads_q as u32,
-            cfg.batch as u32,
-        )
+    fn tile_bytes(&self, rows: u32) -> u32 {
+        rows * (self.head_dim + 8) * 2
+    }
+
+    /// Every launch of the program's entries, for a call (grid from `cfg`).
+    pub fn launches(&self, cfg: &AttentionConfig) -> Vec<Launch> {
+        let row_blocks = (cfg.seq_q as u32).div_ceil(self.block_rows());
+        let per_head = (row_blocks, cfg.heads_q as u32, cfg.batch as u32);
+        match self.kernel {
+            // Q staged once, then two stages of a K and a V tile, in the same space
+            CudaKernel::Forward => vec![Launch {
+                entry: "flash_fwd",
+                grid: per_head,
+                threads: self.threads(),
+                shared_bytes: self.tile_bytes((4 * self.block_keys()).max(self.block_rows())),
+            }],
+            CudaKernel::Backward => {
+                let rows = (cfg.batch * cfg.heads_q * cfg.seq_q) as u32;
+                vec![
+                    Launch {
+                        entry: "flash_bwd_preprocess",
+                        grid: (rows.div_ceil(self.threads()), 1, 1),
+                        threads: self.threads(),
+                        shared_bytes: 0,
+                    },
+                    // K and V resident, a Q and a dO tile, lse and delta per tile row
+                    Launch {
+                        entry: "flash_bwd_dkdv",
+                        grid: (
+                            (cfg.seq_kv as u32).div_ceil(self.block_rows()),
+                            cfg.heads_kv as u32,
+                            cfg.batch as u32,
+                        ),
+                        threads: self.threads(),
+                        shared_bytes: self
+                            .tile_bytes(2 * self.block_rows() + 2 * self.block_queries())
+                            + 2 * 4 * self.block_queries(),
+                    },
+                    // Q and dO staged once, then a K and a V tile, in the same space
+                    Launch {
+                        entry: "flash_bwd_dq",
+                        grid: per_head,
+                        threads: self.threads(),
+                        shared_bytes: self.tile_bytes(2 * self.block_rows().max(self.block_keys())),
+                    },
+                ]
+            }
+        }
     }
 
     /// NVRTC options: the exact architecture (real code, not PTX only) and the geometry.
@@ -176,8 +251,9 @@ impl CudaKey {
             "--std=c++17".into(),
             format!("-DHEAD_DIM={}", self.head_dim),
             format!("-DELEM_BF16={}", u32::from(self.dtype == DType::BF16)),
-            format!("-DWARPS={FWD_WARPS}"),
+            format!("-DWARPS={WARPS}"),
             format!("-DBLOCK_N={}", self.block_keys()),
+            format!("-DBLOCK_Q={}", self.block_queries()),
         ]
     }
 
@@ -197,7 +273,7 @@ impl CudaKey {
         let mut keys = Vec::new();
         for kernel in CudaKernel::ALL {
             for dtype in [DType::F16, DType::BF16] {
-                for head_dim in (16..=MAX_CUDA_HEAD_DIM).step_by(16) {
+                for head_dim in (16..=kernel.max_head_dim()).step_by(16) {
                     keys.push(CudaKey {
                         kernel,
                         dtype,
@@ -238,15 +314,14 @@ mod tests {
     #[test]
     fn the_scalar_argument_matches_the_kernels_struct() {
         // seven 4-byte fields, no padding: the C struct's layout
-        assert_eq!(std::mem::size_of::<FwdShape>(), 28);
-        assert_eq!(std::mem::align_of::<FwdShape>(), 4);
-        let src = CudaKernel::Forward.source();
-        let body = &src[src.find("struct FwdShape {").unwrap()..];
+        assert_eq!(std::mem::size_of::<AttnShape>(), 28);
+        assert_eq!(std::mem::align_of::<AttnShape>(), 4);
+        let body = &COMMON[COMMON.find("struct AttnShape {").unwrap()..];
         let body = &body[..body.find("};").unwrap()];
         let fields: Vec<&str> = body
             .lines()
             .skip(1)
-            .filter_map(|l| l.trim().strip_suffix(';').or_else(|| l.split(';').next()))
+            .filter_map(|l| l.split(';').next())
             .filter_map(|l| l.split_whitespace().last())
             .map(|f| f.trim_end_matches(';'))
             .filter(|f| !f.is_empty())
@@ -265,7 +340,7 @@ mod tests {
         );
         let mut cfg = AttentionConfig::new(1, 100, 300, 4, 2, 64);
         cfg.causal = true;
-        let s = FwdShape::new(&cfg).unwrap();
+        let s = AttnShape::new(&cfg).unwrap();
         assert_eq!((s.causal, s.causal_offset), (1, 200));
         assert!((s.scale_log2 - 0.125 * std::f32::consts::LOG2_E).abs() < 1e-7);
     }
@@ -274,19 +349,52 @@ mod tests {
     fn geometry_fits_the_architectures_and_reaches_the_source() {
         let cfg = AttentionConfig::new(2, 1000, 777, 8, 2, 128);
         let key = CudaKey::new(CudaKernel::Forward, DType::F16, 128, 80).unwrap();
-        assert_eq!(key.grid(&cfg), (16, 8, 2));
-        // 227 KiB is sm_90's opt-in maximum, 163 KiB sm_80's, 99 KiB sm_86/89's
-        for key in CudaKey::all_for_arch(80) {
-            assert!(key.shared_bytes() <= 99 * 1024, "{}", key.label());
-            assert_eq!(key.shared_bytes() % 16, 0);
+        assert_eq!(key.launches(&cfg)[0].grid, (16, 8, 2));
+        let bwd = CudaKey::new(CudaKernel::Backward, DType::F16, 128, 80).unwrap();
+        let l = bwd.launches(&cfg);
+        let entries: Vec<&str> = l.iter().map(|l| l.entry).collect();
+        assert_eq!(
+            entries,
+            ["flash_bwd_preprocess", "flash_bwd_dkdv", "flash_bwd_dq"]
+        );
+        assert_eq!(l[0].grid, ((2 * 8 * 1000u32).div_ceil(128), 1, 1));
+        assert_eq!(l[1].grid, (13, 2, 2));
+        assert_eq!(l[2].grid, (16, 8, 2));
+        // 99 KiB is the opt-in maximum of sm_86/89, the smallest of the sm_80+ parts
+        for arch in [80, 90] {
+            for key in CudaKey::all_for_arch(arch) {
+                for l in key.launches(&cfg) {
+                    assert!(l.shared_bytes <= 99 * 1024, "{} {}", key.label(), l.entry);
+                    assert_eq!(l.shared_bytes % 16, 0);
+                    assert_eq!(l.threads, 128);
+                    // every entry the host launches is in the program
+                    assert!(
+                        key.kernel.source().contains(&format!("{}(", l.entry)),
+                        "{}",
+                        l.entry
+                    );
+                }
+            }
         }
         let opts = key.options();
         assert!(opts.contains(&"--gpu-architecture=sm_80".to_string()));
         assert!(opts.contains(&"-DBLOCK_N=64".to_string()));
-        // every define the source requires is passed
-        for name in ["HEAD_DIM", "ELEM_BF16", "WARPS", "BLOCK_N"] {
-            assert!(key.kernel.source().contains(name));
-            assert!(opts.iter().any(|o| o.starts_with(&format!("-D{name}="))));
+        // every define a source requires is passed
+        for kernel in CudaKernel::ALL {
+            let key = CudaKey::new(kernel, DType::BF16, 64, 90).unwrap();
+            let program = key.kernel.program();
+            for name in ["HEAD_DIM", "ELEM_BF16", "WARPS", "BLOCK_N", "BLOCK_Q"] {
+                if program.contains(&format!("defined({name})")) {
+                    let opts = key.options();
+                    assert!(
+                        opts.iter().any(|o| o.starts_with(&format!("-D{name}="))),
+                        "{name}"
+                    );
+                }
+            }
         }
+        // the backward's head dims stop at 128
+        assert!(CudaKey::new(CudaKernel::Backward, DType::F16, 144, 90).is_err());
+        assert!(CudaKey::new(CudaKernel::Forward, DType::F16, 144, 90).is_ok());
     }
 }

@@ -5,13 +5,13 @@
 //! - `nvrtc` (feature `cuda`): run-time compilation to CUBIN for the device's architecture,
 //!   cached per process; NVRTC loaded dynamically, so building needs no CUDA toolkit.
 //! - `device` (feature `cuda`): [`CudaContext`], one GPU through the CUDA driver (also loaded
-//!   at run time), with the wgpu Context's calls where CUDA kernels exist.
+//!   at run time), with the wgpu Context's host calls.
 //!
-//! What exists so far: the forward (f16/bf16 on tensor cores), `CudaContext::forward_host`.
+//! What exists: `CudaContext::forward_host` and `backward_host` (f16/bf16 on tensor cores).
 //! `tests/cuda_compile.rs` compiles every variant for sm_80 and sm_90 with no GPU;
-//! `tests/cuda_forward.rs` checks it against the f64 reference where a device exists. The
-//! backward, device-resident tensors and the rest of the wgpu calls are not built yet (README,
-//! "The CUDA path").
+//! `tests/cuda.rs` checks both passes against the f64 reference where a device exists.
+//! Device-resident tensors and the rest of the wgpu calls are not built yet (README, "The CUDA
+//! path").
 
 #[cfg(feature = "cuda")]
 pub mod device;

@@ -32,9 +32,9 @@ pub struct Compiled {
     pub cubin: Vec<u8>,
     /// NVRTC's log, with ptxas's resource report (`--ptxas-options=-v`).
     pub log: String,
-    /// Registers per thread, from the report.
+    /// The most registers per thread of any entry point, from the report.
     pub registers: Option<u32>,
-    /// Bytes spilled to local memory (stores plus loads), from the report.
+    /// Bytes spilled to local memory (stores plus loads) over every entry point.
     pub spill_bytes: u32,
 }
 
@@ -134,7 +134,7 @@ fn compile_uncached(key: &CudaKey) -> Result<Compiled> {
         kernel: key.label(),
         log: format!("{what}: {e:?}"),
     };
-    let src = CString::new(key.kernel.source()).expect("kernel sources have no NUL");
+    let src = CString::new(key.kernel.program()).expect("kernel sources have no NUL");
     let name = CString::new(format!("{}.cu", key.kernel.name())).expect("no NUL");
     let prog = result::create_program(&src, Some(&name)).map_err(|e| failed("create", e))?;
     let mut options = key.options();
@@ -153,10 +153,11 @@ fn compile_uncached(key: &CudaKey) -> Result<Compiled> {
             .map_err(|e| failed("get CUBIN", e))
             .map(|cubin| Compiled {
                 cubin,
-                registers: report_value(&log, "Used ", " registers"),
-                spill_bytes: report_value(&log, "bytes stack frame, ", " bytes spill stores")
-                    .unwrap_or(0)
-                    + report_value(&log, "spill stores, ", " bytes spill loads").unwrap_or(0),
+                registers: report_values(&log, "Used ", " registers").into_iter().max(),
+                spill_bytes: report_values(&log, "bytes stack frame, ", " bytes spill stores")
+                    .iter()
+                    .chain(&report_values(&log, "spill stores, ", " bytes spill loads"))
+                    .sum(),
                 log,
             }),
     };
@@ -184,18 +185,16 @@ fn c_chars_to_string(chars: &[c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// The number between `before` and `after` on the report line that has both, summed over
-/// every such line (one per kernel in the program).
-fn report_value(log: &str, before: &str, after: &str) -> Option<u32> {
-    let values: Vec<u32> = log
-        .lines()
+/// The numbers between `before` and `after` on the report lines that have both (one line per
+/// entry point of the program).
+fn report_values(log: &str, before: &str, after: &str) -> Vec<u32> {
+    log.lines()
         .filter_map(|line| {
             let start = line.find(before)? + before.len();
             let end = start + line[start..].find(after)?;
             line[start..end].trim().parse().ok()
         })
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
+        .collect()
 }
 
 #[cfg(test)]
@@ -204,18 +203,21 @@ mod tests {
 
     #[test]
     fn the_resource_report_is_read() {
-        let log = "ptxas info    : Compiling entry function 'flash_fwd' for 'sm_90'\n\
+        let log = "ptxas info    : Compiling entry function 'a' for 'sm_90'\n\
                    ptxas         .     48 bytes stack frame, 8 bytes spill stores, 16 bytes spill loads\n\
-                   ptxas info    : Used 255 registers, used 1 barriers, 48 bytes cumulative stack size\n";
-        assert_eq!(report_value(log, "Used ", " registers"), Some(255));
+                   ptxas info    : Used 255 registers, used 1 barriers, 48 bytes cumulative stack size\n\
+                   ptxas info    : Compiling entry function 'b' for 'sm_90'\n\
+                   ptxas         .     0 bytes stack frame, 0 bytes spill stores, 4 bytes spill loads\n\
+                   ptxas info    : Used 32 registers, used 0 barriers\n";
+        assert_eq!(report_values(log, "Used ", " registers"), [255, 32]);
         assert_eq!(
-            report_value(log, "bytes stack frame, ", " bytes spill stores"),
-            Some(8)
+            report_values(log, "bytes stack frame, ", " bytes spill stores"),
+            [8, 0]
         );
         assert_eq!(
-            report_value(log, "spill stores, ", " bytes spill loads"),
-            Some(16)
+            report_values(log, "spill stores, ", " bytes spill loads"),
+            [16, 4]
         );
-        assert_eq!(report_value("", "Used ", " registers"), None);
+        assert!(report_values("", "Used ", " registers").is_empty());
     }
 }

@@ -1,11 +1,14 @@
-//! The CUDA forward against the f64 reference on fresh random data, where a CUDA device
-//! exists: f16 and bf16, odd lengths, GQA, causal and not, rows that see no key, every head dim
-//! class. Without a driver or device each test prints why and returns (CI has no GPU); NVRTC
-//! missing beside a device is a failure (the set-up is broken, not absent).
+//! The CUDA path against the f64 reference on fresh random data, forward and backward, where a
+//! CUDA device exists: f16 and bf16, odd lengths, GQA/MQA, causal and not, rows that see no
+//! key, every head-dim class. Without a driver or device each test prints why and returns (CI
+//! has no GPU); NVRTC missing beside a device is a failure (the set-up is broken, not absent).
 //!
-//! Tolerance: the kernels accumulate in f32 but round P to the input dtype before P V on the
-//! tensor cores (as FlashAttention does), so beside `rel_tol` (f32 accumulation and one
-//! output rounding) each output may carry one more unit roundoff of the dtype.
+//! Tolerance: the kernels accumulate in f32 but round P (and, in the backward, dS) to the input
+//! dtype before their products on the tensor cores, as FlashAttention does. Those roundings add
+//! errors of a few unit roundoffs u of the dtype, random in sign, beside `rel_tol` (f32
+//! accumulation and one output rounding): out gets 2u more, the gradients (two rounded factors,
+//! summed over a whole column or row) 8u. A layout, indexing or masking bug gives errors of
+//! order 1.
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -40,36 +43,54 @@ fn cuda() -> Option<CudaContext> {
     }
 }
 
-fn check<T: Element>(cuda: &CudaContext, cfg: &AttentionConfig, amp: f32) -> f64 {
+fn check<T: Element>(cuda: &CudaContext, cfg: &AttentionConfig, amp: f32) {
     let Rounded {
         seed,
         q,
         k,
         v,
+        d_out,
         qr,
         kr,
         vr,
-        ..
+        dor,
     } = rounded_inputs::<T>(cfg, amp);
     let msg = format!("CUDA {} {}", T::DTYPE, describe(cfg, seed));
-    let tol = rel_tol(T::DTYPE) + T::DTYPE.unit_roundoff();
+    let u = T::DTYPE.unit_roundoff();
     let want = reference::forward(cfg, &qr, &kr, &vr);
     let f = cuda
         .forward_host(cfg, &q, &k, &v)
         .unwrap_or_else(|e| panic!("forward failed: {e} ({msg})"));
-    let e = assert_close_tol("out", &to_f32_vec(&f.out), &want.out, tol, &msg);
+    let out = to_f32_vec(&f.out);
+    let tol = rel_tol(T::DTYPE) + 2.0 * u;
+    let e = assert_close_tol("out", &out, &want.out, tol, &msg);
     assert_lse_close(&f.lse, &want.lse, &msg);
-    eprintln!("{msg}: out error {e:.2e} of max |out| (tolerance {tol:.2e})");
-    e
+    let mut errors = vec![format!("out {e:.2e}")];
+    if cfg.head_dim <= 128 {
+        let g = cuda
+            .backward_host(cfg, &q, &k, &v, &f.out, &f.lse, &d_out)
+            .unwrap_or_else(|e| panic!("backward failed: {e} ({msg})"));
+        // delta = rowsum(dO * out) from the stored (rounded) out, as the kernels do
+        let wg = reference::backward_with_out(cfg, &qr, &kr, &vr, &out, &dor);
+        let tol = rel_tol(T::DTYPE) + 8.0 * u;
+        for (name, got, want) in [
+            ("dq", &g.dq, &wg.dq),
+            ("dk", &g.dk, &wg.dk),
+            ("dv", &g.dv, &wg.dv),
+        ] {
+            let e = assert_close_tol(name, &to_f32_vec(got), want, tol, &msg);
+            errors.push(format!("{name} {e:.2e}"));
+        }
+    }
+    eprintln!("{msg}: {} of max |reference|", errors.join(", "));
 }
-
 fn both_dtypes(cuda: &CudaContext, cfg: &AttentionConfig, amp: f32) {
     check::<half::f16>(cuda, cfg, amp);
     check::<half::bf16>(cuda, cfg, amp);
 }
 
 #[test]
-fn cuda_forward_matches_the_reference_at_odd_lengths_causal_and_not() {
+fn cuda_matches_the_reference_at_odd_lengths_causal_and_not() {
     let Some(cuda) = cuda() else { return };
     for head_dim in [64, 128] {
         for causal in [false, true] {
@@ -83,11 +104,12 @@ fn cuda_forward_matches_the_reference_at_odd_lengths_causal_and_not() {
 }
 
 #[test]
-fn cuda_forward_handles_gqa_mqa_and_every_head_dim_class() {
+fn cuda_handles_gqa_mqa_and_every_head_dim_class() {
     let Some(cuda) = cuda() else { return };
-    // head dims 16..=256 in steps of 16: three register-tile shapes (64-key tiles up to 128,
-    // 16-key tiles past it)
-    for head_dim in [16, 48, 96, 160, 256] {
+    // head dims 16..=256 in steps of 16, each tile shape: forward 64-key tiles up to 128,
+    // 16-key tiles past it (forward only: the backward stops at 128); backward 64-row/key
+    // tiles up to 64, 32 past it
+    for head_dim in [16, 48, 96, 128, 160, 256] {
         for heads_kv in [1, 2, 8] {
             let cfg = AttentionConfig::new(1, 65, 130, 8, heads_kv, head_dim);
             both_dtypes(&cuda, &cfg, 1.0);
@@ -96,7 +118,7 @@ fn cuda_forward_handles_gqa_mqa_and_every_head_dim_class() {
 }
 
 #[test]
-fn cuda_forward_gives_zero_and_neg_inf_lse_for_rows_that_see_no_key() {
+fn cuda_gives_zero_and_neg_inf_lse_for_rows_that_see_no_key() {
     let Some(cuda) = cuda() else { return };
     // causal with seq_q > seq_kv: the first seq_q - seq_kv rows see nothing
     let mut cfg = AttentionConfig::new(1, 150, 40, 2, 2, 64);
@@ -126,5 +148,13 @@ fn cuda_refuses_what_its_kernels_cannot_do_with_typed_errors() {
     assert!(matches!(
         cuda.forward_host(&cfg, &short, &h, &h),
         Err(Error::SliceLength { .. })
+    ));
+    // the backward stops at head_dim 128
+    let cfg = AttentionConfig::new(1, 8, 8, 1, 1, 144);
+    let h = vec![half::bf16::from_f32(0.5); 8 * 144];
+    let f = cuda.forward_host(&cfg, &h, &h, &h).unwrap();
+    assert!(matches!(
+        cuda.backward_host(&cfg, &h, &h, &h, &f.out, &f.lse, &h),
+        Err(Error::Unsupported { .. })
     ));
 }

@@ -1,0 +1,281 @@
+// FlashAttention backward (exact) on NVIDIA tensor cores: FlashAttention-2 structure, three
+// kernels, deterministic (no atomics: each block owns the gradient rows it writes, as on wgpu).
+//
+// Compiled at run time by NVRTC (src/cuda/nvrtc.rs), after cuda/common.cuh, once per key
+// (src/cuda/kernels.rs owns the geometry):
+//   -DHEAD_DIM=d     head dimension, a multiple of 16, at most 128
+//   -DELEM_BF16=0|1  f16 or bf16 storage, f32 accumulation
+//   -DWARPS=w        warps per block: 16 resident keys (dK/dV) or query rows (dQ) each
+//   -DBLOCK_Q=m      query rows per streamed Q/dO tile of the dK/dV kernel, a multiple of 16
+//   -DBLOCK_N=n      keys per streamed K/V tile of the dQ kernel, a multiple of 16
+// Layouts as the forward (cuda/flash_fwd.cu); delta [batch, heads_q, seq_q] f32.
+//
+// Math (exp2 domain, lse2 = lse * log2(e)): P = exp2(scale_log2 * q.k - lse2), recomputed;
+// dP = dO V^T; dS = P * (dP - delta), delta = rowsum(dO * out); dV = P^T dO;
+// dK = scale * dS^T Q; dQ = scale * dS K. P and dS are rounded to the element type before
+// their products on the tensor cores, as FlashAttention does.
+
+#if !defined(BLOCK_Q) || BLOCK_Q % 16 != 0 || !defined(BLOCK_N) || BLOCK_N % 16 != 0
+#error "BLOCK_Q and BLOCK_N (multiples of 16) must be defined"
+#endif
+#if HEAD_DIM > 128
+#error "the backward kernels take head dims up to 128"
+#endif
+#define BLOCK_RES (WARPS * 16)
+#define QTILES (BLOCK_Q / 8)
+#define NTILES (BLOCK_N / 8)
+
+// delta[b, h, i] = sum_d dO * out over the row, in f32: one thread a row.
+extern "C" __global__ void __launch_bounds__(THREADS) flash_bwd_preprocess(
+    const elem_t* __restrict__ out, const elem_t* __restrict__ d_out,
+    float* __restrict__ delta, const AttnShape p, unsigned int batch) {
+    const size_t r = (size_t)blockIdx.x * THREADS + threadIdx.x;
+    const size_t rows = (size_t)batch * p.heads_q * p.seq_q;
+    if (r >= rows) {
+        return;
+    }
+    const size_t i = r % p.seq_q, h = (r / p.seq_q) % p.heads_q, b = r / ((size_t)p.seq_q * p.heads_q);
+    const size_t base = ((b * p.seq_q + i) * p.heads_q + h) * HEAD_DIM;
+    float acc = 0.f;
+    for (int d = 0; d < HEAD_DIM; d++) {
+        acc = fmaf(to_f32(d_out[base + d]), to_f32(out[base + d]), acc);
+    }
+    delta[r] = acc;
+}
+
+// dK and dV for WARPS * 16 keys of one KV head: every query head of its group, every Q tile
+// that can see these keys. Each warp owns 16 keys: their S^T and dP^T blocks (16 keys x
+// BLOCK_Q rows) and dK/dV accumulators (16 x HEAD_DIM) live in registers; K and V stay in
+// shared memory for the whole call, Q/dO tiles stream through it.
+// (THREADS, 1): registers up to 255 (see flash_fwd).
+extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
+    const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
+    const elem_t* __restrict__ d_out, const float* __restrict__ lse,
+    const float* __restrict__ delta, elem_t* __restrict__ dk, elem_t* __restrict__ dv,
+    const AttnShape p) {
+    // K, V: BLOCK_RES rows each; Q, dO: BLOCK_Q rows each; then lse2 and delta per Q row
+    extern __shared__ __align__(16) elem_t smem[];
+    elem_t* sk = smem;
+    elem_t* sv = sk + BLOCK_RES * STRIDE;
+    elem_t* sq = sv + BLOCK_RES * STRIDE;
+    elem_t* sdo = sq + BLOCK_Q * STRIDE;
+    float* slse = reinterpret_cast<float*>(sdo + BLOCK_Q * STRIDE);
+    float* sdelta = slse + BLOCK_Q;
+
+    const unsigned int b = blockIdx.z, hk = blockIdx.y;
+    const unsigned int kv0 = blockIdx.x * BLOCK_RES;
+    const unsigned int group = p.heads_q / p.heads_kv;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const unsigned int q_pitch = p.heads_q * HEAD_DIM, kv_pitch = p.heads_kv * HEAD_DIM;
+    const size_t kv_off = ((size_t)b * p.seq_kv * p.heads_kv + hk) * HEAD_DIM;
+
+    stage_rows(sk, k + kv_off, kv0, BLOCK_RES, p.seq_kv, kv_pitch);
+    stage_rows(sv, v + kv_off, kv0, BLOCK_RES, p.seq_kv, kv_pitch);
+    copy_commit();
+
+    float dk_acc[DTILES][4], dv_acc[DTILES][4];
+#pragma unroll
+    for (int t = 0; t < DTILES; t++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            dk_acc[t][e] = 0.f;
+            dv_acc[t][e] = 0.f;
+        }
+    }
+    // the first row that can see key kv0 (causal): i >= kv0 - causal_offset
+    unsigned int q_begin = 0;
+    if (p.causal) {
+        long long first = (long long)kv0 - p.causal_offset;
+        q_begin = first <= 0 ? 0u : (unsigned int)min(first, (long long)p.seq_q);
+    }
+    const unsigned int q_start = (q_begin / BLOCK_Q) * BLOCK_Q;
+    // this thread's keys (rows of its S^T block): key_lo and key_lo + 8
+    const unsigned int key_lo = kv0 + warp * 16 + lane / 4;
+
+    for (unsigned int g = 0; g < group; g++) {
+        const unsigned int h = hk * group + g;
+        const size_t q_off = ((size_t)b * p.seq_q * p.heads_q + h) * HEAD_DIM;
+        const size_t row_off = ((size_t)b * p.heads_q + h) * p.seq_q;
+        for (unsigned int q0 = q_start; q0 < p.seq_q; q0 += BLOCK_Q) {
+            __syncthreads(); // the previous tile's readers are done
+            stage_rows(sq, q + q_off, q0, BLOCK_Q, p.seq_q, q_pitch);
+            stage_rows(sdo, d_out + q_off, q0, BLOCK_Q, p.seq_q, q_pitch);
+            copy_commit();
+            for (int r = threadIdx.x; r < BLOCK_Q; r += THREADS) {
+                const unsigned int i = q0 + r;
+                // rows past the sequence get P = 0
+                slse[r] = i < p.seq_q ? lse[row_off + i] * LOG2E : POS_INF;
+                sdelta[r] = i < p.seq_q ? delta[row_off + i] : 0.f;
+            }
+            copy_wait<0>();
+            __syncthreads();
+
+            // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys
+            float s[QTILES][4], dp[QTILES][4];
+#pragma unroll
+            for (int nt = 0; nt < QTILES; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[nt][e] = 0.f;
+                    dp[nt][e] = 0.f;
+                }
+            }
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks++) {
+                unsigned int kf[4], vf[4];
+                load_a(kf, sk, warp * 16, ks);
+                load_a(vf, sv, warp * 16, ks);
+#pragma unroll
+                for (int nt = 0; nt < QTILES; nt++) {
+                    unsigned int qb[2], ob[2];
+                    load_b_rows(qb, sq, nt * 8, ks);
+                    load_b_rows(ob, sdo, nt * 8, ks);
+                    mma(s[nt], kf, qb);
+                    mma(dp[nt], vf, ob);
+                }
+            }
+
+            // P^T and dS^T in place: element e of block nt is key key_lo (+8 for e >= 2), row
+            // q0 + nt * 8 + 2 (lane % 4) (+1 for odd e)
+#pragma unroll
+            for (int nt = 0; nt < QTILES; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = nt * 8 + (lane % 4) * 2 + (e % 2);
+                    const unsigned int j = key_lo + (e / 2) * 8;
+                    const bool vis = visible(p, q0 + r, j);
+                    const float pr = vis ? exp2f(s[nt][e] * p.scale_log2 - slse[r]) : 0.f;
+                    dp[nt][e] = vis ? pr * (dp[nt][e] - sdelta[r]) : 0.f;
+                    s[nt][e] = pr;
+                }
+            }
+
+            // dV += P^T dO and dK += dS^T Q: k runs over the tile's rows
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_Q / 16; kk++) {
+                unsigned int pa[4], da[4];
+                c_to_a(pa, s, kk);
+                c_to_a(da, dp, kk);
+#pragma unroll
+                for (int t = 0; t < DTILES; t++) {
+                    unsigned int ob[2], qb[2];
+                    load_b_cols(ob, sdo, kk * 16, t * 8);
+                    load_b_cols(qb, sq, kk * 16, t * 8);
+                    mma(dv_acc[t], pa, ob);
+                    mma(dk_acc[t], da, qb);
+                }
+            }
+        }
+    }
+
+    copy_wait<0>(); // K/V copies still in flight when no Q tile was visited
+    // dK = scale * dS^T Q: scale = scale_log2 / log2(e)
+    const float scale = p.scale_log2 * LN2;
+    store_rows(dk + kv_off, kv_pitch, key_lo, p.seq_kv, dk_acc, scale, scale);
+    store_rows(dv + kv_off, kv_pitch, key_lo, p.seq_kv, dv_acc, 1.f, 1.f);
+}
+
+// dQ for WARPS * 16 query rows of one head: Q and dO fragments, lse2 and delta of the thread's
+// two rows and the dQ accumulator in registers; K/V tiles of BLOCK_N keys stream through
+// shared memory (with causal, tiles wholly above the diagonal are never loaded).
+extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
+    const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
+    const elem_t* __restrict__ d_out, const float* __restrict__ lse,
+    const float* __restrict__ delta, elem_t* __restrict__ dq, const AttnShape p) {
+    // Q and dO staged first (BLOCK_RES rows each), then the K and V tiles in the same space
+    extern __shared__ __align__(16) elem_t smem[];
+    const unsigned int b = blockIdx.z, h = blockIdx.y;
+    const unsigned int q0 = blockIdx.x * BLOCK_RES;
+    const unsigned int hk = h / (p.heads_q / p.heads_kv);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const unsigned int q_pitch = p.heads_q * HEAD_DIM, kv_pitch = p.heads_kv * HEAD_DIM;
+    const size_t q_off = ((size_t)b * p.seq_q * p.heads_q + h) * HEAD_DIM;
+    const size_t kv_off = ((size_t)b * p.seq_kv * p.heads_kv + hk) * HEAD_DIM;
+    const size_t row_off = ((size_t)b * p.heads_q + h) * p.seq_q;
+
+    unsigned int kv_end = p.seq_kv;
+    if (p.causal) {
+        long long last = (long long)min(q0 + BLOCK_RES, p.seq_q) - 1 + p.causal_offset;
+        kv_end = last < 0 ? 0u : (unsigned int)min((long long)p.seq_kv, last + 1);
+    }
+
+    stage_rows(smem, q + q_off, q0, BLOCK_RES, p.seq_q, q_pitch);
+    stage_rows(smem + BLOCK_RES * STRIDE, d_out + q_off, q0, BLOCK_RES, p.seq_q, q_pitch);
+    copy_commit();
+    copy_wait<0>();
+    __syncthreads();
+    unsigned int qf[KSTEPS][4], of[KSTEPS][4];
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ks++) {
+        load_a(qf[ks], smem, warp * 16, ks);
+        load_a(of[ks], smem + BLOCK_RES * STRIDE, warp * 16, ks);
+    }
+    const unsigned int row_lo = q0 + warp * 16 + lane / 4, row_hi = row_lo + 8;
+    // rows past the sequence get P = 0
+    const float lse_lo = row_lo < p.seq_q ? lse[row_off + row_lo] * LOG2E : POS_INF;
+    const float lse_hi = row_hi < p.seq_q ? lse[row_off + row_hi] * LOG2E : POS_INF;
+    const float delta_lo = row_lo < p.seq_q ? delta[row_off + row_lo] : 0.f;
+    const float delta_hi = row_hi < p.seq_q ? delta[row_off + row_hi] : 0.f;
+
+    float dq_acc[DTILES][4];
+#pragma unroll
+    for (int t = 0; t < DTILES; t++) {
+        dq_acc[t][0] = dq_acc[t][1] = dq_acc[t][2] = dq_acc[t][3] = 0.f;
+    }
+    elem_t* sk = smem;
+    elem_t* sv = smem + BLOCK_N * STRIDE;
+    for (unsigned int kv0 = 0; kv0 < kv_end; kv0 += BLOCK_N) {
+        __syncthreads(); // Q/dO fragments read, or the previous tile's readers done
+        stage_rows(sk, k + kv_off, kv0, BLOCK_N, p.seq_kv, kv_pitch);
+        stage_rows(sv, v + kv_off, kv0, BLOCK_N, p.seq_kv, kv_pitch);
+        copy_commit();
+        copy_wait<0>();
+        __syncthreads();
+
+        // S = Q K^T and dP = dO V^T
+        float s[NTILES][4], dp[NTILES][4];
+#pragma unroll
+        for (int nt = 0; nt < NTILES; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[nt][e] = 0.f;
+                dp[nt][e] = 0.f;
+            }
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ks++) {
+                unsigned int kb[2], vb[2];
+                load_b_rows(kb, sk, nt * 8, ks);
+                load_b_rows(vb, sv, nt * 8, ks);
+                mma(s[nt], qf[ks], kb);
+                mma(dp[nt], of[ks], vb);
+            }
+        }
+        // dS in place of dP: element e of block nt is row row_lo (+8 for e >= 2), key
+        // kv0 + nt * 8 + 2 (lane % 4) (+1 for odd e)
+#pragma unroll
+        for (int nt = 0; nt < NTILES; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const unsigned int i = e < 2 ? row_lo : row_hi;
+                const unsigned int j = kv0 + nt * 8 + (lane % 4) * 2 + (e % 2);
+                const bool vis = visible(p, i, j);
+                const float pr = vis ? exp2f(s[nt][e] * p.scale_log2 - (e < 2 ? lse_lo : lse_hi)) : 0.f;
+                dp[nt][e] = vis ? pr * (dp[nt][e] - (e < 2 ? delta_lo : delta_hi)) : 0.f;
+            }
+        }
+        // dQ += dS K: k runs over the tile's keys
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_N / 16; kk++) {
+            unsigned int da[4];
+            c_to_a(da, dp, kk);
+#pragma unroll
+            for (int t = 0; t < DTILES; t++) {
+                unsigned int kb[2];
+                load_b_cols(kb, sk, kk * 16, t * 8);
+                mma(dq_acc[t], da, kb);
+            }
+        }
+    }
+    const float scale = p.scale_log2 * LN2;
+    store_rows(dq + q_off, q_pitch, row_lo, p.seq_q, dq_acc, scale, scale);
+}
