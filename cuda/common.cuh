@@ -139,6 +139,26 @@ __device__ __forceinline__ float row_sum4(float x) {
     return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
+// keys [0, end) are the only ones query rows [q0, q0 + rows) can see (all keys without
+// causal), as kv_end_for_rows in shaders/common.wgsl
+__device__ __forceinline__ unsigned int kv_end_for_rows(const AttnShape& p, unsigned int q0,
+                                                        unsigned int rows) {
+    if (!p.causal) {
+        return p.seq_kv;
+    }
+    long long last = (long long)min(q0 + rows, p.seq_q) - 1 + p.causal_offset;
+    return last < 0 ? 0u : (unsigned int)min((long long)p.seq_kv, last + 1);
+}
+
+// N blocks of C operands set to 0
+template <int N>
+__device__ __forceinline__ void zero(float (*c)[4]) {
+#pragma unroll
+    for (int t = 0; t < N; t++) {
+        c[t][0] = c[t][1] = c[t][2] = c[t][3] = 0.f;
+    }
+}
+
 // A operand of m16n8k16 (16 rows x 16 of k) from a shared tile of STRIDE-element rows: rows
 // row0.., k = ks * 16..
 __device__ __forceinline__ void load_a(unsigned int* a, const elem_t* tile, int row0, int ks) {

@@ -74,14 +74,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
     copy_commit();
 
     float dk_acc[DTILES][4], dv_acc[DTILES][4];
-#pragma unroll
-    for (int t = 0; t < DTILES; t++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            dk_acc[t][e] = 0.f;
-            dv_acc[t][e] = 0.f;
-        }
-    }
+    zero<DTILES>(dk_acc);
+    zero<DTILES>(dv_acc);
     // the first row that can see key kv0 (causal): i >= kv0 - causal_offset
     unsigned int q_begin = 0;
     if (p.causal) {
@@ -112,14 +106,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
 
             // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys
             float s[QTILES][4], dp[QTILES][4];
-#pragma unroll
-            for (int nt = 0; nt < QTILES; nt++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s[nt][e] = 0.f;
-                    dp[nt][e] = 0.f;
-                }
-            }
+            zero<QTILES>(s);
+            zero<QTILES>(dp);
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ks++) {
                 unsigned int kf[4], vf[4];
@@ -193,11 +181,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
     const size_t kv_off = ((size_t)b * p.seq_kv * p.heads_kv + hk) * HEAD_DIM;
     const size_t row_off = ((size_t)b * p.heads_q + h) * p.seq_q;
 
-    unsigned int kv_end = p.seq_kv;
-    if (p.causal) {
-        long long last = (long long)min(q0 + BLOCK_RES, p.seq_q) - 1 + p.causal_offset;
-        kv_end = last < 0 ? 0u : (unsigned int)min((long long)p.seq_kv, last + 1);
-    }
+    const unsigned int kv_end = kv_end_for_rows(p, q0, BLOCK_RES);
 
     stage_rows(smem, q + q_off, q0, BLOCK_RES, p.seq_q, q_pitch);
     stage_rows(smem + BLOCK_RES * STRIDE, d_out + q_off, q0, BLOCK_RES, p.seq_q, q_pitch);
@@ -218,10 +202,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
     const float delta_hi = row_hi < p.seq_q ? delta[row_off + row_hi] : 0.f;
 
     float dq_acc[DTILES][4];
-#pragma unroll
-    for (int t = 0; t < DTILES; t++) {
-        dq_acc[t][0] = dq_acc[t][1] = dq_acc[t][2] = dq_acc[t][3] = 0.f;
-    }
+    zero<DTILES>(dq_acc);
     elem_t* sk = smem;
     elem_t* sv = smem + BLOCK_N * STRIDE;
     for (unsigned int kv0 = 0; kv0 < kv_end; kv0 += BLOCK_N) {
@@ -234,13 +215,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
 
         // S = Q K^T and dP = dO V^T
         float s[NTILES][4], dp[NTILES][4];
+        zero<NTILES>(s);
+        zero<NTILES>(dp);
 #pragma unroll
         for (int nt = 0; nt < NTILES; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[nt][e] = 0.f;
-                dp[nt][e] = 0.f;
-            }
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ks++) {
                 unsigned int kb[2], vb[2];

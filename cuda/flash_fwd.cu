@@ -42,12 +42,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
     const elem_t* k_base = k + ((size_t)b * p.seq_kv * p.heads_kv + hk) * HEAD_DIM;
     const elem_t* v_base = v + ((size_t)b * p.seq_kv * p.heads_kv + hk) * HEAD_DIM;
 
-    // keys [0, kv_end) are the only ones these rows can see
-    unsigned int kv_end = p.seq_kv;
-    if (p.causal) {
-        long long last = (long long)min(q0 + BLOCK_M, p.seq_q) - 1 + p.causal_offset;
-        kv_end = last < 0 ? 0u : (unsigned int)min((long long)p.seq_kv, last + 1);
-    }
+    const unsigned int kv_end = kv_end_for_rows(p, q0, BLOCK_M);
 
     // Q fragments: this warp's 16 rows, KSTEPS blocks of 16 dims, 4 regs each
     stage_rows(smem, q_base, q0, BLOCK_M, p.seq_q, q_pitch);
@@ -73,8 +68,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
     // this thread's two rows: r_lo = lane / 4 and r_hi = r_lo + 8 of the warp's 16
     const unsigned int row_lo = q0 + warp * 16 + lane / 4, row_hi = row_lo + 8;
     float o[DTILES][4];
-#pragma unroll
-    for (int t = 0; t < DTILES; t++) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+    zero<DTILES>(o);
     float m_lo = NEG_INF, m_hi = NEG_INF, l_lo = 0.f, l_hi = 0.f;
 
     int stage = 0;
@@ -93,9 +87,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
 
         // S = Q K^T: NTILES blocks of 8 keys
         float s[NTILES][4];
+        zero<NTILES>(s);
 #pragma unroll
         for (int nt = 0; nt < NTILES; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ks++) {
                 unsigned int kf[2];

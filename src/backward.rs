@@ -1,7 +1,7 @@
 //! The backward pass: gradients of q, k, v from the forward's out and lse (recomputed, not
 //! stored).
 
-use crate::checks::{check_lse_values, check_slice, check_tensor};
+use crate::checks::{check_backward_host, check_lse_values, check_tensor};
 use crate::config::AttentionConfig;
 use crate::device::Context;
 use crate::dtype::{DType, Element};
@@ -105,14 +105,7 @@ impl Context {
         lse: &[f32],
         d_out: &[T],
     ) -> Result<HostGradients<T>> {
-        cfg.validate()?;
-        check_slice(TensorRole::Q, q.len(), &cfg.q_shape())?;
-        check_slice(TensorRole::K, k.len(), &cfg.kv_shape())?;
-        check_slice(TensorRole::V, v.len(), &cfg.kv_shape())?;
-        check_slice(TensorRole::Out, out.len(), &cfg.q_shape())?;
-        check_slice(TensorRole::Lse, lse.len(), &cfg.lse_shape())?;
-        check_slice(TensorRole::DOut, d_out.len(), &cfg.q_shape())?;
-        check_lse_values(lse)?;
+        check_backward_host(cfg, (q, k, v), out, lse, d_out)?;
         let (qs, kvs) = (cfg.q_shape(), cfg.kv_shape());
         let g = self.backward_checked(
             cfg,

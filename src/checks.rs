@@ -1,6 +1,7 @@
 //! Argument checks shared by every entry point: tensor shapes and dtypes, host slice lengths
 //! and lse values. Each failure names the tensor, what was expected and what was given.
 
+use crate::config::AttentionConfig;
 use crate::device::Context;
 use crate::dtype::DType;
 use crate::error::{Error, Result, TensorRole};
@@ -61,4 +62,33 @@ pub(crate) fn check_lse_values(lse: &[f32]) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The checks of a forward from host slices, on every backend: the config, then q, k and v.
+pub(crate) fn check_forward_host<T>(
+    cfg: &AttentionConfig,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> Result<()> {
+    cfg.validate()?;
+    check_slice(TensorRole::Q, q.len(), &cfg.q_shape())?;
+    check_slice(TensorRole::K, k.len(), &cfg.kv_shape())?;
+    check_slice(TensorRole::V, v.len(), &cfg.kv_shape())
+}
+
+/// The checks of a backward from host slices, on every backend: the forward's, then out, lse
+/// (lengths and values) and d_out.
+pub(crate) fn check_backward_host<T>(
+    cfg: &AttentionConfig,
+    (q, k, v): (&[T], &[T], &[T]),
+    out: &[T],
+    lse: &[f32],
+    d_out: &[T],
+) -> Result<()> {
+    check_forward_host(cfg, q, k, v)?;
+    check_slice(TensorRole::Out, out.len(), &cfg.q_shape())?;
+    check_slice(TensorRole::Lse, lse.len(), &cfg.lse_shape())?;
+    check_slice(TensorRole::DOut, d_out.len(), &cfg.q_shape())?;
+    check_lse_values(lse)
 }

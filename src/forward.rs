@@ -1,6 +1,6 @@
 //! The forward pass: `out = softmax(scale * Q K^T, masked) V` and its per-row lse.
 
-use crate::checks::{check_slice, check_tensor};
+use crate::checks::{check_forward_host, check_tensor};
 use crate::config::AttentionConfig;
 use crate::device::Context;
 use crate::dtype::Element;
@@ -57,10 +57,7 @@ impl Context {
         k: &[T],
         v: &[T],
     ) -> Result<HostForward<T>> {
-        cfg.validate()?;
-        check_slice(TensorRole::Q, q.len(), &cfg.q_shape())?;
-        check_slice(TensorRole::K, k.len(), &cfg.kv_shape())?;
-        check_slice(TensorRole::V, v.len(), &cfg.kv_shape())?;
+        check_forward_host(cfg, q, k, v)?;
         let q = self.upload(q, &cfg.q_shape())?;
         let k = self.upload(k, &cfg.kv_shape())?;
         let v = self.upload(v, &cfg.kv_shape())?;

@@ -15,10 +15,8 @@ use cudarc::driver::{
 
 use super::kernels::{AttnShape, CudaKernel, CudaKey, Launch, MIN_ARCH};
 use super::nvrtc::Nvrtc;
-use crate::checks::{check_lse_values, check_slice};
-use crate::{
-    Algorithm, AttentionConfig, Element, Error, HostForward, HostGradients, Result, TensorRole,
-};
+use crate::checks::{check_backward_host, check_forward_host};
+use crate::{Algorithm, AttentionConfig, Element, Error, HostForward, HostGradients, Result};
 
 // SAFETY: #[repr(C)], plain 4-byte fields, the layout of the kernel's struct (tested in
 // kernels.rs).
@@ -228,10 +226,7 @@ impl CudaContext {
         k: &[T],
         v: &[T],
     ) -> Result<HostForward<T>> {
-        cfg.validate()?;
-        check_slice(TensorRole::Q, q.len(), &cfg.q_shape())?;
-        check_slice(TensorRole::K, k.len(), &cfg.kv_shape())?;
-        check_slice(TensorRole::V, v.len(), &cfg.kv_shape())?;
+        check_forward_host(cfg, q, k, v)?;
         let (key, shape) = self.prepare::<T>(CudaKernel::Forward, cfg)?;
         let rows = cfg.batch * cfg.heads_q * cfg.seq_q;
         if q.is_empty() || k.is_empty() {
@@ -279,14 +274,7 @@ impl CudaContext {
         lse: &[f32],
         d_out: &[T],
     ) -> Result<HostGradients<T>> {
-        cfg.validate()?;
-        check_slice(TensorRole::Q, q.len(), &cfg.q_shape())?;
-        check_slice(TensorRole::K, k.len(), &cfg.kv_shape())?;
-        check_slice(TensorRole::V, v.len(), &cfg.kv_shape())?;
-        check_slice(TensorRole::Out, out.len(), &cfg.q_shape())?;
-        check_slice(TensorRole::Lse, lse.len(), &cfg.lse_shape())?;
-        check_slice(TensorRole::DOut, d_out.len(), &cfg.q_shape())?;
-        check_lse_values(lse)?;
+        check_backward_host(cfg, (q, k, v), out, lse, d_out)?;
         let (key, shape) = self.prepare::<T>(CudaKernel::Backward, cfg)?;
         if q.is_empty() || k.is_empty() {
             // no pair: every gradient is zero
