@@ -13,18 +13,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
+use common::nvrtc::nvrtc_dir;
 use common::{assert_close_tol, assert_lse_close, describe, rel_tol, rounded_inputs, Rounded};
-use flash_attn_wgpu::cuda::nvrtc::NVRTC_DIR_ENV;
 use flash_attn_wgpu::cuda::CudaContext;
 use flash_attn_wgpu::dtype::to_f32_vec;
 use flash_attn_wgpu::{reference, AttentionConfig, Element, Error};
 
 fn cuda() -> Option<CudaContext> {
-    let dir = std::env::var_os(NVRTC_DIR_ENV)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/cuda-13.0/lib"));
+    let dir = nvrtc_dir();
     match CudaContext::with_nvrtc_dir(0, Some(&dir)) {
         Ok(c) => {
             eprintln!(

@@ -6,17 +6,12 @@
 //! `bash scripts/ensure-cuda.sh` (part of the README's test command) unpacks the pinned wheel.
 #![cfg(feature = "cuda")]
 
-use std::path::{Path, PathBuf};
+mod common;
 
+use common::nvrtc::nvrtc_dir;
 use flash_attn_wgpu::cuda::kernels::{CudaKernel, CudaKey};
 use flash_attn_wgpu::cuda::nvrtc::{Nvrtc, NVRTC_DIR_ENV};
 use flash_attn_wgpu::{DType, Error};
-
-fn nvrtc_dir() -> PathBuf {
-    std::env::var_os(NVRTC_DIR_ENV)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/cuda-13.0/lib"))
-}
 
 fn nvrtc() -> Nvrtc {
     let dir = nvrtc_dir();

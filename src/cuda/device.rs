@@ -42,8 +42,7 @@ impl CudaContext {
     /// CUDA device `ordinal` (0 for the first), with NVRTC from `FLASH_ATTN_NVRTC_DIR` when
     /// set, else from the loader's path.
     pub fn new(ordinal: usize) -> Result<CudaContext> {
-        let dir = std::env::var_os(super::nvrtc::NVRTC_DIR_ENV).map(std::path::PathBuf::from);
-        CudaContext::with_nvrtc_dir(ordinal, dir.as_deref())
+        CudaContext::with_nvrtc_dir(ordinal, super::nvrtc::dir_from_env().as_deref())
     }
 
     /// CUDA device `ordinal`, with NVRTC from `nvrtc_dir` (None: the loader's path).

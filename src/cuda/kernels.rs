@@ -109,10 +109,6 @@ pub struct CudaKey {
 /// `ldmatrix` and `cp.async` (Ampere).
 pub const MIN_ARCH: u32 = 80;
 
-/// Head dims the tensor-core kernels take: multiples of 16 up to this (the forward; the
-/// backward stops at [`CudaKernel::max_head_dim`]).
-pub const MAX_CUDA_HEAD_DIM: u32 = 256;
-
 /// One kernel launch: entry point, grid, block and dynamic shared memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Launch {

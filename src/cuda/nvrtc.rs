@@ -25,6 +25,11 @@ const FIX: &str = "install the CUDA 13 toolkit, or `pip install nvidia-cuda-nvrt
                    set FLASH_ATTN_NVRTC_DIR to the wheel's nvidia/cu13/lib folder \
                    (`bash scripts/ensure-cuda.sh` puts one in .tools/cuda-13.0/lib)";
 
+/// The folder `FLASH_ATTN_NVRTC_DIR` names, if set.
+pub fn dir_from_env() -> Option<PathBuf> {
+    std::env::var_os(NVRTC_DIR_ENV).map(PathBuf::from)
+}
+
 /// A compiled variant.
 #[derive(Debug)]
 pub struct Compiled {
@@ -83,8 +88,7 @@ fn preload(dir: &Path) -> Result<()> {
 impl Nvrtc {
     /// NVRTC from `FLASH_ATTN_NVRTC_DIR` when set, else from the loader's path.
     pub fn load() -> Result<Nvrtc> {
-        let dir = std::env::var_os(NVRTC_DIR_ENV).map(PathBuf::from);
-        Nvrtc::load_from(dir.as_deref())
+        Nvrtc::load_from(dir_from_env().as_deref())
     }
 
     /// NVRTC from `dir` (None: the loader's path).

@@ -46,13 +46,12 @@ fn tile_vec_type(vw: u32) -> String {
 }
 
 /// One function body over the head dimension in chunks of SG x VW dims (one TileVec per lane):
-/// `chunk` lines once per chunk, then `each` lines for every element of the chunk, then `row`
-/// lines for every row of those. Tokens: `{i}` chunk number, `{v0}` its first TileVec within a
+/// `chunk` lines once per chunk, then `row` lines for every element of the chunk and every
+/// row (RPT) of the invocation. Tokens: `{i}` chunk number, `{v0}` its first TileVec within a
 /// row of a staged tile, `{c}` a name suffix for per-chunk values, `{e}` the element's index
 /// into the chunk's `lane_values` (lane, then component), `{d}` its dim, `{rr}` the row.
 struct Body<'a> {
     chunk: &'a [&'a str],
-    each: &'a [&'a str],
     row: &'a [&'a str],
 }
 
@@ -102,9 +101,6 @@ impl Shape {
                             format!("[{l}][{j}]")
                         };
                         let d = (d0 + l * self.vw + j).to_string();
-                        for t in body.each {
-                            let _ = writeln!(s, "    {}", fill(t, &i, &v0, &i, &e, &d, ""));
-                        }
                         for rr in 0..self.rpt {
                             let rrs = rr.to_string();
                             for t in body.row {
@@ -128,20 +124,15 @@ impl Shape {
             }
             s.push_str("        for (var l = 0u; l < SG; l++) {\n");
             s.push_str(inner);
-            for t in body.each {
-                let _ = writeln!(s, "            {}", fill(t, "i", "i * SG", "", e, d, ""));
+            s.push_str("            for (var rr = 0u; rr < RPT; rr++) {\n");
+            for t in body.row {
+                let _ = writeln!(
+                    s,
+                    "                {}",
+                    fill(t, "i", "i * SG", "", e, d, "rr")
+                );
             }
-            if !body.row.is_empty() {
-                s.push_str("            for (var rr = 0u; rr < RPT; rr++) {\n");
-                for t in body.row {
-                    let _ = writeln!(
-                        s,
-                        "                {}",
-                        fill(t, "i", "i * SG", "", e, d, "rr")
-                    );
-                }
-                s.push_str("            }\n");
-            }
+            s.push_str("            }\n");
             s.push_str("        }\n        }\n    }\n");
         }
     }
@@ -243,7 +234,6 @@ pub fn forward_rows(subgroup: u32, head_dim: u32, rpt: u32) -> String {
         &mut s,
         &Body {
             chunk: &["let k{c} = lane_values(sk[c * DPAD_V + {v0} + lane]);"],
-            each: &[],
             row: &["x[{rr}] = fma(qr[{rr}][{d}], k{c}{e}, x[{rr}]);"],
         },
     );
@@ -253,7 +243,6 @@ pub fn forward_rows(subgroup: u32, head_dim: u32, rpt: u32) -> String {
         &mut s,
         &Body {
             chunk: &["let v{c} = lane_values(sv[c * DPAD_V + {v0} + lane]);"],
-            each: &[],
             row: &["o[{rr}][{d}] = add_weighted(o[{rr}][{d}], p[{rr}], v{c}{e}, guard);"],
         },
     );
@@ -280,7 +269,6 @@ pub fn dq_rows(subgroup: u32, head_dim: u32, rpt: u32) -> String {
                 "let k{c} = lane_values(kc[{i}]);",
                 "let v{c} = lane_values(sv[c * DPAD_V + {v0} + lane]);",
             ],
-            each: &[],
             row: &[
                 "x[{rr}] = fma(qr[{rr}][{d}], k{c}{e}, x[{rr}]);",
                 "x[RPT + {rr}] = fma(dor[{rr}][{d}], v{c}{e}, x[RPT + {rr}]);",
@@ -293,7 +281,6 @@ pub fn dq_rows(subgroup: u32, head_dim: u32, rpt: u32) -> String {
         &mut s,
         &Body {
             chunk: &["let k{c} = lane_values(kc[{i}]);"],
-            each: &[],
             row: &[
                 "dq_tile[{rr}][{d}] = add_weighted(dq_tile[{rr}][{d}], ds[{rr}], k{c}{e}, guard);",
             ],
@@ -323,7 +310,6 @@ pub fn dkdv_rows(subgroup: u32, head_dim: u32, rpt: u32) -> String {
                 "let q{c} = lane_values(qc[{i}]);",
                 "let o{c} = lane_values(dc[{i}]);",
             ],
-            each: &[],
             row: &[
                 "x[{rr}] = fma(kr[{rr}][{d}], q{c}{e}, x[{rr}]);",
                 "x[RPT + {rr}] = fma(vr[{rr}][{d}], o{c}{e}, x[RPT + {rr}]);",
@@ -339,7 +325,6 @@ pub fn dkdv_rows(subgroup: u32, head_dim: u32, rpt: u32) -> String {
                 "let q{c} = lane_values(qc[{i}]);",
                 "let o{c} = lane_values(dc[{i}]);",
             ],
-            each: &[],
             row: &[
                 "dv_tile[{rr}][{d}] = add_weighted(dv_tile[{rr}][{d}], p[{rr}], o{c}{e}, guard);",
                 "dk_tile[{rr}][{d}] = add_weighted(dk_tile[{rr}][{d}], ds[{rr}], q{c}{e}, guard);",

@@ -1,6 +1,8 @@
 //! Shared test helpers: one context per test binary, fresh random data, tolerances.
 #![allow(dead_code)]
 
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
 pub mod variants;
 
 /// A device of the default adapter created with exactly `limits` and the adapter's features
