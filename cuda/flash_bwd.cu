@@ -1,10 +1,10 @@
 // FlashAttention backward (exact) on NVIDIA tensor cores: FlashAttention-2 structure, three
 // kernels, deterministic (no atomics: each block owns the gradient rows it writes, as on wgpu).
 //
-// Compiled at run time by NVRTC (src/cuda/nvrtc.rs), after cuda/common.cuh, once per key
+// Compiled at run time by NVRTC (src/cuda/nvrtc.rs), after cuda/common.cuh and cuda/mma.cuh, once per key
 // (src/cuda/kernels.rs owns the geometry):
 //   -DHEAD_DIM=d     head dimension, a multiple of 16, at most 128
-//   -DELEM_BF16=0|1  f16 or bf16 storage, f32 accumulation
+//   -DELEM_KIND=0|1  f16 or bf16 storage, f32 accumulation
 //   -DWARPS=w        warps per block: 16 resident keys (dK/dV) or query rows (dQ) each
 //   -DBLOCK_Q=m      query rows per streamed Q/dO tile of the dK/dV kernel, a multiple of 16
 //   -DBLOCK_N=n      keys per streamed K/V tile of the dQ kernel, a multiple of 16

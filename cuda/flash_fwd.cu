@@ -1,9 +1,9 @@
 // FlashAttention forward (exact) on NVIDIA tensor cores: FlashAttention-2 structure.
 //
-// Compiled at run time by NVRTC (src/cuda/nvrtc.rs), after cuda/common.cuh, once per key
+// Compiled at run time by NVRTC (src/cuda/nvrtc.rs), after cuda/common.cuh and cuda/mma.cuh, once per key
 // (src/cuda/kernels.rs, which owns the launch geometry and passes it in):
 //   -DHEAD_DIM=d     head dimension, a multiple of 16, at most 256
-//   -DELEM_BF16=0|1  f16 or bf16 storage (both multiply on tensor cores with f32 accumulation)
+//   -DELEM_KIND=0|1  f16 or bf16 storage (both multiply on tensor cores with f32 accumulation)
 //   -DWARPS=w        warps per block, 16 query rows each
 //   -DBLOCK_N=n      keys per K/V tile, a multiple of 16
 // Layouts as the wgpu path (shaders/common.wgsl): q, out [batch, seq_q, heads_q, HEAD_DIM];
@@ -164,18 +164,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
     }
 
     // out = O / l, lse = ln(l) + m ln 2 (natural log); rows that saw nothing: 0 and -inf
-    const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f;
-    const float inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+    const float inv_lo = row_inv(l_lo), inv_hi = row_inv(l_hi);
     store_rows(out + ((size_t)b * p.seq_q * p.heads_q + h) * HEAD_DIM, q_pitch, row_lo, p.seq_q,
                o, inv_lo, inv_hi);
     if (lane % 4 == 0) {
         if (row_lo < p.seq_q) {
             lse[((size_t)b * p.heads_q + h) * p.seq_q + row_lo] =
-                l_lo > 0.f ? logf(l_lo) + m_lo * LN2 : NEG_INF;
+                row_lse(l_lo, m_lo);
         }
         if (row_hi < p.seq_q) {
             lse[((size_t)b * p.heads_q + h) * p.seq_q + row_hi] =
-                l_hi > 0.f ? logf(l_hi) + m_hi * LN2 : NEG_INF;
+                row_lse(l_hi, m_hi);
         }
     }
 }

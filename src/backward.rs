@@ -10,11 +10,12 @@ use crate::plan;
 use crate::tensor::Tensor;
 
 /// Device-resident gradients. dq is shaped like q; dk and dv like k and v; all in q's dtype.
+/// `X` is the backend's tensor type.
 #[derive(Debug)]
-pub struct Gradients {
-    pub dq: Tensor,
-    pub dk: Tensor,
-    pub dv: Tensor,
+pub struct Gradients<X = Tensor> {
+    pub dq: X,
+    pub dk: X,
+    pub dv: X,
 }
 
 /// Host copy of the gradients.

@@ -16,18 +16,29 @@ pub(crate) fn check_tensor(
     dtype: DType,
 ) -> Result<()> {
     ctx.check_owned(t, || role.to_string())?;
-    if t.shape() != expected {
+    check_meta(role, t.shape(), t.dtype(), expected, dtype)
+}
+
+/// A tensor of any backend, its owner checked: the shape the config implies, the call's dtype.
+pub(crate) fn check_meta(
+    role: TensorRole,
+    shape: &[usize],
+    got: DType,
+    expected: &[usize],
+    dtype: DType,
+) -> Result<()> {
+    if shape != expected {
         return Err(Error::Shape {
             tensor: role,
             expected: expected.to_vec(),
-            got: t.shape().to_vec(),
+            got: shape.to_vec(),
         });
     }
-    if t.dtype() != dtype {
+    if got != dtype {
         return Err(Error::DType {
             tensor: role.to_string(),
             expected: dtype,
-            got: t.dtype(),
+            got,
         });
     }
     Ok(())

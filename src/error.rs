@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::backend::Backend;
 use crate::dtype::DType;
 
 /// Which tensor an error is about.
@@ -78,8 +79,12 @@ pub enum Error {
     )]
     ForeignTensor { tensor: String },
 
-    #[error("{feature} is not supported here: {reason}")]
-    Unsupported { feature: String, reason: String },
+    #[error("{feature} is not supported on the {backend} backend: {reason}")]
+    Unsupported {
+        feature: String,
+        backend: Backend,
+        reason: String,
+    },
 
     #[error("{tensor}[{index}] is {value}, expected {expected}")]
     InvalidValue {

@@ -9,11 +9,12 @@ use crate::plan;
 use crate::tensor::Tensor;
 
 /// Device-resident forward results. `out` is shaped and typed like q; `lse` is f32
-/// `[batch, heads_q, seq_q]` (natural log).
+/// `[batch, heads_q, seq_q]` (natural log). `X` is the backend's tensor type: [`Tensor`] on
+/// wgpu, `CudaTensor` on CUDA.
 #[derive(Debug)]
-pub struct Forward {
-    pub out: Tensor,
-    pub lse: Tensor,
+pub struct Forward<X = Tensor> {
+    pub out: X,
+    pub lse: X,
 }
 
 /// Host copy of the forward results.

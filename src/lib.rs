@@ -26,6 +26,7 @@
 //! # Ok::<(), flash_attn_wgpu::Error>(())
 //! ```
 
+pub mod backend;
 pub mod backward;
 mod checks;
 pub mod config;
@@ -42,6 +43,7 @@ pub mod replay;
 pub mod roofline;
 pub mod tensor;
 
+pub use backend::{AttentionBackend, Backend};
 pub use backward::{Gradients, HostGradients};
 pub use config::{Algorithm, AttentionConfig, MAX_HEAD_DIM};
 pub use device::{AdapterSummary, Context, MemoryStats, Tuning};

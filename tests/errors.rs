@@ -507,7 +507,12 @@ fn the_coop_variant_is_unsupported_without_cooperative_matrices() {
         })
         .unwrap_err();
     match err {
-        flash_attn_wgpu::Error::Unsupported { feature, reason } => {
+        flash_attn_wgpu::Error::Unsupported {
+            feature,
+            backend,
+            reason,
+        } => {
+            assert_eq!(backend, flash_attn_wgpu::Backend::Wgpu);
             assert!(feature.contains("Variant::Coop"), "{feature}");
             assert!(reason.contains("Variant::Blocks"), "{reason}");
         }

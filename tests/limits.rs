@@ -151,13 +151,18 @@ fn f16_works_without_shader_f16_through_packed_storage() {
         flash_attn_wgpu::HalfStorage::Packed
     );
     let c = cfg(1, 21, 19, 2, 1, 24, true);
-    common::check_dtype::<half::f16>(&ctx, &c, 1.0, "no SHADER_F16");
+    common::check_dtype::<_, half::f16>(&ctx, &c, 1.0, "no SHADER_F16");
     let native = Tuning {
         half_storage: flash_attn_wgpu::HalfStorage::Native,
         ..ctx.tuning()
     };
     match ctx.set_tuning(native) {
-        Err(Error::Unsupported { feature, reason }) => {
+        Err(Error::Unsupported {
+            feature,
+            backend,
+            reason,
+        }) => {
+            assert_eq!(backend, flash_attn_wgpu::Backend::Wgpu);
             assert!(feature.contains("native f16"), "{feature}");
             assert!(reason.contains("SHADER_F16"), "{reason}");
         }

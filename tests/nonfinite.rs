@@ -6,76 +6,19 @@
 
 mod common;
 
-use common::{assert_close_nan, cfg, poisoned_inputs, rel_tol, Rounded};
-use flash_attn_wgpu::dtype::to_f32_vec;
-use flash_attn_wgpu::{reference, AttentionConfig, Context, Element, Tuning};
+use common::backend::check_poisoned;
+use common::{cfg, poisoned_inputs};
+use flash_attn_wgpu::{AttentionConfig, Context, Element, Tuning};
 
-/// One poisoned case in `T` on every algorithm and variant: forward and backward against the
-/// reference on the same (poisoned, T-rounded) inputs.
+/// One poisoned case in `T` on every algorithm and variant (`common::backend::check_poisoned`).
 fn poisoned_case<T: Element>(ctx: &Context, base: &AttentionConfig) {
-    let Rounded {
-        seed,
-        q,
-        k,
-        v,
-        d_out,
-        qr,
-        kr,
-        vr,
-        dor,
-    } = poisoned_inputs::<T>(base);
-    let want = reference::forward(base, &qr, &kr, &vr);
-    let tol = rel_tol(T::DTYPE);
+    let r = poisoned_inputs::<T>(base);
     let tuning = ctx.tuning();
     for (algorithm, variant) in common::algorithm_variants() {
         ctx.set_tuning(Tuning { variant, ..tuning }).unwrap();
         let mut c = base.clone();
         c.algorithm = algorithm;
-        let msg = format!("{} {}", T::DTYPE, common::describe(&c, seed));
-        let f = ctx.forward_host(&c, &q, &k, &v).unwrap();
-        let out = to_f32_vec(&f.out);
-        let nans = assert_close_nan("out", &out, &want.out, tol, &msg);
-        assert!(nans > 0, "the poisoned rows must carry NaN ({msg})");
-        for (i, (&g, &w)) in f.lse.iter().zip(&want.lse).enumerate() {
-            if w.is_nan() {
-                assert!(g.is_nan(), "lse[{i}] = {g}, want NaN ({msg})");
-            } else {
-                assert!(
-                    (g as f64 - w).abs() <= 1e-4 * w.abs().max(1.0),
-                    "lse[{i}]: {g} vs {w} ({msg})"
-                );
-            }
-        }
-        assert!(
-            f.lse[3].is_nan(),
-            "the NaN query row's lse is NaN, not -inf ({msg})"
-        );
-        // The backward takes the forward's own out (NaN rows included) and an lse whose NaN
-        // rows the host check would refuse: run it on device tensors, which take any lse.
-        let (qs, kvs) = (c.q_shape(), c.kv_shape());
-        let g = ctx.backward(
-            &c,
-            &ctx.upload(&q, &qs).unwrap(),
-            &ctx.upload(&k, &kvs).unwrap(),
-            &ctx.upload(&v, &kvs).unwrap(),
-            &ctx.upload(&f.out, &qs).unwrap(),
-            &ctx.upload(&f.lse, &c.lse_shape()).unwrap(),
-            &ctx.upload(&d_out, &qs).unwrap(),
-        );
-        let wg = reference::backward_with_out(&c, &qr, &kr, &vr, &out, &dor);
-        match g {
-            Ok(g) => {
-                for (name, got, want) in [
-                    ("dq", &g.dq, &wg.dq),
-                    ("dk", &g.dk, &wg.dk),
-                    ("dv", &g.dv, &wg.dv),
-                ] {
-                    let got = to_f32_vec(&ctx.download::<T>(got).unwrap());
-                    assert_close_nan(name, &got, want, tol, &msg);
-                }
-            }
-            Err(e) => panic!("backward failed: {e} ({msg})"),
-        }
+        check_poisoned(ctx, &c, &r);
     }
     ctx.set_tuning(tuning).unwrap();
 }

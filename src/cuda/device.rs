@@ -9,14 +9,20 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    self as drv, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
-    PushKernelArg,
+    self as drv, CudaEvent, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchArgs,
+    LaunchConfig, PushKernelArg,
 };
 
-use super::kernels::{AttnShape, CudaKernel, CudaKey, Launch, MIN_ARCH};
+use super::kernels::{AttnShape, CudaKernel, CudaKey, Launch, Pass, MIN_ARCH};
 use super::nvrtc::Nvrtc;
-use crate::checks::{check_backward_host, check_forward_host};
-use crate::{Algorithm, AttentionConfig, Element, Error, HostForward, HostGradients, Result};
+use super::tensor::{next_owner, CudaTensor};
+use crate::backend::{AttentionBackend, Backend};
+use crate::checks::{check_lse_values, check_meta};
+use crate::tensor::shape_elements;
+use crate::{
+    Algorithm, AttentionConfig, DType, Element, Error, Forward, GpuTiming, Gradients, Result,
+    TensorRole,
+};
 
 // SAFETY: #[repr(C)], plain 4-byte fields, the layout of the kernel's struct (tested in
 // kernels.rs).
@@ -36,6 +42,16 @@ pub struct CudaContext {
     nvrtc: Nvrtc,
     modules: Mutex<HashMap<CudaKey, Arc<CudaModule>>>,
     functions: Mutex<HashMap<(CudaKey, &'static str), CudaFunction>>,
+    /// This context's number: its tensors carry it.
+    owner: u64,
+    /// Events around the launches of the last call, read by `last_gpu_timing`.
+    timing: Mutex<Option<Timeline>>,
+}
+
+/// Events recorded on the stream: one before the first launch, one after each.
+struct Timeline {
+    start: CudaEvent,
+    marks: Vec<(&'static str, CudaEvent)>,
 }
 
 impl CudaContext {
@@ -76,6 +92,7 @@ impl CudaContext {
         if arch < MIN_ARCH {
             return Err(Error::Unsupported {
                 feature: format!("the CUDA path on {name} (sm_{arch})"),
+                backend: crate::Backend::Cuda,
                 reason: format!(
                     "the CUDA kernels need sm_{MIN_ARCH} or newer; use the wgpu path on this GPU"
                 ),
@@ -97,6 +114,8 @@ impl CudaContext {
             nvrtc,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            owner: next_owner(),
+            timing: Mutex::new(None),
         })
     }
 
@@ -158,18 +177,21 @@ impl CudaContext {
     }
 
     /// The checks every call shares, and its program's key and scalars.
-    fn prepare<T: Element>(
+    fn prepare(
         &self,
-        kernel: CudaKernel,
+        pass: Pass,
         cfg: &AttentionConfig,
+        dtype: DType,
     ) -> Result<(CudaKey, AttnShape)> {
         if cfg.algorithm == Algorithm::Naive {
             return Err(Error::Unsupported {
-                feature: "Algorithm::Naive on the CUDA path".into(),
+                feature: "Algorithm::Naive".into(),
+                backend: crate::Backend::Cuda,
                 reason: "the CUDA path has the tiled kernels only; use the wgpu path".into(),
             });
         }
-        let key = CudaKey::new(kernel, T::DTYPE, cfg.head_dim as u32, self.arch)?;
+        let kernel = CudaKernel::for_pass(pass, dtype, cfg.head_dim as u32);
+        let key = CudaKey::new(kernel, dtype, cfg.head_dim as u32, self.arch)?;
         let shape = AttnShape::new(cfg)?;
         for l in key.launches(cfg) {
             if l.grid.1 > 65_535 || l.grid.2 > 65_535 {
@@ -184,27 +206,71 @@ impl CudaContext {
         Ok((key, shape))
     }
 
-    fn upload<T: Element>(&self, x: &[T]) -> Result<CudaSlice<u16>> {
-        self.stream
-            .clone_htod(bytemuck::cast_slice::<T, u16>(x))
-            .map_err(driver_error("upload"))
-    }
-
-    fn zeros<U: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-        &self,
-        n: usize,
-    ) -> Result<CudaSlice<U>> {
-        self.stream
-            .alloc_zeros::<U>(n)
-            .map_err(driver_error("alloc"))
-    }
-
-    fn download<T: Element>(&self, x: &CudaSlice<u16>) -> Result<Vec<T>> {
-        let bits: Vec<u16> = self
+    /// Copies host data to a new device tensor of `shape`, in `T`'s dtype.
+    pub fn upload<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<CudaTensor> {
+        let n = shape_elements(shape)?;
+        if data.len() != n {
+            return Err(Error::invalid(format!(
+                "upload: {} values given for shape {shape:?}, which holds {n}",
+                data.len()
+            )));
+        }
+        let data = self
             .stream
-            .clone_dtoh(x)
+            .clone_htod(bytemuck::cast_slice::<T, u8>(data))
+            .map_err(driver_error("upload"))?;
+        Ok(CudaTensor {
+            data,
+            shape: shape.to_vec(),
+            dtype: T::DTYPE,
+            owner: self.owner,
+            role: None,
+        })
+    }
+
+    /// Copies a device tensor back to the host as `T`, which must be the tensor's dtype.
+    pub fn download<T: Element>(&self, t: &CudaTensor) -> Result<Vec<T>> {
+        t.check_owner(self.owner, || t.describe())?;
+        if t.dtype != T::DTYPE {
+            return Err(Error::DType {
+                tensor: t.describe(),
+                expected: t.dtype,
+                got: T::DTYPE,
+            });
+        }
+        let mut out = vec![T::zeroed(); t.len()];
+        self.stream
+            .memcpy_dtoh(&t.data, bytemuck::cast_slice_mut::<T, u8>(&mut out))
             .map_err(driver_error("download"))?;
-        Ok(bytemuck::cast_slice::<u16, T>(&bits).to_vec())
+        Ok(out)
+    }
+
+    /// A zero-filled result tensor.
+    fn result(&self, role: TensorRole, shape: &[usize], dtype: DType) -> Result<CudaTensor> {
+        let n = shape_elements(shape)?;
+        let data = self
+            .stream
+            .alloc_zeros::<u8>(n * dtype.size_bytes())
+            .map_err(driver_error("alloc"))?;
+        Ok(CudaTensor {
+            data,
+            shape: shape.to_vec(),
+            dtype,
+            owner: self.owner,
+            role: Some(role),
+        })
+    }
+
+    /// An argument tensor: made by this context, with the config's shape and the call's dtype.
+    fn check(
+        &self,
+        role: TensorRole,
+        t: &CudaTensor,
+        expected: &[usize],
+        dtype: DType,
+    ) -> Result<()> {
+        t.check_owner(self.owner, || role.to_string())?;
+        check_meta(role, &t.shape, t.dtype, expected, dtype)
     }
 
     fn config(launch: &Launch) -> LaunchConfig {
@@ -215,74 +281,117 @@ impl CudaContext {
         }
     }
 
-    /// Forward pass from host slices: q `[batch, seq_q, heads_q, head_dim]`, k and v
-    /// `[batch, seq_kv, heads_kv, head_dim]`, f16 or bf16; the same call and results as
-    /// [`Context::forward_host`](crate::Context::forward_host) (out, and lse in natural log).
-    pub fn forward_host<T: Element>(
+    fn event(&self) -> Result<CudaEvent> {
+        self.stream
+            .record_event(Some(drv::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver_error("event"))
+    }
+
+    /// Launches `launch` with the arguments pushed on `args`, then marks its end on the
+    /// timeline.
+    fn launch(
         &self,
-        cfg: &AttentionConfig,
-        q: &[T],
-        k: &[T],
-        v: &[T],
-    ) -> Result<HostForward<T>> {
-        check_forward_host(cfg, q, k, v)?;
-        let (key, shape) = self.prepare::<T>(CudaKernel::Forward, cfg)?;
-        let rows = cfg.batch * cfg.heads_q * cfg.seq_q;
-        if q.is_empty() || k.is_empty() {
-            // nothing to launch: rows that see no key get out = 0 and lse = -inf
-            return Ok(HostForward {
-                out: vec![T::from_f32(0.0); q.len()],
-                lse: vec![f32::NEG_INFINITY; rows],
-            });
+        timeline: &mut Timeline,
+        launch: &Launch,
+        mut args: LaunchArgs<'_>,
+    ) -> Result<()> {
+        // SAFETY: each caller pushes its entry's parameters in order, with device memory of
+        // the sizes the entry indexes (checked against the config beforehand).
+        unsafe { args.launch(Self::config(launch)) }.map_err(driver_error("launch"))?;
+        timeline.marks.push((launch.entry, self.event()?));
+        Ok(())
+    }
+
+    /// Waits for every launch on this context's stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(driver_error("synchronize"))
+    }
+
+    /// GPU time of the most recent forward or backward call, from CUDA events around its
+    /// launches (per kernel: each entry's launch). Waits for that call to finish.
+    pub fn last_gpu_timing(&self) -> Option<GpuTiming> {
+        let guard = self.timing.lock().ok()?;
+        let t = guard.as_ref()?;
+        let mut per_kernel = Vec::with_capacity(t.marks.len());
+        let mut prev = &t.start;
+        for (name, ev) in &t.marks {
+            per_kernel.push((*name, prev.elapsed_ms(ev).ok()? as f64 * 1e-3));
+            prev = ev;
         }
-        let launch = key.launches(cfg)[0];
-        let f = self.function(&key, &launch)?;
-        let (dq, dk, dv) = (self.upload(q)?, self.upload(k)?, self.upload(v)?);
-        let mut out = self.zeros::<u16>(q.len())?;
-        let mut lse = self.zeros::<f32>(rows)?;
-        let mut args = self.stream.launch_builder(&f);
-        args.arg(&dq)
-            .arg(&dk)
-            .arg(&dv)
-            .arg(&mut out)
-            .arg(&mut lse)
-            .arg(&shape);
-        // SAFETY: the arguments are flash_fwd's, in order, with the sizes it indexes (checked
-        // above against the config it is given).
-        unsafe { args.launch(Self::config(&launch)) }.map_err(driver_error("launch"))?;
-        Ok(HostForward {
-            out: self.download(&out)?,
-            lse: self
-                .stream
-                .clone_dtoh(&lse)
-                .map_err(driver_error("download"))?,
+        Some(GpuTiming {
+            seconds: t.start.elapsed_ms(prev).ok()? as f64 * 1e-3,
+            from_timestamps: true,
+            per_kernel,
         })
     }
 
-    /// Backward pass from host slices, given the forward's out and lse: the same call and
-    /// results as [`Context::backward_host`](crate::Context::backward_host) (f16 or bf16,
-    /// head dims up to 128). Deterministic: no atomics.
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward_host<T: Element>(
+    /// Forward pass on device tensors: q `[batch, seq_q, heads_q, head_dim]`, k and v
+    /// `[batch, seq_kv, heads_kv, head_dim]`, all f32, f16 or bf16; the same semantics and
+    /// results as [`Context::forward`](crate::Context::forward). Returns once the launch is
+    /// queued. f16/bf16 with head dims that are multiples of 16 run on tensor cores; the rest
+    /// on the exact SIMT kernels ([`CudaKernel::for_pass`]).
+    pub fn forward(
         &self,
         cfg: &AttentionConfig,
-        q: &[T],
-        k: &[T],
-        v: &[T],
-        out: &[T],
-        lse: &[f32],
-        d_out: &[T],
-    ) -> Result<HostGradients<T>> {
-        check_backward_host(cfg, (q, k, v), out, lse, d_out)?;
-        let (key, shape) = self.prepare::<T>(CudaKernel::Backward, cfg)?;
-        if q.is_empty() || k.is_empty() {
-            // no pair: every gradient is zero
-            return Ok(HostGradients {
-                dq: vec![T::from_f32(0.0); q.len()],
-                dk: vec![T::from_f32(0.0); k.len()],
-                dv: vec![T::from_f32(0.0); v.len()],
-            });
-        }
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+    ) -> Result<Forward<CudaTensor>> {
+        cfg.validate()?;
+        let dtype = q.dtype;
+        self.check(TensorRole::Q, q, &cfg.q_shape(), dtype)?;
+        self.check(TensorRole::K, k, &cfg.kv_shape(), dtype)?;
+        self.check(TensorRole::V, v, &cfg.kv_shape(), dtype)?;
+        let (key, shape) = self.prepare(Pass::Forward, cfg, dtype)?;
+        let launch = key.launches(cfg)[0];
+        let f = self.function(&key, &launch)?;
+        let mut out = self.result(TensorRole::Out, &cfg.q_shape(), dtype)?;
+        let mut lse = self.result(TensorRole::Lse, &cfg.lse_shape(), DType::F32)?;
+        let mut timeline = Timeline {
+            start: self.event()?,
+            marks: Vec::new(),
+        };
+        let mut a = self.stream.launch_builder(&f);
+        a.arg(&q.data)
+            .arg(&k.data)
+            .arg(&v.data)
+            .arg(&mut out.data)
+            .arg(&mut lse.data)
+            .arg(&shape);
+        self.launch(&mut timeline, &launch, a)?;
+        *self.timing.lock().unwrap() = Some(timeline);
+        Ok(Forward { out, lse })
+    }
+
+    /// Backward pass on device tensors, given the forward's out and lse (f32; refused where it
+    /// holds +inf, as on wgpu): the same semantics as
+    /// [`Context::backward`](crate::Context::backward). Tensor cores for f16/bf16 with head
+    /// dims that are multiples of 16 up to 128, the SIMT kernels for the rest. Deterministic:
+    /// no atomics.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        cfg: &AttentionConfig,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        out: &CudaTensor,
+        lse: &CudaTensor,
+        d_out: &CudaTensor,
+    ) -> Result<Gradients<CudaTensor>> {
+        cfg.validate()?;
+        let dtype = q.dtype;
+        self.check(TensorRole::Q, q, &cfg.q_shape(), dtype)?;
+        self.check(TensorRole::K, k, &cfg.kv_shape(), dtype)?;
+        self.check(TensorRole::V, v, &cfg.kv_shape(), dtype)?;
+        self.check(TensorRole::Out, out, &cfg.q_shape(), dtype)?;
+        self.check(TensorRole::Lse, lse, &cfg.lse_shape(), DType::F32)?;
+        self.check(TensorRole::DOut, d_out, &cfg.q_shape(), dtype)?;
+        let (key, shape) = self.prepare(Pass::Backward, cfg, dtype)?;
+        // one value per row, small beside the pass: read back and checked as on wgpu
+        check_lse_values(&self.download::<f32>(lse)?)?;
         let launches = key.launches(cfg);
         let (pre, dkdv, dq_l) = (launches[0], launches[1], launches[2]);
         let (f_pre, f_dkdv, f_dq) = (
@@ -290,52 +399,91 @@ impl CudaContext {
             self.function(&key, &dkdv)?,
             self.function(&key, &dq_l)?,
         );
-        let (q_d, k_d, v_d) = (self.upload(q)?, self.upload(k)?, self.upload(v)?);
-        let (out_d, do_d) = (self.upload(out)?, self.upload(d_out)?);
-        let lse_d = self
-            .stream
-            .clone_htod(lse)
-            .map_err(driver_error("upload"))?;
-        let mut delta = self.zeros::<f32>(lse.len())?;
-        let mut dq = self.zeros::<u16>(q.len())?;
-        let mut dk = self.zeros::<u16>(k.len())?;
-        let mut dv = self.zeros::<u16>(v.len())?;
+        let mut delta = self.result(TensorRole::Lse, &cfg.lse_shape(), DType::F32)?;
+        let mut dq = self.result(TensorRole::Dq, &cfg.q_shape(), dtype)?;
+        let mut dk = self.result(TensorRole::Dk, &cfg.kv_shape(), dtype)?;
+        let mut dv = self.result(TensorRole::Dv, &cfg.kv_shape(), dtype)?;
         let batch = cfg.batch as u32;
+        let mut timeline = Timeline {
+            start: self.event()?,
+            marks: Vec::new(),
+        };
         let mut a = self.stream.launch_builder(&f_pre);
-        a.arg(&out_d)
-            .arg(&do_d)
-            .arg(&mut delta)
+        a.arg(&out.data)
+            .arg(&d_out.data)
+            .arg(&mut delta.data)
             .arg(&shape)
             .arg(&batch);
-        // SAFETY: flash_bwd_preprocess's arguments, in order, sized by the checks above.
-        unsafe { a.launch(Self::config(&pre)) }.map_err(driver_error("launch"))?;
+        self.launch(&mut timeline, &pre, a)?;
         let mut a = self.stream.launch_builder(&f_dkdv);
-        a.arg(&q_d)
-            .arg(&k_d)
-            .arg(&v_d)
-            .arg(&do_d)
-            .arg(&lse_d)
-            .arg(&delta)
-            .arg(&mut dk)
-            .arg(&mut dv)
+        a.arg(&q.data)
+            .arg(&k.data)
+            .arg(&v.data)
+            .arg(&d_out.data)
+            .arg(&lse.data)
+            .arg(&delta.data)
+            .arg(&mut dk.data)
+            .arg(&mut dv.data)
             .arg(&shape);
-        // SAFETY: flash_bwd_dkdv's arguments, in order.
-        unsafe { a.launch(Self::config(&dkdv)) }.map_err(driver_error("launch"))?;
+        self.launch(&mut timeline, &dkdv, a)?;
         let mut a = self.stream.launch_builder(&f_dq);
-        a.arg(&q_d)
-            .arg(&k_d)
-            .arg(&v_d)
-            .arg(&do_d)
-            .arg(&lse_d)
-            .arg(&delta)
-            .arg(&mut dq)
+        a.arg(&q.data)
+            .arg(&k.data)
+            .arg(&v.data)
+            .arg(&d_out.data)
+            .arg(&lse.data)
+            .arg(&delta.data)
+            .arg(&mut dq.data)
             .arg(&shape);
-        // SAFETY: flash_bwd_dq's arguments, in order.
-        unsafe { a.launch(Self::config(&dq_l)) }.map_err(driver_error("launch"))?;
-        Ok(HostGradients {
-            dq: self.download(&dq)?,
-            dk: self.download(&dk)?,
-            dv: self.download(&dv)?,
-        })
+        self.launch(&mut timeline, &dq_l, a)?;
+        *self.timing.lock().unwrap() = Some(timeline);
+        Ok(Gradients { dq, dk, dv })
+    }
+}
+
+impl AttentionBackend for CudaContext {
+    type Tensor = CudaTensor;
+
+    fn backend(&self) -> Backend {
+        Backend::Cuda
+    }
+
+    fn device_name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn upload<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<CudaTensor> {
+        CudaContext::upload(self, data, shape)
+    }
+
+    fn download<T: Element>(&self, t: &CudaTensor) -> Result<Vec<T>> {
+        CudaContext::download(self, t)
+    }
+
+    fn forward(
+        &self,
+        cfg: &AttentionConfig,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+    ) -> Result<Forward<CudaTensor>> {
+        CudaContext::forward(self, cfg, q, k, v)
+    }
+
+    fn backward(
+        &self,
+        cfg: &AttentionConfig,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        out: &CudaTensor,
+        lse: &CudaTensor,
+        d_out: &CudaTensor,
+    ) -> Result<Gradients<CudaTensor>> {
+        CudaContext::backward(self, cfg, q, k, v, out, lse, d_out)
+    }
+
+    fn last_gpu_timing(&self) -> Option<GpuTiming> {
+        CudaContext::last_gpu_timing(self)
     }
 }

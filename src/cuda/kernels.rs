@@ -6,52 +6,114 @@
 
 use crate::{AttentionConfig, DType, Error, Result};
 
-/// The helpers every kernel shares (cuda/common.cuh), put before each kernel's source.
+/// What every kernel shares (cuda/common.cuh: element types, the call's scalars, masking),
+/// put before each program's source.
 pub const COMMON: &str = include_str!("../../cuda/common.cuh");
 
-/// Warps per block, 16 resident rows (query rows, or keys in dK/dV) each.
+/// The tensor-core kernels' helpers (cuda/mma.cuh), put after [`COMMON`] in their programs.
+pub const MMA: &str = include_str!("../../cuda/mma.cuh");
+
+/// Warps per block of the tensor-core kernels, 16 resident rows (query rows, or keys in
+/// dK/dV) each.
 const WARPS: u32 = 4;
 
-/// A CUDA program of this crate: one source file, compiled as one unit.
+/// Threads per block of the SIMT kernels: 8 lanes per resident row, so 32 rows.
+const SIMT_THREADS: u32 = 256;
+
+/// Which pass a call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pass {
+    Forward,
+    Backward,
+}
+
+/// A CUDA program of this crate: one source file (after the shared helpers), compiled as one
+/// unit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CudaKernel {
     /// FlashAttention-2 forward on tensor cores (`cuda/flash_fwd.cu`): entry `flash_fwd`.
     Forward,
-    /// The backward (`cuda/flash_bwd.cu`): entries `flash_bwd_preprocess`, `flash_bwd_dkdv`,
-    /// `flash_bwd_dq`.
+    /// The backward on tensor cores (`cuda/flash_bwd.cu`): entries `flash_bwd_preprocess`,
+    /// `flash_bwd_dkdv`, `flash_bwd_dq`.
     Backward,
+    /// The forward on the CUDA cores in f32 arithmetic (`cuda/flash_simt.cu`): entry
+    /// `flash_simt_fwd`.
+    SimtForward,
+    /// The backward on the CUDA cores (`cuda/flash_simt.cu`): entries
+    /// `flash_simt_bwd_preprocess`, `flash_simt_dkdv`, `flash_simt_dq`.
+    SimtBackward,
 }
 
 impl CudaKernel {
-    pub const ALL: [CudaKernel; 2] = [CudaKernel::Forward, CudaKernel::Backward];
+    pub const ALL: [CudaKernel; 4] = [
+        CudaKernel::Forward,
+        CudaKernel::Backward,
+        CudaKernel::SimtForward,
+        CudaKernel::SimtBackward,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             CudaKernel::Forward => "flash_fwd",
             CudaKernel::Backward => "flash_bwd",
+            CudaKernel::SimtForward => "flash_simt_fwd",
+            CudaKernel::SimtBackward => "flash_simt_bwd",
         }
     }
 
-    /// The largest head dim the program takes (multiples of 16 up to it).
+    /// The program that runs `pass` for `dtype` and `head_dim`: the tensor cores where their
+    /// kernels take it (f16/bf16, head dims that are multiples of 16 up to 256 forward and 128
+    /// backward), else the exact SIMT kernels (f32, other head dims, the backward past 128).
+    pub fn for_pass(pass: Pass, dtype: DType, head_dim: u32) -> CudaKernel {
+        let tc = match pass {
+            Pass::Forward => CudaKernel::Forward,
+            Pass::Backward => CudaKernel::Backward,
+        };
+        let fits = dtype != DType::F32
+            && head_dim.is_multiple_of(16)
+            && head_dim >= 16
+            && head_dim <= tc.max_head_dim();
+        match (fits, pass) {
+            (true, _) => tc,
+            (false, Pass::Forward) => CudaKernel::SimtForward,
+            (false, Pass::Backward) => CudaKernel::SimtBackward,
+        }
+    }
+
+    /// Whether the program multiplies on tensor cores (f16/bf16 only, head dims multiples of
+    /// 16).
+    pub fn tensor_cores(self) -> bool {
+        matches!(self, CudaKernel::Forward | CudaKernel::Backward)
+    }
+
+    /// The largest head dim the program takes (multiples of 16 up to it on tensor cores).
     pub fn max_head_dim(self) -> u32 {
         match self {
-            CudaKernel::Forward => 256,
             // dK/dV keeps two head_dim-wide accumulators per thread beside the score blocks
             CudaKernel::Backward => 128,
+            _ => crate::MAX_HEAD_DIM as u32,
         }
     }
 
-    /// The kernel's own CUDA C source; NVRTC compiles [`COMMON`] followed by it.
+    /// The kernel's own CUDA C source.
     pub fn source(self) -> &'static str {
         match self {
             CudaKernel::Forward => include_str!("../../cuda/flash_fwd.cu"),
             CudaKernel::Backward => include_str!("../../cuda/flash_bwd.cu"),
+            CudaKernel::SimtForward | CudaKernel::SimtBackward => {
+                include_str!("../../cuda/flash_simt.cu")
+            }
         }
     }
 
-    /// The program NVRTC compiles: the shared helpers, then the kernel.
+    /// The program NVRTC compiles: the shared helpers ([`COMMON`], and [`MMA`] for the
+    /// tensor-core kernels), then the kernel.
     pub fn program(self) -> String {
-        format!("{COMMON}\n{}", self.source())
+        if self.tensor_cores() {
+            format!("{COMMON}\n{MMA}\n{}", self.source())
+        } else {
+            format!("{COMMON}\n{}", self.source())
+        }
     }
 }
 
@@ -109,6 +171,12 @@ pub struct CudaKey {
 /// `ldmatrix` and `cp.async` (Ampere).
 pub const MIN_ARCH: u32 = 80;
 
+/// The SIMT kernels' head dims compiled by the checks. Their code depends on the head dim
+/// only through PER = ceil(head_dim / 8), the dims a lane holds, and whether the last of
+/// them is partial: these cover PER from 1 to 32 (registers grow with it: 256 is the most),
+/// full and partial, and the dims the models use.
+pub const SIMT_CHECK_DIMS: [u32; 14] = [1, 8, 13, 40, 64, 72, 80, 96, 100, 128, 160, 200, 255, 256];
+
 /// One kernel launch: entry point, grid, block and dynamic shared memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Launch {
@@ -121,21 +189,25 @@ pub struct Launch {
 impl CudaKey {
     /// A key, or a typed error for what the kernels cannot do.
     pub fn new(kernel: CudaKernel, dtype: DType, head_dim: u32, arch: u32) -> Result<CudaKey> {
-        if dtype == DType::F32 {
+        if kernel.tensor_cores() && dtype == DType::F32 {
             return Err(Error::Unsupported {
-                feature: "f32 on the CUDA path".into(),
-                reason: "the CUDA kernels multiply f16 or bf16 on tensor cores; use f16/bf16 \
-                         tensors, or the wgpu path for exact f32"
+                feature: format!("f32 tensors in {}", kernel.name()),
+                backend: crate::Backend::Cuda,
+                reason: "the tensor-core kernels multiply f16 or bf16; f32 runs on the SIMT \
+                         kernels (CudaKernel::for_pass picks them), or use the wgpu path"
                     .into(),
             });
         }
         let max = kernel.max_head_dim();
-        if head_dim == 0 || !head_dim.is_multiple_of(16) || head_dim > max {
+        let step = if kernel.tensor_cores() { 16 } else { 1 };
+        if head_dim == 0 || !head_dim.is_multiple_of(step) || head_dim > max {
             return Err(Error::Unsupported {
-                feature: format!("head_dim {head_dim} in the CUDA {}", kernel.name()),
+                feature: format!("head_dim {head_dim} in {}", kernel.name()),
+                backend: crate::Backend::Cuda,
                 reason: format!(
-                    "the CUDA {} takes head dims that are multiples of 16 up to {max}; use \
-                     the wgpu path for others",
+                    "{} takes head dims that are multiples of {step} up to {max} \
+                     (CudaKernel::for_pass picks the SIMT kernels for others); use the wgpu \
+                     path for others",
                     kernel.name()
                 ),
             });
@@ -143,6 +215,7 @@ impl CudaKey {
         if arch < MIN_ARCH {
             return Err(Error::Unsupported {
                 feature: format!("CUDA architecture sm_{arch}"),
+                backend: crate::Backend::Cuda,
                 reason: format!(
                     "the CUDA kernels need sm_{MIN_ARCH} or newer (mma.sync with bf16, \
                      ldmatrix, cp.async); use the wgpu path on older GPUs"
@@ -157,13 +230,22 @@ impl CudaKey {
         })
     }
 
-    fn threads(&self) -> u32 {
-        WARPS * 32
+    pub fn threads(&self) -> u32 {
+        if self.kernel.tensor_cores() {
+            WARPS * 32
+        } else {
+            SIMT_THREADS
+        }
     }
 
-    /// Rows resident in a block: query rows (forward, dQ) or keys (dK/dV).
+    /// Rows resident in a block: query rows (forward, dQ) or keys (dK/dV); 8 lanes a row in
+    /// the SIMT kernels.
     pub fn block_rows(&self) -> u32 {
-        WARPS * 16
+        if self.kernel.tensor_cores() {
+            WARPS * 16
+        } else {
+            SIMT_THREADS / 8
+        }
     }
 
     /// Keys per streamed K/V tile (forward, dQ). The forward's score block (keys / 2 floats a
@@ -177,6 +259,9 @@ impl CudaKey {
             (CudaKernel::Forward, _) => 16,
             (CudaKernel::Backward, d) if d <= 64 => 64,
             (CudaKernel::Backward, _) => 32,
+            // SIMT: a K and a V tile (or Q and dO) of f32, 64 KiB at most
+            (_, d) if d <= 128 => 64,
+            (_, _) => 32,
         }
     }
 
@@ -192,6 +277,11 @@ impl CudaKey {
 
     fn tile_bytes(&self, rows: u32) -> u32 {
         rows * (self.head_dim + 8) * 2
+    }
+
+    /// A SIMT tile: `rows` x head_dim f32.
+    fn f32_tile_bytes(&self, rows: u32) -> u32 {
+        rows * self.head_dim * 4
     }
 
     /// Every launch of the program's entries, for a call (grid from `cfg`).
@@ -237,20 +327,67 @@ impl CudaKey {
                     },
                 ]
             }
+            // a K and a V tile
+            CudaKernel::SimtForward => vec![Launch {
+                entry: "flash_simt_fwd",
+                grid: per_head,
+                threads: self.threads(),
+                shared_bytes: self.f32_tile_bytes(2 * self.block_keys()),
+            }],
+            CudaKernel::SimtBackward => {
+                let rows = (cfg.batch * cfg.heads_q * cfg.seq_q) as u32;
+                vec![
+                    Launch {
+                        entry: "flash_simt_bwd_preprocess",
+                        grid: (rows.div_ceil(self.threads()), 1, 1),
+                        threads: self.threads(),
+                        shared_bytes: 0,
+                    },
+                    // a Q and a dO tile, lse2 and delta per tile row
+                    Launch {
+                        entry: "flash_simt_dkdv",
+                        grid: (
+                            (cfg.seq_kv as u32).div_ceil(self.block_rows()),
+                            cfg.heads_kv as u32,
+                            cfg.batch as u32,
+                        ),
+                        threads: self.threads(),
+                        shared_bytes: self.f32_tile_bytes(2 * self.block_keys())
+                            + 2 * 4 * self.block_keys(),
+                    },
+                    // a K and a V tile
+                    Launch {
+                        entry: "flash_simt_dq",
+                        grid: per_head,
+                        threads: self.threads(),
+                        shared_bytes: self.f32_tile_bytes(2 * self.block_keys()),
+                    },
+                ]
+            }
         }
     }
 
     /// NVRTC options: the exact architecture (real code, not PTX only) and the geometry.
     pub fn options(&self) -> Vec<String> {
-        vec![
+        let elem_kind = match self.dtype {
+            DType::F16 => 0,
+            DType::BF16 => 1,
+            DType::F32 => 2,
+        };
+        let mut opts = vec![
             format!("--gpu-architecture=sm_{}", self.arch),
             "--std=c++17".into(),
             format!("-DHEAD_DIM={}", self.head_dim),
-            format!("-DELEM_BF16={}", u32::from(self.dtype == DType::BF16)),
-            format!("-DWARPS={WARPS}"),
+            format!("-DELEM_KIND={elem_kind}"),
             format!("-DBLOCK_N={}", self.block_keys()),
-            format!("-DBLOCK_Q={}", self.block_queries()),
-        ]
+        ];
+        if self.kernel.tensor_cores() {
+            opts.push(format!("-DWARPS={WARPS}"));
+            opts.push(format!("-DBLOCK_Q={}", self.block_queries()));
+        } else {
+            opts.push(format!("-DTHREADS={}", self.threads()));
+        }
+        opts
     }
 
     pub fn label(&self) -> String {
@@ -263,13 +400,25 @@ impl CudaKey {
         )
     }
 
-    /// Every variant a build can be asked for on one architecture: both half dtypes, every
-    /// head dim the kernels take.
+    /// The variants a build is checked with on one architecture: every tensor-core variant
+    /// (both half dtypes, every head dim they take), and the SIMT kernels in every dtype at
+    /// [`SIMT_CHECK_DIMS`].
     pub fn all_for_arch(arch: u32) -> Vec<CudaKey> {
         let mut keys = Vec::new();
         for kernel in CudaKernel::ALL {
-            for dtype in [DType::F16, DType::BF16] {
-                for head_dim in (16..=kernel.max_head_dim()).step_by(16) {
+            let (dtypes, dims): (&[DType], Vec<u32>) = if kernel.tensor_cores() {
+                (
+                    &[DType::F16, DType::BF16],
+                    (16..=kernel.max_head_dim()).step_by(16).collect(),
+                )
+            } else {
+                (
+                    &[DType::F32, DType::F16, DType::BF16],
+                    SIMT_CHECK_DIMS.to_vec(),
+                )
+            };
+            for &dtype in dtypes {
+                for &head_dim in &dims {
                     keys.push(CudaKey {
                         kernel,
                         dtype,
@@ -288,21 +437,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_refuse_what_the_kernels_cannot_do_with_typed_errors() {
-        let f = CudaKernel::Forward;
-        assert!(CudaKey::new(f, DType::BF16, 128, 90).is_ok());
-        for (dtype, d, arch) in [
-            (DType::F32, 64, 90),
-            (DType::F16, 72, 90),
-            (DType::F16, 0, 90),
-            (DType::F16, 272, 90),
-            (DType::F16, 64, 75),
+    fn each_pass_goes_to_the_tensor_cores_where_they_take_it_else_to_the_simt_kernels() {
+        use CudaKernel::*;
+        for (pass, dtype, d, want) in [
+            (Pass::Forward, DType::BF16, 128, Forward),
+            (Pass::Forward, DType::F16, 256, Forward),
+            (Pass::Forward, DType::F32, 64, SimtForward),
+            (Pass::Forward, DType::F16, 72, SimtForward),
+            (Pass::Forward, DType::BF16, 8, SimtForward),
+            (Pass::Backward, DType::F16, 128, Backward),
+            (Pass::Backward, DType::F16, 144, SimtBackward),
+            (Pass::Backward, DType::BF16, 100, SimtBackward),
+            (Pass::Backward, DType::F32, 64, SimtBackward),
         ] {
-            match CudaKey::new(f, dtype, d, arch) {
-                Err(Error::Unsupported { feature, reason }) => {
+            let k = CudaKernel::for_pass(pass, dtype, d);
+            assert_eq!(k, want, "{pass:?} {dtype:?} {d}");
+            // and the chosen program takes it
+            assert!(CudaKey::new(k, dtype, d, 80).is_ok());
+        }
+    }
+
+    #[test]
+    fn keys_refuse_what_the_kernels_cannot_do_with_typed_errors() {
+        assert!(CudaKey::new(CudaKernel::Forward, DType::BF16, 128, 90).is_ok());
+        assert!(CudaKey::new(CudaKernel::SimtForward, DType::F32, 255, 90).is_ok());
+        for (kernel, dtype, d, arch) in [
+            (CudaKernel::Forward, DType::F32, 64, 90),
+            (CudaKernel::Forward, DType::F16, 72, 90),
+            (CudaKernel::Forward, DType::F16, 0, 90),
+            (CudaKernel::Forward, DType::F16, 272, 90),
+            (CudaKernel::Forward, DType::F16, 64, 75),
+            (CudaKernel::Backward, DType::F16, 144, 90),
+            (CudaKernel::SimtBackward, DType::F32, 0, 90),
+            (CudaKernel::SimtBackward, DType::F32, 257, 90),
+            (CudaKernel::SimtForward, DType::F32, 64, 75),
+        ] {
+            match CudaKey::new(kernel, dtype, d, arch) {
+                Err(Error::Unsupported {
+                    feature,
+                    backend,
+                    reason,
+                }) => {
+                    assert_eq!(backend, crate::Backend::Cuda);
                     assert!(!feature.is_empty() && reason.contains("wgpu path"))
                 }
-                other => panic!("{dtype:?} {d} sm_{arch}: {other:?}"),
+                other => panic!("{kernel:?} {dtype:?} {d} sm_{arch}: {other:?}"),
             }
         }
     }
@@ -362,7 +541,8 @@ mod tests {
                 for l in key.launches(&cfg) {
                     assert!(l.shared_bytes <= 99 * 1024, "{} {}", key.label(), l.entry);
                     assert_eq!(l.shared_bytes % 16, 0);
-                    assert_eq!(l.threads, 128);
+                    assert_eq!(l.threads, key.threads());
+                    assert!(l.threads <= 1024 && l.threads % 32 == 0);
                     // every entry the host launches is in the program
                     assert!(
                         key.kernel.source().contains(&format!("{}(", l.entry)),
@@ -379,7 +559,14 @@ mod tests {
         for kernel in CudaKernel::ALL {
             let key = CudaKey::new(kernel, DType::BF16, 64, 90).unwrap();
             let program = key.kernel.program();
-            for name in ["HEAD_DIM", "ELEM_BF16", "WARPS", "BLOCK_N", "BLOCK_Q"] {
+            for name in [
+                "HEAD_DIM",
+                "ELEM_KIND",
+                "WARPS",
+                "THREADS",
+                "BLOCK_N",
+                "BLOCK_Q",
+            ] {
                 if program.contains(&format!("defined({name})")) {
                     let opts = key.options();
                     assert!(
@@ -389,8 +576,9 @@ mod tests {
                 }
             }
         }
-        // the backward's head dims stop at 128
+        // the tensor-core backward's head dims stop at 128; the SIMT one takes the rest
         assert!(CudaKey::new(CudaKernel::Backward, DType::F16, 144, 90).is_err());
         assert!(CudaKey::new(CudaKernel::Forward, DType::F16, 144, 90).is_ok());
+        assert!(CudaKey::new(CudaKernel::SimtBackward, DType::F16, 144, 90).is_ok());
     }
 }

@@ -5,21 +5,25 @@
 //! - `nvrtc` (feature `cuda`): run-time compilation to CUBIN for the device's architecture,
 //!   cached per process; NVRTC loaded dynamically, so building needs no CUDA toolkit.
 //! - `device` (feature `cuda`): [`CudaContext`], one GPU through the CUDA driver (also loaded
-//!   at run time), with the wgpu Context's host calls.
+//!   at run time), implementing [`AttentionBackend`](crate::AttentionBackend) as the wgpu
+//!   Context does.
+//! - `tensor` (feature `cuda`): [`CudaTensor`], device memory of one context.
 //!
-//! What exists: `CudaContext::forward_host` and `backward_host` (f16/bf16 on tensor cores).
 //! `tests/cuda_compile.rs` compiles every variant for sm_80 and sm_90 with no GPU;
-//! `tests/cuda.rs` checks both passes against the f64 reference where a device exists.
-//! Device-resident tensors and the rest of the wgpu calls are not built yet (README, "The CUDA
-//! path").
+//! `tests/backends.rs` checks both passes against the f64 reference on every backend present.
+//! What the CUDA path refuses is listed in the README ("The CUDA path").
 
 #[cfg(feature = "cuda")]
 pub mod device;
 pub mod kernels;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
+#[cfg(feature = "cuda")]
+pub mod tensor;
 
 #[cfg(feature = "cuda")]
 pub use device::CudaContext;
+#[cfg(feature = "cuda")]
+pub use tensor::CudaTensor;
 
 pub use kernels::{CudaKernel, CudaKey};

@@ -303,6 +303,7 @@ impl Context {
         if tuning.half_storage == HalfStorage::Native && !self.info.shader_f16 {
             return Err(Error::Unsupported {
                 feature: "native f16 storage (HalfStorage::Native)".into(),
+                backend: crate::Backend::Wgpu,
                 reason: format!(
                     "adapter {:?} does not offer SHADER_F16; use HalfStorage::Packed",
                     self.info.name
@@ -312,6 +313,7 @@ impl Context {
         if tuning.variant == Variant::Coop && !self.caps.coop_f16 {
             return Err(Error::Unsupported {
                 feature: "the coop variant (Variant::Coop)".into(),
+                backend: crate::Backend::Wgpu,
                 reason: format!(
                     "adapter {:?}: cooperative matrices {}; use Variant::Blocks",
                     self.info.name, self.info.cooperative_matrices
@@ -425,6 +427,7 @@ fn check_device_limits(limits: &wgpu::Limits) -> Result<()> {
         if have < need {
             return Err(Error::Unsupported {
                 feature: "this device".into(),
+                backend: crate::Backend::Wgpu,
                 reason: format!(
                     "the attention kernels need at least {need} {what}, the device was created \
                      with {have}; create it with wgpu::Limits::default() (the WebGPU defaults) \

@@ -188,6 +188,7 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
     if kernel.is_coop() && !caps.coop_f16 {
         return Err(Error::Unsupported {
             feature: format!("{} (cooperative matrices)", kernel.name()),
+            backend: crate::Backend::Wgpu,
             reason: "the adapter offers no 16x16x16 f16 x f16 + f32 cooperative matrix \
                      configuration with SHADER_F16 and SUBGROUP; use Variant::Blocks"
                 .into(),

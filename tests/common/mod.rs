@@ -1,6 +1,7 @@
 //! Shared test helpers: one context per test binary, fresh random data, tolerances.
 #![allow(dead_code)]
 
+pub mod backend;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod variants;
@@ -30,7 +31,9 @@ pub fn device_with(limits: wgpu::Limits, features: wgpu::Features) -> (wgpu::Dev
 use std::sync::OnceLock;
 
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
-use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context, DType, Element, Variant};
+use flash_attn_wgpu::{
+    reference, Algorithm, AttentionBackend, AttentionConfig, Context, DType, Element, Variant,
+};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// f32 kernels must match the f64 reference to this fraction of its largest magnitude.
@@ -268,58 +271,28 @@ impl Errors {
 }
 
 /// Forward then backward in element type `T` on `ctx` (with the tuning it has), against the f64
-/// reference computed from the T-rounded inputs. The backward reference takes the forward's
-/// stored (rounded) `out` for delta = rowsum(dO * out), exactly as the backward pass does.
-pub fn check_dtype<T: Element>(
-    ctx: &Context,
+/// reference computed from the T-rounded inputs: `backend::check_case` with no gap allowed.
+pub fn check_dtype<B: AttentionBackend, T: Element>(
+    ctx: &B,
     cfg: &AttentionConfig,
     amp: f32,
     msg: &str,
 ) -> Errors {
-    let Rounded {
-        seed,
-        q,
-        k,
-        v,
-        d_out,
-        qr,
-        kr,
-        vr,
-        dor,
-    } = rounded_inputs::<T>(cfg, amp);
-    let msg = format!("{} {msg} {}", T::DTYPE, describe(cfg, seed));
-    let tol = rel_tol(T::DTYPE);
-    let want = reference::forward(cfg, &qr, &kr, &vr);
-    let f = ctx
-        .forward_host(cfg, &q, &k, &v)
-        .unwrap_or_else(|e| panic!("forward failed: {e} ({msg})"));
-    let out = to_f32_vec(&f.out);
-    let e_out = assert_close_tol("out", &out, &want.out, tol, &msg);
-    assert_lse_close(&f.lse, &want.lse, &msg);
-    let g = ctx
-        .backward_host(cfg, &q, &k, &v, &f.out, &f.lse, &d_out)
-        .unwrap_or_else(|e| panic!("backward failed: {e} ({msg})"));
-    let wg = reference::backward_with_out(cfg, &qr, &kr, &vr, &out, &dor);
-    Errors {
-        out: e_out,
-        dq: assert_close_tol("dq", &to_f32_vec(&g.dq), &wg.dq, tol, &msg),
-        dk: assert_close_tol("dk", &to_f32_vec(&g.dk), &wg.dk, tol, &msg),
-        dv: assert_close_tol("dv", &to_f32_vec(&g.dv), &wg.dv, tol, &msg),
-    }
+    backend::check_case::<B, T>(ctx, cfg, amp, msg, backend::Gap::None)
 }
 
 /// `check_dtype` for a runtime dtype.
-pub fn check_dtype_dyn(
-    ctx: &Context,
+pub fn check_dtype_dyn<B: AttentionBackend>(
+    ctx: &B,
     dtype: DType,
     cfg: &AttentionConfig,
     amp: f32,
     msg: &str,
 ) -> Errors {
     match dtype {
-        DType::F32 => check_dtype::<f32>(ctx, cfg, amp, msg),
-        DType::F16 => check_dtype::<half::f16>(ctx, cfg, amp, msg),
-        DType::BF16 => check_dtype::<half::bf16>(ctx, cfg, amp, msg),
+        DType::F32 => check_dtype::<B, f32>(ctx, cfg, amp, msg),
+        DType::F16 => check_dtype::<B, half::f16>(ctx, cfg, amp, msg),
+        DType::BF16 => check_dtype::<B, half::bf16>(ctx, cfg, amp, msg),
     }
 }
 

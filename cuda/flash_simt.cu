@@ -1,0 +1,292 @@
+// FlashAttention forward and backward (exact) on the CUDA cores, f32 arithmetic throughout:
+// the CUDA path's kernels for what the tensor-core ones (flash_fwd.cu, flash_bwd.cu) do not
+// take: f32 tensors (an exact f32 path, no TF32), head dims that are not multiples of 16, and
+// the backward past head_dim 128. Same layouts, masking, lse and determinism (no atomics: each
+// block owns the rows it writes) as the tensor-core kernels and the wgpu path.
+//
+// Compiled at run time by NVRTC (src/cuda/nvrtc.rs), after cuda/common.cuh, once per key
+// (src/cuda/kernels.rs owns the geometry):
+//   -DHEAD_DIM=d       head dimension, 1..=256
+//   -DELEM_KIND=0|1|2  f16, bf16 or f32 storage; inputs widened to f32 exactly on load
+//   -DTHREADS=t        threads per block
+//   -DBLOCK_N=n        rows per streamed shared-memory tile (keys, or queries in dK/dV)
+//
+// Work split: LANES (8) lanes share one resident row (a query row, or a key in dK/dV); lane l
+// holds dims l, l + 8, l + 16, ... (PER of them), so a tile row read by the 8 lanes is 8
+// consecutive words (no bank conflict) and a dot product is PER FMAs per lane plus 3 shuffles.
+// THREADS / LANES rows are resident per block; K/V (or Q/dO) tiles of BLOCK_N rows are staged
+// in shared memory as f32, shared by every resident row.
+//
+// Math (exp2 domain, as the tensor-core kernels): s = scale_log2 * q.k; forward online
+// softmax with running max m and sum l, lse = ln(l) + m ln 2; backward P = exp2(s - lse2),
+// lse2 = lse log2(e), dP = dO.v, dS = P (dP - delta), dV += P dO, dK += dS q, dQ += dS k, dK
+// and dQ times scale at the end.
+
+#if !defined(THREADS) || !defined(BLOCK_N)
+#error "THREADS and BLOCK_N must be defined"
+#endif
+#define LANES 8
+#define ROWS (THREADS / LANES)
+#define PER ((HEAD_DIM + LANES - 1) / LANES)
+
+// the sum of x over the 8 lanes of a row (xor partners below 8 stay inside the row's lanes)
+__device__ __forceinline__ float row_sum8(float x) {
+    x += __shfl_xor_sync(0xffffffff, x, 1);
+    x += __shfl_xor_sync(0xffffffff, x, 2);
+    return x + __shfl_xor_sync(0xffffffff, x, 4);
+}
+
+// this lane's dims of one row of a [.., seq, heads, HEAD_DIM] tensor (at `row`, already
+// offset to its head), widened to f32 and times `scale`; zeros past HEAD_DIM or past the
+// sequence
+__device__ __forceinline__ void load_row(float* dst, const elem_t* row, bool valid, int lane,
+                                         float scale) {
+#pragma unroll
+    for (int c = 0; c < PER; c++) {
+        const int d = lane + c * LANES;
+        dst[c] = (valid && d < HEAD_DIM) ? to_f32(row[d]) * scale : 0.f;
+    }
+}
+
+// dot product of this lane's dims with a staged f32 tile row, summed over the row's lanes
+__device__ __forceinline__ float dot_row(const float* x, const float* tile_row, int lane) {
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < PER; c++) {
+        const int d = lane + c * LANES;
+        if (d < HEAD_DIM) {
+            acc = fmaf(x[c], tile_row[d], acc);
+        }
+    }
+    return row_sum8(acc);
+}
+
+// acc += w * tile_row, this lane's dims
+__device__ __forceinline__ void axpy_row(float* acc, float w, const float* tile_row, int lane) {
+#pragma unroll
+    for (int c = 0; c < PER; c++) {
+        const int d = lane + c * LANES;
+        if (d < HEAD_DIM) {
+            acc[c] = fmaf(w, tile_row[d], acc[c]);
+        }
+    }
+}
+
+// this lane's dims of acc times `scale`, rounded to the element type, into a row
+__device__ __forceinline__ void store_row(elem_t* row, const float* acc, int lane, float scale) {
+#pragma unroll
+    for (int c = 0; c < PER; c++) {
+        const int d = lane + c * LANES;
+        if (d < HEAD_DIM) {
+            row[d] = from_f32(acc[c] * scale);
+        }
+    }
+}
+
+// rows [row0, row0 + BLOCK_N) of a [.., seq, heads, HEAD_DIM] tensor at one (batch, head)
+// into a shared f32 tile of BLOCK_N x HEAD_DIM (coalesced: consecutive threads, consecutive
+// dims); rows past `seq` become zeros
+__device__ __forceinline__ void stage_f32(float* tile, const elem_t* base, unsigned int row0,
+                                          unsigned int seq, unsigned int row_pitch) {
+    for (int e = threadIdx.x; e < BLOCK_N * HEAD_DIM; e += THREADS) {
+        const int r = e / HEAD_DIM, d = e % HEAD_DIM;
+        const unsigned int row = row0 + r;
+        tile[e] = row < seq ? to_f32(base[(size_t)row * row_pitch + d]) : 0.f;
+    }
+}
+
+// Forward: ROWS query rows of one (batch, head) per block; K/V tiles streamed.
+// (THREADS, 1) on the three main kernels: without it ptxas spills some head dims at 48
+// registers (dK/dV at head_dim 13) while far more are free.
+extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_fwd(
+    const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
+    elem_t* __restrict__ out, float* __restrict__ lse, const AttnShape p) {
+    extern __shared__ float smem_f[];
+    float* sk = smem_f;
+    float* sv = sk + BLOCK_N * HEAD_DIM;
+    const unsigned int b = blockIdx.z, h = blockIdx.y, hk = h / (p.heads_q / p.heads_kv);
+    const unsigned int q0 = blockIdx.x * ROWS;
+    const unsigned int i = q0 + threadIdx.x / LANES;
+    const int lane = threadIdx.x % LANES;
+    const bool row_ok = i < p.seq_q;
+    const size_t q_row = (((size_t)b * p.seq_q + (row_ok ? i : 0)) * p.heads_q + h) * HEAD_DIM;
+    const size_t kv_off = ((size_t)b * p.seq_kv * p.heads_kv + hk) * HEAD_DIM;
+    const unsigned int kv_pitch = p.heads_kv * HEAD_DIM;
+
+    float qv[PER], o[PER];
+    load_row(qv, q + q_row, row_ok, lane, p.scale_log2);
+#pragma unroll
+    for (int c = 0; c < PER; c++) {
+        o[c] = 0.f;
+    }
+    float m = NEG_INF, l = 0.f;
+    const unsigned int kv_end = kv_end_for_rows(p, q0, ROWS);
+    for (unsigned int kt = 0; kt < kv_end; kt += BLOCK_N) {
+        __syncthreads();
+        stage_f32(sk, k + kv_off, kt, p.seq_kv, kv_pitch);
+        stage_f32(sv, v + kv_off, kt, p.seq_kv, kv_pitch);
+        __syncthreads();
+        const int n = min((unsigned int)BLOCK_N, kv_end - kt);
+        for (int jj = 0; jj < n; jj++) {
+            const float s = dot_row(qv, sk + jj * HEAD_DIM, lane);
+            if (!visible(p, i, kt + jj) || s == NEG_INF) {
+                continue;
+            }
+            if (s > m) {
+                // a new running max: rescale what was summed under the old one (none yet
+                // when m is -inf)
+                const float a = m == NEG_INF ? 0.f : exp2f(m - s);
+                l *= a;
+#pragma unroll
+                for (int c = 0; c < PER; c++) {
+                    o[c] *= a;
+                }
+                m = s;
+            }
+            const float w = exp2f(s - m); // NaN where s or m is NaN: the row comes out NaN
+            l += w;
+            axpy_row(o, w, sv + jj * HEAD_DIM, lane);
+        }
+    }
+    if (row_ok) {
+        store_row(out + q_row, o, lane, row_inv(l));
+        if (lane == 0) {
+            lse[((size_t)b * p.heads_q + h) * p.seq_q + i] = row_lse(l, m);
+        }
+    }
+}
+
+// delta[b, h, i] = sum_d dO * out over the row, in f32: one thread a row.
+extern "C" __global__ void __launch_bounds__(THREADS) flash_simt_bwd_preprocess(
+    const elem_t* __restrict__ out, const elem_t* __restrict__ d_out,
+    float* __restrict__ delta, const AttnShape p, unsigned int batch) {
+    const size_t r = (size_t)blockIdx.x * THREADS + threadIdx.x;
+    const size_t rows = (size_t)batch * p.heads_q * p.seq_q;
+    if (r >= rows) {
+        return;
+    }
+    const size_t i = r % p.seq_q, h = (r / p.seq_q) % p.heads_q, b = r / ((size_t)p.seq_q * p.heads_q);
+    const size_t base = ((b * p.seq_q + i) * p.heads_q + h) * HEAD_DIM;
+    float acc = 0.f;
+    for (int d = 0; d < HEAD_DIM; d++) {
+        acc = fmaf(to_f32(d_out[base + d]), to_f32(out[base + d]), acc);
+    }
+    delta[r] = acc;
+}
+
+// dK and dV for ROWS keys of one KV head per block: every query head of its group, every
+// Q/dO tile whose rows can see these keys; lse2 and delta staged beside each tile.
+extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
+    const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
+    const elem_t* __restrict__ d_out, const float* __restrict__ lse,
+    const float* __restrict__ delta, elem_t* __restrict__ dk, elem_t* __restrict__ dv,
+    const AttnShape p) {
+    extern __shared__ float smem_f[];
+    float* sq = smem_f;
+    float* sdo = sq + BLOCK_N * HEAD_DIM;
+    float* slse = sdo + BLOCK_N * HEAD_DIM;
+    float* sdelta = slse + BLOCK_N;
+    const unsigned int b = blockIdx.z, hk = blockIdx.y, group = p.heads_q / p.heads_kv;
+    const unsigned int kv0 = blockIdx.x * ROWS;
+    const unsigned int j = kv0 + threadIdx.x / LANES;
+    const int lane = threadIdx.x % LANES;
+    const bool key_ok = j < p.seq_kv;
+    const size_t kv_row = (((size_t)b * p.seq_kv + (key_ok ? j : 0)) * p.heads_kv + hk) * HEAD_DIM;
+    const unsigned int q_pitch = p.heads_q * HEAD_DIM;
+
+    float kv[PER], vv[PER], dk_acc[PER], dv_acc[PER];
+    load_row(kv, k + kv_row, key_ok, lane, 1.f);
+    load_row(vv, v + kv_row, key_ok, lane, 1.f);
+#pragma unroll
+    for (int c = 0; c < PER; c++) {
+        dk_acc[c] = dv_acc[c] = 0.f;
+    }
+    // the first row that can see key kv0 (causal): i >= kv0 - causal_offset
+    unsigned int q_begin = 0;
+    if (p.causal) {
+        const long long first = (long long)kv0 - p.causal_offset;
+        q_begin = first <= 0 ? 0u : (unsigned int)min(first, (long long)p.seq_q);
+    }
+    for (unsigned int hq = hk * group; hq < (hk + 1) * group; hq++) {
+        const size_t q_off = ((size_t)b * p.seq_q * p.heads_q + hq) * HEAD_DIM;
+        const size_t row_off = ((size_t)b * p.heads_q + hq) * p.seq_q;
+        for (unsigned int qt = q_begin; qt < p.seq_q; qt += BLOCK_N) {
+            __syncthreads();
+            stage_f32(sq, q + q_off, qt, p.seq_q, q_pitch);
+            stage_f32(sdo, d_out + q_off, qt, p.seq_q, q_pitch);
+            for (int r = threadIdx.x; r < BLOCK_N; r += THREADS) {
+                const unsigned int i = qt + r;
+                slse[r] = i < p.seq_q ? lse[row_off + i] * LOG2E : 0.f;
+                sdelta[r] = i < p.seq_q ? delta[row_off + i] : 0.f;
+            }
+            __syncthreads();
+            const int n = min((unsigned int)BLOCK_N, p.seq_q - qt);
+            for (int ii = 0; ii < n; ii++) {
+                const float* qi = sq + ii * HEAD_DIM;
+                const float* doi = sdo + ii * HEAD_DIM;
+                const float s = dot_row(kv, qi, lane) * p.scale_log2;
+                const float dp = dot_row(vv, doi, lane);
+                if (!visible(p, qt + ii, j)) {
+                    continue;
+                }
+                const float pr = exp2f(s - slse[ii]);
+                const float ds = pr * (dp - sdelta[ii]);
+                axpy_row(dv_acc, pr, doi, lane);
+                axpy_row(dk_acc, ds, qi, lane);
+            }
+        }
+    }
+    if (key_ok) {
+        store_row(dk + kv_row, dk_acc, lane, p.scale_log2 * LN2);
+        store_row(dv + kv_row, dv_acc, lane, 1.f);
+    }
+}
+
+// dQ for ROWS query rows of one (batch, head) per block; K/V tiles streamed.
+extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
+    const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
+    const elem_t* __restrict__ d_out, const float* __restrict__ lse,
+    const float* __restrict__ delta, elem_t* __restrict__ dq, const AttnShape p) {
+    extern __shared__ float smem_f[];
+    float* sk = smem_f;
+    float* sv = sk + BLOCK_N * HEAD_DIM;
+    const unsigned int b = blockIdx.z, h = blockIdx.y, hk = h / (p.heads_q / p.heads_kv);
+    const unsigned int q0 = blockIdx.x * ROWS;
+    const unsigned int i = q0 + threadIdx.x / LANES;
+    const int lane = threadIdx.x % LANES;
+    const bool row_ok = i < p.seq_q;
+    const size_t q_row = (((size_t)b * p.seq_q + (row_ok ? i : 0)) * p.heads_q + h) * HEAD_DIM;
+    const size_t kv_off = ((size_t)b * p.seq_kv * p.heads_kv + hk) * HEAD_DIM;
+    const unsigned int kv_pitch = p.heads_kv * HEAD_DIM;
+    const size_t r = ((size_t)b * p.heads_q + h) * p.seq_q + (row_ok ? i : 0);
+    const float lse2 = lse[r] * LOG2E, delta_i = delta[r];
+
+    float qv[PER], dov[PER], dq_acc[PER];
+    load_row(qv, q + q_row, row_ok, lane, p.scale_log2);
+    load_row(dov, d_out + q_row, row_ok, lane, 1.f);
+#pragma unroll
+    for (int c = 0; c < PER; c++) {
+        dq_acc[c] = 0.f;
+    }
+    const unsigned int kv_end = kv_end_for_rows(p, q0, ROWS);
+    for (unsigned int kt = 0; kt < kv_end; kt += BLOCK_N) {
+        __syncthreads();
+        stage_f32(sk, k + kv_off, kt, p.seq_kv, kv_pitch);
+        stage_f32(sv, v + kv_off, kt, p.seq_kv, kv_pitch);
+        __syncthreads();
+        const int n = min((unsigned int)BLOCK_N, kv_end - kt);
+        for (int jj = 0; jj < n; jj++) {
+            const float* kj = sk + jj * HEAD_DIM;
+            const float s = dot_row(qv, kj, lane);
+            const float dp = dot_row(dov, sv + jj * HEAD_DIM, lane);
+            if (!visible(p, i, kt + jj)) {
+                continue;
+            }
+            const float ds = exp2f(s - lse2) * (dp - delta_i);
+            axpy_row(dq_acc, ds, kj, lane);
+        }
+    }
+    if (row_ok) {
+        store_row(dq + q_row, dq_acc, lane, p.scale_log2 * LN2);
+    }
+}

@@ -1,0 +1,213 @@
+//! One interface over every backend: [`AttentionBackend`], implemented by the wgpu
+//! [`Context`](crate::Context) and, with the `cuda` feature, by
+//! [`CudaContext`](crate::cuda::CudaContext). Code written against it (the crate's own test
+//! suite included) runs unchanged on whichever backend is chosen at run time.
+//!
+//! ```no_run
+//! use flash_attn_wgpu::{AttentionBackend, AttentionConfig, Context};
+//! fn run<B: AttentionBackend>(b: &B) -> flash_attn_wgpu::Result<Vec<half::bf16>> {
+//!     let cfg = AttentionConfig::new(1, 64, 64, 2, 2, 64);
+//!     let x = vec![half::bf16::from_f32(0.25); 64 * 2 * 64];
+//!     let q = b.upload(&x, &cfg.q_shape())?;
+//!     let k = b.upload(&x, &cfg.kv_shape())?;
+//!     let f = b.forward(&cfg, &q, &k, &k)?; // stays on the device
+//!     b.download(&f.out)
+//! }
+//! run(&Context::new()?)?;
+//! # Ok::<(), flash_attn_wgpu::Error>(())
+//! ```
+
+use std::fmt;
+
+use crate::checks::check_backward_host;
+use crate::config::AttentionConfig;
+use crate::dtype::Element;
+use crate::error::Result;
+use crate::forward::{Forward, HostForward};
+use crate::record::GpuTiming;
+use crate::{Gradients, HostGradients};
+
+/// Which implementation runs a call: named by every `Error::Unsupported`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// WGSL compute shaders on wgpu (Vulkan, Metal, DX12, WebGPU).
+    Wgpu,
+    /// CUDA C kernels compiled by NVRTC, on NVIDIA GPUs (feature `cuda`).
+    Cuda,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Wgpu => "wgpu",
+            Backend::Cuda => "CUDA",
+        })
+    }
+}
+
+/// The calls every backend offers, with the same semantics, layouts and errors (see
+/// [`Context::forward`](crate::Context::forward) and
+/// [`Context::backward`](crate::Context::backward) for both).
+pub trait AttentionBackend {
+    /// A device-resident tensor of this backend.
+    type Tensor;
+
+    /// Which backend this is.
+    fn backend(&self) -> Backend;
+
+    /// The device's name, as its driver reports it.
+    fn device_name(&self) -> String;
+
+    /// Copies host data to a new device tensor of `shape`, in `T`'s dtype.
+    fn upload<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<Self::Tensor>;
+
+    /// Copies a device tensor back to the host; `T` must be the tensor's dtype.
+    fn download<T: Element>(&self, t: &Self::Tensor) -> Result<Vec<T>>;
+
+    /// Forward pass on device tensors: out (q's dtype) and lse (f32, natural log).
+    fn forward(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+    ) -> Result<Forward<Self::Tensor>>;
+
+    /// Backward pass on device tensors, from the forward's out and lse.
+    #[allow(clippy::too_many_arguments)]
+    fn backward(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        out: &Self::Tensor,
+        lse: &Self::Tensor,
+        d_out: &Self::Tensor,
+    ) -> Result<Gradients<Self::Tensor>>;
+
+    /// GPU time of the most recent forward or backward call, where the backend measures it.
+    fn last_gpu_timing(&self) -> Option<GpuTiming>;
+
+    /// Forward pass on host slices: checks, uploads, runs, downloads.
+    fn forward_host<T: Element>(
+        &self,
+        cfg: &AttentionConfig,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+    ) -> Result<HostForward<T>> {
+        crate::checks::check_forward_host(cfg, q, k, v)?;
+        let f = self.forward(
+            cfg,
+            &self.upload(q, &cfg.q_shape())?,
+            &self.upload(k, &cfg.kv_shape())?,
+            &self.upload(v, &cfg.kv_shape())?,
+        )?;
+        Ok(HostForward {
+            out: self.download(&f.out)?,
+            lse: self.download(&f.lse)?,
+        })
+    }
+
+    /// Backward pass on host slices (lse in f32): checks, uploads, runs, downloads.
+    #[allow(clippy::too_many_arguments)]
+    fn backward_host<T: Element>(
+        &self,
+        cfg: &AttentionConfig,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        out: &[T],
+        lse: &[f32],
+        d_out: &[T],
+    ) -> Result<HostGradients<T>> {
+        check_backward_host(cfg, (q, k, v), out, lse, d_out)?;
+        let (qs, kvs) = (cfg.q_shape(), cfg.kv_shape());
+        let g = self.backward(
+            cfg,
+            &self.upload(q, &qs)?,
+            &self.upload(k, &kvs)?,
+            &self.upload(v, &kvs)?,
+            &self.upload(out, &qs)?,
+            &self.upload(lse, &cfg.lse_shape())?,
+            &self.upload(d_out, &qs)?,
+        )?;
+        Ok(HostGradients {
+            dq: self.download(&g.dq)?,
+            dk: self.download(&g.dk)?,
+            dv: self.download(&g.dv)?,
+        })
+    }
+}
+
+impl AttentionBackend for crate::Context {
+    type Tensor = crate::Tensor;
+
+    fn backend(&self) -> Backend {
+        Backend::Wgpu
+    }
+
+    fn device_name(&self) -> String {
+        self.adapter_info().name.clone()
+    }
+
+    fn upload<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<crate::Tensor> {
+        crate::Context::upload(self, data, shape)
+    }
+
+    fn download<T: Element>(&self, t: &crate::Tensor) -> Result<Vec<T>> {
+        crate::Context::download(self, t)
+    }
+
+    fn forward(
+        &self,
+        cfg: &AttentionConfig,
+        q: &crate::Tensor,
+        k: &crate::Tensor,
+        v: &crate::Tensor,
+    ) -> Result<Forward> {
+        crate::Context::forward(self, cfg, q, k, v)
+    }
+
+    fn backward(
+        &self,
+        cfg: &AttentionConfig,
+        q: &crate::Tensor,
+        k: &crate::Tensor,
+        v: &crate::Tensor,
+        out: &crate::Tensor,
+        lse: &crate::Tensor,
+        d_out: &crate::Tensor,
+    ) -> Result<Gradients> {
+        crate::Context::backward(self, cfg, q, k, v, out, lse, d_out)
+    }
+
+    fn last_gpu_timing(&self) -> Option<GpuTiming> {
+        crate::Context::last_gpu_timing(self)
+    }
+
+    fn forward_host<T: Element>(
+        &self,
+        cfg: &AttentionConfig,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+    ) -> Result<HostForward<T>> {
+        crate::Context::forward_host(self, cfg, q, k, v)
+    }
+
+    /// The inherent call: lse is checked on the host only, not read back again.
+    fn backward_host<T: Element>(
+        &self,
+        cfg: &AttentionConfig,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        out: &[T],
+        lse: &[f32],
+        d_out: &[T],
+    ) -> Result<HostGradients<T>> {
+        crate::Context::backward_host(self, cfg, q, k, v, out, lse, d_out)
+    }
+}

@@ -1,0 +1,77 @@
+//! [`CudaTensor`]: device memory of one CUDA context, its shape and element type; what the
+//! CUDA path's device-resident calls take and return, so results chain without host copies.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cudarc::driver::CudaSlice;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result, TensorRole};
+
+/// A tensor in one CUDA context's memory, row-major, `dtype` elements packed (2 bytes for
+/// f16/bf16, 4 for f32). Freed when dropped.
+#[derive(Debug)]
+pub struct CudaTensor {
+    pub(crate) data: CudaSlice<u8>,
+    pub(crate) shape: Vec<usize>,
+    pub(crate) dtype: DType,
+    pub(crate) owner: u64,
+    pub(crate) role: Option<TensorRole>,
+}
+
+impl CudaTensor {
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Which result this tensor is (out, lse, dq, ...), for tensors a call created.
+    pub fn role(&self) -> Option<TensorRole> {
+        self.role
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of device memory the tensor holds.
+    pub fn size_bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// The device memory, for chaining with your own cudarc work.
+    pub fn slice(&self) -> &CudaSlice<u8> {
+        &self.data
+    }
+
+    /// How errors name this tensor: its role, or its shape.
+    pub(crate) fn describe(&self) -> String {
+        match self.role {
+            Some(r) => r.to_string(),
+            None => format!("tensor of shape {:?}", self.shape),
+        }
+    }
+
+    /// A typed error unless the tensor belongs to the context numbered `owner`.
+    pub(crate) fn check_owner(&self, owner: u64, name: impl FnOnce() -> String) -> Result<()> {
+        if self.owner == owner {
+            Ok(())
+        } else {
+            Err(Error::ForeignTensor { tensor: name() })
+        }
+    }
+}
+
+/// A number per CudaContext, so a tensor is never used with a context that did not make it.
+pub(crate) fn next_owner() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}

@@ -1,0 +1,186 @@
+//! One correctness suite over every backend present: the wgpu `Context` always, and with the
+//! `cuda` feature the first CUDA device where one exists (without a driver or device the CUDA
+//! half prints why and is skipped; CI has no GPU). Each case runs forward and backward on
+//! fresh random data against the f64 reference in f32, f16 and bf16, through the
+//! `AttentionBackend` interface, so the same code is the test on each backend. What a backend
+//! declares it cannot do (`common::backend::declared_gap`, listed in the README) must come back
+//! as `Error::Unsupported` naming that backend.
+
+mod common;
+
+use common::backend::check_all_dtypes;
+use flash_attn_wgpu::dtype::to_f32_vec;
+use flash_attn_wgpu::{AttentionBackend, AttentionConfig, Error};
+
+#[cfg(feature = "cuda")]
+fn cuda() -> Option<&'static flash_attn_wgpu::cuda::CudaContext> {
+    use flash_attn_wgpu::cuda::CudaContext;
+    use std::sync::OnceLock;
+    static CUDA: OnceLock<Option<CudaContext>> = OnceLock::new();
+    CUDA.get_or_init(|| {
+        let dir = common::nvrtc::nvrtc_dir();
+        match CudaContext::with_nvrtc_dir(0, Some(&dir)) {
+            Ok(c) => {
+                eprintln!(
+                    "CUDA: {} (sm_{}), NVRTC {:?}",
+                    c.device_name(),
+                    c.arch(),
+                    c.nvrtc_version()
+                );
+                Some(c)
+            }
+            // no driver or no device: nothing to test here (NVRTC missing beside a device is
+            // a broken set-up, not an absent one)
+            Err(Error::CudaUnavailable { missing, .. }) if !missing.contains("NVRTC") => {
+                eprintln!("CUDA half skipped: no CUDA device here ({missing})");
+                None
+            }
+            Err(e) => panic!("CUDA device present but unusable: {e}"),
+        }
+    })
+    .as_ref()
+}
+
+/// Runs `$body` with `$b` bound to each backend present.
+macro_rules! on_every_backend {
+    (|$b:ident| $body:block) => {{
+        {
+            let $b = common::ctx();
+            $body
+        }
+        #[cfg(feature = "cuda")]
+        if let Some($b) = cuda() {
+            $body
+        }
+    }};
+}
+
+fn cfg(
+    b: usize,
+    sq: usize,
+    skv: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    causal: bool,
+) -> AttentionConfig {
+    common::cfg(b, sq, skv, hq, hkv, d, causal)
+}
+
+#[test]
+fn every_backend_matches_the_reference_at_odd_lengths_causal_and_not() {
+    on_every_backend!(|b| {
+        for head_dim in [64, 128] {
+            for causal in [false, true] {
+                for (seq_q, seq_kv) in [(1, 1), (77, 133), (133, 77), (200, 200)] {
+                    let e =
+                        check_all_dtypes(b, &cfg(2, seq_q, seq_kv, 4, 4, head_dim, causal), 1.0);
+                    eprintln!(
+                        "{} d={head_dim} causal={causal} {seq_q}x{seq_kv}: {e:?}",
+                        b.backend()
+                    );
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn every_backend_handles_gqa_mqa_and_every_head_dim_class() {
+    // CUDA tile shapes: forward 64-key tiles up to 128, 16-key tiles past it; backward 64
+    // rows/keys up to 64, 32 past it, and no backward past 128 (a declared gap). Head dims
+    // that are not multiples of 16 are the CUDA path's other gap.
+    on_every_backend!(|b| {
+        for head_dim in [16, 40, 48, 96, 128, 160, 256] {
+            for heads_kv in [1, 2, 8] {
+                let e = check_all_dtypes(b, &cfg(1, 65, 130, 8, heads_kv, head_dim, false), 1.0);
+                eprintln!("{} d={head_dim} hkv={heads_kv}: {e:?}", b.backend());
+            }
+        }
+    });
+}
+
+#[test]
+fn every_backend_gives_zero_and_neg_inf_lse_for_rows_that_see_no_key_and_keeps_large_logits() {
+    on_every_backend!(|b| {
+        // causal with seq_q > seq_kv: the first seq_q - seq_kv rows see nothing
+        check_all_dtypes(b, &cfg(1, 150, 40, 2, 2, 64, true), 1.0);
+        // large logits: the online softmax's running max must keep them exact
+        check_all_dtypes(b, &cfg(1, 90, 300, 2, 1, 128, false), 8.0);
+    });
+}
+
+#[test]
+fn every_backend_keeps_masked_nan_and_inf_out_of_rows_that_cannot_see_them() {
+    use common::backend::{check_poisoned, isolates_nonfinite};
+    fn case<B: AttentionBackend, T: flash_attn_wgpu::Element>(b: &B, c: &AttentionConfig) {
+        if isolates_nonfinite(b.backend(), T::DTYPE) {
+            check_poisoned(b, c, &common::poisoned_inputs::<T>(c));
+        } else {
+            eprintln!(
+                "{} {}: masked NaN/Inf isolation not promised (README), not checked",
+                b.backend(),
+                T::DTYPE
+            );
+        }
+    }
+    on_every_backend!(|b| {
+        // head_dim 32: the tensor-core kernels' shapes on CUDA; 40: the SIMT kernels' for
+        // every dtype
+        for head_dim in [32, 40] {
+            let c = cfg(1, 150, 150, 4, 2, head_dim, true);
+            case::<_, f32>(b, &c);
+            case::<_, half::f16>(b, &c);
+            case::<_, half::bf16>(b, &c);
+        }
+    });
+}
+
+/// Device-resident calls chain without host copies and give exactly the host calls' results;
+/// tensors of the wrong shape or dtype are typed errors.
+fn chains_on_the_device<B: AttentionBackend>(b: &B) {
+    type T = half::bf16;
+    let c = cfg(2, 37, 53, 4, 2, 64, true);
+    let r = common::rounded_inputs::<T>(&c, 1.0);
+    let (qs, kvs) = (c.q_shape(), c.kv_shape());
+    let q = b.upload(&r.q, &qs).unwrap();
+    let k = b.upload(&r.k, &kvs).unwrap();
+    let v = b.upload(&r.v, &kvs).unwrap();
+    let d_out = b.upload(&r.d_out, &qs).unwrap();
+    let f = b.forward(&c, &q, &k, &v).unwrap();
+    let g = b.backward(&c, &q, &k, &v, &f.out, &f.lse, &d_out).unwrap();
+    let host_f = b.forward_host(&c, &r.q, &r.k, &r.v).unwrap();
+    let out: Vec<T> = b.download(&f.out).unwrap();
+    assert_eq!(
+        out,
+        host_f.out,
+        "{}: device out differs from host out",
+        b.backend()
+    );
+    let host_g = b
+        .backward_host(&c, &r.q, &r.k, &r.v, &host_f.out, &host_f.lse, &r.d_out)
+        .unwrap();
+    assert_eq!(b.download::<T>(&g.dq).unwrap(), host_g.dq);
+    assert_eq!(b.download::<T>(&g.dk).unwrap(), host_g.dk);
+    assert_eq!(b.download::<T>(&g.dv).unwrap(), host_g.dv);
+    let timing = b.last_gpu_timing().expect("a timing for the last call");
+    assert!(timing.seconds > 0.0, "{timing:?}");
+    // k where q belongs: a shape error naming q; lse read as bf16: a dtype error
+    assert!(matches!(
+        b.forward(&c, &k, &k, &v),
+        Err(Error::Shape { .. })
+    ));
+    assert!(matches!(b.download::<T>(&f.lse), Err(Error::DType { .. })));
+    let q32 = b.upload(&to_f32_vec(&r.q), &qs).unwrap();
+    assert!(matches!(
+        b.forward(&c, &q32, &k, &v),
+        Err(Error::DType { .. })
+    ));
+}
+
+#[test]
+fn every_backend_chains_device_tensors_and_types_its_errors() {
+    on_every_backend!(|b| {
+        chains_on_the_device(b);
+    });
+}
