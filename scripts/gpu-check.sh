@@ -9,18 +9,23 @@
 #   MODE      full (default): the correctness tests and the bench grid below, sized for a
 #             fast GPU (see BENCH_BUDGET_S); smoke: one test per test binary and a tiny bench
 #             (under a minute on lavapipe)
-#   BENCH_BUDGET_S   full mode: wall-clock budget of the bench grid in seconds (default 240);
-#                    points predicted to end past it are recorded as skipped, not measured
+#   BENCH_BUDGET_S   full mode: wall-clock budget of the wgpu bench grid in seconds (default
+#                    240); points predicted to end past it are recorded as skipped, not measured
 #   TEST_TIMEOUT_S   per test binary (default 120; each takes under a minute on lavapipe)
 #
-# Full mode takes about BENCH_BUDGET_S plus the tests' time (a few minutes on a fast GPU);
-# at most BENCH_BUDGET_S + 120 + 9 * TEST_TIMEOUT_S seconds (one timeout per test binary).
+# Full mode takes about BENCH_BUDGET_S plus the tests' and the comparison's time (a few
+# minutes on a fast GPU); at most BENCH_BUDGET_S + 120 + 8 * TEST_TIMEOUT_S + 3 * 180 seconds
+# (one timeout per test binary and per comparison bench). On a 10-minute device call, set
+# BENCH_BUDGET_S=120 and TEST_TIMEOUT_S=90.
 #
 # Steps: (a) the adapter summary, (b) the test executables dtypes, variants, forward,
-# backward, nonfinite, split, errors, driver, cuda that exist in $BIN_DIR/deps (the
-# CUDA one on the first CUDA device, with NVRTC from FLASH_ATTN_NVRTC_DIR or found below; it
-# prints a skip where there is no CUDA driver), (c) the bench grid
-# with every kernel family side by side, (d) $OUT_DIR/summary.md.
+# backward, nonfinite, split, errors, backends that exist in $BIN_DIR/deps (backends
+# runs the one suite on wgpu and on the first CUDA device, with NVRTC from
+# FLASH_ATTN_NVRTC_DIR or found below; its CUDA half prints a skip where there is no CUDA
+# driver), (c) full mode: the CUDA path, PyTorch SDPA's flash backend and the wgpu path on the
+# same shapes (bf16, head_dim 128, B=1, H=32, N=4K..16K, causal and not, forward and
+# forward+backward), merged by scripts/bench_compare.py into compare.json and compare.md,
+# (d) the wgpu bench grid with every kernel family side by side, (e) $OUT_DIR/summary.md.
 # Every step runs even if an earlier one failed; the exit status is non-zero if any failed.
 set -uo pipefail
 
@@ -29,7 +34,7 @@ OUT_DIR=${OUT_DIR:-gpu-check-out}
 MODE=${MODE:-full}
 BENCH_BUDGET_S=${BENCH_BUDGET_S:-240}
 TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-120}
-TESTS=(dtypes variants forward backward nonfinite split errors driver cuda)
+TESTS=(dtypes variants forward backward nonfinite split errors backends)
 
 log() { echo "gpu-check: $*" >&2; }
 
@@ -43,7 +48,8 @@ if [ ! -x "$BENCH" ]; then
     exit 2
 fi
 mkdir -p "$OUT_DIR" || exit 2
-rm -f "$OUT_DIR"/*.log "$OUT_DIR"/bench.* "$OUT_DIR"/adapter.txt "$OUT_DIR"/summary.md
+rm -f "$OUT_DIR"/*.log "$OUT_DIR"/bench.* "$OUT_DIR"/adapter.txt "$OUT_DIR"/summary.md \
+    "$OUT_DIR"/compare.* "$OUT_DIR"/cmp-*.json "$OUT_DIR"/cmp-*.txt
 
 started=$(date +%s)
 failed=0
@@ -149,7 +155,43 @@ if [ "$found_tests" -eq 0 ]; then
     log "no test executables found in $BIN_DIR/deps"
 fi
 
-# (c) the bench grid
+# (c) the CUDA path beside PyTorch SDPA (flash backend) and the wgpu path, on the issue's
+# shapes: B * H * N fills an H200 at every N (B=1, H=32: 2048 forward blocks of 64 rows at
+# N=4K). Each bench writes records of one shape; bench_compare.py matches them into one table.
+CMP_SHAPE=(--seq 4096,8192,16384 --batch 1 --heads 32 --head-dim 128 --dtype bf16 --causal-both)
+compare_note="not run (smoke mode)"
+if [ "$MODE" = full ]; then
+    cmp_inputs=()
+    if [ -x "$BIN_DIR/examples/cuda_bench" ]; then
+        run_step "compare: CUDA path" "$OUT_DIR/cmp-cuda.log" "cuda_bench ${CMP_SHAPE[*]}" \
+            timeout 180 "$BIN_DIR/examples/cuda_bench" "${CMP_SHAPE[@]}" --repeats 5 \
+            --json "$OUT_DIR/cmp-cuda.json"
+        cmp_inputs+=("$OUT_DIR/cmp-cuda.json")
+    else
+        log "no $BIN_DIR/examples/cuda_bench: the CUDA column stays empty"
+    fi
+    if python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+        run_step "compare: PyTorch SDPA (flash)" "$OUT_DIR/cmp-sdpa.log" "scripts/sdpa_bench.py" \
+            timeout 180 python3 "$(dirname "$0")/sdpa_bench.py" "${CMP_SHAPE[@]}" --repeats 5 \
+            --json "$OUT_DIR/cmp-sdpa.json"
+        cmp_inputs+=("$OUT_DIR/cmp-sdpa.json")
+    else
+        log "no PyTorch with CUDA here: the SDPA column stays empty"
+    fi
+    run_step "compare: wgpu path" "$OUT_DIR/cmp-wgpu.log" "bench, tiled, every variant" \
+        timeout 180 "$BENCH" "${CMP_SHAPE[@]}" --algorithms tiled --variant coop,blocks,lanes,rows \
+        --pass both --repeats 3 --roofline-scale 5 --budget-s 150 --json "$OUT_DIR/cmp-wgpu.json"
+    cmp_inputs+=("$OUT_DIR/cmp-wgpu.json")
+    if run_step "compare: table" "$OUT_DIR/cmp-table.log" "scripts/bench_compare.py" \
+        python3 "$(dirname "$0")/bench_compare.py" --out-json "$OUT_DIR/compare.json" \
+        --out-md "$OUT_DIR/compare.md" "${cmp_inputs[@]}"; then
+        compare_note="compare.md, records in compare.json"
+    else
+        compare_note="the table step failed (cmp-table.log)"
+    fi
+fi
+
+# (d) the wgpu bench grid
 if [ "$MODE" = full ]; then
     # B = 1, 4; H = 8, 32; D = 64, 128; N = 1K..16K; f16, bf16, f32; forward and
     # forward+backward (measured from the same calls); causal and not; naive only to N = 4096
@@ -188,7 +230,17 @@ else
     bench_counts="no bench.json"
 fi
 
-# (d) the summary
+# smoke mode: the comparison table from the wgpu records alone (the script runs; the CUDA and
+# SDPA columns need a GPU)
+if [ "$MODE" = smoke ] && [ -f "$OUT_DIR/bench.json" ]; then
+    if run_step "compare: table" "$OUT_DIR/cmp-table.log" "scripts/bench_compare.py on bench.json" \
+        python3 "$(dirname "$0")/bench_compare.py" --out-json "$OUT_DIR/compare.json" \
+        --out-md "$OUT_DIR/compare.md" "$OUT_DIR/bench.json"; then
+        compare_note="compare.md (wgpu records only), records in compare.json"
+    fi
+fi
+
+# (e) the summary
 total=$(($(date +%s) - started))
 {
     echo "# GPU check ($MODE mode)"
@@ -212,6 +264,14 @@ total=$(($(date +%s) - started))
     echo "| test binary | status | result |"
     echo "|---|---|---|"
     printf '%s\n' "${test_rows[@]}"
+    echo
+    echo "## CUDA path, PyTorch SDPA (flash) and wgpu on the same shapes"
+    echo
+    if [ -f "$OUT_DIR/compare.md" ]; then
+        cat "$OUT_DIR/compare.md"
+    else
+        echo "($compare_note)"
+    fi
     echo
     echo "## Bench"
     echo

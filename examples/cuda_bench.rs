@@ -1,0 +1,287 @@
+//! The CUDA path's throughput over a grid, as JSON records that scripts/bench_compare.py puts
+//! beside PyTorch SDPA (scripts/sdpa_bench.py) and the wgpu bench, measured on the same GPU in
+//! one gpu-check run.
+//!
+//! FLOPs: forward 4 * B * H * Sq * Sk * D, halved for causal; forward+backward 3.5x forward
+//! (backward 2.5x). Times are CUDA events around the launches (`last_gpu_timing`), device
+//! tensors only (no host copies); one warm-up call (NVRTC compile, module load) per point,
+//! then the median of `--repeats` calls.
+//!
+//! ```text
+//! cargo run --release --features cuda --example cuda_bench -- --seq 4096,8192 --batch 4,2 \
+//!     --heads 32 --head-dim 128 --dtype bf16 --causal-both --json cuda.json
+//! ```
+
+#[path = "common/cli.rs"]
+mod cli;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use cli::positive;
+use flash_attn_wgpu::cuda::{CudaContext, CudaTensor};
+use flash_attn_wgpu::{AttentionConfig, DType, Element, Error};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+/// CUDA-path forward and forward+backward throughput on the first CUDA device.
+///
+/// --seq and --batch pair up (the i-th batch with the i-th length; one batch value applies to
+/// every length), so B * N can stay fixed while N grows.
+#[derive(Parser, Debug)]
+#[command(name = "cuda_bench")]
+struct Args {
+    /// Sequence lengths N (seq_q = seq_kv), comma list
+    #[arg(long = "seq", value_delimiter = ',', value_parser = positive, default_values_t = [4096, 8192, 16384])]
+    seqs: Vec<usize>,
+    /// Batch per sequence length (one value: every length), comma list
+    #[arg(long, value_delimiter = ',', value_parser = positive, default_values_t = [4, 2, 1])]
+    batch: Vec<usize>,
+    /// Query heads
+    #[arg(long, value_parser = positive, default_value_t = 32)]
+    heads: usize,
+    /// Key/value heads [default: --heads]
+    #[arg(long, value_parser = positive)]
+    kv_heads: Option<usize>,
+    /// Head dimensions, comma list
+    #[arg(long, value_delimiter = ',', value_parser = positive, default_values_t = [128])]
+    head_dim: Vec<usize>,
+    /// f16, bf16 (comma list)
+    #[arg(long, value_delimiter = ',', default_value = "bf16")]
+    dtype: Vec<DType>,
+    /// Measure non-causal and causal
+    #[arg(long)]
+    causal_both: bool,
+    /// Causal only
+    #[arg(long, conflicts_with = "causal_both")]
+    causal: bool,
+    /// Forward only (no backward)
+    #[arg(long)]
+    forward_only: bool,
+    /// Timed calls per point after one warm-up call
+    #[arg(long, value_parser = positive, default_value_t = 5)]
+    repeats: usize,
+    /// CUDA device ordinal
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Write the records as JSON to FILE
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+#[derive(serde::Serialize)]
+struct Record {
+    backend: &'static str,
+    device: String,
+    dtype: &'static str,
+    pass: &'static str,
+    batch: usize,
+    heads_q: usize,
+    heads_kv: usize,
+    seq_q: usize,
+    seq_kv: usize,
+    head_dim: usize,
+    causal: bool,
+    median_ms: Option<f64>,
+    tflops: Option<f64>,
+    kernels_ms: Vec<(&'static str, f64)>,
+    note: String,
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if a.batch.len() != 1 && a.batch.len() != a.seqs.len() {
+        return Err(format!(
+            "--batch takes one value or one per --seq value ({}), got {}",
+            a.seqs.len(),
+            a.batch.len()
+        )
+        .into());
+    }
+    let ctx = CudaContext::new(a.device)?;
+    let device = format!("{} (sm_{})", ctx.device_name(), ctx.arch());
+    println!("device: {device}, NVRTC {:?}", ctx.nvrtc_version());
+    let causals: Vec<bool> = if a.causal_both {
+        vec![false, true]
+    } else {
+        vec![a.causal]
+    };
+    println!(
+        "| dtype | B | H | N | D | causal | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut records = Vec::new();
+    for (i, &n) in a.seqs.iter().enumerate() {
+        let batch = a.batch[if a.batch.len() == 1 { 0 } else { i }];
+        for &d in &a.head_dim {
+            for &dtype in &a.dtype {
+                for &causal in &causals {
+                    let mut cfg = AttentionConfig::new(
+                        batch,
+                        n,
+                        n,
+                        a.heads,
+                        a.kv_heads.unwrap_or(a.heads),
+                        d,
+                    );
+                    cfg.causal = causal;
+                    let got = match dtype {
+                        DType::F16 => point::<half::f16>(&ctx, &cfg, &a),
+                        DType::BF16 => point::<half::bf16>(&ctx, &cfg, &a),
+                        DType::F32 => point::<f32>(&ctx, &cfg, &a),
+                    };
+                    let fwd_flops =
+                        4.0 * (batch * a.heads * n * n * d) as f64 / if causal { 2.0 } else { 1.0 };
+                    let mut row = |pass: &'static str, flops: f64, r: &Result<Timed, Error>| {
+                        let (ms, kernels, note) = match r {
+                            Ok(t) => (Some(t.ms), t.kernels_ms.clone(), String::new()),
+                            Err(e) => (None, Vec::new(), e.to_string()),
+                        };
+                        records.push(Record {
+                            backend: "cuda",
+                            device: device.clone(),
+                            dtype: dtype.name(),
+                            pass,
+                            batch,
+                            heads_q: cfg.heads_q,
+                            heads_kv: cfg.heads_kv,
+                            seq_q: n,
+                            seq_kv: n,
+                            head_dim: d,
+                            causal,
+                            median_ms: ms,
+                            tflops: ms.map(|ms| flops / (ms * 1e-3) / 1e12),
+                            kernels_ms: kernels,
+                            note,
+                        });
+                        ms.map(|ms| (ms, flops / (ms * 1e-3) / 1e12))
+                    };
+                    let (fwd, fb) = match got {
+                        Ok((f, b)) => (Ok(f), b.map(Ok)),
+                        Err(e) => (Err(e), None),
+                    };
+                    let fwd_cell = row("fwd", fwd_flops, &fwd);
+                    let fb_cell = match (&fwd, fb) {
+                        (_, Some(fb)) => row("fwdbwd", 3.5 * fwd_flops, &fb),
+                        (Err(e), None) if !a.forward_only => {
+                            let e = Err(Error::Device(format!("no forward: {e}")));
+                            row("fwdbwd", 3.5 * fwd_flops, &e)
+                        }
+                        _ => None,
+                    };
+                    let cell = |c: Option<(f64, f64)>| match c {
+                        Some((ms, t)) => (format!("{ms:.3}"), format!("{t:.1}")),
+                        None => ("-".into(), "-".into()),
+                    };
+                    let ((fm, ft), (bm, bt)) = (cell(fwd_cell), cell(fb_cell));
+                    println!(
+                        "| {} | {batch} | {} | {n} | {d} | {causal} | {fm} | {ft} | {bm} | {bt} |",
+                        dtype.name(),
+                        a.heads
+                    );
+                    if let Err(e) = &fwd {
+                        eprintln!("  {}: {e}", dtype.name());
+                    }
+                }
+            }
+        }
+    }
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&records)?)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Median milliseconds of a pass, and its kernels' medians.
+struct Timed {
+    ms: f64,
+    kernels_ms: Vec<(&'static str, f64)>,
+}
+
+fn upload_random<T: Element>(
+    ctx: &CudaContext,
+    rng: &mut StdRng,
+    shape: &[usize],
+) -> Result<CudaTensor, Error> {
+    let n: usize = shape.iter().product();
+    let x: Vec<T> = (0..n)
+        .map(|_| T::from_f32(rng.random_range(-1.0..1.0)))
+        .collect();
+    ctx.upload(&x, shape)
+}
+
+/// One point: the forward and (unless --forward-only) forward+backward, timed from the same
+/// calls as the wgpu bench does.
+fn point<T: Element>(
+    ctx: &CudaContext,
+    cfg: &AttentionConfig,
+    a: &Args,
+) -> Result<(Timed, Option<Timed>), Error> {
+    let mut rng = StdRng::seed_from_u64(7);
+    let q = upload_random::<T>(ctx, &mut rng, &cfg.q_shape())?;
+    let k = upload_random::<T>(ctx, &mut rng, &cfg.kv_shape())?;
+    let v = upload_random::<T>(ctx, &mut rng, &cfg.kv_shape())?;
+    let d_out = upload_random::<T>(ctx, &mut rng, &cfg.q_shape())?;
+    let timing = || {
+        ctx.last_gpu_timing()
+            .ok_or_else(|| Error::Device("no CUDA timing for the last call".into()))
+    };
+    let (mut fwd, mut fb) = (Vec::new(), Vec::new());
+    let (mut fwd_k, mut bwd_k) = (Vec::new(), Vec::new());
+    for rep in 0..=a.repeats {
+        let f = ctx.forward(cfg, &q, &k, &v)?;
+        let tf = timing()?;
+        let mut tb = None;
+        if !a.forward_only {
+            let g = ctx.backward(cfg, &q, &k, &v, &f.out, &f.lse, &d_out)?;
+            tb = Some(timing()?);
+            drop(g);
+        }
+        if rep > 0 {
+            fwd.push(tf.seconds);
+            fwd_k.push(tf.per_kernel);
+            if let Some(tb) = tb {
+                fb.push(tf.seconds + tb.seconds);
+                bwd_k.push(tb.per_kernel);
+            }
+        }
+    }
+    let f = Timed {
+        ms: median(fwd) * 1e3,
+        kernels_ms: medians(&fwd_k),
+    };
+    let b = (!fb.is_empty()).then(|| Timed {
+        ms: median(fb) * 1e3,
+        kernels_ms: medians(&bwd_k),
+    });
+    Ok((f, b))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Per kernel, the median milliseconds over the runs.
+fn medians(runs: &[Vec<(&'static str, f64)>]) -> Vec<(&'static str, f64)> {
+    let Some(first) = runs.first() else {
+        return Vec::new();
+    };
+    (0..first.len())
+        .map(|i| {
+            let v = runs.iter().filter_map(|r| r.get(i).map(|x| x.1)).collect();
+            (first[i].0, median(v) * 1e3)
+        })
+        .collect()
+}
