@@ -53,7 +53,7 @@ __device__ __forceinline__ elem_t from_f32(float x) {
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (28 bytes, 4-aligned)
+// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (40 bytes, 4-aligned)
 struct AttnShape {
     unsigned int seq_q;
     unsigned int seq_kv;
@@ -62,23 +62,72 @@ struct AttnShape {
     int causal;
     int causal_offset; // key j is visible to row i when j <= i + causal_offset
     float scale_log2;  // softmax scale * log2(e)
+    int window;        // a sliding window: row i sees key j only when
+    int band_lo;       //   i + band_lo <= j <= i + band_hi (causal folded in; +-2^30 where
+    int band_hi;       //   a side is unbounded), as Params in shaders/common.wgsl
 };
 
-// bounds and the bottom-right causal mask, as `visible` in shaders/common.wgsl
+// bounds, the bottom-right causal mask and the window, as `visible` in shaders/common.wgsl
 __device__ __forceinline__ bool visible(const AttnShape& p, unsigned int i, unsigned int j) {
-    return i < p.seq_q && j < p.seq_kv &&
-           (!p.causal || (long long)j <= (long long)i + p.causal_offset);
+    const long long ii = i, jj = j;
+    return i < p.seq_q && j < p.seq_kv && (!p.causal || jj <= ii + p.causal_offset) &&
+           (!p.window || (jj >= ii + p.band_lo && jj <= ii + p.band_hi));
+}
+
+// the highest key offset j - i a row sees (with causal or a window)
+__device__ __forceinline__ long long band_hi(const AttnShape& p) {
+    return p.window ? p.band_hi : p.causal_offset;
 }
 
 // keys [0, end) are the only ones query rows [q0, q0 + rows) can see (all keys without
-// causal), as kv_end_for_rows in shaders/common.wgsl
+// causal or a window), as kv_end_for_rows in shaders/common.wgsl
 __device__ __forceinline__ unsigned int kv_end_for_rows(const AttnShape& p, unsigned int q0,
                                                         unsigned int rows) {
-    if (!p.causal) {
+    if (!p.causal && !p.window) {
         return p.seq_kv;
     }
-    long long last = (long long)min(q0 + rows, p.seq_q) - 1 + p.causal_offset;
+    long long last = (long long)min(q0 + rows, p.seq_q) - 1 + band_hi(p);
     return last < 0 ? 0u : (unsigned int)min((long long)p.seq_kv, last + 1);
+}
+
+// keys before the result are hidden from rows q0.. (a window's left edge; 0 without one)
+__device__ __forceinline__ unsigned int kv_begin_for_rows(const AttnShape& p, unsigned int q0) {
+    if (!p.window) {
+        return 0;
+    }
+    long long first = (long long)q0 + p.band_lo;
+    return first <= 0 ? 0u : (unsigned int)min((long long)p.seq_kv, first);
+}
+
+// the first query row that can see key j0
+__device__ __forceinline__ unsigned int q_begin_for_key(const AttnShape& p, unsigned int j0) {
+    if (!p.causal && !p.window) {
+        return 0;
+    }
+    long long first = (long long)j0 - band_hi(p);
+    return first <= 0 ? 0u : (unsigned int)min((long long)p.seq_q, first);
+}
+
+// rows at or after the result see none of the keys up to j_last (a window's left edge)
+__device__ __forceinline__ unsigned int q_end_for_key(const AttnShape& p, unsigned int j_last) {
+    if (!p.window) {
+        return p.seq_q;
+    }
+    long long end = (long long)j_last - p.band_lo + 1;
+    return end <= 0 ? 0u : (unsigned int)min((long long)p.seq_q, end);
+}
+
+// true when some pair of rows [q0, q0 + rows) x keys [kv0, kv0 + keys) is hidden or out of
+// bounds (the key side; rows past seq_q are the caller's)
+__device__ __forceinline__ bool tile_needs_mask(const AttnShape& p, unsigned int q0,
+                                                unsigned int rows, unsigned int kv0,
+                                                unsigned int keys) {
+    if (kv0 + keys > p.seq_kv) {
+        return true;
+    }
+    const bool right = (p.causal || p.window) && (long long)kv0 + keys - 1 > (long long)q0 + band_hi(p);
+    const bool left = p.window && (long long)kv0 < (long long)q0 + rows - 1 + p.band_lo;
+    return right || left;
 }
 
 // the end of a row's online softmax (running sum l, running max m in the exp2 domain): the

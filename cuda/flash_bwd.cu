@@ -76,13 +76,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
     float dk_acc[DTILES][4], dv_acc[DTILES][4];
     zero<DTILES>(dk_acc);
     zero<DTILES>(dv_acc);
-    // the first row that can see key kv0 (causal): i >= kv0 - causal_offset
-    unsigned int q_begin = 0;
-    if (p.causal) {
-        long long first = (long long)kv0 - p.causal_offset;
-        q_begin = first <= 0 ? 0u : (unsigned int)min(first, (long long)p.seq_q);
-    }
-    const unsigned int q_start = (q_begin / BLOCK_Q) * BLOCK_Q;
+    // the rows that can see these keys: from the first that sees key kv0 (causal or a
+    // window) to the last that sees the block's last key (a window's left edge)
+    const unsigned int q_start = (q_begin_for_key(p, kv0) / BLOCK_Q) * BLOCK_Q;
+    const unsigned int q_stop = q_end_for_key(p, kv0 + BLOCK_RES - 1);
     // this thread's keys (rows of its S^T block): key_lo and key_lo + 8
     const unsigned int key_lo = kv0 + warp * 16 + lane / 4;
 
@@ -90,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
         const unsigned int h = hk * group + g;
         const size_t q_off = ((size_t)b * p.seq_q * p.heads_q + h) * HEAD_DIM;
         const size_t row_off = ((size_t)b * p.heads_q + h) * p.seq_q;
-        for (unsigned int q0 = q_start; q0 < p.seq_q; q0 += BLOCK_Q) {
+        for (unsigned int q0 = q_start; q0 < q_stop; q0 += BLOCK_Q) {
             __syncthreads(); // the previous tile's readers are done
             stage_rows(sq, q + q_off, q0, BLOCK_Q, p.seq_q, q_pitch);
             stage_rows(sdo, d_out + q_off, q0, BLOCK_Q, p.seq_q, q_pitch);
@@ -205,7 +202,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
     zero<DTILES>(dq_acc);
     elem_t* sk = smem;
     elem_t* sv = smem + BLOCK_N * STRIDE;
-    for (unsigned int kv0 = 0; kv0 < kv_end; kv0 += BLOCK_N) {
+    for (unsigned int kv0 = (kv_begin_for_rows(p, q0) / BLOCK_N) * BLOCK_N; kv0 < kv_end;
+         kv0 += BLOCK_N) {
         __syncthreads(); // Q/dO fragments read, or the previous tile's readers done
         stage_rows(sk, k + kv_off, kv0, BLOCK_N, p.seq_kv, kv_pitch);
         stage_rows(sv, v + kv_off, kv0, BLOCK_N, p.seq_kv, kv_pitch);

@@ -43,6 +43,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
     const elem_t* v_base = v + ((size_t)b * p.seq_kv * p.heads_kv + hk) * HEAD_DIM;
 
     const unsigned int kv_end = kv_end_for_rows(p, q0, BLOCK_M);
+    // the first tile a row of the block sees (a window's left edge)
+    const unsigned int kv_first = (kv_begin_for_rows(p, q0) / BLOCK_N) * BLOCK_N;
 
     // Q fragments: this warp's 16 rows, KSTEPS blocks of 16 dims, 4 regs each
     stage_rows(smem, q_base, q0, BLOCK_M, p.seq_q, q_pitch);
@@ -59,9 +61,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
     __syncthreads();
 
     // stage s: K at smem + s * 2 * BLOCK_N * STRIDE, V right after it
-    if (kv_end > 0) {
-        stage_rows(smem, k_base, 0, BLOCK_N, p.seq_kv, kv_pitch);
-        stage_rows(smem + BLOCK_N * STRIDE, v_base, 0, BLOCK_N, p.seq_kv, kv_pitch);
+    if (kv_end > kv_first) {
+        stage_rows(smem, k_base, kv_first, BLOCK_N, p.seq_kv, kv_pitch);
+        stage_rows(smem + BLOCK_N * STRIDE, v_base, kv_first, BLOCK_N, p.seq_kv, kv_pitch);
     }
     copy_commit();
 
@@ -72,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
     float m_lo = NEG_INF, m_hi = NEG_INF, l_lo = 0.f, l_hi = 0.f;
 
     int stage = 0;
-    for (unsigned int kv0 = 0; kv0 < kv_end; kv0 += BLOCK_N, stage ^= 1) {
+    for (unsigned int kv0 = kv_first; kv0 < kv_end; kv0 += BLOCK_N, stage ^= 1) {
         // the next tile's copy goes out before this one is used
         const elem_t* sk = smem + stage * 2 * BLOCK_N * STRIDE;
         const elem_t* sv = sk + BLOCK_N * STRIDE;
@@ -99,9 +101,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
         }
 
         // scale into the exp2 domain, mask, and the tile's row max
-        const bool need_mask = kv0 + BLOCK_N > p.seq_kv ||
-                               (p.causal && (long long)kv0 + BLOCK_N - 1 >
-                                                (long long)q0 + p.causal_offset);
+        const bool need_mask = tile_needs_mask(p, q0, BLOCK_M, kv0, BLOCK_N);
         float mt_lo = NEG_INF, mt_hi = NEG_INF;
 #pragma unroll
         for (int nt = 0; nt < NTILES; nt++) {

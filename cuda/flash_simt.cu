@@ -121,7 +121,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_fwd(
     }
     float m = NEG_INF, l = 0.f;
     const unsigned int kv_end = kv_end_for_rows(p, q0, ROWS);
-    for (unsigned int kt = 0; kt < kv_end; kt += BLOCK_N) {
+    for (unsigned int kt = (kv_begin_for_rows(p, q0) / BLOCK_N) * BLOCK_N; kt < kv_end;
+         kt += BLOCK_N) {
         __syncthreads();
         stage_f32(sk, k + kv_off, kt, p.seq_kv, kv_pitch);
         stage_f32(sv, v + kv_off, kt, p.seq_kv, kv_pitch);
@@ -201,16 +202,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
     for (int c = 0; c < PER; c++) {
         dk_acc[c] = dv_acc[c] = 0.f;
     }
-    // the first row that can see key kv0 (causal): i >= kv0 - causal_offset
-    unsigned int q_begin = 0;
-    if (p.causal) {
-        const long long first = (long long)kv0 - p.causal_offset;
-        q_begin = first <= 0 ? 0u : (unsigned int)min(first, (long long)p.seq_q);
-    }
+    // the rows that can see these keys (causal, a window)
+    const unsigned int q_begin = q_begin_for_key(p, kv0);
+    const unsigned int q_stop = q_end_for_key(p, kv0 + ROWS - 1);
     for (unsigned int hq = hk * group; hq < (hk + 1) * group; hq++) {
         const size_t q_off = ((size_t)b * p.seq_q * p.heads_q + hq) * HEAD_DIM;
         const size_t row_off = ((size_t)b * p.heads_q + hq) * p.seq_q;
-        for (unsigned int qt = q_begin; qt < p.seq_q; qt += BLOCK_N) {
+        for (unsigned int qt = q_begin; qt < q_stop; qt += BLOCK_N) {
             __syncthreads();
             stage_f32(sq, q + q_off, qt, p.seq_q, q_pitch);
             stage_f32(sdo, d_out + q_off, qt, p.seq_q, q_pitch);
@@ -220,7 +218,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
                 sdelta[r] = i < p.seq_q ? delta[row_off + i] : 0.f;
             }
             __syncthreads();
-            const int n = min((unsigned int)BLOCK_N, p.seq_q - qt);
+            const int n = min((unsigned int)BLOCK_N, q_stop - qt);
             for (int ii = 0; ii < n; ii++) {
                 const float* qi = sq + ii * HEAD_DIM;
                 const float* doi = sdo + ii * HEAD_DIM;
@@ -269,7 +267,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
         dq_acc[c] = 0.f;
     }
     const unsigned int kv_end = kv_end_for_rows(p, q0, ROWS);
-    for (unsigned int kt = 0; kt < kv_end; kt += BLOCK_N) {
+    for (unsigned int kt = (kv_begin_for_rows(p, q0) / BLOCK_N) * BLOCK_N; kt < kv_end;
+         kt += BLOCK_N) {
         __syncthreads();
         stage_f32(sk, k + kv_off, kt, p.seq_kv, kv_pitch);
         stage_f32(sv, v + kv_off, kt, p.seq_kv, kv_pitch);

@@ -29,14 +29,16 @@ struct Params {
     row_shift: u32,      // ... of lse, delta
     row_stride: u32,     // lse, delta: stride between (batch, head) rows (the call's seq_q)
     resume: u32,         // windowed calls: 1 to continue from what earlier passes stored
-    pad0: u32,
-    pad1: u32,
+    band_lo: i32,        // WINDOW: query i sees key j iff i + band_lo <= j <= i + band_hi
+    band_hi: i32,
     pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
 
 override CAUSAL: bool = false;
+// A sliding window (params.band_lo / band_hi); false costs nothing.
+override WINDOW: bool = false;
 
 const LN2: f32 = 0.6931471805599453;
 const LOG2E: f32 = 1.4426950408889634;
@@ -121,40 +123,74 @@ fn row_index(b: u32, h: u32, i: u32) -> u32 {
     return (b * params.heads_q + h) * params.row_stride + i + params.row_shift;
 }
 
+// The band of keys a row sees. Query i sees key j iff i + lo <= j <= i + hi, where
+// hi = causal_offset with CAUSAL alone, and with WINDOW the host's band_lo / band_hi (the
+// window and causal folded together, +-2^30 on an unbounded side). Without either, every key.
+fn band_hi() -> i32 {
+    if (WINDOW) {
+        return params.band_hi;
+    }
+    return params.causal_offset;
+}
+
 // Keys [0, end) are the only ones any of query rows [q_begin, q_end) can see.
 fn kv_end_for_rows(q_begin: u32, q_end: u32) -> u32 {
-    if (!CAUSAL) {
+    if (!CAUSAL && !WINDOW) {
         return params.seq_kv;
     }
-    let last = i32(min(q_end, params.seq_q)) - 1 + params.causal_offset + 1;
+    let last = i32(min(q_end, params.seq_q)) - 1 + band_hi() + 1;
     return u32(clamp(last, 0, i32(params.seq_kv)));
+}
+
+// Keys before the result are hidden from every query row at or after `q_begin` (the window's
+// left edge; 0 without a window). Tiled kernels start their key loop at its tile.
+fn kv_begin_for_rows(q_begin: u32) -> u32 {
+    if (!WINDOW) {
+        return 0u;
+    }
+    return u32(clamp(i32(q_begin) + params.band_lo, 0, i32(params.seq_kv)));
 }
 
 // First query row that can see key `j0` (rows before it are fully masked for keys >= j0).
 fn q_begin_for_key(j0: u32) -> u32 {
-    if (!CAUSAL) {
+    if (!CAUSAL && !WINDOW) {
         return 0u;
     }
-    return u32(clamp(i32(j0) - params.causal_offset, 0, i32(params.seq_q)));
+    return u32(clamp(i32(j0) - band_hi(), 0, i32(params.seq_q)));
 }
 
-// True when some (row, key) pair of the tile needs the mask or a bounds check.
-fn tile_needs_mask(q_begin: u32, kv_begin: u32, kv_len: u32) -> bool {
+// Rows at or after the result see none of the keys up to `j_last` (the window's left edge;
+// seq_q without a window). The dK/dV kernels end their query loop there.
+fn q_end_for_key(j_last: u32) -> u32 {
+    if (!WINDOW) {
+        return params.seq_q;
+    }
+    return u32(clamp(i32(j_last) - params.band_lo + 1, 0, i32(params.seq_q)));
+}
+
+// True when some (row, key) pair of the tile (rows [q_begin, q_begin + q_len), keys
+// [kv_begin, kv_begin + kv_len)) needs the mask or a bounds check.
+fn tile_needs_mask(q_begin: u32, q_len: u32, kv_begin: u32, kv_len: u32) -> bool {
     if (kv_begin + kv_len > params.seq_kv) {
         return true;
     }
-    return CAUSAL && i32(kv_begin + kv_len - 1u) > i32(q_begin) + params.causal_offset;
+    let right = (CAUSAL || WINDOW) && i32(kv_begin + kv_len - 1u) > i32(q_begin) + band_hi();
+    let left = WINDOW && i32(kv_begin) < i32(q_begin + q_len - 1u) + params.band_lo;
+    return right || left;
 }
 
 // ---- The score path. Every kernel, tiled or naive, forward or backward, decides masking and
 // finishes scores through these functions: they are the hooks where window, bias, softcap,
 // ALiBi, sinks and dropout enter, once.
 
-// Bottom-right aligned causal mask plus bounds. Non-short-circuit `&` and `|` keep this free
-// of branches, so that loops calling it stay simple enough for drivers to unroll.
+// Bounds, the bottom-right aligned causal mask and the window. Non-short-circuit `&` and `|`
+// keep this free of branches, so that loops calling it stay simple enough for drivers to
+// unroll.
 fn visible(i: u32, j: u32) -> bool {
     let in_range = (i < params.seq_q) & (j < params.seq_kv);
-    return in_range & (!CAUSAL | (i32(j) <= i32(i) + params.causal_offset));
+    let causal_ok = !CAUSAL | (i32(j) <= i32(i) + params.causal_offset);
+    let band_ok = !WINDOW | ((i32(j) >= i32(i) + params.band_lo) & (i32(j) <= i32(i) + params.band_hi));
+    return in_range & causal_ok & band_ok;
 }
 
 // A hidden pair's score: -inf, so that any finite score, however negative, outweighs it.

@@ -60,11 +60,12 @@ fn main(
     var p = array<f32, CPT>();
     var ds = array<f32, CPT>();
     let q_start = (q_begin_for_key(kv0) / BR) * BR;
+    let q_stop = q_end_for_key(kv0 + BC - 1u);
 
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
-        for (var q0 = q_start; q0 < params.seq_q; q0 += BR) {
-            let masked = q0 + BR > params.seq_q || tile_needs_mask(q0, kv0, BC);
+        for (var q0 = q_start; q0 < q_stop; q0 += BR) {
+            let masked = q0 + BR > params.seq_q || tile_needs_mask(q0, BR, kv0, BC);
             for (var e = t; e < BR * HEAD_DIM; e += NT) {
                 let qi = q0 + e / HEAD_DIM;
                 var qx = 0.0;

@@ -46,11 +46,12 @@ fn main(
     var acc_dk = array<array<vec4<f32>, GPT>, TM>();
     var acc_dv = array<array<vec4<f32>, GPT>, TM>();
     let q_start = (q_begin_for_key(kv0) / BR) * BR;
+    let q_stop = q_end_for_key(kv0 + BC - 1u);
 
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
-        for (var q0 = q_start; q0 < params.seq_q; q0 += BR) {
-            let masked = q0 + BR > params.seq_q || tile_needs_mask(q0, kv0, BC);
+        for (var q0 = q_start; q0 < q_stop; q0 += BR) {
+            let masked = q0 + BR > params.seq_q || tile_needs_mask(q0, BR, kv0, BC);
             workgroupBarrier(); // the previous tile's products are done with Q, dO, P and dS
             for (var e = t; e < BR * D4; e += NT) {
                 let r = e / D4;

@@ -86,8 +86,8 @@ fn main(
     }
 
     let kv_end = kv_end_for_rows(q0, q0 + BR);
-    for (var kv0 = 0u; kv0 < kv_end; kv0 += BC) {
-        let masked = tile_needs_mask(q0, kv0, BC);
+    for (var kv0 = (kv_begin_for_rows(q0) / BC) * BC; kv0 < kv_end; kv0 += BC) {
+        let masked = tile_needs_mask(q0, BR, kv0, BC);
         workgroupBarrier(); // the previous tile's P V is done with V and P
         load_kv_tile(true, b, hk, kv0, t);
         workgroupBarrier();

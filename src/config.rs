@@ -15,6 +15,30 @@ pub enum Algorithm {
     Naive,
 }
 
+/// A sliding window around the bottom-right aligned diagonal (flash-attn's `window_size`):
+/// query row i, at key position i' = i + seq_kv - seq_q, sees key j iff
+/// `i' - left <= j <= i' + right`. `None` leaves that side unbounded; both `None` is no window.
+/// With `causal`, `right` is at most 0 (causal is the window `(None, Some(0))`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Window {
+    pub left: Option<usize>,
+    pub right: Option<usize>,
+}
+
+impl Window {
+    /// Largest bound a side takes: the kernels compare key offsets in 32-bit integers.
+    pub const MAX_SIDE: usize = 1 << 30;
+
+    pub fn new(left: Option<usize>, right: Option<usize>) -> Window {
+        Window { left, right }
+    }
+
+    /// True when the window hides anything (a side is bounded).
+    pub fn is_active(&self) -> bool {
+        self.left.is_some() || self.right.is_some()
+    }
+}
+
 /// Shapes and options of one attention call.
 ///
 /// Layouts (row-major): q and out are `[batch, seq_q, heads_q, head_dim]`, k and v are
@@ -29,6 +53,8 @@ pub struct AttentionConfig {
     pub head_dim: usize,
     /// Bottom-right aligned causal mask: query i sees key j iff `j <= i + seq_kv - seq_q`.
     pub causal: bool,
+    /// Sliding window (local attention); composes with `causal`. Default: none.
+    pub window: Window,
     /// `None` means `1 / sqrt(head_dim)`.
     pub softmax_scale: Option<f32>,
     pub algorithm: Algorithm,
@@ -51,6 +77,7 @@ impl AttentionConfig {
             heads_kv,
             head_dim,
             causal: false,
+            window: Window::default(),
             softmax_scale: None,
             algorithm: Algorithm::default(),
         }
@@ -83,6 +110,27 @@ impl AttentionConfig {
         self.seq_kv as i64 - self.seq_q as i64
     }
 
+    /// The key offsets `j - i'` (i' = i + seq_kv - seq_q) a query row sees, as (lowest,
+    /// highest), `None` where unbounded: causal and the window together. Query i sees key j
+    /// iff `lo <= j - i - causal_offset() <= hi`.
+    pub fn band(&self) -> (Option<i64>, Option<i64>) {
+        let lo = self.window.left.map(|l| -(l as i64));
+        let right = self.window.right.map(|r| r as i64);
+        let hi = match (self.causal, right) {
+            (true, Some(r)) => Some(r.min(0)),
+            (true, None) => Some(0),
+            (false, r) => r,
+        };
+        (lo, hi)
+    }
+
+    /// True when query row i sees key j (bounds not checked): causal and the window.
+    pub fn sees(&self, i: usize, j: usize) -> bool {
+        let d = j as i64 - i as i64 - self.causal_offset();
+        let (lo, hi) = self.band();
+        lo.is_none_or(|lo| d >= lo) && hi.is_none_or(|hi| d <= hi)
+    }
+
     /// Checks everything that does not depend on the device.
     pub fn validate(&self) -> Result<()> {
         let dims = [
@@ -109,6 +157,16 @@ impl AttentionConfig {
                 "heads_q must be a multiple of heads_kv (GQA/MQA), got heads_q = {} and heads_kv = {}",
                 self.heads_q, self.heads_kv
             )));
+        }
+        for (side, v) in [("left", self.window.left), ("right", self.window.right)] {
+            if let Some(v) = v {
+                if v > Window::MAX_SIDE {
+                    return Err(Error::invalid(format!(
+                        "window.{side} must be at most {} (or None: unbounded), got {v}",
+                        Window::MAX_SIDE
+                    )));
+                }
+            }
         }
         if let Some(s) = self.softmax_scale {
             if !s.is_finite() {

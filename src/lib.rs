@@ -45,7 +45,7 @@ pub mod tensor;
 
 pub use backend::{AttentionBackend, Backend};
 pub use backward::{Gradients, HostGradients};
-pub use config::{Algorithm, AttentionConfig, MAX_HEAD_DIM};
+pub use config::{Algorithm, AttentionConfig, Window, MAX_HEAD_DIM};
 pub use device::{AdapterSummary, Context, MemoryStats, Tuning};
 pub use dtype::{DType, Element, HalfStorage};
 pub use error::{Error, Result, TensorRole};

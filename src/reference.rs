@@ -21,8 +21,15 @@ pub struct RefGradients {
     pub dv: Vec<f64>,
 }
 
+/// Straight from the definitions (not `AttentionConfig::band`, which the kernels' host code
+/// uses): i' = i + seq_kv - seq_q; causal: j <= i'; window: i' - left <= j <= i' + right.
 fn visible(cfg: &AttentionConfig, i: usize, j: usize) -> bool {
-    !cfg.causal || (j as i64) <= i as i64 + cfg.causal_offset()
+    let ip = i as i64 + cfg.seq_kv as i64 - cfg.seq_q as i64;
+    let j = j as i64;
+    let causal_ok = !cfg.causal || j <= ip;
+    let left_ok = cfg.window.left.is_none_or(|l| j >= ip - l as i64);
+    let right_ok = cfg.window.right.is_none_or(|r| j <= ip + r as i64);
+    causal_ok && left_ok && right_ok
 }
 
 fn qi(cfg: &AttentionConfig, b: usize, i: usize, h: usize) -> usize {

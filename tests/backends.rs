@@ -10,7 +10,7 @@ mod common;
 
 use common::backend::check_all_dtypes;
 use flash_attn_wgpu::dtype::to_f32_vec;
-use flash_attn_wgpu::{AttentionBackend, AttentionConfig, Error};
+use flash_attn_wgpu::{AttentionBackend, AttentionConfig, Error, Window};
 
 #[cfg(feature = "cuda")]
 fn cuda() -> Option<&'static flash_attn_wgpu::cuda::CudaContext> {
@@ -96,6 +96,31 @@ fn every_backend_handles_gqa_mqa_and_every_head_dim_class() {
                 let e = check_all_dtypes(b, &cfg(1, 65, 130, 8, heads_kv, head_dim, false), 1.0);
                 eprintln!("{} d={head_dim} hkv={heads_kv}: {e:?}", b.backend());
             }
+        }
+    });
+}
+
+#[test]
+fn every_backend_matches_the_reference_with_sliding_windows() {
+    // (left, right, causal, seq_q, seq_kv, head_dim): bands of a few tiles (tiles outside
+    // skipped), one side unbounded, causal folding `right` to 0, the diagonal alone, rows that
+    // see nothing; head_dim 40 takes the CUDA SIMT kernels, 64 the tensor cores
+    on_every_backend!(|b| {
+        for (left, right, causal, sq, skv, d) in [
+            (Some(16), Some(0), false, 150, 150, 64),
+            (Some(40), None, false, 77, 133, 40),
+            (None, Some(8), false, 133, 77, 64),
+            (Some(5), Some(7), true, 100, 200, 64),
+            (Some(0), Some(0), false, 64, 64, 40),
+            (Some(3), Some(2), false, 300, 40, 64),
+        ] {
+            let mut c = cfg(2, sq, skv, 4, 2, d, causal);
+            c.window = Window::new(left, right);
+            let e = check_all_dtypes(b, &c, 1.0);
+            eprintln!(
+                "{} window ({left:?}, {right:?}) causal={causal} {sq}x{skv} d={d}: {e:?}",
+                b.backend()
+            );
         }
     });
 }

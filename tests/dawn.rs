@@ -293,6 +293,21 @@ fn kernels_match_the_f64_reference_on_dawn() {
             }
         }
     }
+    // A sliding window (the WINDOW pipeline constant): f32 on every algorithm and variant.
+    {
+        let mut c = cfg(1, 70, 90, 2, 1, 32, false);
+        c.window = flash_attn_wgpu::Window::new(Some(12), Some(3));
+        for &(algorithm, variant, sg) in &algorithms {
+            let mut c = c.clone();
+            c.algorithm = algorithm;
+            let e = env(variant, sg, HalfStorage::Packed);
+            let name = format!(
+                "f32 window {algorithm:?} {variant:?} sg={sg} {}",
+                common::describe(&c, 0)
+            );
+            all.extend(cases::<f32>(&c, 1.0, &e, &name));
+        }
+    }
     // Calls split into windows (bindings of a few KiB): whole batches (4 KiB), and rows of
     // one batch with several query and key windows merged in accumulate mode (8 KiB).
     for (c, limit) in [

@@ -168,6 +168,29 @@ fn non_finite_softmax_scale_is_invalid() {
 }
 
 #[test]
+fn a_window_side_past_2_pow_30_is_invalid_and_names_the_side() {
+    for (left, right, side) in [
+        (Some((1 << 30) + 1), None, "window.left"),
+        (Some(4), Some(usize::MAX), "window.right"),
+    ] {
+        let mut c = cfg(1, 4, 4, 1, 1, 8, false);
+        c.window = flash_attn_wgpu::Window::new(left, right);
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(msg.contains(side) && msg.contains("1073741824"), "{msg}");
+        // and the call refuses it before touching the device
+        let x = vec![0.5f32; 4 * 8];
+        assert!(matches!(
+            ctx().forward_host(&c, &x, &x, &x),
+            Err(Error::InvalidConfig(_))
+        ));
+    }
+    // the largest side is accepted, and sees everything at this size
+    let mut c = cfg(1, 4, 4, 1, 1, 8, false);
+    c.window = flash_attn_wgpu::Window::new(Some(1 << 30), Some(1 << 30));
+    assert!(c.validate().is_ok());
+}
+
+#[test]
 fn tensor_of_wrong_shape_is_rejected() {
     let c = cfg(1, 8, 8, 2, 2, 16, false);
     let (q, kv) = data(&c);

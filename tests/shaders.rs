@@ -144,8 +144,8 @@ fn params_layout_matches_the_shader_struct() {
         row_shift,
         row_stride,
         resume,
-        pad0,
-        pad1,
+        band_lo,
+        band_hi,
         pad2
     );
     assert_eq!(members.len(), host.len());

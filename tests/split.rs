@@ -7,7 +7,7 @@ mod common;
 
 use common::{cfg, check_dtype_dyn};
 use flash_attn_wgpu::plan::{self, split};
-use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, DType, Error, Tuning, Variant};
+use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, DType, Error, Tuning, Variant, Window};
 
 /// A context whose device binds at most `binding` bytes of a buffer at once.
 fn context_with_binding(binding: u32) -> Context {
@@ -55,6 +55,16 @@ fn query_and_key_windows_merge_exactly() {
     every_dtype_and_variant(&ctx, &cfg(1, 150, 130, 2, 1, 16, true), "rows");
     // seq_q < seq_kv, not causal, head_dim not a power of two
     every_dtype_and_variant(&ctx, &cfg(2, 37, 140, 1, 1, 24, false), "rows");
+}
+
+#[test]
+fn windowed_calls_split_into_windows_skip_only_what_the_band_hides() {
+    let ctx = context_with_binding(8 << 10);
+    // A band of 20 keys left of the diagonal (and 5 right): key windows left of a query
+    // window's band are skipped and later ones still visited; the first rows see nothing.
+    let mut c = cfg(1, 150, 130, 2, 1, 16, false);
+    c.window = Window::new(Some(20), Some(5));
+    every_dtype_and_variant(&ctx, &c, "rows");
 }
 
 #[test]

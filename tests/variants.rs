@@ -4,7 +4,7 @@
 
 mod common;
 use common::{assert_close, assert_lse_close, cfg, inputs};
-use flash_attn_wgpu::{reference, AttentionConfig, Context, Tuning, Variant};
+use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context, Tuning, Variant, Window};
 
 fn tunings(ctx: &Context) -> Vec<Tuning> {
     let default = ctx.tuning();
@@ -58,6 +58,27 @@ fn every_variant_matches_reference_at_odd_sizes() {
 fn every_variant_handles_odd_and_large_head_dims() {
     for d in [1, 13, 80, 256] {
         check_all_tunings(&cfg(1, 37, 29, 2, 2, d, true), 1.0);
+    }
+}
+
+#[test]
+fn every_variant_and_the_naive_path_match_the_reference_with_sliding_windows() {
+    // (left, right, causal, seq_q, seq_kv): a band of a few tiles' width (tiles left and
+    // right of it skipped), one side unbounded, causal folding `right` to 0, the diagonal
+    // alone, and rows that see nothing (seq_q > seq_kv: the first rows' bands end before key 0)
+    for (left, right, causal, sq, skv) in [
+        (Some(16), Some(0), false, 150, 150),
+        (Some(40), None, false, 77, 133),
+        (None, Some(8), false, 133, 77),
+        (Some(5), Some(7), true, 100, 200),
+        (Some(0), Some(0), false, 64, 64),
+        (Some(3), Some(2), false, 300, 40),
+    ] {
+        let mut c = cfg(1, sq, skv, 2, 1, 32, causal);
+        c.window = Window::new(left, right);
+        check_all_tunings(&c, 1.0);
+        c.algorithm = Algorithm::Naive;
+        check_all_tunings(&c, 1.0);
     }
 }
 

@@ -7,7 +7,7 @@ mod cli;
 use cli::positive;
 
 use clap::{Parser, ValueEnum};
-use flash_attn_wgpu::{DType, HalfStorage, Tuning, Variant};
+use flash_attn_wgpu::{DType, HalfStorage, Tuning, Variant, Window};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum)]
 pub enum PassArg {
@@ -80,6 +80,13 @@ pub struct Args {
     /// Measure both non-causal and causal in one run
     #[arg(long)]
     pub causal_both: bool,
+    /// Sliding window LEFT,RIGHT (flash-attn's window_size; `none` for an unbounded side),
+    /// applied to every point: `--window 256,0`
+    #[arg(long, value_parser = window_arg, allow_hyphen_values = true)]
+    pub window: Option<Window>,
+    /// With --window: measure every point without the window too, side by side
+    #[arg(long, requires = "window")]
+    pub window_both: bool,
     /// Which pass to time
     #[arg(long, value_enum, default_value = "both")]
     pub pass: PassArg,
@@ -161,6 +168,25 @@ impl Args {
             out.push(default);
         }
         out
+    }
+}
+
+/// `LEFT,RIGHT`, each a whole number or `none` (unbounded).
+fn window_arg(s: &str) -> Result<Window, String> {
+    let side = |x: &str| -> Result<Option<usize>, String> {
+        match x.trim() {
+            "none" | "-1" => Ok(None),
+            v => v
+                .parse::<usize>()
+                .map(Some)
+                .map_err(|e| format!("{v:?} is not a whole number or `none`: {e}")),
+        }
+    };
+    match s.split(',').collect::<Vec<_>>().as_slice() {
+        [l, r] => Ok(Window::new(side(l)?, side(r)?)),
+        _ => Err(format!(
+            "expected LEFT,RIGHT (e.g. 256,0 or none,0), got {s:?}"
+        )),
     }
 }
 

@@ -4,11 +4,13 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use flash_attn_wgpu::{plan, Algorithm, AttentionConfig, Context, DType, Error, Tuning, Variant};
+use flash_attn_wgpu::{
+    plan, Algorithm, AttentionConfig, Context, DType, Error, Tuning, Variant, Window,
+};
 
 use crate::args::{AlgArg, Args, PassArg};
 use crate::measure::{measure, upload, DeviceInputs, HostInputs, Measured};
-use crate::model::{alg_label, bytes_moved_model, flops, ModelTiles, Pass};
+use crate::model::{alg_label, bytes_moved_model, flops, mask_label, ModelTiles, Pass};
 
 /// One grid shape (everything but dtype, causal, algorithm and pass).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -21,7 +23,7 @@ pub struct Shape {
 }
 
 impl Shape {
-    fn config(&self, causal: bool, alg: Algorithm) -> AttentionConfig {
+    fn config(&self, causal: bool, window: Window, alg: Algorithm) -> AttentionConfig {
         let mut cfg = AttentionConfig::new(
             self.batch,
             self.seq,
@@ -31,6 +33,7 @@ impl Shape {
             self.head_dim,
         );
         cfg.causal = causal;
+        cfg.window = window;
         cfg.algorithm = alg;
         cfg
     }
@@ -49,6 +52,8 @@ pub struct Grid {
     pub variants: Vec<Variant>,
     pub passes: Vec<Pass>,
     pub causals: Vec<bool>,
+    /// The window of every point (none, or --window; with --window-both, none first).
+    pub windows: Vec<Window>,
     /// The head dimensions, in the order given.
     pub head_dims: Vec<usize>,
     /// Timed calls per point (at least 1).
@@ -85,6 +90,11 @@ impl Grid {
         } else {
             vec![a.causal]
         };
+        let windows = match (a.window, a.window_both) {
+            (Some(w), true) => vec![Window::default(), w],
+            (Some(w), false) => vec![w],
+            (None, _) => vec![Window::default()],
+        };
         let mut shapes = Vec::new();
         for &batch in &dedup(&a.batch) {
             for &heads in &dedup(&a.heads) {
@@ -98,11 +108,13 @@ impl Grid {
                             head_dim,
                             seq,
                         };
-                        s.config(false, Algorithm::Tiled).validate().map_err(|e| {
-                            format!(
+                        s.config(false, windows[windows.len() - 1], Algorithm::Tiled)
+                            .validate()
+                            .map_err(|e| {
+                                format!(
                                 "B={batch} H={heads} kv-heads={kv_heads} D={head_dim} N={seq}: {e}"
                             )
-                        })?;
+                            })?;
                         shapes.push(s);
                     }
                 }
@@ -116,6 +128,7 @@ impl Grid {
             variants: Vec::new(),
             passes,
             causals,
+            windows,
             head_dims: dedup(&a.head_dim),
             repeats: a.repeats.max(1),
             naive_max_seq: a.naive_max_seq,
@@ -177,7 +190,7 @@ pub fn run(
                     Algorithm::Naive => usize::from(naive_runs(s)),
                 })
                 .sum();
-            grid.dtypes.len() * grid.causals.len() * algs
+            grid.dtypes.len() * grid.causals.len() * grid.windows.len() * algs
         })
         .sum();
     let started = Instant::now();
@@ -193,7 +206,11 @@ pub fn run(
         let mut host: Option<HostInputs> = None;
         for &dt in &grid.dtypes {
             let mut device: Option<DeviceInputs> = None;
-            for &causal in &grid.causals {
+            for (causal, window) in grid
+                .causals
+                .iter()
+                .flat_map(|&c| grid.windows.iter().map(move |&w| (c, w)))
+            {
                 for (alg, variant) in grid.algorithms.iter().flat_map(|&alg| match alg {
                     Algorithm::Tiled => grid.variants.iter().map(|&v| (alg, Some(v))).collect(),
                     Algorithm::Naive => vec![(alg, None)],
@@ -208,7 +225,7 @@ pub fn run(
                         ..base
                     })?;
                     let tiles = ModelTiles::new(ctx, kernels, shape.head_dim)?;
-                    let cfg = shape.config(causal, alg);
+                    let cfg = shape.config(causal, window, alg);
                     let heaviest = if need_bwd { Pass::FwdBwd } else { Pass::Fwd };
                     let elapsed = started.elapsed().as_secs_f64();
                     let predicted = slowest
@@ -220,7 +237,7 @@ pub fn run(
                         shape.heads,
                         shape.head_dim,
                         shape.seq,
-                        if causal { "causal" } else { "non-causal" },
+                        mask_label(&cfg),
                         alg_label(alg, variant),
                     );
                     eprintln!(
@@ -347,8 +364,12 @@ fn record(
         }
         Err(note) => rec.note = note.clone(),
     }
-    let same =
-        |r: &&Record| r.pass == pass && r.cfg.causal == cfg.causal && same_shape(&r.cfg, cfg);
+    let same = |r: &&Record| {
+        r.pass == pass
+            && r.cfg.causal == cfg.causal
+            && r.cfg.window == cfg.window
+            && same_shape(&r.cfg, cfg)
+    };
     if cfg.algorithm == Algorithm::Naive {
         let tiled = earlier
             .iter()

@@ -24,6 +24,9 @@ struct JsonRecord<'a> {
     seq_kv: usize,
     head_dim: usize,
     causal: bool,
+    /// the window's sides (null: unbounded, or no window)
+    window_left: Option<usize>,
+    window_right: Option<usize>,
     median_ms: Option<f64>,
     gflops: Option<f64>,
     fma_roofline_fraction: Option<f64>,
@@ -61,6 +64,8 @@ impl<'a> JsonRecord<'a> {
             seq_kv: c.seq_kv,
             head_dim: c.head_dim,
             causal: c.causal,
+            window_left: c.window.left,
+            window_right: c.window.right,
             median_ms: r.median_ms,
             gflops: r.gflops,
             fma_roofline_fraction: r.gflops.map(|g| g / roof.fma_gflops),

@@ -33,17 +33,47 @@ pub fn alg_label(a: Algorithm, variant: Option<Variant>) -> String {
     }
 }
 
-/// FLOPs by the convention of the FlashAttention papers.
+/// FLOPs by the convention of the FlashAttention papers: forward 4 * B * H * Sq * Sk * D,
+/// halved for causal; with a window, 4 * B * H * D times the pairs the band leaves visible
+/// (counted exactly). Forward+backward 3.5x.
 pub fn flops(cfg: &AttentionConfig, pass: Pass) -> f64 {
-    let f = 4.0
-        * (cfg.batch * cfg.heads_q) as f64
-        * cfg.seq_q as f64
-        * cfg.seq_kv as f64
-        * cfg.head_dim as f64;
-    let f = if cfg.causal { f / 2.0 } else { f };
+    let f = 4.0 * (cfg.batch * cfg.heads_q) as f64 * cfg.head_dim as f64 * visible_pairs(cfg);
     match pass {
         Pass::Fwd => f,
         Pass::FwdBwd => 3.5 * f,
+    }
+}
+
+/// (row, key) pairs of one (batch, head) that take part: Sq * Sk, halved for causal (the
+/// papers' convention); with a window, counted row by row.
+pub fn visible_pairs(cfg: &AttentionConfig) -> f64 {
+    let all = cfg.seq_q as f64 * cfg.seq_kv as f64;
+    if !cfg.window.is_active() {
+        return if cfg.causal { all / 2.0 } else { all };
+    }
+    let (off, (lo, hi)) = (cfg.causal_offset(), cfg.band());
+    let last = cfg.seq_kv as i64 - 1;
+    (0..cfg.seq_q as i64)
+        .map(|i| {
+            let first = lo.map_or(0, |lo| (i + off + lo).max(0));
+            let end = hi.map_or(last, |hi| (i + off + hi).min(last));
+            (end - first + 1).max(0) as f64
+        })
+        .sum()
+}
+
+/// The mask of a point: causal or not, and its window.
+pub fn mask_label(cfg: &AttentionConfig) -> String {
+    let c = if cfg.causal { "causal" } else { "non-causal" };
+    if cfg.window.is_active() {
+        let side = |x: Option<usize>| x.map_or("none".to_string(), |v| v.to_string());
+        format!(
+            "{c} window({},{})",
+            side(cfg.window.left),
+            side(cfg.window.right)
+        )
+    } else {
+        c.to_string()
     }
 }
 
@@ -86,7 +116,7 @@ pub fn bytes_moved_model(
         cfg.seq_kv as f64,
         cfg.head_dim as f64,
     );
-    let vis = if cfg.causal { 0.5 } else { 1.0 };
+    let vis = visible_pairs(cfg) / (sq * sk);
     let q_tiles = (sq / t.fwd_q as f64).ceil();
     let kv_tiles = (sk / t.dkdv_kv as f64).ceil();
     let dq_tiles = (sq / t.dq_q as f64).ceil();

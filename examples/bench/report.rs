@@ -70,7 +70,7 @@ pub fn print_preamble(
         }
     }
     println!("roofline (measured): {}", roofline_summary(roof));
-    println!("FLOPs: forward 4*B*H*Sq*Sk*D (halved for causal); backward 2.5x forward; fwdbwd = 3.5x forward");
+    println!("FLOPs: forward 4*B*H*Sq*Sk*D (halved for causal; with a window 4*B*H*D x the visible pairs); backward 2.5x forward; fwdbwd = 3.5x forward");
     println!(
         "repeats={} (median GPU time after one warm-up call); %FMA: achieved GFLOP/s over the FMA \
          roofline; %BW: modelled bytes over time over the copy roofline; speedup: naive time over \
@@ -106,7 +106,19 @@ fn cells(r: &Record, roof: &Roofline) -> [String; 17] {
     let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".to_string(), f);
     [
         r.pass.name().into(),
-        if c.causal { "yes" } else { "no" }.into(),
+        {
+            let causal = if c.causal { "yes" } else { "no" };
+            if c.window.is_active() {
+                let side = |x: Option<usize>| x.map_or("none".to_string(), |v| v.to_string());
+                format!(
+                    "{causal} w({},{})",
+                    side(c.window.left),
+                    side(c.window.right)
+                )
+            } else {
+                causal.into()
+            }
+        },
         c.batch.to_string(),
         if c.heads_kv == c.heads_q {
             c.heads_q.to_string()

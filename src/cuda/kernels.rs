@@ -129,6 +129,11 @@ pub struct AttnShape {
     pub causal_offset: i32,
     /// softmax scale * log2(e): the kernel works in the exp2 domain
     pub scale_log2: f32,
+    /// A sliding window: row i sees key j only when `i + band_lo <= j <= i + band_hi`
+    /// (the wgpu `Params` band: causal folded in, +-2^30 on an unbounded side).
+    pub window: i32,
+    pub band_lo: i32,
+    pub band_hi: i32,
 }
 
 impl AttnShape {
@@ -145,6 +150,7 @@ impl AttnShape {
                     ))
                 })
         };
+        let band = crate::kernels::params::Params::from_config(cfg);
         Ok(AttnShape {
             seq_q: fits("seq_q", cfg.seq_q)?,
             seq_kv: fits("seq_kv", cfg.seq_kv)?,
@@ -153,6 +159,9 @@ impl AttnShape {
             causal: i32::from(cfg.causal),
             causal_offset: cfg.causal_offset() as i32,
             scale_log2: cfg.scale() * std::f32::consts::LOG2_E,
+            window: i32::from(cfg.window.is_active()),
+            band_lo: band.band_lo,
+            band_hi: band.band_hi,
         })
     }
 }
@@ -488,8 +497,8 @@ mod tests {
 
     #[test]
     fn the_scalar_argument_matches_the_kernels_struct() {
-        // seven 4-byte fields, no padding: the C struct's layout
-        assert_eq!(std::mem::size_of::<AttnShape>(), 28);
+        // ten 4-byte fields, no padding: the C struct's layout
+        assert_eq!(std::mem::size_of::<AttnShape>(), 40);
         assert_eq!(std::mem::align_of::<AttnShape>(), 4);
         let body = &COMMON[COMMON.find("struct AttnShape {").unwrap()..];
         let body = &body[..body.find("};").unwrap()];
@@ -510,7 +519,10 @@ mod tests {
                 "heads_kv",
                 "causal",
                 "causal_offset",
-                "scale_log2"
+                "scale_log2",
+                "window",
+                "band_lo",
+                "band_hi"
             ]
         );
         let mut cfg = AttentionConfig::new(1, 100, 300, 4, 2, 64);
@@ -518,6 +530,11 @@ mod tests {
         let s = AttnShape::new(&cfg).unwrap();
         assert_eq!((s.causal, s.causal_offset), (1, 200));
         assert!((s.scale_log2 - 0.125 * std::f32::consts::LOG2_E).abs() < 1e-7);
+        assert_eq!(s.window, 0);
+        // the window (3 left, 5 right) with causal: band [200 - 3, 200 + 0]
+        cfg.window = crate::Window::new(Some(3), Some(5));
+        let s = AttnShape::new(&cfg).unwrap();
+        assert_eq!((s.window, s.band_lo, s.band_hi), (1, 197, 200));
     }
 
     #[test]

@@ -32,9 +32,11 @@ pub struct Params {
     /// which continues from what the earlier ones stored (forward: the running softmax;
     /// backward: the gradient sums).
     pub resume: u32,
+    /// With a window (the WINDOW override): query i sees key j iff
+    /// `i + band_lo <= j <= i + band_hi`, causal folded in, +-2^30 on an unbounded side.
+    pub band_lo: i32,
+    pub band_hi: i32,
     /// Padding to a multiple of 16 bytes (uniform layout).
-    pub pad0: u32,
-    pub pad1: u32,
     pub pad2: u32,
 }
 
@@ -53,8 +55,36 @@ impl Params {
             scale,
             scale_log2: scale * std::f32::consts::LOG2_E,
             row_stride: cfg.seq_q as u32,
+            band_lo: band_offset(cfg.causal_offset(), cfg.band().0, -1),
+            band_hi: band_offset(cfg.causal_offset(), cfg.band().1, 1),
             ..Default::default()
         }
+    }
+
+    /// The band shifted for a window of a split call whose rows start at `q0` and keys at
+    /// `k0` of the whole call (as `causal_offset` shifts).
+    pub fn shift_band(&mut self, q0: usize, k0: usize) {
+        let d = q0 as i64 - k0 as i64;
+        let shift = |x: i32| (x as i64 + d).clamp(-BAND_UNBOUNDED, BAND_UNBOUNDED) as i32;
+        if self.band_lo > -(BAND_UNBOUNDED as i32) {
+            self.band_lo = shift(self.band_lo);
+        }
+        if self.band_hi < BAND_UNBOUNDED as i32 {
+            self.band_hi = shift(self.band_hi);
+        }
+    }
+}
+
+/// What stands for an unbounded side of the band: no key offset reaches it (sequences are
+/// shorter than 2^30 wherever i32 offsets are used).
+pub const BAND_UNBOUNDED: i64 = 1 << 30;
+
+/// A band side as the kernels compare it: causal_offset + side, or the unbounded stand-in
+/// (`sign` -1 for the low side, +1 for the high side).
+fn band_offset(causal_offset: i64, side: Option<i64>, sign: i64) -> i32 {
+    match side {
+        Some(x) => (causal_offset + x).clamp(-BAND_UNBOUNDED, BAND_UNBOUNDED) as i32,
+        None => (sign * BAND_UNBOUNDED) as i32,
     }
 }
 

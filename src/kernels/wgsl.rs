@@ -59,6 +59,8 @@ pub struct KernelKey {
     pub head_dim: u32,
     pub tiles: Tiles,
     pub causal: bool,
+    /// A sliding window (the WINDOW override; its bounds are in `Params`).
+    pub window: bool,
     /// Rows kernels: the fixed subgroup size they share tile reads across, or 0 for none.
     pub subgroup: u32,
     /// A windowed call's pass (tiled kernels only): the element outputs are f32 buffers that
@@ -75,6 +77,7 @@ impl KernelKey {
             head_dim: 1,
             tiles: Tiles::ONE,
             causal: false,
+            window: false,
             subgroup: 0,
             accumulate: false,
         }
@@ -82,7 +85,7 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {} d={} br={} bc={} tpr={} rpt={} causal={} sg={}{}",
+            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{} sg={}{}",
             self.kernel.name(),
             self.elem.name(),
             self.head_dim,
@@ -91,6 +94,7 @@ impl KernelKey {
             self.tiles.tpr,
             self.tiles.rpt,
             self.causal,
+            if self.window { " window" } else { "" },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" }
         )
@@ -221,7 +225,8 @@ impl KernelKey {
 
     /// Pipeline-overridable constants for this key.
     pub fn constants(&self) -> Vec<(&'static str, f64)> {
-        vec![("CAUSAL", if self.causal { 1.0 } else { 0.0 })]
+        let flag = |b: bool| if b { 1.0 } else { 0.0 };
+        vec![("CAUSAL", flag(self.causal)), ("WINDOW", flag(self.window))]
     }
 }
 

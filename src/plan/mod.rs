@@ -242,6 +242,7 @@ pub(crate) fn key(
         head_dim: cfg.head_dim as u32,
         tiles,
         causal: cfg.causal,
+        window: cfg.window.is_active(),
         subgroup: if kernel.is_rows_variant() {
             env.tuning.rows_subgroup
         } else {

@@ -195,9 +195,29 @@ impl Part {
             .clamp(i32::MIN as i64, i32::MAX as i64) as i32
     }
 
-    /// True when some query of the part sees some key of it.
+    /// The kernels' band (`Params::band_lo`, `band_hi`) in the part's own row and key
+    /// numbering.
+    fn band(&self, cfg: &AttentionConfig) -> (i32, i32) {
+        let mut p = crate::kernels::params::Params::from_config(cfg);
+        p.shift_band(self.q0, self.k0);
+        (p.band_lo, p.band_hi)
+    }
+
+    /// True when some query of the part sees some key of it (causal and window).
     fn visible(&self, cfg: &AttentionConfig) -> bool {
-        !cfg.causal || (self.k0 as i64) <= (self.q0 + self.q_rows - 1) as i64 + cfg.causal_offset()
+        let off = cfg.causal_offset();
+        let (lo, hi) = cfg.band();
+        // key offsets j - i over the part's pairs: [k0 - q_last, k_last - q0]
+        let min_d = self.k0 as i64 - (self.q0 + self.q_rows - 1) as i64 - off;
+        let max_d = (self.k0 + self.kv_rows - 1) as i64 - self.q0 as i64 - off;
+        hi.is_none_or(|hi| min_d <= hi) && lo.is_none_or(|lo| max_d >= lo)
+    }
+
+    /// True when every query of the part sees only keys before it: later key windows (in
+    /// key order) see nothing either.
+    fn past_the_band(&self, cfg: &AttentionConfig) -> bool {
+        let min_d = self.k0 as i64 - (self.q0 + self.q_rows - 1) as i64 - cfg.causal_offset();
+        cfg.band().1.is_some_and(|hi| min_d > hi)
     }
 
     fn q_window(&self, cfg: &AttentionConfig, env: &PlanEnv, esz: u64) -> (Window, u32) {
@@ -259,7 +279,8 @@ fn q_blocks(cfg: &AttentionConfig, split: &Split) -> Vec<(usize, usize, usize, u
 
 /// The parts of query block (`b`, `nb`, `q0`, `qn`) in key order: the first always (it
 /// initializes the block's outputs), then each key window some query of the block sees
-/// (causal: the later ones end at the first that none sees).
+/// (causal or a window's right edge: the later ones end at the first that none sees; key
+/// windows left of a window's band are left out).
 fn key_parts(
     cfg: &AttentionConfig,
     split: &Split,
@@ -277,7 +298,11 @@ fn key_parts(
             kv_rows,
         };
         if !parts.is_empty() && !part.visible(cfg) {
-            break;
+            if part.past_the_band(cfg) {
+                break;
+            }
+            // left of a window's band: later key windows may be seen
+            continue;
         }
         parts.push(part);
     }
@@ -391,6 +416,7 @@ impl<'a> Builder<'a> {
         let mut step = tiled_step(kernel, &sub, self.dtype, self.env, buffers)?;
         step.key.accumulate = self.split.accumulate;
         step.params.causal_offset = part.causal_offset(self.cfg);
+        (step.params.band_lo, step.params.band_hi) = part.band(self.cfg);
         step.params.q_shift = shifts.0;
         step.params.kv_shift = shifts.1;
         step.params.row_shift = shifts.2;

@@ -23,7 +23,7 @@ pub fn caps_list() -> [DeviceCaps; 3] {
 }
 
 /// Every (kernel, element format, head_dim, tiles, causal, subgroup) the chooser can pick
-/// for the limits above.
+/// for the limits above, with a window and as a split call's pass at a few head dims.
 pub fn variants() -> Vec<KernelKey> {
     let mut keys = Vec::new();
     for kernel in Kernel::ALL {
@@ -56,19 +56,28 @@ pub fn variants() -> Vec<KernelKey> {
                                 // cover it)
                                 let accumulate_too =
                                     kernel.can_accumulate() && [1, 64, 256].contains(&head_dim);
+                                // the WINDOW override: the same source, other code after
+                                // specialization; a few head_dims cover it
+                                let window_too = [1, 64].contains(&head_dim);
                                 for accumulate in [false, true] {
                                     if accumulate && !accumulate_too {
                                         continue;
                                     }
-                                    keys.push(KernelKey {
-                                        kernel,
-                                        elem,
-                                        head_dim,
-                                        tiles,
-                                        causal,
-                                        subgroup,
-                                        accumulate,
-                                    });
+                                    for window in [false, true] {
+                                        if window && !window_too {
+                                            continue;
+                                        }
+                                        keys.push(KernelKey {
+                                            kernel,
+                                            elem,
+                                            head_dim,
+                                            tiles,
+                                            causal,
+                                            window,
+                                            subgroup,
+                                            accumulate,
+                                        });
+                                    }
                                 }
                             }
                         }
