@@ -65,7 +65,30 @@ struct AttnShape {
     int window;        // a sliding window: row i sees key j only when
     int band_lo;       //   i + band_lo <= j <= i + band_hi (causal folded in; +-2^30 where
     int band_hi;       //   a side is unbounded), as Params in shaders/common.wgsl
+    float softcap2;    // SOFTCAP: the softcap c times log2(e)
 };
+
+// A softcap (-DSOFTCAP=1): a score x in the exp2 domain becomes C tanh(x / C), C = c log2(e),
+// before masking and softmax, as finish_score in shaders/common.wgsl; softcap_slope is its
+// derivative at the finished score s, which dS takes. Without it both are the identity.
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+__device__ __forceinline__ float softcap_score(const AttnShape& p, float x) {
+#if SOFTCAP
+    return p.softcap2 * tanhf(x / p.softcap2);
+#else
+    return x;
+#endif
+}
+__device__ __forceinline__ float softcap_slope(const AttnShape& p, float s) {
+#if SOFTCAP
+    const float t = s / p.softcap2;
+    return 1.f - t * t;
+#else
+    return 1.f;
+#endif
+}
 
 // bounds, the bottom-right causal mask and the window, as `visible` in shaders/common.wgsl
 __device__ __forceinline__ bool visible(const AttnShape& p, unsigned int i, unsigned int j) {

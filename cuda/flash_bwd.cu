@@ -129,8 +129,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
                     const int r = nt * 8 + (lane % 4) * 2 + (e % 2);
                     const unsigned int j = key_lo + (e / 2) * 8;
                     const bool vis = visible(p, q0 + r, j);
-                    const float pr = vis ? exp2f(s[nt][e] * p.scale_log2 - slse[r]) : 0.f;
-                    dp[nt][e] = vis ? pr * (dp[nt][e] - sdelta[r]) : 0.f;
+                    const float sc = softcap_score(p, s[nt][e] * p.scale_log2);
+                    const float pr = vis ? exp2f(sc - slse[r]) : 0.f;
+                    dp[nt][e] = vis ? pr * (dp[nt][e] - sdelta[r]) * softcap_slope(p, sc) : 0.f;
                     s[nt][e] = pr;
                 }
             }
@@ -235,8 +236,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
                 const unsigned int i = e < 2 ? row_lo : row_hi;
                 const unsigned int j = kv0 + nt * 8 + (lane % 4) * 2 + (e % 2);
                 const bool vis = visible(p, i, j);
-                const float pr = vis ? exp2f(s[nt][e] * p.scale_log2 - (e < 2 ? lse_lo : lse_hi)) : 0.f;
-                dp[nt][e] = vis ? pr * (dp[nt][e] - (e < 2 ? delta_lo : delta_hi)) : 0.f;
+                const float sc = softcap_score(p, s[nt][e] * p.scale_log2);
+                const float pr = vis ? exp2f(sc - (e < 2 ? lse_lo : lse_hi)) : 0.f;
+                dp[nt][e] = vis ? pr * (dp[nt][e] - (e < 2 ? delta_lo : delta_hi)) * softcap_slope(p, sc)
+                                : 0.f;
             }
         }
         // dQ += dS K: k runs over the tile's keys

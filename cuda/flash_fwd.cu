@@ -109,7 +109,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
             for (int e = 0; e < 4; e++) {
                 unsigned int j = kv0 + nt * 8 + (lane % 4) * 2 + (e % 2);
                 unsigned int i = e < 2 ? row_lo : row_hi;
-                float x = s[nt][e] * p.scale_log2;
+                float x = softcap_score(p, s[nt][e] * p.scale_log2);
                 if (need_mask) {
                     x = visible(p, i, j) ? x : NEG_INF;
                 }

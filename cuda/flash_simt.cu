@@ -129,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_fwd(
         __syncthreads();
         const int n = min((unsigned int)BLOCK_N, kv_end - kt);
         for (int jj = 0; jj < n; jj++) {
-            const float s = dot_row(qv, sk + jj * HEAD_DIM, lane);
+            const float s = softcap_score(p, dot_row(qv, sk + jj * HEAD_DIM, lane));
             if (!visible(p, i, kt + jj) || s == NEG_INF) {
                 continue;
             }
@@ -222,13 +222,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
             for (int ii = 0; ii < n; ii++) {
                 const float* qi = sq + ii * HEAD_DIM;
                 const float* doi = sdo + ii * HEAD_DIM;
-                const float s = dot_row(kv, qi, lane) * p.scale_log2;
+                const float s = softcap_score(p, dot_row(kv, qi, lane) * p.scale_log2);
                 const float dp = dot_row(vv, doi, lane);
                 if (!visible(p, qt + ii, j)) {
                     continue;
                 }
                 const float pr = exp2f(s - slse[ii]);
-                const float ds = pr * (dp - sdelta[ii]);
+                const float ds = pr * (dp - sdelta[ii]) * softcap_slope(p, s);
                 axpy_row(dv_acc, pr, doi, lane);
                 axpy_row(dk_acc, ds, qi, lane);
             }
@@ -276,12 +276,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
         const int n = min((unsigned int)BLOCK_N, kv_end - kt);
         for (int jj = 0; jj < n; jj++) {
             const float* kj = sk + jj * HEAD_DIM;
-            const float s = dot_row(qv, kj, lane);
+            const float s = softcap_score(p, dot_row(qv, kj, lane));
             const float dp = dot_row(dov, sv + jj * HEAD_DIM, lane);
             if (!visible(p, i, kt + jj)) {
                 continue;
             }
-            const float ds = exp2f(s - lse2) * (dp - delta_i);
+            const float ds = exp2f(s - lse2) * (dp - delta_i) * softcap_slope(p, s);
             axpy_row(dq_acc, ds, kj, lane);
         }
     }

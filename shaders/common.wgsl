@@ -31,7 +31,7 @@ struct Params {
     resume: u32,         // windowed calls: 1 to continue from what earlier passes stored
     band_lo: i32,        // WINDOW: query i sees key j iff i + band_lo <= j <= i + band_hi
     band_hi: i32,
-    pad2: u32,
+    softcap2: f32,       // SOFTCAP: the softcap c times log2(e)
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -39,6 +39,8 @@ struct Params {
 override CAUSAL: bool = false;
 // A sliding window (params.band_lo / band_hi); false costs nothing.
 override WINDOW: bool = false;
+// A softcap (params.softcap2); false costs nothing.
+override SOFTCAP: bool = false;
 
 const LN2: f32 = 0.6931471805599453;
 const LOG2E: f32 = 1.4426950408889634;
@@ -209,8 +211,14 @@ fn running_max_start() -> f32 {
 // The score softmax sees, from x = q.k * scale * log2(e) (scores live in the exp2 domain):
 // masked_score() where the pair is hidden. `check` false skips the mask for tiles known to be
 // fully visible (tile_needs_mask), so unmasked tiles pay nothing for it.
+// With SOFTCAP, x first becomes c tanh(x / c) (in the exp2 domain: C tanh(x / C), C = c
+// log2(e)); score_grad takes the slope from the finished score.
 fn finish_score(x: f32, i: u32, j: u32, check: bool) -> f32 {
-    return select(masked_score(), x, !check | visible(i, j));
+    var s = x;
+    if (SOFTCAP) {
+        s = params.softcap2 * tanh(x / params.softcap2);
+    }
+    return select(masked_score(), s, !check | visible(i, j));
 }
 
 // Online softmax: the running max after a tile whose max is m_tile, and the factor alpha that
@@ -293,8 +301,14 @@ fn recompute_p(s: f32, lse2: f32) -> f32 {
 
 // Backward: dS = P * (dP - delta), the gradient at the finished score (delta = rowsum(dO * O)).
 // A hidden pair (P exactly 0) gets exactly 0, whatever dP holds (dP = dO . v sees the pair's v).
-fn score_grad(p: f32, dp: f32, delta: f32) -> f32 {
-    return select(p * (dp - delta), 0.0, p == 0.0);
+fn score_grad(p: f32, dp: f32, delta: f32, s: f32) -> f32 {
+    var g = p * (dp - delta);
+    if (SOFTCAP) {
+        // through the softcap: d(C tanh(x / C)) / dx = 1 - (s / C)^2 at the finished score s
+        let t = s / params.softcap2;
+        g = g * (1.0 - t * t);
+    }
+    return select(g, 0.0, p == 0.0);
 }
 
 fn pos_inf() -> f32 {

@@ -110,7 +110,7 @@ fn main(
                     let sc = finish_score(p[rr] * params.scale_log2, q0 + r, key, masked);
                     let pr = recompute_p(sc, smem[SLSE + r]);
                     smem[SP + c * BR + r] = pr;
-                    smem[SDS + c * BR + r] = score_grad(pr, ds[rr], smem[SDELTA + r]);
+                    smem[SDS + c * BR + r] = score_grad(pr, ds[rr], smem[SDELTA + r], sc);
                 }
             }
             workgroupBarrier();

@@ -87,7 +87,7 @@ fn main(
                 for (var j = 0u; j < TN; j++) {
                     let sc = finish_score(p[i][j], q0 + tx + j * NTX, kv0 + ty * TM + i, masked);
                     p[i][j] = recompute_p(sc, lse2[j]);
-                    ds[i][j] = score_grad(p[i][j], ds[i][j], dl[j]);
+                    ds[i][j] = score_grad(p[i][j], ds[i][j], dl[j], sc);
                 }
             }
             store_weights(OP, p, ty, tx);

@@ -91,7 +91,7 @@ fn main(
                 let sc = finish_score(fs[c * BR + r] * params.scale_log2, q0 + r, key, masked);
                 let p = recompute_p(sc, rows[r]);
                 hs[OP + c * BR + r] = f16(p);
-                hs[ODS + c * BR + r] = f16(score_grad(p, fs[FDP + c * BR + r], rows[BR + r]));
+                hs[ODS + c * BR + r] = f16(score_grad(p, fs[FDP + c * BR + r], rows[BR + r], sc));
             }
             workgroupBarrier(); // P^T and dS^T are in; S^T and dP^T are dead
 

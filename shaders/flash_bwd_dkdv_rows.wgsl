@@ -53,8 +53,9 @@ fn visit_tile(guard: bool, lane: u32, q0: u32, key0: u32) {
             var pr = array<f32, RPT>();
             var dsr = array<f32, RPT>();
             for (var kk = 0u; kk < RPT; kk++) {
-                pr[kk] = recompute_p(finish_score(x[kk], q0 + r, key0 + kk * NT, guard), lse_r);
-                dsr[kk] = score_grad(pr[kk], x[RPT + kk], delta_r);
+                let sc = finish_score(x[kk], q0 + r, key0 + kk * NT, guard);
+                pr[kk] = recompute_p(sc, lse_r);
+                dsr[kk] = score_grad(pr[kk], x[RPT + kk], delta_r, sc);
             }
             add_dkdv(pr, dsr, guard);
         }

@@ -99,7 +99,7 @@ fn main(
             if (c < BC) {
                 let sc = finish_score(p[cc] * params.scale_log2, i, kv0 + c, masked);
                 let pc = recompute_p(sc, smem[SLSE + r]);
-                smem[SDS + r * BC + c] = score_grad(pc, dp[cc], smem[SDELTA + r]);
+                smem[SDS + r * BC + c] = score_grad(pc, dp[cc], smem[SDELTA + r], sc);
             }
         }
         workgroupBarrier();

@@ -74,7 +74,7 @@ fn main(
         for (var i = 0u; i < TM; i++) {
             for (var j = 0u; j < TN; j++) {
                 let sc = finish_score(ds[i][j], q0 + ty * TM + i, kv0 + tx + j * NTX, masked);
-                ds[i][j] = score_grad(recompute_p(sc, lse2[i]), dp[i][j], dl[i]);
+                ds[i][j] = score_grad(recompute_p(sc, lse2[i]), dp[i][j], dl[i], sc);
             }
         }
         store_weights(ODS, ds, ty, tx);

@@ -78,7 +78,7 @@ fn main(
             let c = part + k * TPR;
             let sc = finish_score(fs[r * BC + c] * params.scale_log2, i, kv0 + c, masked);
             let p = recompute_p(sc, lse2);
-            hs[ODS + r * BC + c] = f16(score_grad(p, fs[FDP + r * BC + c], dl));
+            hs[ODS + r * BC + c] = f16(score_grad(p, fs[FDP + r * BC + c], dl, sc));
         }
         workgroupBarrier(); // dS is in; S and dP are dead
 

@@ -1,4 +1,5 @@
-// Standard attention backward, step 3: dS = P * (dP - delta), written over dP.
+// Standard attention backward, step 3: dS = P * (dP - delta), written over dP (times the
+// softcap's slope, at the score P gives back: s = log2(P) + lse2).
 // One thread per element.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
@@ -6,5 +7,7 @@
 fn item(e: u32) {
     let row = e / params.seq_kv;
     let at = slice_row(row);
-    ds[e] = score_grad(probs[e], ds[e], delta[row_index(at.b, at.h, at.i)]);
+    let r = row_index(at.b, at.h, at.i);
+    let p = probs[e];
+    ds[e] = score_grad(p, ds[e], delta[r], log2(p) + lse_to_log2(lse[r]));
 }

@@ -55,6 +55,9 @@ pub struct AttentionConfig {
     pub causal: bool,
     /// Sliding window (local attention); composes with `causal`. Default: none.
     pub window: Window,
+    /// Softcap c > 0 (Gemma 2, Grok): each scaled score s becomes `c * tanh(s / c)` before
+    /// masking and softmax; the backward differentiates through tanh. `None`: off.
+    pub softcap: Option<f32>,
     /// `None` means `1 / sqrt(head_dim)`.
     pub softmax_scale: Option<f32>,
     pub algorithm: Algorithm,
@@ -78,6 +81,7 @@ impl AttentionConfig {
             head_dim,
             causal: false,
             window: Window::default(),
+            softcap: None,
             softmax_scale: None,
             algorithm: Algorithm::default(),
         }
@@ -166,6 +170,13 @@ impl AttentionConfig {
                         Window::MAX_SIDE
                     )));
                 }
+            }
+        }
+        if let Some(c) = self.softcap {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(Error::invalid(format!(
+                    "softcap must be a finite number above 0 (or None: off), got {c}"
+                )));
             }
         }
         if let Some(s) = self.softmax_scale {

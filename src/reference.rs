@@ -59,7 +59,7 @@ fn row_probs(
         if visible(cfg, i, j) {
             let ko = ki(cfg, b, j, hk);
             let dot: f64 = (0..d).map(|x| q[qo + x] as f64 * k[ko + x] as f64).sum();
-            *sj = dot * scale;
+            *sj = softcapped(cfg, dot * scale);
         }
     }
     if s.iter().all(|&x| x == f64::NEG_INFINITY) {
@@ -80,6 +80,33 @@ fn row_probs(
         .collect();
     let l: f64 = e.iter().sum();
     (e.iter().map(|x| x / l).collect(), m + l.ln())
+}
+
+/// The score after the softcap (c tanh(s / c)), or `s` without one.
+fn softcapped(cfg: &AttentionConfig, s: f64) -> f64 {
+    match cfg.softcap {
+        Some(c) => c as f64 * (s / c as f64).tanh(),
+        None => s,
+    }
+}
+
+/// d softcapped(s) / ds = 1 - tanh^2(s / c), at the raw score s of pair (i, j).
+fn softcap_slope(
+    cfg: &AttentionConfig,
+    q: &[f32],
+    k: &[f32],
+    b: usize,
+    h: usize,
+    i: usize,
+    j: usize,
+) -> f64 {
+    let Some(c) = cfg.softcap else { return 1.0 };
+    let (qo, ko) = (qi(cfg, b, i, h), ki(cfg, b, j, h / cfg.group()));
+    let dot: f64 = (0..cfg.head_dim)
+        .map(|x| q[qo + x] as f64 * k[ko + x] as f64)
+        .sum();
+    let t = (dot * cfg.scale() as f64 / c as f64).tanh();
+    1.0 - t * t
 }
 
 /// `out = softmax(scale * Q K^T) V` and `lse = log(sum(exp(scale * Q K^T)))` per row.
@@ -178,7 +205,7 @@ fn backward_impl(
                     if p[j] == 0.0 {
                         continue;
                     }
-                    let ds = p[j] * (dp[j] - delta);
+                    let ds = p[j] * (dp[j] - delta) * softcap_slope(cfg, q, k, b, h, i, j);
                     let ko = ki(cfg, b, j, hk);
                     for x in 0..d {
                         dv[ko + x] += p[j] * d_out[oo + x] as f64;

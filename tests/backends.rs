@@ -126,6 +126,25 @@ fn every_backend_matches_the_reference_with_sliding_windows() {
 }
 
 #[test]
+fn every_backend_matches_the_reference_with_a_softcap() {
+    // c small beside the scores (amplitude 2: scaled scores of several units) so that tanh
+    // bends them; with causal and a window too; head_dim 40 takes the CUDA SIMT kernels
+    on_every_backend!(|b| {
+        for (c, causal, window, d) in [
+            (1.5, false, Window::default(), 64),
+            (3.0, true, Window::new(Some(30), None), 64),
+            (0.5, true, Window::default(), 40),
+        ] {
+            let mut cf = cfg(1, 77, 93, 4, 2, d, causal);
+            cf.softcap = Some(c);
+            cf.window = window;
+            let e = check_all_dtypes(b, &cf, 2.0);
+            eprintln!("{} softcap {c} causal={causal} d={d}: {e:?}", b.backend());
+        }
+    });
+}
+
+#[test]
 fn every_backend_gives_zero_and_neg_inf_lse_for_rows_that_see_no_key_and_keeps_large_logits() {
     on_every_backend!(|b| {
         // causal with seq_q > seq_kv: the first seq_q - seq_kv rows see nothing

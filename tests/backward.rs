@@ -7,7 +7,17 @@ use flash_attn_wgpu::{reference, Algorithm};
 #[test]
 fn reference_backward_matches_finite_differences() {
     // The analytic f64 gradients against central differences of the f64 forward.
-    for c in [cfg(1, 5, 7, 2, 1, 4, false), cfg(1, 7, 5, 2, 2, 3, true)] {
+    // plain, causal, softcap (small c: tanh far from linear), a window with causal
+    let mut capped = cfg(1, 6, 5, 2, 1, 4, false);
+    capped.softcap = Some(0.7);
+    let mut windowed = cfg(1, 7, 9, 2, 1, 3, true);
+    windowed.window = flash_attn_wgpu::Window::new(Some(2), Some(1));
+    for c in [
+        cfg(1, 5, 7, 2, 1, 4, false),
+        cfg(1, 7, 5, 2, 2, 3, true),
+        capped,
+        windowed,
+    ] {
         let data = inputs(&c, 1.0);
         let g = reference::backward(&c, &data.q, &data.k, &data.v, &data.d_out);
         let loss = |q: &[f32], k: &[f32], v: &[f32]| -> f64 {

@@ -62,6 +62,7 @@ fn a_compile_error_is_a_typed_error_with_the_log() {
         dtype: DType::BF16,
         head_dim: 64,
         arch: 75,
+        softcap: false,
     };
     match nvrtc.compile(&key) {
         Err(Error::CudaCompile { kernel, log }) => {

@@ -191,6 +191,16 @@ fn a_window_side_past_2_pow_30_is_invalid_and_names_the_side() {
 }
 
 #[test]
+fn a_softcap_that_is_not_a_positive_number_is_invalid() {
+    for c in [0.0f32, -1.0, f32::NAN, f32::INFINITY] {
+        let mut cf = cfg(1, 4, 4, 1, 1, 8, false);
+        cf.softcap = Some(c);
+        let msg = cf.validate().unwrap_err().to_string();
+        assert!(msg.contains("softcap") && msg.contains("above 0"), "{msg}");
+    }
+}
+
+#[test]
 fn tensor_of_wrong_shape_is_rejected() {
     let c = cfg(1, 8, 8, 2, 2, 16, false);
     let (q, kv) = data(&c);

@@ -48,6 +48,8 @@ fn shader_bindings_match_the_host_layout() {
             )
             .unwrap(),
             causal: false,
+            window: false,
+            softcap: false,
             subgroup: 0,
             accumulate: false,
         };
@@ -107,6 +109,8 @@ fn params_layout_matches_the_shader_struct() {
         head_dim: 64,
         tiles: choose_tiles(Kernel::FlashFwd, 64, DeviceCaps::WEBGPU_DEFAULT).unwrap(),
         causal: false,
+        window: false,
+        softcap: false,
         subgroup: 0,
         accumulate: false,
     };
@@ -146,7 +150,7 @@ fn params_layout_matches_the_shader_struct() {
         resume,
         band_lo,
         band_hi,
-        pad2
+        softcap2
     );
     assert_eq!(members.len(), host.len());
     for (m, (name, off)) in members.iter().zip(host) {

@@ -83,6 +83,17 @@ fn every_variant_and_the_naive_path_match_the_reference_with_sliding_windows() {
 }
 
 #[test]
+fn every_variant_and_the_naive_path_match_the_reference_with_a_softcap() {
+    for (c, causal) in [(1.5f32, false), (0.5, true)] {
+        let mut cf = cfg(1, 70, 90, 2, 1, 32, causal);
+        cf.softcap = Some(c);
+        check_all_tunings(&cf, 2.0);
+        cf.algorithm = Algorithm::Naive;
+        check_all_tunings(&cf, 2.0);
+    }
+}
+
+#[test]
 fn every_variant_handles_empty_rows_and_large_logits() {
     check_all_tunings(&cfg(1, 40, 9, 2, 1, 16, true), 8.0);
 }

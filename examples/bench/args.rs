@@ -87,6 +87,9 @@ pub struct Args {
     /// With --window: measure every point without the window too, side by side
     #[arg(long, requires = "window")]
     pub window_both: bool,
+    /// Softcap c > 0 on every point (scores become c * tanh(score / c))
+    #[arg(long, value_parser = positive_f32)]
+    pub softcap: Option<f32>,
     /// Which pass to time
     #[arg(long, value_enum, default_value = "both")]
     pub pass: PassArg,
@@ -188,6 +191,10 @@ fn window_arg(s: &str) -> Result<Window, String> {
             "expected LEFT,RIGHT (e.g. 256,0 or none,0), got {s:?}"
         )),
     }
+}
+
+fn positive_f32(s: &str) -> Result<f32, String> {
+    positive_f64(s).map(|v| v as f32)
 }
 
 fn positive_f64(s: &str) -> Result<f64, String> {

@@ -23,7 +23,13 @@ pub struct Shape {
 }
 
 impl Shape {
-    fn config(&self, causal: bool, window: Window, alg: Algorithm) -> AttentionConfig {
+    fn config(
+        &self,
+        causal: bool,
+        window: Window,
+        softcap: Option<f32>,
+        alg: Algorithm,
+    ) -> AttentionConfig {
         let mut cfg = AttentionConfig::new(
             self.batch,
             self.seq,
@@ -34,6 +40,7 @@ impl Shape {
         );
         cfg.causal = causal;
         cfg.window = window;
+        cfg.softcap = softcap;
         cfg.algorithm = alg;
         cfg
     }
@@ -54,6 +61,8 @@ pub struct Grid {
     pub causals: Vec<bool>,
     /// The window of every point (none, or --window; with --window-both, none first).
     pub windows: Vec<Window>,
+    /// --softcap, on every point.
+    pub softcap: Option<f32>,
     /// The head dimensions, in the order given.
     pub head_dims: Vec<usize>,
     /// Timed calls per point (at least 1).
@@ -108,13 +117,18 @@ impl Grid {
                             head_dim,
                             seq,
                         };
-                        s.config(false, windows[windows.len() - 1], Algorithm::Tiled)
-                            .validate()
-                            .map_err(|e| {
-                                format!(
+                        s.config(
+                            false,
+                            windows[windows.len() - 1],
+                            a.softcap,
+                            Algorithm::Tiled,
+                        )
+                        .validate()
+                        .map_err(|e| {
+                            format!(
                                 "B={batch} H={heads} kv-heads={kv_heads} D={head_dim} N={seq}: {e}"
                             )
-                            })?;
+                        })?;
                         shapes.push(s);
                     }
                 }
@@ -129,6 +143,7 @@ impl Grid {
             passes,
             causals,
             windows,
+            softcap: a.softcap,
             head_dims: dedup(&a.head_dim),
             repeats: a.repeats.max(1),
             naive_max_seq: a.naive_max_seq,
@@ -225,7 +240,7 @@ pub fn run(
                         ..base
                     })?;
                     let tiles = ModelTiles::new(ctx, kernels, shape.head_dim)?;
-                    let cfg = shape.config(causal, window, alg);
+                    let cfg = shape.config(causal, window, grid.softcap, alg);
                     let heaviest = if need_bwd { Pass::FwdBwd } else { Pass::Fwd };
                     let elapsed = started.elapsed().as_secs_f64();
                     let predicted = slowest

@@ -27,6 +27,7 @@ struct JsonRecord<'a> {
     /// the window's sides (null: unbounded, or no window)
     window_left: Option<usize>,
     window_right: Option<usize>,
+    softcap: Option<f32>,
     median_ms: Option<f64>,
     gflops: Option<f64>,
     fma_roofline_fraction: Option<f64>,
@@ -66,6 +67,7 @@ impl<'a> JsonRecord<'a> {
             causal: c.causal,
             window_left: c.window.left,
             window_right: c.window.right,
+            softcap: c.softcap,
             median_ms: r.median_ms,
             gflops: r.gflops,
             fma_roofline_fraction: r.gflops.map(|g| g / roof.fma_gflops),

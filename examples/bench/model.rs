@@ -64,17 +64,19 @@ pub fn visible_pairs(cfg: &AttentionConfig) -> f64 {
 
 /// The mask of a point: causal or not, and its window.
 pub fn mask_label(cfg: &AttentionConfig) -> String {
-    let c = if cfg.causal { "causal" } else { "non-causal" };
+    let mut label = if cfg.causal { "causal" } else { "non-causal" }.to_string();
     if cfg.window.is_active() {
         let side = |x: Option<usize>| x.map_or("none".to_string(), |v| v.to_string());
-        format!(
-            "{c} window({},{})",
+        label += &format!(
+            " window({},{})",
             side(cfg.window.left),
             side(cfg.window.right)
-        )
-    } else {
-        c.to_string()
+        );
     }
+    if let Some(c) = cfg.softcap {
+        label += &format!(" softcap {c}");
+    }
+    label
 }
 
 /// Tile sizes the bytes model needs: query rows per forward tile, key rows per dK/dV tile and

@@ -107,17 +107,15 @@ fn cells(r: &Record, roof: &Roofline) -> [String; 17] {
     [
         r.pass.name().into(),
         {
-            let causal = if c.causal { "yes" } else { "no" };
+            let mut cell = if c.causal { "yes" } else { "no" }.to_string();
             if c.window.is_active() {
                 let side = |x: Option<usize>| x.map_or("none".to_string(), |v| v.to_string());
-                format!(
-                    "{causal} w({},{})",
-                    side(c.window.left),
-                    side(c.window.right)
-                )
-            } else {
-                causal.into()
+                cell += &format!(" w({},{})", side(c.window.left), side(c.window.right));
             }
+            if let Some(cap) = c.softcap {
+                cell += &format!(" sc{cap}");
+            }
+            cell
         },
         c.batch.to_string(),
         if c.heads_kv == c.heads_q {

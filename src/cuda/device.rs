@@ -191,7 +191,8 @@ impl CudaContext {
             });
         }
         let kernel = CudaKernel::for_pass(pass, dtype, cfg.head_dim as u32);
-        let key = CudaKey::new(kernel, dtype, cfg.head_dim as u32, self.arch)?;
+        let mut key = CudaKey::new(kernel, dtype, cfg.head_dim as u32, self.arch)?;
+        key.softcap = cfg.softcap.is_some();
         let shape = AttnShape::new(cfg)?;
         for l in key.launches(cfg) {
             if l.grid.1 > 65_535 || l.grid.2 > 65_535 {

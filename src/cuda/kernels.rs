@@ -134,6 +134,8 @@ pub struct AttnShape {
     pub window: i32,
     pub band_lo: i32,
     pub band_hi: i32,
+    /// With a softcap (compiled in: `CudaKey::softcap`): c * log2(e).
+    pub softcap2: f32,
 }
 
 impl AttnShape {
@@ -162,6 +164,7 @@ impl AttnShape {
             window: i32::from(cfg.window.is_active()),
             band_lo: band.band_lo,
             band_hi: band.band_hi,
+            softcap2: band.softcap2,
         })
     }
 }
@@ -174,6 +177,8 @@ pub struct CudaKey {
     pub dtype: DType,
     pub head_dim: u32,
     pub arch: u32,
+    /// A softcap, compiled in (`-DSOFTCAP=1`) so that calls without one pay nothing for it.
+    pub softcap: bool,
 }
 
 /// The oldest architecture the kernels are written for: `mma.sync` m16n8k16 with bf16,
@@ -236,6 +241,7 @@ impl CudaKey {
             dtype,
             head_dim,
             arch,
+            softcap: false,
         })
     }
 
@@ -389,6 +395,7 @@ impl CudaKey {
             format!("-DHEAD_DIM={}", self.head_dim),
             format!("-DELEM_KIND={elem_kind}"),
             format!("-DBLOCK_N={}", self.block_keys()),
+            format!("-DSOFTCAP={}", u32::from(self.softcap)),
         ];
         if self.kernel.tensor_cores() {
             opts.push(format!("-DWARPS={WARPS}"));
@@ -401,17 +408,18 @@ impl CudaKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {:?} head_dim {} sm_{}",
+            "{} {:?} head_dim {} sm_{}{}",
             self.kernel.name(),
             self.dtype,
             self.head_dim,
-            self.arch
+            self.arch,
+            if self.softcap { " softcap" } else { "" }
         )
     }
 
     /// The variants a build is checked with on one architecture: every tensor-core variant
     /// (both half dtypes, every head dim they take), and the SIMT kernels in every dtype at
-    /// [`SIMT_CHECK_DIMS`].
+    /// [`SIMT_CHECK_DIMS`]; with a softcap too at head dims 64, 128 and 256.
     pub fn all_for_arch(arch: u32) -> Vec<CudaKey> {
         let mut keys = Vec::new();
         for kernel in CudaKernel::ALL {
@@ -428,12 +436,21 @@ impl CudaKey {
             };
             for &dtype in dtypes {
                 for &head_dim in &dims {
-                    keys.push(CudaKey {
-                        kernel,
-                        dtype,
-                        head_dim,
-                        arch,
-                    });
+                    // the softcap's code at the head dims the models use it with
+                    let softcaps: &[bool] = if [64, 128, 256].contains(&head_dim) {
+                        &[false, true]
+                    } else {
+                        &[false]
+                    };
+                    for &softcap in softcaps {
+                        keys.push(CudaKey {
+                            kernel,
+                            dtype,
+                            head_dim,
+                            arch,
+                            softcap,
+                        });
+                    }
                 }
             }
         }
@@ -497,8 +514,8 @@ mod tests {
 
     #[test]
     fn the_scalar_argument_matches_the_kernels_struct() {
-        // ten 4-byte fields, no padding: the C struct's layout
-        assert_eq!(std::mem::size_of::<AttnShape>(), 40);
+        // eleven 4-byte fields, no padding: the C struct's layout
+        assert_eq!(std::mem::size_of::<AttnShape>(), 44);
         assert_eq!(std::mem::align_of::<AttnShape>(), 4);
         let body = &COMMON[COMMON.find("struct AttnShape {").unwrap()..];
         let body = &body[..body.find("};").unwrap()];
@@ -522,7 +539,8 @@ mod tests {
                 "scale_log2",
                 "window",
                 "band_lo",
-                "band_hi"
+                "band_hi",
+                "softcap2"
             ]
         );
         let mut cfg = AttentionConfig::new(1, 100, 300, 4, 2, 64);
@@ -583,6 +601,7 @@ mod tests {
                 "THREADS",
                 "BLOCK_N",
                 "BLOCK_Q",
+                "SOFTCAP",
             ] {
                 if program.contains(&format!("defined({name})")) {
                     let opts = key.options();

@@ -216,8 +216,8 @@ impl Kernel {
             Kernel::NaivePv => const { &[b("probs", F32, R), V, b("out", E, W)] },
             Kernel::NaiveBwdProbs => const { &[Q, K, LSE, b("probs", F32, W)] },
             Kernel::NaiveBwdDp => const { &[D_OUT, V, b("dp", F32, W)] },
-            // dS is written over dP
-            Kernel::NaiveBwdDs => const { &[b("probs", F32, R), DELTA, b("ds", F32, W)] },
+            // dS is written over dP; lse gives back the score a softcap differentiates at
+            Kernel::NaiveBwdDs => const { &[b("probs", F32, R), LSE, DELTA, b("ds", F32, W)] },
             Kernel::NaiveBwdDkDv => {
                 const {
                     &[

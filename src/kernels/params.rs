@@ -36,8 +36,8 @@ pub struct Params {
     /// `i + band_lo <= j <= i + band_hi`, causal folded in, +-2^30 on an unbounded side.
     pub band_lo: i32,
     pub band_hi: i32,
-    /// Padding to a multiple of 16 bytes (uniform layout).
-    pub pad2: u32,
+    /// With a softcap (the SOFTCAP override): c * log2(e), the cap in the exp2 domain.
+    pub softcap2: f32,
 }
 
 impl Params {
@@ -57,6 +57,7 @@ impl Params {
             row_stride: cfg.seq_q as u32,
             band_lo: band_offset(cfg.causal_offset(), cfg.band().0, -1),
             band_hi: band_offset(cfg.causal_offset(), cfg.band().1, 1),
+            softcap2: cfg.softcap.map_or(0.0, |c| c * std::f32::consts::LOG2_E),
             ..Default::default()
         }
     }

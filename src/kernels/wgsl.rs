@@ -61,6 +61,8 @@ pub struct KernelKey {
     pub causal: bool,
     /// A sliding window (the WINDOW override; its bounds are in `Params`).
     pub window: bool,
+    /// A softcap (the SOFTCAP override; c is in `Params`).
+    pub softcap: bool,
     /// Rows kernels: the fixed subgroup size they share tile reads across, or 0 for none.
     pub subgroup: u32,
     /// A windowed call's pass (tiled kernels only): the element outputs are f32 buffers that
@@ -78,6 +80,7 @@ impl KernelKey {
             tiles: Tiles::ONE,
             causal: false,
             window: false,
+            softcap: false,
             subgroup: 0,
             accumulate: false,
         }
@@ -94,7 +97,12 @@ impl KernelKey {
             self.tiles.tpr,
             self.tiles.rpt,
             self.causal,
-            if self.window { " window" } else { "" },
+            match (self.window, self.softcap) {
+                (false, false) => "",
+                (true, false) => " window",
+                (false, true) => " softcap",
+                (true, true) => " window softcap",
+            },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" }
         )
@@ -226,7 +234,11 @@ impl KernelKey {
     /// Pipeline-overridable constants for this key.
     pub fn constants(&self) -> Vec<(&'static str, f64)> {
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
-        vec![("CAUSAL", flag(self.causal)), ("WINDOW", flag(self.window))]
+        vec![
+            ("CAUSAL", flag(self.causal)),
+            ("WINDOW", flag(self.window)),
+            ("SOFTCAP", flag(self.softcap)),
+        ]
     }
 }
 

@@ -243,6 +243,7 @@ pub(crate) fn key(
         tiles,
         causal: cfg.causal,
         window: cfg.window.is_active(),
+        softcap: cfg.softcap.is_some(),
         subgroup: if kernel.is_rows_variant() {
             env.tuning.rows_subgroup
         } else {

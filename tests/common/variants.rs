@@ -74,6 +74,9 @@ pub fn variants() -> Vec<KernelKey> {
                                             tiles,
                                             causal,
                                             window,
+                                            // the SOFTCAP override rides with the window's
+                                            // (both are specializations of one source)
+                                            softcap: window,
                                             subgroup,
                                             accumulate,
                                         });
