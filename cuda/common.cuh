@@ -153,6 +153,25 @@ __device__ __forceinline__ bool tile_needs_mask(const AttnShape& p, unsigned int
     return right || left;
 }
 
+// The backward's preprocess for row r of [batch, heads_q, seq_q]: delta[r] = sum_d dO * out,
+// in f32 (one thread a row; rows past the end do nothing).
+__device__ __forceinline__ void preprocess_row(const elem_t* __restrict__ out,
+                                               const elem_t* __restrict__ d_out,
+                                               float* __restrict__ delta, const AttnShape& p,
+                                               unsigned int batch, size_t r) {
+    const size_t rows = (size_t)batch * p.heads_q * p.seq_q;
+    if (r >= rows) {
+        return;
+    }
+    const size_t i = r % p.seq_q, h = (r / p.seq_q) % p.heads_q, b = r / ((size_t)p.seq_q * p.heads_q);
+    const size_t base = ((b * p.seq_q + i) * p.heads_q + h) * HEAD_DIM;
+    float acc = 0.f;
+    for (int d = 0; d < HEAD_DIM; d++) {
+        acc = fmaf(to_f32(d_out[base + d]), to_f32(out[base + d]), acc);
+    }
+    delta[r] = acc;
+}
+
 // the end of a row's online softmax (running sum l, running max m in the exp2 domain): the
 // factor out = O * row_inv(l) and lse = row_lse(l, m) (natural log). A row that saw nothing
 // (l = 0) gets 0 and -inf; a row that saw a NaN (l NaN) gets NaN for both, as on wgpu.

@@ -29,18 +29,7 @@
 extern "C" __global__ void __launch_bounds__(THREADS) flash_bwd_preprocess(
     const elem_t* __restrict__ out, const elem_t* __restrict__ d_out,
     float* __restrict__ delta, const AttnShape p, unsigned int batch) {
-    const size_t r = (size_t)blockIdx.x * THREADS + threadIdx.x;
-    const size_t rows = (size_t)batch * p.heads_q * p.seq_q;
-    if (r >= rows) {
-        return;
-    }
-    const size_t i = r % p.seq_q, h = (r / p.seq_q) % p.heads_q, b = r / ((size_t)p.seq_q * p.heads_q);
-    const size_t base = ((b * p.seq_q + i) * p.heads_q + h) * HEAD_DIM;
-    float acc = 0.f;
-    for (int d = 0; d < HEAD_DIM; d++) {
-        acc = fmaf(to_f32(d_out[base + d]), to_f32(out[base + d]), acc);
-    }
-    delta[r] = acc;
+    preprocess_row(out, d_out, delta, p, batch, (size_t)blockIdx.x * THREADS + threadIdx.x);
 }
 
 // dK and dV for WARPS * 16 keys of one KV head: every query head of its group, every Q tile

@@ -187,16 +187,6 @@ impl AttentionBackend for crate::Context {
         crate::Context::last_gpu_timing(self)
     }
 
-    fn forward_host<T: Element>(
-        &self,
-        cfg: &AttentionConfig,
-        q: &[T],
-        k: &[T],
-        v: &[T],
-    ) -> Result<HostForward<T>> {
-        crate::Context::forward_host(self, cfg, q, k, v)
-    }
-
     /// The inherent call: lse is checked on the host only, not read back again.
     fn backward_host<T: Element>(
         &self,

@@ -1,6 +1,6 @@
 //! The forward pass: `out = softmax(scale * Q K^T, masked) V` and its per-row lse.
 
-use crate::checks::{check_forward_host, check_tensor};
+use crate::checks::check_tensor;
 use crate::config::AttentionConfig;
 use crate::device::Context;
 use crate::dtype::Element;
@@ -58,14 +58,6 @@ impl Context {
         k: &[T],
         v: &[T],
     ) -> Result<HostForward<T>> {
-        check_forward_host(cfg, q, k, v)?;
-        let q = self.upload(q, &cfg.q_shape())?;
-        let k = self.upload(k, &cfg.kv_shape())?;
-        let v = self.upload(v, &cfg.kv_shape())?;
-        let f = self.forward(cfg, &q, &k, &v)?;
-        Ok(HostForward {
-            out: self.download(&f.out)?,
-            lse: self.download(&f.lse)?,
-        })
+        crate::AttentionBackend::forward_host(self, cfg, q, k, v)
     }
 }

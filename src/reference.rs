@@ -40,6 +40,40 @@ fn ki(cfg: &AttentionConfig, b: usize, j: usize, h: usize) -> usize {
     ((b * cfg.seq_kv + j) * cfg.heads_kv + h) * cfg.head_dim
 }
 
+/// scale * q_i . k_j of query head h, batch b, in f64.
+fn raw_score(
+    cfg: &AttentionConfig,
+    q: &[f32],
+    k: &[f32],
+    (b, h, i, j): (usize, usize, usize, usize),
+) -> f64 {
+    let (qo, ko) = (qi(cfg, b, i, h), ki(cfg, b, j, h / cfg.group()));
+    let dot: f64 = (0..cfg.head_dim)
+        .map(|x| q[qo + x] as f64 * k[ko + x] as f64)
+        .sum();
+    dot * cfg.scale() as f64
+}
+
+/// The score after the softcap (c tanh(s / c)), or `s` without one.
+fn softcapped(cfg: &AttentionConfig, s: f64) -> f64 {
+    match cfg.softcap {
+        Some(c) => c as f64 * (s / c as f64).tanh(),
+        None => s,
+    }
+}
+
+/// d softcapped(s) / ds = 1 - tanh^2(s / c), at the raw score of pair (i, j).
+fn softcap_slope(
+    cfg: &AttentionConfig,
+    q: &[f32],
+    k: &[f32],
+    at: (usize, usize, usize, usize),
+) -> f64 {
+    let Some(c) = cfg.softcap else { return 1.0 };
+    let t = (raw_score(cfg, q, k, at) / c as f64).tanh();
+    1.0 - t * t
+}
+
 /// Probabilities of one query row (zeros where masked; all zero when no key is visible),
 /// and the row's lse.
 fn row_probs(
@@ -50,16 +84,10 @@ fn row_probs(
     h: usize,
     i: usize,
 ) -> (Vec<f64>, f64) {
-    let scale = cfg.scale() as f64;
-    let hk = h / cfg.group();
-    let d = cfg.head_dim;
-    let qo = qi(cfg, b, i, h);
     let mut s = vec![f64::NEG_INFINITY; cfg.seq_kv];
     for (j, sj) in s.iter_mut().enumerate() {
         if visible(cfg, i, j) {
-            let ko = ki(cfg, b, j, hk);
-            let dot: f64 = (0..d).map(|x| q[qo + x] as f64 * k[ko + x] as f64).sum();
-            *sj = softcapped(cfg, dot * scale);
+            *sj = softcapped(cfg, raw_score(cfg, q, k, (b, h, i, j)));
         }
     }
     if s.iter().all(|&x| x == f64::NEG_INFINITY) {
@@ -80,33 +108,6 @@ fn row_probs(
         .collect();
     let l: f64 = e.iter().sum();
     (e.iter().map(|x| x / l).collect(), m + l.ln())
-}
-
-/// The score after the softcap (c tanh(s / c)), or `s` without one.
-fn softcapped(cfg: &AttentionConfig, s: f64) -> f64 {
-    match cfg.softcap {
-        Some(c) => c as f64 * (s / c as f64).tanh(),
-        None => s,
-    }
-}
-
-/// d softcapped(s) / ds = 1 - tanh^2(s / c), at the raw score s of pair (i, j).
-fn softcap_slope(
-    cfg: &AttentionConfig,
-    q: &[f32],
-    k: &[f32],
-    b: usize,
-    h: usize,
-    i: usize,
-    j: usize,
-) -> f64 {
-    let Some(c) = cfg.softcap else { return 1.0 };
-    let (qo, ko) = (qi(cfg, b, i, h), ki(cfg, b, j, h / cfg.group()));
-    let dot: f64 = (0..cfg.head_dim)
-        .map(|x| q[qo + x] as f64 * k[ko + x] as f64)
-        .sum();
-    let t = (dot * cfg.scale() as f64 / c as f64).tanh();
-    1.0 - t * t
 }
 
 /// `out = softmax(scale * Q K^T) V` and `lse = log(sum(exp(scale * Q K^T)))` per row.
@@ -205,7 +206,7 @@ fn backward_impl(
                     if p[j] == 0.0 {
                         continue;
                     }
-                    let ds = p[j] * (dp[j] - delta) * softcap_slope(cfg, q, k, b, h, i, j);
+                    let ds = p[j] * (dp[j] - delta) * softcap_slope(cfg, q, k, (b, h, i, j));
                     let ko = ki(cfg, b, j, hk);
                     for x in 0..d {
                         dv[ko + x] += p[j] * d_out[oo + x] as f64;
