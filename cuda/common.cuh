@@ -53,7 +53,7 @@ __device__ __forceinline__ elem_t from_f32(float x) {
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (40 bytes, 4-aligned)
+// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (56 bytes, 4-aligned)
 struct AttnShape {
     unsigned int seq_q;
     unsigned int seq_kv;
@@ -66,6 +66,9 @@ struct AttnShape {
     int band_lo;       //   i + band_lo <= j <= i + band_hi (causal folded in; +-2^30 where
     int band_hi;       //   a side is unbounded), as Params in shaders/common.wgsl
     float softcap2;    // SOFTCAP: the softcap c times log2(e)
+    unsigned int alibi_b_stride; // ALIBI: extras between batches' slopes (0: one per head)
+    unsigned int sinks_base;     // SINKS: extras index of head 0's sink
+    unsigned int pad0;
 };
 
 // A softcap (-DSOFTCAP=1): a score x in the exp2 domain becomes C tanh(x / C), C = c log2(e),
@@ -88,6 +91,57 @@ __device__ __forceinline__ float softcap_slope(const AttnShape& p, float s) {
 #else
     return 1.f;
 #endif
+}
+
+// ALiBi (-DALIBI=1) and attention sinks (-DSINKS=1): per-head values from the call's extras
+// (ALiBi slopes, then sinks, as `plan::Extras` on wgpu), read once per (batch, head) by
+// head_mods, as begin_head in shaders/common.wgsl. Without them nothing is read.
+#ifndef ALIBI
+#define ALIBI 0
+#endif
+#ifndef SINKS
+#define SINKS 0
+#endif
+struct HeadMods {
+    float slope2; // the ALiBi slope times log2(e)
+    float sink2;  // the sink times log2(e)
+};
+__device__ __forceinline__ HeadMods head_mods(const AttnShape& p, const float* __restrict__ extras,
+                                              unsigned int b, unsigned int h) {
+    HeadMods m;
+    m.slope2 = 0.f;
+    m.sink2 = 0.f;
+#if ALIBI
+    m.slope2 = extras[b * p.alibi_b_stride + h] * LOG2E;
+#endif
+#if SINKS
+    m.sink2 = extras[p.sinks_base + h] * LOG2E;
+#endif
+    return m;
+}
+
+// ALiBi's term for row i and key j in the exp2 domain: -slope * |i + causal_offset - j|
+__device__ __forceinline__ float alibi_term(const AttnShape& p, const HeadMods& hm, unsigned int i,
+                                            unsigned int j) {
+#if ALIBI
+    return -hm.slope2 * fabsf((float)((long long)i + p.causal_offset - (long long)j));
+#else
+    return 0.f;
+#endif
+}
+
+// the score softmax sees, from x = q.k * scale * log2(e): softcapped, then ALiBi's term added
+// (finish_score in shaders/common.wgsl, without the mask, which callers apply)
+__device__ __forceinline__ float finish_score(const AttnShape& p, const HeadMods& hm, float x,
+                                              unsigned int i, unsigned int j) {
+    return softcap_score(p, x) + alibi_term(p, hm, i, j);
+}
+
+// d(finished score) / dx at finished score s of pair (i, j): the softcap's slope at the
+// capped score (ALiBi's term taken out); 1 without a softcap
+__device__ __forceinline__ float score_slope(const AttnShape& p, const HeadMods& hm, float s,
+                                             unsigned int i, unsigned int j) {
+    return softcap_slope(p, s - alibi_term(p, hm, i, j));
 }
 
 // bounds, the bottom-right causal mask and the window, as `visible` in shaders/common.wgsl
@@ -173,9 +227,55 @@ __device__ __forceinline__ void preprocess_row(const elem_t* __restrict__ out,
 }
 
 // the end of a row's online softmax (running sum l, running max m in the exp2 domain): the
-// factor out = O * row_inv(l) and lse = row_lse(l, m) (natural log). A row that saw nothing
-// (l = 0) gets 0 and -inf; a row that saw a NaN (l NaN) gets NaN for both, as on wgpu.
-__device__ __forceinline__ float row_inv(float l) { return l == 0.f ? 0.f : 1.f / l; }
-__device__ __forceinline__ float row_lse(float l, float m) {
-    return l == 0.f ? NEG_INF : logf(l) + m * LN2;
+// factor out = O * row_inv(l, m, hm) and lse = row_lse(l, m, hm) (natural log). A row that saw
+// nothing (l = 0) gets 0 and -inf; a row that saw a NaN (l NaN) gets NaN for both, as on wgpu.
+// With sinks the head's sink joins the sum (it carries no value): a row that saw nothing gets
+// lse = sink, as row_normalizer and finish_lse in shaders/common.wgsl.
+__device__ __forceinline__ float row_inv(float l, float m, const HeadMods& hm) {
+#if SINKS
+    if (l > 0.f) {
+        return 1.f / (l + exp2f(hm.sink2 - m));
+    }
+#endif
+    return l == 0.f ? 0.f : 1.f / l;
 }
+__device__ __forceinline__ float row_lse(float l, float m, const HeadMods& hm) {
+#if SINKS
+    if (l == 0.f) {
+        return hm.sink2 * LN2;
+    }
+    const float top = fmaxf(m, hm.sink2);
+    return (top + log2f(l * exp2f(m - top) + exp2f(hm.sink2 - top))) * LN2;
+#else
+    return l == 0.f ? NEG_INF : logf(l) + m * LN2;
+#endif
+}
+
+#if SINKS
+// The sinks' gradient (shaders/flash_bwd_sinks.wgsl): d_sinks[h] = -sum over (batch, row) of
+// exp(sink - lse) * delta. One block of 256 threads per query head, a fixed-order tree sum:
+// deterministic.
+extern "C" __global__ void __launch_bounds__(256) flash_sinks_grad(
+    const float* __restrict__ lse, const float* __restrict__ delta, float* __restrict__ d_sinks,
+    const AttnShape p, unsigned int batch, const float* __restrict__ extras) {
+    __shared__ float red[256];
+    const unsigned int h = blockIdx.x, t = threadIdx.x;
+    const HeadMods hm = head_mods(p, extras, 0, h);
+    float acc = 0.f;
+    for (size_t e = t; e < (size_t)batch * p.seq_q; e += 256) {
+        const size_t r = ((e / p.seq_q) * p.heads_q + h) * p.seq_q + e % p.seq_q;
+        acc += exp2f(hm.sink2 - lse[r] * LOG2E) * delta[r];
+    }
+    red[t] = acc;
+    __syncthreads();
+    for (unsigned int w = 128; w > 0; w >>= 1) {
+        if (t < w) {
+            red[t] += red[t + w];
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        d_sinks[h] = -red[0];
+    }
+}
+#endif

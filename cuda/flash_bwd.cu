@@ -41,7 +41,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
     const float* __restrict__ delta, elem_t* __restrict__ dk, elem_t* __restrict__ dv,
-    const AttnShape p) {
+    const AttnShape p, const float* __restrict__ extras) {
     // K, V: BLOCK_RES rows each; Q, dO: BLOCK_Q rows each; then lse2 and delta per Q row
     extern __shared__ __align__(16) elem_t smem[];
     elem_t* sk = smem;
@@ -74,6 +74,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
 
     for (unsigned int g = 0; g < group; g++) {
         const unsigned int h = hk * group + g;
+        const HeadMods hm = head_mods(p, extras, b, h);
         const size_t q_off = ((size_t)b * p.seq_q * p.heads_q + h) * HEAD_DIM;
         const size_t row_off = ((size_t)b * p.heads_q + h) * p.seq_q;
         for (unsigned int q0 = q_start; q0 < q_stop; q0 += BLOCK_Q) {
@@ -118,9 +119,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
                     const int r = nt * 8 + (lane % 4) * 2 + (e % 2);
                     const unsigned int j = key_lo + (e / 2) * 8;
                     const bool vis = visible(p, q0 + r, j);
-                    const float sc = softcap_score(p, s[nt][e] * p.scale_log2);
+                    const float sc = finish_score(p, hm, s[nt][e] * p.scale_log2, q0 + r, j);
                     const float pr = vis ? exp2f(sc - slse[r]) : 0.f;
-                    dp[nt][e] = vis ? pr * (dp[nt][e] - sdelta[r]) * softcap_slope(p, sc) : 0.f;
+                    dp[nt][e] = vis ? pr * (dp[nt][e] - sdelta[r]) * score_slope(p, hm, sc, q0 + r, j)
+                                    : 0.f;
                     s[nt][e] = pr;
                 }
             }
@@ -156,12 +158,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
-    const float* __restrict__ delta, elem_t* __restrict__ dq, const AttnShape p) {
+    const float* __restrict__ delta, elem_t* __restrict__ dq, const AttnShape p,
+    const float* __restrict__ extras) {
     // Q and dO staged first (BLOCK_RES rows each), then the K and V tiles in the same space
     extern __shared__ __align__(16) elem_t smem[];
     const unsigned int b = blockIdx.z, h = blockIdx.y;
     const unsigned int q0 = blockIdx.x * BLOCK_RES;
     const unsigned int hk = h / (p.heads_q / p.heads_kv);
+    const HeadMods hm = head_mods(p, extras, b, h);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const unsigned int q_pitch = p.heads_q * HEAD_DIM, kv_pitch = p.heads_kv * HEAD_DIM;
     const size_t q_off = ((size_t)b * p.seq_q * p.heads_q + h) * HEAD_DIM;
@@ -225,9 +229,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
                 const unsigned int i = e < 2 ? row_lo : row_hi;
                 const unsigned int j = kv0 + nt * 8 + (lane % 4) * 2 + (e % 2);
                 const bool vis = visible(p, i, j);
-                const float sc = softcap_score(p, s[nt][e] * p.scale_log2);
+                const float sc = finish_score(p, hm, s[nt][e] * p.scale_log2, i, j);
                 const float pr = vis ? exp2f(sc - (e < 2 ? lse_lo : lse_hi)) : 0.f;
-                dp[nt][e] = vis ? pr * (dp[nt][e] - (e < 2 ? delta_lo : delta_hi)) * softcap_slope(p, sc)
+                dp[nt][e] = vis ? pr * (dp[nt][e] - (e < 2 ? delta_lo : delta_hi)) *
+                                      score_slope(p, hm, sc, i, j)
                                 : 0.f;
             }
         }

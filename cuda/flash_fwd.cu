@@ -28,7 +28,7 @@
 // spilled (head_dim 48: 8 bytes); occupancy against registers is to be tuned on a GPU.
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t* __restrict__ q, const elem_t* __restrict__ k,
               const elem_t* __restrict__ v, elem_t* __restrict__ out, float* __restrict__ lse,
-              const AttnShape p) {
+              const AttnShape p, const float* __restrict__ extras) {
     // Q staged here first, then read into registers; then the two K/V stages. Dynamic, as
     // it passes the 48 KiB of static shared memory at head_dim 128 (size: the host's
     // CudaKey::shared_bytes)
@@ -36,6 +36,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
     const unsigned int b = blockIdx.z, h = blockIdx.y;
     const unsigned int q0 = blockIdx.x * BLOCK_M;
     const unsigned int hk = h / (p.heads_q / p.heads_kv);
+    const HeadMods hm = head_mods(p, extras, b, h);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const unsigned int q_pitch = p.heads_q * HEAD_DIM, kv_pitch = p.heads_kv * HEAD_DIM;
     const elem_t* q_base = q + ((size_t)b * p.seq_q * p.heads_q + h) * HEAD_DIM;
@@ -109,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
             for (int e = 0; e < 4; e++) {
                 unsigned int j = kv0 + nt * 8 + (lane % 4) * 2 + (e % 2);
                 unsigned int i = e < 2 ? row_lo : row_hi;
-                float x = softcap_score(p, s[nt][e] * p.scale_log2);
+                float x = finish_score(p, hm, s[nt][e] * p.scale_log2, i, j);
                 if (need_mask) {
                     x = visible(p, i, j) ? x : NEG_INF;
                 }
@@ -164,17 +165,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
     }
 
     // out = O / l, lse = ln(l) + m ln 2 (natural log); rows that saw nothing: 0 and -inf
-    const float inv_lo = row_inv(l_lo), inv_hi = row_inv(l_hi);
+    const float inv_lo = row_inv(l_lo, m_lo, hm), inv_hi = row_inv(l_hi, m_hi, hm);
     store_rows(out + ((size_t)b * p.seq_q * p.heads_q + h) * HEAD_DIM, q_pitch, row_lo, p.seq_q,
                o, inv_lo, inv_hi);
     if (lane % 4 == 0) {
         if (row_lo < p.seq_q) {
             lse[((size_t)b * p.heads_q + h) * p.seq_q + row_lo] =
-                row_lse(l_lo, m_lo);
+                row_lse(l_lo, m_lo, hm);
         }
         if (row_hi < p.seq_q) {
             lse[((size_t)b * p.heads_q + h) * p.seq_q + row_hi] =
-                row_lse(l_hi, m_hi);
+                row_lse(l_hi, m_hi, hm);
         }
     }
 }

@@ -100,11 +100,13 @@ __device__ __forceinline__ void stage_f32(float* tile, const elem_t* base, unsig
 // registers (dK/dV at head_dim 13) while far more are free.
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_fwd(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
-    elem_t* __restrict__ out, float* __restrict__ lse, const AttnShape p) {
+    elem_t* __restrict__ out, float* __restrict__ lse, const AttnShape p,
+    const float* __restrict__ extras) {
     extern __shared__ float smem_f[];
     float* sk = smem_f;
     float* sv = sk + BLOCK_N * HEAD_DIM;
     const unsigned int b = blockIdx.z, h = blockIdx.y, hk = h / (p.heads_q / p.heads_kv);
+    const HeadMods hm = head_mods(p, extras, b, h);
     const unsigned int q0 = blockIdx.x * ROWS;
     const unsigned int i = q0 + threadIdx.x / LANES;
     const int lane = threadIdx.x % LANES;
@@ -129,7 +131,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_fwd(
         __syncthreads();
         const int n = min((unsigned int)BLOCK_N, kv_end - kt);
         for (int jj = 0; jj < n; jj++) {
-            const float s = softcap_score(p, dot_row(qv, sk + jj * HEAD_DIM, lane));
+            const float s = finish_score(p, hm, dot_row(qv, sk + jj * HEAD_DIM, lane), i, kt + jj);
             if (!visible(p, i, kt + jj) || s == NEG_INF) {
                 continue;
             }
@@ -150,9 +152,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_fwd(
         }
     }
     if (row_ok) {
-        store_row(out + q_row, o, lane, row_inv(l));
+        store_row(out + q_row, o, lane, row_inv(l, m, hm));
         if (lane == 0) {
-            lse[((size_t)b * p.heads_q + h) * p.seq_q + i] = row_lse(l, m);
+            lse[((size_t)b * p.heads_q + h) * p.seq_q + i] = row_lse(l, m, hm);
         }
     }
 }
@@ -170,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
     const float* __restrict__ delta, elem_t* __restrict__ dk, elem_t* __restrict__ dv,
-    const AttnShape p) {
+    const AttnShape p, const float* __restrict__ extras) {
     extern __shared__ float smem_f[];
     float* sq = smem_f;
     float* sdo = sq + BLOCK_N * HEAD_DIM;
@@ -195,6 +197,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
     const unsigned int q_begin = q_begin_for_key(p, kv0);
     const unsigned int q_stop = q_end_for_key(p, kv0 + ROWS - 1);
     for (unsigned int hq = hk * group; hq < (hk + 1) * group; hq++) {
+        const HeadMods hm = head_mods(p, extras, b, hq);
         const size_t q_off = ((size_t)b * p.seq_q * p.heads_q + hq) * HEAD_DIM;
         const size_t row_off = ((size_t)b * p.heads_q + hq) * p.seq_q;
         for (unsigned int qt = q_begin; qt < q_stop; qt += BLOCK_N) {
@@ -211,13 +214,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
             for (int ii = 0; ii < n; ii++) {
                 const float* qi = sq + ii * HEAD_DIM;
                 const float* doi = sdo + ii * HEAD_DIM;
-                const float s = softcap_score(p, dot_row(kv, qi, lane) * p.scale_log2);
+                const float s = finish_score(p, hm, dot_row(kv, qi, lane) * p.scale_log2, qt + ii, j);
                 const float dp = dot_row(vv, doi, lane);
                 if (!visible(p, qt + ii, j)) {
                     continue;
                 }
                 const float pr = exp2f(s - slse[ii]);
-                const float ds = pr * (dp - sdelta[ii]) * softcap_slope(p, s);
+                const float ds = pr * (dp - sdelta[ii]) * score_slope(p, hm, s, qt + ii, j);
                 axpy_row(dv_acc, pr, doi, lane);
                 axpy_row(dk_acc, ds, qi, lane);
             }
@@ -233,11 +236,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
-    const float* __restrict__ delta, elem_t* __restrict__ dq, const AttnShape p) {
+    const float* __restrict__ delta, elem_t* __restrict__ dq, const AttnShape p,
+    const float* __restrict__ extras) {
     extern __shared__ float smem_f[];
     float* sk = smem_f;
     float* sv = sk + BLOCK_N * HEAD_DIM;
     const unsigned int b = blockIdx.z, h = blockIdx.y, hk = h / (p.heads_q / p.heads_kv);
+    const HeadMods hm = head_mods(p, extras, b, h);
     const unsigned int q0 = blockIdx.x * ROWS;
     const unsigned int i = q0 + threadIdx.x / LANES;
     const int lane = threadIdx.x % LANES;
@@ -265,12 +270,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
         const int n = min((unsigned int)BLOCK_N, kv_end - kt);
         for (int jj = 0; jj < n; jj++) {
             const float* kj = sk + jj * HEAD_DIM;
-            const float s = softcap_score(p, dot_row(qv, kj, lane));
+            const float s = finish_score(p, hm, dot_row(qv, kj, lane), i, kt + jj);
             const float dp = dot_row(dov, sv + jj * HEAD_DIM, lane);
             if (!visible(p, i, kt + jj)) {
                 continue;
             }
-            const float ds = exp2f(s - lse2) * (dp - delta_i) * softcap_slope(p, s);
+            const float ds = exp2f(s - lse2) * (dp - delta_i) * score_slope(p, hm, s, i, kt + jj);
             axpy_row(dq_acc, ds, kj, lane);
         }
     }

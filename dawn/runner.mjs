@@ -116,7 +116,7 @@ async function pipelineFor(device, step) {
       ...step.bindings.map((b, i) => ({
         binding: i + 1,
         visibility: GPUShaderStage.COMPUTE,
-        buffer: { type: b.read_only ? 'read-only-storage' : 'storage' },
+        buffer: { type: b.uniform ? 'uniform' : b.read_only ? 'read-only-storage' : 'storage' },
       })),
     ],
   });
@@ -139,7 +139,7 @@ function makeBuffers(device, c) {
     const buf = device.createBuffer({
       label: b.label,
       size: b.bytes,
-      usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+      usage: (b.uniform ? GPUBufferUsage.UNIFORM : GPUBufferUsage.STORAGE) | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
     });
     if (b.words) device.queue.writeBuffer(buf, 0, new Uint32Array(b.words));
     return buf;

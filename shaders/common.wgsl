@@ -32,6 +32,10 @@ struct Params {
     band_lo: i32,        // WINDOW: query i sees key j iff i + band_lo <= j <= i + band_hi
     band_hi: i32,
     softcap2: f32,       // SOFTCAP: the softcap c times log2(e)
+    batch_base: u32,     // windowed calls: the whole call's index of this part's batch 0
+    alibi_b_stride: u32, // ALIBI: extras words between batches' slopes (0: one slope per head)
+    sinks_base: u32,     // SINKS: extras word of head 0's sink
+    pad0: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -41,6 +45,10 @@ override CAUSAL: bool = false;
 override WINDOW: bool = false;
 // A softcap (params.softcap2); false costs nothing.
 override SOFTCAP: bool = false;
+// ALiBi slopes and attention sinks, read from the call's extras (`extra(i)`, from the
+// generated prelude: a uniform array of per-head f32 values); false costs nothing.
+override ALIBI: bool = false;
+override SINKS: bool = false;
 
 const LN2: f32 = 0.6931471805599453;
 const LOG2E: f32 = 1.4426950408889634;
@@ -181,6 +189,36 @@ fn tile_needs_mask(q_begin: u32, q_len: u32, kv_begin: u32, kv_len: u32) -> bool
     return right || left;
 }
 
+// ---- Per-head values of the score path, read once per (batch, head) by `begin_head`, which
+// every kernel calls before it finishes a score or a row of that head: the ALiBi slope and
+// the sink, both scaled into the exp2 domain.
+var<private> head_slope2: f32;
+var<private> head_sink2: f32;
+
+fn begin_head(b: u32, h: u32) {
+    if (ALIBI) {
+        head_slope2 = extra((params.batch_base + b) * params.alibi_b_stride + h) * LOG2E;
+    }
+    if (SINKS) {
+        head_sink2 = extra(params.sinks_base + h) * LOG2E;
+    }
+}
+
+// ALiBi's term for query i and key j (exp2 domain): -slope * |i' - j|, i' = i + causal_offset
+// (bottom-right aligned, as the mask); 0 without ALiBi.
+fn alibi_term(i: u32, j: u32) -> f32 {
+    if (!ALIBI) {
+        return 0.0;
+    }
+    return -head_slope2 * abs(f32(i32(i) + params.causal_offset - i32(j)));
+}
+
+// The sink takes part in this row's softmax: on, and not a windowed call's later pass (its
+// stored row already holds the sink's share).
+fn sink_on() -> bool {
+    return SINKS && params.resume == 0u;
+}
+
 // ---- The score path. Every kernel, tiled or naive, forward or backward, decides masking and
 // finishes scores through these functions: they are the hooks where window, bias, softcap,
 // ALiBi, sinks and dropout enter, once.
@@ -212,11 +250,15 @@ fn running_max_start() -> f32 {
 // masked_score() where the pair is hidden. `check` false skips the mask for tiles known to be
 // fully visible (tile_needs_mask), so unmasked tiles pay nothing for it.
 // With SOFTCAP, x first becomes c tanh(x / c) (in the exp2 domain: C tanh(x / C), C = c
-// log2(e)); score_grad takes the slope from the finished score.
+// log2(e)); then ALiBi's term is added (alibi_term); score_grad takes the softcap's slope from
+// the finished score. `begin_head` must have run for the row's head.
 fn finish_score(x: f32, i: u32, j: u32, check: bool) -> f32 {
     var s = x;
     if (SOFTCAP) {
         s = params.softcap2 * tanh(x / params.softcap2);
+    }
+    if (ALIBI) {
+        s += alibi_term(i, j);
     }
     return select(masked_score(), s, !check | visible(i, j));
 }
@@ -258,16 +300,30 @@ fn resumed_row(lse: f32) -> Resumed {
 
 // Natural-log LSE from the exp2-domain running max and the row sum: -inf for a row that sees
 // no key, NaN for a row that sees a NaN (its sum is NaN), never -inf for it.
+// With a sink (sink_on), the sink's exp joins the sum: lse = ln(sum_j exp(s_j) + exp(sink)),
+// and a row that sees no key gets the sink's lse.
 fn finish_lse(m: f32, l: f32) -> f32 {
+    if (sink_on()) {
+        if (l > 0.0 || is_nan(l)) {
+            let top = max(m, head_sink2);
+            return (top + log2(l * exp2(m - top) + exp2(head_sink2 - top))) * LN2;
+        }
+        return head_sink2 * LN2;
+    }
     if (l > 0.0 || is_nan(l)) {
         return (m + log2(l)) * LN2;
     }
     return neg_inf();
 }
 
-// 1 / row sum, for normalizing the output: 0 for a row that sees no key (its accumulator is
-// 0), NaN for a row whose sum is NaN, so that the NaN reaches every output element.
-fn row_normalizer(l: f32) -> f32 {
+// The factor that normalizes a row's accumulator (running max m, row sum l): 1 / l; 0 for a
+// row that sees no key (its accumulator is 0), NaN for a row whose sum is NaN, so that the
+// NaN reaches every output element. With a sink (sink_on) the sink's weight, exp2(sink - m)
+// in the accumulator's units, joins the sum (it carries no value).
+fn row_normalizer(m: f32, l: f32) -> f32 {
+    if (sink_on() && l > 0.0) {
+        return 1.0 / (l + exp2(head_sink2 - m));
+    }
     return select(0.0, 1.0 / l, l > 0.0 || is_nan(l));
 }
 
@@ -301,11 +357,12 @@ fn recompute_p(s: f32, lse2: f32) -> f32 {
 
 // Backward: dS = P * (dP - delta), the gradient at the finished score (delta = rowsum(dO * O)).
 // A hidden pair (P exactly 0) gets exactly 0, whatever dP holds (dP = dO . v sees the pair's v).
-fn score_grad(p: f32, dp: f32, delta: f32, s: f32) -> f32 {
+// (i, j): the pair, whose ALiBi term the softcap's slope takes out of s.
+fn score_grad(p: f32, dp: f32, delta: f32, s: f32, i: u32, j: u32) -> f32 {
     var g = p * (dp - delta);
     if (SOFTCAP) {
-        // through the softcap: d(C tanh(x / C)) / dx = 1 - (s / C)^2 at the finished score s
-        let t = s / params.softcap2;
+        // through the softcap: d(C tanh(x / C)) / dx = 1 - (t / C)^2 at the capped score t
+        let t = (s - alibi_term(i, j)) / params.softcap2;
         g = g * (1.0 - t * t);
     }
     return select(g, 0.0, p == 0.0);

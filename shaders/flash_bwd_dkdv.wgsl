@@ -64,6 +64,7 @@ fn main(
 
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
+        begin_head(b, h);
         for (var q0 = q_start; q0 < q_stop; q0 += BR) {
             let masked = q0 + BR > params.seq_q || tile_needs_mask(q0, BR, kv0, BC);
             for (var e = t; e < BR * HEAD_DIM; e += NT) {
@@ -110,7 +111,7 @@ fn main(
                     let sc = finish_score(p[rr] * params.scale_log2, q0 + r, key, masked);
                     let pr = recompute_p(sc, smem[SLSE + r]);
                     smem[SP + c * BR + r] = pr;
-                    smem[SDS + c * BR + r] = score_grad(pr, ds[rr], smem[SDELTA + r], sc);
+                    smem[SDS + c * BR + r] = score_grad(pr, ds[rr], smem[SDELTA + r], sc, q0 + r, key);
                 }
             }
             workgroupBarrier();

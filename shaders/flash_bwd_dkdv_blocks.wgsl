@@ -50,6 +50,7 @@ fn main(
 
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
+        begin_head(b, h);
         for (var q0 = q_start; q0 < q_stop; q0 += BR) {
             let masked = q0 + BR > params.seq_q || tile_needs_mask(q0, BR, kv0, BC);
             workgroupBarrier(); // the previous tile's products are done with Q, dO, P and dS
@@ -87,7 +88,7 @@ fn main(
                 for (var j = 0u; j < TN; j++) {
                     let sc = finish_score(p[i][j], q0 + tx + j * NTX, kv0 + ty * TM + i, masked);
                     p[i][j] = recompute_p(sc, lse2[j]);
-                    ds[i][j] = score_grad(p[i][j], ds[i][j], dl[j], sc);
+                    ds[i][j] = score_grad(p[i][j], ds[i][j], dl[j], sc, q0 + tx + j * NTX, kv0 + ty * TM + i);
                 }
             }
             store_weights(OP, p, ty, tx);

@@ -54,6 +54,7 @@ fn main(
 
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
+        begin_head(b, h);
         for (var q0 = q_start; q0 < q_end; q0 += BR) {
             let masked = q0 + BR > params.seq_q || tile_needs_mask(q0, BR, kv0, BC);
             workgroupBarrier(); // the previous tile is done with Q, dO, P^T, dS^T and fs
@@ -91,7 +92,7 @@ fn main(
                 let sc = finish_score(fs[c * BR + r] * params.scale_log2, q0 + r, key, masked);
                 let p = recompute_p(sc, rows[r]);
                 hs[OP + c * BR + r] = f16(p);
-                hs[ODS + c * BR + r] = f16(score_grad(p, fs[FDP + c * BR + r], rows[BR + r], sc));
+                hs[ODS + c * BR + r] = f16(score_grad(p, fs[FDP + c * BR + r], rows[BR + r], sc, q0 + r, key));
             }
             workgroupBarrier(); // P^T and dS^T are in; S^T and dP^T are dead
 

@@ -55,7 +55,7 @@ fn visit_tile(guard: bool, lane: u32, q0: u32, key0: u32) {
             for (var kk = 0u; kk < RPT; kk++) {
                 let sc = finish_score(x[kk], q0 + r, key0 + kk * NT, guard);
                 pr[kk] = recompute_p(sc, lse_r);
-                dsr[kk] = score_grad(pr[kk], x[RPT + kk], delta_r, sc);
+                dsr[kk] = score_grad(pr[kk], x[RPT + kk], delta_r, sc, q0 + r, key0 + kk * NT);
             }
             add_dkdv(pr, dsr, guard);
         }
@@ -102,6 +102,7 @@ fn main(
 
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
+        begin_head(b, h);
         for (var q0 = q_start; q0 < q_stop; q0 += BR) {
             let masked = q0 + BR > params.seq_q || tile_needs_mask(q0, BR, kv0, BC);
             workgroupBarrier();

@@ -33,6 +33,7 @@ fn main(
     let h = tile.h;
     let hk = tile.hk;
     let q0 = tile.q0;
+    begin_head(b, h);
     let r = t / TPR;
     let j = t % TPR;
     let i = q0 + r;
@@ -99,7 +100,7 @@ fn main(
             if (c < BC) {
                 let sc = finish_score(p[cc] * params.scale_log2, i, kv0 + c, masked);
                 let pc = recompute_p(sc, smem[SLSE + r]);
-                smem[SDS + r * BC + c] = score_grad(pc, dp[cc], smem[SDELTA + r], sc);
+                smem[SDS + r * BC + c] = score_grad(pc, dp[cc], smem[SDELTA + r], sc, i, kv0 + c);
             }
         }
         workgroupBarrier();

@@ -33,6 +33,7 @@ fn main(
     let h = tile.h;
     let hk = tile.hk;
     let q0 = tile.q0;
+    begin_head(b, h);
     let ty = t / NTX;
     let tx = t % NTX;
 
@@ -74,7 +75,7 @@ fn main(
         for (var i = 0u; i < TM; i++) {
             for (var j = 0u; j < TN; j++) {
                 let sc = finish_score(ds[i][j], q0 + ty * TM + i, kv0 + tx + j * NTX, masked);
-                ds[i][j] = score_grad(recompute_p(sc, lse2[i]), dp[i][j], dl[i], sc);
+                ds[i][j] = score_grad(recompute_p(sc, lse2[i]), dp[i][j], dl[i], sc, q0 + ty * TM + i, kv0 + tx + j * NTX);
             }
         }
         store_weights(ODS, ds, ty, tx);

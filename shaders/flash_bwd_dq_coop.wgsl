@@ -39,6 +39,7 @@ fn main(
     let h = tile.h;
     let hk = tile.hk;
     let q0 = tile.q0;
+    begin_head(b, h);
     let r = t / TPR;
     let part = t % TPR;
     let i = q0 + r;
@@ -78,7 +79,7 @@ fn main(
             let c = part + k * TPR;
             let sc = finish_score(fs[r * BC + c] * params.scale_log2, i, kv0 + c, masked);
             let p = recompute_p(sc, lse2);
-            hs[ODS + r * BC + c] = f16(score_grad(p, fs[FDP + r * BC + c], dl, sc));
+            hs[ODS + r * BC + c] = f16(score_grad(p, fs[FDP + r * BC + c], dl, sc, i, kv0 + c));
         }
         workgroupBarrier(); // dS is in; S and dP are dead
 

@@ -44,7 +44,7 @@ fn visit_tile(guard: bool, lane: u32, row0: u32, kv0: u32) {
         var dsc = array<f32, RPT>();
         for (var rr = 0u; rr < RPT; rr++) {
             let sc = finish_score(x[rr], row0 + rr * NT, kv0 + c, guard);
-            dsc[rr] = score_grad(recompute_p(sc, lse2[rr]), x[RPT + rr], delta_i[rr], sc);
+            dsc[rr] = score_grad(recompute_p(sc, lse2[rr]), x[RPT + rr], delta_i[rr], sc, row0 + rr * NT, kv0 + c);
         }
         add_dq_rows(dsc, guard);
     }
@@ -65,6 +65,7 @@ fn main(
     let h = pinned(tile.h, 1u);
     let hk = pinned(tile.hk, 2u);
     let q0 = pinned(tile.q0, 3u);
+    begin_head(b, h);
     let lane = t % SG;
 
     for (var rr = 0u; rr < RPT; rr++) {

@@ -52,6 +52,7 @@ fn main(
     let h = tile.h;
     let hk = tile.hk;
     let q0 = tile.q0;
+    begin_head(b, h);
     let r = t / TPR;
     let j = t % TPR;
     let i = q0 + r;
@@ -153,7 +154,7 @@ fn main(
         l += smem[SL + r * TPR + jj];
     }
     if (i < params.seq_q) {
-        let inv_l = row_normalizer(l);
+        let inv_l = row_normalizer(m_i, l);
         for (var dd = 0u; dd < DPT; dd++) {
             let d = j + dd * TPR;
             if (d < HEAD_DIM) {

@@ -50,6 +50,7 @@ fn main(
     let h = tile.h;
     let hk = tile.hk;
     let q0 = tile.q0;
+    begin_head(b, h);
     let ty = t / NTX;
     let tx = t % NTX;
 
@@ -145,7 +146,7 @@ fn main(
             l += red[(ty * TM + i) * NTX + x];
         }
         if (qi < params.seq_q) {
-            let inv_l = row_normalizer(l);
+            let inv_l = row_normalizer(m_i[i], l);
             let base = q_index(b, qi, h, 0u);
             for (var k = 0u; k < GPT; k++) {
                 let g = tx + k * NTX;

@@ -40,6 +40,7 @@ fn main(
     let h = tile.h;
     let hk = tile.hk;
     let q0 = tile.q0;
+    begin_head(b, h);
     let r = t / TPR;
     let part = t % TPR;
     let i = q0 + r;
@@ -122,7 +123,7 @@ fn main(
         l += red[r * TPR + x];
     }
     if (live && i < params.seq_q) {
-        let inv_l = row_normalizer(l);
+        let inv_l = row_normalizer(m_i, l);
         for (var k = 0u; k < DPR; k++) {
             let d = part + k * TPR;
             if (d < HEAD_DIM) {

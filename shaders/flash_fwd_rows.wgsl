@@ -37,6 +37,7 @@ fn main(
     let h = pinned(tile.h, 1u);
     let hk = pinned(tile.hk, 2u);
     let q0 = pinned(tile.q0, 3u);
+    begin_head(b, h);
     let lane = t % SG;
 
     for (var rr = 0u; rr < RPT; rr++) {
@@ -118,7 +119,7 @@ fn main(
     for (var rr = 0u; rr < RPT; rr++) {
         let i = q0 + t + rr * NT;
         if (i < params.seq_q) {
-            let inv_l = row_normalizer(l_i[rr]);
+            let inv_l = row_normalizer(m_i[rr], l_i[rr]);
             let base = q_index(b, i, h, 0u);
             for (var d = 0u; d < HEAD_DIM; d++) {
                 store_out(base + d, acc[rr][d] * inv_l);

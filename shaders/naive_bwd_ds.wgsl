@@ -1,5 +1,5 @@
 // Standard attention backward, step 3: dS = P * (dP - delta), written over dP (times the
-// softcap's slope, at the score P gives back: s = log2(P) + lse2).
+// softcap's slope, at the score P gives back: s = log2(P) + lse2, less ALiBi's term).
 // One thread per element.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
@@ -7,7 +7,8 @@
 fn item(e: u32) {
     let row = e / params.seq_kv;
     let at = slice_row(row);
+    begin_head(at.b, at.h);
     let r = row_index(at.b, at.h, at.i);
     let p = probs[e];
-    ds[e] = score_grad(p, ds[e], delta[r], log2(p) + lse_to_log2(lse[r]));
+    ds[e] = score_grad(p, ds[e], delta[r], log2(p) + lse_to_log2(lse[r]), at.i, e % params.seq_kv);
 }

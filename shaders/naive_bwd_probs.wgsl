@@ -7,6 +7,7 @@ fn item(e: u32) {
     let jcol = e % params.seq_kv;
     let row = e / params.seq_kv;
     let at = slice_row(row);
+    begin_head(at.b, at.h);
     var p = 0.0;
     // the naive baseline skips the dot product of hidden pairs, as an unfused pipeline would
     if (visible(at.i, jcol)) {

@@ -31,6 +31,7 @@ fn main(
         return;
     }
     let at = slice_row(row);
+    begin_head(at.b, at.h);
     let base = row * params.seq_kv;
 
     var m = running_max_start();
@@ -43,7 +44,7 @@ fn main(
         l += softmax_weight(finish_score(scores[base + j] * params.scale_log2, at.i, j, true), m);
     }
     l = reduce(t, l, false);
-    let inv_l = row_normalizer(l);
+    let inv_l = row_normalizer(m, l);
     for (var j = t; j < params.seq_kv; j += 64u) {
         let s = finish_score(scores[base + j] * params.scale_log2, at.i, j, true);
         probs[base + j] = softmax_weight(s, m) * inv_l;

@@ -137,6 +137,7 @@ pub trait AttentionBackend {
             dq: self.download(&g.dq)?,
             dk: self.download(&g.dk)?,
             dv: self.download(&g.dv)?,
+            d_sinks: g.d_sinks.as_ref().map(|t| self.download(t)).transpose()?,
         })
     }
 }

@@ -10,12 +10,14 @@ use crate::plan;
 use crate::tensor::Tensor;
 
 /// Device-resident gradients. dq is shaped like q; dk and dv like k and v; all in q's dtype.
-/// `X` is the backend's tensor type.
+/// With sinks (`AttentionConfig::sinks`), `d_sinks` (`[heads_q]`, f32). `X` is the backend's
+/// tensor type.
 #[derive(Debug)]
 pub struct Gradients<X = Tensor> {
     pub dq: X,
     pub dk: X,
     pub dv: X,
+    pub d_sinks: Option<X>,
 }
 
 /// Host copy of the gradients.
@@ -24,6 +26,8 @@ pub struct HostGradients<T = f32> {
     pub dq: Vec<T>,
     pub dk: Vec<T>,
     pub dv: Vec<T>,
+    /// With sinks: `[heads_q]`.
+    pub d_sinks: Option<Vec<f32>>,
 }
 
 /// Where a backward call's lse values are checked.
@@ -86,7 +90,12 @@ impl Context {
             .execute(&plan, &[q, k, v, out, lse, d_out])?
             .into_iter();
         match (g.next(), g.next(), g.next()) {
-            (Some(dq), Some(dk), Some(dv)) => Ok(Gradients { dq, dk, dv }),
+            (Some(dq), Some(dk), Some(dv)) => Ok(Gradients {
+                dq,
+                dk,
+                dv,
+                d_sinks: g.next(),
+            }),
             _ => Err(crate::Error::Device(
                 "internal: backward plan without dq, dk, dv".into(),
             )),
@@ -122,6 +131,7 @@ impl Context {
             dq: self.download(&g.dq)?,
             dk: self.download(&g.dk)?,
             dv: self.download(&g.dv)?,
+            d_sinks: g.d_sinks.as_ref().map(|t| self.download(t)).transpose()?,
         })
     }
 }

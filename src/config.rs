@@ -58,6 +58,16 @@ pub struct AttentionConfig {
     /// Softcap c > 0 (Gemma 2, Grok): each scaled score s becomes `c * tanh(s / c)` before
     /// masking and softmax; the backward differentiates through tanh. `None`: off.
     pub softcap: Option<f32>,
+    /// ALiBi (BLOOM, MPT): f32 slopes, one per query head (`[heads_q]`) or one per batch
+    /// and query head (`[batch, heads_q]`). Adds `-slope * |i' - j|` (i' = i + seq_kv -
+    /// seq_q, aligned as the causal mask) to each scaled score, after the softcap and before
+    /// masking and softmax. The slopes take no gradient. `None`: off.
+    pub alibi_slopes: Option<Vec<f32>>,
+    /// Attention sinks (gpt-oss): one f32 logit per query head (`[heads_q]`) that joins every
+    /// row's softmax denominator and carries no value: `lse = ln(sum_j exp(s_j) + exp(sink))`,
+    /// the lse returned includes it, and a row that sees no key gets out = 0 and lse = sink.
+    /// The backward returns `d_sinks`. `None`: off.
+    pub sinks: Option<Vec<f32>>,
     /// `None` means `1 / sqrt(head_dim)`.
     pub softmax_scale: Option<f32>,
     pub algorithm: Algorithm,
@@ -82,6 +92,8 @@ impl AttentionConfig {
             causal: false,
             window: Window::default(),
             softcap: None,
+            alibi_slopes: None,
+            sinks: None,
             softmax_scale: None,
             algorithm: Algorithm::default(),
         }
@@ -135,6 +147,21 @@ impl AttentionConfig {
         lo.is_none_or(|lo| d >= lo) && hi.is_none_or(|hi| d <= hi)
     }
 
+    /// The ALiBi slope of (batch b, query head h), if ALiBi is on.
+    pub fn alibi_slope(&self, b: usize, h: usize) -> Option<f32> {
+        let s = self.alibi_slopes.as_ref()?;
+        Some(if s.len() == self.heads_q {
+            s[h]
+        } else {
+            s[b * self.heads_q + h]
+        })
+    }
+
+    /// The sink of query head h, if sinks are on.
+    pub fn sink(&self, h: usize) -> Option<f32> {
+        self.sinks.as_ref().map(|s| s[h])
+    }
+
     /// Checks everything that does not depend on the device.
     pub fn validate(&self) -> Result<()> {
         let dims = [
@@ -176,6 +203,35 @@ impl AttentionConfig {
             if !(c.is_finite() && c > 0.0) {
                 return Err(Error::invalid(format!(
                     "softcap must be a finite number above 0 (or None: off), got {c}"
+                )));
+            }
+        }
+        if let Some(s) = &self.alibi_slopes {
+            let (per_head, per_batch) = (self.heads_q, self.batch * self.heads_q);
+            if s.len() != per_head && s.len() != per_batch {
+                return Err(Error::invalid(format!(
+                    "alibi_slopes must hold heads_q = {per_head} slopes ([heads_q]) or \
+                     batch x heads_q = {per_batch} ([batch, heads_q]), got {}",
+                    s.len()
+                )));
+            }
+            if let Some((i, x)) = s.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+                return Err(Error::invalid(format!(
+                    "alibi_slopes must be finite, got {x} at index {i}"
+                )));
+            }
+        }
+        if let Some(s) = &self.sinks {
+            if s.len() != self.heads_q {
+                return Err(Error::invalid(format!(
+                    "sinks must hold one logit per query head ([heads_q] = [{}]), got {}",
+                    self.heads_q,
+                    s.len()
+                )));
+            }
+            if let Some((i, x)) = s.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+                return Err(Error::invalid(format!(
+                    "sinks must be finite, got {x} at index {i}"
                 )));
             }
         }

@@ -17,6 +17,8 @@ pub enum TensorRole {
     Dq,
     Dk,
     Dv,
+    /// The sinks' gradient (`[heads_q]`, f32).
+    DSinks,
 }
 
 impl fmt::Display for TensorRole {
@@ -31,6 +33,7 @@ impl fmt::Display for TensorRole {
             TensorRole::Dq => "dq",
             TensorRole::Dk => "dk",
             TensorRole::Dv => "dv",
+            TensorRole::DSinks => "d_sinks",
         })
     }
 }

@@ -207,24 +207,42 @@ impl Context {
             .iter()
             .map(|s| self.create_storage(s.bytes, s.label))
             .collect::<Result<_>>()?;
-        let resolve = |r: &BufRef| -> &wgpu::Buffer {
-            match *r {
+        // the per-head extras (ALiBi slopes, sinks): one uniform buffer of the size every
+        // pipeline with extras declares, zero past the call's values
+        let extras = (!plan.extras.is_empty()).then(|| {
+            let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("extras"),
+                size: crate::kernels::wgsl::EXTRAS_WORDS as u64 * 4,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            self.queue
+                .write_buffer(&buf, 0, bytemuck::cast_slice(&plan.extras));
+            buf
+        });
+        let resolve = |r: &BufRef| -> Result<&wgpu::Buffer> {
+            Ok(match *r {
                 BufRef::Input(i) => inputs[i].buffer(),
                 BufRef::Output(i) => outputs[i].buffer(),
                 BufRef::Scratch(i) => &scratch[i].buffer,
-            }
+                BufRef::Extras => extras.as_ref().ok_or_else(|| {
+                    Error::Device("internal: a step binds extras the plan does not have".into())
+                })?,
+            })
         };
         let dispatches: Vec<Dispatch<'_>> = plan
             .steps
             .iter()
-            .map(|s| Dispatch {
-                key: s.key,
-                params: s.params,
-                buffers: s.buffers.iter().map(resolve).collect(),
-                windows: s.windows.clone(),
-                workgroups: s.workgroups,
+            .map(|s| {
+                Ok(Dispatch {
+                    key: s.key,
+                    params: s.params,
+                    buffers: s.buffers.iter().map(resolve).collect::<Result<_>>()?,
+                    windows: s.windows.clone(),
+                    workgroups: s.workgroups,
+                })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         self.run(&dispatches)?;
         drop(dispatches);
         Ok(outputs)

@@ -1,6 +1,7 @@
 //! Naive f64 CPU reference: `softmax(scale * Q K^T) V` and its analytic gradients, with the
-//! same layouts, causal alignment and GQA mapping as the kernels. Deliberately plain (no
-//! tiling, no online softmax) so that it cannot share the kernels' bugs.
+//! same layouts, causal alignment and GQA mapping as the kernels, and every score modifier
+//! (window, softcap, ALiBi, sinks) from its definition. Deliberately plain (no tiling, no
+//! online softmax, no exp2 domain) so that it cannot share the kernels' bugs.
 
 use crate::config::AttentionConfig;
 
@@ -19,6 +20,8 @@ pub struct RefGradients {
     pub dq: Vec<f64>,
     pub dk: Vec<f64>,
     pub dv: Vec<f64>,
+    /// With sinks: `[heads_q]`.
+    pub d_sinks: Option<Vec<f64>>,
 }
 
 /// Straight from the definitions (not `AttentionConfig::band`, which the kernels' host code
@@ -74,8 +77,23 @@ fn softcap_slope(
     1.0 - t * t
 }
 
+/// ALiBi's bias for pair (i, j) of (batch b, head h): -slope * |i' - j|, i' = i + seq_kv -
+/// seq_q; 0 without ALiBi.
+fn alibi_bias(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) -> f64 {
+    let Some(slope) = cfg.alibi_slope(b, h) else {
+        return 0.0;
+    };
+    let ip = i as i64 + cfg.seq_kv as i64 - cfg.seq_q as i64;
+    -(slope as f64) * (ip - j as i64).abs() as f64
+}
+
+/// The score softmax sees for a visible pair: scaled, softcapped, plus ALiBi's bias.
+fn score(cfg: &AttentionConfig, q: &[f32], k: &[f32], at: (usize, usize, usize, usize)) -> f64 {
+    softcapped(cfg, raw_score(cfg, q, k, at)) + alibi_bias(cfg, at)
+}
+
 /// Probabilities of one query row (zeros where masked; all zero when no key is visible),
-/// and the row's lse.
+/// and the row's lse. A sink joins the denominator: p_j = exp(s_j) / (sum exp(s) + exp(sink)).
 fn row_probs(
     cfg: &AttentionConfig,
     q: &[f32],
@@ -87,15 +105,20 @@ fn row_probs(
     let mut s = vec![f64::NEG_INFINITY; cfg.seq_kv];
     for (j, sj) in s.iter_mut().enumerate() {
         if visible(cfg, i, j) {
-            *sj = softcapped(cfg, raw_score(cfg, q, k, (b, h, i, j)));
+            *sj = score(cfg, q, k, (b, h, i, j));
         }
     }
+    let sink = cfg.sink(h).map(|x| x as f64);
     if s.iter().all(|&x| x == f64::NEG_INFINITY) {
-        return (vec![0.0; cfg.seq_kv], f64::NEG_INFINITY);
+        return (vec![0.0; cfg.seq_kv], sink.unwrap_or(f64::NEG_INFINITY));
     }
     // NaN scores (a NaN in q or a visible k) are skipped by the max and make the row's sum,
     // every probability and the lse NaN; a -inf score (hidden, or a -inf dot product) weighs 0.
-    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let m = s
+        .iter()
+        .cloned()
+        .chain(sink)
+        .fold(f64::NEG_INFINITY, f64::max);
     let e: Vec<f64> = s
         .iter()
         .map(|&x| {
@@ -106,7 +129,7 @@ fn row_probs(
             }
         })
         .collect();
-    let l: f64 = e.iter().sum();
+    let l: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |x| (x - m).exp());
     (e.iter().map(|x| x / l).collect(), m + l.ln())
 }
 
@@ -138,7 +161,9 @@ pub fn forward(cfg: &AttentionConfig, q: &[f32], k: &[f32], v: &[f32]) -> RefFor
 
 /// Analytic gradients of `sum(out * d_out)`:
 /// `dV = P^T dO`, `dP = dO V^T`, `dS = P * (dP - rowsum(dO * O))`, `dQ = scale dS K`,
-/// `dK = scale dS^T Q`, summed over the query heads that share a kv head.
+/// `dK = scale dS^T Q`, summed over the query heads that share a kv head (through the
+/// softcap: times its slope; ALiBi's bias has slope 1). With sinks, `d_sink[h] = -sum over
+/// rows of P_sink * rowsum(dO * O)`, P_sink = exp(sink - lse).
 pub fn backward(
     cfg: &AttentionConfig,
     q: &[f32],
@@ -176,11 +201,12 @@ fn backward_impl(
     let mut dq = vec![0.0; q.len()];
     let mut dk = vec![0.0; k.len()];
     let mut dv = vec![0.0; v.len()];
+    let mut d_sinks = cfg.sinks.as_ref().map(|s| vec![0.0; s.len()]);
     for b in 0..cfg.batch {
         for h in 0..cfg.heads_q {
             let hk = h / cfg.group();
             for i in 0..cfg.seq_q {
-                let (p, _) = row_probs(cfg, q, k, b, h, i);
+                let (p, lse) = row_probs(cfg, q, k, b, h, i);
                 let oo = qi(cfg, b, i, h);
                 let dp: Vec<f64> = (0..cfg.seq_kv)
                     .map(|j| {
@@ -202,6 +228,9 @@ fn backward_impl(
                         .map(|(a, b)| a * b)
                         .sum(),
                 };
+                if let (Some(ds), Some(sink)) = (d_sinks.as_mut(), cfg.sink(h)) {
+                    ds[h] -= (sink as f64 - lse).exp() * delta;
+                }
                 for j in 0..cfg.seq_kv {
                     if p[j] == 0.0 {
                         continue;
@@ -217,5 +246,10 @@ fn backward_impl(
             }
         }
     }
-    RefGradients { dq, dk, dv }
+    RefGradients {
+        dq,
+        dk,
+        dv,
+        d_sinks,
+    }
 }

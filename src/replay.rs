@@ -22,13 +22,17 @@ pub struct ReplayBuffer {
     pub bytes: u64,
     /// Little-endian 32-bit words (half-precision tensors: two elements per word).
     pub words: Option<Vec<u32>>,
+    /// Bound as a uniform buffer (the extras), not a storage one.
+    pub uniform: bool,
 }
 
-/// A storage binding (slot 1 + its index): which buffer, and whether the kernel only reads it.
+/// A binding (slot 1 + its index): which buffer, and whether the kernel only reads it; the
+/// extras are a uniform binding after the storage ones.
 #[derive(Debug, Clone, Serialize)]
 pub struct ReplayBinding {
     pub buffer: usize,
     pub read_only: bool,
+    pub uniform: bool,
     /// The bound byte range when not the whole buffer (a split call's window).
     pub offset: Option<u64>,
     pub size: Option<u64>,
@@ -109,6 +113,7 @@ impl Plan {
                 label: role.to_string(),
                 bytes: words.len() as u64 * 4,
                 words: Some(words),
+                uniform: false,
             })
             .collect();
         let first_output = buffers.len();
@@ -120,6 +125,7 @@ impl Plan {
                     .buffer_bytes(o.shape.iter().product::<usize>() as u64)
                     .unwrap_or(4),
                 words: None,
+                uniform: false,
             }
         }));
         let first_scratch = buffers.len();
@@ -127,11 +133,25 @@ impl Plan {
             label: s.label.to_string(),
             bytes: s.bytes.max(4).next_multiple_of(4),
             words: None,
+            uniform: false,
         }));
+        let extras = buffers.len();
+        if !self.extras.is_empty() {
+            let n = crate::kernels::wgsl::EXTRAS_WORDS as usize;
+            let mut words: Vec<u32> = self.extras.iter().map(|x| x.to_bits()).collect();
+            words.resize(n, 0);
+            buffers.push(ReplayBuffer {
+                label: "extras".into(),
+                bytes: n as u64 * 4,
+                words: Some(words),
+                uniform: true,
+            });
+        }
         let index = |r: &BufRef| match *r {
             BufRef::Input(i) => i,
             BufRef::Output(i) => first_output + i,
             BufRef::Scratch(i) => first_scratch + i,
+            BufRef::Extras => extras,
         };
         let steps = self
             .steps
@@ -150,11 +170,16 @@ impl Plan {
                     bindings: s
                         .buffers
                         .iter()
-                        .zip(s.key.kernel.bindings())
                         .enumerate()
-                        .map(|(i, (r, b))| ReplayBinding {
+                        .map(|(i, r)| ReplayBinding {
                             buffer: index(r),
-                            read_only: b.access == Access::Read,
+                            read_only: s
+                                .key
+                                .kernel
+                                .bindings()
+                                .get(i)
+                                .is_none_or(|b| b.access == Access::Read),
+                            uniform: *r == BufRef::Extras,
                             offset: s.window(i).map(|w| w.offset),
                             size: s.window(i).map(|w| w.size),
                         })

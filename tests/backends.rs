@@ -135,6 +135,30 @@ fn every_backend_matches_the_reference_with_a_softcap() {
 }
 
 #[test]
+fn every_backend_matches_the_reference_with_alibi_and_sinks() {
+    // per-head and per-(batch, head) slopes, sinks, with causal (rows that see no key: lse is
+    // the sink's) and with a window and a softcap at once; head_dim 40 takes the CUDA SIMT
+    // kernels, 64 the tensor cores
+    on_every_backend!(|b| {
+        for (per_batch, sinks, causal, d, sq, skv) in [
+            (false, false, false, 64, 77, 93),
+            (true, true, true, 64, 100, 70),
+            (true, true, false, 40, 65, 130),
+        ] {
+            let mut c = cfg(2, sq, skv, 4, 2, d, causal);
+            c.alibi_slopes = Some(common::random_alibi(&c, per_batch));
+            c.sinks = sinks.then(|| common::random_sinks(&c));
+            if d == 40 {
+                c.window = Window::new(Some(30), Some(10));
+                c.softcap = Some(2.0);
+            }
+            let e = check_all_dtypes(b, &c, 2.0);
+            eprintln!("{} {}: {e:?}", b.backend(), common::describe(&c, 0));
+        }
+    });
+}
+
+#[test]
 fn every_backend_gives_zero_and_neg_inf_lse_for_rows_that_see_no_key_and_keeps_large_logits() {
     on_every_backend!(|b| {
         // causal with seq_q > seq_kv: the first seq_q - seq_kv rows see nothing

@@ -12,11 +12,18 @@ fn reference_backward_matches_finite_differences() {
     capped.softcap = Some(0.7);
     let mut windowed = cfg(1, 7, 9, 2, 1, 3, true);
     windowed.window = flash_attn_wgpu::Window::new(Some(2), Some(1));
+    // ALiBi (per batch and head) with the softcap and sinks: ALiBi's term inside the softcap's
+    // slope would show here, and d_sinks is checked against differences in the sinks below
+    let mut modded = cfg(2, 6, 7, 2, 1, 3, true);
+    modded.softcap = Some(0.9);
+    modded.alibi_slopes = Some(common::random_alibi(&modded, true));
+    modded.sinks = Some(common::random_sinks(&modded));
     for c in [
         cfg(1, 5, 7, 2, 1, 4, false),
         cfg(1, 7, 5, 2, 2, 3, true),
         capped,
         windowed,
+        modded,
     ] {
         let data = inputs(&c, 1.0);
         let g = reference::backward(&c, &data.q, &data.k, &data.v, &data.d_out);
@@ -46,7 +53,37 @@ fn reference_backward_matches_finite_differences() {
                 );
             }
         }
+        // d_sinks against differences of the loss in each sink
+        if let (Some(sinks), Some(grad)) = (&c.sinks, &g.d_sinks) {
+            for h in 0..sinks.len() {
+                let at = |x: f32| {
+                    let mut c2 = c.clone();
+                    c2.sinks.as_mut().unwrap()[h] = x;
+                    let f = reference::forward(&c2, &data.q, &data.k, &data.v);
+                    f.out
+                        .iter()
+                        .zip(&data.d_out)
+                        .map(|(o, d)| o * *d as f64)
+                        .sum::<f64>()
+                };
+                let fd =
+                    (at(sinks[h] + h_sink()) - at(sinks[h] - h_sink())) / (2.0 * h_sink() as f64);
+                assert!(
+                    (fd - grad[h]).abs() <= 1e-3 * (1.0 + fd.abs()),
+                    "d_sinks[{h}]: analytic {} vs finite difference {fd} (seed {})",
+                    grad[h],
+                    data.seed
+                );
+            }
+        } else {
+            assert!(c.sinks.is_none() && g.d_sinks.is_none());
+        }
     }
+}
+
+/// The step of the sinks' central differences.
+fn h_sink() -> f32 {
+    1e-3
 }
 
 #[test]

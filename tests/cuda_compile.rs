@@ -63,6 +63,8 @@ fn a_compile_error_is_a_typed_error_with_the_log() {
         head_dim: 64,
         arch: 75,
         softcap: false,
+        alibi: false,
+        sinks: false,
     };
     match nvrtc.compile(&key) {
         Err(Error::CudaCompile { kernel, log }) => {

@@ -168,6 +168,90 @@ fn non_finite_softmax_scale_is_invalid() {
 }
 
 #[test]
+fn alibi_slopes_and_sinks_of_the_wrong_length_or_not_finite_are_invalid_and_named() {
+    // batch 2, heads_q 4: slopes [4] or [2, 4]; sinks [4]
+    let base = cfg(2, 4, 4, 4, 2, 8, false);
+    for (slopes, sinks, want) in [
+        (
+            Some(vec![0.5; 5]),
+            None,
+            "alibi_slopes must hold heads_q = 4 slopes",
+        ),
+        (
+            Some(vec![0.5; 3]),
+            None,
+            "or batch x heads_q = 8 ([batch, heads_q]), got 3",
+        ),
+        (
+            Some(vec![0.5, f32::NAN, 0.5, 0.5]),
+            None,
+            "alibi_slopes must be finite, got NaN at index 1",
+        ),
+        (
+            None,
+            Some(vec![0.0; 8]),
+            "sinks must hold one logit per query head ([heads_q] = [4]), got 8",
+        ),
+        (
+            None,
+            Some(vec![0.0, 0.0, f32::INFINITY, 0.0]),
+            "sinks must be finite, got inf at index 2",
+        ),
+    ] {
+        let mut c = base.clone();
+        c.alibi_slopes = slopes;
+        c.sinks = sinks;
+        let n = 2 * 4 * 4 * 8;
+        match ctx().forward_host(
+            &c,
+            &vec![0.5f32; n],
+            &vec![0.5f32; n / 2],
+            &vec![0.5f32; n / 2],
+        ) {
+            Err(e @ Error::InvalidConfig(_)) => {
+                assert!(e.to_string().contains(want), "{e}")
+            }
+            other => panic!("expected InvalidConfig naming {want:?}, got {other:?}"),
+        }
+    }
+    // both layouts of slopes are accepted
+    for n in [4, 8] {
+        let mut c = base.clone();
+        c.alibi_slopes = Some(vec![0.25; n]);
+        c.sinks = Some(vec![1.0; 4]);
+        c.validate().unwrap();
+    }
+}
+
+#[test]
+fn per_batch_alibi_slopes_past_the_uniform_extras_are_a_device_limit_error() {
+    // 1,025 batches x 16 heads of slopes, plus 16 sinks: past the 16,384 f32 words of the
+    // extras uniform; one slope per head fits
+    let mut c = cfg(1025, 1, 1, 16, 16, 4, false);
+    c.alibi_slopes = Some(vec![0.5; 1025 * 16]);
+    c.sinks = Some(vec![0.0; 16]);
+    let env = ctx().plan_env();
+    match flash_attn_wgpu::plan::forward(&c, flash_attn_wgpu::DType::F32, &env) {
+        Err(Error::DeviceLimit {
+            what,
+            needed,
+            limit,
+            hint,
+        }) => {
+            assert!(what.contains("ALiBi slopes and sinks"), "{what}");
+            assert_eq!((needed, limit), ((1025 * 16 + 16) * 4, 65536));
+            assert!(hint.contains("[heads_q]"), "{hint}");
+        }
+        other => panic!(
+            "expected DeviceLimit, got {:?}",
+            other.map(|p| p.steps.len())
+        ),
+    }
+    c.alibi_slopes = Some(vec![0.5; 16]);
+    assert!(flash_attn_wgpu::plan::forward(&c, flash_attn_wgpu::DType::F32, &env).is_ok());
+}
+
+#[test]
 fn a_window_side_past_2_pow_30_is_invalid_and_names_the_side() {
     for (left, right, side) in [
         (Some((1 << 30) + 1), None, "window.left"),

@@ -28,6 +28,11 @@ fn check_both_passes(ctx: &Context, c: &AttentionConfig) {
     assert_close("dq", &g.dq, &wg.dq, &msg);
     assert_close("dk", &g.dk, &wg.dk, &msg);
     assert_close("dv", &g.dv, &wg.dv, &msg);
+    match (&g.d_sinks, &wg.d_sinks) {
+        (Some(got), Some(want)) => assert_close("d_sinks", got, want, &msg),
+        (None, None) => {}
+        (got, _) => panic!("d_sinks: got {got:?} ({msg})"),
+    }
 }
 
 #[test]
@@ -52,6 +57,14 @@ fn webgpu_default_limits_run_every_head_dim_with_16k_tiles() {
             }
             check_both_passes(&ctx, &cfg(1, 53, 71, 2, 1, d, true));
         }
+        // every score feature at once: the dK/dV kernels' 8 storage buffers (the default
+        // cap) and the extras' uniform binding beside them, of the default 64 KiB
+        let mut c = cfg(2, 40, 50, 2, 1, 32, true);
+        c.window = flash_attn_wgpu::Window::new(Some(9), None);
+        c.softcap = Some(2.0);
+        c.alibi_slopes = Some(common::random_alibi(&c, true));
+        c.sinks = Some(common::random_sinks(&c));
+        check_both_passes(&ctx, &c);
     }
 }
 

@@ -30,9 +30,10 @@ fn every_generated_variant_passes_naga_validation() {
 
 #[test]
 fn shader_bindings_match_the_host_layout() {
-    for (kernel, elem) in Kernel::ALL
+    for (kernel, elem, extras) in Kernel::ALL
         .into_iter()
         .flat_map(|k| ElemFormat::ALL.map(|e| (k, e)))
+        .flat_map(|(k, e)| [(k, e, false), (k, e, true)])
     {
         let key = KernelKey {
             kernel,
@@ -50,11 +51,14 @@ fn shader_bindings_match_the_host_layout() {
             causal: false,
             window: false,
             softcap: false,
+            alibi: extras,
+            sinks: extras,
             subgroup: 0,
             accumulate: false,
         };
         let module = parse_and_validate(&key);
-        let mut found = vec![None; kernel.bindings().len() + 1];
+        // with extras (ALiBi slopes, sinks): one uniform binding past the storage ones
+        let mut found = vec![None; kernel.bindings().len() + 1 + extras as usize];
         for (_, var) in module.global_variables.iter() {
             let Some(binding) = &var.binding else {
                 continue;
@@ -91,6 +95,14 @@ fn shader_bindings_match_the_host_layout() {
                 other => panic!("{kernel:?} binding {}: {other:?}", i + 1),
             }
         }
+        if extras {
+            assert_eq!(key.extras_slot() as usize, found.len() - 1);
+            assert!(
+                matches!(found.last(), Some(Some((naga::AddressSpace::Uniform, n))) if n.as_deref() == Some("extras")),
+                "{kernel:?} extras: {:?}",
+                found.last()
+            );
+        }
     }
 }
 
@@ -111,6 +123,8 @@ fn params_layout_matches_the_shader_struct() {
         causal: false,
         window: false,
         softcap: false,
+        alibi: false,
+        sinks: false,
         subgroup: 0,
         accumulate: false,
     };
@@ -150,7 +164,11 @@ fn params_layout_matches_the_shader_struct() {
         resume,
         band_lo,
         band_hi,
-        softcap2
+        softcap2,
+        batch_base,
+        alibi_b_stride,
+        sinks_base,
+        pad0
     );
     assert_eq!(members.len(), host.len());
     for (m, (name, off)) in members.iter().zip(host) {

@@ -30,10 +30,15 @@ fn every_dtype_and_variant(ctx: &Context, c: &AttentionConfig, want: &str) {
         ),
         (w, s) => panic!("expected a split by {w}, got {s:?}"),
     }
+    // each variant in two of the three dtypes, rotating: every (variant, dtype) pair runs on
+    // two of every three shapes
     let base = ctx.tuning();
-    for variant in Variant::ALL {
+    let dtypes = [DType::F32, DType::F16, DType::BF16];
+    let salt = c.seq_q + c.seq_kv + c.batch;
+    for (n, variant) in Variant::ALL.into_iter().enumerate() {
         ctx.set_tuning(Tuning { variant, ..base }).unwrap();
-        for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for k in 0..2 {
+            let dtype = dtypes[(n + salt + k) % 3];
             check_dtype_dyn(ctx, dtype, c, 1.0, &format!("{variant:?} split by {want}"));
         }
     }
@@ -65,6 +70,38 @@ fn windowed_calls_split_into_windows_skip_only_what_the_band_hides() {
     let mut c = cfg(1, 150, 130, 2, 1, 16, false);
     c.window = Window::new(Some(20), Some(5));
     every_dtype_and_variant(&ctx, &c, "rows");
+}
+
+#[test]
+fn alibi_and_sinks_survive_the_split_into_windows() {
+    // Per-(batch, head) slopes index the whole call's batch (a part's batch 0 is not the
+    // call's), and a resumed row must not count its sink twice: whole batches per window, then
+    // query and key windows, in f32 and bf16 on every variant.
+    for (binding, c0, want) in [
+        (4 << 10, cfg(3, 20, 20, 2, 1, 16, true), "batches"),
+        (8 << 10, cfg(2, 120, 130, 2, 1, 16, false), "rows"),
+    ] {
+        let ctx = context_with_binding(binding);
+        let mut c = c0;
+        c.alibi_slopes = Some(common::random_alibi(&c, true));
+        c.sinks = Some(common::random_sinks(&c));
+        assert!(split::choose(&c, DType::F32, &ctx.plan_env())
+            .unwrap()
+            .is_some());
+        let base = ctx.tuning();
+        for variant in Variant::ALL {
+            ctx.set_tuning(Tuning { variant, ..base }).unwrap();
+            for dtype in [DType::F32, DType::BF16] {
+                check_dtype_dyn(
+                    &ctx,
+                    dtype,
+                    &c,
+                    2.0,
+                    &format!("{variant:?} split by {want}"),
+                );
+            }
+        }
+    }
 }
 
 #[test]

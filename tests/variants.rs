@@ -31,7 +31,12 @@ fn check_all_tunings(c: &AttentionConfig, amp: f32) {
     let data = inputs(c, amp);
     let want_f = reference::forward(c, &data.q, &data.k, &data.v);
     let want_g = reference::backward(c, &data.q, &data.k, &data.v, &data.d_out);
-    for tuning in tunings(&ctx) {
+    // the naive path has no variants: one tuning
+    let tunings = match c.algorithm {
+        Algorithm::Naive => vec![ctx.tuning()],
+        Algorithm::Tiled => tunings(&ctx),
+    };
+    for tuning in tunings {
         ctx.set_tuning(tuning).unwrap();
         let msg = format!("{tuning:?} {}", common::describe(c, data.seed));
         let f = ctx
@@ -45,6 +50,11 @@ fn check_all_tunings(c: &AttentionConfig, amp: f32) {
         assert_close("dq", &g.dq, &want_g.dq, &msg);
         assert_close("dk", &g.dk, &want_g.dk, &msg);
         assert_close("dv", &g.dv, &want_g.dv, &msg);
+        match (&g.d_sinks, &want_g.d_sinks) {
+            (Some(got), Some(want)) => assert_close("d_sinks", got, want, &msg),
+            (None, None) => {}
+            (got, _) => panic!("d_sinks: got {got:?} ({msg})"),
+        }
     }
 }
 
@@ -90,6 +100,37 @@ fn every_variant_and_the_naive_path_match_the_reference_with_a_softcap() {
         check_all_tunings(&cf, 2.0);
         cf.algorithm = Algorithm::Naive;
         check_all_tunings(&cf, 2.0);
+    }
+}
+
+#[test]
+fn every_variant_and_the_naive_path_match_the_reference_with_alibi_and_sinks() {
+    // ALiBi alone (one slope per head); per (batch, head) slopes with sinks and causal where
+    // the first rows see no key (their lse is the sink's); sinks alone; and everything at once:
+    // window, softcap, ALiBi and sinks
+    for (per_batch, alibi, sinks, causal, window, softcap, sq, skv) in [
+        (false, true, false, false, Window::default(), None, 70, 90),
+        (true, true, true, true, Window::default(), None, 90, 60),
+        (false, false, true, false, Window::default(), None, 45, 77),
+        (
+            true,
+            true,
+            true,
+            false,
+            Window::new(Some(20), Some(6)),
+            Some(1.5),
+            77,
+            100,
+        ),
+    ] {
+        let mut c = cfg(2, sq, skv, 4, 2, 32, causal);
+        c.window = window;
+        c.softcap = softcap;
+        c.alibi_slopes = alibi.then(|| common::random_alibi(&c, per_batch));
+        c.sinks = sinks.then(|| common::random_sinks(&c));
+        check_all_tunings(&c, 2.0);
+        c.algorithm = Algorithm::Naive;
+        check_all_tunings(&c, 2.0);
     }
 }
 

@@ -90,6 +90,12 @@ pub struct Args {
     /// Softcap c > 0 on every point (scores become c * tanh(score / c))
     #[arg(long, value_parser = positive_f32)]
     pub softcap: Option<f32>,
+    /// ALiBi on every point, with the usual slopes (2^(-8 (h + 1) / heads) for head h)
+    #[arg(long)]
+    pub alibi: bool,
+    /// Attention sinks on every point (one logit per head, 1.0)
+    #[arg(long)]
+    pub sinks: bool,
     /// Which pass to time
     #[arg(long, value_enum, default_value = "both")]
     pub pass: PassArg,

@@ -23,13 +23,7 @@ pub struct Shape {
 }
 
 impl Shape {
-    fn config(
-        &self,
-        causal: bool,
-        window: Window,
-        softcap: Option<f32>,
-        alg: Algorithm,
-    ) -> AttentionConfig {
+    fn config(&self, causal: bool, window: Window, mods: &Mods, alg: Algorithm) -> AttentionConfig {
         let mut cfg = AttentionConfig::new(
             self.batch,
             self.seq,
@@ -40,10 +34,25 @@ impl Shape {
         );
         cfg.causal = causal;
         cfg.window = window;
-        cfg.softcap = softcap;
+        cfg.softcap = mods.softcap;
+        cfg.alibi_slopes = mods.alibi.then(|| {
+            let h = self.heads as f32;
+            (0..self.heads)
+                .map(|i| (-8.0 * (i as f32 + 1.0) / h).exp2())
+                .collect()
+        });
+        cfg.sinks = mods.sinks.then(|| vec![1.0; self.heads]);
         cfg.algorithm = alg;
         cfg
     }
+}
+
+/// The score modifiers of every point: --softcap, --alibi, --sinks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mods {
+    pub softcap: Option<f32>,
+    pub alibi: bool,
+    pub sinks: bool,
 }
 
 /// What to measure, resolved from the flags and checked before the GPU is touched.
@@ -61,8 +70,8 @@ pub struct Grid {
     pub causals: Vec<bool>,
     /// The window of every point (none, or --window; with --window-both, none first).
     pub windows: Vec<Window>,
-    /// --softcap, on every point.
-    pub softcap: Option<f32>,
+    /// --softcap, --alibi and --sinks, on every point.
+    pub mods: Mods,
     /// The head dimensions, in the order given.
     pub head_dims: Vec<usize>,
     /// Timed calls per point (at least 1).
@@ -104,6 +113,11 @@ impl Grid {
             (Some(w), false) => vec![w],
             (None, _) => vec![Window::default()],
         };
+        let mods = Mods {
+            softcap: a.softcap,
+            alibi: a.alibi,
+            sinks: a.sinks,
+        };
         let mut shapes = Vec::new();
         for &batch in &dedup(&a.batch) {
             for &heads in &dedup(&a.heads) {
@@ -117,18 +131,13 @@ impl Grid {
                             head_dim,
                             seq,
                         };
-                        s.config(
-                            false,
-                            windows[windows.len() - 1],
-                            a.softcap,
-                            Algorithm::Tiled,
-                        )
-                        .validate()
-                        .map_err(|e| {
-                            format!(
+                        s.config(false, windows[windows.len() - 1], &mods, Algorithm::Tiled)
+                            .validate()
+                            .map_err(|e| {
+                                format!(
                                 "B={batch} H={heads} kv-heads={kv_heads} D={head_dim} N={seq}: {e}"
                             )
-                        })?;
+                            })?;
                         shapes.push(s);
                     }
                 }
@@ -143,7 +152,7 @@ impl Grid {
             passes,
             causals,
             windows,
-            softcap: a.softcap,
+            mods,
             head_dims: dedup(&a.head_dim),
             repeats: a.repeats.max(1),
             naive_max_seq: a.naive_max_seq,
@@ -240,7 +249,7 @@ pub fn run(
                         ..base
                     })?;
                     let tiles = ModelTiles::new(ctx, kernels, shape.head_dim)?;
-                    let cfg = shape.config(causal, window, grid.softcap, alg);
+                    let cfg = shape.config(causal, window, &grid.mods, alg);
                     let heaviest = if need_bwd { Pass::FwdBwd } else { Pass::Fwd };
                     let elapsed = started.elapsed().as_secs_f64();
                     let predicted = slowest

@@ -76,6 +76,12 @@ pub fn mask_label(cfg: &AttentionConfig) -> String {
     if let Some(c) = cfg.softcap {
         label += &format!(" softcap {c}");
     }
+    if cfg.alibi_slopes.is_some() {
+        label += " alibi";
+    }
+    if cfg.sinks.is_some() {
+        label += " sinks";
+    }
     label
 }
 

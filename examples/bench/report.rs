@@ -115,6 +115,12 @@ fn cells(r: &Record, roof: &Roofline) -> [String; 17] {
             if let Some(cap) = c.softcap {
                 cell += &format!(" sc{cap}");
             }
+            if c.alibi_slopes.is_some() {
+                cell += " alibi";
+            }
+            if c.sinks.is_some() {
+                cell += " sinks";
+            }
             cell
         },
         c.batch.to_string(),

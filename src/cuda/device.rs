@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    self as drv, CudaEvent, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchArgs,
-    LaunchConfig, PushKernelArg,
+    self as drv, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr,
+    LaunchArgs, LaunchConfig, PushKernelArg,
 };
 
 use super::kernels::{AttnShape, CudaKernel, CudaKey, Launch, Pass, MIN_ARCH};
@@ -193,6 +193,8 @@ impl CudaContext {
         let kernel = CudaKernel::for_pass(pass, dtype, cfg.head_dim as u32);
         let mut key = CudaKey::new(kernel, dtype, cfg.head_dim as u32, self.arch)?;
         key.softcap = cfg.softcap.is_some();
+        key.alibi = cfg.alibi_slopes.is_some();
+        key.sinks = cfg.sinks.is_some();
         let shape = AttnShape::new(cfg)?;
         for l in key.launches(cfg) {
             if l.grid.1 > 65_535 || l.grid.2 > 65_535 {
@@ -205,6 +207,19 @@ impl CudaContext {
             }
         }
         Ok((key, shape))
+    }
+
+    /// The call's extras (ALiBi slopes, then sinks: `kernels::params::extras`, the layout the
+    /// wgpu kernels read) on the device, or `None` without either.
+    fn extras(&self, cfg: &AttentionConfig) -> Result<Option<CudaSlice<u8>>> {
+        let x = crate::kernels::params::extras(cfg);
+        if x.is_empty() {
+            return Ok(None);
+        }
+        self.stream
+            .clone_htod(bytemuck::cast_slice::<f32, u8>(&x))
+            .map(Some)
+            .map_err(driver_error("upload extras"))
     }
 
     /// Copies host data to a new device tensor of `shape`, in `T`'s dtype.
@@ -349,6 +364,7 @@ impl CudaContext {
         let launch = key.launches(cfg)[0];
         let f = self.function(&key, &launch)?;
         let mut out = self.result(TensorRole::Out, &cfg.q_shape(), dtype)?;
+        let extras = self.extras(cfg)?;
         let mut lse = self.result(TensorRole::Lse, &cfg.lse_shape(), DType::F32)?;
         let mut timeline = Timeline {
             start: self.event()?,
@@ -361,6 +377,7 @@ impl CudaContext {
             .arg(&mut out.data)
             .arg(&mut lse.data)
             .arg(&shape);
+        push_extras(&mut a, &extras);
         self.launch(&mut timeline, &launch, a)?;
         *self.timing.lock().unwrap() = Some(timeline);
         Ok(Forward { out, lse })
@@ -404,6 +421,7 @@ impl CudaContext {
         let mut dq = self.result(TensorRole::Dq, &cfg.q_shape(), dtype)?;
         let mut dk = self.result(TensorRole::Dk, &cfg.kv_shape(), dtype)?;
         let mut dv = self.result(TensorRole::Dv, &cfg.kv_shape(), dtype)?;
+        let extras = self.extras(cfg)?;
         let batch = cfg.batch as u32;
         let mut timeline = Timeline {
             start: self.event()?,
@@ -426,6 +444,7 @@ impl CudaContext {
             .arg(&mut dk.data)
             .arg(&mut dv.data)
             .arg(&shape);
+        push_extras(&mut a, &extras);
         self.launch(&mut timeline, &dkdv, a)?;
         let mut a = self.stream.launch_builder(&f_dq);
         a.arg(&q.data)
@@ -436,9 +455,32 @@ impl CudaContext {
             .arg(&delta.data)
             .arg(&mut dq.data)
             .arg(&shape);
+        push_extras(&mut a, &extras);
         self.launch(&mut timeline, &dq_l, a)?;
+        // with sinks: their gradient, from lse and delta
+        let d_sinks = match launches.get(3) {
+            Some(l) if cfg.sinks.is_some() => {
+                let f = self.function(&key, l)?;
+                let mut d = self.result(TensorRole::DSinks, &[cfg.heads_q], DType::F32)?;
+                let mut a = self.stream.launch_builder(&f);
+                a.arg(&lse.data)
+                    .arg(&delta.data)
+                    .arg(&mut d.data)
+                    .arg(&shape)
+                    .arg(&batch);
+                push_extras(&mut a, &extras);
+                self.launch(&mut timeline, l, a)?;
+                Some(d)
+            }
+            _ => None,
+        };
         *self.timing.lock().unwrap() = Some(timeline);
-        Ok(Gradients { dq, dk, dv })
+        Ok(Gradients {
+            dq,
+            dk,
+            dv,
+            d_sinks,
+        })
     }
 }
 
@@ -486,5 +528,21 @@ impl AttentionBackend for CudaContext {
 
     fn last_gpu_timing(&self) -> Option<GpuTiming> {
         CudaContext::last_gpu_timing(self)
+    }
+}
+
+/// A null device pointer: the `extras` argument of calls without ALiBi or sinks (the kernels
+/// compiled without them never read it).
+static NULL_POINTER: u64 = 0;
+
+/// Pushes the kernels' last argument, the extras pointer.
+fn push_extras<'a>(a: &mut LaunchArgs<'a>, extras: &'a Option<CudaSlice<u8>>) {
+    match extras {
+        Some(x) => {
+            a.arg(x);
+        }
+        None => {
+            a.arg(&NULL_POINTER);
+        }
     }
 }

@@ -136,6 +136,10 @@ pub struct AttnShape {
     pub band_hi: i32,
     /// With a softcap (compiled in: `CudaKey::softcap`): c * log2(e).
     pub softcap2: f32,
+    /// ALiBi and sinks (compiled in): where they lie in the extras, as `Params` on wgpu.
+    pub alibi_b_stride: u32,
+    pub sinks_base: u32,
+    pub pad0: u32,
 }
 
 impl AttnShape {
@@ -165,6 +169,9 @@ impl AttnShape {
             band_lo: band.band_lo,
             band_hi: band.band_hi,
             softcap2: band.softcap2,
+            alibi_b_stride: band.alibi_b_stride,
+            sinks_base: band.sinks_base,
+            pad0: 0,
         })
     }
 }
@@ -179,6 +186,9 @@ pub struct CudaKey {
     pub arch: u32,
     /// A softcap, compiled in (`-DSOFTCAP=1`) so that calls without one pay nothing for it.
     pub softcap: bool,
+    /// ALiBi slopes and attention sinks, compiled in (`-DALIBI=1`, `-DSINKS=1`) likewise.
+    pub alibi: bool,
+    pub sinks: bool,
 }
 
 /// The oldest architecture the kernels are written for: `mma.sync` m16n8k16 with bf16,
@@ -242,6 +252,8 @@ impl CudaKey {
             head_dim,
             arch,
             softcap: false,
+            alibi: false,
+            sinks: false,
         })
     }
 
@@ -303,6 +315,20 @@ impl CudaKey {
     pub fn launches(&self, cfg: &AttentionConfig) -> Vec<Launch> {
         let row_blocks = (cfg.seq_q as u32).div_ceil(self.block_rows());
         let per_head = (row_blocks, cfg.heads_q as u32, cfg.batch as u32);
+        let mut launches = self.pass_launches(cfg, per_head);
+        // with sinks, the backward ends with their gradient: one block per query head
+        if self.sinks && matches!(self.kernel, CudaKernel::Backward | CudaKernel::SimtBackward) {
+            launches.push(Launch {
+                entry: "flash_sinks_grad",
+                grid: (cfg.heads_q as u32, 1, 1),
+                threads: 256,
+                shared_bytes: 0,
+            });
+        }
+        launches
+    }
+
+    fn pass_launches(&self, cfg: &AttentionConfig, per_head: (u32, u32, u32)) -> Vec<Launch> {
         match self.kernel {
             // Q staged once, then two stages of a K and a V tile, in the same space
             CudaKernel::Forward => vec![Launch {
@@ -396,6 +422,8 @@ impl CudaKey {
             format!("-DELEM_KIND={elem_kind}"),
             format!("-DBLOCK_N={}", self.block_keys()),
             format!("-DSOFTCAP={}", u32::from(self.softcap)),
+            format!("-DALIBI={}", u32::from(self.alibi)),
+            format!("-DSINKS={}", u32::from(self.sinks)),
         ];
         if self.kernel.tensor_cores() {
             opts.push(format!("-DWARPS={WARPS}"));
@@ -408,18 +436,21 @@ impl CudaKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {:?} head_dim {} sm_{}{}",
+            "{} {:?} head_dim {} sm_{}{}{}{}",
             self.kernel.name(),
             self.dtype,
             self.head_dim,
             self.arch,
-            if self.softcap { " softcap" } else { "" }
+            if self.softcap { " softcap" } else { "" },
+            if self.alibi { " alibi" } else { "" },
+            if self.sinks { " sinks" } else { "" }
         )
     }
 
     /// The variants a build is checked with on one architecture: every tensor-core variant
     /// (both half dtypes, every head dim they take), and the SIMT kernels in every dtype at
-    /// [`SIMT_CHECK_DIMS`]; with a softcap too at head dims 64, 128 and 256.
+    /// [`SIMT_CHECK_DIMS`]; with the score modifiers (softcap, ALiBi, sinks, all at once) too
+    /// at head dims 64, 128 and 256.
     pub fn all_for_arch(arch: u32) -> Vec<CudaKey> {
         let mut keys = Vec::new();
         for kernel in CudaKernel::ALL {
@@ -436,19 +467,21 @@ impl CudaKey {
             };
             for &dtype in dtypes {
                 for &head_dim in &dims {
-                    // the softcap's code at the head dims the models use it with
-                    let softcaps: &[bool] = if [64, 128, 256].contains(&head_dim) {
+                    // the score modifiers' code at the head dims the models use them with
+                    let mods: &[bool] = if [64, 128, 256].contains(&head_dim) {
                         &[false, true]
                     } else {
                         &[false]
                     };
-                    for &softcap in softcaps {
+                    for &on in mods {
                         keys.push(CudaKey {
                             kernel,
                             dtype,
                             head_dim,
                             arch,
-                            softcap,
+                            softcap: on,
+                            alibi: on,
+                            sinks: on,
                         });
                     }
                 }
@@ -514,8 +547,8 @@ mod tests {
 
     #[test]
     fn the_scalar_argument_matches_the_kernels_struct() {
-        // eleven 4-byte fields, no padding: the C struct's layout
-        assert_eq!(std::mem::size_of::<AttnShape>(), 44);
+        // fourteen 4-byte fields, no padding: the C struct's layout
+        assert_eq!(std::mem::size_of::<AttnShape>(), 56);
         assert_eq!(std::mem::align_of::<AttnShape>(), 4);
         let body = &COMMON[COMMON.find("struct AttnShape {").unwrap()..];
         let body = &body[..body.find("};").unwrap()];
@@ -540,7 +573,10 @@ mod tests {
                 "window",
                 "band_lo",
                 "band_hi",
-                "softcap2"
+                "softcap2",
+                "alibi_b_stride",
+                "sinks_base",
+                "pad0"
             ]
         );
         let mut cfg = AttentionConfig::new(1, 100, 300, 4, 2, 64);
@@ -576,14 +612,17 @@ mod tests {
                 for l in key.launches(&cfg) {
                     assert!(l.shared_bytes <= 99 * 1024, "{} {}", key.label(), l.entry);
                     assert_eq!(l.shared_bytes % 16, 0);
-                    assert_eq!(l.threads, key.threads());
                     assert!(l.threads <= 1024 && l.threads % 32 == 0);
-                    // every entry the host launches is in the program
-                    assert!(
-                        key.kernel.source().contains(&format!("{}(", l.entry)),
-                        "{}",
-                        l.entry
-                    );
+                    // every entry the host launches is in the program (the sinks' gradient
+                    // in the shared part, with its own block size)
+                    let source = if l.entry == "flash_sinks_grad" {
+                        assert_eq!(l.threads, 256);
+                        COMMON
+                    } else {
+                        assert_eq!(l.threads, key.threads());
+                        key.kernel.source()
+                    };
+                    assert!(source.contains(&format!("{}(", l.entry)), "{}", l.entry);
                 }
             }
         }

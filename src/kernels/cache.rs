@@ -70,6 +70,16 @@ impl Context {
                         count: None,
                     }
                 }))
+                .chain(key.uses_extras().then(|| wgpu::BindGroupLayoutEntry {
+                    binding: key.extras_slot(),
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                }))
                 .collect();
             let layout = self
                 .device

@@ -32,6 +32,7 @@ pub enum Kernel {
     FlashFwdCoop,
     FlashBwdDkDvCoop,
     FlashBwdDqCoop,
+    FlashBwdSinks,
     NaiveScores,
     NaiveSoftmax,
     NaivePv,
@@ -85,7 +86,7 @@ use Access::{Read as R, ReadWrite as W};
 use BindType::{Elem as E, Vec4F32 as V4, F32, U32};
 
 impl Kernel {
-    pub const ALL: [Kernel; 27] = [
+    pub const ALL: [Kernel; 28] = [
         Kernel::FlashFwd,
         Kernel::FlashBwdPreprocess,
         Kernel::FlashBwdDkDv,
@@ -99,6 +100,7 @@ impl Kernel {
         Kernel::FlashFwdCoop,
         Kernel::FlashBwdDkDvCoop,
         Kernel::FlashBwdDqCoop,
+        Kernel::FlashBwdSinks,
         Kernel::NaiveScores,
         Kernel::NaiveSoftmax,
         Kernel::NaivePv,
@@ -130,6 +132,7 @@ impl Kernel {
             Kernel::FlashFwdCoop => "flash_fwd_coop",
             Kernel::FlashBwdDkDvCoop => "flash_bwd_dkdv_coop",
             Kernel::FlashBwdDqCoop => "flash_bwd_dq_coop",
+            Kernel::FlashBwdSinks => "flash_bwd_sinks",
             Kernel::NaiveScores => "naive_scores",
             Kernel::NaiveSoftmax => "naive_softmax",
             Kernel::NaivePv => "naive_pv",
@@ -164,6 +167,7 @@ impl Kernel {
             Kernel::FlashFwdCoop => include_str!("../../shaders/flash_fwd_coop.wgsl"),
             Kernel::FlashBwdDkDvCoop => include_str!("../../shaders/flash_bwd_dkdv_coop.wgsl"),
             Kernel::FlashBwdDqCoop => include_str!("../../shaders/flash_bwd_dq_coop.wgsl"),
+            Kernel::FlashBwdSinks => include_str!("../../shaders/flash_bwd_sinks.wgsl"),
             Kernel::NaiveScores => include_str!("../../shaders/naive_scores.wgsl"),
             Kernel::NaiveSoftmax => include_str!("../../shaders/naive_softmax.wgsl"),
             Kernel::NaivePv => include_str!("../../shaders/naive_pv.wgsl"),
@@ -209,6 +213,7 @@ impl Kernel {
             | Kernel::FlashBwdDqRows
             | Kernel::FlashBwdDqBlocks
             | Kernel::FlashBwdDqCoop => const { &[Q, K, V, D_OUT, LSE, DELTA, b("dq", E, W)] },
+            Kernel::FlashBwdSinks => const { &[LSE, DELTA, b("d_sinks", F32, W)] },
             Kernel::NaiveScores => const { &[Q, K, b("scores", F32, W)] },
             Kernel::NaiveSoftmax => {
                 const { &[b("scores", F32, R), b("probs", F32, W), b("lse", F32, W)] }
@@ -238,6 +243,19 @@ impl Kernel {
             }
             Kernel::RooflineCopy => const { &[b("src", V4, R), b("dst", V4, W)] },
         }
+    }
+
+    /// True when the kernel finishes scores or rows (`begin_head` in common.wgsl): the
+    /// kernels that read the per-head extras (ALiBi slopes, sinks) when a call has them.
+    pub fn finishes_scores(self) -> bool {
+        self.is_tiled()
+            || matches!(
+                self,
+                Kernel::NaiveSoftmax
+                    | Kernel::NaiveBwdProbs
+                    | Kernel::NaiveBwdDs
+                    | Kernel::FlashBwdSinks
+            )
     }
 
     /// True when some binding holds the call's element type (the key's format matters).

@@ -38,6 +38,14 @@ pub struct Params {
     pub band_hi: i32,
     /// With a softcap (the SOFTCAP override): c * log2(e), the cap in the exp2 domain.
     pub softcap2: f32,
+    /// Windowed calls: the whole call's index of this part's first batch (extras are indexed
+    /// by the whole call's batch).
+    pub batch_base: u32,
+    /// ALiBi: extras words between one batch's slopes and the next (0: one slope per head).
+    pub alibi_b_stride: u32,
+    /// Sinks: the extras word of query head 0's sink.
+    pub sinks_base: u32,
+    pub pad0: u32,
 }
 
 impl Params {
@@ -58,6 +66,11 @@ impl Params {
             band_lo: band_offset(cfg.causal_offset(), cfg.band().0, -1),
             band_hi: band_offset(cfg.causal_offset(), cfg.band().1, 1),
             softcap2: cfg.softcap.map_or(0.0, |c| c * std::f32::consts::LOG2_E),
+            alibi_b_stride: match &cfg.alibi_slopes {
+                Some(s) if s.len() != cfg.heads_q => cfg.heads_q as u32,
+                _ => 0,
+            },
+            sinks_base: cfg.alibi_slopes.as_ref().map_or(0, |s| s.len() as u32),
             ..Default::default()
         }
     }
@@ -74,6 +87,15 @@ impl Params {
             self.band_hi = shift(self.band_hi);
         }
     }
+}
+
+/// The call's extras as the kernels read them (`extra(i)` in WGSL, the `extras` pointer on
+/// CUDA): the ALiBi slopes (`[heads_q]` or `[batch, heads_q]`), then the sinks (`[heads_q]`);
+/// `Params::alibi_b_stride` and `sinks_base` locate them. Empty when neither is on.
+pub fn extras(cfg: &crate::AttentionConfig) -> Vec<f32> {
+    let mut x = cfg.alibi_slopes.clone().unwrap_or_default();
+    x.extend(cfg.sinks.iter().flatten());
+    x
 }
 
 /// What stands for an unbounded side of the band: no key offset reaches it (sequences are

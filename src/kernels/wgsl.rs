@@ -18,6 +18,10 @@ const COMMON: &str = include_str!("../../shaders/common.wgsl");
 const BLOCKS: &str = include_str!("../../shaders/blocks.wgsl");
 const COOP: &str = include_str!("../../shaders/coop.wgsl");
 
+/// f32 words a call's extras hold at most (ALiBi slopes, then sinks): 64 KiB, the WebGPU
+/// default `maxUniformBufferBindingSize`. Every pipeline with extras binds that many.
+pub const EXTRAS_WORDS: u32 = 16384;
+
 /// The entry point of every element-parallel kernel: 64 invocations per workgroup over a
 /// grid folded into (x, y); each invocation below `total_items` runs the kernel's `item`.
 pub const ELEMENTWISE_WORKGROUP: u32 = 64;
@@ -63,6 +67,10 @@ pub struct KernelKey {
     pub window: bool,
     /// A softcap (the SOFTCAP override; c is in `Params`).
     pub softcap: bool,
+    /// ALiBi (the ALIBI override; the slopes are in the call's extras).
+    pub alibi: bool,
+    /// Attention sinks (the SINKS override; the sinks are in the call's extras).
+    pub sinks: bool,
     /// Rows kernels: the fixed subgroup size they share tile reads across, or 0 for none.
     pub subgroup: u32,
     /// A windowed call's pass (tiled kernels only): the element outputs are f32 buffers that
@@ -81,6 +89,8 @@ impl KernelKey {
             causal: false,
             window: false,
             softcap: false,
+            alibi: false,
+            sinks: false,
             subgroup: 0,
             accumulate: false,
         }
@@ -88,7 +98,7 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{} sg={}{}",
+            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{} sg={}{}",
             self.kernel.name(),
             self.elem.name(),
             self.head_dim,
@@ -103,6 +113,8 @@ impl KernelKey {
                 (false, true) => " softcap",
                 (true, true) => " window softcap",
             },
+            if self.alibi { " alibi" } else { "" },
+            if self.sinks { " sinks" } else { "" },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" }
         )
@@ -117,6 +129,18 @@ impl KernelKey {
     /// kernels sharing out matrix blocks by subgroup id).
     pub fn uses_subgroups(&self) -> bool {
         (self.kernel.is_rows_variant() && self.subgroup > 1) || self.kernel.is_coop()
+    }
+
+    /// True when the pipeline binds the call's extras (ALiBi slopes, sinks): a uniform array
+    /// after the storage bindings (`EXTRAS_SLOT` past them), so that no combination of
+    /// features takes a storage binding past the WebGPU default of 8 per stage.
+    pub fn uses_extras(&self) -> bool {
+        self.alibi || self.sinks
+    }
+
+    /// The binding slot of the extras: right after the kernel's storage bindings.
+    pub fn extras_slot(&self) -> u32 {
+        self.kernel.bindings().len() as u32 + 1
     }
 
     /// True when the kernel uses the `f16` type (native f16 storage, or f16 arithmetic): it
@@ -152,6 +176,7 @@ impl KernelKey {
                 s.push_str(&binding_wgsl(slot, b, self.elem));
             }
         }
+        s.push_str(&self.extras_wgsl());
         if self.kernel.is_rows_variant() {
             s.push_str(&super::rows::lane_prelude(
                 self.subgroup,
@@ -204,6 +229,20 @@ impl KernelKey {
         s
     }
 
+    /// `extra(i) -> f32`: word i of the call's extras (`plan::Extras`), from a uniform array
+    /// of EXTRAS_WORDS f32 values; a constant 0 for pipelines without extras.
+    fn extras_wgsl(&self) -> String {
+        if !self.uses_extras() {
+            return "fn extra(i: u32) -> f32 { return 0.0; }\n".into();
+        }
+        format!(
+            "@group(0) @binding({}) var<uniform> extras: array<vec4<f32>, {}>;\n\
+             fn extra(i: u32) -> f32 {{ return extras[i >> 2u][i & 3u]; }}\n",
+            self.extras_slot(),
+            EXTRAS_WORDS / 4
+        )
+    }
+
     fn shape_constants(&self) -> String {
         let (t, d) = (self.tiles, self.head_dim);
         let mut s = String::new();
@@ -238,6 +277,8 @@ impl KernelKey {
             ("CAUSAL", flag(self.causal)),
             ("WINDOW", flag(self.window)),
             ("SOFTCAP", flag(self.softcap)),
+            ("ALIBI", flag(self.alibi)),
+            ("SINKS", flag(self.sinks)),
         ]
     }
 }

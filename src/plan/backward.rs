@@ -25,9 +25,35 @@ pub(super) const DQ: BufRef = Output(0);
 pub(super) const DK: BufRef = Output(1);
 pub(super) const DV: BufRef = Output(2);
 pub(super) const DELTA: BufRef = Scratch(0);
+pub(super) const D_SINKS: BufRef = Output(3);
 
-/// Plans `dq, dk, dv` from q, k, v, out, lse (f32) and d_out. Outputs take the inputs' dtype.
+/// Plans `dq, dk, dv` (and, with sinks, `d_sinks`) from q, k, v, out, lse (f32) and d_out.
+/// dq, dk and dv take the inputs' dtype; d_sinks is f32.
 pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
+    let mut plan = passes(cfg, dtype, env)?;
+    if cfg.sinks.is_some() {
+        plan.outputs.push(OutputSpec {
+            role: TensorRole::DSinks,
+            shape: vec![cfg.heads_q],
+            dtype: DType::F32,
+        });
+        // lse and delta whole: one workgroup per query head sums its rows over every batch
+        let mut params = Params::from_config(cfg);
+        params.total_wg = cfg.heads_q as u32;
+        plan.steps.push(Step {
+            key: key(Kernel::FlashBwdSinks, cfg, Tiles::ONE, dtype, env),
+            params,
+            buffers: vec![LSE, DELTA, D_SINKS],
+            windows: Vec::new(),
+            workgroups: cfg.heads_q as u32,
+        });
+    }
+    plan.attach_extras(cfg)?;
+    Ok(plan)
+}
+
+/// The preprocess (delta) and the dq, dk, dv passes.
+fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
     let mut plan = Plan {
         inputs: vec![
             TensorRole::Q,
@@ -59,6 +85,7 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
             bytes: cfg.lse_len() as u64 * 4,
         }],
         steps: Vec::new(),
+        extras: Vec::new(),
     };
     if cfg.algorithm == Algorithm::Tiled {
         if let Some(parts) = split::choose(cfg, dtype, env)? {

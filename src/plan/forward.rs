@@ -30,6 +30,7 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
         ],
         scratch: Vec::new(),
         steps: Vec::new(),
+        extras: Vec::new(),
     };
     match cfg.algorithm {
         Algorithm::Tiled => match split::choose(cfg, dtype, env)? {
@@ -96,5 +97,6 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
             }
         }
     }
+    plan.attach_extras(cfg)?;
     Ok(plan)
 }

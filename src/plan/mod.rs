@@ -36,6 +36,8 @@ pub enum BufRef {
     Input(usize),
     Output(usize),
     Scratch(usize),
+    /// The call's extras (`Plan::extras`), bound as a uniform array (`KernelKey::uses_extras`).
+    Extras,
 }
 
 /// A tensor the call creates (zero-filled before the first step).
@@ -88,9 +90,39 @@ pub struct Plan {
     pub outputs: Vec<OutputSpec>,
     pub scratch: Vec<ScratchSpec>,
     pub steps: Vec<Step>,
+    /// Per-head f32 values the kernels read (`kernels::params::extras`: ALiBi slopes, sinks),
+    /// uploaded once per call into a uniform buffer of `EXTRAS_WORDS` words; empty if none.
+    pub extras: Vec<f32>,
 }
 
 impl Plan {
+    /// Binds the call's extras to every step whose pipeline reads them (the binding after its
+    /// storage bindings), once all steps are planned. More than `EXTRAS_WORDS` values (batch x
+    /// heads_q ALiBi slopes plus heads_q sinks) is a `DeviceLimit` error naming them.
+    pub(crate) fn attach_extras(&mut self, cfg: &AttentionConfig) -> crate::Result<()> {
+        self.extras = crate::kernels::params::extras(cfg);
+        let limit = crate::kernels::wgsl::EXTRAS_WORDS as u64;
+        if self.extras.len() as u64 > limit {
+            return Err(crate::Error::DeviceLimit {
+                what: "ALiBi slopes and sinks (one uniform array of f32 words)".into(),
+                needed: self.extras.len() as u64 * 4,
+                limit: limit * 4,
+                hint: "per-batch ALiBi slopes ([batch, heads_q]) past 16,384 - heads_q values: \
+                       split the batch, or pass one slope per head ([heads_q])"
+                    .into(),
+            });
+        }
+        for s in &mut self.steps {
+            if s.key.uses_extras() {
+                s.buffers.push(BufRef::Extras);
+                if !s.windows.is_empty() {
+                    s.windows.push(None);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes of device memory the call's outputs take.
     pub fn output_bytes(&self) -> u64 {
         (0..self.outputs.len())
@@ -110,6 +142,7 @@ impl Plan {
                     .unwrap_or(u64::MAX)
             }
             BufRef::Scratch(i) => self.scratch[i].bytes.max(4).next_multiple_of(4),
+            BufRef::Extras => crate::kernels::wgsl::EXTRAS_WORDS as u64 * 4,
         }
     }
 
@@ -119,6 +152,10 @@ impl Plan {
     pub fn check_bindings(&self, input_bytes: &[u64], limit: u64) -> crate::Result<()> {
         for s in &self.steps {
             for (i, &r) in s.buffers.iter().enumerate() {
+                // a uniform binding of the WebGPU default size, not a storage one
+                if r == BufRef::Extras {
+                    continue;
+                }
                 let bound = s
                     .window(i)
                     .map_or_else(|| self.buffer_bytes(r, input_bytes), |w| w.size);
@@ -127,6 +164,7 @@ impl Plan {
                         BufRef::Input(i) => self.inputs[i].to_string(),
                         BufRef::Output(i) => self.outputs[i].role.to_string(),
                         BufRef::Scratch(i) => self.scratch[i].label.to_string(),
+                        BufRef::Extras => "extras".to_string(),
                     };
                     return Err(crate::Error::DeviceLimit {
                         what: format!("{name} bound by {}", s.key.kernel.name()),
@@ -166,6 +204,7 @@ pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
             dtype,
         }],
         scratch: Vec::new(),
+        extras: Vec::new(),
         steps: vec![Step {
             key,
             params: Params {
@@ -244,6 +283,8 @@ pub(crate) fn key(
         causal: cfg.causal,
         window: cfg.window.is_active(),
         softcap: cfg.softcap.is_some(),
+        alibi: kernel.finishes_scores() && cfg.alibi_slopes.is_some(),
+        sinks: kernel.finishes_scores() && cfg.sinks.is_some(),
         subgroup: if kernel.is_rows_variant() {
             env.tuning.rows_subgroup
         } else {

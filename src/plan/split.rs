@@ -416,6 +416,7 @@ impl<'a> Builder<'a> {
         let mut step = tiled_step(kernel, &sub, self.dtype, self.env, buffers)?;
         step.key.accumulate = self.split.accumulate;
         step.params.causal_offset = part.causal_offset(self.cfg);
+        step.params.batch_base = part.b as u32;
         (step.params.band_lo, step.params.band_hi) = part.band(self.cfg);
         step.params.q_shift = shifts.0;
         step.params.kv_shift = shifts.1;

@@ -145,8 +145,21 @@ pub fn assert_lse_close(got: &[f32], want: &[f64], ctx_msg: &str) {
 }
 
 pub fn describe(cfg: &AttentionConfig, seed: u64) -> String {
+    let mut mods = String::new();
+    if cfg.window.is_active() {
+        mods += &format!(" window=({:?}, {:?})", cfg.window.left, cfg.window.right);
+    }
+    if let Some(c) = cfg.softcap {
+        mods += &format!(" softcap={c}");
+    }
+    if let Some(s) = &cfg.alibi_slopes {
+        mods += &format!(" alibi[{}]", s.len());
+    }
+    if cfg.sinks.is_some() {
+        mods += " sinks";
+    }
     format!(
-        "{:?} b={} sq={} skv={} hq={} hkv={} d={} causal={} seed={seed}",
+        "{:?} b={} sq={} skv={} hq={} hkv={} d={} causal={}{mods} seed={seed}",
         cfg.algorithm,
         cfg.batch,
         cfg.seq_q,
@@ -156,6 +169,23 @@ pub fn describe(cfg: &AttentionConfig, seed: u64) -> String {
         cfg.head_dim,
         cfg.causal
     )
+}
+
+/// Fresh random ALiBi slopes in [0.05, 0.6): one per query head, or (`per_batch`) one per
+/// batch and query head.
+pub fn random_alibi(cfg: &AttentionConfig, per_batch: bool) -> Vec<f32> {
+    let n = cfg.heads_q * if per_batch { cfg.batch } else { 1 };
+    let mut rng = StdRng::seed_from_u64(fresh_seed());
+    (0..n).map(|_| rng.random_range(0.05..0.6)).collect()
+}
+
+/// Fresh random sinks in [-1, 3): one per query head, large enough to take a visible share of
+/// each row's softmax.
+pub fn random_sinks(cfg: &AttentionConfig) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(fresh_seed());
+    (0..cfg.heads_q)
+        .map(|_| rng.random_range(-1.0..3.0))
+        .collect()
 }
 
 /// Runs the forward pass of both algorithms against the reference.
@@ -192,6 +222,11 @@ pub fn check_backward(base: &AttentionConfig, amp: f32) {
         assert_close("dq", &g.dq, &want.dq, &msg);
         assert_close("dk", &g.dk, &want.dk, &msg);
         assert_close("dv", &g.dv, &want.dv, &msg);
+        match (&g.d_sinks, &want.d_sinks) {
+            (Some(got), Some(want)) => assert_close("d_sinks", got, want, &msg),
+            (None, None) => {}
+            (got, _) => panic!("d_sinks: got {got:?}, sinks {:?} ({msg})", cfg.sinks),
+        }
     }
 }
 

@@ -74,9 +74,12 @@ pub fn variants() -> Vec<KernelKey> {
                                             tiles,
                                             causal,
                                             window,
-                                            // the SOFTCAP override rides with the window's
-                                            // (both are specializations of one source)
+                                            // the SOFTCAP, ALIBI and SINKS overrides ride
+                                            // with the window's (specializations of one
+                                            // source; ALIBI and SINKS add the extras binding)
                                             softcap: window,
+                                            alibi: window,
+                                            sinks: window,
                                             subgroup,
                                             accumulate,
                                         });

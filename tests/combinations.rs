@@ -1,0 +1,76 @@
+//! Property test over the score features together (issue 12): random small shapes, dtypes,
+//! algorithms and variants, with causal, a sliding window, a softcap, ALiBi (per head or per
+//! batch and head) and sinks each drawn on or off, so that any combination may come up.
+//! Every case runs forward and backward on fresh random inputs against the f64 reference
+//! (`common::check_dtype_dyn`: out, lse, dq, dk, dv and d_sinks).
+
+mod common;
+
+use common::{check_dtype_dyn, ctx};
+use flash_attn_wgpu::{AttentionConfig, DType, Tuning, Window};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+struct Case {
+    cfg: AttentionConfig,
+    dtype: DType,
+    variant: flash_attn_wgpu::Variant,
+}
+
+fn side() -> impl Strategy<Value = Option<usize>> {
+    prop_oneof![2 => Just(None), 3 => (0usize..24).prop_map(Some)]
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        (1usize..=2, 1usize..=70, 1usize..=70, 1usize..=2, 1usize..=2),
+        prop::sample::select(vec![4usize, 16, 24, 64]),
+        (any::<bool>(), side(), side()),
+        prop::option::of(0.5f32..4.0),
+        prop::sample::select(vec![0u8, 1, 2]),
+        any::<bool>(),
+        prop::sample::select(common::algorithm_variants()),
+        prop::sample::select(vec![DType::F32, DType::F16, DType::BF16]),
+    )
+        .prop_map(
+            |(
+                (b, sq, skv, hkv, group),
+                d,
+                (causal, left, right),
+                softcap,
+                alibi,
+                sinks,
+                (alg, variant),
+                dtype,
+            )| {
+                let mut cfg = AttentionConfig::new(b, sq, skv, hkv * group, hkv, d);
+                cfg.causal = causal;
+                cfg.window = Window::new(left, right);
+                cfg.softcap = softcap;
+                // fresh slopes and sinks for every case (the inputs are fresh too)
+                cfg.alibi_slopes = match alibi {
+                    1 => Some(common::random_alibi(&cfg, false)),
+                    2 => Some(common::random_alibi(&cfg, true)),
+                    _ => None,
+                };
+                cfg.sinks = sinks.then(|| common::random_sinks(&cfg));
+                cfg.algorithm = alg;
+                Case {
+                    cfg,
+                    dtype,
+                    variant,
+                }
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, .. ProptestConfig::default() })]
+
+    #[test]
+    fn any_combination_of_features_matches_the_reference(case in case()) {
+        let ctx = ctx();
+        ctx.set_tuning(Tuning { variant: case.variant, ..ctx.tuning() }).unwrap();
+        check_dtype_dyn(ctx, case.dtype, &case.cfg, 2.0, &format!("{:?}", case.variant));
+    }
+}
