@@ -53,7 +53,7 @@ __device__ __forceinline__ elem_t from_f32(float x) {
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (56 bytes, 4-aligned)
+// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (60 bytes, 4-aligned)
 struct AttnShape {
     unsigned int seq_q;
     unsigned int seq_kv;
@@ -68,7 +68,8 @@ struct AttnShape {
     float softcap2;    // SOFTCAP: the softcap c times log2(e)
     unsigned int alibi_b_stride; // ALIBI: extras between batches' slopes (0: one per head)
     unsigned int sinks_base;     // SINKS: extras index of head 0's sink
-    unsigned int pad0;
+    unsigned int seqlens_base;   // SEQLENS: extras index of batch 0's key length
+    unsigned int kv_len;         // keys [0, kv_len) take part (for_batch: the batch's own)
 };
 
 // A softcap (-DSOFTCAP=1): a score x in the exp2 domain becomes C tanh(x / C), C = c log2(e),
@@ -102,6 +103,20 @@ __device__ __forceinline__ float softcap_slope(const AttnShape& p, float s) {
 #ifndef SINKS
 #define SINKS 0
 #endif
+#ifndef SEQLENS
+#define SEQLENS 0
+#endif
+
+// The call's scalars for batch b: with per-batch key lengths (-DSEQLENS=1), kv_len is the
+// batch's (keys past it are hidden, as kv_len in shaders/common.wgsl); else unchanged.
+__device__ __forceinline__ AttnShape for_batch(const AttnShape& p, const float* __restrict__ extras,
+                                               unsigned int b) {
+    AttnShape q = p;
+#if SEQLENS
+    q.kv_len = min(__float_as_uint(extras[p.seqlens_base + b]), p.seq_kv);
+#endif
+    return q;
+}
 struct HeadMods {
     float slope2; // the ALiBi slope times log2(e)
     float sink2;  // the sink times log2(e)
@@ -147,7 +162,7 @@ __device__ __forceinline__ float score_slope(const AttnShape& p, const HeadMods&
 // bounds, the bottom-right causal mask and the window, as `visible` in shaders/common.wgsl
 __device__ __forceinline__ bool visible(const AttnShape& p, unsigned int i, unsigned int j) {
     const long long ii = i, jj = j;
-    return i < p.seq_q && j < p.seq_kv && (!p.causal || jj <= ii + p.causal_offset) &&
+    return i < p.seq_q && j < p.kv_len && (!p.causal || jj <= ii + p.causal_offset) &&
            (!p.window || (jj >= ii + p.band_lo && jj <= ii + p.band_hi));
 }
 
@@ -161,10 +176,10 @@ __device__ __forceinline__ long long band_hi(const AttnShape& p) {
 __device__ __forceinline__ unsigned int kv_end_for_rows(const AttnShape& p, unsigned int q0,
                                                         unsigned int rows) {
     if (!p.causal && !p.window) {
-        return p.seq_kv;
+        return p.kv_len;
     }
     long long last = (long long)min(q0 + rows, p.seq_q) - 1 + band_hi(p);
-    return last < 0 ? 0u : (unsigned int)min((long long)p.seq_kv, last + 1);
+    return last < 0 ? 0u : (unsigned int)min((long long)p.kv_len, last + 1);
 }
 
 // keys before the result are hidden from rows q0.. (a window's left edge; 0 without one)
@@ -185,8 +200,13 @@ __device__ __forceinline__ unsigned int q_begin_for_key(const AttnShape& p, unsi
     return first <= 0 ? 0u : (unsigned int)min((long long)p.seq_q, first);
 }
 
-// rows at or after the result see none of the keys up to j_last (a window's left edge)
-__device__ __forceinline__ unsigned int q_end_for_key(const AttnShape& p, unsigned int j_last) {
+// rows at or after the result see none of the keys [j0, j_last] (a window's left edge; 0 when
+// none of them exists: past the batch's length)
+__device__ __forceinline__ unsigned int q_end_for_keys(const AttnShape& p, unsigned int j0,
+                                                       unsigned int j_last) {
+    if (j0 >= p.kv_len) {
+        return 0;
+    }
     if (!p.window) {
         return p.seq_q;
     }
@@ -199,7 +219,7 @@ __device__ __forceinline__ unsigned int q_end_for_key(const AttnShape& p, unsign
 __device__ __forceinline__ bool tile_needs_mask(const AttnShape& p, unsigned int q0,
                                                 unsigned int rows, unsigned int kv0,
                                                 unsigned int keys) {
-    if (kv0 + keys > p.seq_kv) {
+    if (kv0 + keys > p.kv_len) {
         return true;
     }
     const bool right = (p.causal || p.window) && (long long)kv0 + keys - 1 > (long long)q0 + band_hi(p);

@@ -41,7 +41,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
     const float* __restrict__ delta, elem_t* __restrict__ dk, elem_t* __restrict__ dv,
-    const AttnShape p, const float* __restrict__ extras) {
+    const AttnShape p_call, const float* __restrict__ extras) {
+    const AttnShape p = for_batch(p_call, extras, blockIdx.z);
     // K, V: BLOCK_RES rows each; Q, dO: BLOCK_Q rows each; then lse2 and delta per Q row
     extern __shared__ __align__(16) elem_t smem[];
     elem_t* sk = smem;
@@ -68,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
     // the rows that can see these keys: from the first that sees key kv0 (causal or a
     // window) to the last that sees the block's last key (a window's left edge)
     const unsigned int q_start = (q_begin_for_key(p, kv0) / BLOCK_Q) * BLOCK_Q;
-    const unsigned int q_stop = q_end_for_key(p, kv0 + BLOCK_RES - 1);
+    const unsigned int q_stop = q_end_for_keys(p, kv0, kv0 + BLOCK_RES - 1);
     // this thread's keys (rows of its S^T block): key_lo and key_lo + 8
     const unsigned int key_lo = kv0 + warp * 16 + lane / 4;
 
@@ -158,8 +159,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
-    const float* __restrict__ delta, elem_t* __restrict__ dq, const AttnShape p,
+    const float* __restrict__ delta, elem_t* __restrict__ dq, const AttnShape p_call,
     const float* __restrict__ extras) {
+    const AttnShape p = for_batch(p_call, extras, blockIdx.z);
     // Q and dO staged first (BLOCK_RES rows each), then the K and V tiles in the same space
     extern __shared__ __align__(16) elem_t smem[];
     const unsigned int b = blockIdx.z, h = blockIdx.y;

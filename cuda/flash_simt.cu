@@ -100,8 +100,9 @@ __device__ __forceinline__ void stage_f32(float* tile, const elem_t* base, unsig
 // registers (dK/dV at head_dim 13) while far more are free.
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_fwd(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
-    elem_t* __restrict__ out, float* __restrict__ lse, const AttnShape p,
+    elem_t* __restrict__ out, float* __restrict__ lse, const AttnShape p_call,
     const float* __restrict__ extras) {
+    const AttnShape p = for_batch(p_call, extras, blockIdx.z);
     extern __shared__ float smem_f[];
     float* sk = smem_f;
     float* sv = sk + BLOCK_N * HEAD_DIM;
@@ -172,7 +173,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
     const float* __restrict__ delta, elem_t* __restrict__ dk, elem_t* __restrict__ dv,
-    const AttnShape p, const float* __restrict__ extras) {
+    const AttnShape p_call, const float* __restrict__ extras) {
+    const AttnShape p = for_batch(p_call, extras, blockIdx.z);
     extern __shared__ float smem_f[];
     float* sq = smem_f;
     float* sdo = sq + BLOCK_N * HEAD_DIM;
@@ -195,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
     }
     // the rows that can see these keys (causal, a window)
     const unsigned int q_begin = q_begin_for_key(p, kv0);
-    const unsigned int q_stop = q_end_for_key(p, kv0 + ROWS - 1);
+    const unsigned int q_stop = q_end_for_keys(p, kv0, kv0 + ROWS - 1);
     for (unsigned int hq = hk * group; hq < (hk + 1) * group; hq++) {
         const HeadMods hm = head_mods(p, extras, b, hq);
         const size_t q_off = ((size_t)b * p.seq_q * p.heads_q + hq) * HEAD_DIM;
@@ -236,8 +238,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
-    const float* __restrict__ delta, elem_t* __restrict__ dq, const AttnShape p,
+    const float* __restrict__ delta, elem_t* __restrict__ dq, const AttnShape p_call,
     const float* __restrict__ extras) {
+    const AttnShape p = for_batch(p_call, extras, blockIdx.z);
     extern __shared__ float smem_f[];
     float* sk = smem_f;
     float* sv = sk + BLOCK_N * HEAD_DIM;

@@ -35,7 +35,10 @@ struct Params {
     batch_base: u32,     // windowed calls: the whole call's index of this part's batch 0
     alibi_b_stride: u32, // ALIBI: extras words between batches' slopes (0: one slope per head)
     sinks_base: u32,     // SINKS: extras word of head 0's sink
+    seqlens_base: u32,   // SEQLENS: extras word of batch 0's key length
+    kv_base: u32,        // windowed calls: the whole call's index of this part's key 0
     pad0: u32,
+    pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -49,6 +52,8 @@ override SOFTCAP: bool = false;
 // generated prelude: a uniform array of per-head f32 values); false costs nothing.
 override ALIBI: bool = false;
 override SINKS: bool = false;
+// Per-batch key lengths (a key-padding mask), read from the extras; false costs nothing.
+override SEQLENS: bool = false;
 
 const LN2: f32 = 0.6931471805599453;
 const LOG2E: f32 = 1.4426950408889634;
@@ -133,6 +138,17 @@ fn row_index(b: u32, h: u32, i: u32) -> u32 {
     return (b * params.heads_q + h) * params.row_stride + i + params.row_shift;
 }
 
+// Keys [0, kv_len(b)) of batch b take part: all seq_kv, or with SEQLENS the batch's length
+// (counted from the whole call's key 0: a windowed call's part starts at params.kv_base).
+// A pure function of uniform values, so loop bounds that use it stay uniform.
+fn kv_len(b: u32) -> u32 {
+    if (!SEQLENS) {
+        return params.seq_kv;
+    }
+    let n = i32(extra_u32(params.seqlens_base + params.batch_base + b)) - i32(params.kv_base);
+    return u32(clamp(n, 0, i32(params.seq_kv)));
+}
+
 // The band of keys a row sees. Query i sees key j iff i + lo <= j <= i + hi, where
 // hi = causal_offset with CAUSAL alone, and with WINDOW the host's band_lo / band_hi (the
 // window and causal folded together, +-2^30 on an unbounded side). Without either, every key.
@@ -143,13 +159,13 @@ fn band_hi() -> i32 {
     return params.causal_offset;
 }
 
-// Keys [0, end) are the only ones any of query rows [q_begin, q_end) can see.
-fn kv_end_for_rows(q_begin: u32, q_end: u32) -> u32 {
+// Keys [0, end) are the only ones any of query rows [q_begin, q_end) of batch b can see.
+fn kv_end_for_rows(b: u32, q_begin: u32, q_end: u32) -> u32 {
     if (!CAUSAL && !WINDOW) {
-        return params.seq_kv;
+        return kv_len(b);
     }
     let last = i32(min(q_end, params.seq_q)) - 1 + band_hi() + 1;
-    return u32(clamp(last, 0, i32(params.seq_kv)));
+    return u32(clamp(last, 0, i32(kv_len(b))));
 }
 
 // Keys before the result are hidden from every query row at or after `q_begin` (the window's
@@ -169,22 +185,26 @@ fn q_begin_for_key(j0: u32) -> u32 {
     return u32(clamp(i32(j0) - band_hi(), 0, i32(params.seq_q)));
 }
 
-// Rows at or after the result see none of the keys up to `j_last` (the window's left edge;
-// seq_q without a window). The dK/dV kernels end their query loop there.
-fn q_end_for_key(j_last: u32) -> u32 {
+// Rows at or after the result see none of the keys [j0, j_last] of batch b (the window's left
+// edge; seq_q without a window; 0 when no key of them exists: past the batch's length). The
+// dK/dV kernels end their query loop there.
+fn q_end_for_keys(b: u32, j0: u32, j_last: u32) -> u32 {
+    if (SEQLENS && j0 >= kv_len(b)) {
+        return 0u;
+    }
     if (!WINDOW) {
         return params.seq_q;
     }
     return u32(clamp(i32(j_last) - params.band_lo + 1, 0, i32(params.seq_q)));
 }
 
-// True when some (row, key) pair of the tile (rows [q_begin, q_begin + q_len), keys
-// [kv_begin, kv_begin + kv_len)) needs the mask or a bounds check.
-fn tile_needs_mask(q_begin: u32, q_len: u32, kv_begin: u32, kv_len: u32) -> bool {
-    if (kv_begin + kv_len > params.seq_kv) {
+// True when some (row, key) pair of batch b's tile (rows [q_begin, q_begin + q_len), keys
+// [kv_begin, kv_begin + kv_count)) needs the mask or a bounds check.
+fn tile_needs_mask(b: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> bool {
+    if (kv_begin + kv_count > kv_len(b)) {
         return true;
     }
-    let right = (CAUSAL || WINDOW) && i32(kv_begin + kv_len - 1u) > i32(q_begin) + band_hi();
+    let right = (CAUSAL || WINDOW) && i32(kv_begin + kv_count - 1u) > i32(q_begin) + band_hi();
     let left = WINDOW && i32(kv_begin) < i32(q_begin + q_len - 1u) + params.band_lo;
     return right || left;
 }
@@ -194,8 +214,12 @@ fn tile_needs_mask(q_begin: u32, q_len: u32, kv_begin: u32, kv_len: u32) -> bool
 // the sink, both scaled into the exp2 domain.
 var<private> head_slope2: f32;
 var<private> head_sink2: f32;
+var<private> head_kv_len: u32;
 
 fn begin_head(b: u32, h: u32) {
+    if (SEQLENS) {
+        head_kv_len = kv_len(b);
+    }
     if (ALIBI) {
         head_slope2 = extra((params.batch_base + b) * params.alibi_b_stride + h) * LOG2E;
     }
@@ -226,8 +250,9 @@ fn sink_on() -> bool {
 // Bounds, the bottom-right aligned causal mask and the window. Non-short-circuit `&` and `|`
 // keep this free of branches, so that loops calling it stay simple enough for drivers to
 // unroll.
+// With SEQLENS, keys past the batch's length are hidden (`begin_head` read it).
 fn visible(i: u32, j: u32) -> bool {
-    let in_range = (i < params.seq_q) & (j < params.seq_kv);
+    let in_range = (i < params.seq_q) & (j < select(params.seq_kv, head_kv_len, SEQLENS));
     let causal_ok = !CAUSAL | (i32(j) <= i32(i) + params.causal_offset);
     let band_ok = !WINDOW | ((i32(j) >= i32(i) + params.band_lo) & (i32(j) <= i32(i) + params.band_hi));
     return in_range & causal_ok & band_ok;

@@ -46,13 +46,13 @@ fn main(
     var acc_dk = array<array<vec4<f32>, GPT>, TM>();
     var acc_dv = array<array<vec4<f32>, GPT>, TM>();
     let q_start = (q_begin_for_key(kv0) / BR) * BR;
-    let q_stop = q_end_for_key(kv0 + BC - 1u);
+    let q_stop = q_end_for_keys(b, kv0, kv0 + BC - 1u);
 
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
         begin_head(b, h);
         for (var q0 = q_start; q0 < q_stop; q0 += BR) {
-            let masked = q0 + BR > params.seq_q || tile_needs_mask(q0, BR, kv0, BC);
+            let masked = q0 + BR > params.seq_q || tile_needs_mask(b, q0, BR, kv0, BC);
             workgroupBarrier(); // the previous tile's products are done with Q, dO, P and dS
             for (var e = t; e < BR * D4; e += NT) {
                 let r = e / D4;

@@ -50,13 +50,13 @@ fn main(
     var acc_dk = array<f32, DPR>();
     var acc_dv = array<f32, DPR>();
     let q_start = (q_begin_for_key(kv0) / BR) * BR;
-    let q_end = select(0u, q_end_for_key(kv0 + BC - 1u), live);
+    let q_end = select(0u, q_end_for_keys(b, kv0, kv0 + BC - 1u), live);
 
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
         begin_head(b, h);
         for (var q0 = q_start; q0 < q_end; q0 += BR) {
-            let masked = q0 + BR > params.seq_q || tile_needs_mask(q0, BR, kv0, BC);
+            let masked = q0 + BR > params.seq_q || tile_needs_mask(b, q0, BR, kv0, BC);
             workgroupBarrier(); // the previous tile is done with Q, dO, P^T, dS^T and fs
             for (var e = t; e < BR * DP; e += NT) {
                 let qi = q0 + e / DP;

@@ -98,13 +98,13 @@ fn main(
     var acc_dk = array<array<f32, DPAD>, RPT>();
     var acc_dv = array<array<f32, DPAD>, RPT>();
     let q_start = (q_begin_for_key(kv0) / BR) * BR;
-    let q_stop = q_end_for_key(kv0 + BC - 1u);
+    let q_stop = q_end_for_keys(b, kv0, kv0 + BC - 1u);
 
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
         begin_head(b, h);
         for (var q0 = q_start; q0 < q_stop; q0 += BR) {
-            let masked = q0 + BR > params.seq_q || tile_needs_mask(q0, BR, kv0, BC);
+            let masked = q0 + BR > params.seq_q || tile_needs_mask(b, q0, BR, kv0, BC);
             workgroupBarrier();
             for (var e = t; e < BR * DPAD_V; e += NT) {
                 let qi = q0 + e / DPAD_V;

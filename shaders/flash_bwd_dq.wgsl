@@ -65,9 +65,9 @@ fn main(
     var acc = array<f32, DPT>();
     var p = array<f32, CPT>();
     var dp = array<f32, CPT>();
-    let kv_end = kv_end_for_rows(q0, q0 + BR);
+    let kv_end = kv_end_for_rows(b, q0, q0 + BR);
     for (var kv0 = (kv_begin_for_rows(q0) / BC) * BC; kv0 < kv_end; kv0 += BC) {
-        let masked = tile_needs_mask(q0, BR, kv0, BC);
+        let masked = tile_needs_mask(b, q0, BR, kv0, BC);
         for (var e = t; e < BC * HEAD_DIM; e += NT) {
             let jj = kv0 + e / HEAD_DIM;
             var kx = 0.0;

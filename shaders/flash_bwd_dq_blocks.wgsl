@@ -63,9 +63,9 @@ fn main(
     }
 
     var acc = array<array<vec4<f32>, GPT>, TM>();
-    let kv_end = kv_end_for_rows(q0, q0 + BR);
+    let kv_end = kv_end_for_rows(b, q0, q0 + BR);
     for (var kv0 = (kv_begin_for_rows(q0) / BC) * BC; kv0 < kv_end; kv0 += BC) {
-        let masked = tile_needs_mask(q0, BR, kv0, BC);
+        let masked = tile_needs_mask(b, q0, BR, kv0, BC);
         workgroupBarrier(); // the previous tile's dS K is done with K and dS
         stage_kv(OK, OV, b, hk, kv0, BC, t, 1.0);
         workgroupBarrier();

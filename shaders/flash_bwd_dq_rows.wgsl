@@ -90,9 +90,9 @@ fn main(
     }
     var acc = array<array<f32, DPAD>, RPT>();
 
-    let kv_end = kv_end_for_rows(q0, q0 + BR);
+    let kv_end = kv_end_for_rows(b, q0, q0 + BR);
     for (var kv0 = (kv_begin_for_rows(q0) / BC) * BC; kv0 < kv_end; kv0 += BC) {
-        let masked = tile_needs_mask(q0, BR, kv0, BC);
+        let masked = tile_needs_mask(b, q0, BR, kv0, BC);
         workgroupBarrier();
         stage_kv(b, hk, kv0, t);
         workgroupBarrier();

@@ -70,9 +70,9 @@ fn main(
         }
     }
 
-    let kv_end = select(0u, kv_end_for_rows(q0, q0 + BR), live);
+    let kv_end = select(0u, kv_end_for_rows(b, q0, q0 + BR), live);
     for (var kv0 = (kv_begin_for_rows(q0) / BC) * BC; kv0 < kv_end; kv0 += BC) {
-        let masked = tile_needs_mask(q0, BR, kv0, BC);
+        let masked = tile_needs_mask(b, q0, BR, kv0, BC);
         workgroupBarrier(); // the previous tile is done with K, V, P and fs
         stage_kv(OK, OV, b, hk, kv0, BC, t);
         workgroupBarrier();

@@ -68,6 +68,12 @@ pub struct AttentionConfig {
     /// the lse returned includes it, and a row that sees no key gets out = 0 and lse = sink.
     /// The backward returns `d_sinks`. `None`: off.
     pub sinks: Option<Vec<f32>>,
+    /// Per-batch key lengths on the padded layout (`[batch]`, each at most `seq_kv`): keys
+    /// at or past `seqlens_kv[b]` are hidden from every row of batch b (the key-padding mask
+    /// of batched training). It does not move the causal or window alignment, which stays
+    /// relative to `seq_kv`. A row that sees no key gets out 0 and lse -inf (or the sink).
+    /// `None`: every key of every batch.
+    pub seqlens_kv: Option<Vec<usize>>,
     /// `None` means `1 / sqrt(head_dim)`.
     pub softmax_scale: Option<f32>,
     pub algorithm: Algorithm,
@@ -94,6 +100,7 @@ impl AttentionConfig {
             softcap: None,
             alibi_slopes: None,
             sinks: None,
+            seqlens_kv: None,
             softmax_scale: None,
             algorithm: Algorithm::default(),
         }
@@ -157,6 +164,11 @@ impl AttentionConfig {
         })
     }
 
+    /// Keys [0, n) of batch b take part: `seqlens_kv[b]`, or every key.
+    pub fn kv_len(&self, b: usize) -> usize {
+        self.seqlens_kv.as_ref().map_or(self.seq_kv, |s| s[b])
+    }
+
     /// The sink of query head h, if sinks are on.
     pub fn sink(&self, h: usize) -> Option<f32> {
         self.sinks.as_ref().map(|s| s[h])
@@ -206,32 +218,34 @@ impl AttentionConfig {
                 )));
             }
         }
-        if let Some(s) = &self.alibi_slopes {
-            let (per_head, per_batch) = (self.heads_q, self.batch * self.heads_q);
-            if s.len() != per_head && s.len() != per_batch {
+        let (per_head, per_batch) = (self.heads_q, self.batch * self.heads_q);
+        check_values(
+            "alibi_slopes",
+            &self.alibi_slopes,
+            &[per_head, per_batch],
+            &format!(
+                "heads_q = {per_head} slopes ([heads_q]) or batch x heads_q = {per_batch} \
+                 ([batch, heads_q])"
+            ),
+        )?;
+        check_values(
+            "sinks",
+            &self.sinks,
+            &[per_head],
+            &format!("one logit per query head ([heads_q] = [{per_head}])"),
+        )?;
+        if let Some(s) = &self.seqlens_kv {
+            if s.len() != self.batch {
                 return Err(Error::invalid(format!(
-                    "alibi_slopes must hold heads_q = {per_head} slopes ([heads_q]) or \
-                     batch x heads_q = {per_batch} ([batch, heads_q]), got {}",
+                    "seqlens_kv must hold one key length per batch ([batch] = [{}]), got {}",
+                    self.batch,
                     s.len()
                 )));
             }
-            if let Some((i, x)) = s.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            if let Some((b, n)) = s.iter().enumerate().find(|(_, &n)| n > self.seq_kv) {
                 return Err(Error::invalid(format!(
-                    "alibi_slopes must be finite, got {x} at index {i}"
-                )));
-            }
-        }
-        if let Some(s) = &self.sinks {
-            if s.len() != self.heads_q {
-                return Err(Error::invalid(format!(
-                    "sinks must hold one logit per query head ([heads_q] = [{}]), got {}",
-                    self.heads_q,
-                    s.len()
-                )));
-            }
-            if let Some((i, x)) = s.iter().enumerate().find(|(_, x)| !x.is_finite()) {
-                return Err(Error::invalid(format!(
-                    "sinks must be finite, got {x} at index {i}"
+                    "seqlens_kv[{b}] must be at most seq_kv = {}, got {n}",
+                    self.seq_kv
                 )));
             }
         }
@@ -266,5 +280,27 @@ impl AttentionConfig {
 
     pub(crate) fn lse_len(&self) -> usize {
         self.lse_shape().iter().product()
+    }
+}
+
+/// Per-head f32 values (`name`): one of the `lengths` (described by `expected`) and finite.
+fn check_values(
+    name: &str,
+    values: &Option<Vec<f32>>,
+    lengths: &[usize],
+    expected: &str,
+) -> Result<()> {
+    let Some(v) = values else { return Ok(()) };
+    if !lengths.contains(&v.len()) {
+        return Err(Error::invalid(format!(
+            "{name} must hold {expected}, got {}",
+            v.len()
+        )));
+    }
+    match v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+        Some((i, x)) => Err(Error::invalid(format!(
+            "{name} must be finite, got {x} at index {i}"
+        ))),
+        None => Ok(()),
     }
 }

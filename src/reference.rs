@@ -25,8 +25,14 @@ pub struct RefGradients {
 }
 
 /// Straight from the definitions (not `AttentionConfig::band`, which the kernels' host code
-/// uses): i' = i + seq_kv - seq_q; causal: j <= i'; window: i' - left <= j <= i' + right.
-fn visible(cfg: &AttentionConfig, i: usize, j: usize) -> bool {
+/// uses): i' = i + seq_kv - seq_q; causal: j <= i'; window: i' - left <= j <= i' + right;
+/// key padding: j < seqlens_kv[b].
+fn visible(cfg: &AttentionConfig, b: usize, i: usize, j: usize) -> bool {
+    if let Some(n) = &cfg.seqlens_kv {
+        if j >= n[b] {
+            return false;
+        }
+    }
     let ip = i as i64 + cfg.seq_kv as i64 - cfg.seq_q as i64;
     let j = j as i64;
     let causal_ok = !cfg.causal || j <= ip;
@@ -104,7 +110,7 @@ fn row_probs(
 ) -> (Vec<f64>, f64) {
     let mut s = vec![f64::NEG_INFINITY; cfg.seq_kv];
     for (j, sj) in s.iter_mut().enumerate() {
-        if visible(cfg, i, j) {
+        if visible(cfg, b, i, j) {
             *sj = score(cfg, q, k, (b, h, i, j));
         }
     }

@@ -138,7 +138,7 @@ impl Plan {
         let extras = buffers.len();
         if !self.extras.is_empty() {
             let n = crate::kernels::wgsl::EXTRAS_WORDS as usize;
-            let mut words: Vec<u32> = self.extras.iter().map(|x| x.to_bits()).collect();
+            let mut words = self.extras.clone();
             words.resize(n, 0);
             buffers.push(ReplayBuffer {
                 label: "extras".into(),

@@ -135,10 +135,10 @@ fn every_backend_matches_the_reference_with_a_softcap() {
 }
 
 #[test]
-fn every_backend_matches_the_reference_with_alibi_and_sinks() {
-    // per-head and per-(batch, head) slopes, sinks, with causal (rows that see no key: lse is
-    // the sink's) and with a window and a softcap at once; head_dim 40 takes the CUDA SIMT
-    // kernels, 64 the tensor cores
+fn every_backend_matches_the_reference_with_alibi_sinks_and_key_lengths() {
+    // per-head and per-(batch, head) slopes, sinks, with causal and per-batch key lengths
+    // (rows that see no key: lse is the sink's) and with a window and a softcap at once;
+    // head_dim 40 takes the CUDA SIMT kernels, 64 the tensor cores
     on_every_backend!(|b| {
         for (per_batch, sinks, causal, d, sq, skv) in [
             (false, false, false, 64, 77, 93),
@@ -151,6 +151,9 @@ fn every_backend_matches_the_reference_with_alibi_and_sinks() {
             if d == 40 {
                 c.window = Window::new(Some(30), Some(10));
                 c.softcap = Some(2.0);
+            }
+            if causal {
+                c.seqlens_kv = Some(common::random_seqlens(&c));
             }
             let e = check_all_dtypes(b, &c, 2.0);
             eprintln!("{} {}: {e:?}", b.backend(), common::describe(&c, 0));

@@ -18,6 +18,7 @@ fn reference_backward_matches_finite_differences() {
     modded.softcap = Some(0.9);
     modded.alibi_slopes = Some(common::random_alibi(&modded, true));
     modded.sinks = Some(common::random_sinks(&modded));
+    modded.seqlens_kv = Some(vec![7, 4]);
     for c in [
         cfg(1, 5, 7, 2, 1, 4, false),
         cfg(1, 7, 5, 2, 2, 3, true),

@@ -1,6 +1,6 @@
 //! Property test over the score features together (issue 12): random small shapes, dtypes,
 //! algorithms and variants, with causal, a sliding window, a softcap, ALiBi (per head or per
-//! batch and head) and sinks each drawn on or off, so that any combination may come up.
+//! batch and head), sinks and per-batch key lengths each drawn on or off, so that any combination may come up.
 //! Every case runs forward and backward on fresh random inputs against the f64 reference
 //! (`common::check_dtype_dyn`: out, lse, dq, dk, dv and d_sinks).
 
@@ -28,7 +28,7 @@ fn case() -> impl Strategy<Value = Case> {
         (any::<bool>(), side(), side()),
         prop::option::of(0.5f32..4.0),
         prop::sample::select(vec![0u8, 1, 2]),
-        any::<bool>(),
+        (any::<bool>(), any::<bool>()),
         prop::sample::select(common::algorithm_variants()),
         prop::sample::select(vec![DType::F32, DType::F16, DType::BF16]),
     )
@@ -39,7 +39,7 @@ fn case() -> impl Strategy<Value = Case> {
                 (causal, left, right),
                 softcap,
                 alibi,
-                sinks,
+                (sinks, seqlens),
                 (alg, variant),
                 dtype,
             )| {
@@ -54,6 +54,7 @@ fn case() -> impl Strategy<Value = Case> {
                     _ => None,
                 };
                 cfg.sinks = sinks.then(|| common::random_sinks(&cfg));
+                cfg.seqlens_kv = seqlens.then(|| common::random_seqlens(&cfg));
                 cfg.algorithm = alg;
                 Case {
                     cfg,
@@ -65,7 +66,7 @@ fn case() -> impl Strategy<Value = Case> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 40, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
 
     #[test]
     fn any_combination_of_features_matches_the_reference(case in case()) {

@@ -65,6 +65,7 @@ fn a_compile_error_is_a_typed_error_with_the_log() {
         softcap: false,
         alibi: false,
         sinks: false,
+        seqlens: false,
     };
     match nvrtc.compile(&key) {
         Err(Error::CudaCompile { kernel, log }) => {

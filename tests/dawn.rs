@@ -339,13 +339,14 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
     let dawn = dawn_adapter(&script);
     let formats = formats(&dawn);
     let mut all = Vec::new();
-    // A sliding window with the score modifiers (the WINDOW, SOFTCAP, ALIBI and SINKS
-    // pipeline constants, the extras' uniform binding, the sinks' gradient kernel): f32 on
+    // A sliding window with the score modifiers and key lengths (the WINDOW, SOFTCAP,
+    // ALIBI, SINKS and SEQLENS pipeline constants, the extras' uniform binding, the sinks' gradient kernel): f32 on
     // every algorithm and variant, the softcap and ALiBi (per batch and head) in turns.
     {
         let mut c = cfg(2, 70, 90, 2, 1, 32, false);
         c.window = flash_attn_wgpu::Window::new(Some(12), Some(3));
         c.sinks = Some(common::random_sinks(&c));
+        c.seqlens_kv = Some(vec![90, 41]);
         for (i, &(algorithm, variant, sg)) in algorithms(&dawn).iter().enumerate() {
             let mut c = c.clone();
             c.algorithm = algorithm;

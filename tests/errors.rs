@@ -168,7 +168,7 @@ fn non_finite_softmax_scale_is_invalid() {
 }
 
 #[test]
-fn alibi_slopes_and_sinks_of_the_wrong_length_or_not_finite_are_invalid_and_named() {
+fn alibi_slopes_sinks_and_key_lengths_that_do_not_fit_are_invalid_and_named() {
     // batch 2, heads_q 4: slopes [4] or [2, 4]; sinks [4]
     let base = cfg(2, 4, 4, 4, 2, 8, false);
     for (slopes, sinks, want) in [
@@ -214,6 +214,22 @@ fn alibi_slopes_and_sinks_of_the_wrong_length_or_not_finite_are_invalid_and_name
             other => panic!("expected InvalidConfig naming {want:?}, got {other:?}"),
         }
     }
+    // key lengths: one per batch, none past seq_kv
+    for (lens, want) in [
+        (
+            vec![4],
+            "seqlens_kv must hold one key length per batch ([batch] = [2]), got 1",
+        ),
+        (
+            vec![4, 5],
+            "seqlens_kv[1] must be at most seq_kv = 4, got 5",
+        ),
+    ] {
+        let mut c = base.clone();
+        c.seqlens_kv = Some(lens);
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(msg.contains(want), "{msg}");
+    }
     // both layouts of slopes are accepted
     for n in [4, 8] {
         let mut c = base.clone();
@@ -238,7 +254,10 @@ fn per_batch_alibi_slopes_past_the_uniform_extras_are_a_device_limit_error() {
             limit,
             hint,
         }) => {
-            assert!(what.contains("ALiBi slopes and sinks"), "{what}");
+            assert!(
+                what.contains("ALiBi slopes, sinks and key lengths"),
+                "{what}"
+            );
             assert_eq!((needed, limit), ((1025 * 16 + 16) * 4, 65536));
             assert!(hint.contains("[heads_q]"), "{hint}");
         }

@@ -64,6 +64,7 @@ fn webgpu_default_limits_run_every_head_dim_with_16k_tiles() {
         c.softcap = Some(2.0);
         c.alibi_slopes = Some(common::random_alibi(&c, true));
         c.sinks = Some(common::random_sinks(&c));
+        c.seqlens_kv = Some(vec![50, 23]);
         check_both_passes(&ctx, &c);
     }
 }

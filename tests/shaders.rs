@@ -53,6 +53,7 @@ fn shader_bindings_match_the_host_layout() {
             softcap: false,
             alibi: extras,
             sinks: extras,
+            seqlens: extras,
             subgroup: 0,
             accumulate: false,
         };
@@ -125,6 +126,7 @@ fn params_layout_matches_the_shader_struct() {
         softcap: false,
         alibi: false,
         sinks: false,
+        seqlens: false,
         subgroup: 0,
         accumulate: false,
     };
@@ -168,7 +170,10 @@ fn params_layout_matches_the_shader_struct() {
         batch_base,
         alibi_b_stride,
         sinks_base,
-        pad0
+        seqlens_base,
+        kv_base,
+        pad0,
+        pad1
     );
     assert_eq!(members.len(), host.len());
     for (m, (name, off)) in members.iter().zip(host) {

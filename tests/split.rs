@@ -73,7 +73,7 @@ fn windowed_calls_split_into_windows_skip_only_what_the_band_hides() {
 }
 
 #[test]
-fn alibi_and_sinks_survive_the_split_into_windows() {
+fn alibi_sinks_and_key_lengths_survive_the_split_into_windows() {
     // Per-(batch, head) slopes index the whole call's batch (a part's batch 0 is not the
     // call's), and a resumed row must not count its sink twice: whole batches per window, then
     // query and key windows, in f32 and bf16 on every variant.
@@ -85,6 +85,8 @@ fn alibi_and_sinks_survive_the_split_into_windows() {
         let mut c = c0;
         c.alibi_slopes = Some(common::random_alibi(&c, true));
         c.sinks = Some(common::random_sinks(&c));
+        // lengths count from the whole call's key 0 (a key window's part starts past it)
+        c.seqlens_kv = Some(common::random_seqlens(&c));
         assert!(split::choose(&c, DType::F32, &ctx.plan_env())
             .unwrap()
             .is_some());

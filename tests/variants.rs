@@ -104,14 +104,14 @@ fn every_variant_and_the_naive_path_match_the_reference_with_a_softcap() {
 }
 
 #[test]
-fn every_variant_and_the_naive_path_match_the_reference_with_alibi_and_sinks() {
-    // ALiBi alone (one slope per head); per (batch, head) slopes with sinks and causal where
-    // the first rows see no key (their lse is the sink's); sinks alone; and everything at once:
-    // window, softcap, ALiBi and sinks
-    for (per_batch, alibi, sinks, causal, window, softcap, sq, skv) in [
-        (false, true, false, false, Window::default(), None, 70, 90),
+fn every_variant_and_the_naive_path_match_the_reference_with_alibi_sinks_and_key_lengths() {
+    // ALiBi alone (one slope per head); per-(batch, head) slopes with sinks, causal and
+    // per-batch key lengths (three batches: every key, none, a random length; rows that see
+    // no key get the sink's lse); and everything at once: window, softcap, ALiBi, sinks and
+    // key lengths. Three configs, as each feature set compiles its own pipelines per variant.
+    for (per_batch, sinks, seqlens, causal, window, softcap, sq, skv) in [
+        (false, false, false, false, Window::default(), None, 70, 90),
         (true, true, true, true, Window::default(), None, 90, 60),
-        (false, false, true, false, Window::default(), None, 45, 77),
         (
             true,
             true,
@@ -123,11 +123,12 @@ fn every_variant_and_the_naive_path_match_the_reference_with_alibi_and_sinks() {
             100,
         ),
     ] {
-        let mut c = cfg(2, sq, skv, 4, 2, 32, causal);
+        let mut c = cfg(3, sq, skv, 4, 2, 32, causal);
         c.window = window;
         c.softcap = softcap;
-        c.alibi_slopes = alibi.then(|| common::random_alibi(&c, per_batch));
+        c.alibi_slopes = Some(common::random_alibi(&c, per_batch));
         c.sinks = sinks.then(|| common::random_sinks(&c));
+        c.seqlens_kv = seqlens.then(|| common::random_seqlens(&c));
         check_all_tunings(&c, 2.0);
         c.algorithm = Algorithm::Naive;
         check_all_tunings(&c, 2.0);

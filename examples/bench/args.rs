@@ -96,6 +96,10 @@ pub struct Args {
     /// Attention sinks on every point (one logit per head, 1.0)
     #[arg(long)]
     pub sinks: bool,
+    /// Per-batch key lengths on every point: this fraction of the keys of each batch take
+    /// part (a key-padding mask; the FLOPs count only the visible pairs)
+    #[arg(long, value_name = "FRACTION")]
+    pub kv_fill: Option<f64>,
     /// Which pass to time
     #[arg(long, value_enum, default_value = "both")]
     pub pass: PassArg,

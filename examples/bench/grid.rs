@@ -42,6 +42,10 @@ impl Shape {
                 .collect()
         });
         cfg.sinks = mods.sinks.then(|| vec![1.0; self.heads]);
+        cfg.seqlens_kv = mods.kv_fill.map(|f| {
+            let n = ((self.seq as f64 * f).round() as usize).min(self.seq);
+            vec![n; self.batch]
+        });
         cfg.algorithm = alg;
         cfg
     }
@@ -53,6 +57,7 @@ pub struct Mods {
     pub softcap: Option<f32>,
     pub alibi: bool,
     pub sinks: bool,
+    pub kv_fill: Option<f64>,
 }
 
 /// What to measure, resolved from the flags and checked before the GPU is touched.
@@ -117,6 +122,7 @@ impl Grid {
             softcap: a.softcap,
             alibi: a.alibi,
             sinks: a.sinks,
+            kv_fill: a.kv_fill,
         };
         let mut shapes = Vec::new();
         for &batch in &dedup(&a.batch) {

@@ -45,21 +45,28 @@ pub fn flops(cfg: &AttentionConfig, pass: Pass) -> f64 {
 }
 
 /// (row, key) pairs of one (batch, head) that take part: Sq * Sk, halved for causal (the
-/// papers' convention); with a window, counted row by row.
+/// papers' convention); with a window or per-batch key lengths, counted row by row (the mean
+/// over batches).
 pub fn visible_pairs(cfg: &AttentionConfig) -> f64 {
     let all = cfg.seq_q as f64 * cfg.seq_kv as f64;
-    if !cfg.window.is_active() {
+    if !cfg.window.is_active() && cfg.seqlens_kv.is_none() {
         return if cfg.causal { all / 2.0 } else { all };
     }
     let (off, (lo, hi)) = (cfg.causal_offset(), cfg.band());
-    let last = cfg.seq_kv as i64 - 1;
-    (0..cfg.seq_q as i64)
-        .map(|i| {
-            let first = lo.map_or(0, |lo| (i + off + lo).max(0));
-            let end = hi.map_or(last, |hi| (i + off + hi).min(last));
-            (end - first + 1).max(0) as f64
-        })
-        .sum()
+    let per_batch = |len: usize| -> f64 {
+        let last = len as i64 - 1;
+        (0..cfg.seq_q as i64)
+            .map(|i| {
+                let first = lo.map_or(0, |lo| (i + off + lo).max(0));
+                let end = hi.map_or(last, |hi| (i + off + hi).min(last));
+                (end - first + 1).max(0) as f64
+            })
+            .sum()
+    };
+    (0..cfg.batch)
+        .map(|b| per_batch(cfg.kv_len(b)))
+        .sum::<f64>()
+        / cfg.batch as f64
 }
 
 /// The mask of a point: causal or not, and its window.

@@ -195,6 +195,7 @@ impl CudaContext {
         key.softcap = cfg.softcap.is_some();
         key.alibi = cfg.alibi_slopes.is_some();
         key.sinks = cfg.sinks.is_some();
+        key.seqlens = cfg.seqlens_kv.is_some();
         let shape = AttnShape::new(cfg)?;
         for l in key.launches(cfg) {
             if l.grid.1 > 65_535 || l.grid.2 > 65_535 {
@@ -217,7 +218,7 @@ impl CudaContext {
             return Ok(None);
         }
         self.stream
-            .clone_htod(bytemuck::cast_slice::<f32, u8>(&x))
+            .clone_htod(bytemuck::cast_slice::<u32, u8>(&x))
             .map(Some)
             .map_err(driver_error("upload extras"))
     }

@@ -136,10 +136,13 @@ pub struct AttnShape {
     pub band_hi: i32,
     /// With a softcap (compiled in: `CudaKey::softcap`): c * log2(e).
     pub softcap2: f32,
-    /// ALiBi and sinks (compiled in): where they lie in the extras, as `Params` on wgpu.
+    /// ALiBi, sinks and key lengths (compiled in): where they lie in the extras, as `Params`
+    /// on wgpu.
     pub alibi_b_stride: u32,
     pub sinks_base: u32,
-    pub pad0: u32,
+    pub seqlens_base: u32,
+    /// Keys [0, kv_len) take part: seq_kv here; the kernels set a batch's own length.
+    pub kv_len: u32,
 }
 
 impl AttnShape {
@@ -171,7 +174,8 @@ impl AttnShape {
             softcap2: band.softcap2,
             alibi_b_stride: band.alibi_b_stride,
             sinks_base: band.sinks_base,
-            pad0: 0,
+            seqlens_base: band.seqlens_base,
+            kv_len: fits("seq_kv", cfg.seq_kv)?,
         })
     }
 }
@@ -189,6 +193,8 @@ pub struct CudaKey {
     /// ALiBi slopes and attention sinks, compiled in (`-DALIBI=1`, `-DSINKS=1`) likewise.
     pub alibi: bool,
     pub sinks: bool,
+    /// Per-batch key lengths, compiled in (`-DSEQLENS=1`).
+    pub seqlens: bool,
 }
 
 /// The oldest architecture the kernels are written for: `mma.sync` m16n8k16 with bf16,
@@ -254,6 +260,7 @@ impl CudaKey {
             softcap: false,
             alibi: false,
             sinks: false,
+            seqlens: false,
         })
     }
 
@@ -424,6 +431,7 @@ impl CudaKey {
             format!("-DSOFTCAP={}", u32::from(self.softcap)),
             format!("-DALIBI={}", u32::from(self.alibi)),
             format!("-DSINKS={}", u32::from(self.sinks)),
+            format!("-DSEQLENS={}", u32::from(self.seqlens)),
         ];
         if self.kernel.tensor_cores() {
             opts.push(format!("-DWARPS={WARPS}"));
@@ -436,20 +444,22 @@ impl CudaKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {:?} head_dim {} sm_{}{}{}{}",
+            "{} {:?} head_dim {} sm_{}{}{}{}{}",
             self.kernel.name(),
             self.dtype,
             self.head_dim,
             self.arch,
             if self.softcap { " softcap" } else { "" },
             if self.alibi { " alibi" } else { "" },
-            if self.sinks { " sinks" } else { "" }
+            if self.sinks { " sinks" } else { "" },
+            if self.seqlens { " seqlens" } else { "" }
         )
     }
 
     /// The variants a build is checked with on one architecture: every tensor-core variant
     /// (both half dtypes, every head dim they take), and the SIMT kernels in every dtype at
-    /// [`SIMT_CHECK_DIMS`]; with the score modifiers (softcap, ALiBi, sinks, all at once) too
+    /// [`SIMT_CHECK_DIMS`]; with the score modifiers (softcap, ALiBi, sinks, key lengths, all
+    /// at once) too
     /// at head dims 64, 128 and 256.
     pub fn all_for_arch(arch: u32) -> Vec<CudaKey> {
         let mut keys = Vec::new();
@@ -482,6 +492,7 @@ impl CudaKey {
                             softcap: on,
                             alibi: on,
                             sinks: on,
+                            seqlens: on,
                         });
                     }
                 }
@@ -547,8 +558,8 @@ mod tests {
 
     #[test]
     fn the_scalar_argument_matches_the_kernels_struct() {
-        // fourteen 4-byte fields, no padding: the C struct's layout
-        assert_eq!(std::mem::size_of::<AttnShape>(), 56);
+        // fifteen 4-byte fields, no padding: the C struct's layout
+        assert_eq!(std::mem::size_of::<AttnShape>(), 60);
         assert_eq!(std::mem::align_of::<AttnShape>(), 4);
         let body = &COMMON[COMMON.find("struct AttnShape {").unwrap()..];
         let body = &body[..body.find("};").unwrap()];
@@ -576,7 +587,8 @@ mod tests {
                 "softcap2",
                 "alibi_b_stride",
                 "sinks_base",
-                "pad0"
+                "seqlens_base",
+                "kv_len"
             ]
         );
         let mut cfg = AttentionConfig::new(1, 100, 300, 4, 2, 64);

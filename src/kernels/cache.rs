@@ -45,42 +45,28 @@ impl Context {
         let wgsl = key.wgsl();
         let constants = key.constants();
         let p = self.scoped(|| {
+            // the Params uniform, the storage bindings, the extras' uniform where used
+            let entry = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty,
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            };
             let entries: Vec<wgpu::BindGroupLayoutEntry> =
-                std::iter::once(wgpu::BindGroupLayoutEntry {
-                    binding: 0,
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                    count: None,
-                })
-                .chain(key.kernel.bindings().iter().enumerate().map(|(i, a)| {
-                    wgpu::BindGroupLayoutEntry {
-                        binding: i as u32 + 1,
-                        visibility: wgpu::ShaderStages::COMPUTE,
-                        ty: wgpu::BindingType::Buffer {
-                            ty: wgpu::BufferBindingType::Storage {
-                                read_only: a.access == Access::Read,
-                            },
-                            has_dynamic_offset: false,
-                            min_binding_size: None,
-                        },
-                        count: None,
-                    }
-                }))
-                .chain(key.uses_extras().then(|| wgpu::BindGroupLayoutEntry {
-                    binding: key.extras_slot(),
-                    visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: false,
-                        min_binding_size: None,
-                    },
-                    count: None,
-                }))
-                .collect();
+                std::iter::once(entry(0, wgpu::BufferBindingType::Uniform))
+                    .chain(key.kernel.bindings().iter().enumerate().map(|(i, a)| {
+                        let read_only = a.access == Access::Read;
+                        entry(i as u32 + 1, wgpu::BufferBindingType::Storage { read_only })
+                    }))
+                    .chain(
+                        key.uses_extras()
+                            .then(|| entry(key.extras_slot(), wgpu::BufferBindingType::Uniform)),
+                    )
+                    .collect();
             let layout = self
                 .device
                 .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {

@@ -45,7 +45,13 @@ pub struct Params {
     pub alibi_b_stride: u32,
     /// Sinks: the extras word of query head 0's sink.
     pub sinks_base: u32,
+    /// Per-batch key lengths: the extras word of batch 0's length.
+    pub seqlens_base: u32,
+    /// Windowed calls: the whole call's index of this part's first key (a batch's length is
+    /// counted from the whole call's key 0).
+    pub kv_base: u32,
     pub pad0: u32,
+    pub pad1: u32,
 }
 
 impl Params {
@@ -71,6 +77,8 @@ impl Params {
                 _ => 0,
             },
             sinks_base: cfg.alibi_slopes.as_ref().map_or(0, |s| s.len() as u32),
+            seqlens_base: (cfg.alibi_slopes.as_ref().map_or(0, |s| s.len())
+                + cfg.sinks.as_ref().map_or(0, |s| s.len())) as u32,
             ..Default::default()
         }
     }
@@ -89,12 +97,16 @@ impl Params {
     }
 }
 
-/// The call's extras as the kernels read them (`extra(i)` in WGSL, the `extras` pointer on
-/// CUDA): the ALiBi slopes (`[heads_q]` or `[batch, heads_q]`), then the sinks (`[heads_q]`);
-/// `Params::alibi_b_stride` and `sinks_base` locate them. Empty when neither is on.
-pub fn extras(cfg: &crate::AttentionConfig) -> Vec<f32> {
-    let mut x = cfg.alibi_slopes.clone().unwrap_or_default();
-    x.extend(cfg.sinks.iter().flatten());
+/// The call's extras as the kernels read them (`extra(i)` / `extra_u32(i)` in WGSL, the
+/// `extras` pointer on CUDA), as 32-bit words: the ALiBi slopes (`[heads_q]` or
+/// `[batch, heads_q]`, f32 bits), the sinks (`[heads_q]`, f32 bits), the per-batch key lengths
+/// (`[batch]`, u32); `Params::alibi_b_stride`, `sinks_base` and `seqlens_base` locate them.
+/// Empty when none is on.
+pub fn extras(cfg: &crate::AttentionConfig) -> Vec<u32> {
+    let bits = |v: &Option<Vec<f32>>| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut x = bits(&cfg.alibi_slopes);
+    x.extend(bits(&cfg.sinks));
+    x.extend(cfg.seqlens_kv.iter().flatten().map(|&n| n as u32));
     x
 }
 

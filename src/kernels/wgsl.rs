@@ -18,8 +18,9 @@ const COMMON: &str = include_str!("../../shaders/common.wgsl");
 const BLOCKS: &str = include_str!("../../shaders/blocks.wgsl");
 const COOP: &str = include_str!("../../shaders/coop.wgsl");
 
-/// f32 words a call's extras hold at most (ALiBi slopes, then sinks): 64 KiB, the WebGPU
-/// default `maxUniformBufferBindingSize`. Every pipeline with extras binds that many.
+/// 32-bit words a call's extras hold at most (ALiBi slopes, sinks, per-batch key lengths):
+/// 64 KiB, the WebGPU default `maxUniformBufferBindingSize`. Every pipeline with extras binds
+/// that many.
 pub const EXTRAS_WORDS: u32 = 16384;
 
 /// The entry point of every element-parallel kernel: 64 invocations per workgroup over a
@@ -71,6 +72,8 @@ pub struct KernelKey {
     pub alibi: bool,
     /// Attention sinks (the SINKS override; the sinks are in the call's extras).
     pub sinks: bool,
+    /// Per-batch key lengths (the SEQLENS override; the lengths are in the call's extras).
+    pub seqlens: bool,
     /// Rows kernels: the fixed subgroup size they share tile reads across, or 0 for none.
     pub subgroup: u32,
     /// A windowed call's pass (tiled kernels only): the element outputs are f32 buffers that
@@ -91,6 +94,7 @@ impl KernelKey {
             softcap: false,
             alibi: false,
             sinks: false,
+            seqlens: false,
             subgroup: 0,
             accumulate: false,
         }
@@ -98,7 +102,7 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{} sg={}{}",
+            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{} sg={}{}",
             self.kernel.name(),
             self.elem.name(),
             self.head_dim,
@@ -115,6 +119,7 @@ impl KernelKey {
             },
             if self.alibi { " alibi" } else { "" },
             if self.sinks { " sinks" } else { "" },
+            if self.seqlens { " seqlens" } else { "" },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" }
         )
@@ -131,11 +136,12 @@ impl KernelKey {
         (self.kernel.is_rows_variant() && self.subgroup > 1) || self.kernel.is_coop()
     }
 
-    /// True when the pipeline binds the call's extras (ALiBi slopes, sinks): a uniform array
+    /// True when the pipeline binds the call's extras (ALiBi slopes, sinks, key lengths): a
+    /// uniform array
     /// after the storage bindings (`EXTRAS_SLOT` past them), so that no combination of
     /// features takes a storage binding past the WebGPU default of 8 per stage.
     pub fn uses_extras(&self) -> bool {
-        self.alibi || self.sinks
+        self.alibi || self.sinks || self.seqlens
     }
 
     /// The binding slot of the extras: right after the kernel's storage bindings.
@@ -229,15 +235,19 @@ impl KernelKey {
         s
     }
 
-    /// `extra(i) -> f32`: word i of the call's extras (`plan::Extras`), from a uniform array
-    /// of EXTRAS_WORDS f32 values; a constant 0 for pipelines without extras.
+    /// `extra_u32(i)` and `extra(i)` (its bits as f32): word i of the call's extras
+    /// (`Plan::extras`), from a uniform array of EXTRAS_WORDS words; constant 0 for pipelines
+    /// without extras. Words, not floats, so that integers (key lengths) pass unchanged.
     fn extras_wgsl(&self) -> String {
         if !self.uses_extras() {
-            return "fn extra(i: u32) -> f32 { return 0.0; }\n".into();
+            return "fn extra_u32(i: u32) -> u32 { return 0u; }\n\
+                    fn extra(i: u32) -> f32 { return 0.0; }\n"
+                .into();
         }
         format!(
-            "@group(0) @binding({}) var<uniform> extras: array<vec4<f32>, {}>;\n\
-             fn extra(i: u32) -> f32 {{ return extras[i >> 2u][i & 3u]; }}\n",
+            "@group(0) @binding({}) var<uniform> extras: array<vec4<u32>, {}>;\n\
+             fn extra_u32(i: u32) -> u32 {{ return extras[i >> 2u][i & 3u]; }}\n\
+             fn extra(i: u32) -> f32 {{ return bitcast<f32>(extra_u32(i)); }}\n",
             self.extras_slot(),
             EXTRAS_WORDS / 4
         )
@@ -279,6 +289,7 @@ impl KernelKey {
             ("SOFTCAP", flag(self.softcap)),
             ("ALIBI", flag(self.alibi)),
             ("SINKS", flag(self.sinks)),
+            ("SEQLENS", flag(self.seqlens)),
         ]
     }
 }

@@ -90,9 +90,10 @@ pub struct Plan {
     pub outputs: Vec<OutputSpec>,
     pub scratch: Vec<ScratchSpec>,
     pub steps: Vec<Step>,
-    /// Per-head f32 values the kernels read (`kernels::params::extras`: ALiBi slopes, sinks),
-    /// uploaded once per call into a uniform buffer of `EXTRAS_WORDS` words; empty if none.
-    pub extras: Vec<f32>,
+    /// Per-head and per-batch values the kernels read (`kernels::params::extras`: ALiBi
+    /// slopes, sinks, key lengths) as 32-bit words, uploaded once per call into a uniform
+    /// buffer of `EXTRAS_WORDS` words; empty if none.
+    pub extras: Vec<u32>,
 }
 
 impl Plan {
@@ -104,7 +105,8 @@ impl Plan {
         let limit = crate::kernels::wgsl::EXTRAS_WORDS as u64;
         if self.extras.len() as u64 > limit {
             return Err(crate::Error::DeviceLimit {
-                what: "ALiBi slopes and sinks (one uniform array of f32 words)".into(),
+                what: "ALiBi slopes, sinks and key lengths (one uniform array of 32-bit words)"
+                    .into(),
                 needed: self.extras.len() as u64 * 4,
                 limit: limit * 4,
                 hint: "per-batch ALiBi slopes ([batch, heads_q]) past 16,384 - heads_q values: \
@@ -285,6 +287,7 @@ pub(crate) fn key(
         softcap: cfg.softcap.is_some(),
         alibi: kernel.finishes_scores() && cfg.alibi_slopes.is_some(),
         sinks: kernel.finishes_scores() && cfg.sinks.is_some(),
+        seqlens: kernel.finishes_scores() && cfg.seqlens_kv.is_some(),
         subgroup: if kernel.is_rows_variant() {
             env.tuning.rows_subgroup
         } else {

@@ -417,6 +417,7 @@ impl<'a> Builder<'a> {
         step.key.accumulate = self.split.accumulate;
         step.params.causal_offset = part.causal_offset(self.cfg);
         step.params.batch_base = part.b as u32;
+        step.params.kv_base = part.k0 as u32;
         (step.params.band_lo, step.params.band_hi) = part.band(self.cfg);
         step.params.q_shift = shifts.0;
         step.params.kv_shift = shifts.1;

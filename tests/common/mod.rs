@@ -158,6 +158,9 @@ pub fn describe(cfg: &AttentionConfig, seed: u64) -> String {
     if cfg.sinks.is_some() {
         mods += " sinks";
     }
+    if let Some(n) = &cfg.seqlens_kv {
+        mods += &format!(" seqlens_kv={n:?}");
+    }
     format!(
         "{:?} b={} sq={} skv={} hq={} hkv={} d={} causal={}{mods} seed={seed}",
         cfg.algorithm,
@@ -177,6 +180,19 @@ pub fn random_alibi(cfg: &AttentionConfig, per_batch: bool) -> Vec<f32> {
     let n = cfg.heads_q * if per_batch { cfg.batch } else { 1 };
     let mut rng = StdRng::seed_from_u64(fresh_seed());
     (0..n).map(|_| rng.random_range(0.05..0.6)).collect()
+}
+
+/// Fresh random per-batch key lengths in [0, seq_kv]: the first batch full, the second empty
+/// (rows that see no key) when there are three or more, the rest random.
+pub fn random_seqlens(cfg: &AttentionConfig) -> Vec<usize> {
+    let mut rng = StdRng::seed_from_u64(fresh_seed());
+    (0..cfg.batch)
+        .map(|b| match b {
+            0 => cfg.seq_kv,
+            1 if cfg.batch >= 3 => 0,
+            _ => rng.random_range(0..=cfg.seq_kv),
+        })
+        .collect()
 }
 
 /// Fresh random sinks in [-1, 3): one per query head, large enough to take a visible share of

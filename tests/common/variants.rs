@@ -80,6 +80,7 @@ pub fn variants() -> Vec<KernelKey> {
                                             softcap: window,
                                             alibi: window,
                                             sinks: window,
+                                            seqlens: window,
                                             subgroup,
                                             accumulate,
                                         });
