@@ -218,7 +218,7 @@ impl AttentionConfig {
                 )));
             }
         }
-        let (per_head, per_batch) = (self.heads_q, self.batch * self.heads_q);
+        let (per_head, per_batch) = (self.heads_q, self.batch.saturating_mul(self.heads_q));
         check_values(
             "alibi_slopes",
             &self.alibi_slopes,
