@@ -37,8 +37,19 @@ struct Params {
     sinks_base: u32,     // SINKS: extras word of head 0's sink
     seqlens_base: u32,   // SEQLENS: extras word of batch 0's key length
     kv_base: u32,        // windowed calls: the whole call's index of this part's key 0
-    pad0: u32,
-    pad1: u32,
+    q_base: u32,         // windowed calls: the whole call's index of this part's query row 0
+    drop_threshold: u32, // DROPOUT: random words below it drop their pair
+    drop_scale: f32,     // DROPOUT: 1 / (1 - p), a kept pair's factor
+    seed_lo: u32,        // DROPOUT: the Philox key (the seed) and the stream offset
+    seed_hi: u32,
+    offset_lo: u32,
+    offset_hi: u32,
+    blocks_base: u32,    // BLOCKS: extras word of the block mask's bit 0
+    block_q: u32,        // BLOCKS: query rows and keys per block
+    block_kv: u32,
+    blocks_cols: u32,    // BLOCKS: block columns of a grid (the whole call's)
+    blocks_b_stride: u32, // BLOCKS: bits between batches' grids and heads' grids (0: broadcast)
+    blocks_h_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -54,6 +65,12 @@ override ALIBI: bool = false;
 override SINKS: bool = false;
 // Per-batch key lengths (a key-padding mask), read from the extras; false costs nothing.
 override SEQLENS: bool = false;
+// Dropout of the probabilities (dropout_scale; its seed, offset and threshold are in Params);
+// false costs nothing.
+override DROPOUT: bool = false;
+// A block mask (block-sparse attention), read from the extras: hidden pairs and skipped
+// tiles (tile_visit); false costs nothing.
+override BLOCKS: bool = false;
 
 const LN2: f32 = 0.6931471805599453;
 const LOG2E: f32 = 1.4426950408889634;
@@ -198,6 +215,57 @@ fn q_end_for_keys(b: u32, j0: u32, j_last: u32) -> u32 {
     return u32(clamp(i32(j_last) - params.band_lo + 1, 0, i32(params.seq_q)));
 }
 
+// ---- Block-sparse: the block mask's bits (extras from params.blocks_base), one grid of
+// ceil(seq_q / block_q) x blocks_cols bits per (batch, query head), indexed by the whole
+// call's rows and keys (a windowed call's part adds q_base / kv_base).
+
+// The first bit of (batch b, query head h)'s grid: a pure function of uniform values.
+fn blocks_grid(b: u32, h: u32) -> u32 {
+    return (params.batch_base + b) * params.blocks_b_stride + h * params.blocks_h_stride;
+}
+
+// Set bits among bits [first, last] of the block mask, a word at a time.
+fn blocks_on(first: u32, last: u32) -> u32 {
+    var n = 0u;
+    for (var w = first / 32u; w <= last / 32u; w++) {
+        var word = extra_u32(params.blocks_base + w);
+        if (w == first / 32u) {
+            word &= 0xffffffffu << (first % 32u);
+        }
+        if (w == last / 32u) {
+            word &= 0xffffffffu >> (31u - last % 32u);
+        }
+        n += countOneBits(word);
+    }
+    return n;
+}
+
+// How a tiled kernel treats a tile of (batch b, query head h): rows [q_begin, q_begin + q_len),
+// keys [kv_begin, kv_begin + kv_count), clipped to the call. `skip`: every block it overlaps
+// is off (BLOCKS), so nothing in it is visible; `masked`: some pair needs the mask or a
+// bounds check (tile_needs_mask, or a block it overlaps is off). Uniform across the workgroup.
+struct TileVisit {
+    skip: bool,
+    masked: bool,
+}
+
+fn tile_visit(b: u32, h: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> TileVisit {
+    let masked = tile_needs_mask(b, q_begin, q_len, kv_begin, kv_count);
+    if (!BLOCKS) {
+        return TileVisit(false, masked);
+    }
+    let grid = blocks_grid(b, h);
+    let r0 = (params.q_base + q_begin) / params.block_q;
+    let r1 = (params.q_base + min(q_begin + q_len, params.seq_q) - 1u) / params.block_q;
+    let c0 = (params.kv_base + kv_begin) / params.block_kv;
+    let c1 = (params.kv_base + min(kv_begin + kv_count, params.seq_kv) - 1u) / params.block_kv;
+    var on = 0u;
+    for (var r = r0; r <= r1; r++) {
+        on += blocks_on(grid + r * params.blocks_cols + c0, grid + r * params.blocks_cols + c1);
+    }
+    return TileVisit(on == 0u, masked || on < (r1 - r0 + 1u) * (c1 - c0 + 1u));
+}
+
 // True when some (row, key) pair of batch b's tile (rows [q_begin, q_begin + q_len), keys
 // [kv_begin, kv_begin + kv_count)) needs the mask or a bounds check.
 fn tile_needs_mask(b: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> bool {
@@ -215,8 +283,16 @@ fn tile_needs_mask(b: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u3
 var<private> head_slope2: f32;
 var<private> head_sink2: f32;
 var<private> head_kv_len: u32;
+var<private> head_stream: u32;
+var<private> head_blocks: u32;
 
 fn begin_head(b: u32, h: u32) {
+    if (BLOCKS) {
+        head_blocks = blocks_grid(b, h);
+    }
+    if (DROPOUT) {
+        head_stream = (params.batch_base + b) * params.heads_q + h;
+    }
     if (SEQLENS) {
         head_kv_len = kv_len(b);
     }
@@ -250,12 +326,24 @@ fn sink_on() -> bool {
 // Bounds, the bottom-right aligned causal mask and the window. Non-short-circuit `&` and `|`
 // keep this free of branches, so that loops calling it stay simple enough for drivers to
 // unroll.
-// With SEQLENS, keys past the batch's length are hidden (`begin_head` read it).
+// With SEQLENS, keys past the batch's length are hidden (`begin_head` read it); with BLOCKS,
+// pairs whose block is off.
 fn visible(i: u32, j: u32) -> bool {
     let in_range = (i < params.seq_q) & (j < select(params.seq_kv, head_kv_len, SEQLENS));
     let causal_ok = !CAUSAL | (i32(j) <= i32(i) + params.causal_offset);
     let band_ok = !WINDOW | ((i32(j) >= i32(i) + params.band_lo) & (i32(j) <= i32(i) + params.band_hi));
-    return in_range & causal_ok & band_ok;
+    return in_range & causal_ok & band_ok & block_on(i, j);
+}
+
+// With BLOCKS, true when the block of pair (i, j) of the current head (`begin_head`) is on;
+// true without.
+fn block_on(i: u32, j: u32) -> bool {
+    if (!BLOCKS) {
+        return true;
+    }
+    let bit = head_blocks + ((params.q_base + i) / params.block_q) * params.blocks_cols
+        + (params.kv_base + j) / params.block_kv;
+    return ((extra_u32(params.blocks_base + bit / 32u) >> (bit % 32u)) & 1u) == 1u;
 }
 
 // A hidden pair's score: -inf, so that any finite score, however negative, outweighs it.
@@ -380,6 +468,51 @@ fn recompute_p(s: f32, lse2: f32) -> f32 {
     return select(select(exp2(x), 1.0, x > 0.0), 0.0, s == neg_inf());
 }
 
+// ---- Dropout: the RNG and the factor each pair's probability takes. The same function
+// decides in the forward and in the backward (which so regenerates the forward's mask), and
+// src/dropout.rs (`Dropout::keeps`) defines it for the reference and the CUDA kernels.
+
+// The high 32 bits of the 64-bit product a * b (WGSL has no wide multiply): from 16-bit halves.
+fn mul_hi(a: u32, b: u32) -> u32 {
+    let a0 = a & 0xffffu;
+    let a1 = a >> 16u;
+    let b0 = b & 0xffffu;
+    let b1 = b >> 16u;
+    let mid1 = a1 * b0;
+    let mid2 = a0 * b1;
+    let carry = (((a0 * b0) >> 16u) + (mid1 & 0xffffu) + (mid2 & 0xffffu)) >> 16u;
+    return a1 * b1 + (mid1 >> 16u) + (mid2 >> 16u) + carry;
+}
+
+// Philox 4x32-10: four random words at counter `ctr` under `key`.
+fn philox4x32_10(ctr: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
+    var c = ctr;
+    var k = key;
+    for (var round = 0u; round < 10u; round++) {
+        let m0 = 0xD2511F53u;
+        let m1 = 0xCD9E8D57u;
+        c = vec4<u32>(mul_hi(m1, c.z) ^ c.y ^ k.x, m1 * c.z, mul_hi(m0, c.x) ^ c.w ^ k.y, m0 * c.x);
+        k += vec2<u32>(0x9E3779B9u, 0xBB67AE85u);
+    }
+    return c;
+}
+
+// The factor pair (query row i, key j) of the current head (`begin_head`) takes with DROPOUT:
+// 0 when dropped, 1 / (1 - p) when kept; 1 without DROPOUT, which folds away. The pair takes
+// word j % 4 of the block at counter (offset + j / 4 as 64 bits, i, batch * heads_q + h) under
+// the seed, with the whole call's indices (a windowed call's part adds its bases).
+fn dropout_scale(i: u32, j: u32) -> f32 {
+    if (!DROPOUT) {
+        return 1.0;
+    }
+    let gi = params.q_base + i;
+    let gj = params.kv_base + j;
+    let lo = params.offset_lo + (gj >> 2u);
+    let hi = params.offset_hi + select(0u, 1u, lo < params.offset_lo);
+    var r = philox4x32_10(vec4<u32>(lo, hi, gi, head_stream), vec2<u32>(params.seed_lo, params.seed_hi));
+    return select(0.0, params.drop_scale, r[gj & 3u] >= params.drop_threshold);
+}
+
 // Backward: dS = P * (dP - delta), the gradient at the finished score (delta = rowsum(dO * O)).
 // A hidden pair (P exactly 0) gets exactly 0, whatever dP holds (dP = dO . v sees the pair's v).
 // (i, j): the pair, whose ALiBi term the softcap's slope takes out of s.
@@ -391,6 +524,20 @@ fn score_grad(p: f32, dp: f32, delta: f32, s: f32, i: u32, j: u32) -> f32 {
         g = g * (1.0 - t * t);
     }
     return select(g, 0.0, p == 0.0);
+}
+
+// Backward, one pair from its finished score s, the row's lse (exp2 domain), dP = dO . v and
+// delta: the weight of the row's dO in dV (P, times the dropout factor Z) and dS, whose dP
+// takes Z too (out used P Z). Every tiled backward kernel goes through this.
+struct PairGrads {
+    pz: f32,
+    ds: f32,
+}
+
+fn pair_grads(s: f32, lse2: f32, dp: f32, delta: f32, i: u32, j: u32) -> PairGrads {
+    let p = recompute_p(s, lse2);
+    let z = dropout_scale(i, j);
+    return PairGrads(p * z, score_grad(p, dp * z, delta, s, i, j));
 }
 
 fn pos_inf() -> f32 {

@@ -66,7 +66,11 @@ fn main(
         let h = hk * params.group + g;
         begin_head(b, h);
         for (var q0 = q_start; q0 < q_stop; q0 += BR) {
-            let masked = q0 + BR > params.seq_q || tile_needs_mask(b, q0, BR, kv0, BC);
+            let visit = tile_visit(b, h, q0, BR, kv0, BC);
+            if (visit.skip) {
+                continue;
+            }
+            let masked = q0 + BR > params.seq_q || visit.masked;
             for (var e = t; e < BR * HEAD_DIM; e += NT) {
                 let qi = q0 + e / HEAD_DIM;
                 var qx = 0.0;
@@ -109,9 +113,9 @@ fn main(
                 let r = j + rr * TPR;
                 if (r < BR) {
                     let sc = finish_score(p[rr] * params.scale_log2, q0 + r, key, masked);
-                    let pr = recompute_p(sc, smem[SLSE + r]);
-                    smem[SP + c * BR + r] = pr;
-                    smem[SDS + c * BR + r] = score_grad(pr, ds[rr], smem[SDELTA + r], sc, q0 + r, key);
+                    let g = pair_grads(sc, smem[SLSE + r], ds[rr], smem[SDELTA + r], q0 + r, key);
+                    smem[SP + c * BR + r] = g.pz;
+                    smem[SDS + c * BR + r] = g.ds;
                 }
             }
             workgroupBarrier();

@@ -52,7 +52,11 @@ fn main(
         let h = hk * params.group + g;
         begin_head(b, h);
         for (var q0 = q_start; q0 < q_stop; q0 += BR) {
-            let masked = q0 + BR > params.seq_q || tile_needs_mask(b, q0, BR, kv0, BC);
+            let visit = tile_visit(b, h, q0, BR, kv0, BC);
+            if (visit.skip) {
+                continue;
+            }
+            let masked = q0 + BR > params.seq_q || visit.masked;
             workgroupBarrier(); // the previous tile's products are done with Q, dO, P and dS
             for (var e = t; e < BR * D4; e += NT) {
                 let r = e / D4;
@@ -87,8 +91,9 @@ fn main(
             for (var i = 0u; i < TM; i++) {
                 for (var j = 0u; j < TN; j++) {
                     let sc = finish_score(p[i][j], q0 + tx + j * NTX, kv0 + ty * TM + i, masked);
-                    p[i][j] = recompute_p(sc, lse2[j]);
-                    ds[i][j] = score_grad(p[i][j], ds[i][j], dl[j], sc, q0 + tx + j * NTX, kv0 + ty * TM + i);
+                    let g = pair_grads(sc, lse2[j], ds[i][j], dl[j], q0 + tx + j * NTX, kv0 + ty * TM + i);
+                    p[i][j] = g.pz;
+                    ds[i][j] = g.ds;
                 }
             }
             store_weights(OP, p, ty, tx);

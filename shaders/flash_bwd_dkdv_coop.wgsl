@@ -56,7 +56,11 @@ fn main(
         let h = hk * params.group + g;
         begin_head(b, h);
         for (var q0 = q_start; q0 < q_end; q0 += BR) {
-            let masked = q0 + BR > params.seq_q || tile_needs_mask(b, q0, BR, kv0, BC);
+            let visit = tile_visit(b, h, q0, BR, kv0, BC);
+            if (visit.skip) {
+                continue;
+            }
+            let masked = q0 + BR > params.seq_q || visit.masked;
             workgroupBarrier(); // the previous tile is done with Q, dO, P^T, dS^T and fs
             for (var e = t; e < BR * DP; e += NT) {
                 let qi = q0 + e / DP;
@@ -90,9 +94,9 @@ fn main(
             for (var k = 0u; k < RPR; k++) {
                 let r = part + k * TPR;
                 let sc = finish_score(fs[c * BR + r] * params.scale_log2, q0 + r, key, masked);
-                let p = recompute_p(sc, rows[r]);
-                hs[OP + c * BR + r] = f16(p);
-                hs[ODS + c * BR + r] = f16(score_grad(p, fs[FDP + c * BR + r], rows[BR + r], sc, q0 + r, key));
+                let g = pair_grads(sc, rows[r], fs[FDP + c * BR + r], rows[BR + r], q0 + r, key);
+                hs[OP + c * BR + r] = f16(g.pz);
+                hs[ODS + c * BR + r] = f16(g.ds);
             }
             workgroupBarrier(); // P^T and dS^T are in; S^T and dP^T are dead
 

@@ -54,8 +54,9 @@ fn visit_tile(guard: bool, lane: u32, q0: u32, key0: u32) {
             var dsr = array<f32, RPT>();
             for (var kk = 0u; kk < RPT; kk++) {
                 let sc = finish_score(x[kk], q0 + r, key0 + kk * NT, guard);
-                pr[kk] = recompute_p(sc, lse_r);
-                dsr[kk] = score_grad(pr[kk], x[RPT + kk], delta_r, sc, q0 + r, key0 + kk * NT);
+                let g = pair_grads(sc, lse_r, x[RPT + kk], delta_r, q0 + r, key0 + kk * NT);
+                pr[kk] = g.pz;
+                dsr[kk] = g.ds;
             }
             add_dkdv(pr, dsr, guard);
         }
@@ -104,7 +105,11 @@ fn main(
         let h = hk * params.group + g;
         begin_head(b, h);
         for (var q0 = q_start; q0 < q_stop; q0 += BR) {
-            let masked = q0 + BR > params.seq_q || tile_needs_mask(b, q0, BR, kv0, BC);
+            let visit = tile_visit(b, h, q0, BR, kv0, BC);
+            if (visit.skip) {
+                continue;
+            }
+            let masked = q0 + BR > params.seq_q || visit.masked;
             workgroupBarrier();
             for (var e = t; e < BR * DPAD_V; e += NT) {
                 let qi = q0 + e / DPAD_V;

@@ -67,7 +67,11 @@ fn main(
     var dp = array<f32, CPT>();
     let kv_end = kv_end_for_rows(b, q0, q0 + BR);
     for (var kv0 = (kv_begin_for_rows(q0) / BC) * BC; kv0 < kv_end; kv0 += BC) {
-        let masked = tile_needs_mask(b, q0, BR, kv0, BC);
+        let visit = tile_visit(b, h, q0, BR, kv0, BC);
+        if (visit.skip) {
+            continue;
+        }
+        let masked = visit.masked;
         for (var e = t; e < BC * HEAD_DIM; e += NT) {
             let jj = kv0 + e / HEAD_DIM;
             var kx = 0.0;
@@ -99,8 +103,7 @@ fn main(
             let c = j + cc * TPR;
             if (c < BC) {
                 let sc = finish_score(p[cc] * params.scale_log2, i, kv0 + c, masked);
-                let pc = recompute_p(sc, smem[SLSE + r]);
-                smem[SDS + r * BC + c] = score_grad(pc, dp[cc], smem[SDELTA + r], sc, i, kv0 + c);
+                smem[SDS + r * BC + c] = pair_grads(sc, smem[SLSE + r], dp[cc], smem[SDELTA + r], i, kv0 + c).ds;
             }
         }
         workgroupBarrier();

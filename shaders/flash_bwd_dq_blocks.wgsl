@@ -65,7 +65,11 @@ fn main(
     var acc = array<array<vec4<f32>, GPT>, TM>();
     let kv_end = kv_end_for_rows(b, q0, q0 + BR);
     for (var kv0 = (kv_begin_for_rows(q0) / BC) * BC; kv0 < kv_end; kv0 += BC) {
-        let masked = tile_needs_mask(b, q0, BR, kv0, BC);
+        let visit = tile_visit(b, h, q0, BR, kv0, BC);
+        if (visit.skip) {
+            continue;
+        }
+        let masked = visit.masked;
         workgroupBarrier(); // the previous tile's dS K is done with K and dS
         stage_kv(OK, OV, b, hk, kv0, BC, t, 1.0);
         workgroupBarrier();
@@ -75,7 +79,7 @@ fn main(
         for (var i = 0u; i < TM; i++) {
             for (var j = 0u; j < TN; j++) {
                 let sc = finish_score(ds[i][j], q0 + ty * TM + i, kv0 + tx + j * NTX, masked);
-                ds[i][j] = score_grad(recompute_p(sc, lse2[i]), dp[i][j], dl[i], sc, q0 + ty * TM + i, kv0 + tx + j * NTX);
+                ds[i][j] = pair_grads(sc, lse2[i], dp[i][j], dl[i], q0 + ty * TM + i, kv0 + tx + j * NTX).ds;
             }
         }
         store_weights(ODS, ds, ty, tx);

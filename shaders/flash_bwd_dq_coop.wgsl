@@ -67,7 +67,11 @@ fn main(
     var acc = array<f32, DPR>();
     let kv_end = select(0u, kv_end_for_rows(b, q0, q0 + BR), live);
     for (var kv0 = (kv_begin_for_rows(q0) / BC) * BC; kv0 < kv_end; kv0 += BC) {
-        let masked = tile_needs_mask(b, q0, BR, kv0, BC);
+        let visit = tile_visit(b, h, q0, BR, kv0, BC);
+        if (visit.skip) {
+            continue;
+        }
+        let masked = visit.masked;
         workgroupBarrier(); // the previous tile is done with K, V, dS and fs
         stage_kv(OK, OV, b, hk, kv0, BC, t);
         workgroupBarrier();
@@ -78,8 +82,7 @@ fn main(
         for (var k = 0u; k < CPR; k++) {
             let c = part + k * TPR;
             let sc = finish_score(fs[r * BC + c] * params.scale_log2, i, kv0 + c, masked);
-            let p = recompute_p(sc, lse2);
-            hs[ODS + r * BC + c] = f16(score_grad(p, fs[FDP + r * BC + c], dl, sc, i, kv0 + c));
+            hs[ODS + r * BC + c] = f16(pair_grads(sc, lse2, fs[FDP + r * BC + c], dl, i, kv0 + c).ds);
         }
         workgroupBarrier(); // dS is in; S and dP are dead
 

@@ -44,7 +44,7 @@ fn visit_tile(guard: bool, lane: u32, row0: u32, kv0: u32) {
         var dsc = array<f32, RPT>();
         for (var rr = 0u; rr < RPT; rr++) {
             let sc = finish_score(x[rr], row0 + rr * NT, kv0 + c, guard);
-            dsc[rr] = score_grad(recompute_p(sc, lse2[rr]), x[RPT + rr], delta_i[rr], sc, row0 + rr * NT, kv0 + c);
+            dsc[rr] = pair_grads(sc, lse2[rr], x[RPT + rr], delta_i[rr], row0 + rr * NT, kv0 + c).ds;
         }
         add_dq_rows(dsc, guard);
     }
@@ -92,7 +92,11 @@ fn main(
 
     let kv_end = kv_end_for_rows(b, q0, q0 + BR);
     for (var kv0 = (kv_begin_for_rows(q0) / BC) * BC; kv0 < kv_end; kv0 += BC) {
-        let masked = tile_needs_mask(b, q0, BR, kv0, BC);
+        let visit = tile_visit(b, h, q0, BR, kv0, BC);
+        if (visit.skip) {
+            continue;
+        }
+        let masked = visit.masked;
         workgroupBarrier();
         stage_kv(b, hk, kv0, t);
         workgroupBarrier();

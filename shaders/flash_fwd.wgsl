@@ -85,7 +85,11 @@ fn main(
 
     let kv_end = kv_end_for_rows(b, q0, q0 + BR);
     for (var kv0 = (kv_begin_for_rows(q0) / BC) * BC; kv0 < kv_end; kv0 += BC) {
-        let masked = tile_needs_mask(b, q0, BR, kv0, BC);
+        let visit = tile_visit(b, h, q0, BR, kv0, BC);
+        if (visit.skip) {
+            continue;
+        }
+        let masked = visit.masked;
         load_kv_tile(true, b, hk, kv0, t);
         workgroupBarrier();
 
@@ -122,7 +126,7 @@ fn main(
             let p = softmax_weight(s[cc], m_new);
             l_tile += p;
             if (c < BC) {
-                smem[SP + r * BC + c] = p;
+                smem[SP + r * BC + c] = p * dropout_scale(i, kv0 + c);
             }
         }
         l_i = fma(alpha, l_i, l_tile);

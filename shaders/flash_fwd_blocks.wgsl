@@ -88,7 +88,11 @@ fn main(
 
     let kv_end = kv_end_for_rows(b, q0, q0 + BR);
     for (var kv0 = (kv_begin_for_rows(q0) / BC) * BC; kv0 < kv_end; kv0 += BC) {
-        let masked = tile_needs_mask(b, q0, BR, kv0, BC);
+        let visit = tile_visit(b, h, q0, BR, kv0, BC);
+        if (visit.skip) {
+            continue;
+        }
+        let masked = visit.masked;
         workgroupBarrier(); // the previous tile's P V is done with V and P
         load_kv_tile(true, b, hk, kv0, t);
         workgroupBarrier();
@@ -116,8 +120,9 @@ fn main(
             m_i[i] = om.m;
             var l_tile = 0.0;
             for (var j = 0u; j < TN; j++) {
-                s[i][j] = softmax_weight(s[i][j], om.m);
-                l_tile += s[i][j];
+                let p = softmax_weight(s[i][j], om.m);
+                l_tile += p;
+                s[i][j] = p * dropout_scale(q0 + ty * TM + i, kv0 + tx + j * NTX);
             }
             l_i[i] = fma(alpha[i], l_i[i], l_tile);
         }

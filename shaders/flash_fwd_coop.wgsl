@@ -72,7 +72,11 @@ fn main(
 
     let kv_end = select(0u, kv_end_for_rows(b, q0, q0 + BR), live);
     for (var kv0 = (kv_begin_for_rows(q0) / BC) * BC; kv0 < kv_end; kv0 += BC) {
-        let masked = tile_needs_mask(b, q0, BR, kv0, BC);
+        let visit = tile_visit(b, h, q0, BR, kv0, BC);
+        if (visit.skip) {
+            continue;
+        }
+        let masked = visit.masked;
         workgroupBarrier(); // the previous tile is done with K, V, P and fs
         stage_kv(OK, OV, b, hk, kv0, BC, t);
         workgroupBarrier();
@@ -95,8 +99,9 @@ fn main(
         let om = online_max(m_i, m_tile);
         var l_tile = 0.0;
         for (var k = 0u; k < CPR; k++) {
+            let c = part + k * TPR;
             let p = f16(softmax_weight(s[k], om.m));
-            hs[OP + r * BC + part + k * TPR] = p;
+            hs[OP + r * BC + c] = f16(f32(p) * dropout_scale(i, kv0 + c));
             l_tile += f32(p);
         }
         l_i = fma(om.alpha, l_i, l_tile);

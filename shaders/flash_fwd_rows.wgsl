@@ -70,7 +70,11 @@ fn main(
 
     let kv_end = kv_end_for_rows(b, q0, q0 + BR);
     for (var kv0 = (kv_begin_for_rows(q0) / BC) * BC; kv0 < kv_end; kv0 += BC) {
-        let masked = tile_needs_mask(b, q0, BR, kv0, BC);
+        let visit = tile_visit(b, h, q0, BR, kv0, BC);
+        if (visit.skip) {
+            continue;
+        }
+        let masked = visit.masked;
         workgroupBarrier();
         stage_kv(b, hk, kv0, t);
         workgroupBarrier();
@@ -102,6 +106,7 @@ fn main(
             for (var rr = 0u; rr < RPT; rr++) {
                 p[rr] = softmax_weight(s[rr][c], m_new[rr]);
                 l_tile[rr] += p[rr];
+                p[rr] *= dropout_scale(q0 + t + rr * NT, kv0 + c);
             }
             add_rows(c, lane, p, masked);
         }

@@ -14,11 +14,13 @@ fn item(e: u32) {
     var acc_dv = 0.0;
     for (var g = 0u; g < params.group; g++) {
         let h = hk * params.group + g;
+        begin_head(b, h);
         let local = b * params.heads_q + h - params.slice_base;
         let pb = local * params.seq_q * params.seq_kv + jrow;
         for (var i = 0u; i < params.seq_q; i++) {
             let o = q_index(b, i, h, d);
-            acc_dv = add_weighted(acc_dv, probs[pb + i * params.seq_kv], load_d_out(o), CAUSAL);
+            let pz = probs[pb + i * params.seq_kv] * dropout_scale(i, jrow);
+            acc_dv = add_weighted(acc_dv, pz, load_d_out(o), CAUSAL);
             acc_dk = add_weighted(acc_dk, ds[pb + i * params.seq_kv], load_q(o), CAUSAL);
         }
     }

@@ -10,5 +10,6 @@ fn item(e: u32) {
     begin_head(at.b, at.h);
     let r = row_index(at.b, at.h, at.i);
     let p = probs[e];
-    ds[e] = score_grad(p, ds[e], delta[r], log2(p) + lse_to_log2(lse[r]), at.i, e % params.seq_kv);
+    let j = e % params.seq_kv;
+    ds[e] = score_grad(p, ds[e] * dropout_scale(at.i, j), delta[r], log2(p) + lse_to_log2(lse[r]), at.i, j);
 }

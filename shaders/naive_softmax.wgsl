@@ -47,7 +47,7 @@ fn main(
     let inv_l = row_normalizer(m, l);
     for (var j = t; j < params.seq_kv; j += 64u) {
         let s = finish_score(scores[base + j] * params.scale_log2, at.i, j, true);
-        probs[base + j] = softmax_weight(s, m) * inv_l;
+        probs[base + j] = softmax_weight(s, m) * inv_l * dropout_scale(at.i, j);
     }
     if (t == 0u) {
         lse[row_index(at.b, at.h, at.i)] = finish_lse(m, l);

@@ -1,5 +1,7 @@
 //! What the caller asks for: shapes, masking, scale and algorithm, and their validation.
 
+use crate::block_mask::BlockMask;
+use crate::dropout::Dropout;
 use crate::error::{Error, Result};
 
 /// Largest head dimension the kernels are built for.
@@ -74,6 +76,12 @@ pub struct AttentionConfig {
     /// relative to `seq_kv`. A row that sees no key gets out 0 and lse -inf (or the sink).
     /// `None`: every key of every batch.
     pub seqlens_kv: Option<Vec<usize>>,
+    /// Dropout on the attention probabilities ([`Dropout`]: probability, seed, offset), in the
+    /// forward and the backward, which regenerates the forward's mask. `None`: off.
+    pub dropout: Option<Dropout>,
+    /// Block-sparse attention ([`BlockMask`]): pairs whose block is off are hidden, and tiles
+    /// whose blocks are all off are skipped. `None`: every block.
+    pub block_mask: Option<BlockMask>,
     /// `None` means `1 / sqrt(head_dim)`.
     pub softmax_scale: Option<f32>,
     pub algorithm: Algorithm,
@@ -101,6 +109,8 @@ impl AttentionConfig {
             alibi_slopes: None,
             sinks: None,
             seqlens_kv: None,
+            dropout: None,
+            block_mask: None,
             softmax_scale: None,
             algorithm: Algorithm::default(),
         }
@@ -249,6 +259,17 @@ impl AttentionConfig {
                 )));
             }
         }
+        if let Some(d) = &self.dropout {
+            if !(d.p >= 0.0 && d.p < 1.0) {
+                return Err(Error::invalid(format!(
+                    "dropout.p must be in [0, 1) (or dropout None: off), got {}",
+                    d.p
+                )));
+            }
+        }
+        if let Some(m) = &self.block_mask {
+            m.validate(self.batch, self.heads_q, self.seq_q, self.seq_kv)?;
+        }
         if let Some(s) = self.softmax_scale {
             if !s.is_finite() {
                 return Err(Error::invalid(format!(
@@ -276,6 +297,18 @@ impl AttentionConfig {
             }
         }
         Ok(())
+    }
+
+    /// With dropout: the factor pair (i, j) of (batch b, query head h) takes, 0 (dropped) or
+    /// `1 / (1 - p)` (kept), from [`Dropout::keeps`]; 1 without dropout.
+    pub fn dropout_factor(&self, b: usize, h: usize, i: usize, j: usize) -> f64 {
+        match &self.dropout {
+            Some(d) if d.keeps((b * self.heads_q + h) as u32, i as u32, j as u32) => {
+                1.0 / (1.0 - d.p as f64)
+            }
+            Some(_) => 0.0,
+            None => 1.0,
+        }
     }
 
     pub(crate) fn lse_len(&self) -> usize {

@@ -28,10 +28,12 @@
 
 pub mod backend;
 pub mod backward;
+pub mod block_mask;
 mod checks;
 pub mod config;
 pub mod cuda;
 pub mod device;
+pub mod dropout;
 pub mod dtype;
 pub mod error;
 pub mod forward;
@@ -45,8 +47,10 @@ pub mod tensor;
 
 pub use backend::{AttentionBackend, Backend};
 pub use backward::{Gradients, HostGradients};
+pub use block_mask::BlockMask;
 pub use config::{Algorithm, AttentionConfig, Window, MAX_HEAD_DIM};
 pub use device::{AdapterSummary, Context, MemoryStats, Tuning};
+pub use dropout::Dropout;
 pub use dtype::{DType, Element, HalfStorage};
 pub use error::{Error, Result, TensorRole};
 pub use forward::{Forward, HostForward};

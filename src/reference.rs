@@ -1,6 +1,6 @@
 //! Naive f64 CPU reference: `softmax(scale * Q K^T) V` and its analytic gradients, with the
 //! same layouts, causal alignment and GQA mapping as the kernels, and every score modifier
-//! (window, softcap, ALiBi, sinks) from its definition. Deliberately plain (no tiling, no
+//! (window, key lengths, block mask, softcap, ALiBi, sinks, dropout) from its definition. Deliberately plain (no tiling, no
 //! online softmax, no exp2 domain) so that it cannot share the kernels' bugs.
 
 use crate::config::AttentionConfig;
@@ -26,10 +26,17 @@ pub struct RefGradients {
 
 /// Straight from the definitions (not `AttentionConfig::band`, which the kernels' host code
 /// uses): i' = i + seq_kv - seq_q; causal: j <= i'; window: i' - left <= j <= i' + right;
-/// key padding: j < seqlens_kv[b].
-fn visible(cfg: &AttentionConfig, b: usize, i: usize, j: usize) -> bool {
+/// key padding: j < seqlens_kv[b]; block mask: the block of (i, j) is on for (b, h).
+fn visible(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) -> bool {
     if let Some(n) = &cfg.seqlens_kv {
         if j >= n[b] {
+            return false;
+        }
+    }
+    if let Some(m) = &cfg.block_mask {
+        let (rows, cols) = (cfg.seq_q.div_ceil(m.block_q), cfg.seq_kv.div_ceil(m.block_kv));
+        let grid = (if m.batch == 1 { 0 } else { b }) * m.heads + if m.heads == 1 { 0 } else { h };
+        if !m.blocks[(grid * rows + i / m.block_q) * cols + j / m.block_kv] {
             return false;
         }
     }
@@ -110,7 +117,7 @@ fn row_probs(
 ) -> (Vec<f64>, f64) {
     let mut s = vec![f64::NEG_INFINITY; cfg.seq_kv];
     for (j, sj) in s.iter_mut().enumerate() {
-        if visible(cfg, b, i, j) {
+        if visible(cfg, (b, h, i, j)) {
             *sj = score(cfg, q, k, (b, h, i, j));
         }
     }
@@ -152,10 +159,12 @@ pub fn forward(cfg: &AttentionConfig, q: &[f32], k: &[f32], v: &[f32]) -> RefFor
                 lse[(b * cfg.heads_q + h) * cfg.seq_q + i] = row_lse;
                 let oo = qi(cfg, b, i, h);
                 for (j, &pj) in p.iter().enumerate() {
-                    if pj != 0.0 {
+                    // dropout: a kept pair's weight scales by 1 / (1 - p), a dropped one's is 0
+                    let w = pj * cfg.dropout_factor(b, h, i, j);
+                    if w != 0.0 {
                         let vo = ki(cfg, b, j, hk);
                         for x in 0..d {
-                            out[oo + x] += pj * v[vo + x] as f64;
+                            out[oo + x] += w * v[vo + x] as f64;
                         }
                     }
                 }
@@ -166,7 +175,8 @@ pub fn forward(cfg: &AttentionConfig, q: &[f32], k: &[f32], v: &[f32]) -> RefFor
 }
 
 /// Analytic gradients of `sum(out * d_out)`:
-/// `dV = P^T dO`, `dP = dO V^T`, `dS = P * (dP - rowsum(dO * O))`, `dQ = scale dS K`,
+/// `dV = (Z P)^T dO`, `dP = Z dO V^T`, `dS = P * (dP - rowsum(dO * O))` (Z: the dropout
+/// factors, 0 or 1 / (1 - p), elementwise; all 1 without dropout), `dQ = scale dS K`,
 /// `dK = scale dS^T Q`, summed over the query heads that share a kv head (through the
 /// softcap: times its slope; ALiBi's bias has slope 1). With sinks, `d_sink[h] = -sum over
 /// rows of P_sink * rowsum(dO * O)`, P_sink = exp(sink - lse).
@@ -214,12 +224,19 @@ fn backward_impl(
             for i in 0..cfg.seq_q {
                 let (p, lse) = row_probs(cfg, q, k, b, h, i);
                 let oo = qi(cfg, b, i, h);
+                let z: Vec<f64> = (0..cfg.seq_kv)
+                    .map(|j| cfg.dropout_factor(b, h, i, j))
+                    .collect();
                 let dp: Vec<f64> = (0..cfg.seq_kv)
                     .map(|j| {
+                        // a dropped pair's dP is 0, whatever its v holds
+                        if z[j] == 0.0 {
+                            return 0.0;
+                        }
                         let vo = ki(cfg, b, j, hk);
-                        (0..d)
+                        z[j] * (0..d)
                             .map(|x| d_out[oo + x] as f64 * v[vo + x] as f64)
-                            .sum()
+                            .sum::<f64>()
                     })
                     .collect();
                 let delta: f64 = match out {
@@ -244,7 +261,7 @@ fn backward_impl(
                     let ds = p[j] * (dp[j] - delta) * softcap_slope(cfg, q, k, (b, h, i, j));
                     let ko = ki(cfg, b, j, hk);
                     for x in 0..d {
-                        dv[ko + x] += p[j] * d_out[oo + x] as f64;
+                        dv[ko + x] += p[j] * z[j] * d_out[oo + x] as f64;
                         dq[oo + x] += scale * ds * k[ko + x] as f64;
                         dk[ko + x] += scale * ds * q[oo + x] as f64;
                     }

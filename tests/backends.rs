@@ -135,10 +135,10 @@ fn every_backend_matches_the_reference_with_a_softcap() {
 }
 
 #[test]
-fn every_backend_matches_the_reference_with_alibi_sinks_and_key_lengths() {
-    // per-head and per-(batch, head) slopes, sinks, with causal and per-batch key lengths
-    // (rows that see no key: lse is the sink's) and with a window and a softcap at once;
-    // head_dim 40 takes the CUDA SIMT kernels, 64 the tensor cores
+fn every_backend_matches_the_reference_with_alibi_sinks_key_lengths_dropout_and_block_masks() {
+    // per-head and per-(batch, head) slopes, sinks, with causal, per-batch key lengths (rows
+    // that see no key: lse is the sink's), dropout and a block mask, and with a window and a
+    // softcap at once; head_dim 40 takes the CUDA SIMT kernels, 64 the tensor cores
     on_every_backend!(|b| {
         for (per_batch, sinks, causal, d, sq, skv) in [
             (false, false, false, 64, 77, 93),
@@ -154,6 +154,12 @@ fn every_backend_matches_the_reference_with_alibi_sinks_and_key_lengths() {
             }
             if causal {
                 c.seqlens_kv = Some(common::random_seqlens(&c));
+            }
+            if sinks {
+                c.dropout = Some(common::random_dropout(0.2));
+                // blocks smaller than any tile on one case, larger on the other
+                let size = if d == 40 { (7, 9) } else { (70, 100) };
+                c.block_mask = Some(common::random_block_mask(&c, size, true, d == 40, 0.6));
             }
             let e = check_all_dtypes(b, &c, 2.0);
             eprintln!("{} {}: {e:?}", b.backend(), common::describe(&c, 0));

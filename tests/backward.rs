@@ -19,12 +19,18 @@ fn reference_backward_matches_finite_differences() {
     modded.alibi_slopes = Some(common::random_alibi(&modded, true));
     modded.sinks = Some(common::random_sinks(&modded));
     modded.seqlens_kv = Some(vec![7, 4]);
+    // dropout (a fixed mask: the forward is smooth in q, k, v), with GQA and causal
+    let mut dropped = cfg(1, 6, 8, 2, 1, 3, true);
+    dropped.dropout = Some(common::random_dropout(0.4));
+    // a block mask (2 x 3 blocks, one grid per head)
+    dropped.block_mask = Some(common::random_block_mask(&dropped, (2, 3), false, true, 0.6));
     for c in [
         cfg(1, 5, 7, 2, 1, 4, false),
         cfg(1, 7, 5, 2, 2, 3, true),
         capped,
         windowed,
         modded,
+        dropped,
     ] {
         let data = inputs(&c, 1.0);
         let g = reference::backward(&c, &data.q, &data.k, &data.v, &data.d_out);

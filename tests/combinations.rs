@@ -1,6 +1,6 @@
 //! Property test over the score features together (issue 12): random small shapes, dtypes,
 //! algorithms and variants, with causal, a sliding window, a softcap, ALiBi (per head or per
-//! batch and head), sinks and per-batch key lengths each drawn on or off, so that any combination may come up.
+//! batch and head), sinks, per-batch key lengths, dropout and a block mask each drawn on or off, so that any combination may come up.
 //! Every case runs forward and backward on fresh random inputs against the f64 reference
 //! (`common::check_dtype_dyn`: out, lse, dq, dk, dv and d_sinks).
 
@@ -28,7 +28,8 @@ fn case() -> impl Strategy<Value = Case> {
         (any::<bool>(), side(), side()),
         prop::option::of(0.5f32..4.0),
         prop::sample::select(vec![0u8, 1, 2]),
-        (any::<bool>(), any::<bool>()),
+        (any::<bool>(), any::<bool>(), prop::option::of(0.0f32..0.8)),
+        prop::option::of((1usize..40, 1usize..40, any::<bool>(), any::<bool>())),
         prop::sample::select(common::algorithm_variants()),
         prop::sample::select(vec![DType::F32, DType::F16, DType::BF16]),
     )
@@ -39,7 +40,8 @@ fn case() -> impl Strategy<Value = Case> {
                 (causal, left, right),
                 softcap,
                 alibi,
-                (sinks, seqlens),
+                (sinks, seqlens, dropout),
+                blocks,
                 (alg, variant),
                 dtype,
             )| {
@@ -55,6 +57,10 @@ fn case() -> impl Strategy<Value = Case> {
                 };
                 cfg.sinks = sinks.then(|| common::random_sinks(&cfg));
                 cfg.seqlens_kv = seqlens.then(|| common::random_seqlens(&cfg));
+                cfg.dropout = dropout.map(common::random_dropout);
+                cfg.block_mask = blocks.map(|(bq, bkv, per_batch, per_head)| {
+                    common::random_block_mask(&cfg, (bq, bkv), per_batch, per_head, 0.7)
+                });
                 cfg.algorithm = alg;
                 Case {
                     cfg,

@@ -339,14 +339,17 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
     let dawn = dawn_adapter(&script);
     let formats = formats(&dawn);
     let mut all = Vec::new();
-    // A sliding window with the score modifiers and key lengths (the WINDOW, SOFTCAP,
-    // ALIBI, SINKS and SEQLENS pipeline constants, the extras' uniform binding, the sinks' gradient kernel): f32 on
-    // every algorithm and variant, the softcap and ALiBi (per batch and head) in turns.
+    // A sliding window with the score modifiers, key lengths, dropout and a block mask (the
+    // WINDOW, SOFTCAP, ALIBI, SINKS, SEQLENS, DROPOUT and BLOCKS pipeline constants, the extras' uniform binding, the
+    // sinks' gradient kernel, Philox under Tint): f32 on every algorithm and variant, the
+    // softcap and ALiBi (per batch and head) in turns.
     {
         let mut c = cfg(2, 70, 90, 2, 1, 32, false);
         c.window = flash_attn_wgpu::Window::new(Some(12), Some(3));
         c.sinks = Some(common::random_sinks(&c));
         c.seqlens_kv = Some(vec![90, 41]);
+        c.dropout = Some(common::random_dropout(0.25));
+        c.block_mask = Some(common::random_block_mask(&c, (16, 24), true, false, 0.6));
         for (i, &(algorithm, variant, sg)) in algorithms(&dawn).iter().enumerate() {
             let mut c = c.clone();
             c.algorithm = algorithm;
@@ -362,11 +365,15 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
     }
     // Calls split into windows (bindings of a few KiB): whole batches (4 KiB), and rows of
     // one batch with several query and key windows merged in accumulate mode (8 KiB). Each
-    // variant on each shape, in a format that rotates.
+    // variant on each shape, in a format that rotates. The second shape takes dropout and a
+    // block mask too (its parts index both by the whole call's rows and keys).
     let mut turn = 0;
+    let mut dropped = cfg(1, 150, 130, 2, 1, 16, true);
+    dropped.dropout = Some(common::random_dropout(0.3));
+    dropped.block_mask = Some(common::random_block_mask(&dropped, (40, 20), false, true, 0.6));
     for (c, limit) in [
         (cfg(3, 20, 20, 2, 1, 16, true), 4 << 10),
-        (cfg(1, 150, 130, 2, 1, 16, true), 8 << 10),
+        (dropped, 8 << 10),
         (cfg(1, 97, 140, 1, 1, 24, false), 8 << 10),
     ] {
         for variant in Variant::ALL {

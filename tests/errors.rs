@@ -255,7 +255,7 @@ fn per_batch_alibi_slopes_past_the_uniform_extras_are_a_device_limit_error() {
             hint,
         }) => {
             assert!(
-                what.contains("ALiBi slopes, sinks and key lengths"),
+                what.contains("ALiBi slopes, sinks, key lengths and block-mask bits"),
                 "{what}"
             );
             assert_eq!((needed, limit), ((1025 * 16 + 16) * 4, 65536));
@@ -267,6 +267,60 @@ fn per_batch_alibi_slopes_past_the_uniform_extras_are_a_device_limit_error() {
         ),
     }
     c.alibi_slopes = Some(vec![0.5; 16]);
+    assert!(flash_attn_wgpu::plan::forward(&c, flash_attn_wgpu::DType::F32, &env).is_ok());
+}
+
+#[test]
+fn block_masks_that_do_not_fit_the_call_are_invalid_and_named() {
+    // batch 2, heads_q 4, 10 x 7 in blocks of 4 x 3: grids of 3 x 3
+    let c = cfg(2, 10, 7, 4, 2, 8, false);
+    let mask = |bq, bkv, b, h, n| flash_attn_wgpu::BlockMask {
+        block_q: bq,
+        block_kv: bkv,
+        batch: b,
+        heads: h,
+        blocks: vec![true; n],
+    };
+    for (m, want) in [
+        (mask(0, 3, 1, 1, 9), "block_mask.block_q must be in 1..=2^32-1 (rows or keys per block), got 0"),
+        (mask(4, 0, 1, 1, 9), "block_mask.block_kv must be in 1..=2^32-1 (rows or keys per block), got 0"),
+        (mask(4, 3, 3, 1, 27), "block_mask.batch must be 1 (broadcast) or the call's batch = 2, got 3"),
+        (mask(4, 3, 1, 2, 18), "block_mask.heads must be 1 (broadcast) or the call's heads_q = 4, got 2"),
+        (
+            mask(4, 3, 2, 4, 71),
+            "block_mask.blocks must hold [batch, heads, ceil(seq_q / block_q), ceil(seq_kv / block_kv)] = [2, 4, 3, 3] = 72 entries, got 71",
+        ),
+    ] {
+        let mut cf = c.clone();
+        cf.block_mask = Some(m);
+        match cf.validate() {
+            Err(Error::InvalidConfig(msg)) => assert!(msg.contains(want), "{msg}"),
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        }
+        let (q, kv) = data(&cf);
+        assert!(ctx().forward_host(&cf, &q, &kv, &kv).is_err());
+    }
+    let mut ok = c.clone();
+    ok.block_mask = Some(mask(4, 3, 2, 1, 18));
+    ok.validate().unwrap();
+}
+
+#[test]
+fn a_block_mask_past_the_uniform_extras_is_a_device_limit_error() {
+    // 32768 x 32768 in blocks of 16: 2048 x 2048 bits = 131,072 words, past 16,384; blocks of
+    // 128 (256 x 256 bits = 2,048 words) fit
+    let mut c = cfg(1, 32768, 32768, 1, 1, 4, false);
+    c.block_mask = Some(flash_attn_wgpu::BlockMask::from_fn(16, 16, (1, 1, 32768, 32768), |_, _, r, col| r == col));
+    let env = ctx().plan_env();
+    match flash_attn_wgpu::plan::forward(&c, flash_attn_wgpu::DType::F32, &env) {
+        Err(Error::DeviceLimit { what, needed, hint, .. }) => {
+            assert!(what.contains("block-mask bits"), "{what}");
+            assert_eq!(needed, 131072 * 4);
+            assert!(hint.contains("larger blocks"), "{hint}");
+        }
+        other => panic!("expected DeviceLimit, got {:?}", other.map(|p| p.steps.len())),
+    }
+    c.block_mask = Some(flash_attn_wgpu::BlockMask::from_fn(128, 128, (1, 1, 32768, 32768), |_, _, r, col| r == col));
     assert!(flash_attn_wgpu::plan::forward(&c, flash_attn_wgpu::DType::F32, &env).is_ok());
 }
 
@@ -291,6 +345,27 @@ fn a_window_side_past_2_pow_30_is_invalid_and_names_the_side() {
     let mut c = cfg(1, 4, 4, 1, 1, 8, false);
     c.window = flash_attn_wgpu::Window::new(Some(1 << 30), Some(1 << 30));
     assert!(c.validate().is_ok());
+}
+
+#[test]
+fn a_dropout_probability_outside_0_to_1_is_invalid_and_named() {
+    for p in [-0.1f32, 1.0, 1.5, f32::NAN, f32::INFINITY] {
+        let mut cf = cfg(1, 4, 4, 1, 1, 8, false);
+        cf.dropout = Some(flash_attn_wgpu::Dropout::new(p, 1, 2));
+        let err = cf.validate().unwrap_err();
+        assert!(matches!(err, flash_attn_wgpu::Error::InvalidConfig(_)), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("dropout.p must be in [0, 1)") && msg.contains(&format!("got {p}")),
+            "{msg}"
+        );
+        // refused by the calls too, before anything runs
+        let d = vec![0.5f32; 4 * 8];
+        assert!(common::ctx().forward_host(&cf, &d, &d, &d).is_err());
+    }
+    let mut cf = cfg(1, 4, 4, 1, 1, 8, false);
+    cf.dropout = Some(flash_attn_wgpu::Dropout::new(0.0, 1, 2));
+    assert!(cf.validate().is_ok());
 }
 
 #[test]

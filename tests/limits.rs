@@ -65,6 +65,8 @@ fn webgpu_default_limits_run_every_head_dim_with_16k_tiles() {
         c.alibi_slopes = Some(common::random_alibi(&c, true));
         c.sinks = Some(common::random_sinks(&c));
         c.seqlens_kv = Some(vec![50, 23]);
+        c.dropout = Some(common::random_dropout(0.3));
+        c.block_mask = Some(common::random_block_mask(&c, (8, 16), true, true, 0.7));
         check_both_passes(&ctx, &c);
     }
 }

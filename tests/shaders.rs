@@ -54,6 +54,8 @@ fn shader_bindings_match_the_host_layout() {
             alibi: extras,
             sinks: extras,
             seqlens: extras,
+            dropout: extras,
+            blocks: extras,
             subgroup: 0,
             accumulate: false,
         };
@@ -127,6 +129,8 @@ fn params_layout_matches_the_shader_struct() {
         alibi: false,
         sinks: false,
         seqlens: false,
+        dropout: false,
+        blocks: false,
         subgroup: 0,
         accumulate: false,
     };
@@ -172,8 +176,19 @@ fn params_layout_matches_the_shader_struct() {
         sinks_base,
         seqlens_base,
         kv_base,
-        pad0,
-        pad1
+        q_base,
+        drop_threshold,
+        drop_scale,
+        seed_lo,
+        seed_hi,
+        offset_lo,
+        offset_hi,
+        blocks_base,
+        block_q,
+        block_kv,
+        blocks_cols,
+        blocks_b_stride,
+        blocks_h_stride
     );
     assert_eq!(members.len(), host.len());
     for (m, (name, off)) in members.iter().zip(host) {

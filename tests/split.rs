@@ -73,9 +73,11 @@ fn windowed_calls_split_into_windows_skip_only_what_the_band_hides() {
 }
 
 #[test]
-fn alibi_sinks_and_key_lengths_survive_the_split_into_windows() {
+fn alibi_sinks_key_lengths_dropout_and_block_masks_survive_the_split_into_windows() {
     // Per-(batch, head) slopes index the whole call's batch (a part's batch 0 is not the
-    // call's), and a resumed row must not count its sink twice: whole batches per window, then
+    // call's), a resumed row must not count its sink twice, and dropout's RNG takes the whole
+    // call's batch, row and key (a part's are not the call's), as the block mask's grids: whole
+    // batches per window, then
     // query and key windows, in f32 and bf16 on every variant.
     for (binding, c0, want) in [
         (4 << 10, cfg(3, 20, 20, 2, 1, 16, true), "batches"),
@@ -87,6 +89,8 @@ fn alibi_sinks_and_key_lengths_survive_the_split_into_windows() {
         c.sinks = Some(common::random_sinks(&c));
         // lengths count from the whole call's key 0 (a key window's part starts past it)
         c.seqlens_kv = Some(common::random_seqlens(&c));
+        c.dropout = Some(common::random_dropout(0.3));
+        c.block_mask = Some(common::random_block_mask(&c, (9, 13), true, true, 0.7));
         assert!(split::choose(&c, DType::F32, &ctx.plan_env())
             .unwrap()
             .is_some());

@@ -26,9 +26,12 @@ fn tunings(ctx: &Context) -> Vec<Tuning> {
 }
 
 fn check_all_tunings(c: &AttentionConfig, amp: f32) {
+    check_all_tunings_on(c, &inputs(c, amp));
+}
+
+fn check_all_tunings_on(c: &AttentionConfig, data: &common::Inputs) {
     // A context of its own: tuning is per context and other test binaries share theirs.
     let ctx = Context::new().expect("context");
-    let data = inputs(c, amp);
     let want_f = reference::forward(c, &data.q, &data.k, &data.v);
     let want_g = reference::backward(c, &data.q, &data.k, &data.v, &data.d_out);
     // the naive path has no variants: one tuning
@@ -132,6 +135,108 @@ fn every_variant_and_the_naive_path_match_the_reference_with_alibi_sinks_and_key
         check_all_tunings(&c, 2.0);
         c.algorithm = Algorithm::Naive;
         check_all_tunings(&c, 2.0);
+    }
+}
+
+#[test]
+fn every_variant_and_the_naive_path_match_the_reference_with_dropout() {
+    // Dropout alone (GQA, causal, odd sizes), and with everything else at once: window,
+    // softcap, ALiBi, sinks and key lengths.
+    let mut c = cfg(2, 70, 90, 4, 2, 32, true);
+    c.dropout = Some(common::random_dropout(0.3));
+    check_all_tunings(&c, 1.0);
+    c.algorithm = Algorithm::Naive;
+    check_all_tunings(&c, 1.0);
+
+    let mut c = cfg(3, 77, 100, 2, 1, 32, false);
+    c.window = Window::new(Some(30), Some(6));
+    c.softcap = Some(1.5);
+    c.alibi_slopes = Some(common::random_alibi(&c, false));
+    c.sinks = Some(common::random_sinks(&c));
+    c.seqlens_kv = Some(common::random_seqlens(&c));
+    c.dropout = Some(common::random_dropout(0.6));
+    check_all_tunings(&c, 2.0);
+    c.algorithm = Algorithm::Naive;
+    check_all_tunings(&c, 2.0);
+}
+
+#[test]
+fn every_variant_and_the_naive_path_match_the_reference_with_a_block_mask() {
+    // Blocks smaller than every tile and not dividing the lengths (7 x 5: tiles are partly on,
+    // masked pair by pair), one grid per (batch, head), causal and GQA; NaN keys and values in
+    // a column of blocks that is off for every row must reach nothing.
+    let mut c = cfg(2, 70, 90, 4, 2, 32, true);
+    let mut m = common::random_block_mask(&c, (7, 5), true, true, 0.5);
+    let (rows, cols) = m.grid(c.seq_q, c.seq_kv);
+    for g in 0..c.batch * c.heads_q {
+        for r in 0..rows {
+            m.blocks[(g * rows + r) * cols + 3] = false;
+        }
+    }
+    c.block_mask = Some(m);
+    let mut data = inputs(&c, 1.0);
+    for j in 15..20 {
+        common::poison_key(&mut data.k, &c, j, f32::NAN);
+        common::poison_key(&mut data.v, &c, j, f32::NAN);
+    }
+    check_all_tunings_on(&c, &data);
+    c.algorithm = Algorithm::Naive;
+    check_all_tunings_on(&c, &data);
+
+    // Blocks larger than the tiles (whole tiles skipped, whole rows of blocks off: rows that
+    // see nothing), shared by the batches, with a window, ALiBi, sinks and dropout.
+    let mut c = cfg(2, 150, 200, 2, 1, 16, false);
+    c.window = Window::new(Some(120), Some(40));
+    c.block_mask = Some(common::random_block_mask(&c, (48, 70), false, true, 0.5));
+    c.alibi_slopes = Some(common::random_alibi(&c, false));
+    c.sinks = Some(common::random_sinks(&c));
+    c.dropout = Some(common::random_dropout(0.2));
+    check_all_tunings(&c, 2.0);
+    c.algorithm = Algorithm::Naive;
+    check_all_tunings(&c, 2.0);
+}
+
+#[test]
+fn every_variant_and_the_naive_path_drop_exactly_the_references_pairs() {
+    // With v_j the unit vector e_j (head_dim >= seq_kv), out[i][j] = P_ij Z_ij: it is 0
+    // exactly where the kernel dropped pair (i, j), so the dropped set can be read off and
+    // compared pair by pair with the reference's RNG.
+    for causal in [false, true] {
+        let mut c = cfg(2, 45, 60, 4, 2, 64, causal);
+        c.dropout = Some(common::random_dropout(0.5));
+        let mut data = inputs(&c, 0.5);
+        for (e, x) in data.v.iter_mut().enumerate() {
+            let (d, j) = (e % 64, e / (64 * c.heads_kv) % c.seq_kv);
+            *x = if d == j { 1.0 } else { 0.0 };
+        }
+        let ctx = Context::new().expect("context");
+        let tunings = tunings(&ctx);
+        for algorithm in [Algorithm::Tiled, Algorithm::Naive] {
+            c.algorithm = algorithm;
+            let ts = if algorithm == Algorithm::Naive { &tunings[..1] } else { &tunings[..] };
+            for &tuning in ts {
+                ctx.set_tuning(tuning).unwrap();
+                let msg = format!("{tuning:?} {}", common::describe(&c, data.seed));
+                let f = ctx.forward_host(&c, &data.q, &data.k, &data.v).unwrap();
+                let (mut kept, mut dropped) = (0, 0);
+                for b in 0..c.batch {
+                    for i in 0..c.seq_q {
+                        for h in 0..c.heads_q {
+                            for j in 0..c.seq_kv {
+                                if !c.sees(i, j) {
+                                    continue;
+                                }
+                                let got = f.out[((b * c.seq_q + i) * c.heads_q + h) * 64 + j];
+                                let want = c.dropout_factor(b, h, i, j) != 0.0;
+                                assert_eq!(got != 0.0, want, "pair b={b} h={h} i={i} j={j}: out {got} ({msg})");
+                                if want { kept += 1 } else { dropped += 1 }
+                            }
+                        }
+                    }
+                }
+                assert!(kept > 100 && dropped > 100, "kept {kept}, dropped {dropped} ({msg})");
+            }
+        }
     }
 }
 

@@ -100,6 +100,16 @@ pub struct Args {
     /// part (a key-padding mask; the FLOPs count only the visible pairs)
     #[arg(long, value_name = "FRACTION")]
     pub kv_fill: Option<f64>,
+    /// Dropout with this probability on every point (fixed seed; the FLOPs do not change)
+    #[arg(long, value_name = "P", value_parser = probability)]
+    pub dropout: Option<f32>,
+    /// Block-sparse on every point: a block mask with this fraction of its blocks on, drawn
+    /// at random per head (fixed seed; the FLOPs count only the visible pairs)
+    #[arg(long, value_name = "DENSITY", value_parser = probability)]
+    pub block_density: Option<f32>,
+    /// With --block-density: query rows and keys per block
+    #[arg(long, value_name = "N", default_value_t = 64, requires = "block_density")]
+    pub block_size: usize,
     /// Which pass to time
     #[arg(long, value_enum, default_value = "both")]
     pub pass: PassArg,
@@ -205,6 +215,14 @@ fn window_arg(s: &str) -> Result<Window, String> {
 
 fn positive_f32(s: &str) -> Result<f32, String> {
     positive_f64(s).map(|v| v as f32)
+}
+
+fn probability(s: &str) -> Result<f32, String> {
+    match s.trim().parse::<f32>() {
+        Ok(v) if (0.0..1.0).contains(&v) => Ok(v),
+        Ok(v) => Err(format!("must be in [0, 1), got {v}")),
+        Err(e) => Err(format!("{s:?} is not a number: {e}")),
+    }
 }
 
 fn positive_f64(s: &str) -> Result<f64, String> {

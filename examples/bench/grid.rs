@@ -46,18 +46,33 @@ impl Shape {
             let n = ((self.seq as f64 * f).round() as usize).min(self.seq);
             vec![n; self.batch]
         });
+        cfg.dropout = mods.dropout.map(|p| flash_attn_wgpu::Dropout::new(p, 0x5eed, 0));
+        cfg.block_mask = mods.blocks.map(|(density, size)| {
+            // a fixed pseudo-random pattern: block (r, c) of head h is on when a Philox word
+            // of (r, c, h) falls under the density
+            let cut = (density as f64 * 4_294_967_296.0) as u64;
+            let dims = (1, self.heads, self.seq, self.seq);
+            flash_attn_wgpu::BlockMask::from_fn(size, size, dims, |_, h, r, c| {
+                let w = flash_attn_wgpu::dropout::philox4x32_10([r as u32, c as u32, h as u32, 0], [0x5eed, 0]);
+                (w[0] as u64) < cut
+            })
+        });
         cfg.algorithm = alg;
         cfg
     }
 }
 
-/// The score modifiers of every point: --softcap, --alibi, --sinks.
+/// The score modifiers of every point: --softcap, --alibi, --sinks, --kv-fill, --dropout,
+/// --block-density.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Mods {
     pub softcap: Option<f32>,
     pub alibi: bool,
     pub sinks: bool,
     pub kv_fill: Option<f64>,
+    pub dropout: Option<f32>,
+    /// --block-density and --block-size
+    pub blocks: Option<(f32, usize)>,
 }
 
 /// What to measure, resolved from the flags and checked before the GPU is touched.
@@ -123,6 +138,8 @@ impl Grid {
             alibi: a.alibi,
             sinks: a.sinks,
             kv_fill: a.kv_fill,
+            dropout: a.dropout,
+            blocks: a.block_density.map(|d| (d, a.block_size.max(1))),
         };
         let mut shapes = Vec::new();
         for &batch in &dedup(&a.batch) {

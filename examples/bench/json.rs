@@ -30,6 +30,11 @@ struct JsonRecord<'a> {
     softcap: Option<f32>,
     alibi: bool,
     sinks: bool,
+    /// the dropout probability (null: off)
+    dropout: Option<f32>,
+    /// the block mask's block size and fraction of blocks on (null: off)
+    block_size: Option<usize>,
+    block_density: Option<f64>,
     median_ms: Option<f64>,
     gflops: Option<f64>,
     fma_roofline_fraction: Option<f64>,
@@ -72,6 +77,9 @@ impl<'a> JsonRecord<'a> {
             softcap: c.softcap,
             alibi: c.alibi_slopes.is_some(),
             sinks: c.sinks.is_some(),
+            dropout: c.dropout.map(|d| d.p),
+            block_size: c.block_mask.as_ref().map(|m| m.block_q),
+            block_density: c.block_mask.as_ref().map(|m| m.density()),
             median_ms: r.median_ms,
             gflops: r.gflops,
             fma_roofline_fraction: r.gflops.map(|g| g / roof.fma_gflops),

@@ -46,9 +46,12 @@ pub fn flops(cfg: &AttentionConfig, pass: Pass) -> f64 {
 
 /// (row, key) pairs of one (batch, head) that take part: Sq * Sk, halved for causal (the
 /// papers' convention); with a window or per-batch key lengths, counted row by row (the mean
-/// over batches).
+/// over batches); with a block mask, counted block by block (the mean over batches and heads).
 pub fn visible_pairs(cfg: &AttentionConfig) -> f64 {
     let all = cfg.seq_q as f64 * cfg.seq_kv as f64;
+    if let Some(m) = &cfg.block_mask {
+        return block_pairs(cfg, m);
+    }
     if !cfg.window.is_active() && cfg.seqlens_kv.is_none() {
         return if cfg.causal { all / 2.0 } else { all };
     }
@@ -67,6 +70,30 @@ pub fn visible_pairs(cfg: &AttentionConfig) -> f64 {
         .map(|b| per_batch(cfg.kv_len(b)))
         .sum::<f64>()
         / cfg.batch as f64
+}
+
+/// visible_pairs under a block mask: for each row, the keys of its on blocks that the causal
+/// mask, the window and the batch's key length let it see.
+fn block_pairs(cfg: &AttentionConfig, m: &flash_attn_wgpu::BlockMask) -> f64 {
+    let (off, (lo, hi)) = (cfg.causal_offset(), cfg.band());
+    let (_, cols) = m.grid(cfg.seq_q, cfg.seq_kv);
+    let mut n = 0.0;
+    for b in 0..cfg.batch {
+        let last = cfg.kv_len(b) as i64 - 1;
+        for h in 0..cfg.heads_q {
+            for i in 0..cfg.seq_q as i64 {
+                let first = lo.map_or(0, |lo| (i + off + lo).max(0));
+                let end = hi.map_or(last, |hi| (i + off + hi).min(last));
+                for c in 0..cols as i64 {
+                    let (c0, c1) = (c * m.block_kv as i64, (c + 1) * m.block_kv as i64 - 1);
+                    if m.allows(cfg.seq_q, cfg.seq_kv, (b, h, i as usize, c0 as usize)) {
+                        n += (end.min(c1) - first.max(c0) + 1).max(0) as f64;
+                    }
+                }
+            }
+        }
+    }
+    n / (cfg.batch * cfg.heads_q) as f64
 }
 
 /// The mask of a point: causal or not, and its window.
@@ -88,6 +115,12 @@ pub fn mask_label(cfg: &AttentionConfig) -> String {
     }
     if cfg.sinks.is_some() {
         label += " sinks";
+    }
+    if let Some(d) = cfg.dropout {
+        label += &format!(" dropout {}", d.p);
+    }
+    if let Some(m) = &cfg.block_mask {
+        label += &format!(" blocks {} at {:.3}", m.block_q, m.density());
     }
     label
 }

@@ -121,6 +121,12 @@ fn cells(r: &Record, roof: &Roofline) -> [String; 17] {
             if c.sinks.is_some() {
                 cell += " sinks";
             }
+            if let Some(d) = c.dropout {
+                cell += &format!(" drop{}", d.p);
+            }
+            if let Some(m) = &c.block_mask {
+                cell += &format!(" blk{}@{:.2}", m.block_q, m.density());
+            }
             cell
         },
         c.batch.to_string(),

@@ -258,6 +258,13 @@ impl Kernel {
             )
     }
 
+    /// True when the kernel weighs values by probabilities (P V, P^T dO) or takes dP into dS:
+    /// those take the dropout factor (`dropout_scale` in common.wgsl).
+    pub fn applies_dropout(self) -> bool {
+        self.is_tiled()
+            || matches!(self, Kernel::NaiveSoftmax | Kernel::NaiveBwdDs | Kernel::NaiveBwdDkDv)
+    }
+
     /// True when some binding holds the call's element type (the key's format matters).
     pub fn has_elem_bindings(self) -> bool {
         self.bindings().iter().any(|b| b.ty == BindType::Elem)

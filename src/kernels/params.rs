@@ -50,13 +50,33 @@ pub struct Params {
     /// Windowed calls: the whole call's index of this part's first key (a batch's length is
     /// counted from the whole call's key 0).
     pub kv_base: u32,
-    pub pad0: u32,
-    pub pad1: u32,
+    /// Windowed calls: the whole call's index of this part's first query row (dropout keys
+    /// its RNG by the whole call's indices).
+    pub q_base: u32,
+    /// Dropout: random words below this drop their pair ([`crate::Dropout::threshold`]).
+    pub drop_threshold: u32,
+    /// Dropout: a kept pair's factor, 1 / (1 - p).
+    pub drop_scale: f32,
+    /// Dropout: the Philox key (the seed) and the stream offset, low and high words.
+    pub seed_lo: u32,
+    pub seed_hi: u32,
+    pub offset_lo: u32,
+    pub offset_hi: u32,
+    /// Block mask: the extras word where its bits start, the block sizes, the block columns
+    /// of a grid (the whole call's), and the bits between batches' and heads' grids (0 along
+    /// a broadcast dimension).
+    pub blocks_base: u32,
+    pub block_q: u32,
+    pub block_kv: u32,
+    pub blocks_cols: u32,
+    pub blocks_b_stride: u32,
+    pub blocks_h_stride: u32,
 }
 
 impl Params {
     pub fn from_config(cfg: &crate::AttentionConfig) -> Params {
         let scale = cfg.scale();
+        let x = extras_layout(cfg);
         Params {
             batch: cfg.batch as u32,
             seq_q: cfg.seq_q as u32,
@@ -72,15 +92,35 @@ impl Params {
             band_lo: band_offset(cfg.causal_offset(), cfg.band().0, -1),
             band_hi: band_offset(cfg.causal_offset(), cfg.band().1, 1),
             softcap2: cfg.softcap.map_or(0.0, |c| c * std::f32::consts::LOG2_E),
-            alibi_b_stride: match &cfg.alibi_slopes {
-                Some(s) if s.len() != cfg.heads_q => cfg.heads_q as u32,
-                _ => 0,
-            },
-            sinks_base: cfg.alibi_slopes.as_ref().map_or(0, |s| s.len() as u32),
-            seqlens_base: (cfg.alibi_slopes.as_ref().map_or(0, |s| s.len())
-                + cfg.sinks.as_ref().map_or(0, |s| s.len())) as u32,
+            alibi_b_stride: x.alibi_b_stride,
+            sinks_base: x.sinks_base,
+            seqlens_base: x.seqlens_base,
+            blocks_base: x.blocks_base,
+            drop_threshold: cfg.dropout.map_or(0, |d| d.threshold()),
+            drop_scale: cfg.dropout.map_or(1.0, |d| d.keep_scale()),
+            seed_lo: cfg.dropout.map_or(0, |d| d.seed as u32),
+            seed_hi: cfg.dropout.map_or(0, |d| (d.seed >> 32) as u32),
+            offset_lo: cfg.dropout.map_or(0, |d| d.offset as u32),
+            offset_hi: cfg.dropout.map_or(0, |d| (d.offset >> 32) as u32),
             ..Default::default()
         }
+        .with_block_grid(cfg)
+    }
+
+    /// The block mask's geometry (block sizes, grid columns, strides between grids) from
+    /// `whole`: the whole call's config, also for a windowed call's part, whose own smaller
+    /// config would give the wrong grid.
+    pub fn with_block_grid(mut self, whole: &crate::AttentionConfig) -> Params {
+        let Some(m) = &whole.block_mask else {
+            return self;
+        };
+        let (b_stride, h_stride) = m.strides(whole.seq_q, whole.seq_kv);
+        self.block_q = m.block_q as u32;
+        self.block_kv = m.block_kv as u32;
+        self.blocks_cols = m.grid(whole.seq_q, whole.seq_kv).1 as u32;
+        self.blocks_b_stride = b_stride as u32;
+        self.blocks_h_stride = h_stride as u32;
+        self
     }
 
     /// The band shifted for a window of a split call whose rows start at `q0` and keys at
@@ -98,16 +138,46 @@ impl Params {
 }
 
 /// The call's extras as the kernels read them (`extra(i)` / `extra_u32(i)` in WGSL, the
-/// `extras` pointer on CUDA), as 32-bit words: the ALiBi slopes (`[heads_q]` or
-/// `[batch, heads_q]`, f32 bits), the sinks (`[heads_q]`, f32 bits), the per-batch key lengths
-/// (`[batch]`, u32); `Params::alibi_b_stride`, `sinks_base` and `seqlens_base` locate them.
-/// Empty when none is on.
-pub fn extras(cfg: &crate::AttentionConfig) -> Vec<u32> {
+/// `extras` pointer on CUDA), as 32-bit words, and where each part lies.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExtrasLayout {
+    /// The ALiBi slopes (`[heads_q]` or `[batch, heads_q]`, f32 bits), the sinks (`[heads_q]`,
+    /// f32 bits), the per-batch key lengths (`[batch]`, u32), the block mask's bits
+    /// ([`crate::BlockMask::bits`]). Empty when none is on.
+    pub words: Vec<u32>,
+    /// Words between one batch's slopes and the next (0: one slope per head).
+    pub alibi_b_stride: u32,
+    /// The first word of the sinks, of the key lengths, and of the block mask.
+    pub sinks_base: u32,
+    pub seqlens_base: u32,
+    pub blocks_base: u32,
+}
+
+/// The one place the extras' layout is decided (`Params` and the CUDA shape read the offsets).
+pub fn extras_layout(cfg: &crate::AttentionConfig) -> ExtrasLayout {
     let bits = |v: &Option<Vec<f32>>| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
-    let mut x = bits(&cfg.alibi_slopes);
-    x.extend(bits(&cfg.sinks));
-    x.extend(cfg.seqlens_kv.iter().flatten().map(|&n| n as u32));
-    x
+    let mut words = bits(&cfg.alibi_slopes);
+    let sinks_base = words.len() as u32;
+    words.extend(bits(&cfg.sinks));
+    let seqlens_base = words.len() as u32;
+    words.extend(cfg.seqlens_kv.iter().flatten().map(|&n| n as u32));
+    let blocks_base = words.len() as u32;
+    words.extend(cfg.block_mask.iter().flat_map(|m| m.bits()));
+    ExtrasLayout {
+        words,
+        alibi_b_stride: match &cfg.alibi_slopes {
+            Some(s) if s.len() != cfg.heads_q => cfg.heads_q as u32,
+            _ => 0,
+        },
+        sinks_base,
+        seqlens_base,
+        blocks_base,
+    }
+}
+
+/// The call's extras words ([`ExtrasLayout::words`]).
+pub fn extras(cfg: &crate::AttentionConfig) -> Vec<u32> {
+    extras_layout(cfg).words
 }
 
 /// What stands for an unbounded side of the band: no key offset reaches it (sequences are

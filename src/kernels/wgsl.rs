@@ -74,6 +74,10 @@ pub struct KernelKey {
     pub sinks: bool,
     /// Per-batch key lengths (the SEQLENS override; the lengths are in the call's extras).
     pub seqlens: bool,
+    /// Dropout (the DROPOUT override; seed, offset and threshold are in `Params`).
+    pub dropout: bool,
+    /// A block mask (the BLOCKS override; its bits are in the call's extras).
+    pub blocks: bool,
     /// Rows kernels: the fixed subgroup size they share tile reads across, or 0 for none.
     pub subgroup: u32,
     /// A windowed call's pass (tiled kernels only): the element outputs are f32 buffers that
@@ -95,6 +99,8 @@ impl KernelKey {
             alibi: false,
             sinks: false,
             seqlens: false,
+            dropout: false,
+            blocks: false,
             subgroup: 0,
             accumulate: false,
         }
@@ -102,7 +108,7 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{} sg={}{}",
+            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{} sg={}{}",
             self.kernel.name(),
             self.elem.name(),
             self.head_dim,
@@ -120,6 +126,8 @@ impl KernelKey {
             if self.alibi { " alibi" } else { "" },
             if self.sinks { " sinks" } else { "" },
             if self.seqlens { " seqlens" } else { "" },
+            if self.dropout { " dropout" } else { "" },
+            if self.blocks { " blocks" } else { "" },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" }
         )
@@ -141,7 +149,7 @@ impl KernelKey {
     /// after the storage bindings (`EXTRAS_SLOT` past them), so that no combination of
     /// features takes a storage binding past the WebGPU default of 8 per stage.
     pub fn uses_extras(&self) -> bool {
-        self.alibi || self.sinks || self.seqlens
+        self.alibi || self.sinks || self.seqlens || self.blocks
     }
 
     /// The binding slot of the extras: right after the kernel's storage bindings.
@@ -290,6 +298,8 @@ impl KernelKey {
             ("ALIBI", flag(self.alibi)),
             ("SINKS", flag(self.sinks)),
             ("SEQLENS", flag(self.seqlens)),
+            ("DROPOUT", flag(self.dropout)),
+            ("BLOCKS", flag(self.blocks)),
         ]
     }
 }

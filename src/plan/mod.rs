@@ -105,12 +105,13 @@ impl Plan {
         let limit = crate::kernels::wgsl::EXTRAS_WORDS as u64;
         if self.extras.len() as u64 > limit {
             return Err(crate::Error::DeviceLimit {
-                what: "ALiBi slopes, sinks and key lengths (one uniform array of 32-bit words)"
+                what: "ALiBi slopes, sinks, key lengths and block-mask bits (one uniform array \
+                       of 32-bit words)"
                     .into(),
                 needed: self.extras.len() as u64 * 4,
                 limit: limit * 4,
-                hint: "per-batch ALiBi slopes ([batch, heads_q]) past 16,384 - heads_q values: \
-                       split the batch, or pass one slope per head ([heads_q])"
+                hint: "split the batch, pass one slope per head ([heads_q]), or share the block \
+                       mask across batches or heads (a dimension of 1), or take larger blocks"
                     .into(),
             });
         }
@@ -288,6 +289,8 @@ pub(crate) fn key(
         alibi: kernel.finishes_scores() && cfg.alibi_slopes.is_some(),
         sinks: kernel.finishes_scores() && cfg.sinks.is_some(),
         seqlens: kernel.finishes_scores() && cfg.seqlens_kv.is_some(),
+        dropout: kernel.applies_dropout() && cfg.dropout.is_some(),
+        blocks: kernel.finishes_scores() && cfg.block_mask.is_some(),
         subgroup: if kernel.is_rows_variant() {
             env.tuning.rows_subgroup
         } else {

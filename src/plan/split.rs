@@ -418,6 +418,8 @@ impl<'a> Builder<'a> {
         step.params.causal_offset = part.causal_offset(self.cfg);
         step.params.batch_base = part.b as u32;
         step.params.kv_base = part.k0 as u32;
+        step.params.q_base = part.q0 as u32;
+        step.params = step.params.with_block_grid(self.cfg);
         (step.params.band_lo, step.params.band_hi) = part.band(self.cfg);
         step.params.q_shift = shifts.0;
         step.params.kv_shift = shifts.1;

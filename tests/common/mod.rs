@@ -161,6 +161,22 @@ pub fn describe(cfg: &AttentionConfig, seed: u64) -> String {
     if let Some(n) = &cfg.seqlens_kv {
         mods += &format!(" seqlens_kv={n:?}");
     }
+    if let Some(m) = &cfg.block_mask {
+        mods += &format!(
+            " blocks({}x{}, [{}, {}], density {:.2})",
+            m.block_q,
+            m.block_kv,
+            m.batch,
+            m.heads,
+            m.density()
+        );
+    }
+    if let Some(d) = &cfg.dropout {
+        mods += &format!(
+            " dropout(p={}, seed={:#x}, offset={:#x})",
+            d.p, d.seed, d.offset
+        );
+    }
     format!(
         "{:?} b={} sq={} skv={} hq={} hkv={} d={} causal={}{mods} seed={seed}",
         cfg.algorithm,
@@ -202,6 +218,34 @@ pub fn random_sinks(cfg: &AttentionConfig) -> Vec<f32> {
     (0..cfg.heads_q)
         .map(|_| rng.random_range(-1.0..3.0))
         .collect()
+}
+
+/// Dropout with probability `p`, a fresh seed and an offset just under 2^32, so that the
+/// RNG's 64-bit counter (offset + key / 4) carries into its high word within a row.
+pub fn random_dropout(p: f32) -> flash_attn_wgpu::Dropout {
+    let mut rng = StdRng::seed_from_u64(fresh_seed());
+    flash_attn_wgpu::Dropout::new(p, rng.random(), (1u64 << 32) - rng.random_range(1..40))
+}
+
+/// A fresh random block mask of `block_q x block_kv` blocks with about `density` of them on,
+/// one grid per batch and per query head (or shared: `per_batch` / `per_head` false).
+pub fn random_block_mask(
+    cfg: &AttentionConfig,
+    (block_q, block_kv): (usize, usize),
+    per_batch: bool,
+    per_head: bool,
+    density: f64,
+) -> flash_attn_wgpu::BlockMask {
+    let mut rng = StdRng::seed_from_u64(fresh_seed());
+    let dims = (
+        if per_batch { cfg.batch } else { 1 },
+        if per_head { cfg.heads_q } else { 1 },
+        cfg.seq_q,
+        cfg.seq_kv,
+    );
+    flash_attn_wgpu::BlockMask::from_fn(block_q, block_kv, dims, |_, _, _, _| {
+        rng.random_bool(density)
+    })
 }
 
 /// Runs the forward pass of both algorithms against the reference.

@@ -74,13 +74,16 @@ pub fn variants() -> Vec<KernelKey> {
                                             tiles,
                                             causal,
                                             window,
-                                            // the SOFTCAP, ALIBI and SINKS overrides ride
-                                            // with the window's (specializations of one
-                                            // source; ALIBI and SINKS add the extras binding)
+                                            // the SOFTCAP, ALIBI, SINKS, SEQLENS and DROPOUT
+                                            // overrides ride with the window's
+                                            // (specializations of one source; ALIBI, SINKS
+                                            // and SEQLENS add the extras binding)
                                             softcap: window,
                                             alibi: window,
                                             sinks: window,
                                             seqlens: window,
+                                            dropout: window,
+                                            blocks: window,
                                             subgroup,
                                             accumulate,
                                         });

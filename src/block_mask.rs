@@ -1,0 +1,147 @@
+//! Block-sparse attention: a mask over blocks of (query rows x keys) that the kernels consult
+//! per pair and per tile, skipping tiles whose blocks are all off.
+
+use crate::error::{Error, Result};
+
+/// A block mask (block-sparse FlashAttention): query rows and keys are cut into blocks of
+/// `block_q` rows and `block_kv` keys, and pair (i, j) takes part only when block
+/// `(i / block_q, j / block_kv)` is on (and the other masks let it). `blocks` is
+/// `[batch, heads, ceil(seq_q / block_q), ceil(seq_kv / block_kv)]`, row-major, where `batch`
+/// is 1 or the call's batch and `heads` is 1 or its heads_q (a dimension of 1 is broadcast).
+/// Block sizes are the caller's and need not match the kernels' tiles: a tile whose blocks are
+/// all off is skipped, one that is partly on is masked pair by pair.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockMask {
+    pub block_q: usize,
+    pub block_kv: usize,
+    pub batch: usize,
+    pub heads: usize,
+    pub blocks: Vec<bool>,
+}
+
+impl BlockMask {
+    /// A mask of `batch x heads` grids of blocks for a call of `seq_q x seq_kv`, every block
+    /// set by `on(b, h, block_row, block_col)`.
+    pub fn from_fn(
+        block_q: usize,
+        block_kv: usize,
+        (batch, heads, seq_q, seq_kv): (usize, usize, usize, usize),
+        mut on: impl FnMut(usize, usize, usize, usize) -> bool,
+    ) -> BlockMask {
+        let (rows, cols) = (seq_q.div_ceil(block_q.max(1)), seq_kv.div_ceil(block_kv.max(1)));
+        let mut blocks = Vec::with_capacity(batch * heads * rows * cols);
+        for b in 0..batch {
+            for h in 0..heads {
+                for r in 0..rows {
+                    for c in 0..cols {
+                        blocks.push(on(b, h, r, c));
+                    }
+                }
+            }
+        }
+        BlockMask {
+            block_q,
+            block_kv,
+            batch,
+            heads,
+            blocks,
+        }
+    }
+
+    /// Block rows and columns of a call of `seq_q x seq_kv`.
+    pub fn grid(&self, seq_q: usize, seq_kv: usize) -> (usize, usize) {
+        (seq_q.div_ceil(self.block_q), seq_kv.div_ceil(self.block_kv))
+    }
+
+    /// True when the block holding pair (i, j) of (batch b, query head h) is on.
+    pub fn allows(&self, seq_q: usize, seq_kv: usize, (b, h, i, j): (usize, usize, usize, usize)) -> bool {
+        let (rows, cols) = self.grid(seq_q, seq_kv);
+        let (b, h) = (b.min(self.batch - 1), h.min(self.heads - 1));
+        self.blocks[((b * self.heads + h) * rows + i / self.block_q) * cols + j / self.block_kv]
+    }
+
+    /// Strides, in blocks, between one batch's grids and the next, and one head's grid and
+    /// the next: 0 along a broadcast dimension.
+    pub fn strides(&self, seq_q: usize, seq_kv: usize) -> (usize, usize) {
+        let (rows, cols) = self.grid(seq_q, seq_kv);
+        let h = if self.heads > 1 { rows * cols } else { 0 };
+        let b = if self.batch > 1 { self.heads * rows * cols } else { 0 };
+        (b, h)
+    }
+
+    /// The blocks packed 32 to a word, block k at bit k % 32 of word k / 32.
+    pub fn bits(&self) -> Vec<u32> {
+        let mut words = vec![0u32; self.blocks.len().div_ceil(32)];
+        for (k, _) in self.blocks.iter().enumerate().filter(|(_, &on)| on) {
+            words[k / 32] |= 1 << (k % 32);
+        }
+        words
+    }
+
+    /// Fraction of blocks on.
+    pub fn density(&self) -> f64 {
+        self.blocks.iter().filter(|&&x| x).count() as f64 / self.blocks.len().max(1) as f64
+    }
+
+    /// Checks the mask against a call of `batch x heads_q`, `seq_q x seq_kv`.
+    pub(crate) fn validate(&self, batch: usize, heads_q: usize, seq_q: usize, seq_kv: usize) -> Result<()> {
+        for (name, v) in [("block_q", self.block_q), ("block_kv", self.block_kv)] {
+            if v == 0 || v > u32::MAX as usize {
+                return Err(Error::invalid(format!(
+                    "block_mask.{name} must be in 1..=2^32-1 (rows or keys per block), got {v}"
+                )));
+            }
+        }
+        for (name, v, full) in [("batch", self.batch, batch), ("heads", self.heads, heads_q)] {
+            if v != 1 && v != full {
+                return Err(Error::invalid(format!(
+                    "block_mask.{name} must be 1 (broadcast) or the call's {} = {full}, got {v}",
+                    if name == "batch" { "batch" } else { "heads_q" }
+                )));
+            }
+        }
+        let (rows, cols) = self.grid(seq_q, seq_kv);
+        let want = [self.batch, self.heads, rows, cols]
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d));
+        if want != Some(self.blocks.len()) {
+            return Err(Error::invalid(format!(
+                "block_mask.blocks must hold [batch, heads, ceil(seq_q / block_q), ceil(seq_kv / block_kv)] = [{}, {}, {rows}, {cols}] = {} entries, got {}",
+                self.batch,
+                self.heads,
+                want.map_or("more than 2^64".to_string(), |n| n.to_string()),
+                self.blocks.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bits_strides_and_lookup_agree() {
+        // batch 2 (full), heads broadcast; 10 x 7 call in blocks of 4 x 3: a 3 x 3 grid
+        let m = BlockMask::from_fn(4, 3, (2, 1, 10, 7), |b, _, r, c| (b + r * 3 + c) % 3 == 0);
+        assert_eq!(m.blocks.len(), 2 * 9);
+        assert_eq!(m.strides(10, 7), (9, 0));
+        let bits = m.bits();
+        for b in 0..2 {
+            for h in 0..5 {
+                for i in 0..10 {
+                    for j in 0..7 {
+                        let k = b * 9 + (i / 4) * 3 + j / 3;
+                        let bit = bits[k / 32] >> (k % 32) & 1 == 1;
+                        assert_eq!(m.allows(10, 7, (b, h, i, j)), bit);
+                        assert_eq!(bit, (b + (i / 4) * 3 + j / 3) % 3 == 0);
+                    }
+                }
+            }
+        }
+        assert!(m.validate(2, 5, 10, 7).is_ok());
+        assert!(m.validate(3, 5, 10, 7).is_err());
+        assert!(m.validate(2, 5, 13, 7).is_err());
+    }
+}
