@@ -53,7 +53,7 @@ __device__ __forceinline__ elem_t from_f32(float x) {
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (60 bytes, 4-aligned)
+// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (108 bytes, 4-aligned)
 struct AttnShape {
     unsigned int seq_q;
     unsigned int seq_kv;
@@ -70,6 +70,18 @@ struct AttnShape {
     unsigned int sinks_base;     // SINKS: extras index of head 0's sink
     unsigned int seqlens_base;   // SEQLENS: extras index of batch 0's key length
     unsigned int kv_len;         // keys [0, kv_len) take part (for_batch: the batch's own)
+    unsigned int drop_threshold; // DROPOUT: Philox words below this drop their pair
+    float drop_scale;            //   what a kept pair's probability is multiplied by, 1 / (1 - p)
+    unsigned int drop_seed_lo;   //   the Philox key: the seed's two halves
+    unsigned int drop_seed_hi;
+    unsigned int drop_offset_lo; //   the stream offset's two halves (counter words 0, 1)
+    unsigned int drop_offset_hi;
+    unsigned int blocks_base;     // BLOCKS: extras index of the block mask's first word
+    unsigned int block_q;         //   query rows and keys per block
+    unsigned int block_kv;
+    unsigned int blocks_cols;     //   block columns of a grid, ceil(seq_kv / block_kv)
+    unsigned int blocks_b_stride; //   bits between batches' grids and heads' grids (0 along a
+    unsigned int blocks_h_stride; //   broadcast dimension)
 };
 
 // A softcap (-DSOFTCAP=1): a score x in the exp2 domain becomes C tanh(x / C), C = c log2(e),
@@ -106,6 +118,9 @@ __device__ __forceinline__ float softcap_slope(const AttnShape& p, float s) {
 #ifndef SEQLENS
 #define SEQLENS 0
 #endif
+#ifndef BLOCKS
+#define BLOCKS 0
+#endif
 
 // The call's scalars for batch b: with per-batch key lengths (-DSEQLENS=1), kv_len is the
 // batch's (keys past it are hidden, as kv_len in shaders/common.wgsl); else unchanged.
@@ -120,6 +135,10 @@ __device__ __forceinline__ AttnShape for_batch(const AttnShape& p, const float* 
 struct HeadMods {
     float slope2; // the ALiBi slope times log2(e)
     float sink2;  // the sink times log2(e)
+#if BLOCKS
+    const float* blocks; // the block mask's words (the extras from blocks_base)
+    unsigned int grid;   // the bit of block (0, 0) of this (batch, query head)'s grid
+#endif
 };
 __device__ __forceinline__ HeadMods head_mods(const AttnShape& p, const float* __restrict__ extras,
                                               unsigned int b, unsigned int h) {
@@ -131,6 +150,10 @@ __device__ __forceinline__ HeadMods head_mods(const AttnShape& p, const float* _
 #endif
 #if SINKS
     m.sink2 = extras[p.sinks_base + h] * LOG2E;
+#endif
+#if BLOCKS
+    m.blocks = extras + p.blocks_base;
+    m.grid = b * p.blocks_b_stride + h * p.blocks_h_stride;
 #endif
     return m;
 }
@@ -159,12 +182,195 @@ __device__ __forceinline__ float score_slope(const AttnShape& p, const HeadMods&
     return softcap_slope(p, s - alibi_term(p, hm, i, j));
 }
 
+// Dropout (-DDROPOUT=1) on the attention probabilities, as Dropout::keeps in src/dropout.rs
+// (the f64 reference's): pair (row i, key j) of head bh = b * heads_q + h (the query head) is
+// word j % 4 of the Philox 4x32-10 block at counter (offset + j / 4 as a 64-bit add, i, bh)
+// under key (seed lo, seed hi), kept iff that word is at least drop_threshold. i, j and b are
+// the whole call's. The kernels draw one block per 4 keys and share its flags across lanes
+// (dropout_bits and the kernels' helpers); dropout_scale is the one-pair definition. Without
+// dropout (the default) none of it reaches the kernels' code (IF_DROPOUT and the helpers
+// below).
+#ifndef DROPOUT
+#define DROPOUT 0
+#endif
+struct Words4 {
+    unsigned int x, y, z, w;
+};
+// the four 32-bit words of Philox 4x32 (Salmon et al., SC 2011), 10 rounds, at counter c
+// under key (k0, k1)
+__device__ __forceinline__ Words4 philox4x32_10(Words4 c, unsigned int k0, unsigned int k1) {
+#pragma unroll
+    for (int r = 0; r < 10; r++) {
+        const unsigned int hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
+        const unsigned int hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
+        c = Words4{hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0};
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    return c;
+}
+// the keep flags of keys 4g..4g+3 in row i of head bh: bit k set when key 4g + k is kept
+__device__ __forceinline__ unsigned int dropout_bits(const AttnShape& p, unsigned int bh,
+                                                     unsigned int i, unsigned int g) {
+    Words4 c;
+    c.x = p.drop_offset_lo + g;
+    c.y = p.drop_offset_hi + (c.x < g ? 1u : 0u); // the carry of the 64-bit add
+    c.z = i;
+    c.w = bh;
+    const Words4 w = philox4x32_10(c, p.drop_seed_lo, p.drop_seed_hi);
+    return (w.x >= p.drop_threshold ? 1u : 0u) | (w.y >= p.drop_threshold ? 2u : 0u) |
+           (w.z >= p.drop_threshold ? 4u : 0u) | (w.w >= p.drop_threshold ? 8u : 0u);
+}
+// pair (i, j)'s factor: drop_scale kept, 0 dropped; 1 without dropout
+__device__ __forceinline__ float dropout_scale(const AttnShape& p, unsigned int bh, unsigned int i,
+                                               unsigned int j) {
+#if DROPOUT
+    return (dropout_bits(p, bh, i, j / 4) >> (j % 4)) & 1u ? p.drop_scale : 0.f;
+#else
+    return 1.f;
+#endif
+}
+// The kernels take the pairs' keep flags (bits of a mask) and a kept pair's 1 / (1 - p)
+// apart: P V and dV take the kept pairs' P, 1 / (1 - p) joins the forward's normalization and
+// dV's store, and dP takes both. Without dropout each helper below returns x, and the masks
+// come through IF_DROPOUT, so the kernels compile to what they were without it (even an
+// unused reference to the call's scalars, passed to an inlined helper, changes NVVM's code).
+#if DROPOUT
+#define IF_DROPOUT(expr, otherwise) (expr)
+#else
+#define IF_DROPOUT(expr, otherwise) (otherwise)
+#endif
+// x where bit n of `keep` is set, else 0
+__device__ __forceinline__ float dropout_keep(float x, unsigned long long keep, unsigned int n) {
+#if DROPOUT
+    return (keep >> n) & 1ull ? x : 0.f;
+#else
+    return x;
+#endif
+}
+// x * scale (1 / (1 - p)) where bit n of `keep` is set, else 0: Z dP
+__device__ __forceinline__ float dropout_keep_scaled(float x, unsigned long long keep,
+                                                     unsigned int n, float scale) {
+#if DROPOUT
+    return (keep >> n) & 1ull ? x * scale : 0.f;
+#else
+    return x;
+#endif
+}
+// x * scale (1 / (1 - p))
+__device__ __forceinline__ float dropout_rescale(float x, float scale) {
+#if DROPOUT
+    return x * scale;
+#else
+    return x;
+#endif
+}
+
 // bounds, the bottom-right causal mask and the window, as `visible` in shaders/common.wgsl
 __device__ __forceinline__ bool visible(const AttnShape& p, unsigned int i, unsigned int j) {
     const long long ii = i, jj = j;
     return i < p.seq_q && j < p.kv_len && (!p.causal || jj <= ii + p.causal_offset) &&
            (!p.window || (jj >= ii + p.band_lo && jj <= ii + p.band_hi));
 }
+
+// Block-sparse attention (-DBLOCKS=1), as block_on and tile_visit in shaders/common.wgsl:
+// the block mask's bits (BlockMask::bits) lie in the extras from blocks_base, one grid of
+// ceil(seq_q / block_q) x blocks_cols bits per (batch, query head), from HeadMods::grid, and
+// pair (i, j) takes part only when bit (i / block_q, j / block_kv) of its grid is set. The
+// kernels skip a tile whose blocks are all off (tile_blocks, next_kv_tile: no loads, no math)
+// and test pairs only in a tile with some block off (pair_visible). They reach all of it
+// through IF_BLOCKS, as dropout through IF_DROPOUT: without BLOCKS their code is what it was
+// (an inlined helper that only returns a constant, or passes HeadMods on to visible(), still
+// changes NVVM's loops with the score modifiers on).
+#if BLOCKS
+#define IF_BLOCKS(expr, otherwise) (expr)
+#else
+#define IF_BLOCKS(expr, otherwise) (otherwise)
+#endif
+
+struct TileBlocks {
+    bool skip;    // every block the tile overlaps is off: none of its pairs is visible
+    bool partial; // some block it overlaps is off: its pairs need pair_visible's block test
+};
+// a tile without BLOCKS: visited whole (IF_BLOCKS(tile_blocks(..), TILE_WHOLE))
+#define TILE_WHOLE (TileBlocks{false, false})
+
+#if BLOCKS
+// word w of the block mask
+__device__ __forceinline__ unsigned int blocks_word(const HeadMods& hm, unsigned int w) {
+    return __float_as_uint(__ldg(hm.blocks + w));
+}
+
+// set bits among bits [first, last] of the block mask, a word at a time
+__device__ __forceinline__ unsigned int blocks_on(const HeadMods& hm, unsigned int first,
+                                                  unsigned int last) {
+    unsigned int n = 0;
+    for (unsigned int w = first / 32; w <= last / 32; w++) {
+        unsigned int x = blocks_word(hm, w);
+        if (w == first / 32) {
+            x &= 0xffffffffu << (first % 32);
+        }
+        if (w == last / 32) {
+            x &= 0xffffffffu >> (31 - last % 32);
+        }
+        n += __popc(x);
+    }
+    return n;
+}
+
+// How the block mask treats the tile of rows [q0, q0 + rows) x keys [k0, k0 + keys) of the
+// head of hm, clipped to the call (rows to seq_q, keys to kv_len; an empty tile is skipped).
+// Uniform across a thread block when its arguments are.
+__device__ __forceinline__ TileBlocks tile_blocks(const AttnShape& p, const HeadMods& hm,
+                                                  unsigned int q0, unsigned int rows,
+                                                  unsigned int k0, unsigned int keys) {
+    const unsigned int q_end = min(q0 + rows, p.seq_q), k_end = min(k0 + keys, p.kv_len);
+    if (q0 >= q_end || k0 >= k_end) {
+        return TileBlocks{true, false};
+    }
+    const unsigned int r0 = q0 / p.block_q, r1 = (q_end - 1) / p.block_q;
+    const unsigned int c0 = k0 / p.block_kv, c1 = (k_end - 1) / p.block_kv;
+    unsigned int on = 0;
+    for (unsigned int r = r0; r <= r1; r++) {
+        const unsigned int row = hm.grid + r * p.blocks_cols;
+        on += blocks_on(hm, row + c0, row + c1);
+    }
+    return TileBlocks{on == 0, on < (r1 - r0 + 1) * (c1 - c0 + 1)};
+}
+
+// visible(), and in a tile with some block off (`partial`) the pair's block on. The bounds
+// come first: no bit past the grid is read.
+__device__ __forceinline__ bool pair_visible(const AttnShape& p, const HeadMods& hm,
+                                             bool partial, unsigned int i, unsigned int j) {
+    if (!visible(p, i, j)) {
+        return false;
+    }
+    if (!partial) {
+        return true;
+    }
+    const unsigned int bit = hm.grid + (i / p.block_q) * p.blocks_cols + j / p.block_kv;
+    return (blocks_word(hm, bit / 32) >> (bit % 32)) & 1u;
+}
+
+// The first of the key tiles kv0, kv0 + keys, ... below kv_end (rows [q0, q0 + rows)) that
+// tile_blocks does not skip, or kv_end when none is; `partial` its flag. For a loop that
+// issues a tile's copies before the tile is used (flash_fwd's prefetch), so that it steps
+// from visited tile to visited tile and never issues a skipped tile's copies.
+__device__ __forceinline__ unsigned int next_kv_tile(const AttnShape& p, const HeadMods& hm,
+                                                     unsigned int q0, unsigned int rows,
+                                                     unsigned int kv0, unsigned int keys,
+                                                     unsigned int kv_end, bool& partial) {
+    for (; kv0 < kv_end; kv0 += keys) {
+        const TileBlocks t = tile_blocks(p, hm, q0, rows, kv0, keys);
+        if (!t.skip) {
+            partial = t.partial;
+            return kv0;
+        }
+    }
+    partial = false;
+    return kv_end;
+}
+#endif
 
 // the highest key offset j - i a row sees (with causal or a window)
 __device__ __forceinline__ long long band_hi(const AttnShape& p) {

@@ -14,6 +14,12 @@
 // dP = dO V^T; dS = P * (dP - delta), delta = rowsum(dO * out); dV = P^T dO;
 // dK = scale * dS^T Q; dQ = scale * dS K. P and dS are rounded to the element type before
 // their products on the tensor cores, as FlashAttention does.
+// Dropout (-DDROPOUT=1), Z the pairs' factors (0 dropped, 1 / (1 - p) kept): dV = (P .* Z)^T
+// dO (the 0/1 flags in the product, 1 / (1 - p) at the store) and dS = P * (Z dP - delta).
+// Blocks (-DBLOCKS=1): a streamed tile whose blocks are all off (for the query head: dK/dV
+// takes each head of its group's grid) is skipped before its copies, a tile with some block
+// off masked pair by pair. Neither kernel prefetches a tile, so skipping leaves each visited
+// tile's barriers and copy waits as they are.
 
 #if !defined(BLOCK_Q) || BLOCK_Q % 16 != 0 || !defined(BLOCK_N) || BLOCK_N % 16 != 0
 #error "BLOCK_Q and BLOCK_N (multiples of 16) must be defined"
@@ -76,9 +82,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
     for (unsigned int g = 0; g < group; g++) {
         const unsigned int h = hk * group + g;
         const HeadMods hm = head_mods(p, extras, b, h);
+        // dropout's stream: the query head's
+        [[maybe_unused]] const unsigned int bh = b * p.heads_q + h;
         const size_t q_off = ((size_t)b * p.seq_q * p.heads_q + h) * HEAD_DIM;
         const size_t row_off = ((size_t)b * p.heads_q + h) * p.seq_q;
         for (unsigned int q0 = q_start; q0 < q_stop; q0 += BLOCK_Q) {
+            // uniform: the whole block skips, K/V's copies wait for the next visited tile
+            const TileBlocks tb =
+                IF_BLOCKS(tile_blocks(p, hm, q0, BLOCK_Q, kv0, BLOCK_RES), TILE_WHOLE);
+            if (tb.skip) {
+                continue;
+            }
             __syncthreads(); // the previous tile's readers are done
             stage_rows(sq, q + q_off, q0, BLOCK_Q, p.seq_q, q_pitch);
             stage_rows(sdo, d_out + q_off, q0, BLOCK_Q, p.seq_q, q_pitch);
@@ -111,24 +125,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
                 }
             }
 
-            // P^T and dS^T in place: element e of block nt is key key_lo (+8 for e >= 2), row
-            // q0 + nt * 8 + 2 (lane % 4) (+1 for odd e)
+            // (P .* keep)^T and dS^T in place: element e of block nt is key key_lo (+8 for
+            // e >= 2), row q0 + nt * 8 + 2 (lane % 4) (+1 for odd e)
 #pragma unroll
             for (int nt = 0; nt < QTILES; nt++) {
+                const unsigned int keep =
+                    IF_DROPOUT(dropout_keep_keys(p, bh, key_lo, q0 + nt * 8 + (lane % 4) * 2), 15u);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = nt * 8 + (lane % 4) * 2 + (e % 2);
                     const unsigned int j = key_lo + (e / 2) * 8;
-                    const bool vis = visible(p, q0 + r, j);
+                    const bool vis = IF_BLOCKS(pair_visible(p, hm, tb.partial, q0 + r, j),
+                                               visible(p, q0 + r, j));
                     const float sc = finish_score(p, hm, s[nt][e] * p.scale_log2, q0 + r, j);
                     const float pr = vis ? exp2f(sc - slse[r]) : 0.f;
-                    dp[nt][e] = vis ? pr * (dp[nt][e] - sdelta[r]) * score_slope(p, hm, sc, q0 + r, j)
+                    dp[nt][e] = vis ? pr * (dropout_keep_scaled(dp[nt][e], keep, e, p.drop_scale) -
+                                            sdelta[r]) *
+                                          score_slope(p, hm, sc, q0 + r, j)
                                     : 0.f;
-                    s[nt][e] = pr;
+                    s[nt][e] = dropout_keep(pr, keep, e);
                 }
             }
 
-            // dV += P^T dO and dK += dS^T Q: k runs over the tile's rows
+            // dV += (P .* keep)^T dO and dK += dS^T Q: k runs over the tile's rows
 #pragma unroll
             for (int kk = 0; kk < BLOCK_Q / 16; kk++) {
                 unsigned int pa[4], da[4];
@@ -147,10 +166,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
     }
 
     copy_wait<0>(); // K/V copies still in flight when no Q tile was visited
-    // dK = scale * dS^T Q: scale = scale_log2 / log2(e)
+    // dK = scale * dS^T Q: scale = scale_log2 / log2(e); dV times dropout's 1 / (1 - p)
     const float scale = p.scale_log2 * LN2;
     store_rows(dk + kv_off, kv_pitch, key_lo, p.seq_kv, dk_acc, scale, scale);
-    store_rows(dv + kv_off, kv_pitch, key_lo, p.seq_kv, dv_acc, 1.f, 1.f);
+    const float dv_scale = dropout_rescale(1.f, p.drop_scale);
+    store_rows(dv + kv_off, kv_pitch, key_lo, p.seq_kv, dv_acc, dv_scale, dv_scale);
 }
 
 // dQ for WARPS * 16 query rows of one head: Q and dO fragments, lse2 and delta of the thread's
@@ -168,6 +188,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
     const unsigned int q0 = blockIdx.x * BLOCK_RES;
     const unsigned int hk = h / (p.heads_q / p.heads_kv);
     const HeadMods hm = head_mods(p, extras, b, h);
+    [[maybe_unused]] const unsigned int bh = b * p.heads_q + h; // dropout's stream
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const unsigned int q_pitch = p.heads_q * HEAD_DIM, kv_pitch = p.heads_kv * HEAD_DIM;
     const size_t q_off = ((size_t)b * p.seq_q * p.heads_q + h) * HEAD_DIM;
@@ -200,6 +221,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
     elem_t* sv = smem + BLOCK_N * STRIDE;
     for (unsigned int kv0 = (kv_begin_for_rows(p, q0) / BLOCK_N) * BLOCK_N; kv0 < kv_end;
          kv0 += BLOCK_N) {
+        const TileBlocks tb =
+            IF_BLOCKS(tile_blocks(p, hm, q0, BLOCK_RES, kv0, BLOCK_N), TILE_WHOLE);
+        if (tb.skip) {
+            continue; // uniform: the whole block skips
+        }
         __syncthreads(); // Q/dO fragments read, or the previous tile's readers done
         stage_rows(sk, k + kv_off, kv0, BLOCK_N, p.seq_kv, kv_pitch);
         stage_rows(sv, v + kv_off, kv0, BLOCK_N, p.seq_kv, kv_pitch);
@@ -226,14 +252,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
         // kv0 + nt * 8 + 2 (lane % 4) (+1 for odd e)
 #pragma unroll
         for (int nt = 0; nt < NTILES; nt++) {
+            const unsigned int keep =
+                IF_DROPOUT(dropout_keep_rows(p, bh, row_lo, kv0 + nt * 8 + (lane % 4) * 2), 15u);
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const unsigned int i = e < 2 ? row_lo : row_hi;
                 const unsigned int j = kv0 + nt * 8 + (lane % 4) * 2 + (e % 2);
-                const bool vis = visible(p, i, j);
+                const bool vis =
+                    IF_BLOCKS(pair_visible(p, hm, tb.partial, i, j), visible(p, i, j));
                 const float sc = finish_score(p, hm, s[nt][e] * p.scale_log2, i, j);
                 const float pr = vis ? exp2f(sc - (e < 2 ? lse_lo : lse_hi)) : 0.f;
-                dp[nt][e] = vis ? pr * (dp[nt][e] - (e < 2 ? delta_lo : delta_hi)) *
+                dp[nt][e] = vis ? pr * (dropout_keep_scaled(dp[nt][e], keep, e, p.drop_scale) -
+                                        (e < 2 ? delta_lo : delta_hi)) *
                                       score_slope(p, hm, sc, i, j)
                                 : 0.f;
             }

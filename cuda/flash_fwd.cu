@@ -17,6 +17,11 @@
 // Math:    S = Q K^T and O += P V with mma.sync m16n8k16 (operands via ldmatrix), online
 //          softmax in registers in the exp2 domain (running max and sum, exact), one write of
 //          out and lse. A row that sees no key gets out = 0 and lse = -inf, as on wgpu.
+// Dropout (-DDROPOUT=1): P V takes the kept pairs' P (dropped ones 0), the row sum and lse
+//          the whole P; the kept pairs' 1 / (1 - p) is applied with the normalization.
+// Blocks (-DBLOCKS=1): tiles whose blocks are all off for the block's rows are stepped over
+//          before their copies are issued (next_kv_tile), so the two stages alternate over the
+//          visited tiles only; a tile with some block off is masked pair by pair.
 
 #if !defined(BLOCK_N) || BLOCK_N % 16 != 0
 #error "BLOCK_N (a multiple of 16) must be defined"
@@ -38,6 +43,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
     const unsigned int q0 = blockIdx.x * BLOCK_M;
     const unsigned int hk = h / (p.heads_q / p.heads_kv);
     const HeadMods hm = head_mods(p, extras, b, h);
+    [[maybe_unused]] const unsigned int bh = b * p.heads_q + h; // dropout's stream
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const unsigned int q_pitch = p.heads_q * HEAD_DIM, kv_pitch = p.heads_kv * HEAD_DIM;
     const elem_t* q_base = q + ((size_t)b * p.seq_q * p.heads_q + h) * HEAD_DIM;
@@ -62,10 +68,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
     }
     __syncthreads();
 
-    // stage s: K at smem + s * 2 * BLOCK_N * STRIDE, V right after it
-    if (kv_end > kv_first) {
-        stage_rows(smem, k_base, kv_first, BLOCK_N, p.seq_kv, kv_pitch);
-        stage_rows(smem + BLOCK_N * STRIDE, v_base, kv_first, BLOCK_N, p.seq_kv, kv_pitch);
+    // stage s: K at smem + s * 2 * BLOCK_N * STRIDE, V right after it; the first tile the
+    // block mask lets through (with it, `partial`: some of its blocks are off)
+    bool partial = false;
+    const unsigned int kv_start = IF_BLOCKS(
+        next_kv_tile(p, hm, q0, BLOCK_M, kv_first, BLOCK_N, kv_end, partial), kv_first);
+    if (kv_end > kv_start) {
+        stage_rows(smem, k_base, kv_start, BLOCK_N, p.seq_kv, kv_pitch);
+        stage_rows(smem + BLOCK_N * STRIDE, v_base, kv_start, BLOCK_N, p.seq_kv, kv_pitch);
     }
     copy_commit();
 
@@ -76,14 +86,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
     float m_lo = NEG_INF, m_hi = NEG_INF, l_lo = 0.f, l_hi = 0.f;
 
     int stage = 0;
-    for (unsigned int kv0 = kv_first; kv0 < kv_end; kv0 += BLOCK_N, stage ^= 1) {
-        // the next tile's copy goes out before this one is used
+    for (unsigned int kv0 = kv_start, kv_next; kv0 < kv_end; kv0 = kv_next, stage ^= 1) {
+        // the next visited tile's copy goes out before this one is used
         const elem_t* sk = smem + stage * 2 * BLOCK_N * STRIDE;
         const elem_t* sv = sk + BLOCK_N * STRIDE;
-        if (kv0 + BLOCK_N < kv_end) {
+        bool next_partial = false;
+        kv_next = IF_BLOCKS(
+            next_kv_tile(p, hm, q0, BLOCK_M, kv0 + BLOCK_N, BLOCK_N, kv_end, next_partial),
+            kv0 + BLOCK_N);
+        if (kv_next < kv_end) {
             elem_t* next = smem + (stage ^ 1) * 2 * BLOCK_N * STRIDE;
-            stage_rows(next, k_base, kv0 + BLOCK_N, BLOCK_N, p.seq_kv, kv_pitch);
-            stage_rows(next + BLOCK_N * STRIDE, v_base, kv0 + BLOCK_N, BLOCK_N, p.seq_kv, kv_pitch);
+            stage_rows(next, k_base, kv_next, BLOCK_N, p.seq_kv, kv_pitch);
+            stage_rows(next + BLOCK_N * STRIDE, v_base, kv_next, BLOCK_N, p.seq_kv, kv_pitch);
         }
         copy_commit();
         copy_wait<1>();
@@ -103,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
         }
 
         // scale into the exp2 domain, mask, and the tile's row max
-        const bool need_mask = tile_needs_mask(p, q0, BLOCK_M, kv0, BLOCK_N);
+        const bool need_mask = tile_needs_mask(p, q0, BLOCK_M, kv0, BLOCK_N) || partial;
         float mt_lo = NEG_INF, mt_hi = NEG_INF;
 #pragma unroll
         for (int nt = 0; nt < NTILES; nt++) {
@@ -113,7 +127,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
                 unsigned int i = e < 2 ? row_lo : row_hi;
                 float x = finish_score(p, hm, s[nt][e] * p.scale_log2, i, j);
                 if (need_mask) {
-                    x = visible(p, i, j) ? x : NEG_INF;
+                    const bool vis =
+                        IF_BLOCKS(pair_visible(p, hm, partial, i, j), visible(p, i, j));
+                    x = vis ? x : NEG_INF;
                 }
                 s[nt][e] = x;
             }
@@ -139,6 +155,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
             s[nt][3] = exp2f(s[nt][3] - base_hi);
             ls_lo += s[nt][0] + s[nt][1];
             ls_hi += s[nt][2] + s[nt][3];
+            const unsigned int keep =
+                IF_DROPOUT(dropout_keep_rows(p, bh, row_lo, kv0 + nt * 8 + (lane % 4) * 2), 15u);
+            s[nt][0] = dropout_keep(s[nt][0], keep, 0);
+            s[nt][1] = dropout_keep(s[nt][1], keep, 1);
+            s[nt][2] = dropout_keep(s[nt][2], keep, 2);
+            s[nt][3] = dropout_keep(s[nt][3], keep, 3);
         }
         l_lo = a_lo * l_lo + row_sum4(ls_lo);
         l_hi = a_hi * l_hi + row_sum4(ls_hi);
@@ -163,10 +185,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
             }
         }
         __syncthreads(); // this stage is refilled two tiles on
+        partial = next_partial;
     }
 
-    // out = O / l, lse = ln(l) + m ln 2 (natural log); rows that saw nothing: 0 and -inf
-    const float inv_lo = row_inv(l_lo, m_lo, hm), inv_hi = row_inv(l_hi, m_hi, hm);
+    // out = O / l (times dropout's 1 / (1 - p)), lse = ln(l) + m ln 2 (natural log); rows
+    // that saw nothing: 0 and -inf
+    const float inv_lo = dropout_rescale(row_inv(l_lo, m_lo, hm), p.drop_scale);
+    const float inv_hi = dropout_rescale(row_inv(l_hi, m_hi, hm), p.drop_scale);
     store_rows(out + ((size_t)b * p.seq_q * p.heads_q + h) * HEAD_DIM, q_pitch, row_lo, p.seq_q,
                o, inv_lo, inv_hi);
     if (lane % 4 == 0) {

@@ -20,7 +20,12 @@
 // Math (exp2 domain, as the tensor-core kernels): s = scale_log2 * q.k; forward online
 // softmax with running max m and sum l, lse = ln(l) + m ln 2; backward P = exp2(s - lse2),
 // lse2 = lse log2(e), dP = dO.v, dS = P (dP - delta), dV += P dO, dK += dS q, dQ += dS k, dK
-// and dQ times scale at the end.
+// and dQ times scale at the end. Dropout (-DDROPOUT=1): as the tensor-core kernels, the
+// pairs' 0/1 keep flags in the products (P V, dV) and in dP, 1 / (1 - p) with the
+// normalization, at dV's store and in dP: dS = P (Z dP - delta). Blocks (-DBLOCKS=1): a tile
+// whose blocks are all off for the block's resident rows (keys in dK/dV, whose grids are the
+// query heads') is skipped before it is staged (the loops stage synchronously, so nothing is in
+// flight), a tile with some block off is masked pair by pair.
 
 #if !defined(THREADS) || !defined(BLOCK_N)
 #error "THREADS and BLOCK_N must be defined"
@@ -34,6 +39,58 @@ __device__ __forceinline__ float row_sum8(float x) {
     x += __shfl_xor_sync(0xffffffff, x, 1);
     x += __shfl_xor_sync(0xffffffff, x, 2);
     return x + __shfl_xor_sync(0xffffffff, x, 4);
+}
+
+#if DROPOUT && (BLOCK_N % 32 != 0 || BLOCK_N > 64 || LANES * 4 != 32 || ROWS % 4 != 0)
+#error "dropout's tile masks take BLOCK_N 32 or 64 and a warp's 4 rows in one key group"
+#endif
+
+// Dropout's keep flags of row i (head bh) for the keys kt..kt + BLOCK_N of a tile (kt a
+// multiple of 4): bit jj for key kt + jj; all ones without dropout. The row's 8 lanes draw
+// its BLOCK_N / 4 Philox blocks between them (lane l the key groups l, l + 8) and gather the
+// flags, so no lane draws more than two a tile.
+__device__ __forceinline__ unsigned long long dropout_row_mask(const AttnShape& p,
+                                                               unsigned int bh, unsigned int i,
+                                                               unsigned int kt, int lane) {
+#if DROPOUT
+    unsigned int half[2] = {0u, 0u}; // keys 0..31, 32..63
+#pragma unroll
+    for (int t = 0; t < BLOCK_N / 32; t++) {
+        unsigned int x = dropout_bits(p, bh, i, kt / 4 + t * LANES + lane) << (4 * lane);
+        x |= __shfl_xor_sync(0xffffffff, x, 1);
+        x |= __shfl_xor_sync(0xffffffff, x, 2);
+        half[t] = x | __shfl_xor_sync(0xffffffff, x, 4);
+    }
+    return half[0] | ((unsigned long long)half[1] << 32);
+#else
+    return ~0ull;
+#endif
+}
+
+// Dropout's keep flags of key j (head bh) for the rows qt..qt + BLOCK_N of a tile: bit ii for
+// row qt + ii; all ones without dropout. A warp's 4 keys (4 rows of 8 lanes, from a block's
+// first key, a multiple of ROWS) are one key group, whose pairs with a row share one Philox
+// block: the warp's lanes draw the tile's BLOCK_N blocks between them (lane l rows l, l + 32),
+// and each key takes its word's flags by ballot.
+__device__ __forceinline__ unsigned long long dropout_key_mask(const AttnShape& p,
+                                                               unsigned int bh, unsigned int j,
+                                                               unsigned int qt) {
+#if DROPOUT
+    const unsigned int wl = threadIdx.x % 32;
+    unsigned int half[2] = {0u, 0u}; // rows 0..31, 32..63
+#pragma unroll
+    for (int t = 0; t < BLOCK_N / 32; t++) {
+        const unsigned int bits = dropout_bits(p, bh, qt + 32 * t + wl, j / 4);
+#pragma unroll
+        for (unsigned int k = 0; k < 4; k++) {
+            const unsigned int rows = __ballot_sync(0xffffffff, (bits >> k) & 1u);
+            half[t] = k == j % 4 ? rows : half[t];
+        }
+    }
+    return half[0] | ((unsigned long long)half[1] << 32);
+#else
+    return ~0ull;
+#endif
 }
 
 // this lane's dims of one row of a [.., seq, heads, HEAD_DIM] tensor (at `row`, already
@@ -108,6 +165,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_fwd(
     float* sv = sk + BLOCK_N * HEAD_DIM;
     const unsigned int b = blockIdx.z, h = blockIdx.y, hk = h / (p.heads_q / p.heads_kv);
     const HeadMods hm = head_mods(p, extras, b, h);
+    [[maybe_unused]] const unsigned int bh = b * p.heads_q + h; // dropout's stream
     const unsigned int q0 = blockIdx.x * ROWS;
     const unsigned int i = q0 + threadIdx.x / LANES;
     const int lane = threadIdx.x % LANES;
@@ -126,14 +184,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_fwd(
     const unsigned int kv_end = kv_end_for_rows(p, q0, ROWS);
     for (unsigned int kt = (kv_begin_for_rows(p, q0) / BLOCK_N) * BLOCK_N; kt < kv_end;
          kt += BLOCK_N) {
+        const TileBlocks tb = IF_BLOCKS(tile_blocks(p, hm, q0, ROWS, kt, BLOCK_N), TILE_WHOLE);
+        if (tb.skip) {
+            continue; // uniform: the whole block skips
+        }
         __syncthreads();
         stage_f32(sk, k + kv_off, kt, p.seq_kv, kv_pitch);
         stage_f32(sv, v + kv_off, kt, p.seq_kv, kv_pitch);
         __syncthreads();
+        const unsigned long long kept =
+            IF_DROPOUT(dropout_row_mask(p, bh, i, kt, lane), ~0ull);
         const int n = min((unsigned int)BLOCK_N, kv_end - kt);
         for (int jj = 0; jj < n; jj++) {
             const float s = finish_score(p, hm, dot_row(qv, sk + jj * HEAD_DIM, lane), i, kt + jj);
-            if (!visible(p, i, kt + jj) || s == NEG_INF) {
+            const bool vis = IF_BLOCKS(pair_visible(p, hm, tb.partial, i, kt + jj),
+                                       visible(p, i, kt + jj));
+            if (!vis || s == NEG_INF) {
                 continue;
             }
             if (s > m) {
@@ -148,12 +214,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_fwd(
                 m = s;
             }
             const float w = exp2f(s - m); // NaN where s or m is NaN: the row comes out NaN
-            l += w;
-            axpy_row(o, w, sv + jj * HEAD_DIM, lane);
+            l += w; // the whole P (dropout's dropped pairs too), as the lse
+            axpy_row(o, dropout_keep(w, kept, jj), sv + jj * HEAD_DIM, lane);
         }
     }
     if (row_ok) {
-        store_row(out + q_row, o, lane, row_inv(l, m, hm));
+        store_row(out + q_row, o, lane, dropout_rescale(row_inv(l, m, hm), p.drop_scale));
         if (lane == 0) {
             lse[((size_t)b * p.heads_q + h) * p.seq_q + i] = row_lse(l, m, hm);
         }
@@ -200,9 +266,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
     const unsigned int q_stop = q_end_for_keys(p, kv0, kv0 + ROWS - 1);
     for (unsigned int hq = hk * group; hq < (hk + 1) * group; hq++) {
         const HeadMods hm = head_mods(p, extras, b, hq);
+        // dropout's stream: the query head's
+        [[maybe_unused]] const unsigned int bh = b * p.heads_q + hq;
         const size_t q_off = ((size_t)b * p.seq_q * p.heads_q + hq) * HEAD_DIM;
         const size_t row_off = ((size_t)b * p.heads_q + hq) * p.seq_q;
         for (unsigned int qt = q_begin; qt < q_stop; qt += BLOCK_N) {
+            const TileBlocks tb = IF_BLOCKS(tile_blocks(p, hm, qt, BLOCK_N, kv0, ROWS), TILE_WHOLE);
+            if (tb.skip) {
+                continue; // uniform: the whole block skips
+            }
             __syncthreads();
             stage_f32(sq, q + q_off, qt, p.seq_q, q_pitch);
             stage_f32(sdo, d_out + q_off, qt, p.seq_q, q_pitch);
@@ -212,25 +284,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
                 sdelta[r] = i < p.seq_q ? delta[row_off + i] : 0.f;
             }
             __syncthreads();
+            const unsigned long long kept =
+                IF_DROPOUT(dropout_key_mask(p, bh, j, qt), ~0ull);
             const int n = min((unsigned int)BLOCK_N, q_stop - qt);
             for (int ii = 0; ii < n; ii++) {
                 const float* qi = sq + ii * HEAD_DIM;
                 const float* doi = sdo + ii * HEAD_DIM;
                 const float s = finish_score(p, hm, dot_row(kv, qi, lane) * p.scale_log2, qt + ii, j);
                 const float dp = dot_row(vv, doi, lane);
-                if (!visible(p, qt + ii, j)) {
+                const bool vis = IF_BLOCKS(pair_visible(p, hm, tb.partial, qt + ii, j),
+                                           visible(p, qt + ii, j));
+                if (!vis) {
                     continue;
                 }
                 const float pr = exp2f(s - slse[ii]);
-                const float ds = pr * (dp - sdelta[ii]) * score_slope(p, hm, s, qt + ii, j);
-                axpy_row(dv_acc, pr, doi, lane);
+                const float zdp = dropout_keep_scaled(dp, kept, ii, p.drop_scale);
+                const float ds = pr * (zdp - sdelta[ii]) * score_slope(p, hm, s, qt + ii, j);
+                axpy_row(dv_acc, dropout_keep(pr, kept, ii), doi, lane);
                 axpy_row(dk_acc, ds, qi, lane);
             }
         }
     }
     if (key_ok) {
         store_row(dk + kv_row, dk_acc, lane, p.scale_log2 * LN2);
-        store_row(dv + kv_row, dv_acc, lane, 1.f);
+        store_row(dv + kv_row, dv_acc, lane, dropout_rescale(1.f, p.drop_scale));
     }
 }
 
@@ -246,6 +323,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
     float* sv = sk + BLOCK_N * HEAD_DIM;
     const unsigned int b = blockIdx.z, h = blockIdx.y, hk = h / (p.heads_q / p.heads_kv);
     const HeadMods hm = head_mods(p, extras, b, h);
+    [[maybe_unused]] const unsigned int bh = b * p.heads_q + h; // dropout's stream
     const unsigned int q0 = blockIdx.x * ROWS;
     const unsigned int i = q0 + threadIdx.x / LANES;
     const int lane = threadIdx.x % LANES;
@@ -266,19 +344,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
     const unsigned int kv_end = kv_end_for_rows(p, q0, ROWS);
     for (unsigned int kt = (kv_begin_for_rows(p, q0) / BLOCK_N) * BLOCK_N; kt < kv_end;
          kt += BLOCK_N) {
+        const TileBlocks tb = IF_BLOCKS(tile_blocks(p, hm, q0, ROWS, kt, BLOCK_N), TILE_WHOLE);
+        if (tb.skip) {
+            continue; // uniform: the whole block skips
+        }
         __syncthreads();
         stage_f32(sk, k + kv_off, kt, p.seq_kv, kv_pitch);
         stage_f32(sv, v + kv_off, kt, p.seq_kv, kv_pitch);
         __syncthreads();
+        const unsigned long long kept =
+            IF_DROPOUT(dropout_row_mask(p, bh, i, kt, lane), ~0ull);
         const int n = min((unsigned int)BLOCK_N, kv_end - kt);
         for (int jj = 0; jj < n; jj++) {
             const float* kj = sk + jj * HEAD_DIM;
             const float s = finish_score(p, hm, dot_row(qv, kj, lane), i, kt + jj);
             const float dp = dot_row(dov, sv + jj * HEAD_DIM, lane);
-            if (!visible(p, i, kt + jj)) {
+            const bool vis = IF_BLOCKS(pair_visible(p, hm, tb.partial, i, kt + jj),
+                                       visible(p, i, kt + jj));
+            if (!vis) {
                 continue;
             }
-            const float ds = exp2f(s - lse2) * (dp - delta_i) * score_slope(p, hm, s, i, kt + jj);
+            const float zdp = dropout_keep_scaled(dp, kept, jj, p.drop_scale);
+            const float ds = exp2f(s - lse2) * (zdp - delta_i) * score_slope(p, hm, s, i, kt + jj);
             axpy_row(dq_acc, ds, kj, lane);
         }
     }

@@ -161,3 +161,46 @@ __device__ __forceinline__ void store_rows(elem_t* base, unsigned int row_pitch,
         }
     }
 }
+
+// Dropout's keep flags of this thread's elements of a C-operand block of scores whose rows
+// are query rows: bit e for element e, i.e. row_lo (e = 0, 1) and row_lo + 8 (2, 3) x keys j
+// and j + 1 (odd e), j = the block's first key + 2 (lane % 4); all set without dropout. j is
+// even, so both keys lie in one Philox block (4 keys), and lanes lane and lane ^ 1 hold the
+// same key group: each draws the block of one row (even lanes row_lo, odd ones row_lo + 8)
+// and they swap its flags, one Philox per lane instead of two.
+__device__ __forceinline__ unsigned int dropout_keep_rows(const AttnShape& p, unsigned int bh,
+                                                          unsigned int row_lo, unsigned int j) {
+#if DROPOUT
+    const unsigned int odd = threadIdx.x & 1;
+    unsigned int both = dropout_bits(p, bh, row_lo + 8 * odd, j / 4) << (4 * odd);
+    // bits 0..3: row_lo's 4 keys, 4..7: row_lo + 8's
+    both |= __shfl_xor_sync(0xffffffff, both, 1);
+    const unsigned int k = j % 4;
+    return ((both >> k) & 3u) | (((both >> (4 + k)) & 3u) << 2);
+#else
+    return 15u;
+#endif
+}
+
+// The same for a transposed block, whose rows are keys (dK/dV's S^T): bit e for key j_lo
+// (e = 0, 1) and j_lo + 8 (2, 3) x query rows i and i + 1 (odd e), j_lo = the block's first
+// key + lane / 4, i = its first row + 2 (lane % 4). The 4 lanes that differ in bits 2 and 3
+// of the lane id hold the 4 keys of one Philox block (and of the one 8 keys on) for the same
+// rows: each draws one of the 4 blocks they need, element e's for e = its key's word, and
+// they gather the 16 flags, one Philox per lane instead of four.
+__device__ __forceinline__ unsigned int dropout_keep_keys(const AttnShape& p, unsigned int bh,
+                                                          unsigned int j_lo, unsigned int i) {
+#if DROPOUT
+    const unsigned int m = j_lo % 4; // = (lane / 4) % 4
+    // element m's block: row i + m % 2, the key group of j_lo + 8 (m / 2); block e at bits
+    // 4e..4e+3
+    unsigned int all = dropout_bits(p, bh, i + (m & 1), j_lo / 4 + 2 * (m >> 1)) << (4 * m);
+    all |= __shfl_xor_sync(0xffffffff, all, 4);
+    all |= __shfl_xor_sync(0xffffffff, all, 8);
+    // this thread's key is word m of each block
+    return ((all >> m) & 1u) | ((all >> (3 + m)) & 2u) | ((all >> (6 + m)) & 4u) |
+           ((all >> (9 + m)) & 8u);
+#else
+    return 15u;
+#endif
+}

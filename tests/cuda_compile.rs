@@ -66,6 +66,8 @@ fn a_compile_error_is_a_typed_error_with_the_log() {
         alibi: false,
         sinks: false,
         seqlens: false,
+        dropout: false,
+        blocks: false,
     };
     match nvrtc.compile(&key) {
         Err(Error::CudaCompile { kernel, log }) => {

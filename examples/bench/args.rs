@@ -110,6 +110,10 @@ pub struct Args {
     /// With --block-density: query rows and keys per block
     #[arg(long, value_name = "N", default_value_t = 64, requires = "block_density")]
     pub block_size: usize,
+    /// Measure every point also without the modifiers (--softcap, --alibi, --sinks,
+    /// --kv-fill, --dropout, --block-density), side by side
+    #[arg(long)]
+    pub mods_both: bool,
     /// Which pass to time
     #[arg(long, value_enum, default_value = "both")]
     pub pass: PassArg,

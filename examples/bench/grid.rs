@@ -91,7 +91,8 @@ pub struct Grid {
     /// The window of every point (none, or --window; with --window-both, none first).
     pub windows: Vec<Window>,
     /// --softcap, --alibi and --sinks, on every point.
-    pub mods: Mods,
+    /// The modifiers of every point: none and the flags' (--mods-both), or the flags'.
+    pub mods: Vec<Mods>,
     /// The head dimensions, in the order given.
     pub head_dims: Vec<usize>,
     /// Timed calls per point (at least 1).
@@ -141,6 +142,11 @@ impl Grid {
             dropout: a.dropout,
             blocks: a.block_density.map(|d| (d, a.block_size.max(1))),
         };
+        let mods = if a.mods_both {
+            vec![Mods::default(), mods]
+        } else {
+            vec![mods]
+        };
         let mut shapes = Vec::new();
         for &batch in &dedup(&a.batch) {
             for &heads in &dedup(&a.heads) {
@@ -154,7 +160,7 @@ impl Grid {
                             head_dim,
                             seq,
                         };
-                        s.config(false, windows[windows.len() - 1], &mods, Algorithm::Tiled)
+                        s.config(false, windows[windows.len() - 1], &mods[mods.len() - 1], Algorithm::Tiled)
                             .validate()
                             .map_err(|e| {
                                 format!(
@@ -237,7 +243,7 @@ pub fn run(
                     Algorithm::Naive => usize::from(naive_runs(s)),
                 })
                 .sum();
-            grid.dtypes.len() * grid.causals.len() * grid.windows.len() * algs
+            grid.dtypes.len() * grid.causals.len() * grid.windows.len() * grid.mods.len() * algs
         })
         .sum();
     let started = Instant::now();
@@ -253,11 +259,11 @@ pub fn run(
         let mut host: Option<HostInputs> = None;
         for &dt in &grid.dtypes {
             let mut device: Option<DeviceInputs> = None;
-            for (causal, window) in grid
-                .causals
-                .iter()
-                .flat_map(|&c| grid.windows.iter().map(move |&w| (c, w)))
-            {
+            for (causal, window, mods) in grid.causals.iter().flat_map(|&c| {
+                grid.windows
+                    .iter()
+                    .flat_map(move |&w| grid.mods.iter().map(move |m| (c, w, m)))
+            }) {
                 for (alg, variant) in grid.algorithms.iter().flat_map(|&alg| match alg {
                     Algorithm::Tiled => grid.variants.iter().map(|&v| (alg, Some(v))).collect(),
                     Algorithm::Naive => vec![(alg, None)],
@@ -272,7 +278,7 @@ pub fn run(
                         ..base
                     })?;
                     let tiles = ModelTiles::new(ctx, kernels, shape.head_dim)?;
-                    let cfg = shape.config(causal, window, &grid.mods, alg);
+                    let cfg = shape.config(causal, window, mods, alg);
                     let heaviest = if need_bwd { Pass::FwdBwd } else { Pass::Fwd };
                     let elapsed = started.elapsed().as_secs_f64();
                     let predicted = slowest

@@ -196,6 +196,8 @@ impl CudaContext {
         key.alibi = cfg.alibi_slopes.is_some();
         key.sinks = cfg.sinks.is_some();
         key.seqlens = cfg.seqlens_kv.is_some();
+        key.dropout = cfg.dropout.is_some();
+        key.blocks = cfg.block_mask.is_some();
         let shape = AttnShape::new(cfg)?;
         for l in key.launches(cfg) {
             if l.grid.1 > 65_535 || l.grid.2 > 65_535 {
@@ -210,8 +212,10 @@ impl CudaContext {
         Ok((key, shape))
     }
 
-    /// The call's extras (ALiBi slopes, then sinks: `kernels::params::extras`, the layout the
-    /// wgpu kernels read) on the device, or `None` without either.
+    /// The call's extras (ALiBi slopes, sinks, key lengths, the block mask's bits:
+    /// `kernels::params::extras`, the layout the wgpu kernels read) on the device, or `None`
+    /// without any of them. A block mask always has a word (every grid has a block), so the
+    /// kernels compiled with BLOCKS always get a buffer.
     fn extras(&self, cfg: &AttentionConfig) -> Result<Option<CudaSlice<u8>>> {
         let x = crate::kernels::params::extras(cfg);
         if x.is_empty() {
@@ -532,7 +536,7 @@ impl AttentionBackend for CudaContext {
     }
 }
 
-/// A null device pointer: the `extras` argument of calls without ALiBi or sinks (the kernels
+/// A null device pointer: the `extras` argument of calls without any extras (the kernels
 /// compiled without them never read it).
 static NULL_POINTER: u64 = 0;
 

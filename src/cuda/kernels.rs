@@ -136,13 +136,33 @@ pub struct AttnShape {
     pub band_hi: i32,
     /// With a softcap (compiled in: `CudaKey::softcap`): c * log2(e).
     pub softcap2: f32,
-    /// ALiBi, sinks and key lengths (compiled in): where they lie in the extras, as `Params`
-    /// on wgpu.
+    /// ALiBi, sinks and key lengths (compiled in): where they lie in the extras
+    /// ([`extras_layout`](crate::kernels::params::extras_layout), as `Params` on wgpu).
     pub alibi_b_stride: u32,
     pub sinks_base: u32,
     pub seqlens_base: u32,
     /// Keys [0, kv_len) take part: seq_kv here; the kernels set a batch's own length.
     pub kv_len: u32,
+    /// Dropout (compiled in: `CudaKey::dropout`; 0 and 1 without it): Philox words below
+    /// `drop_threshold` drop their pair ([`Dropout::threshold`](crate::Dropout::threshold)),
+    /// kept pairs scale by `drop_scale` ([`Dropout::keep_scale`](crate::Dropout::keep_scale)),
+    /// and the seed and offset go in as 32-bit halves (low first).
+    pub drop_threshold: u32,
+    pub drop_scale: f32,
+    pub drop_seed_lo: u32,
+    pub drop_seed_hi: u32,
+    pub drop_offset_lo: u32,
+    pub drop_offset_hi: u32,
+    /// A block mask (compiled in: `CudaKey::blocks`): the extras word of its first bit, the
+    /// rows and keys per block, the block columns of a grid, and the bits between batches'
+    /// and heads' grids (0 along a broadcast dimension), as `Params` on wgpu; without one
+    /// blocks of 1 x 1 and nothing to read.
+    pub blocks_base: u32,
+    pub block_q: u32,
+    pub block_kv: u32,
+    pub blocks_cols: u32,
+    pub blocks_b_stride: u32,
+    pub blocks_h_stride: u32,
 }
 
 impl AttnShape {
@@ -160,6 +180,25 @@ impl AttnShape {
                 })
         };
         let band = crate::kernels::params::Params::from_config(cfg);
+        // where the extras' parts lie: decided in one place for both paths
+        let x = crate::kernels::params::extras_layout(cfg);
+        let mask = cfg.block_mask.as_ref();
+        // the kernels index the mask's bits with u32
+        if let Some(m) = mask {
+            u32::try_from(m.blocks.len()).map_err(|_| {
+                Error::InvalidConfig(format!(
+                    "block_mask holds {} blocks; the CUDA kernels index at most 2^32 - 1",
+                    m.blocks.len()
+                ))
+            })?;
+        }
+        let (blocks_b_stride, blocks_h_stride) =
+            mask.map_or((0, 0), |m| m.strides(cfg.seq_q, cfg.seq_kv));
+        // without dropout (not compiled in): keep everything, factor 1
+        let (drop_threshold, drop_scale, seed, offset) = match &cfg.dropout {
+            Some(d) => (d.threshold(), d.keep_scale(), d.seed, d.offset),
+            None => (0, 1.0, 0, 0),
+        };
         Ok(AttnShape {
             seq_q: fits("seq_q", cfg.seq_q)?,
             seq_kv: fits("seq_kv", cfg.seq_kv)?,
@@ -172,10 +211,22 @@ impl AttnShape {
             band_lo: band.band_lo,
             band_hi: band.band_hi,
             softcap2: band.softcap2,
-            alibi_b_stride: band.alibi_b_stride,
-            sinks_base: band.sinks_base,
-            seqlens_base: band.seqlens_base,
+            alibi_b_stride: x.alibi_b_stride,
+            sinks_base: x.sinks_base,
+            seqlens_base: x.seqlens_base,
             kv_len: fits("seq_kv", cfg.seq_kv)?,
+            drop_threshold,
+            drop_scale,
+            drop_seed_lo: seed as u32,
+            drop_seed_hi: (seed >> 32) as u32,
+            drop_offset_lo: offset as u32,
+            drop_offset_hi: (offset >> 32) as u32,
+            blocks_base: x.blocks_base,
+            block_q: mask.map_or(1, |m| m.block_q as u32),
+            block_kv: mask.map_or(1, |m| m.block_kv as u32),
+            blocks_cols: mask.map_or(0, |m| m.grid(cfg.seq_q, cfg.seq_kv).1 as u32),
+            blocks_b_stride: blocks_b_stride as u32,
+            blocks_h_stride: blocks_h_stride as u32,
         })
     }
 }
@@ -195,6 +246,12 @@ pub struct CudaKey {
     pub sinks: bool,
     /// Per-batch key lengths, compiled in (`-DSEQLENS=1`).
     pub seqlens: bool,
+    /// Dropout on the probabilities, compiled in (`-DDROPOUT=1`): its Philox draws and the
+    /// lanes' exchanges of the flags are absent from the other variants.
+    pub dropout: bool,
+    /// A block mask (block-sparse attention), compiled in (`-DBLOCKS=1`): the tile skipping
+    /// and the per-pair block test are absent from the other variants.
+    pub blocks: bool,
 }
 
 /// The oldest architecture the kernels are written for: `mma.sync` m16n8k16 with bf16,
@@ -261,6 +318,8 @@ impl CudaKey {
             alibi: false,
             sinks: false,
             seqlens: false,
+            dropout: false,
+            blocks: false,
         })
     }
 
@@ -432,6 +491,8 @@ impl CudaKey {
             format!("-DALIBI={}", u32::from(self.alibi)),
             format!("-DSINKS={}", u32::from(self.sinks)),
             format!("-DSEQLENS={}", u32::from(self.seqlens)),
+            format!("-DDROPOUT={}", u32::from(self.dropout)),
+            format!("-DBLOCKS={}", u32::from(self.blocks)),
         ];
         if self.kernel.tensor_cores() {
             opts.push(format!("-DWARPS={WARPS}"));
@@ -444,7 +505,7 @@ impl CudaKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {:?} head_dim {} sm_{}{}{}{}{}",
+            "{} {:?} head_dim {} sm_{}{}{}{}{}{}{}",
             self.kernel.name(),
             self.dtype,
             self.head_dim,
@@ -452,15 +513,16 @@ impl CudaKey {
             if self.softcap { " softcap" } else { "" },
             if self.alibi { " alibi" } else { "" },
             if self.sinks { " sinks" } else { "" },
-            if self.seqlens { " seqlens" } else { "" }
+            if self.seqlens { " seqlens" } else { "" },
+            if self.dropout { " dropout" } else { "" },
+            if self.blocks { " blocks" } else { "" }
         )
     }
 
     /// The variants a build is checked with on one architecture: every tensor-core variant
     /// (both half dtypes, every head dim they take), and the SIMT kernels in every dtype at
-    /// [`SIMT_CHECK_DIMS`]; with the score modifiers (softcap, ALiBi, sinks, key lengths, all
-    /// at once) too
-    /// at head dims 64, 128 and 256.
+    /// [`SIMT_CHECK_DIMS`]; with the score modifiers (softcap, ALiBi, sinks, key lengths,
+    /// dropout and the block mask, all at once) too at head dims 64, 128 and 256.
     pub fn all_for_arch(arch: u32) -> Vec<CudaKey> {
         let mut keys = Vec::new();
         for kernel in CudaKernel::ALL {
@@ -493,6 +555,8 @@ impl CudaKey {
                             alibi: on,
                             sinks: on,
                             seqlens: on,
+                            dropout: on,
+                            blocks: on,
                         });
                     }
                 }
@@ -558,8 +622,8 @@ mod tests {
 
     #[test]
     fn the_scalar_argument_matches_the_kernels_struct() {
-        // fifteen 4-byte fields, no padding: the C struct's layout
-        assert_eq!(std::mem::size_of::<AttnShape>(), 60);
+        // twenty-seven 4-byte fields, no padding: the C struct's layout
+        assert_eq!(std::mem::size_of::<AttnShape>(), 108);
         assert_eq!(std::mem::align_of::<AttnShape>(), 4);
         let body = &COMMON[COMMON.find("struct AttnShape {").unwrap()..];
         let body = &body[..body.find("};").unwrap()];
@@ -588,7 +652,19 @@ mod tests {
                 "alibi_b_stride",
                 "sinks_base",
                 "seqlens_base",
-                "kv_len"
+                "kv_len",
+                "drop_threshold",
+                "drop_scale",
+                "drop_seed_lo",
+                "drop_seed_hi",
+                "drop_offset_lo",
+                "drop_offset_hi",
+                "blocks_base",
+                "block_q",
+                "block_kv",
+                "blocks_cols",
+                "blocks_b_stride",
+                "blocks_h_stride"
             ]
         );
         let mut cfg = AttentionConfig::new(1, 100, 300, 4, 2, 64);
@@ -601,6 +677,52 @@ mod tests {
         cfg.window = crate::Window::new(Some(3), Some(5));
         let s = AttnShape::new(&cfg).unwrap();
         assert_eq!((s.window, s.band_lo, s.band_hi), (1, 197, 200));
+        // dropout: nothing dropped without it; with it, the host's threshold and scale, and the
+        // seed and offset split low half first
+        assert_eq!(
+            (s.drop_threshold, s.drop_scale, s.drop_seed_hi),
+            (0, 1.0, 0)
+        );
+        let d = crate::Dropout::new(0.25, 0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210);
+        cfg.dropout = Some(d);
+        let s = AttnShape::new(&cfg).unwrap();
+        assert_eq!((s.drop_threshold, s.drop_scale), (1 << 30, d.keep_scale()));
+        assert_eq!((s.drop_seed_lo, s.drop_seed_hi), (0x89ab_cdef, 0x0123_4567));
+        assert_eq!(
+            (s.drop_offset_lo, s.drop_offset_hi),
+            (0x7654_3210, 0xfedc_ba98)
+        );
+        // without a block mask: blocks of 1 x 1, nothing to read
+        assert_eq!((s.block_q, s.block_kv, s.blocks_cols), (1, 1, 0));
+        // the extras' offsets are extras_layout's: 4 slopes (one per query head), 4 sinks, 1
+        // key length, then the mask's bits
+        cfg.alibi_slopes = Some(vec![0.5; 4]);
+        cfg.sinks = Some(vec![0.0; 4]);
+        cfg.seqlens_kv = Some(vec![300]);
+        // heads broadcast, 100 x 300 in blocks of 32 x 64: a 4 x 5 grid
+        let mask = crate::BlockMask::from_fn(32, 64, (1, 1, 100, 300), |_, _, r, c| r != c);
+        cfg.block_mask = Some(mask);
+        let s = AttnShape::new(&cfg).unwrap();
+        let x = crate::kernels::params::extras_layout(&cfg);
+        let offsets = [
+            s.alibi_b_stride,
+            s.sinks_base,
+            s.seqlens_base,
+            s.blocks_base,
+        ];
+        assert_eq!(offsets, [0, 4, 8, 9]);
+        assert_eq!(
+            offsets,
+            [
+                x.alibi_b_stride,
+                x.sinks_base,
+                x.seqlens_base,
+                x.blocks_base
+            ]
+        );
+        assert_eq!((s.block_q, s.block_kv, s.blocks_cols), (32, 64, 5));
+        assert_eq!((s.blocks_b_stride, s.blocks_h_stride), (0, 0));
+        assert_eq!(x.words.len(), 10);
     }
 
     #[test]
@@ -653,6 +775,8 @@ mod tests {
                 "BLOCK_N",
                 "BLOCK_Q",
                 "SOFTCAP",
+                "DROPOUT",
+                "BLOCKS",
             ] {
                 if program.contains(&format!("defined({name})")) {
                     let opts = key.options();
