@@ -28,7 +28,10 @@ impl BlockMask {
         (batch, heads, seq_q, seq_kv): (usize, usize, usize, usize),
         mut on: impl FnMut(usize, usize, usize, usize) -> bool,
     ) -> BlockMask {
-        let (rows, cols) = (seq_q.div_ceil(block_q.max(1)), seq_kv.div_ceil(block_kv.max(1)));
+        let (rows, cols) = (
+            seq_q.div_ceil(block_q.max(1)),
+            seq_kv.div_ceil(block_kv.max(1)),
+        );
         let mut blocks = Vec::with_capacity(batch * heads * rows * cols);
         for b in 0..batch {
             for h in 0..heads {
@@ -54,7 +57,12 @@ impl BlockMask {
     }
 
     /// True when the block holding pair (i, j) of (batch b, query head h) is on.
-    pub fn allows(&self, seq_q: usize, seq_kv: usize, (b, h, i, j): (usize, usize, usize, usize)) -> bool {
+    pub fn allows(
+        &self,
+        seq_q: usize,
+        seq_kv: usize,
+        (b, h, i, j): (usize, usize, usize, usize),
+    ) -> bool {
         let (rows, cols) = self.grid(seq_q, seq_kv);
         let (b, h) = (b.min(self.batch - 1), h.min(self.heads - 1));
         self.blocks[((b * self.heads + h) * rows + i / self.block_q) * cols + j / self.block_kv]
@@ -65,7 +73,11 @@ impl BlockMask {
     pub fn strides(&self, seq_q: usize, seq_kv: usize) -> (usize, usize) {
         let (rows, cols) = self.grid(seq_q, seq_kv);
         let h = if self.heads > 1 { rows * cols } else { 0 };
-        let b = if self.batch > 1 { self.heads * rows * cols } else { 0 };
+        let b = if self.batch > 1 {
+            self.heads * rows * cols
+        } else {
+            0
+        };
         (b, h)
     }
 
@@ -84,7 +96,13 @@ impl BlockMask {
     }
 
     /// Checks the mask against a call of `batch x heads_q`, `seq_q x seq_kv`.
-    pub(crate) fn validate(&self, batch: usize, heads_q: usize, seq_q: usize, seq_kv: usize) -> Result<()> {
+    pub(crate) fn validate(
+        &self,
+        batch: usize,
+        heads_q: usize,
+        seq_q: usize,
+        seq_kv: usize,
+    ) -> Result<()> {
         for (name, v) in [("block_q", self.block_q), ("block_kv", self.block_kv)] {
             if v == 0 || v > u32::MAX as usize {
                 return Err(Error::invalid(format!(

@@ -68,7 +68,10 @@ pub fn philox4x32_10(mut ctr: [u32; 4], mut key: [u32; 2]) -> [u32; 4] {
             (p0 >> 32) as u32 ^ ctr[3] ^ key[1],
             p0 as u32,
         ];
-        key = [key[0].wrapping_add(PHILOX_W0), key[1].wrapping_add(PHILOX_W1)];
+        key = [
+            key[0].wrapping_add(PHILOX_W0),
+            key[1].wrapping_add(PHILOX_W1),
+        ];
     }
     ctr
 }
@@ -106,7 +109,10 @@ mod tests {
             let want = (1.0 - p as f64) * n as f64;
             // 5 standard deviations of a binomial count
             let sd = (n as f64 * p as f64 * (1.0 - p as f64)).sqrt();
-            assert!((kept - want).abs() < 5.0 * sd, "p {p}: kept {kept}, expected {want}");
+            assert!(
+                (kept - want).abs() < 5.0 * sd,
+                "p {p}: kept {kept}, expected {want}"
+            );
         }
         let none = Dropout::new(0.0, 1, 2);
         assert!((0..1000).all(|x| none.keeps(0, x, x)));

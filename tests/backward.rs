@@ -23,7 +23,13 @@ fn reference_backward_matches_finite_differences() {
     let mut dropped = cfg(1, 6, 8, 2, 1, 3, true);
     dropped.dropout = Some(common::random_dropout(0.4));
     // a block mask (2 x 3 blocks, one grid per head)
-    dropped.block_mask = Some(common::random_block_mask(&dropped, (2, 3), false, true, 0.6));
+    dropped.block_mask = Some(common::random_block_mask(
+        &dropped,
+        (2, 3),
+        false,
+        true,
+        0.6,
+    ));
     for c in [
         cfg(1, 5, 7, 2, 1, 4, false),
         cfg(1, 7, 5, 2, 2, 3, true),

@@ -370,7 +370,13 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
     let mut turn = 0;
     let mut dropped = cfg(1, 150, 130, 2, 1, 16, true);
     dropped.dropout = Some(common::random_dropout(0.3));
-    dropped.block_mask = Some(common::random_block_mask(&dropped, (40, 20), false, true, 0.6));
+    dropped.block_mask = Some(common::random_block_mask(
+        &dropped,
+        (40, 20),
+        false,
+        true,
+        0.6,
+    ));
     for (c, limit) in [
         (cfg(3, 20, 20, 2, 1, 16, true), 4 << 10),
         (dropped, 8 << 10),

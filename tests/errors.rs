@@ -310,17 +310,32 @@ fn a_block_mask_past_the_uniform_extras_is_a_device_limit_error() {
     // 32768 x 32768 in blocks of 16: 2048 x 2048 bits = 131,072 words, past 16,384; blocks of
     // 128 (256 x 256 bits = 2,048 words) fit
     let mut c = cfg(1, 32768, 32768, 1, 1, 4, false);
-    c.block_mask = Some(flash_attn_wgpu::BlockMask::from_fn(16, 16, (1, 1, 32768, 32768), |_, _, r, col| r == col));
+    c.block_mask = Some(flash_attn_wgpu::BlockMask::from_fn(
+        16,
+        16,
+        (1, 1, 32768, 32768),
+        |_, _, r, col| r == col,
+    ));
     let env = ctx().plan_env();
     match flash_attn_wgpu::plan::forward(&c, flash_attn_wgpu::DType::F32, &env) {
-        Err(Error::DeviceLimit { what, needed, hint, .. }) => {
+        Err(Error::DeviceLimit {
+            what, needed, hint, ..
+        }) => {
             assert!(what.contains("block-mask bits"), "{what}");
             assert_eq!(needed, 131072 * 4);
             assert!(hint.contains("larger blocks"), "{hint}");
         }
-        other => panic!("expected DeviceLimit, got {:?}", other.map(|p| p.steps.len())),
+        other => panic!(
+            "expected DeviceLimit, got {:?}",
+            other.map(|p| p.steps.len())
+        ),
     }
-    c.block_mask = Some(flash_attn_wgpu::BlockMask::from_fn(128, 128, (1, 1, 32768, 32768), |_, _, r, col| r == col));
+    c.block_mask = Some(flash_attn_wgpu::BlockMask::from_fn(
+        128,
+        128,
+        (1, 1, 32768, 32768),
+        |_, _, r, col| r == col,
+    ));
     assert!(flash_attn_wgpu::plan::forward(&c, flash_attn_wgpu::DType::F32, &env).is_ok());
 }
 
@@ -353,7 +368,10 @@ fn a_dropout_probability_outside_0_to_1_is_invalid_and_named() {
         let mut cf = cfg(1, 4, 4, 1, 1, 8, false);
         cf.dropout = Some(flash_attn_wgpu::Dropout::new(p, 1, 2));
         let err = cf.validate().unwrap_err();
-        assert!(matches!(err, flash_attn_wgpu::Error::InvalidConfig(_)), "{err:?}");
+        assert!(
+            matches!(err, flash_attn_wgpu::Error::InvalidConfig(_)),
+            "{err:?}"
+        );
         let msg = err.to_string();
         assert!(
             msg.contains("dropout.p must be in [0, 1)") && msg.contains(&format!("got {p}")),

@@ -213,7 +213,11 @@ fn every_variant_and_the_naive_path_drop_exactly_the_references_pairs() {
         let tunings = tunings(&ctx);
         for algorithm in [Algorithm::Tiled, Algorithm::Naive] {
             c.algorithm = algorithm;
-            let ts = if algorithm == Algorithm::Naive { &tunings[..1] } else { &tunings[..] };
+            let ts = if algorithm == Algorithm::Naive {
+                &tunings[..1]
+            } else {
+                &tunings[..]
+            };
             for &tuning in ts {
                 ctx.set_tuning(tuning).unwrap();
                 let msg = format!("{tuning:?} {}", common::describe(&c, data.seed));
@@ -228,13 +232,24 @@ fn every_variant_and_the_naive_path_drop_exactly_the_references_pairs() {
                                 }
                                 let got = f.out[((b * c.seq_q + i) * c.heads_q + h) * 64 + j];
                                 let want = c.dropout_factor(b, h, i, j) != 0.0;
-                                assert_eq!(got != 0.0, want, "pair b={b} h={h} i={i} j={j}: out {got} ({msg})");
-                                if want { kept += 1 } else { dropped += 1 }
+                                assert_eq!(
+                                    got != 0.0,
+                                    want,
+                                    "pair b={b} h={h} i={i} j={j}: out {got} ({msg})"
+                                );
+                                if want {
+                                    kept += 1
+                                } else {
+                                    dropped += 1
+                                }
                             }
                         }
                     }
                 }
-                assert!(kept > 100 && dropped > 100, "kept {kept}, dropped {dropped} ({msg})");
+                assert!(
+                    kept > 100 && dropped > 100,
+                    "kept {kept}, dropped {dropped} ({msg})"
+                );
             }
         }
     }

@@ -108,7 +108,12 @@ pub struct Args {
     #[arg(long, value_name = "DENSITY", value_parser = probability)]
     pub block_density: Option<f32>,
     /// With --block-density: query rows and keys per block
-    #[arg(long, value_name = "N", default_value_t = 64, requires = "block_density")]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 64,
+        requires = "block_density"
+    )]
     pub block_size: usize,
     /// Measure every point also without the modifiers (--softcap, --alibi, --sinks,
     /// --kv-fill, --dropout, --block-density), side by side

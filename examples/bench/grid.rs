@@ -46,14 +46,19 @@ impl Shape {
             let n = ((self.seq as f64 * f).round() as usize).min(self.seq);
             vec![n; self.batch]
         });
-        cfg.dropout = mods.dropout.map(|p| flash_attn_wgpu::Dropout::new(p, 0x5eed, 0));
+        cfg.dropout = mods
+            .dropout
+            .map(|p| flash_attn_wgpu::Dropout::new(p, 0x5eed, 0));
         cfg.block_mask = mods.blocks.map(|(density, size)| {
             // a fixed pseudo-random pattern: block (r, c) of head h is on when a Philox word
             // of (r, c, h) falls under the density
             let cut = (density as f64 * 4_294_967_296.0) as u64;
             let dims = (1, self.heads, self.seq, self.seq);
             flash_attn_wgpu::BlockMask::from_fn(size, size, dims, |_, h, r, c| {
-                let w = flash_attn_wgpu::dropout::philox4x32_10([r as u32, c as u32, h as u32, 0], [0x5eed, 0]);
+                let w = flash_attn_wgpu::dropout::philox4x32_10(
+                    [r as u32, c as u32, h as u32, 0],
+                    [0x5eed, 0],
+                );
                 (w[0] as u64) < cut
             })
         });
@@ -160,13 +165,18 @@ impl Grid {
                             head_dim,
                             seq,
                         };
-                        s.config(false, windows[windows.len() - 1], &mods[mods.len() - 1], Algorithm::Tiled)
-                            .validate()
-                            .map_err(|e| {
-                                format!(
+                        s.config(
+                            false,
+                            windows[windows.len() - 1],
+                            &mods[mods.len() - 1],
+                            Algorithm::Tiled,
+                        )
+                        .validate()
+                        .map_err(|e| {
+                            format!(
                                 "B={batch} H={heads} kv-heads={kv_heads} D={head_dim} N={seq}: {e}"
                             )
-                            })?;
+                        })?;
                         shapes.push(s);
                     }
                 }

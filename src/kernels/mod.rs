@@ -262,7 +262,10 @@ impl Kernel {
     /// those take the dropout factor (`dropout_scale` in common.wgsl).
     pub fn applies_dropout(self) -> bool {
         self.is_tiled()
-            || matches!(self, Kernel::NaiveSoftmax | Kernel::NaiveBwdDs | Kernel::NaiveBwdDkDv)
+            || matches!(
+                self,
+                Kernel::NaiveSoftmax | Kernel::NaiveBwdDs | Kernel::NaiveBwdDkDv
+            )
     }
 
     /// True when some binding holds the call's element type (the key's format matters).
