@@ -179,12 +179,11 @@ impl AttnShape {
                     ))
                 })
         };
-        let band = crate::kernels::params::Params::from_config(cfg);
-        // where the extras' parts lie: decided in one place for both paths
-        let x = crate::kernels::params::extras_layout(cfg);
-        let mask = cfg.block_mask.as_ref();
+        // the wgpu parameter block: band, softcap, extras offsets, dropout and the block
+        // grid, decided in one place for both paths
+        let p = crate::kernels::params::Params::from_config(cfg);
         // the kernels index the mask's bits with u32
-        if let Some(m) = mask {
+        if let Some(m) = &cfg.block_mask {
             u32::try_from(m.blocks.len()).map_err(|_| {
                 Error::InvalidConfig(format!(
                     "block_mask holds {} blocks; the CUDA kernels index at most 2^32 - 1",
@@ -192,13 +191,6 @@ impl AttnShape {
                 ))
             })?;
         }
-        let (blocks_b_stride, blocks_h_stride) =
-            mask.map_or((0, 0), |m| m.strides(cfg.seq_q, cfg.seq_kv));
-        // without dropout (not compiled in): keep everything, factor 1
-        let (drop_threshold, drop_scale, seed, offset) = match &cfg.dropout {
-            Some(d) => (d.threshold(), d.keep_scale(), d.seed, d.offset),
-            None => (0, 1.0, 0, 0),
-        };
         Ok(AttnShape {
             seq_q: fits("seq_q", cfg.seq_q)?,
             seq_kv: fits("seq_kv", cfg.seq_kv)?,
@@ -208,25 +200,25 @@ impl AttnShape {
             causal_offset: cfg.causal_offset() as i32,
             scale_log2: cfg.scale() * std::f32::consts::LOG2_E,
             window: i32::from(cfg.window.is_active()),
-            band_lo: band.band_lo,
-            band_hi: band.band_hi,
-            softcap2: band.softcap2,
-            alibi_b_stride: x.alibi_b_stride,
-            sinks_base: x.sinks_base,
-            seqlens_base: x.seqlens_base,
+            band_lo: p.band_lo,
+            band_hi: p.band_hi,
+            softcap2: p.softcap2,
+            alibi_b_stride: p.alibi_b_stride,
+            sinks_base: p.sinks_base,
+            seqlens_base: p.seqlens_base,
             kv_len: fits("seq_kv", cfg.seq_kv)?,
-            drop_threshold,
-            drop_scale,
-            drop_seed_lo: seed as u32,
-            drop_seed_hi: (seed >> 32) as u32,
-            drop_offset_lo: offset as u32,
-            drop_offset_hi: (offset >> 32) as u32,
-            blocks_base: x.blocks_base,
-            block_q: mask.map_or(1, |m| m.block_q as u32),
-            block_kv: mask.map_or(1, |m| m.block_kv as u32),
-            blocks_cols: mask.map_or(0, |m| m.grid(cfg.seq_q, cfg.seq_kv).1 as u32),
-            blocks_b_stride: blocks_b_stride as u32,
-            blocks_h_stride: blocks_h_stride as u32,
+            drop_threshold: p.drop_threshold,
+            drop_scale: p.drop_scale,
+            drop_seed_lo: p.seed_lo,
+            drop_seed_hi: p.seed_hi,
+            drop_offset_lo: p.offset_lo,
+            drop_offset_hi: p.offset_hi,
+            blocks_base: p.blocks_base,
+            block_q: p.block_q,
+            block_kv: p.block_kv,
+            blocks_cols: p.blocks_cols,
+            blocks_b_stride: p.blocks_b_stride,
+            blocks_h_stride: p.blocks_h_stride,
         })
     }
 }

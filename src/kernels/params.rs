@@ -96,6 +96,9 @@ impl Params {
             sinks_base: x.sinks_base,
             seqlens_base: x.seqlens_base,
             blocks_base: x.blocks_base,
+            // blocks of 1 x 1 until a mask says otherwise (never a division by zero)
+            block_q: 1,
+            block_kv: 1,
             drop_threshold: cfg.dropout.map_or(0, |d| d.threshold()),
             drop_scale: cfg.dropout.map_or(1.0, |d| d.keep_scale()),
             seed_lo: cfg.dropout.map_or(0, |d| d.seed as u32),
