@@ -766,9 +766,6 @@ mod tests {
                 "THREADS",
                 "BLOCK_N",
                 "BLOCK_Q",
-                "SOFTCAP",
-                "DROPOUT",
-                "BLOCKS",
             ] {
                 if program.contains(&format!("defined({name})")) {
                     let opts = key.options();
@@ -777,6 +774,18 @@ mod tests {
                         "{name}"
                     );
                 }
+            }
+            // every modifier has a default in the source (off) and the key always sets it,
+            // so no program compiles a modifier its key did not ask for
+            for name in ["SOFTCAP", "ALIBI", "SINKS", "SEQLENS", "DROPOUT", "BLOCKS"] {
+                assert!(
+                    program.contains(&format!("#ifndef {name}")),
+                    "{name} default"
+                );
+                assert!(
+                    key.options().iter().any(|o| o == &format!("-D{name}=0")),
+                    "{name} passed off by a plain key"
+                );
             }
         }
         // the tensor-core backward's head dims stop at 128; the SIMT one takes the rest
