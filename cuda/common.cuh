@@ -187,9 +187,8 @@ __device__ __forceinline__ float score_slope(const AttnShape& p, const HeadMods&
 // word j % 4 of the Philox 4x32-10 block at counter (offset + j / 4 as a 64-bit add, i, bh)
 // under key (seed lo, seed hi), kept iff that word is at least drop_threshold. i, j and b are
 // the whole call's. The kernels draw one block per 4 keys and share its flags across lanes
-// (dropout_bits and the kernels' helpers); dropout_scale is the one-pair definition. Without
-// dropout (the default) none of it reaches the kernels' code (IF_DROPOUT and the helpers
-// below).
+// (dropout_bits and the kernels' helpers). Without dropout (the default) none of it reaches
+// the kernels' code (IF_DROPOUT and the helpers below).
 #ifndef DROPOUT
 #define DROPOUT 0
 #endif
@@ -220,15 +219,6 @@ __device__ __forceinline__ unsigned int dropout_bits(const AttnShape& p, unsigne
     const Words4 w = philox4x32_10(c, p.drop_seed_lo, p.drop_seed_hi);
     return (w.x >= p.drop_threshold ? 1u : 0u) | (w.y >= p.drop_threshold ? 2u : 0u) |
            (w.z >= p.drop_threshold ? 4u : 0u) | (w.w >= p.drop_threshold ? 8u : 0u);
-}
-// pair (i, j)'s factor: drop_scale kept, 0 dropped; 1 without dropout
-__device__ __forceinline__ float dropout_scale(const AttnShape& p, unsigned int bh, unsigned int i,
-                                               unsigned int j) {
-#if DROPOUT
-    return (dropout_bits(p, bh, i, j / 4) >> (j % 4)) & 1u ? p.drop_scale : 0.f;
-#else
-    return 1.f;
-#endif
 }
 // The kernels take the pairs' keep flags (bits of a mask) and a kept pair's 1 / (1 - p)
 // apart: P V and dV take the kept pairs' P, 1 / (1 - p) joins the forward's normalization and
