@@ -34,12 +34,7 @@ fn visible(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) ->
         }
     }
     if let Some(m) = &cfg.block_mask {
-        let (rows, cols) = (
-            cfg.seq_q.div_ceil(m.block_q),
-            cfg.seq_kv.div_ceil(m.block_kv),
-        );
-        let grid = (if m.batch == 1 { 0 } else { b }) * m.heads + if m.heads == 1 { 0 } else { h };
-        if !m.blocks[(grid * rows + i / m.block_q) * cols + j / m.block_kv] {
+        if !m.allows(cfg.seq_q, cfg.seq_kv, (b, h, i, j)) {
             return false;
         }
     }
