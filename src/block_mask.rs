@@ -95,6 +95,34 @@ impl BlockMask {
         self.blocks.iter().filter(|&&x| x).count() as f64 / self.blocks.len().max(1) as f64
     }
 
+    /// Tiles of `tile_q` rows x `tile_kv` keys, summed over the mask's grids (one per batch
+    /// and head it holds), that hold at least one pair of an on block: the tiles a kernel
+    /// with those tiles visits (before the causal and window band cuts more).
+    pub fn visited_tiles(&self, seq_q: usize, seq_kv: usize, tile_q: usize, tile_kv: usize) -> u64 {
+        let (rows, cols) = self.grid(seq_q, seq_kv);
+        let (tiles_q, tiles_kv) = (seq_q.div_ceil(tile_q), seq_kv.div_ceil(tile_kv));
+        let mut visited = 0u64;
+        let mut any = vec![false; cols];
+        for grid in self.blocks.chunks(rows * cols) {
+            for tq in 0..tiles_q {
+                let (first, last) = (tq * tile_q, ((tq + 1) * tile_q).min(seq_q) - 1);
+                any.fill(false);
+                for r in first / self.block_q..=last / self.block_q {
+                    for (a, &on) in any.iter_mut().zip(&grid[r * cols..(r + 1) * cols]) {
+                        *a |= on;
+                    }
+                }
+                visited += (0..tiles_kv)
+                    .filter(|&tk| {
+                        let c1 = (((tk + 1) * tile_kv).min(seq_kv) - 1) / self.block_kv;
+                        any[tk * tile_kv / self.block_kv..=c1].iter().any(|&a| a)
+                    })
+                    .count() as u64;
+            }
+        }
+        visited
+    }
+
     /// Checks the mask against a call of `batch x heads_q`, `seq_q x seq_kv`.
     pub(crate) fn validate(
         &self,
@@ -159,6 +187,21 @@ mod tests {
             }
         }
         assert!(m.validate(2, 5, 10, 7).is_ok());
+        // visited tiles against a pair-by-pair count
+        for (tq, tk) in [(1, 1), (2, 2), (4, 3), (3, 4), (8, 8), (16, 16)] {
+            let mut want = 0;
+            for b in 0..2 {
+                for r in 0..10usize.div_ceil(tq) {
+                    for c in 0..7usize.div_ceil(tk) {
+                        let on = (r * tq..(r * tq + tq).min(10)).any(|i| {
+                            (c * tk..(c * tk + tk).min(7)).any(|j| m.allows(10, 7, (b, 0, i, j)))
+                        });
+                        want += on as u64;
+                    }
+                }
+            }
+            assert_eq!(m.visited_tiles(10, 7, tq, tk), want, "tiles {tq} x {tk}");
+        }
         assert!(m.validate(3, 5, 10, 7).is_err());
         assert!(m.validate(2, 5, 13, 7).is_err());
     }

@@ -197,6 +197,37 @@ fn every_variant_and_the_naive_path_match_the_reference_with_a_block_mask() {
 }
 
 #[test]
+fn sparse_masks_of_blocks_smaller_than_the_tiles_run_on_tiles_fitted_to_the_blocks() {
+    // 10% of 32 x 16 blocks on: a dense tile (up to 128 x 64) holds some on block almost
+    // always, a tile within one block 10% of the time, so every variant halves its tiles to
+    // fit a block (Context::tiles_for_call) and is still exact, forward and backward.
+    let mut c = cfg(1, 192, 160, 2, 2, 32, false);
+    c.block_mask = Some(common::random_block_mask(&c, (32, 16), false, true, 0.1));
+    let ctx = Context::new().expect("context");
+    for tuning in tunings(&ctx) {
+        ctx.set_tuning(tuning).unwrap();
+        let v = tuning.variant;
+        for kernel in [v.forward(), v.backward_dkdv(), v.backward_dq()] {
+            let fitted = ctx.tiles_for_call(kernel, &c).unwrap();
+            assert!(
+                fitted.br <= 32 && fitted.bc <= 16,
+                "{tuning:?} {kernel:?}: {fitted:?}"
+            );
+            assert_ne!(fitted, ctx.tiles_for(kernel, c.head_dim).unwrap());
+        }
+    }
+    check_all_tunings(&c, 2.0);
+    // the same mask dense enough that fitting does not pay: the chooser's tiles stay
+    c.block_mask = Some(common::random_block_mask(&c, (32, 16), false, true, 0.9));
+    ctx.set_tuning(tunings(&ctx)[0]).unwrap();
+    let kernel = ctx.tuning().variant.forward();
+    assert_eq!(
+        ctx.tiles_for_call(kernel, &c).unwrap(),
+        ctx.tiles_for(kernel, c.head_dim).unwrap()
+    );
+}
+
+#[test]
 fn every_variant_and_the_naive_path_drop_exactly_the_references_pairs() {
     // With v_j the unit vector e_j (head_dim >= seq_kv), out[i][j] = P_ij Z_ij: it is 0
     // exactly where the kernel dropped pair (i, j), so the dropped set can be read off and

@@ -344,6 +344,13 @@ impl Context {
     pub fn tiles_for(&self, kernel: Kernel, head_dim: usize) -> Result<Tiles> {
         crate::kernels::choose_tiles(kernel, head_dim as u32, self.caps)
     }
+
+    /// Tile shape a call of `cfg` runs `kernel` with: [`Context::tiles_for`]'s, or with a
+    /// block mask of blocks smaller than those tiles, tiles halved to fit a block where the
+    /// mask makes that pay (`cfg` is not otherwise checked here).
+    pub fn tiles_for_call(&self, kernel: Kernel, cfg: &crate::AttentionConfig) -> Result<Tiles> {
+        crate::plan::tiles_for(kernel, cfg, &self.plan_env())
+    }
 }
 
 /// A device with `features` (and the experimental cooperative matrices when `coop`) and the

@@ -13,7 +13,7 @@ pub mod tiles;
 pub mod wgsl;
 
 pub use params::{fold_grid, Params};
-pub use tiles::{choose_tiles, workgroup_words, DeviceCaps, Tiles};
+pub use tiles::{choose_tiles, fit_to_blocks, workgroup_words, DeviceCaps, Tiles};
 pub use wgsl::{KernelKey, WgslConsumer};
 
 /// Every compute kernel of the crate.

@@ -300,6 +300,43 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
     })
 }
 
+/// `dense` (the chooser's tiles) halved until its query rows fit in `block_q` and its keys in
+/// `block_kv` (a block mask's block sizes), as far as the kernel's thread layout allows and
+/// not below [`MIN_FITTED`], so
+/// that a tile lies within one block and is skipped whenever that block is off. Each thread
+/// keeps its share (rows per thread, threads per row): only the thread count shrinks.
+/// `subgroup` is the rows kernels' shared subgroup size (their workgroups hold whole
+/// subgroups). The coop kernels' tiles (whole 16 x 16 blocks over 128 invocations) stay.
+pub fn fit_to_blocks(kernel: Kernel, dense: Tiles, blocks: (u32, u32), subgroup: u32) -> Tiles {
+    if !kernel.is_tiled() || kernel.is_coop() {
+        return dense;
+    }
+    let allows = |t: Tiles| {
+        let resident = t.rows(kernel);
+        let streamed = t.br + t.bc - resident;
+        if kernel.is_rows_variant() {
+            resident.is_multiple_of(t.rpt) && t.threads(kernel).is_multiple_of(subgroup.max(1))
+        } else if kernel.is_blocks_variant() {
+            resident.is_multiple_of(t.rpt) && streamed.is_multiple_of(t.tpr)
+        } else {
+            true
+        }
+    };
+    let mut t = dense;
+    while t.br > blocks.0 && t.br >= 2 * MIN_FITTED && allows(Tiles { br: t.br / 2, ..t }) {
+        t.br /= 2;
+    }
+    while t.bc > blocks.1 && t.bc >= 2 * MIN_FITTED && allows(Tiles { bc: t.bc / 2, ..t }) {
+        t.bc /= 2;
+    }
+    t
+}
+
+/// The fewest rows or keys [`fit_to_blocks`] halves a tile to: below it, each row of K and V
+/// a workgroup loads would serve too few queries (and each query too few keys) for the loads
+/// to pay, and pair-by-pair masking inside the tile costs less.
+pub const MIN_FITTED: u32 = 16;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -114,10 +114,11 @@ fn tiled(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan) ->
     let dkdv_kernel = pass_kernel(Variant::backward_dkdv, cfg, dtype, env);
     let dkdv = vec![Q, K, V, D_OUT, LSE, DELTA, DK, DV];
     plan.steps
-        .push(tiled_step(dkdv_kernel, cfg, dtype, env, dkdv)?);
+        .push(tiled_step(dkdv_kernel, (cfg, cfg), dtype, env, dkdv)?);
     let dq_kernel = pass_kernel(Variant::backward_dq, cfg, dtype, env);
     let dq = vec![Q, K, V, D_OUT, LSE, DELTA, DQ];
-    plan.steps.push(tiled_step(dq_kernel, cfg, dtype, env, dq)?);
+    plan.steps
+        .push(tiled_step(dq_kernel, (cfg, cfg), dtype, env, dq)?);
     Ok(())
 }
 

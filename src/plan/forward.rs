@@ -36,7 +36,7 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
         Algorithm::Tiled => match split::choose(cfg, dtype, env)? {
             None => plan.steps.push(tiled_step(
                 pass_kernel(Variant::forward, cfg, dtype, env),
-                cfg,
+                (cfg, cfg),
                 dtype,
                 env,
                 vec![Input(0), Input(1), Input(2), Output(0), Output(1)],

@@ -237,17 +237,17 @@ pub(crate) fn pass_kernel(
     )
 }
 
-/// The step of a tiled kernel: its tiles, the tile counts in `Params`, and one workgroup per
-/// (batch, head, tile of rows), where rows are queries (query heads) or, for dK/dV, keys
-/// (kv heads).
+/// The step of a tiled kernel over `cfg` (the whole call, or a part of `whole` when a call is
+/// split): its tiles, the tile counts in `Params`, and one workgroup per (batch, head, tile of
+/// rows), where rows are queries (query heads) or, for dK/dV, keys (kv heads).
 pub(crate) fn tiled_step(
     kernel: Kernel,
-    cfg: &AttentionConfig,
+    (cfg, whole): (&AttentionConfig, &AttentionConfig),
     dtype: DType,
     env: &PlanEnv,
     buffers: Vec<BufRef>,
 ) -> crate::Result<Step> {
-    let tiles = crate::kernels::choose_tiles(kernel, cfg.head_dim as u32, env.caps)?;
+    let tiles = tiles_for(kernel, whole, env)?;
     let mut params = Params::from_config(cfg);
     params.n_q_tiles = cfg.seq_q.div_ceil(tiles.br as usize) as u32;
     params.n_kv_tiles = cfg.seq_kv.div_ceil(tiles.bc as usize) as u32;
@@ -262,6 +262,38 @@ pub(crate) fn tiled_step(
         buffers,
         windows: Vec::new(),
         workgroups: params.total_wg,
+    })
+}
+
+/// The tiles `kernel` runs with on this call: the chooser's, or with a block mask whose blocks
+/// are smaller than them, tiles halved to fit in a block ([`fit_to_blocks`]) where that cuts
+/// the work of the tiles the mask leaves visited (tiles x their pairs, counted on the mask) by
+/// at least a third. The margin pays for what smaller tiles cost per pair: more workgroups,
+/// each loading its rows and writing its outputs, over fewer pairs.
+///
+/// [`fit_to_blocks`]: crate::kernels::fit_to_blocks
+pub(crate) fn tiles_for(
+    kernel: Kernel,
+    cfg: &AttentionConfig,
+    env: &PlanEnv,
+) -> crate::Result<Tiles> {
+    let dense = crate::kernels::choose_tiles(kernel, cfg.head_dim as u32, env.caps)?;
+    let Some(mask) = &cfg.block_mask else {
+        return Ok(dense);
+    };
+    let blocks = (
+        mask.block_q.min(u32::MAX as usize) as u32,
+        mask.block_kv.min(u32::MAX as usize) as u32,
+    );
+    let fitted = crate::kernels::fit_to_blocks(kernel, dense, blocks, env.tuning.rows_subgroup);
+    let work = |t: Tiles| {
+        mask.visited_tiles(cfg.seq_q, cfg.seq_kv, t.br as usize, t.bc as usize) as u128
+            * (t.br * t.bc) as u128
+    };
+    Ok(if fitted != dense && 3 * work(fitted) <= 2 * work(dense) {
+        fitted
+    } else {
+        dense
     })
 }
 

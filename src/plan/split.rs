@@ -413,7 +413,7 @@ impl<'a> Builder<'a> {
         resume: bool,
     ) -> Result<Step> {
         let sub = part.config(self.cfg);
-        let mut step = tiled_step(kernel, &sub, self.dtype, self.env, buffers)?;
+        let mut step = tiled_step(kernel, (&sub, self.cfg), self.dtype, self.env, buffers)?;
         step.key.accumulate = self.split.accumulate;
         step.params.causal_offset = part.causal_offset(self.cfg);
         step.params.batch_base = part.b as u32;
