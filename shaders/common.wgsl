@@ -50,6 +50,8 @@ struct Params {
     blocks_cols: u32,    // BLOCKS: block columns of a grid (the whole call's)
     blocks_b_stride: u32, // BLOCKS: bits between batches' grids and heads' grids (0: broadcast)
     blocks_h_stride: u32,
+    varlen_base: u32,    // VARLEN: extras word of cu_seqlens_q[0]; cu_seqlens_kv follows
+    sequences: u32,      // VARLEN: sequences packed in the call
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -71,6 +73,9 @@ override DROPOUT: bool = false;
 // A block mask (block-sparse attention), read from the extras: hidden pairs and skipped
 // tiles (tile_visit); false costs nothing.
 override BLOCKS: bool = false;
+// Variable-length sequences packed into batch 1 (their boundaries in the extras): pairs of
+// two sequences hidden, every mask aligned per sequence; false costs nothing.
+override VARLEN: bool = false;
 
 const LN2: f32 = 0.6931471805599453;
 const LOG2E: f32 = 1.4426950408889634;
@@ -166,6 +171,62 @@ fn kv_len(b: u32) -> u32 {
     return u32(clamp(n, 0, i32(params.seq_kv)));
 }
 
+// ---- Varlen: packed sequences (batch 1). Sequence s holds the whole call's rows
+// [cu_q(s), cu_q(s + 1)) and keys [cu_kv(s), cu_kv(s + 1)); a part of a windowed call adds
+// q_base / kv_base to its own indices. Pure functions of their arguments and uniform values,
+// so bounds computed from uniform rows stay uniform.
+
+fn cu_q(s: u32) -> u32 {
+    return extra_u32(params.varlen_base + s);
+}
+
+fn cu_kv(s: u32) -> u32 {
+    return extra_u32(params.varlen_base + params.sequences + 1u + s);
+}
+
+// The sequence holding whole-call row (or key, `keys`) r: the last s with start(s) <= r, so
+// empty sequences are passed over. A binary search of the boundaries.
+fn sequence_of(r: u32, keys: bool) -> u32 {
+    var lo = 0u;
+    var hi = params.sequences - 1u;
+    while (lo < hi) {
+        let mid = (lo + hi + 1u) / 2u;
+        let start = select(cu_q(mid), cu_kv(mid), keys);
+        if (start <= r) {
+            lo = mid;
+        } else {
+            hi = mid - 1u;
+        }
+    }
+    return lo;
+}
+
+// The sequence of this part's query row i.
+fn row_sequence(i: u32) -> u32 {
+    return sequence_of(params.q_base + i, false);
+}
+
+// How far sequence s moves the causal diagonal and the window from the whole call's
+// (params.causal_offset, band_lo, band_hi): row i of s is aligned bottom-right in s, i' =
+// i - cu_q(s) + len_kv(s) - len_q(s), so its diagonal is j = i + cu_kv(s + 1) - cu_q(s + 1)
+// in whole-call indices; 0 without VARLEN.
+fn band_shift(s: u32) -> i32 {
+    if (!VARLEN) {
+        return 0;
+    }
+    let whole = params.causal_offset - i32(params.q_base) + i32(params.kv_base);
+    return i32(cu_kv(s + 1u)) - i32(cu_q(s + 1u)) - whole;
+}
+
+// A whole-call boundary as this part's index on the key (or row) axis, clamped to the part.
+fn part_key(k: u32) -> u32 {
+    return u32(clamp(i32(k) - i32(params.kv_base), 0, i32(params.seq_kv)));
+}
+
+fn part_row(r: u32) -> u32 {
+    return u32(clamp(i32(r) - i32(params.q_base), 0, i32(params.seq_q)));
+}
+
 // The band of keys a row sees. Query i sees key j iff i + lo <= j <= i + hi, where
 // hi = causal_offset with CAUSAL alone, and with WINDOW the host's band_lo / band_hi (the
 // window and causal folded together, +-2^30 on an unbounded side). Without either, every key.
@@ -178,6 +239,10 @@ fn band_hi() -> i32 {
 
 // Keys [0, end) are the only ones any of query rows [q_begin, q_end) of batch b can see.
 fn kv_end_for_rows(b: u32, q_begin: u32, q_end: u32) -> u32 {
+    if (VARLEN) {
+        // the end of the last row's sequence; tile_visit skips tiles past its band
+        return part_key(cu_kv(row_sequence(min(q_end, params.seq_q) - 1u) + 1u));
+    }
     if (!CAUSAL && !WINDOW) {
         return kv_len(b);
     }
@@ -188,6 +253,9 @@ fn kv_end_for_rows(b: u32, q_begin: u32, q_end: u32) -> u32 {
 // Keys before the result are hidden from every query row at or after `q_begin` (the window's
 // left edge; 0 without a window). Tiled kernels start their key loop at its tile.
 fn kv_begin_for_rows(q_begin: u32) -> u32 {
+    if (VARLEN) {
+        return part_key(cu_kv(row_sequence(q_begin)));
+    }
     if (!WINDOW) {
         return 0u;
     }
@@ -196,6 +264,9 @@ fn kv_begin_for_rows(q_begin: u32) -> u32 {
 
 // First query row that can see key `j0` (rows before it are fully masked for keys >= j0).
 fn q_begin_for_key(j0: u32) -> u32 {
+    if (VARLEN) {
+        return part_row(cu_q(sequence_of(params.kv_base + j0, true)));
+    }
     if (!CAUSAL && !WINDOW) {
         return 0u;
     }
@@ -208,6 +279,9 @@ fn q_begin_for_key(j0: u32) -> u32 {
 fn q_end_for_keys(b: u32, j0: u32, j_last: u32) -> u32 {
     if (SEQLENS && j0 >= kv_len(b)) {
         return 0u;
+    }
+    if (VARLEN) {
+        return part_row(cu_q(sequence_of(params.kv_base + min(j_last, params.seq_kv - 1u), true) + 1u));
     }
     if (!WINDOW) {
         return params.seq_q;
@@ -251,6 +325,9 @@ struct TileVisit {
 
 fn tile_visit(b: u32, h: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> TileVisit {
     let masked = tile_needs_mask(b, q_begin, q_len, kv_begin, kv_count);
+    if (VARLEN && varlen_tile_empty(q_begin, q_len, kv_begin, kv_count)) {
+        return TileVisit(true, true);
+    }
     if (!BLOCKS) {
         return TileVisit(false, masked);
     }
@@ -266,14 +343,46 @@ fn tile_visit(b: u32, h: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count:
     return TileVisit(on == 0u, masked || on < (r1 - r0 + 1u) * (c1 - c0 + 1u));
 }
 
+// VARLEN: true when no pair of the tile lies within one sequence and its band: the rows'
+// sequences hold none of the keys, or (one sequence) every key is past the band's right edge
+// or before its left edge for every row.
+fn varlen_tile_empty(q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> bool {
+    let q_last = min(q_begin + q_len, params.seq_q) - 1u;
+    let kv_last = min(kv_begin + kv_count, params.seq_kv) - 1u;
+    let first = row_sequence(q_begin);
+    let last = row_sequence(q_last);
+    if (params.kv_base + kv_last < cu_kv(first) || params.kv_base + kv_begin >= cu_kv(last + 1u)) {
+        return true;
+    }
+    if (first != last) {
+        return false;
+    }
+    let shift = band_shift(first);
+    let right = (CAUSAL || WINDOW) && i32(kv_begin) > i32(q_last) + band_hi() + shift;
+    let left = WINDOW && i32(kv_last) < i32(q_begin) + params.band_lo + shift;
+    return right || left;
+}
+
 // True when some (row, key) pair of batch b's tile (rows [q_begin, q_begin + q_len), keys
-// [kv_begin, kv_begin + kv_count)) needs the mask or a bounds check.
+// [kv_begin, kv_begin + kv_count)) needs the mask or a bounds check. VARLEN: also when the
+// tile's rows span two sequences or its keys leave the rows' sequence.
 fn tile_needs_mask(b: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> bool {
     if (kv_begin + kv_count > kv_len(b)) {
         return true;
     }
-    let right = (CAUSAL || WINDOW) && i32(kv_begin + kv_count - 1u) > i32(q_begin) + band_hi();
-    let left = WINDOW && i32(kv_begin) < i32(q_begin + q_len - 1u) + params.band_lo;
+    var shift = 0;
+    if (VARLEN) {
+        let s = row_sequence(q_begin);
+        let q_last = min(q_begin + q_len, params.seq_q) - 1u;
+        let keys_in = params.kv_base + kv_begin >= cu_kv(s)
+            && params.kv_base + kv_begin + kv_count <= cu_kv(s + 1u);
+        if (row_sequence(q_last) != s || !keys_in) {
+            return true;
+        }
+        shift = band_shift(s);
+    }
+    let right = (CAUSAL || WINDOW) && i32(kv_begin + kv_count - 1u) > i32(q_begin) + band_hi() + shift;
+    let left = WINDOW && i32(kv_begin) < i32(q_begin + q_len - 1u) + params.band_lo + shift;
     return right || left;
 }
 
@@ -310,7 +419,11 @@ fn alibi_term(i: u32, j: u32) -> f32 {
     if (!ALIBI) {
         return 0.0;
     }
-    return -head_slope2 * abs(f32(i32(i) + params.causal_offset - i32(j)));
+    var shift = 0;
+    if (VARLEN) {
+        shift = band_shift(row_sequence(i));
+    }
+    return -head_slope2 * abs(f32(i32(i) + params.causal_offset + shift - i32(j)));
 }
 
 // The sink takes part in this row's softmax: on, and not a windowed call's later pass (its
@@ -330,9 +443,17 @@ fn sink_on() -> bool {
 // pairs whose block is off.
 fn visible(i: u32, j: u32) -> bool {
     let in_range = (i < params.seq_q) & (j < select(params.seq_kv, head_kv_len, SEQLENS));
-    let causal_ok = !CAUSAL | (i32(j) <= i32(i) + params.causal_offset);
-    let band_ok = !WINDOW | ((i32(j) >= i32(i) + params.band_lo) & (i32(j) <= i32(i) + params.band_hi));
-    return in_range & causal_ok & band_ok & block_on(i, j);
+    var in_sequence = true;
+    var shift = 0;
+    if (VARLEN) {
+        let s = row_sequence(min(i, params.seq_q - 1u));
+        let jw = params.kv_base + j;
+        in_sequence = (jw >= cu_kv(s)) & (jw < cu_kv(s + 1u));
+        shift = band_shift(s);
+    }
+    let causal_ok = !CAUSAL | (i32(j) <= i32(i) + params.causal_offset + shift);
+    let band_ok = !WINDOW | ((i32(j) >= i32(i) + params.band_lo + shift) & (i32(j) <= i32(i) + params.band_hi + shift));
+    return in_range & in_sequence & causal_ok & band_ok & block_on(i, j);
 }
 
 // With BLOCKS, true when the block of pair (i, j) of the current head (`begin_head`) is on;

@@ -3,6 +3,7 @@
 use crate::block_mask::BlockMask;
 use crate::dropout::Dropout;
 use crate::error::{Error, Result};
+use crate::varlen::Varlen;
 
 /// Largest head dimension the kernels are built for.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -82,6 +83,10 @@ pub struct AttentionConfig {
     /// Block-sparse attention ([`BlockMask`]): pairs whose block is off are hidden, and tiles
     /// whose blocks are all off are skipped. `None`: every block.
     pub block_mask: Option<BlockMask>,
+    /// Variable-length sequences packed into batch 1 ([`Varlen`]: cumulative lengths): each
+    /// sequence attends only within itself, with causal, window and ALiBi aligned per
+    /// sequence. [`AttentionConfig::packed`] builds such a call. `None`: padded batches.
+    pub varlen: Option<Varlen>,
     /// `None` means `1 / sqrt(head_dim)`.
     pub softmax_scale: Option<f32>,
     pub algorithm: Algorithm,
@@ -111,9 +116,38 @@ impl AttentionConfig {
             seqlens_kv: None,
             dropout: None,
             block_mask: None,
+            varlen: None,
             softmax_scale: None,
             algorithm: Algorithm::default(),
         }
+    }
+
+    /// A packed variable-length call (flash-attn's varlen API): sequences with the cumulative
+    /// lengths `cu_seqlens_q` and `cu_seqlens_kv` (sequences + 1 offsets each, from 0 to the
+    /// totals) laid end to end in q `[total_q, heads_q, head_dim]` and k, v `[total_kv,
+    /// heads_kv, head_dim]`; lse is `[heads_q, total_q]`. Batch 1, `seq_q` and `seq_kv` the
+    /// totals (the last offsets). Checked by `validate` like every other field.
+    pub fn packed(
+        cu_seqlens_q: Vec<u32>,
+        cu_seqlens_kv: Vec<u32>,
+        heads_q: usize,
+        heads_kv: usize,
+        head_dim: usize,
+    ) -> Self {
+        let total = |cu: &[u32]| cu.last().map_or(0, |&n| n as usize);
+        let mut cfg = Self::new(
+            1,
+            total(&cu_seqlens_q),
+            total(&cu_seqlens_kv),
+            heads_q,
+            heads_kv,
+            head_dim,
+        );
+        cfg.varlen = Some(Varlen {
+            cu_seqlens_q,
+            cu_seqlens_kv,
+        });
+        cfg
     }
 
     pub fn scale(&self) -> f32 {
@@ -269,6 +303,16 @@ impl AttentionConfig {
         }
         if let Some(m) = &self.block_mask {
             m.validate(self.batch, self.heads_q, self.seq_q, self.seq_kv)?;
+        }
+        if let Some(v) = &self.varlen {
+            v.validate(self.batch, self.seq_q, self.seq_kv)?;
+            if self.seqlens_kv.is_some() {
+                return Err(Error::invalid(
+                    "seqlens_kv must be None in a varlen call (cu_seqlens_kv gives each \
+                     sequence's keys), got both"
+                        .to_string(),
+                ));
+            }
         }
         if let Some(s) = self.softmax_scale {
             if !s.is_finite() {

@@ -44,6 +44,7 @@ pub mod reference;
 pub mod replay;
 pub mod roofline;
 pub mod tensor;
+pub mod varlen;
 
 pub use backend::{AttentionBackend, Backend};
 pub use backward::{Gradients, HostGradients};
@@ -58,3 +59,4 @@ pub use kernels::Variant;
 pub use record::GpuTiming;
 pub use roofline::Roofline;
 pub use tensor::Tensor;
+pub use varlen::Varlen;

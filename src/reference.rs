@@ -24,9 +24,29 @@ pub struct RefGradients {
     pub d_sinks: Option<Vec<f64>>,
 }
 
+/// Row i and key j in their sequence's own numbering, i' (bottom-right aligned: i + seq_kv -
+/// seq_q) and j; `None` when they lie in different sequences of a varlen call. Varlen: row i
+/// of sequence s is i - cu_q[s] of a call of len_q(s) rows and len_kv(s) keys, key j is
+/// j - cu_kv[s].
+fn aligned(cfg: &AttentionConfig, i: usize, j: usize) -> Option<(i64, i64)> {
+    let Some(v) = &cfg.varlen else {
+        return Some((i as i64 + cfg.seq_kv as i64 - cfg.seq_q as i64, j as i64));
+    };
+    let s = (0..v.cu_seqlens_q.len() - 1)
+        .find(|&s| i < v.cu_seqlens_q[s + 1] as usize && i >= v.cu_seqlens_q[s] as usize)?;
+    let (q0, q1) = (v.cu_seqlens_q[s] as i64, v.cu_seqlens_q[s + 1] as i64);
+    let (k0, k1) = (v.cu_seqlens_kv[s] as i64, v.cu_seqlens_kv[s + 1] as i64);
+    let j = j as i64;
+    if j < k0 || j >= k1 {
+        return None;
+    }
+    Some((i as i64 - q0 + (k1 - k0) - (q1 - q0), j - k0))
+}
+
 /// Straight from the definitions (not `AttentionConfig::band`, which the kernels' host code
-/// uses): i' = i + seq_kv - seq_q; causal: j <= i'; window: i' - left <= j <= i' + right;
-/// key padding: j < seqlens_kv[b]; block mask: the block of (i, j) is on for (b, h).
+/// uses): i' = i + seq_kv - seq_q (per sequence with varlen, where pairs of different
+/// sequences are hidden); causal: j <= i'; window: i' - left <= j <= i' + right; key padding:
+/// j < seqlens_kv[b]; block mask: the block of (i, j) is on for (b, h).
 fn visible(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) -> bool {
     if let Some(n) = &cfg.seqlens_kv {
         if j >= n[b] {
@@ -38,8 +58,9 @@ fn visible(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) ->
             return false;
         }
     }
-    let ip = i as i64 + cfg.seq_kv as i64 - cfg.seq_q as i64;
-    let j = j as i64;
+    let Some((ip, j)) = aligned(cfg, i, j) else {
+        return false;
+    };
     let causal_ok = !cfg.causal || j <= ip;
     let left_ok = cfg.window.left.is_none_or(|l| j >= ip - l as i64);
     let right_ok = cfg.window.right.is_none_or(|r| j <= ip + r as i64);
@@ -89,13 +110,12 @@ fn softcap_slope(
 }
 
 /// ALiBi's bias for pair (i, j) of (batch b, head h): -slope * |i' - j|, i' = i + seq_kv -
-/// seq_q; 0 without ALiBi.
+/// seq_q (per sequence with varlen); 0 without ALiBi or for a pair of two sequences (hidden).
 fn alibi_bias(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) -> f64 {
-    let Some(slope) = cfg.alibi_slope(b, h) else {
+    let (Some(slope), Some((ip, j))) = (cfg.alibi_slope(b, h), aligned(cfg, i, j)) else {
         return 0.0;
     };
-    let ip = i as i64 + cfg.seq_kv as i64 - cfg.seq_q as i64;
-    -(slope as f64) * (ip - j as i64).abs() as f64
+    -(slope as f64) * (ip - j).abs() as f64
 }
 
 /// The score softmax sees for a visible pair: scaled, softcapped, plus ALiBi's bias.

@@ -168,6 +168,20 @@ fn every_backend_matches_the_reference_with_alibi_sinks_key_lengths_dropout_and_
 }
 
 #[test]
+fn every_backend_matches_the_reference_on_packed_sequences_or_refuses_them() {
+    // varlen: sequences of odd lengths (one with no keys), causal per sequence, with sinks;
+    // CUDA declares it a gap (Unsupported), which check_all_dtypes holds it to
+    on_every_backend!(|b| {
+        let v = flash_attn_wgpu::Varlen::from_lengths(&[29, 40, 3], &[51, 0, 22]);
+        let mut c = AttentionConfig::packed(v.cu_seqlens_q, v.cu_seqlens_kv, 4, 2, 64);
+        c.causal = true;
+        c.sinks = Some(common::random_sinks(&c));
+        let e = check_all_dtypes(b, &c, 2.0);
+        eprintln!("{} {}: {e:?}", b.backend(), common::describe(&c, 0));
+    });
+}
+
+#[test]
 fn every_backend_gives_zero_and_neg_inf_lse_for_rows_that_see_no_key_and_keeps_large_logits() {
     on_every_backend!(|b| {
         // causal with seq_q > seq_kv: the first seq_q - seq_kv rows see nothing

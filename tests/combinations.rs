@@ -1,13 +1,14 @@
 //! Property test over the score features together (issue 12): random small shapes, dtypes,
 //! algorithms and variants, with causal, a sliding window, a softcap, ALiBi (per head or per
-//! batch and head), sinks, per-batch key lengths, dropout and a block mask each drawn on or off, so that any combination may come up.
+//! batch and head), sinks, per-batch key lengths, dropout, a block mask and packed
+//! variable-length sequences each drawn on or off, so that any combination may come up.
 //! Every case runs forward and backward on fresh random inputs against the f64 reference
 //! (`common::check_dtype_dyn`: out, lse, dq, dk, dv and d_sinks).
 
 mod common;
 
 use common::{check_dtype_dyn, ctx};
-use flash_attn_wgpu::{AttentionConfig, DType, Tuning, Window};
+use flash_attn_wgpu::{AttentionConfig, DType, Tuning, Varlen, Window};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -32,6 +33,8 @@ fn case() -> impl Strategy<Value = Case> {
         prop::option::of((1usize..40, 1usize..40, any::<bool>(), any::<bool>())),
         prop::sample::select(common::algorithm_variants()),
         prop::sample::select(vec![DType::F32, DType::F16, DType::BF16]),
+        // a packed varlen call instead of the padded batch: (rows, keys) per sequence
+        prop::option::of(prop::collection::vec((0usize..30, 0usize..30), 1..=3)),
     )
         .prop_map(
             |(
@@ -44,8 +47,25 @@ fn case() -> impl Strategy<Value = Case> {
                 blocks,
                 (alg, variant),
                 dtype,
+                packed,
             )| {
-                let mut cfg = AttentionConfig::new(b, sq, skv, hkv * group, hkv, d);
+                let mut cfg = match packed {
+                    // at least one row and one key in all
+                    Some(mut lens) => {
+                        lens[0] = (lens[0].0 + 1, lens[0].1 + 1);
+                        let (q, kv): (Vec<u32>, Vec<u32>) =
+                            lens.iter().map(|&(q, kv)| (q as u32, kv as u32)).unzip();
+                        let v = Varlen::from_lengths(&q, &kv);
+                        AttentionConfig::packed(
+                            v.cu_seqlens_q,
+                            v.cu_seqlens_kv,
+                            hkv * group,
+                            hkv,
+                            d,
+                        )
+                    }
+                    None => AttentionConfig::new(b, sq, skv, hkv * group, hkv, d),
+                };
                 cfg.causal = causal;
                 cfg.window = Window::new(left, right);
                 cfg.softcap = softcap;
@@ -56,7 +76,8 @@ fn case() -> impl Strategy<Value = Case> {
                     _ => None,
                 };
                 cfg.sinks = sinks.then(|| common::random_sinks(&cfg));
-                cfg.seqlens_kv = seqlens.then(|| common::random_seqlens(&cfg));
+                cfg.seqlens_kv =
+                    (seqlens && cfg.varlen.is_none()).then(|| common::random_seqlens(&cfg));
                 cfg.dropout = dropout.map(common::random_dropout);
                 cfg.block_mask = blocks.map(|(bq, bkv, per_batch, per_head)| {
                     common::random_block_mask(&cfg, (bq, bkv), per_batch, per_head, 0.7)

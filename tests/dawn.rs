@@ -366,7 +366,8 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
     // Calls split into windows (bindings of a few KiB): whole batches (4 KiB), and rows of
     // one batch with several query and key windows merged in accumulate mode (8 KiB). Each
     // variant on each shape, in a format that rotates. The second shape takes dropout and a
-    // block mask too (its parts index both by the whole call's rows and keys).
+    // block mask too (its parts index both by the whole call's rows and keys), the third is
+    // a packed varlen call.
     let mut turn = 0;
     let mut dropped = cfg(1, 150, 130, 2, 1, 16, true);
     dropped.dropout = Some(common::random_dropout(0.3));
@@ -377,10 +378,16 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
         true,
         0.6,
     ));
+    // the third: four sequences packed (varlen, 97 rows and 140 keys in all, one sequence
+    // without rows and one without keys), causal in each, the parts looking their sequences
+    // up by the whole call's rows and keys
+    let v = flash_attn_wgpu::Varlen::from_lengths(&[30, 0, 50, 17], &[44, 20, 0, 76]);
+    let mut packed = AttentionConfig::packed(v.cu_seqlens_q, v.cu_seqlens_kv, 1, 1, 24);
+    packed.causal = true;
     for (c, limit) in [
         (cfg(3, 20, 20, 2, 1, 16, true), 4 << 10),
         (dropped, 8 << 10),
-        (cfg(1, 97, 140, 1, 1, 24, false), 8 << 10),
+        (packed, 8 << 10),
     ] {
         for variant in Variant::ALL {
             let usable: Vec<_> = formats

@@ -306,6 +306,36 @@ fn block_masks_that_do_not_fit_the_call_are_invalid_and_named() {
 }
 
 #[test]
+fn varlen_boundaries_that_do_not_fit_the_call_are_invalid_and_named() {
+    // two sequences packed: 3 + 4 rows, 5 + 2 keys
+    let packed = |q: Vec<u32>, kv: Vec<u32>| AttentionConfig::packed(q, kv, 2, 1, 8);
+    let ok = packed(vec![0, 3, 7], vec![0, 5, 7]);
+    ok.validate().unwrap();
+    let mut batched = ok.clone();
+    batched.batch = 2;
+    let mut padded = ok.clone();
+    padded.seqlens_kv = Some(vec![7]);
+    let mut short = ok.clone();
+    short.seq_kv = 9;
+    for (cf, want) in [
+        (packed(vec![0, 3, 7], vec![0, 7]), "cu_seqlens_q and cu_seqlens_kv must both hold sequences + 1 >= 2 offsets, got 3 and 2"),
+        (packed(vec![7], vec![7]), "must both hold sequences + 1 >= 2 offsets, got 1 and 1"),
+        (packed(vec![1, 3, 7], vec![0, 5, 7]), "varlen.cu_seqlens_q must start at 0, got 1"),
+        (packed(vec![0, 3, 7], vec![0, 5, 4]), "varlen.cu_seqlens_kv must not decrease, got cu_seqlens_kv[2] = 4 after cu_seqlens_kv[1] = 5"),
+        (short, "varlen.cu_seqlens_kv must end at the packed total (seq_kv = 9), got 7"),
+        (batched, "a varlen call packs its sequences into batch 1 (seq_q and seq_kv the totals), got batch = 2"),
+        (padded, "seqlens_kv must be None in a varlen call"),
+    ] {
+        match cf.validate() {
+            Err(Error::InvalidConfig(msg)) => assert!(msg.contains(want), "{msg}"),
+            other => panic!("expected InvalidConfig naming {want:?}, got {other:?}"),
+        }
+        let (q, kv) = data(&cf);
+        assert!(ctx().forward_host(&cf, &q, &kv, &kv).is_err());
+    }
+}
+
+#[test]
 fn a_block_mask_past_the_uniform_extras_is_a_device_limit_error() {
     // 32768 x 32768 in blocks of 16: 2048 x 2048 bits = 131,072 words, past 16,384; blocks of
     // 128 (256 x 256 bits = 2,048 words) fit

@@ -56,6 +56,7 @@ fn shader_bindings_match_the_host_layout() {
             seqlens: extras,
             dropout: extras,
             blocks: extras,
+            varlen: extras,
             subgroup: 0,
             accumulate: false,
         };
@@ -131,6 +132,7 @@ fn params_layout_matches_the_shader_struct() {
         seqlens: false,
         dropout: false,
         blocks: false,
+        varlen: false,
         subgroup: 0,
         accumulate: false,
     };
@@ -188,7 +190,9 @@ fn params_layout_matches_the_shader_struct() {
         block_kv,
         blocks_cols,
         blocks_b_stride,
-        blocks_h_stride
+        blocks_h_stride,
+        varlen_base,
+        sequences
     );
     assert_eq!(members.len(), host.len());
     for (m, (name, off)) in members.iter().zip(host) {

@@ -73,6 +73,19 @@ fn windowed_calls_split_into_windows_skip_only_what_the_band_hides() {
 }
 
 #[test]
+fn packed_sequences_survive_the_split_into_query_and_key_windows() {
+    // A varlen call's boundaries are the whole call's rows and keys: a query or key window's
+    // part looks its sequences up from its own first row and key (q_base, kv_base), and the
+    // causal diagonal of each sequence crosses windows.
+    let ctx = context_with_binding(8 << 10);
+    let v = flash_attn_wgpu::Varlen::from_lengths(&[41, 0, 66, 30], &[25, 9, 80, 17]);
+    let mut c = AttentionConfig::packed(v.cu_seqlens_q, v.cu_seqlens_kv, 2, 1, 16);
+    c.causal = true;
+    c.alibi_slopes = Some(common::random_alibi(&c, false));
+    every_dtype_and_variant(&ctx, &c, "rows");
+}
+
+#[test]
 fn alibi_sinks_key_lengths_dropout_and_block_masks_survive_the_split_into_windows() {
     // Per-(batch, head) slopes index the whole call's batch (a part's batch 0 is not the
     // call's), a resumed row must not count its sink twice, and dropout's RNG takes the whole

@@ -4,7 +4,9 @@
 
 mod common;
 use common::{assert_close, assert_lse_close, cfg, inputs};
-use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context, Tuning, Variant, Window};
+use flash_attn_wgpu::{
+    reference, Algorithm, AttentionConfig, Context, Tuning, Variant, Varlen, Window,
+};
 
 fn tunings(ctx: &Context) -> Vec<Tuning> {
     let default = ctx.tuning();
@@ -191,6 +193,34 @@ fn every_variant_and_the_naive_path_match_the_reference_with_a_block_mask() {
     c.alibi_slopes = Some(common::random_alibi(&c, false));
     c.sinks = Some(common::random_sinks(&c));
     c.dropout = Some(common::random_dropout(0.2));
+    check_all_tunings(&c, 2.0);
+    c.algorithm = Algorithm::Naive;
+    check_all_tunings(&c, 2.0);
+}
+
+#[test]
+fn every_variant_and_the_naive_path_match_the_reference_on_packed_sequences() {
+    // Five sequences of odd lengths packed end to end (totals 117 rows, 158 keys), tiles
+    // straddling their boundaries: one with no rows, one with no keys (its rows see nothing:
+    // out 0, lse -inf), others with more or fewer keys than rows, so the causal diagonal
+    // (bottom-right in each sequence) moves from one to the next.
+    let v = Varlen::from_lengths(&[37, 0, 21, 50, 9], &[45, 13, 0, 30, 70]);
+    let mut c = AttentionConfig::packed(v.cu_seqlens_q, v.cu_seqlens_kv, 4, 2, 32);
+    c.causal = true;
+    check_all_tunings(&c, 2.0);
+    c.algorithm = Algorithm::Naive;
+    check_all_tunings(&c, 2.0);
+
+    // with every other modifier at once: a window, softcap, ALiBi, sinks, dropout and a
+    // block mask over the packed rows and keys
+    c.algorithm = Algorithm::Tiled;
+    c.causal = false;
+    c.window = Window::new(Some(20), Some(7));
+    c.softcap = Some(2.0);
+    c.alibi_slopes = Some(common::random_alibi(&c, false));
+    c.sinks = Some(common::random_sinks(&c));
+    c.dropout = Some(common::random_dropout(0.3));
+    c.block_mask = Some(common::random_block_mask(&c, (16, 24), false, true, 0.7));
     check_all_tunings(&c, 2.0);
     c.algorithm = Algorithm::Naive;
     check_all_tunings(&c, 2.0);

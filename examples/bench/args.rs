@@ -115,8 +115,12 @@ pub struct Args {
         requires = "block_density"
     )]
     pub block_size: usize,
+    /// Packed varlen on every point: the batch's B sequences of N rows and keys laid end to
+    /// end in one call (the same pairs as the padded batch; with --mods-both, side by side)
+    #[arg(long, conflicts_with_all = ["kv_fill", "block_density"])]
+    pub varlen: bool,
     /// Measure every point also without the modifiers (--softcap, --alibi, --sinks,
-    /// --kv-fill, --dropout, --block-density), side by side
+    /// --kv-fill, --dropout, --block-density, --varlen), side by side
     #[arg(long)]
     pub mods_both: bool,
     /// Which pass to time

@@ -24,14 +24,20 @@ pub struct Shape {
 
 impl Shape {
     fn config(&self, causal: bool, window: Window, mods: &Mods, alg: Algorithm) -> AttentionConfig {
-        let mut cfg = AttentionConfig::new(
-            self.batch,
-            self.seq,
-            self.seq,
-            self.heads,
-            self.kv_heads,
-            self.head_dim,
-        );
+        let mut cfg = if mods.varlen {
+            // the batch's sequences packed end to end: the same pairs in one varlen call
+            let cu: Vec<u32> = (0..=self.batch).map(|b| (b * self.seq) as u32).collect();
+            AttentionConfig::packed(cu.clone(), cu, self.heads, self.kv_heads, self.head_dim)
+        } else {
+            AttentionConfig::new(
+                self.batch,
+                self.seq,
+                self.seq,
+                self.heads,
+                self.kv_heads,
+                self.head_dim,
+            )
+        };
         cfg.causal = causal;
         cfg.window = window;
         cfg.softcap = mods.softcap;
@@ -44,7 +50,7 @@ impl Shape {
         cfg.sinks = mods.sinks.then(|| vec![1.0; self.heads]);
         cfg.seqlens_kv = mods.kv_fill.map(|f| {
             let n = ((self.seq as f64 * f).round() as usize).min(self.seq);
-            vec![n; self.batch]
+            vec![n; cfg.batch]
         });
         cfg.dropout = mods
             .dropout
@@ -68,7 +74,7 @@ impl Shape {
 }
 
 /// The score modifiers of every point: --softcap, --alibi, --sinks, --kv-fill, --dropout,
-/// --block-density.
+/// --block-density, --varlen.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Mods {
     pub softcap: Option<f32>,
@@ -78,6 +84,8 @@ pub struct Mods {
     pub dropout: Option<f32>,
     /// --block-density and --block-size
     pub blocks: Option<(f32, usize)>,
+    /// --varlen
+    pub varlen: bool,
 }
 
 /// What to measure, resolved from the flags and checked before the GPU is touched.
@@ -146,6 +154,7 @@ impl Grid {
             kv_fill: a.kv_fill,
             dropout: a.dropout,
             blocks: a.block_density.map(|d| (d, a.block_size.max(1))),
+            varlen: a.varlen,
         };
         let mods = if a.mods_both {
             vec![Mods::default(), mods]

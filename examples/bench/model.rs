@@ -46,8 +46,20 @@ pub fn flops(cfg: &AttentionConfig, pass: Pass) -> f64 {
 
 /// (row, key) pairs of one (batch, head) that take part: Sq * Sk, halved for causal (the
 /// papers' convention); with a window or per-batch key lengths, counted row by row (the mean
-/// over batches); with a block mask, counted block by block (the mean over batches and heads).
+/// over batches); with a block mask, counted block by block (the mean over batches and heads);
+/// varlen, summed over its sequences.
 pub fn visible_pairs(cfg: &AttentionConfig) -> f64 {
+    if let Some(v) = &cfg.varlen {
+        // varlen (batch 1): each sequence's pairs as a call of its own
+        return (0..v.sequences())
+            .map(|s| {
+                let (q0, q1, k0, k1) = v.bounds(s);
+                let mut one = cfg.clone();
+                (one.varlen, one.seq_q, one.seq_kv) = (None, q1 - q0, k1 - k0);
+                visible_pairs(&one)
+            })
+            .sum();
+    }
     let all = cfg.seq_q as f64 * cfg.seq_kv as f64;
     if let Some(m) = &cfg.block_mask {
         return block_pairs(cfg, m);
@@ -121,6 +133,9 @@ pub fn mask_label(cfg: &AttentionConfig) -> String {
     }
     if let Some(m) = &cfg.block_mask {
         label += &format!(" blocks {} at {:.3}", m.block_q, m.density());
+    }
+    if let Some(v) = &cfg.varlen {
+        label += &format!(" varlen {}", v.sequences());
     }
     label
 }

@@ -127,6 +127,9 @@ fn cells(r: &Record, roof: &Roofline) -> [String; 17] {
             if let Some(m) = &c.block_mask {
                 cell += &format!(" blk{}@{:.2}", m.block_q, m.density());
             }
+            if let Some(v) = &c.varlen {
+                cell += &format!(" varlen{}", v.sequences());
+            }
             cell
         },
         c.batch.to_string(),

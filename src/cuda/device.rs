@@ -190,6 +190,15 @@ impl CudaContext {
                 reason: "the CUDA path has the tiled kernels only; use the wgpu path".into(),
             });
         }
+        if cfg.varlen.is_some() {
+            return Err(Error::Unsupported {
+                feature: "varlen (packed variable-length sequences)".into(),
+                backend: crate::Backend::Cuda,
+                reason: "the CUDA kernels take padded batches (seqlens_kv for key padding); \
+                         use the wgpu path for packed sequences"
+                    .into(),
+            });
+        }
         let kernel = CudaKernel::for_pass(pass, dtype, cfg.head_dim as u32);
         let mut key = CudaKey::new(kernel, dtype, cfg.head_dim as u32, self.arch)?;
         key.softcap = cfg.softcap.is_some();

@@ -71,6 +71,10 @@ pub struct Params {
     pub blocks_cols: u32,
     pub blocks_b_stride: u32,
     pub blocks_h_stride: u32,
+    /// Varlen: the extras word of `cu_seqlens_q[0]` (`cu_seqlens_kv` follows it), and the
+    /// number of sequences.
+    pub varlen_base: u32,
+    pub sequences: u32,
 }
 
 impl Params {
@@ -96,6 +100,8 @@ impl Params {
             sinks_base: x.sinks_base,
             seqlens_base: x.seqlens_base,
             blocks_base: x.blocks_base,
+            varlen_base: x.varlen_base,
+            sequences: cfg.varlen.as_ref().map_or(0, |v| v.sequences() as u32),
             // blocks of 1 x 1 until a mask says otherwise (never a division by zero)
             block_q: 1,
             block_kv: 1,
@@ -146,14 +152,16 @@ impl Params {
 pub struct ExtrasLayout {
     /// The ALiBi slopes (`[heads_q]` or `[batch, heads_q]`, f32 bits), the sinks (`[heads_q]`,
     /// f32 bits), the per-batch key lengths (`[batch]`, u32), the block mask's bits
-    /// ([`crate::BlockMask::bits`]). Empty when none is on.
+    /// ([`crate::BlockMask::bits`]), the varlen boundaries (u32). Empty when none is on.
     pub words: Vec<u32>,
     /// Words between one batch's slopes and the next (0: one slope per head).
     pub alibi_b_stride: u32,
-    /// The first word of the sinks, of the key lengths, and of the block mask.
+    /// The first word of the sinks, of the key lengths, of the block mask, and of the varlen
+    /// boundaries (`cu_seqlens_q`, then `cu_seqlens_kv`).
     pub sinks_base: u32,
     pub seqlens_base: u32,
     pub blocks_base: u32,
+    pub varlen_base: u32,
 }
 
 /// The one place the extras' layout is decided (`Params` and the CUDA shape read the offsets).
@@ -166,6 +174,10 @@ pub fn extras_layout(cfg: &crate::AttentionConfig) -> ExtrasLayout {
     words.extend(cfg.seqlens_kv.iter().flatten().map(|&n| n as u32));
     let blocks_base = words.len() as u32;
     words.extend(cfg.block_mask.iter().flat_map(|m| m.bits()));
+    let varlen_base = words.len() as u32;
+    if let Some(v) = &cfg.varlen {
+        words.extend(v.cu_seqlens_q.iter().chain(&v.cu_seqlens_kv));
+    }
     ExtrasLayout {
         words,
         alibi_b_stride: match &cfg.alibi_slopes {
@@ -175,6 +187,7 @@ pub fn extras_layout(cfg: &crate::AttentionConfig) -> ExtrasLayout {
         sinks_base,
         seqlens_base,
         blocks_base,
+        varlen_base,
     }
 }
 

@@ -78,6 +78,9 @@ pub struct KernelKey {
     pub dropout: bool,
     /// A block mask (the BLOCKS override; its bits are in the call's extras).
     pub blocks: bool,
+    /// Packed variable-length sequences (the VARLEN override; the boundaries are in the
+    /// call's extras).
+    pub varlen: bool,
     /// Rows kernels: the fixed subgroup size they share tile reads across, or 0 for none.
     pub subgroup: u32,
     /// A windowed call's pass (tiled kernels only): the element outputs are f32 buffers that
@@ -101,6 +104,7 @@ impl KernelKey {
             seqlens: false,
             dropout: false,
             blocks: false,
+            varlen: false,
             subgroup: 0,
             accumulate: false,
         }
@@ -108,7 +112,7 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{} sg={}{}",
+            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{}{} sg={}{}",
             self.kernel.name(),
             self.elem.name(),
             self.head_dim,
@@ -128,6 +132,7 @@ impl KernelKey {
             if self.seqlens { " seqlens" } else { "" },
             if self.dropout { " dropout" } else { "" },
             if self.blocks { " blocks" } else { "" },
+            if self.varlen { " varlen" } else { "" },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" }
         )
@@ -149,7 +154,7 @@ impl KernelKey {
     /// after the storage bindings (`EXTRAS_SLOT` past them), so that no combination of
     /// features takes a storage binding past the WebGPU default of 8 per stage.
     pub fn uses_extras(&self) -> bool {
-        self.alibi || self.sinks || self.seqlens || self.blocks
+        self.alibi || self.sinks || self.seqlens || self.blocks || self.varlen
     }
 
     /// The binding slot of the extras: right after the kernel's storage bindings.
@@ -300,6 +305,7 @@ impl KernelKey {
             ("SEQLENS", flag(self.seqlens)),
             ("DROPOUT", flag(self.dropout)),
             ("BLOCKS", flag(self.blocks)),
+            ("VARLEN", flag(self.varlen)),
         ]
     }
 }

@@ -105,13 +105,14 @@ impl Plan {
         let limit = crate::kernels::wgsl::EXTRAS_WORDS as u64;
         if self.extras.len() as u64 > limit {
             return Err(crate::Error::DeviceLimit {
-                what: "ALiBi slopes, sinks, key lengths and block-mask bits (one uniform array \
-                       of 32-bit words)"
+                what: "ALiBi slopes, sinks, key lengths, block-mask bits and varlen boundaries \
+                       (one uniform array of 32-bit words)"
                     .into(),
                 needed: self.extras.len() as u64 * 4,
                 limit: limit * 4,
-                hint: "split the batch, pass one slope per head ([heads_q]), or share the block \
-                       mask across batches or heads (a dimension of 1), or take larger blocks"
+                hint: "split the batch (or a varlen call's sequences into several calls), pass \
+                       one slope per head ([heads_q]), or share the block mask across batches \
+                       or heads (a dimension of 1), or take larger blocks"
                     .into(),
             });
         }
@@ -323,6 +324,7 @@ pub(crate) fn key(
         seqlens: kernel.finishes_scores() && cfg.seqlens_kv.is_some(),
         dropout: kernel.applies_dropout() && cfg.dropout.is_some(),
         blocks: kernel.finishes_scores() && cfg.block_mask.is_some(),
+        varlen: kernel.finishes_scores() && cfg.varlen.is_some(),
         subgroup: if kernel.is_rows_variant() {
             env.tuning.rows_subgroup
         } else {

@@ -205,6 +205,10 @@ impl Part {
 
     /// True when some query of the part sees some key of it (causal and window).
     fn visible(&self, cfg: &AttentionConfig) -> bool {
+        // varlen aligns each sequence on its own: every part may hold visible pairs
+        if cfg.varlen.is_some() {
+            return true;
+        }
         let off = cfg.causal_offset();
         let (lo, hi) = cfg.band();
         // key offsets j - i over the part's pairs: [k0 - q_last, k_last - q0]
@@ -216,6 +220,9 @@ impl Part {
     /// True when every query of the part sees only keys before it: later key windows (in
     /// key order) see nothing either.
     fn past_the_band(&self, cfg: &AttentionConfig) -> bool {
+        if cfg.varlen.is_some() {
+            return false;
+        }
         let min_d = self.k0 as i64 - (self.q0 + self.q_rows - 1) as i64 - cfg.causal_offset();
         cfg.band().1.is_some_and(|hi| min_d > hi)
     }

@@ -161,6 +161,12 @@ pub fn describe(cfg: &AttentionConfig, seed: u64) -> String {
     if let Some(n) = &cfg.seqlens_kv {
         mods += &format!(" seqlens_kv={n:?}");
     }
+    if let Some(v) = &cfg.varlen {
+        mods += &format!(
+            " varlen(cu_q={:?}, cu_kv={:?})",
+            v.cu_seqlens_q, v.cu_seqlens_kv
+        );
+    }
     if let Some(m) = &cfg.block_mask {
         mods += &format!(
             " blocks({}x{}, [{}, {}], density {:.2})",

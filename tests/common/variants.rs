@@ -84,6 +84,7 @@ pub fn variants() -> Vec<KernelKey> {
                                             seqlens: window,
                                             dropout: window,
                                             blocks: window,
+                                            varlen: window,
                                             subgroup,
                                             accumulate,
                                         });
