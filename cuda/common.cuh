@@ -53,7 +53,7 @@ __device__ __forceinline__ elem_t from_f32(float x) {
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (108 bytes, 4-aligned)
+// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (116 bytes, 4-aligned)
 struct AttnShape {
     unsigned int seq_q;
     unsigned int seq_kv;
@@ -82,6 +82,8 @@ struct AttnShape {
     unsigned int blocks_cols;     //   block columns of a grid, ceil(seq_kv / block_kv)
     unsigned int blocks_b_stride; //   bits between batches' grids and heads' grids (0 along a
     unsigned int blocks_h_stride; //   broadcast dimension)
+    unsigned int varlen_base;     // VARLEN: extras index of cu_seqlens_q[0]; cu_seqlens_kv follows
+    unsigned int sequences;       //   sequences packed in the call (batch 1)
 };
 
 // A softcap (-DSOFTCAP=1): a score x in the exp2 domain becomes C tanh(x / C), C = c log2(e),
@@ -121,17 +123,74 @@ __device__ __forceinline__ float softcap_slope(const AttnShape& p, float s) {
 #ifndef BLOCKS
 #define BLOCKS 0
 #endif
+#ifndef VARLEN
+#define VARLEN 0
+#endif
+
+// The call's scalars as the kernels and the masking helpers below see them (for_batch builds
+// it): AttnShape, and with packed sequences (-DVARLEN=1) the extras too, where the helpers
+// read the sequences' boundaries. Without VARLEN it adds nothing: the same bytes as AttnShape.
+struct CallShape : AttnShape {
+#if VARLEN
+    const float* extras;
+#endif
+};
 
 // The call's scalars for batch b: with per-batch key lengths (-DSEQLENS=1), kv_len is the
 // batch's (keys past it are hidden, as kv_len in shaders/common.wgsl); else unchanged.
-__device__ __forceinline__ AttnShape for_batch(const AttnShape& p, const float* __restrict__ extras,
+__device__ __forceinline__ CallShape for_batch(const AttnShape& p, const float* __restrict__ extras,
                                                unsigned int b) {
-    AttnShape q = p;
+#if VARLEN
+    CallShape q{p, extras};
+#else
+    CallShape q{p};
+#endif
 #if SEQLENS
     q.kv_len = min(__float_as_uint(extras[p.seqlens_base + b]), p.seq_kv);
 #endif
     return q;
 }
+
+// Variable-length sequences packed into batch 1 (-DVARLEN=1), as the Varlen functions in
+// shaders/common.wgsl: sequence s holds rows [cu_q(s), cu_q(s + 1)) and keys
+// [cu_kv(s), cu_kv(s + 1)) (the extras from varlen_base: cu_seqlens_q, then cu_seqlens_kv);
+// pairs of two sequences are hidden and the causal mask, the window and ALiBi are aligned
+// bottom-right within each sequence. The helpers below (visible, alibi_term, the tile bounds,
+// tile_needs_mask, tile_blocks) take it in; without VARLEN none of this is compiled.
+#if VARLEN
+__device__ __forceinline__ unsigned int cu_q(const CallShape& p, unsigned int s) {
+    return __float_as_uint(__ldg(p.extras + p.varlen_base + s));
+}
+__device__ __forceinline__ unsigned int cu_kv(const CallShape& p, unsigned int s) {
+    return __float_as_uint(__ldg(p.extras + p.varlen_base + p.sequences + 1 + s));
+}
+
+// the sequence holding row (or key, `keys`) r: the last s whose start is at most r, so empty
+// sequences are passed over; a binary search of the boundaries
+__device__ __forceinline__ unsigned int sequence_of(const CallShape& p, unsigned int r, bool keys) {
+    const float* cu = p.extras + p.varlen_base + (keys ? p.sequences + 1 : 0);
+    unsigned int lo = 0, hi = p.sequences - 1;
+    while (lo < hi) {
+        const unsigned int mid = (lo + hi + 1) / 2;
+        if (__float_as_uint(__ldg(cu + mid)) <= r) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return lo;
+}
+
+// How far sequence s moves the causal diagonal and the window from the whole call's
+// (causal_offset, band_lo, band_hi): its diagonal is j = i + cu_kv(s + 1) - cu_q(s + 1).
+// The totals stay below 2^28 (varlen::MAX_TOTAL), so |shift| < 2^28 ((cu_kv(s + 1) - seq_kv)
+// + (seq_q - cu_q(s + 1))) and a row or key plus a band edge (at most 2^30) plus the shift
+// fits an int: the VARLEN comparisons below stay 32-bit.
+__device__ __forceinline__ int band_shift(const CallShape& p, unsigned int s) {
+    return (int)cu_kv(p, s + 1) - (int)cu_q(p, s + 1) - p.causal_offset;
+}
+#endif
+
 struct HeadMods {
     float slope2; // the ALiBi slope times log2(e)
     float sink2;  // the sink times log2(e)
@@ -159,10 +218,16 @@ __device__ __forceinline__ HeadMods head_mods(const AttnShape& p, const float* _
 }
 
 // ALiBi's term for row i and key j in the exp2 domain: -slope * |i + causal_offset - j|
-__device__ __forceinline__ float alibi_term(const AttnShape& p, const HeadMods& hm, unsigned int i,
+// (with VARLEN the offset of row i's sequence)
+__device__ __forceinline__ float alibi_term(const CallShape& p, const HeadMods& hm, unsigned int i,
                                             unsigned int j) {
 #if ALIBI
+#if VARLEN
+    const int shift = band_shift(p, sequence_of(p, min(i, p.seq_q - 1), false));
+    return -hm.slope2 * fabsf((float)((int)i + p.causal_offset + shift - (int)j));
+#else
     return -hm.slope2 * fabsf((float)((long long)i + p.causal_offset - (long long)j));
+#endif
 #else
     return 0.f;
 #endif
@@ -170,14 +235,14 @@ __device__ __forceinline__ float alibi_term(const AttnShape& p, const HeadMods& 
 
 // the score softmax sees, from x = q.k * scale * log2(e): softcapped, then ALiBi's term added
 // (finish_score in shaders/common.wgsl, without the mask, which callers apply)
-__device__ __forceinline__ float finish_score(const AttnShape& p, const HeadMods& hm, float x,
+__device__ __forceinline__ float finish_score(const CallShape& p, const HeadMods& hm, float x,
                                               unsigned int i, unsigned int j) {
     return softcap_score(p, x) + alibi_term(p, hm, i, j);
 }
 
 // d(finished score) / dx at finished score s of pair (i, j): the softcap's slope at the
 // capped score (ALiBi's term taken out); 1 without a softcap
-__device__ __forceinline__ float score_slope(const AttnShape& p, const HeadMods& hm, float s,
+__device__ __forceinline__ float score_slope(const CallShape& p, const HeadMods& hm, float s,
                                              unsigned int i, unsigned int j) {
     return softcap_slope(p, s - alibi_term(p, hm, i, j));
 }
@@ -256,12 +321,51 @@ __device__ __forceinline__ float dropout_rescale(float x, float scale) {
 #endif
 }
 
-// bounds, the bottom-right causal mask and the window, as `visible` in shaders/common.wgsl
-__device__ __forceinline__ bool visible(const AttnShape& p, unsigned int i, unsigned int j) {
+// the highest key offset j - i a row sees (with causal or a window)
+__device__ __forceinline__ long long band_hi(const AttnShape& p) {
+    return p.window ? p.band_hi : p.causal_offset;
+}
+
+// bounds, the bottom-right causal mask and the window, as `visible` in shaders/common.wgsl;
+// with VARLEN also the pair in one sequence, the mask and window aligned to it
+__device__ __forceinline__ bool visible(const CallShape& p, unsigned int i, unsigned int j) {
+#if VARLEN
+    if (i >= p.seq_q) {
+        return false;
+    }
+    const unsigned int s = sequence_of(p, i, false);
+    const int ii = i, jj = j, shift = band_shift(p, s);
+    return j >= cu_kv(p, s) && j < cu_kv(p, s + 1) && j < p.kv_len &&
+           (!p.causal || jj <= ii + p.causal_offset + shift) &&
+           (!p.window || (jj >= ii + p.band_lo + shift && jj <= ii + p.band_hi + shift));
+#else
     const long long ii = i, jj = j;
     return i < p.seq_q && j < p.kv_len && (!p.causal || jj <= ii + p.causal_offset) &&
            (!p.window || (jj >= ii + p.band_lo && jj <= ii + p.band_hi));
+#endif
 }
+
+#if VARLEN
+// true when no pair of rows [q0, q_last] x keys [k0, k_last] lies within one sequence and its
+// band: the rows' sequences hold none of the keys, or (one sequence) every key is right of the
+// band for every row or left of it (varlen_tile_empty in shaders/common.wgsl)
+__device__ __forceinline__ bool varlen_tile_empty(const CallShape& p, unsigned int q0,
+                                                  unsigned int q_last, unsigned int k0,
+                                                  unsigned int k_last) {
+    const unsigned int first = sequence_of(p, q0, false), last = sequence_of(p, q_last, false);
+    if (k_last < cu_kv(p, first) || k0 >= cu_kv(p, last + 1)) {
+        return true;
+    }
+    if (first != last) {
+        return false;
+    }
+    const int shift = band_shift(p, first);
+    const int hi = p.window ? p.band_hi : p.causal_offset;
+    const bool right = (p.causal || p.window) && (int)k0 > (int)q_last + hi + shift;
+    const bool left = p.window && (int)k_last < (int)q0 + p.band_lo + shift;
+    return right || left;
+}
+#endif
 
 // Block-sparse attention (-DBLOCKS=1), as block_on and tile_visit in shaders/common.wgsl:
 // the block mask's bits (BlockMask::bits) lie in the extras from blocks_base, one grid of
@@ -272,7 +376,10 @@ __device__ __forceinline__ bool visible(const AttnShape& p, unsigned int i, unsi
 // through IF_BLOCKS, as dropout through IF_DROPOUT: without BLOCKS their code is what it was
 // (an inlined helper that only returns a constant, or passes HeadMods on to visible(), still
 // changes NVVM's loops with the score modifiers on).
-#if BLOCKS
+// Packed sequences (-DVARLEN=1) skip tiles through the same helpers (a tile with no pair of
+// one sequence inside its band: varlen_tile_empty), so IF_BLOCKS takes them in with VARLEN
+// too; with VARLEN alone pair_visible is visible().
+#if BLOCKS || VARLEN
 #define IF_BLOCKS(expr, otherwise) (expr)
 #else
 #define IF_BLOCKS(expr, otherwise) (otherwise)
@@ -282,7 +389,7 @@ struct TileBlocks {
     bool skip;    // every block the tile overlaps is off: none of its pairs is visible
     bool partial; // some block it overlaps is off: its pairs need pair_visible's block test
 };
-// a tile without BLOCKS: visited whole (IF_BLOCKS(tile_blocks(..), TILE_WHOLE))
+// a tile without BLOCKS or VARLEN: visited whole (IF_BLOCKS(tile_blocks(..), TILE_WHOLE))
 #define TILE_WHOLE (TileBlocks{false, false})
 
 #if BLOCKS
@@ -307,17 +414,27 @@ __device__ __forceinline__ unsigned int blocks_on(const HeadMods& hm, unsigned i
     }
     return n;
 }
+#endif
+
+#if BLOCKS || VARLEN
 
 // How the block mask treats the tile of rows [q0, q0 + rows) x keys [k0, k0 + keys) of the
 // head of hm, clipped to the call (rows to seq_q, keys to kv_len; an empty tile is skipped).
+// With VARLEN a tile with no pair of one sequence inside its band is skipped too.
 // Uniform across a thread block when its arguments are.
-__device__ __forceinline__ TileBlocks tile_blocks(const AttnShape& p, const HeadMods& hm,
+__device__ __forceinline__ TileBlocks tile_blocks(const CallShape& p, const HeadMods& hm,
                                                   unsigned int q0, unsigned int rows,
                                                   unsigned int k0, unsigned int keys) {
     const unsigned int q_end = min(q0 + rows, p.seq_q), k_end = min(k0 + keys, p.kv_len);
     if (q0 >= q_end || k0 >= k_end) {
         return TileBlocks{true, false};
     }
+#if VARLEN
+    if (varlen_tile_empty(p, q0, q_end - 1, k0, k_end - 1)) {
+        return TileBlocks{true, false};
+    }
+#endif
+#if BLOCKS
     const unsigned int r0 = q0 / p.block_q, r1 = (q_end - 1) / p.block_q;
     const unsigned int c0 = k0 / p.block_kv, c1 = (k_end - 1) / p.block_kv;
     unsigned int on = 0;
@@ -326,27 +443,34 @@ __device__ __forceinline__ TileBlocks tile_blocks(const AttnShape& p, const Head
         on += blocks_on(hm, row + c0, row + c1);
     }
     return TileBlocks{on == 0, on < (r1 - r0 + 1) * (c1 - c0 + 1)};
+#else
+    return TileBlocks{false, false};
+#endif
 }
 
 // visible(), and in a tile with some block off (`partial`) the pair's block on. The bounds
 // come first: no bit past the grid is read.
-__device__ __forceinline__ bool pair_visible(const AttnShape& p, const HeadMods& hm,
+__device__ __forceinline__ bool pair_visible(const CallShape& p, const HeadMods& hm,
                                              bool partial, unsigned int i, unsigned int j) {
     if (!visible(p, i, j)) {
         return false;
     }
+#if BLOCKS
     if (!partial) {
         return true;
     }
     const unsigned int bit = hm.grid + (i / p.block_q) * p.blocks_cols + j / p.block_kv;
     return (blocks_word(hm, bit / 32) >> (bit % 32)) & 1u;
+#else
+    return true; // VARLEN alone: no block is ever off
+#endif
 }
 
 // The first of the key tiles kv0, kv0 + keys, ... below kv_end (rows [q0, q0 + rows)) that
 // tile_blocks does not skip, or kv_end when none is; `partial` its flag. For a loop that
 // issues a tile's copies before the tile is used (flash_fwd's prefetch), so that it steps
 // from visited tile to visited tile and never issues a skipped tile's copies.
-__device__ __forceinline__ unsigned int next_kv_tile(const AttnShape& p, const HeadMods& hm,
+__device__ __forceinline__ unsigned int next_kv_tile(const CallShape& p, const HeadMods& hm,
                                                      unsigned int q0, unsigned int rows,
                                                      unsigned int kv0, unsigned int keys,
                                                      unsigned int kv_end, bool& partial) {
@@ -362,64 +486,94 @@ __device__ __forceinline__ unsigned int next_kv_tile(const AttnShape& p, const H
 }
 #endif
 
-// the highest key offset j - i a row sees (with causal or a window)
-__device__ __forceinline__ long long band_hi(const AttnShape& p) {
-    return p.window ? p.band_hi : p.causal_offset;
-}
-
 // keys [0, end) are the only ones query rows [q0, q0 + rows) can see (all keys without
-// causal or a window), as kv_end_for_rows in shaders/common.wgsl
-__device__ __forceinline__ unsigned int kv_end_for_rows(const AttnShape& p, unsigned int q0,
+// causal or a window), as kv_end_for_rows in shaders/common.wgsl; with VARLEN the end of the
+// last row's sequence (tile_blocks skips the tiles past its band)
+__device__ __forceinline__ unsigned int kv_end_for_rows(const CallShape& p, unsigned int q0,
                                                         unsigned int rows) {
+#if VARLEN
+    if (q0 >= p.seq_q) {
+        return 0;
+    }
+    return cu_kv(p, sequence_of(p, min(q0 + rows, p.seq_q) - 1, false) + 1);
+#else
     if (!p.causal && !p.window) {
         return p.kv_len;
     }
     long long last = (long long)min(q0 + rows, p.seq_q) - 1 + band_hi(p);
     return last < 0 ? 0u : (unsigned int)min((long long)p.kv_len, last + 1);
+#endif
 }
 
-// keys before the result are hidden from rows q0.. (a window's left edge; 0 without one)
-__device__ __forceinline__ unsigned int kv_begin_for_rows(const AttnShape& p, unsigned int q0) {
+// keys before the result are hidden from rows q0.. (a window's left edge; 0 without one;
+// with VARLEN the start of row q0's sequence)
+__device__ __forceinline__ unsigned int kv_begin_for_rows(const CallShape& p, unsigned int q0) {
+#if VARLEN
+    return cu_kv(p, sequence_of(p, min(q0, p.seq_q - 1), false));
+#else
     if (!p.window) {
         return 0;
     }
     long long first = (long long)q0 + p.band_lo;
     return first <= 0 ? 0u : (unsigned int)min((long long)p.seq_kv, first);
+#endif
 }
 
-// the first query row that can see key j0
-__device__ __forceinline__ unsigned int q_begin_for_key(const AttnShape& p, unsigned int j0) {
+// the first query row that can see key j0 (with VARLEN the start of its sequence's rows)
+__device__ __forceinline__ unsigned int q_begin_for_key(const CallShape& p, unsigned int j0) {
+#if VARLEN
+    return cu_q(p, sequence_of(p, j0, true));
+#else
     if (!p.causal && !p.window) {
         return 0;
     }
     long long first = (long long)j0 - band_hi(p);
     return first <= 0 ? 0u : (unsigned int)min((long long)p.seq_q, first);
+#endif
 }
 
 // rows at or after the result see none of the keys [j0, j_last] (a window's left edge; 0 when
-// none of them exists: past the batch's length)
-__device__ __forceinline__ unsigned int q_end_for_keys(const AttnShape& p, unsigned int j0,
+// none of them exists: past the batch's length; with VARLEN the end of the rows of j_last's
+// sequence)
+__device__ __forceinline__ unsigned int q_end_for_keys(const CallShape& p, unsigned int j0,
                                                        unsigned int j_last) {
     if (j0 >= p.kv_len) {
         return 0;
     }
+#if VARLEN
+    return cu_q(p, sequence_of(p, min(j_last, p.seq_kv - 1), true) + 1);
+#else
     if (!p.window) {
         return p.seq_q;
     }
     long long end = (long long)j_last - p.band_lo + 1;
     return end <= 0 ? 0u : (unsigned int)min((long long)p.seq_q, end);
+#endif
 }
 
 // true when some pair of rows [q0, q0 + rows) x keys [kv0, kv0 + keys) is hidden or out of
-// bounds (the key side; rows past seq_q are the caller's)
-__device__ __forceinline__ bool tile_needs_mask(const AttnShape& p, unsigned int q0,
+// bounds (the key side; rows past seq_q are the caller's); with VARLEN also when the rows span
+// two sequences or the keys leave the rows' sequence
+__device__ __forceinline__ bool tile_needs_mask(const CallShape& p, unsigned int q0,
                                                 unsigned int rows, unsigned int kv0,
                                                 unsigned int keys) {
     if (kv0 + keys > p.kv_len) {
         return true;
     }
+#if VARLEN
+    const unsigned int s = sequence_of(p, q0, false);
+    if (sequence_of(p, min(q0 + rows, p.seq_q) - 1, false) != s || kv0 < cu_kv(p, s) ||
+        kv0 + keys > cu_kv(p, s + 1)) {
+        return true;
+    }
+    const int shift = band_shift(p, s);
+    const int hi = p.window ? p.band_hi : p.causal_offset;
+    const bool right = (p.causal || p.window) && (int)(kv0 + keys - 1) > (int)q0 + hi + shift;
+    const bool left = p.window && (int)kv0 < (int)(q0 + rows - 1) + p.band_lo + shift;
+#else
     const bool right = (p.causal || p.window) && (long long)kv0 + keys - 1 > (long long)q0 + band_hi(p);
     const bool left = p.window && (long long)kv0 < (long long)q0 + rows - 1 + p.band_lo;
+#endif
     return right || left;
 }
 

@@ -48,7 +48,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
     const float* __restrict__ delta, elem_t* __restrict__ dk, elem_t* __restrict__ dv,
     const AttnShape p_call, const float* __restrict__ extras) {
-    const AttnShape p = for_batch(p_call, extras, blockIdx.z);
+    const CallShape p = for_batch(p_call, extras, blockIdx.z);
     // K, V: BLOCK_RES rows each; Q, dO: BLOCK_Q rows each; then lse2 and delta per Q row
     extern __shared__ __align__(16) elem_t smem[];
     elem_t* sk = smem;
@@ -181,7 +181,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
     const float* __restrict__ delta, elem_t* __restrict__ dq, const AttnShape p_call,
     const float* __restrict__ extras) {
-    const AttnShape p = for_batch(p_call, extras, blockIdx.z);
+    const CallShape p = for_batch(p_call, extras, blockIdx.z);
     // Q and dO staged first (BLOCK_RES rows each), then the K and V tiles in the same space
     extern __shared__ __align__(16) elem_t smem[];
     const unsigned int b = blockIdx.z, h = blockIdx.y;

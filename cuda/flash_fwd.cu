@@ -22,6 +22,10 @@
 // Blocks (-DBLOCKS=1): tiles whose blocks are all off for the block's rows are stepped over
 //          before their copies are issued (next_kv_tile), so the two stages alternate over the
 //          visited tiles only; a tile with some block off is masked pair by pair.
+// Varlen (-DVARLEN=1): packed sequences; the loop runs from the first row's sequence's keys
+//          to the last row's, tiles with no pair of one sequence in its band are stepped
+//          over as the block mask's (next_kv_tile), and a tile that straddles sequences is
+//          masked pair by pair (all in cuda/common.cuh).
 
 #if !defined(BLOCK_N) || BLOCK_N % 16 != 0
 #error "BLOCK_N (a multiple of 16) must be defined"
@@ -34,7 +38,7 @@
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t* __restrict__ q, const elem_t* __restrict__ k,
               const elem_t* __restrict__ v, elem_t* __restrict__ out, float* __restrict__ lse,
               const AttnShape p_call, const float* __restrict__ extras) {
-    const AttnShape p = for_batch(p_call, extras, blockIdx.z);
+    const CallShape p = for_batch(p_call, extras, blockIdx.z);
     // Q staged here first, then read into registers; then the two K/V stages. Dynamic, as
     // it passes the 48 KiB of static shared memory at head_dim 128 (size: the host's
     // CudaKey::shared_bytes)

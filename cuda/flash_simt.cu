@@ -159,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_fwd(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     elem_t* __restrict__ out, float* __restrict__ lse, const AttnShape p_call,
     const float* __restrict__ extras) {
-    const AttnShape p = for_batch(p_call, extras, blockIdx.z);
+    const CallShape p = for_batch(p_call, extras, blockIdx.z);
     extern __shared__ float smem_f[];
     float* sk = smem_f;
     float* sv = sk + BLOCK_N * HEAD_DIM;
@@ -240,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
     const float* __restrict__ delta, elem_t* __restrict__ dk, elem_t* __restrict__ dv,
     const AttnShape p_call, const float* __restrict__ extras) {
-    const AttnShape p = for_batch(p_call, extras, blockIdx.z);
+    const CallShape p = for_batch(p_call, extras, blockIdx.z);
     extern __shared__ float smem_f[];
     float* sq = smem_f;
     float* sdo = sq + BLOCK_N * HEAD_DIM;
@@ -317,7 +317,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
     const float* __restrict__ delta, elem_t* __restrict__ dq, const AttnShape p_call,
     const float* __restrict__ extras) {
-    const AttnShape p = for_batch(p_call, extras, blockIdx.z);
+    const CallShape p = for_batch(p_call, extras, blockIdx.z);
     extern __shared__ float smem_f[];
     float* sk = smem_f;
     float* sv = sk + BLOCK_N * HEAD_DIM;

@@ -218,6 +218,30 @@ fn band_shift(s: u32) -> i32 {
     return i32(cu_kv(s + 1u)) - i32(cu_q(s + 1u)) - whole;
 }
 
+// The sequence context of a row: its sequence's keys [kv_lo, kv_hi) (whole-call indices) and
+// band_shift. tile_visit caches it for a tile whose rows lie in one sequence (the common
+// case), so that per-pair code reads private values; other rows search the boundaries.
+struct RowSequence {
+    kv_lo: u32,
+    kv_hi: u32,
+    shift: i32,
+}
+
+const NO_SEQUENCE: u32 = 0xffffffffu;
+var<private> tile_sequence: u32 = NO_SEQUENCE;
+var<private> tile_context: RowSequence;
+
+fn sequence_context(s: u32) -> RowSequence {
+    return RowSequence(cu_kv(s), cu_kv(s + 1u), band_shift(s));
+}
+
+fn row_context(i: u32) -> RowSequence {
+    if (tile_sequence != NO_SEQUENCE) {
+        return tile_context;
+    }
+    return sequence_context(row_sequence(min(i, params.seq_q - 1u)));
+}
+
 // A whole-call boundary as this part's index on the key (or row) axis, clamped to the part.
 fn part_key(k: u32) -> u32 {
     return u32(clamp(i32(k) - i32(params.kv_base), 0, i32(params.seq_kv)));
@@ -240,8 +264,16 @@ fn band_hi() -> i32 {
 // Keys [0, end) are the only ones any of query rows [q_begin, q_end) of batch b can see.
 fn kv_end_for_rows(b: u32, q_begin: u32, q_end: u32) -> u32 {
     if (VARLEN) {
-        // the end of the last row's sequence; tile_visit skips tiles past its band
-        return part_key(cu_kv(row_sequence(min(q_end, params.seq_q) - 1u) + 1u));
+        // the end of the last row's sequence, or of its band (rows of earlier sequences end
+        // at that sequence's first key at the latest)
+        let q_last = min(q_end, params.seq_q) - 1u;
+        let s = row_sequence(q_last);
+        var end = i32(part_key(cu_kv(s + 1u)));
+        if (CAUSAL || WINDOW) {
+            let band_end = i32(q_last) + band_hi() + band_shift(s) + 1;
+            end = min(end, max(band_end, i32(part_key(cu_kv(s)))));
+        }
+        return u32(clamp(end, 0, i32(params.seq_kv)));
     }
     if (!CAUSAL && !WINDOW) {
         return kv_len(b);
@@ -254,7 +286,15 @@ fn kv_end_for_rows(b: u32, q_begin: u32, q_end: u32) -> u32 {
 // left edge; 0 without a window). Tiled kernels start their key loop at its tile.
 fn kv_begin_for_rows(q_begin: u32) -> u32 {
     if (VARLEN) {
-        return part_key(cu_kv(row_sequence(q_begin)));
+        // the start of the first row's sequence, or of its band (rows of later sequences
+        // start at the next sequence's first key at the earliest)
+        let s = row_sequence(q_begin);
+        var begin = i32(part_key(cu_kv(s)));
+        if (WINDOW) {
+            let band_begin = i32(q_begin) + params.band_lo + band_shift(s);
+            begin = max(begin, min(band_begin, i32(part_key(cu_kv(s + 1u)))));
+        }
+        return u32(clamp(begin, 0, i32(params.seq_kv)));
     }
     if (!WINDOW) {
         return 0u;
@@ -265,7 +305,15 @@ fn kv_begin_for_rows(q_begin: u32) -> u32 {
 // First query row that can see key `j0` (rows before it are fully masked for keys >= j0).
 fn q_begin_for_key(j0: u32) -> u32 {
     if (VARLEN) {
-        return part_row(cu_q(sequence_of(params.kv_base + j0, true)));
+        // the first row of the key's sequence that its band reaches (keys of later sequences
+        // are seen from the next sequence's first row at the earliest)
+        let s = sequence_of(params.kv_base + j0, true);
+        var begin = i32(part_row(cu_q(s)));
+        if (CAUSAL || WINDOW) {
+            let band_begin = i32(j0) - band_hi() - band_shift(s);
+            begin = max(begin, min(band_begin, i32(part_row(cu_q(s + 1u)))));
+        }
+        return u32(clamp(begin, 0, i32(params.seq_q)));
     }
     if (!CAUSAL && !WINDOW) {
         return 0u;
@@ -281,7 +329,16 @@ fn q_end_for_keys(b: u32, j0: u32, j_last: u32) -> u32 {
         return 0u;
     }
     if (VARLEN) {
-        return part_row(cu_q(sequence_of(params.kv_base + min(j_last, params.seq_kv - 1u), true) + 1u));
+        // the end of the last key's sequence, or of the rows its band reaches (keys of
+        // earlier sequences are seen up to that sequence's first row at the latest)
+        let j = min(j_last, params.seq_kv - 1u);
+        let s = sequence_of(params.kv_base + j, true);
+        var end = i32(part_row(cu_q(s + 1u)));
+        if (WINDOW) {
+            let band_end = i32(j) - params.band_lo - band_shift(s) + 1;
+            end = min(end, max(band_end, i32(part_row(cu_q(s)))));
+        }
+        return u32(clamp(end, 0, i32(params.seq_q)));
     }
     if (!WINDOW) {
         return params.seq_q;
@@ -351,13 +408,18 @@ fn varlen_tile_empty(q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> 
     let kv_last = min(kv_begin + kv_count, params.seq_kv) - 1u;
     let first = row_sequence(q_begin);
     let last = row_sequence(q_last);
+    // the rows' sequence for the pairs of this tile (row_context), or none to search per row
+    tile_sequence = select(NO_SEQUENCE, first, first == last);
+    if (first == last) {
+        tile_context = sequence_context(first);
+    }
     if (params.kv_base + kv_last < cu_kv(first) || params.kv_base + kv_begin >= cu_kv(last + 1u)) {
         return true;
     }
     if (first != last) {
         return false;
     }
-    let shift = band_shift(first);
+    let shift = tile_context.shift;
     let right = (CAUSAL || WINDOW) && i32(kv_begin) > i32(q_last) + band_hi() + shift;
     let left = WINDOW && i32(kv_last) < i32(q_begin) + params.band_lo + shift;
     return right || left;
@@ -421,7 +483,7 @@ fn alibi_term(i: u32, j: u32) -> f32 {
     }
     var shift = 0;
     if (VARLEN) {
-        shift = band_shift(row_sequence(i));
+        shift = row_context(i).shift;
     }
     return -head_slope2 * abs(f32(i32(i) + params.causal_offset + shift - i32(j)));
 }
@@ -446,10 +508,10 @@ fn visible(i: u32, j: u32) -> bool {
     var in_sequence = true;
     var shift = 0;
     if (VARLEN) {
-        let s = row_sequence(min(i, params.seq_q - 1u));
+        let r = row_context(i);
         let jw = params.kv_base + j;
-        in_sequence = (jw >= cu_kv(s)) & (jw < cu_kv(s + 1u));
-        shift = band_shift(s);
+        in_sequence = (jw >= r.kv_lo) & (jw < r.kv_hi);
+        shift = r.shift;
     }
     let causal_ok = !CAUSAL | (i32(j) <= i32(i) + params.causal_offset + shift);
     let band_ok = !WINDOW | ((i32(j) >= i32(i) + params.band_lo + shift) & (i32(j) <= i32(i) + params.band_hi + shift));

@@ -68,6 +68,7 @@ fn a_compile_error_is_a_typed_error_with_the_log() {
         seqlens: false,
         dropout: false,
         blocks: false,
+        varlen: false,
     };
     match nvrtc.compile(&key) {
         Err(Error::CudaCompile { kernel, log }) => {

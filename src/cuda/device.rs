@@ -190,15 +190,6 @@ impl CudaContext {
                 reason: "the CUDA path has the tiled kernels only; use the wgpu path".into(),
             });
         }
-        if cfg.varlen.is_some() {
-            return Err(Error::Unsupported {
-                feature: "varlen (packed variable-length sequences)".into(),
-                backend: crate::Backend::Cuda,
-                reason: "the CUDA kernels take padded batches (seqlens_kv for key padding); \
-                         use the wgpu path for packed sequences"
-                    .into(),
-            });
-        }
         let kernel = CudaKernel::for_pass(pass, dtype, cfg.head_dim as u32);
         let mut key = CudaKey::new(kernel, dtype, cfg.head_dim as u32, self.arch)?;
         key.softcap = cfg.softcap.is_some();
@@ -207,6 +198,7 @@ impl CudaContext {
         key.seqlens = cfg.seqlens_kv.is_some();
         key.dropout = cfg.dropout.is_some();
         key.blocks = cfg.block_mask.is_some();
+        key.varlen = cfg.varlen.is_some();
         let shape = AttnShape::new(cfg)?;
         for l in key.launches(cfg) {
             if l.grid.1 > 65_535 || l.grid.2 > 65_535 {
@@ -221,10 +213,11 @@ impl CudaContext {
         Ok((key, shape))
     }
 
-    /// The call's extras (ALiBi slopes, sinks, key lengths, the block mask's bits:
-    /// `kernels::params::extras`, the layout the wgpu kernels read) on the device, or `None`
-    /// without any of them. A block mask always has a word (every grid has a block), so the
-    /// kernels compiled with BLOCKS always get a buffer.
+    /// The call's extras (ALiBi slopes, sinks, key lengths, the block mask's bits, the varlen
+    /// boundaries: `kernels::params::extras`, the layout the wgpu kernels read) on the device,
+    /// or `None` without any of them. A block mask always has a word (every grid has a block)
+    /// and varlen at least four, so the kernels compiled with BLOCKS or VARLEN always get a
+    /// buffer.
     fn extras(&self, cfg: &AttentionConfig) -> Result<Option<CudaSlice<u8>>> {
         let x = crate::kernels::params::extras(cfg);
         if x.is_empty() {

@@ -163,6 +163,11 @@ pub struct AttnShape {
     pub blocks_cols: u32,
     pub blocks_b_stride: u32,
     pub blocks_h_stride: u32,
+    /// Packed sequences (compiled in: `CudaKey::varlen`): the extras word of
+    /// `cu_seqlens_q[0]` (`cu_seqlens_kv` follows it) and the number of sequences, as
+    /// `Params` on wgpu; 0 without them.
+    pub varlen_base: u32,
+    pub sequences: u32,
 }
 
 impl AttnShape {
@@ -219,6 +224,8 @@ impl AttnShape {
             blocks_cols: p.blocks_cols,
             blocks_b_stride: p.blocks_b_stride,
             blocks_h_stride: p.blocks_h_stride,
+            varlen_base: p.varlen_base,
+            sequences: p.sequences,
         })
     }
 }
@@ -244,6 +251,10 @@ pub struct CudaKey {
     /// A block mask (block-sparse attention), compiled in (`-DBLOCKS=1`): the tile skipping
     /// and the per-pair block test are absent from the other variants.
     pub blocks: bool,
+    /// Packed variable-length sequences, compiled in (`-DVARLEN=1`): the sequences'
+    /// boundaries, their tile skipping and the per-sequence masks are absent from the other
+    /// variants.
+    pub varlen: bool,
 }
 
 /// The oldest architecture the kernels are written for: `mma.sync` m16n8k16 with bf16,
@@ -312,6 +323,7 @@ impl CudaKey {
             seqlens: false,
             dropout: false,
             blocks: false,
+            varlen: false,
         })
     }
 
@@ -485,6 +497,7 @@ impl CudaKey {
             format!("-DSEQLENS={}", u32::from(self.seqlens)),
             format!("-DDROPOUT={}", u32::from(self.dropout)),
             format!("-DBLOCKS={}", u32::from(self.blocks)),
+            format!("-DVARLEN={}", u32::from(self.varlen)),
         ];
         if self.kernel.tensor_cores() {
             opts.push(format!("-DWARPS={WARPS}"));
@@ -497,7 +510,7 @@ impl CudaKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {:?} head_dim {} sm_{}{}{}{}{}{}{}",
+            "{} {:?} head_dim {} sm_{}{}{}{}{}{}{}{}",
             self.kernel.name(),
             self.dtype,
             self.head_dim,
@@ -507,14 +520,17 @@ impl CudaKey {
             if self.sinks { " sinks" } else { "" },
             if self.seqlens { " seqlens" } else { "" },
             if self.dropout { " dropout" } else { "" },
-            if self.blocks { " blocks" } else { "" }
+            if self.blocks { " blocks" } else { "" },
+            if self.varlen { " varlen" } else { "" }
         )
     }
 
     /// The variants a build is checked with on one architecture: every tensor-core variant
     /// (both half dtypes, every head dim they take), and the SIMT kernels in every dtype at
     /// [`SIMT_CHECK_DIMS`]; with the score modifiers (softcap, ALiBi, sinks, key lengths,
-    /// dropout and the block mask, all at once) too at head dims 64, 128 and 256.
+    /// dropout, the block mask and packed sequences, all at once) too at head dims 64, 128 and
+    /// 256. (Key lengths and packed sequences never meet in a call, but their code compiles
+    /// together.)
     pub fn all_for_arch(arch: u32) -> Vec<CudaKey> {
         let mut keys = Vec::new();
         for kernel in CudaKernel::ALL {
@@ -549,6 +565,7 @@ impl CudaKey {
                             seqlens: on,
                             dropout: on,
                             blocks: on,
+                            varlen: on,
                         });
                     }
                 }
@@ -614,8 +631,8 @@ mod tests {
 
     #[test]
     fn the_scalar_argument_matches_the_kernels_struct() {
-        // twenty-seven 4-byte fields, no padding: the C struct's layout
-        assert_eq!(std::mem::size_of::<AttnShape>(), 108);
+        // twenty-nine 4-byte fields, no padding: the C struct's layout
+        assert_eq!(std::mem::size_of::<AttnShape>(), 116);
         assert_eq!(std::mem::align_of::<AttnShape>(), 4);
         let body = &COMMON[COMMON.find("struct AttnShape {").unwrap()..];
         let body = &body[..body.find("};").unwrap()];
@@ -656,7 +673,9 @@ mod tests {
                 "block_kv",
                 "blocks_cols",
                 "blocks_b_stride",
-                "blocks_h_stride"
+                "blocks_h_stride",
+                "varlen_base",
+                "sequences"
             ]
         );
         let mut cfg = AttentionConfig::new(1, 100, 300, 4, 2, 64);
@@ -715,6 +734,19 @@ mod tests {
         assert_eq!((s.block_q, s.block_kv, s.blocks_cols), (32, 64, 5));
         assert_eq!((s.blocks_b_stride, s.blocks_h_stride), (0, 0));
         assert_eq!(x.words.len(), 10);
+        assert_eq!((s.varlen_base, s.sequences), (x.varlen_base, 0));
+        // packed sequences: their boundaries after the other extras (here 4 slopes), q's then
+        // kv's
+        let mut cfg = AttentionConfig::packed(vec![0, 3, 3, 10], vec![0, 5, 9, 9], 4, 2, 64);
+        cfg.causal = true;
+        cfg.alibi_slopes = Some(vec![0.5; 4]);
+        let s = AttnShape::new(&cfg).unwrap();
+        let x = crate::kernels::params::extras_layout(&cfg);
+        assert_eq!((s.seq_q, s.seq_kv, s.causal_offset), (10, 9, -1));
+        assert_eq!((s.varlen_base, s.sequences), (4, 3));
+        assert_eq!(s.varlen_base, x.varlen_base);
+        let words: Vec<u32> = x.words[4..].to_vec();
+        assert_eq!(words, [0, 3, 3, 10, 0, 5, 9, 9]);
     }
 
     #[test]
@@ -777,7 +809,9 @@ mod tests {
             }
             // every modifier has a default in the source (off) and the key always sets it,
             // so no program compiles a modifier its key did not ask for
-            for name in ["SOFTCAP", "ALIBI", "SINKS", "SEQLENS", "DROPOUT", "BLOCKS"] {
+            for name in [
+                "SOFTCAP", "ALIBI", "SINKS", "SEQLENS", "DROPOUT", "BLOCKS", "VARLEN",
+            ] {
                 assert!(
                     program.contains(&format!("#ifndef {name}")),
                     "{name} default"

@@ -29,7 +29,7 @@ pub enum Gap {
 pub fn declared_gap(backend: Backend, _dtype: DType, cfg: &AttentionConfig) -> Gap {
     match backend {
         Backend::Wgpu => Gap::None,
-        Backend::Cuda if cfg.algorithm == Algorithm::Naive || cfg.varlen.is_some() => Gap::Forward,
+        Backend::Cuda if cfg.algorithm == Algorithm::Naive => Gap::Forward,
         Backend::Cuda => Gap::None,
     }
 }
