@@ -419,7 +419,9 @@ fn varlen_tile_empty(q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> 
     if (first != last) {
         return false;
     }
-    let shift = tile_context.shift;
+    // band_shift, not tile_context: a private variable's value is non-uniform to WGSL's
+    // uniformity analysis, and callers branch to barriers on this result
+    let shift = band_shift(first);
     let right = (CAUSAL || WINDOW) && i32(kv_begin) > i32(q_last) + band_hi() + shift;
     let left = WINDOW && i32(kv_last) < i32(q_begin) + params.band_lo + shift;
     return right || left;
