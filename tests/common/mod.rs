@@ -108,8 +108,22 @@ pub fn rel_tol(dtype: DType) -> f64 {
 
 /// Like `assert_close` with an explicit tolerance; returns max |got - want| / max |want|.
 pub fn assert_close_tol(what: &str, got: &[f32], want: &[f64], tol: f64, ctx_msg: &str) -> f64 {
+    assert_close_floor(what, got, want, tol, 0.0, ctx_msg)
+}
+
+/// `assert_close_tol` against max(max |want|, `floor`): for a result that is a sum of terms
+/// which may cancel, `floor` is the terms' magnitude, which bounds the f32 rounding error
+/// where max |want| alone would not (a gradient that is exactly 0 in exact arithmetic).
+pub fn assert_close_floor(
+    what: &str,
+    got: &[f32],
+    want: &[f64],
+    tol: f64,
+    floor: f64,
+    ctx_msg: &str,
+) -> f64 {
     assert_eq!(got.len(), want.len(), "{what}: length ({ctx_msg})");
-    let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
+    let scale = want.iter().fold(floor, |m, x| m.max(x.abs())).max(1e-30);
     let mut worst = (0.0f64, 0usize);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         assert!(g.is_finite(), "{what}[{i}] = {g} is not finite ({ctx_msg})");
