@@ -52,6 +52,7 @@ struct Params {
     blocks_h_stride: u32,
     varlen_base: u32,    // VARLEN: extras word of cu_seqlens_q[0]; cu_seqlens_kv follows
     sequences: u32,      // VARLEN: sequences packed in the call
+    pair_shift: u32,     // windowed calls: where element 0 of lse_delta lies in its binding
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -158,6 +159,11 @@ fn kv_index(b: u32, j: u32, hk: u32, d: u32) -> u32 {
 // lse, delta: [batch, heads_q, seq_q]
 fn row_index(b: u32, h: u32, i: u32) -> u32 {
     return (b * params.heads_q + h) * params.row_stride + i + params.row_shift;
+}
+
+// The backward's (lse2, delta) pair of a row: laid out as lse, in its own binding window.
+fn pair_index(b: u32, h: u32, i: u32) -> u32 {
+    return (b * params.heads_q + h) * params.row_stride + i + params.pair_shift;
 }
 
 // Keys [0, kv_len(b)) of batch b take part: all seq_kv, or with SEQLENS the batch's length

@@ -80,8 +80,9 @@ fn main(
                 lse2[j] = pos_inf();
                 dl[j] = 0.0;
                 if (qi < params.seq_q) {
-                    lse2[j] = lse_to_log2(lse[row_index(b, h, qi)]);
-                    dl[j] = delta[row_index(b, h, qi)];
+                    let pair = lse_delta[pair_index(b, h, qi)];
+                    lse2[j] = pair.x;
+                    dl[j] = pair.y;
                 }
             }
             workgroupBarrier();

@@ -129,8 +129,9 @@ fn main(
                 var l2 = pos_inf();
                 var dl = 0.0;
                 if (qi < params.seq_q) {
-                    l2 = lse_to_log2(lse[row_index(b, h, qi)]);
-                    dl = delta[row_index(b, h, qi)];
+                    let pair = lse_delta[pair_index(b, h, qi)];
+                    l2 = pair.x;
+                    dl = pair.y;
                 }
                 slse[r] = l2;
                 sdelta[r] = dl;

@@ -57,8 +57,9 @@ fn main(
         let qi = q0 + ty * TM + i;
         lse2[i] = pos_inf();
         if (qi < params.seq_q) {
-            lse2[i] = lse_to_log2(lse[row_index(b, h, qi)]);
-            dl[i] = delta[row_index(b, h, qi)];
+            let pair = lse_delta[pair_index(b, h, qi)];
+            lse2[i] = pair.x;
+            dl[i] = pair.y;
         }
     }
 

@@ -60,8 +60,9 @@ fn main(
     var lse2 = pos_inf();
     var dl = 0.0;
     if (live && i < params.seq_q) {
-        lse2 = lse_to_log2(lse[row_index(b, h, i)]);
-        dl = delta[row_index(b, h, i)];
+        let pair = lse_delta[pair_index(b, h, i)];
+        lse2 = pair.x;
+        dl = pair.y;
     }
 
     var acc = array<f32, DPR>();

@@ -84,8 +84,9 @@ fn main(
                 qr[rr][d] = load_q(base + d) * params.scale_log2;
                 dor[rr][d] = load_d_out(base + d);
             }
-            lse2[rr] = lse_to_log2(lse[row_index(b, h, i)]);
-            delta_i[rr] = delta[row_index(b, h, i)];
+            let pair = lse_delta[pair_index(b, h, i)];
+            lse2[rr] = pair.x;
+            delta_i[rr] = pair.y;
         }
     }
     var acc = array<array<f32, DPAD>, RPT>();

@@ -1,4 +1,5 @@
-// Backward preprocess: delta_i = rowsum(dO_i * O_i), one thread per (batch, head, query row).
+// Backward preprocess, one thread per (batch, head, query row): delta_i = rowsum(dO_i * O_i),
+// stored beside the row's lse in the exp2 domain as the pair the backward kernels read.
 // Grid: ceil(batch * heads_q * seq_q / 64) workgroups, folded.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
@@ -12,5 +13,5 @@ fn item(e: u32) {
     for (var d = 0u; d < HEAD_DIM; d++) {
         acc = fma(load_out(base + d), load_d_out(base + d), acc);
     }
-    delta[row_index(b, h, i)] = acc;
+    lse_delta[pair_index(b, h, i)] = vec2<f32>(lse_to_log2(lse[row_index(b, h, i)]), acc);
 }

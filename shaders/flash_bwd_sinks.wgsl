@@ -21,8 +21,8 @@ fn main(
     var acc = 0.0;
     let rows = params.batch * params.seq_q;
     for (var e = t; e < rows; e += 64u) {
-        let r = row_index(e / params.seq_q, h, e % params.seq_q);
-        acc += exp2(head_sink2 - lse_to_log2(lse[r])) * delta[r];
+        let pair = lse_delta[pair_index(e / params.seq_q, h, e % params.seq_q)];
+        acc += exp2(head_sink2 - pair.x) * pair.y;
     }
     red[t] = acc;
     workgroupBarrier();

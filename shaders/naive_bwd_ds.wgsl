@@ -8,8 +8,8 @@ fn item(e: u32) {
     let row = e / params.seq_kv;
     let at = slice_row(row);
     begin_head(at.b, at.h);
-    let r = row_index(at.b, at.h, at.i);
+    let pair = lse_delta[pair_index(at.b, at.h, at.i)];
     let p = probs[e];
     let j = e % params.seq_kv;
-    ds[e] = score_grad(p, ds[e] * dropout_scale(at.i, j), delta[r], log2(p) + lse_to_log2(lse[r]), at.i, j);
+    ds[e] = score_grad(p, ds[e] * dropout_scale(at.i, j), pair.y, log2(p) + pair.x, at.i, j);
 }

@@ -192,7 +192,8 @@ fn params_layout_matches_the_shader_struct() {
         blocks_b_stride,
         blocks_h_stride,
         varlen_base,
-        sequences
+        sequences,
+        pair_shift
     );
     assert_eq!(members.len(), host.len());
     for (m, (name, off)) in members.iter().zip(host) {

@@ -62,8 +62,10 @@ pub enum BindType {
     /// A tensor of the call's element type, read through `load_<name>(i) -> f32` and written
     /// through `store_<name>(i, x)`, functions the prelude generates per storage format.
     Elem,
-    /// `array<f32>`: lse, delta and the naive path's score matrices.
+    /// `array<f32>`: lse and the naive path's score matrices.
     F32,
+    /// `array<vec2<f32>>`: the backward's per-row (lse2, delta) pairs.
+    Vec2F32,
     /// `array<u32>`.
     U32,
     /// `array<vec4<f32>>`.
@@ -83,7 +85,7 @@ const fn b(name: &'static str, ty: BindType, access: Access) -> Binding {
 }
 
 use Access::{Read as R, ReadWrite as W};
-use BindType::{Elem as E, Vec4F32 as V4, F32, U32};
+use BindType::{Elem as E, Vec2F32 as V2, Vec4F32 as V4, F32, U32};
 
 impl Kernel {
     pub const ALL: [Kernel; 28] = [
@@ -195,25 +197,29 @@ impl Kernel {
         const V: Binding = b("v", E, R);
         const D_OUT: Binding = b("d_out", E, R);
         const LSE: Binding = b("lse", F32, R);
-        const DELTA: Binding = b("delta", F32, R);
+        // the backward's rows: (lse in the exp2 domain, delta) per query row, written by the
+        // preprocess, so that a dK/dV kernel takes 7 storage bindings and leaves the 8th of
+        // the WebGPU default for a score tensor
+        const LSE_DELTA: Binding = b("lse_delta", V2, R);
         match self {
             Kernel::FlashFwd
             | Kernel::FlashFwdRows
             | Kernel::FlashFwdBlocks
             | Kernel::FlashFwdCoop => const { &[Q, K, V, b("out", E, W), b("lse", F32, W)] },
-            Kernel::FlashBwdPreprocess => const { &[b("out", E, R), D_OUT, b("delta", F32, W)] },
-            // 8 storage buffers: the WebGPU default per-stage cap
+            Kernel::FlashBwdPreprocess => {
+                const { &[b("out", E, R), D_OUT, LSE, b("lse_delta", V2, W)] }
+            }
             Kernel::FlashBwdDkDv
             | Kernel::FlashBwdDkDvRows
             | Kernel::FlashBwdDkDvBlocks
             | Kernel::FlashBwdDkDvCoop => {
-                const { &[Q, K, V, D_OUT, LSE, DELTA, b("dk", E, W), b("dv", E, W)] }
+                const { &[Q, K, V, D_OUT, LSE_DELTA, b("dk", E, W), b("dv", E, W)] }
             }
             Kernel::FlashBwdDq
             | Kernel::FlashBwdDqRows
             | Kernel::FlashBwdDqBlocks
-            | Kernel::FlashBwdDqCoop => const { &[Q, K, V, D_OUT, LSE, DELTA, b("dq", E, W)] },
-            Kernel::FlashBwdSinks => const { &[LSE, DELTA, b("d_sinks", F32, W)] },
+            | Kernel::FlashBwdDqCoop => const { &[Q, K, V, D_OUT, LSE_DELTA, b("dq", E, W)] },
+            Kernel::FlashBwdSinks => const { &[LSE_DELTA, b("d_sinks", F32, W)] },
             Kernel::NaiveScores => const { &[Q, K, b("scores", F32, W)] },
             Kernel::NaiveSoftmax => {
                 const { &[b("scores", F32, R), b("probs", F32, W), b("lse", F32, W)] }
@@ -222,7 +228,7 @@ impl Kernel {
             Kernel::NaiveBwdProbs => const { &[Q, K, LSE, b("probs", F32, W)] },
             Kernel::NaiveBwdDp => const { &[D_OUT, V, b("dp", F32, W)] },
             // dS is written over dP; lse gives back the score a softcap differentiates at
-            Kernel::NaiveBwdDs => const { &[b("probs", F32, R), LSE, DELTA, b("ds", F32, W)] },
+            Kernel::NaiveBwdDs => const { &[b("probs", F32, R), LSE_DELTA, b("ds", F32, W)] },
             Kernel::NaiveBwdDkDv => {
                 const {
                     &[

@@ -75,6 +75,9 @@ pub struct Params {
     /// number of sequences.
     pub varlen_base: u32,
     pub sequences: u32,
+    /// Windowed calls: where element 0 of the backward's (lse2, delta) pairs lies in its
+    /// binding (a window of its own: its elements are 8 bytes).
+    pub pair_shift: u32,
 }
 
 impl Params {

@@ -330,6 +330,7 @@ fn binding_wgsl(slot: u32, b: &Binding, elem: ElemFormat) -> String {
     match b.ty {
         BindType::F32 => decl("f32"),
         BindType::U32 => decl("u32"),
+        BindType::Vec2F32 => decl("vec2<f32>"),
         BindType::Vec4F32 => decl("vec4<f32>"),
         BindType::Elem => match (elem, b.access) {
             (ElemFormat::F32, Access::Read) => decl("f32")

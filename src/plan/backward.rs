@@ -24,7 +24,9 @@ pub(super) const D_OUT: BufRef = Input(5);
 pub(super) const DQ: BufRef = Output(0);
 pub(super) const DK: BufRef = Output(1);
 pub(super) const DV: BufRef = Output(2);
-pub(super) const DELTA: BufRef = Scratch(0);
+/// Each query row's (lse in the exp2 domain, delta = rowsum(dO * out)): the preprocess writes
+/// it, every later kernel reads it.
+pub(super) const LSE_DELTA: BufRef = Scratch(0);
 pub(super) const D_SINKS: BufRef = Output(3);
 
 /// Plans `dq, dk, dv` (and, with sinks, `d_sinks`) from q, k, v, out, lse (f32) and d_out.
@@ -43,7 +45,7 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
         plan.steps.push(Step {
             key: key(Kernel::FlashBwdSinks, cfg, Tiles::ONE, dtype, env),
             params,
-            buffers: vec![LSE, DELTA, D_SINKS],
+            buffers: vec![LSE_DELTA, D_SINKS],
             windows: Vec::new(),
             workgroups: cfg.heads_q as u32,
         });
@@ -81,8 +83,8 @@ fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
             },
         ],
         scratch: vec![ScratchSpec {
-            label: "delta",
-            bytes: cfg.lse_len() as u64 * 4,
+            label: "lse and delta",
+            bytes: cfg.lse_len() as u64 * 8,
         }],
         steps: Vec::new(),
         extras: Vec::new(),
@@ -99,7 +101,7 @@ fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
     plan.steps.push(Step {
         key: key(Kernel::FlashBwdPreprocess, cfg, Tiles::ONE, dtype, env),
         params: pre,
-        buffers: vec![OUT, D_OUT, DELTA],
+        buffers: vec![OUT, D_OUT, LSE, LSE_DELTA],
         windows: Vec::new(),
         workgroups: rows.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
     });
@@ -112,11 +114,11 @@ fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
 
 fn tiled(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan) -> Result<()> {
     let dkdv_kernel = pass_kernel(Variant::backward_dkdv, cfg, dtype, env);
-    let dkdv = vec![Q, K, V, D_OUT, LSE, DELTA, DK, DV];
+    let dkdv = vec![Q, K, V, D_OUT, LSE_DELTA, DK, DV];
     plan.steps
         .push(tiled_step(dkdv_kernel, (cfg, cfg), dtype, env, dkdv)?);
     let dq_kernel = pass_kernel(Variant::backward_dq, cfg, dtype, env);
-    let dq = vec![Q, K, V, D_OUT, LSE, DELTA, DQ];
+    let dq = vec![Q, K, V, D_OUT, LSE_DELTA, DQ];
     plan.steps
         .push(tiled_step(dq_kernel, (cfg, cfg), dtype, env, dq)?);
     Ok(())
@@ -157,7 +159,7 @@ fn naive_steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Pl
         };
         push(Kernel::NaiveBwdProbs, n_scores, vec![Q, K, LSE, probs]);
         push(Kernel::NaiveBwdDp, n_scores, vec![D_OUT, V, ds]);
-        push(Kernel::NaiveBwdDs, n_scores, vec![probs, LSE, DELTA, ds]);
+        push(Kernel::NaiveBwdDs, n_scores, vec![probs, LSE_DELTA, ds]);
         push(
             Kernel::NaiveBwdDkDv,
             (count / group) * cfg.seq_kv * cfg.head_dim,

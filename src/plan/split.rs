@@ -54,7 +54,8 @@ pub fn choose(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Opti
     let limit = env.max_binding_bytes;
     let q_batch = sq * q_row * esz;
     let kv_batch = skv * kv_row * esz;
-    let rows_batch = cfg.heads_q as u64 * sq * 4;
+    // the backward's (lse, delta) pairs: the largest row tensor, 8 bytes per row
+    let rows_batch = cfg.heads_q as u64 * sq * 8;
     let whole = [q_batch, kv_batch, rows_batch]
         .iter()
         .all(|x| x.checked_mul(b).is_some_and(|t| t.max(4) <= limit));
@@ -74,7 +75,7 @@ pub fn choose(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Opti
     if rows_batch > room {
         return Err(Error::DeviceLimit {
             what: format!(
-                "lse of one batch ({} query heads x {} queries, f32)",
+                "lse and delta of one batch ({} query heads x {} queries, 2 x f32)",
                 cfg.heads_q, cfg.seq_q
             ),
             needed: rows_batch + slack(env),
@@ -154,19 +155,20 @@ fn window(env: &PlanEnv, esz: u64, start: u64, n: u64) -> (Window, u32) {
     )
 }
 
-/// The lse (or delta) window of `batches` batches from `b`, query rows [q0, q0 + rows).
+/// The window of a row tensor with `esz`-byte elements (lse: 4; the backward's lse and delta
+/// pairs: 8) over `batches` batches from `b`, query rows [q0, q0 + rows).
 fn row_window(
     cfg: &AttentionConfig,
     env: &PlanEnv,
-    b: usize,
-    batches: usize,
+    esz: u64,
+    (b, batches): (usize, usize),
     q0: usize,
     rows: usize,
 ) -> (Window, u32) {
     let hq = cfg.heads_q;
     let start = (b * hq * cfg.seq_q + q0) as u64;
     let last = ((b + batches - 1) * hq + hq - 1) * cfg.seq_q + q0 + rows;
-    window(env, 4, start, last as u64 - start)
+    window(env, esz, start, last as u64 - start)
 }
 
 /// One part of a split call: its batches and rows, and the windows of its tensors.
@@ -262,7 +264,11 @@ impl Part {
     }
 
     fn row_window(&self, cfg: &AttentionConfig, env: &PlanEnv) -> (Window, u32) {
-        row_window(cfg, env, self.b, self.batches, self.q0, self.q_rows)
+        row_window(cfg, env, 4, (self.b, self.batches), self.q0, self.q_rows)
+    }
+
+    fn pair_window(&self, cfg: &AttentionConfig, env: &PlanEnv) -> (Window, u32) {
+        row_window(cfg, env, 8, (self.b, self.batches), self.q0, self.q_rows)
     }
 }
 
@@ -343,12 +349,23 @@ fn query_parts(
     seen
 }
 
-/// The windows of a part's q-layout, kv-layout and row tensors, with their shifts.
+/// The windows of a part's q-layout, kv-layout and row tensors (lse; the backward's lse and
+/// delta pairs), with their shifts.
 struct Windows {
     q: Window,
     kv: Window,
     rows: Window,
-    shifts: (u32, u32, u32),
+    pairs: Window,
+    shifts: Shifts,
+}
+
+/// A part's element shifts: `Params::q_shift`, `kv_shift`, `row_shift` and `pair_shift`.
+#[derive(Debug, Clone, Copy)]
+struct Shifts {
+    q: u32,
+    kv: u32,
+    rows: u32,
+    pairs: u32,
 }
 
 /// Which window of a part an output lies in: its queries (out, dq) or its keys (dk, dv).
@@ -362,8 +379,8 @@ impl Windows {
     /// The window and shift of the q-layout (`Queries`) or kv-layout (`Keys`) tensors.
     fn side(&self, side: Side) -> (Window, u32) {
         match side {
-            Side::Queries => (self.q, self.shifts.0),
-            Side::Keys => (self.kv, self.shifts.1),
+            Side::Queries => (self.q, self.shifts.q),
+            Side::Keys => (self.kv, self.shifts.kv),
         }
     }
 }
@@ -373,11 +390,18 @@ impl Part {
         let (q, qs) = self.q_window(cfg, env, esz);
         let (kv, ks) = self.kv_window(cfg, env, esz);
         let (rows, rs) = self.row_window(cfg, env);
+        let (pairs, ps) = self.pair_window(cfg, env);
         Windows {
             q,
             kv,
             rows,
-            shifts: (qs, ks, rs),
+            pairs,
+            shifts: Shifts {
+                q: qs,
+                kv: ks,
+                rows: rs,
+                pairs: ps,
+            },
         }
     }
 }
@@ -416,7 +440,7 @@ impl<'a> Builder<'a> {
         part: &Part,
         buffers: Vec<BufRef>,
         windows: Vec<Window>,
-        shifts: (u32, u32, u32),
+        shifts: Shifts,
         resume: bool,
     ) -> Result<Step> {
         let sub = part.config(self.cfg);
@@ -428,9 +452,10 @@ impl<'a> Builder<'a> {
         step.params.q_base = part.q0 as u32;
         step.params = step.params.with_block_grid(self.cfg);
         (step.params.band_lo, step.params.band_hi) = part.band(self.cfg);
-        step.params.q_shift = shifts.0;
-        step.params.kv_shift = shifts.1;
-        step.params.row_shift = shifts.2;
+        step.params.q_shift = shifts.q;
+        step.params.kv_shift = shifts.kv;
+        step.params.row_shift = shifts.rows;
+        step.params.pair_shift = shifts.pairs;
         step.params.row_stride = self.cfg.seq_q as u32;
         step.params.resume = resume as u32;
         step.windows = windows.into_iter().map(Some).collect();
@@ -566,7 +591,7 @@ pub fn forward_steps(
 }
 
 /// The backward's steps for a split call (inputs q, k, v, out, lse, d_out; outputs dq, dk,
-/// dv; scratch 0 is delta, of every row).
+/// dv; scratch 0 holds the (lse, delta) pair of every row).
 pub fn backward_steps(
     cfg: &AttentionConfig,
     dtype: DType,
@@ -574,7 +599,7 @@ pub fn backward_steps(
     split: Split,
     plan: &mut Plan,
 ) -> Result<()> {
-    use super::backward::{DELTA, DK, DQ, DV, D_OUT, K, LSE, OUT, Q, V};
+    use super::backward::{DK, DQ, DV, D_OUT, K, LSE, LSE_DELTA, OUT, Q, V};
     let bld = Builder::new(cfg, dtype, env, split);
     let q_row = cfg.heads_q * cfg.head_dim;
     let kv_row = cfg.heads_kv * cfg.head_dim;
@@ -595,18 +620,20 @@ pub fn backward_steps(
         };
         let (qw, qs) = part.q_window(cfg, env, bld.esz);
         let (rw, rs) = part.row_window(cfg, env);
+        let (pw, ps) = part.pair_window(cfg, env);
         let sub = part.config(cfg);
         let mut params = Params::from_config(&sub);
         let rows = nb * cfg.heads_q * qn;
         params.total_items = rows as u32;
         params.q_shift = qs;
         params.row_shift = rs;
+        params.pair_shift = ps;
         params.row_stride = cfg.seq_q as u32;
         plan.steps.push(Step {
             key: key(Kernel::FlashBwdPreprocess, &sub, Tiles::ONE, dtype, env),
             params,
-            buffers: vec![OUT, D_OUT, DELTA],
-            windows: vec![Some(qw), Some(qw), Some(rw)],
+            buffers: vec![OUT, D_OUT, LSE, LSE_DELTA],
+            windows: vec![Some(qw), Some(qw), Some(rw), Some(pw)],
             workgroups: rows.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
         });
     }
@@ -619,8 +646,8 @@ pub fn backward_steps(
             let n = nb * kn * kv_row;
             bld.passes(plan, dkdv, &parts, &[&dk, &dv], Side::Keys, n, |w, o| {
                 (
-                    vec![Q, K, V, D_OUT, LSE, DELTA, o[0].0, o[1].0],
-                    vec![w.q, w.kv, w.kv, w.q, w.rows, w.rows, o[0].1, o[1].1],
+                    vec![Q, K, V, D_OUT, LSE_DELTA, o[0].0, o[1].0],
+                    vec![w.q, w.kv, w.kv, w.q, w.pairs, o[0].1, o[1].1],
                 )
             })?;
         }
@@ -633,8 +660,8 @@ pub fn backward_steps(
         let n = block.1 * block.3 * q_row;
         bld.passes(plan, dq_kernel, &parts, &[&dq], Side::Queries, n, |w, o| {
             (
-                vec![Q, K, V, D_OUT, LSE, DELTA, o[0].0],
-                vec![w.q, w.kv, w.kv, w.q, w.rows, w.rows, o[0].1],
+                vec![Q, K, V, D_OUT, LSE_DELTA, o[0].0],
+                vec![w.q, w.kv, w.kv, w.q, w.pairs, o[0].1],
             )
         })?;
     }
