@@ -53,6 +53,9 @@ struct Params {
     varlen_base: u32,    // VARLEN: extras word of cu_seqlens_q[0]; cu_seqlens_kv follows
     sequences: u32,      // VARLEN: sequences packed in the call
     pair_shift: u32,     // windowed calls: where element 0 of lse_delta lies in its binding
+    mask_b_stride: u32,  // MASK: bits between batches' grids and heads' grids (0: broadcast)
+    mask_h_stride: u32,
+    mask_cols: u32,      // MASK: bits between rows (the whole call's seq_kv)
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -77,6 +80,9 @@ override BLOCKS: bool = false;
 // Variable-length sequences packed into batch 1 (their boundaries in the extras): pairs of
 // two sequences hidden, every mask aligned per sequence; false costs nothing.
 override VARLEN: bool = false;
+// A boolean mask over pairs (`mask_bit`, from the generated prelude: a storage array of bits):
+// hidden pairs, and every tile masked pair by pair; false costs nothing.
+override MASK: bool = false;
 
 const LN2: f32 = 0.6931471805599453;
 const LOG2E: f32 = 1.4426950408889634;
@@ -435,9 +441,10 @@ fn varlen_tile_empty(q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> 
 
 // True when some (row, key) pair of batch b's tile (rows [q_begin, q_begin + q_len), keys
 // [kv_begin, kv_begin + kv_count)) needs the mask or a bounds check. VARLEN: also when the
-// tile's rows span two sequences or its keys leave the rows' sequence.
+// tile's rows span two sequences or its keys leave the rows' sequence. MASK: always (the
+// boolean mask is read pair by pair).
 fn tile_needs_mask(b: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> bool {
-    if (kv_begin + kv_count > kv_len(b)) {
+    if (MASK || kv_begin + kv_count > kv_len(b)) {
         return true;
     }
     var shift = 0;
@@ -464,10 +471,14 @@ var<private> head_sink2: f32;
 var<private> head_kv_len: u32;
 var<private> head_stream: u32;
 var<private> head_blocks: u32;
+var<private> head_mask: u32;
 
 fn begin_head(b: u32, h: u32) {
     if (BLOCKS) {
         head_blocks = blocks_grid(b, h);
+    }
+    if (MASK) {
+        head_mask = (params.batch_base + b) * params.mask_b_stride + h * params.mask_h_stride;
     }
     if (DROPOUT) {
         head_stream = (params.batch_base + b) * params.heads_q + h;
@@ -510,7 +521,7 @@ fn sink_on() -> bool {
 // keep this free of branches, so that loops calling it stay simple enough for drivers to
 // unroll.
 // With SEQLENS, keys past the batch's length are hidden (`begin_head` read it); with BLOCKS,
-// pairs whose block is off.
+// pairs whose block is off; with MASK, pairs whose boolean mask entry is false.
 fn visible(i: u32, j: u32) -> bool {
     let in_range = (i < params.seq_q) & (j < select(params.seq_kv, head_kv_len, SEQLENS));
     var in_sequence = true;
@@ -523,7 +534,19 @@ fn visible(i: u32, j: u32) -> bool {
     }
     let causal_ok = !CAUSAL | (i32(j) <= i32(i) + params.causal_offset + shift);
     let band_ok = !WINDOW | ((i32(j) >= i32(i) + params.band_lo + shift) & (i32(j) <= i32(i) + params.band_hi + shift));
-    return in_range & in_sequence & causal_ok & band_ok & block_on(i, j);
+    return in_range & in_sequence & causal_ok & band_ok & block_on(i, j) & pair_on(i, j);
+}
+
+// With MASK, the boolean mask's entry for pair (i, j) of the current head (`begin_head`),
+// indexed by the whole call's rows and keys; true without. Out-of-range pairs read their
+// row's and key's last entry (`visible` hides them anyway).
+fn pair_on(i: u32, j: u32) -> bool {
+    if (!MASK) {
+        return true;
+    }
+    let row = params.q_base + min(i, params.seq_q - 1u);
+    let col = params.kv_base + min(j, params.seq_kv - 1u);
+    return mask_bit(head_mask + row * params.mask_cols + col);
 }
 
 // With BLOCKS, true when the block of pair (i, j) of the current head (`begin_head`) is on;

@@ -1,6 +1,7 @@
 //! What the caller asks for: shapes, masking, scale and algorithm, and their validation.
 
 use crate::block_mask::BlockMask;
+use crate::bool_mask::BoolMask;
 use crate::dropout::Dropout;
 use crate::error::{Error, Result};
 use crate::varlen::Varlen;
@@ -83,6 +84,9 @@ pub struct AttentionConfig {
     /// Block-sparse attention ([`BlockMask`]): pairs whose block is off are hidden, and tiles
     /// whose blocks are all off are skipped. `None`: every block.
     pub block_mask: Option<BlockMask>,
+    /// A boolean mask over pairs ([`BoolMask`], PyTorch's boolean `attn_mask`): true means the
+    /// pair takes part; broadcast over batch and heads. `None`: every pair.
+    pub mask: Option<BoolMask>,
     /// Variable-length sequences packed into batch 1 ([`Varlen`]: cumulative lengths): each
     /// sequence attends only within itself, with causal, window and ALiBi aligned per
     /// sequence. [`AttentionConfig::packed`] builds such a call. `None`: padded batches.
@@ -116,6 +120,7 @@ impl AttentionConfig {
             seqlens_kv: None,
             dropout: None,
             block_mask: None,
+            mask: None,
             varlen: None,
             softmax_scale: None,
             algorithm: Algorithm::default(),
@@ -302,6 +307,9 @@ impl AttentionConfig {
             }
         }
         if let Some(m) = &self.block_mask {
+            m.validate(self.batch, self.heads_q, self.seq_q, self.seq_kv)?;
+        }
+        if let Some(m) = &self.mask {
             m.validate(self.batch, self.heads_q, self.seq_q, self.seq_kv)?;
         }
         if let Some(v) = &self.varlen {

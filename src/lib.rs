@@ -29,6 +29,7 @@
 pub mod backend;
 pub mod backward;
 pub mod block_mask;
+pub mod bool_mask;
 mod checks;
 pub mod config;
 pub mod cuda;
@@ -49,6 +50,7 @@ pub mod varlen;
 pub use backend::{AttentionBackend, Backend};
 pub use backward::{Gradients, HostGradients};
 pub use block_mask::BlockMask;
+pub use bool_mask::BoolMask;
 pub use config::{Algorithm, AttentionConfig, Window, MAX_HEAD_DIM};
 pub use device::{AdapterSummary, Context, MemoryStats, Tuning};
 pub use dropout::Dropout;

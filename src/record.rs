@@ -220,6 +220,15 @@ impl Context {
                 .write_buffer(&buf, 0, bytemuck::cast_slice(&plan.extras));
             buf
         });
+        // the boolean mask's bits: one read-only storage buffer
+        let mask = if plan.mask.is_empty() {
+            None
+        } else {
+            let buf = self.create_storage((plan.mask.len() * 4) as u64, "mask")?;
+            self.queue
+                .write_buffer(&buf.buffer, 0, bytemuck::cast_slice(&plan.mask));
+            Some(buf)
+        };
         let resolve = |r: &BufRef| -> Result<&wgpu::Buffer> {
             Ok(match *r {
                 BufRef::Input(i) => inputs[i].buffer(),
@@ -228,6 +237,16 @@ impl Context {
                 BufRef::Extras => extras.as_ref().ok_or_else(|| {
                     Error::Device("internal: a step binds extras the plan does not have".into())
                 })?,
+                BufRef::Mask => {
+                    &mask
+                        .as_ref()
+                        .ok_or_else(|| {
+                            Error::Device(
+                                "internal: a step binds a mask the plan does not have".into(),
+                            )
+                        })?
+                        .buffer
+                }
             })
         };
         let dispatches: Vec<Dispatch<'_>> = plan

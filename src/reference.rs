@@ -46,7 +46,8 @@ fn aligned(cfg: &AttentionConfig, i: usize, j: usize) -> Option<(i64, i64)> {
 /// Straight from the definitions (not `AttentionConfig::band`, which the kernels' host code
 /// uses): i' = i + seq_kv - seq_q (per sequence with varlen, where pairs of different
 /// sequences are hidden); causal: j <= i'; window: i' - left <= j <= i' + right; key padding:
-/// j < seqlens_kv[b]; block mask: the block of (i, j) is on for (b, h).
+/// j < seqlens_kv[b]; block mask: the block of (i, j) is on for (b, h); boolean mask: its
+/// entry for (b, h, i, j) is true.
 fn visible(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) -> bool {
     if let Some(n) = &cfg.seqlens_kv {
         if j >= n[b] {
@@ -55,6 +56,11 @@ fn visible(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) ->
     }
     if let Some(m) = &cfg.block_mask {
         if !m.allows(cfg.seq_q, cfg.seq_kv, (b, h, i, j)) {
+            return false;
+        }
+    }
+    if let Some(m) = &cfg.mask {
+        if !m.allows((b, h, i, j)) {
             return false;
         }
     }

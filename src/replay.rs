@@ -147,11 +147,21 @@ impl Plan {
                 uniform: true,
             });
         }
+        let mask = buffers.len();
+        if !self.mask.is_empty() {
+            buffers.push(ReplayBuffer {
+                label: "mask".into(),
+                bytes: self.mask.len() as u64 * 4,
+                words: Some(self.mask.clone()),
+                uniform: false,
+            });
+        }
         let index = |r: &BufRef| match *r {
             BufRef::Input(i) => i,
             BufRef::Output(i) => first_output + i,
             BufRef::Scratch(i) => first_scratch + i,
             BufRef::Extras => extras,
+            BufRef::Mask => mask,
         };
         let steps = self
             .steps

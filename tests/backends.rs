@@ -169,13 +169,24 @@ fn every_backend_matches_the_reference_with_alibi_sinks_key_lengths_dropout_and_
 
 #[test]
 fn every_backend_matches_the_reference_on_packed_sequences_or_refuses_them() {
-    // varlen: sequences of odd lengths (one with no keys), causal per sequence, with sinks;
-    // CUDA declares it a gap (Unsupported), which check_all_dtypes holds it to
+    // varlen: sequences of odd lengths (one with no keys), causal per sequence, with sinks
     on_every_backend!(|b| {
         let v = flash_attn_wgpu::Varlen::from_lengths(&[29, 40, 3], &[51, 0, 22]);
         let mut c = AttentionConfig::packed(v.cu_seqlens_q, v.cu_seqlens_kv, 4, 2, 64);
         c.causal = true;
         c.sinks = Some(common::random_sinks(&c));
+        let e = check_all_dtypes(b, &c, 2.0);
+        eprintln!("{} {}: {e:?}", b.backend(), common::describe(&c, 0));
+    });
+}
+
+#[test]
+fn every_backend_matches_the_reference_with_a_boolean_mask_or_refuses_it() {
+    // a mask per (batch, head), two rows of it all false (out 0, lse -inf), causal and GQA;
+    // CUDA declares it a gap (Unsupported), which check_all_dtypes holds it to
+    on_every_backend!(|b| {
+        let mut c = cfg(2, 45, 70, 4, 2, 64, true);
+        c.mask = Some(common::random_bool_mask(&c, true, true, 0.6, 2));
         let e = check_all_dtypes(b, &c, 2.0);
         eprintln!("{} {}: {e:?}", b.backend(), common::describe(&c, 0));
     });

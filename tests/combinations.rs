@@ -1,7 +1,7 @@
 //! Property test over the score features together (issue 12): random small shapes, dtypes,
 //! algorithms and variants, with causal, a sliding window, a softcap, ALiBi (per head or per
-//! batch and head), sinks, per-batch key lengths, dropout, a block mask and packed
-//! variable-length sequences each drawn on or off, so that any combination may come up.
+//! batch and head), sinks, per-batch key lengths, dropout, a block mask, a boolean mask and
+//! packed variable-length sequences each drawn on or off, so that any combination may come up.
 //! Every case runs forward and backward on fresh random inputs against the f64 reference
 //! (`common::check_dtype_dyn`: out, lse, dq, dk, dv and d_sinks).
 
@@ -35,6 +35,8 @@ fn case() -> impl Strategy<Value = Case> {
         prop::sample::select(vec![DType::F32, DType::F16, DType::BF16]),
         // a packed varlen call instead of the padded batch: (rows, keys) per sequence
         prop::option::of(prop::collection::vec((0usize..30, 0usize..30), 1..=3)),
+        // a boolean mask: (per batch, per head)
+        prop::option::of((any::<bool>(), any::<bool>())),
     )
         .prop_map(
             |(
@@ -48,6 +50,7 @@ fn case() -> impl Strategy<Value = Case> {
                 (alg, variant),
                 dtype,
                 packed,
+                mask,
             )| {
                 let mut cfg = match packed {
                     // at least one row and one key in all
@@ -81,6 +84,9 @@ fn case() -> impl Strategy<Value = Case> {
                 cfg.dropout = dropout.map(common::random_dropout);
                 cfg.block_mask = blocks.map(|(bq, bkv, per_batch, per_head)| {
                     common::random_block_mask(&cfg, (bq, bkv), per_batch, per_head, 0.7)
+                });
+                cfg.mask = mask.map(|(per_batch, per_head)| {
+                    common::random_bool_mask(&cfg, per_batch, per_head, 0.7, 1)
                 });
                 cfg.algorithm = alg;
                 Case {

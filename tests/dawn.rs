@@ -339,8 +339,9 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
     let dawn = dawn_adapter(&script);
     let formats = formats(&dawn);
     let mut all = Vec::new();
-    // A sliding window with the score modifiers, key lengths, dropout and a block mask (the
-    // WINDOW, SOFTCAP, ALIBI, SINKS, SEQLENS, DROPOUT and BLOCKS pipeline constants, the extras' uniform binding, the
+    // A sliding window with the score modifiers, key lengths, dropout, a block mask and a
+    // boolean mask (the WINDOW, SOFTCAP, ALIBI, SINKS, SEQLENS, DROPOUT, BLOCKS and MASK
+    // pipeline constants, the extras' uniform binding and the mask's storage one, the
     // sinks' gradient kernel, Philox under Tint): f32 on every algorithm and variant, the
     // softcap and ALiBi (per batch and head) in turns.
     {
@@ -350,6 +351,7 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
         c.seqlens_kv = Some(vec![90, 41]);
         c.dropout = Some(common::random_dropout(0.25));
         c.block_mask = Some(common::random_block_mask(&c, (16, 24), true, false, 0.6));
+        c.mask = Some(common::random_bool_mask(&c, true, false, 0.8, 1));
         for (i, &(algorithm, variant, sg)) in algorithms(&dawn).iter().enumerate() {
             let mut c = c.clone();
             c.algorithm = algorithm;
@@ -366,8 +368,8 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
     // Calls split into windows (bindings of a few KiB): whole batches (4 KiB), and rows of
     // one batch with several query and key windows merged in accumulate mode (8 KiB). Each
     // variant on each shape, in a format that rotates. The second shape takes dropout and a
-    // block mask too (its parts index both by the whole call's rows and keys), the third is
-    // a packed varlen call.
+    // block mask and a boolean mask too (its parts index them by the whole call's rows and
+    // keys), the third is a packed varlen call.
     let mut turn = 0;
     let mut dropped = cfg(1, 150, 130, 2, 1, 16, true);
     dropped.dropout = Some(common::random_dropout(0.3));
@@ -378,6 +380,7 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
         true,
         0.6,
     ));
+    dropped.mask = Some(common::random_bool_mask(&dropped, false, true, 0.8, 1));
     // the third: four sequences packed (varlen, 97 rows and 140 keys in all, one sequence
     // without rows and one without keys), causal in each, the parts looking their sequences
     // up by the whole call's rows and keys

@@ -306,6 +306,67 @@ fn block_masks_that_do_not_fit_the_call_are_invalid_and_named() {
 }
 
 #[test]
+fn boolean_masks_that_do_not_fit_the_call_are_invalid_and_named() {
+    use flash_attn_wgpu::BoolMask;
+    let c = cfg(2, 10, 7, 4, 2, 8, false);
+    let mut huge = BoolMask::filled((1, 1, 1, 1), true);
+    (huge.seq_q, huge.seq_kv) = (65536, 65536);
+    let mut big = c.clone();
+    (big.seq_q, big.seq_kv) = (65536, 65536);
+    for (cf, m, want) in [
+        (&c, BoolMask::filled((3, 1, 10, 7), true), "mask.batch must be 1 (broadcast) or the call's batch = 2, got 3"),
+        (&c, BoolMask::filled((1, 2, 10, 7), true), "mask.heads must be 1 (broadcast) or the call's heads_q = 4, got 2"),
+        (&c, BoolMask::filled((2, 4, 9, 7), true), "mask.seq_q must be the call's seq_q = 10 (masks broadcast over batch and heads only), got 9"),
+        (&c, BoolMask::filled((1, 1, 10, 8), true), "mask.seq_kv must be the call's seq_kv = 7"),
+        (&big, huge, "mask [1, 1, 65536, 65536] has more than 4294967295 entries"),
+    ] {
+        let mut cf = cf.clone();
+        cf.mask = Some(m);
+        match cf.validate() {
+            Err(Error::InvalidConfig(msg)) => assert!(msg.contains(want), "{msg}"),
+            other => panic!("expected InvalidConfig naming {want:?}, got {other:?}"),
+        }
+    }
+    match BoolMask::from_bools((1, 1, 10, 7), &[true; 69]) {
+        Err(Error::InvalidConfig(msg)) => assert!(
+            msg.contains("mask entries must be [batch, heads, seq_q, seq_kv] = [1, 1, 10, 7] = 70 values, got 69"),
+            "{msg}"
+        ),
+        other => panic!("expected InvalidConfig, got {other:?}"),
+    }
+    let mut ok = c.clone();
+    ok.mask = Some(BoolMask::filled((2, 1, 10, 7), false));
+    ok.validate().unwrap();
+    let (q, kv) = data(&ok);
+    // every pair hidden: out 0, lse -inf
+    let f = ctx().forward_host(&ok, &q, &kv, &kv).unwrap();
+    assert!(f.out.iter().all(|&x| x == 0.0));
+    assert!(f.lse.iter().all(|&x| x == f32::NEG_INFINITY));
+}
+
+#[test]
+fn a_boolean_mask_past_one_binding_is_a_device_limit_error_naming_it() {
+    // two heads of 32768 x 32768 bits: 256 MiB, past lavapipe's 128 MiB storage binding
+    let mut c = cfg(1, 32768, 32768, 2, 1, 4, false);
+    c.mask = Some(flash_attn_wgpu::BoolMask::filled(
+        (1, 2, 32768, 32768),
+        true,
+    ));
+    let limit = ctx().device().limits().max_storage_buffer_binding_size;
+    if limit >= 256 << 20 {
+        return; // an adapter that binds it: nothing to refuse
+    }
+    let (q, kv) = data(&c);
+    match ctx().forward_host(&c, &q, &kv, &kv) {
+        Err(Error::DeviceLimit { what, needed, .. }) => {
+            assert!(what.contains("mask (one bit per pair)"), "{what}");
+            assert_eq!(needed, 256 << 20);
+        }
+        other => panic!("expected DeviceLimit, got {:?}", other.map(|f| f.lse.len())),
+    }
+}
+
+#[test]
 fn varlen_boundaries_that_do_not_fit_the_call_are_invalid_and_named() {
     // two sequences packed: 3 + 4 rows, 5 + 2 keys
     let packed = |q: Vec<u32>, kv: Vec<u32>| AttentionConfig::packed(q, kv, 2, 1, 8);

@@ -57,12 +57,14 @@ fn shader_bindings_match_the_host_layout() {
             dropout: extras,
             blocks: extras,
             varlen: extras,
+            mask: extras,
             subgroup: 0,
             accumulate: false,
         };
         let module = parse_and_validate(&key);
-        // with extras (ALiBi slopes, sinks): one uniform binding past the storage ones
-        let mut found = vec![None; kernel.bindings().len() + 1 + extras as usize];
+        // with extras (ALiBi slopes, sinks): one uniform binding past the storage ones, then
+        // the boolean mask's read-only storage binding
+        let mut found = vec![None; kernel.bindings().len() + 1 + 2 * extras as usize];
         for (_, var) in module.global_variables.iter() {
             let Some(binding) = &var.binding else {
                 continue;
@@ -100,20 +102,33 @@ fn shader_bindings_match_the_host_layout() {
             }
         }
         if extras {
-            assert_eq!(key.extras_slot() as usize, found.len() - 1);
+            let slot = key.extras_slot() as usize;
+            assert_eq!(slot, found.len() - 2);
             assert!(
-                matches!(found.last(), Some(Some((naga::AddressSpace::Uniform, n))) if n.as_deref() == Some("extras")),
+                matches!(&found[slot], Some((naga::AddressSpace::Uniform, n)) if n.as_deref() == Some("extras")),
                 "{kernel:?} extras: {:?}",
-                found.last()
+                found[slot]
+            );
+            let slot = key.mask_slot() as usize;
+            assert_eq!(slot, found.len() - 1);
+            assert!(
+                matches!(&found[slot], Some((naga::AddressSpace::Storage { access }, n))
+                    if n.as_deref() == Some("pair_mask") && !access.contains(naga::StorageAccess::STORE)),
+                "{kernel:?} mask: {:?}",
+                found[slot]
             );
         }
     }
 }
 
 #[test]
-fn flash_backward_kernels_fit_the_webgpu_default_of_8_storage_buffers() {
+fn every_kernel_fits_the_webgpu_default_of_8_storage_buffers_with_a_boolean_mask() {
     for kernel in Kernel::ALL {
-        assert!(kernel.bindings().len() <= 8, "{kernel:?}");
+        let key = KernelKey {
+            mask: true,
+            ..KernelKey::plain(kernel)
+        };
+        assert!(key.storage_bindings() <= 8, "{kernel:?}");
     }
 }
 
@@ -133,6 +148,7 @@ fn params_layout_matches_the_shader_struct() {
         dropout: false,
         blocks: false,
         varlen: false,
+        mask: false,
         subgroup: 0,
         accumulate: false,
     };
@@ -193,7 +209,10 @@ fn params_layout_matches_the_shader_struct() {
         blocks_h_stride,
         varlen_base,
         sequences,
-        pair_shift
+        pair_shift,
+        mask_b_stride,
+        mask_h_stride,
+        mask_cols
     );
     assert_eq!(members.len(), host.len());
     for (m, (name, off)) in members.iter().zip(host) {

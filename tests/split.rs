@@ -82,11 +82,12 @@ fn packed_sequences_survive_the_split_into_query_and_key_windows() {
     let mut c = AttentionConfig::packed(v.cu_seqlens_q, v.cu_seqlens_kv, 2, 1, 16);
     c.causal = true;
     c.alibi_slopes = Some(common::random_alibi(&c, false));
+    c.mask = Some(common::random_bool_mask(&c, false, true, 0.8, 1));
     every_dtype_and_variant(&ctx, &c, "rows");
 }
 
 #[test]
-fn alibi_sinks_key_lengths_dropout_and_block_masks_survive_the_split_into_windows() {
+fn alibi_sinks_key_lengths_dropout_block_and_boolean_masks_survive_the_split_into_windows() {
     // Per-(batch, head) slopes index the whole call's batch (a part's batch 0 is not the
     // call's), a resumed row must not count its sink twice, and dropout's RNG takes the whole
     // call's batch, row and key (a part's are not the call's), as the block mask's grids: whole
@@ -104,6 +105,8 @@ fn alibi_sinks_key_lengths_dropout_and_block_masks_survive_the_split_into_window
         c.seqlens_kv = Some(common::random_seqlens(&c));
         c.dropout = Some(common::random_dropout(0.3));
         c.block_mask = Some(common::random_block_mask(&c, (9, 13), true, true, 0.7));
+        // the boolean mask is bound whole and indexed by the whole call's rows and keys
+        c.mask = Some(common::random_bool_mask(&c, true, true, 0.8, 1));
         assert!(split::choose(&c, DType::F32, &ctx.plan_env())
             .unwrap()
             .is_some());

@@ -5,7 +5,7 @@
 mod common;
 use common::{assert_close, assert_lse_close, cfg, inputs};
 use flash_attn_wgpu::{
-    reference, Algorithm, AttentionConfig, Context, Tuning, Variant, Varlen, Window,
+    reference, Algorithm, AttentionConfig, BoolMask, Context, Tuning, Variant, Varlen, Window,
 };
 
 fn tunings(ctx: &Context) -> Vec<Tuning> {
@@ -195,6 +195,45 @@ fn every_variant_and_the_naive_path_match_the_reference_with_a_block_mask() {
     c.dropout = Some(common::random_dropout(0.2));
     check_all_tunings(&c, 2.0);
     c.algorithm = Algorithm::Naive;
+    check_all_tunings(&c, 2.0);
+}
+
+#[test]
+fn every_variant_and_the_naive_path_match_the_reference_with_a_boolean_mask() {
+    // One mask per (batch, head), half its entries true, causal and GQA at odd sizes; rows
+    // 5 and 44 see no key (out 0, lse -inf), and NaN keys and values at key 17, which the
+    // mask hides from every row, must reach nothing.
+    let mut c = cfg(2, 70, 90, 4, 2, 32, true);
+    let mut rng_bits = common::random_bool_mask(&c, true, true, 0.5, 0);
+    let on = |m: &BoolMask, b, h, i, j| m.allows((b, h, i, j)) && j != 17 && i != 5 && i != 44;
+    rng_bits = BoolMask::from_fn((2, 4, 70, 90), |b, h, i, j| on(&rng_bits, b, h, i, j));
+    c.mask = Some(rng_bits);
+    let mut data = inputs(&c, 1.0);
+    common::poison_key(&mut data.k, &c, 17, f32::NAN);
+    common::poison_key(&mut data.v, &c, 17, f32::NAN);
+    check_all_tunings_on(&c, &data);
+    c.algorithm = Algorithm::Naive;
+    check_all_tunings_on(&c, &data);
+
+    // A mask shared by batches and heads, with every other modifier: a window, softcap,
+    // ALiBi, sinks, dropout and a block mask.
+    let mut c = cfg(2, 150, 130, 2, 1, 16, false);
+    c.window = Window::new(Some(100), Some(40));
+    c.softcap = Some(3.0);
+    c.mask = Some(common::random_bool_mask(&c, false, false, 0.7, 2));
+    c.alibi_slopes = Some(common::random_alibi(&c, false));
+    c.sinks = Some(common::random_sinks(&c));
+    c.dropout = Some(common::random_dropout(0.2));
+    c.block_mask = Some(common::random_block_mask(&c, (48, 70), false, true, 0.8));
+    check_all_tunings(&c, 2.0);
+    c.algorithm = Algorithm::Naive;
+    check_all_tunings(&c, 2.0);
+
+    // Over packed sequences: the mask indexes the packed rows and keys.
+    let v = Varlen::from_lengths(&[37, 0, 21, 9], &[45, 13, 30, 0]);
+    let mut c = AttentionConfig::packed(v.cu_seqlens_q, v.cu_seqlens_kv, 2, 2, 24);
+    c.causal = true;
+    c.mask = Some(common::random_bool_mask(&c, false, true, 0.6, 1));
     check_all_tunings(&c, 2.0);
 }
 

@@ -190,6 +190,15 @@ impl CudaContext {
                 reason: "the CUDA path has the tiled kernels only; use the wgpu path".into(),
             });
         }
+        if cfg.mask.is_some() {
+            return Err(Error::Unsupported {
+                feature: "a boolean mask (AttentionConfig::mask)".into(),
+                backend: crate::Backend::Cuda,
+                reason: "the CUDA kernels do not read a boolean mask yet; use the wgpu path, or \
+                         a block mask (AttentionConfig::block_mask) where the mask is blockwise"
+                    .into(),
+            });
+        }
         let kernel = CudaKernel::for_pass(pass, dtype, cfg.head_dim as u32);
         let mut key = CudaKey::new(kernel, dtype, cfg.head_dim as u32, self.arch)?;
         key.softcap = cfg.softcap.is_some();

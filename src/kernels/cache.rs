@@ -30,7 +30,7 @@ impl Context {
         {
             return Ok(p.clone());
         }
-        let storage = key.kernel.bindings().len() as u32;
+        let storage = key.storage_bindings();
         if storage > self.limits.max_storage_buffers_per_shader_stage {
             return Err(Error::DeviceLimit {
                 what: format!("{}: storage buffers per shader stage", key.kernel.name()),
@@ -66,6 +66,12 @@ impl Context {
                         key.uses_extras()
                             .then(|| entry(key.extras_slot(), wgpu::BufferBindingType::Uniform)),
                     )
+                    .chain(key.mask.then(|| {
+                        entry(
+                            key.mask_slot(),
+                            wgpu::BufferBindingType::Storage { read_only: true },
+                        )
+                    }))
                     .collect();
             let layout = self
                 .device

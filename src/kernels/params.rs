@@ -78,6 +78,12 @@ pub struct Params {
     /// Windowed calls: where element 0 of the backward's (lse2, delta) pairs lies in its
     /// binding (a window of its own: its elements are 8 bytes).
     pub pair_shift: u32,
+    /// Boolean mask: bits between one batch's grid and the next, one query head's and the
+    /// next (0 along a broadcast dimension), and one row's and the next (the whole call's
+    /// seq_kv). The kernels index bits in u32 (`BoolMask` holds at most 2^32 - 1).
+    pub mask_b_stride: u32,
+    pub mask_h_stride: u32,
+    pub mask_cols: u32,
 }
 
 impl Params {
@@ -105,6 +111,8 @@ impl Params {
             blocks_base: x.blocks_base,
             varlen_base: x.varlen_base,
             sequences: cfg.varlen.as_ref().map_or(0, |v| v.sequences() as u32),
+            mask_b_stride: cfg.mask.as_ref().map_or(0, |m| m.strides().0 as u32),
+            mask_h_stride: cfg.mask.as_ref().map_or(0, |m| m.strides().1 as u32),
             // blocks of 1 x 1 until a mask says otherwise (never a division by zero)
             block_q: 1,
             block_kv: 1,
@@ -119,10 +127,11 @@ impl Params {
         .with_block_grid(cfg)
     }
 
-    /// The block mask's geometry (block sizes, grid columns, strides between grids) from
-    /// `whole`: the whole call's config, also for a windowed call's part, whose own smaller
-    /// config would give the wrong grid.
+    /// The block mask's geometry (block sizes, grid columns, strides between grids) and the
+    /// boolean mask's row length from `whole`: the whole call's config, also for a windowed
+    /// call's part, whose own smaller config would give the wrong grids.
     pub fn with_block_grid(mut self, whole: &crate::AttentionConfig) -> Params {
+        self.mask_cols = whole.seq_kv as u32;
         let Some(m) = &whole.block_mask else {
             return self;
         };

@@ -81,6 +81,9 @@ pub struct KernelKey {
     /// Packed variable-length sequences (the VARLEN override; the boundaries are in the
     /// call's extras).
     pub varlen: bool,
+    /// A boolean mask over pairs (the MASK override; its bits are a storage binding after the
+    /// extras, `mask_slot`).
+    pub mask: bool,
     /// Rows kernels: the fixed subgroup size they share tile reads across, or 0 for none.
     pub subgroup: u32,
     /// A windowed call's pass (tiled kernels only): the element outputs are f32 buffers that
@@ -105,6 +108,7 @@ impl KernelKey {
             dropout: false,
             blocks: false,
             varlen: false,
+            mask: false,
             subgroup: 0,
             accumulate: false,
         }
@@ -112,7 +116,7 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{}{} sg={}{}",
+            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{}{}{} sg={}{}",
             self.kernel.name(),
             self.elem.name(),
             self.head_dim,
@@ -133,6 +137,7 @@ impl KernelKey {
             if self.dropout { " dropout" } else { "" },
             if self.blocks { " blocks" } else { "" },
             if self.varlen { " varlen" } else { "" },
+            if self.mask { " mask" } else { "" },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" }
         )
@@ -160,6 +165,16 @@ impl KernelKey {
     /// The binding slot of the extras: right after the kernel's storage bindings.
     pub fn extras_slot(&self) -> u32 {
         self.kernel.bindings().len() as u32 + 1
+    }
+
+    /// The binding slot of the boolean mask: after the extras where the pipeline has them.
+    pub fn mask_slot(&self) -> u32 {
+        self.extras_slot() + self.uses_extras() as u32
+    }
+
+    /// Storage bindings the pipeline declares: the kernel's, and the mask's.
+    pub fn storage_bindings(&self) -> u32 {
+        self.kernel.bindings().len() as u32 + self.mask as u32
     }
 
     /// True when the kernel uses the `f16` type (native f16 storage, or f16 arithmetic): it
@@ -196,6 +211,7 @@ impl KernelKey {
             }
         }
         s.push_str(&self.extras_wgsl());
+        s.push_str(&self.mask_wgsl());
         if self.kernel.is_rows_variant() {
             s.push_str(&super::rows::lane_prelude(
                 self.subgroup,
@@ -266,6 +282,19 @@ impl KernelKey {
         )
     }
 
+    /// `mask_bit(k)`: bit k of the call's boolean mask (`Plan::mask`), from a read-only
+    /// storage array of words; constant true for pipelines without a mask.
+    fn mask_wgsl(&self) -> String {
+        if !self.mask {
+            return "fn mask_bit(k: u32) -> bool { return true; }\n".into();
+        }
+        format!(
+            "@group(0) @binding({}) var<storage, read> pair_mask: array<u32>;\n\
+             fn mask_bit(k: u32) -> bool {{ return ((pair_mask[k >> 5u] >> (k & 31u)) & 1u) == 1u; }}\n",
+            self.mask_slot()
+        )
+    }
+
     fn shape_constants(&self) -> String {
         let (t, d) = (self.tiles, self.head_dim);
         let mut s = String::new();
@@ -306,6 +335,7 @@ impl KernelKey {
             ("DROPOUT", flag(self.dropout)),
             ("BLOCKS", flag(self.blocks)),
             ("VARLEN", flag(self.varlen)),
+            ("MASK", flag(self.mask)),
         ]
     }
 }

@@ -88,6 +88,7 @@ fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
         }],
         steps: Vec::new(),
         extras: Vec::new(),
+        mask: Vec::new(),
     };
     if cfg.algorithm == Algorithm::Tiled {
         if let Some(parts) = split::choose(cfg, dtype, env)? {

@@ -31,6 +31,7 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
         scratch: Vec::new(),
         steps: Vec::new(),
         extras: Vec::new(),
+        mask: Vec::new(),
     };
     match cfg.algorithm {
         Algorithm::Tiled => match split::choose(cfg, dtype, env)? {

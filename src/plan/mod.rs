@@ -38,6 +38,9 @@ pub enum BufRef {
     Scratch(usize),
     /// The call's extras (`Plan::extras`), bound as a uniform array (`KernelKey::uses_extras`).
     Extras,
+    /// The call's boolean mask bits (`Plan::mask`), a read-only storage binding after the
+    /// extras (`KernelKey::mask`).
+    Mask,
 }
 
 /// A tensor the call creates (zero-filled before the first step).
@@ -94,6 +97,9 @@ pub struct Plan {
     /// slopes, sinks, key lengths) as 32-bit words, uploaded once per call into a uniform
     /// buffer of `EXTRAS_WORDS` words; empty if none.
     pub extras: Vec<u32>,
+    /// The boolean mask's bits ([`crate::BoolMask::words`]), uploaded once per call into a
+    /// storage buffer; empty without a mask.
+    pub mask: Vec<u32>,
 }
 
 impl Plan {
@@ -116,11 +122,17 @@ impl Plan {
                     .into(),
             });
         }
+        self.mask = cfg.mask.as_ref().map_or(Vec::new(), |m| m.words().to_vec());
         for s in &mut self.steps {
-            if s.key.uses_extras() {
-                s.buffers.push(BufRef::Extras);
-                if !s.windows.is_empty() {
-                    s.windows.push(None);
+            for (on, r) in [
+                (s.key.uses_extras(), BufRef::Extras),
+                (s.key.mask, BufRef::Mask),
+            ] {
+                if on {
+                    s.buffers.push(r);
+                    if !s.windows.is_empty() {
+                        s.windows.push(None);
+                    }
                 }
             }
         }
@@ -147,6 +159,7 @@ impl Plan {
             }
             BufRef::Scratch(i) => self.scratch[i].bytes.max(4).next_multiple_of(4),
             BufRef::Extras => crate::kernels::wgsl::EXTRAS_WORDS as u64 * 4,
+            BufRef::Mask => (self.mask.len() as u64 * 4).max(4),
         }
     }
 
@@ -169,6 +182,7 @@ impl Plan {
                         BufRef::Output(i) => self.outputs[i].role.to_string(),
                         BufRef::Scratch(i) => self.scratch[i].label.to_string(),
                         BufRef::Extras => "extras".to_string(),
+                        BufRef::Mask => "mask (one bit per pair)".to_string(),
                     };
                     return Err(crate::Error::DeviceLimit {
                         what: format!("{name} bound by {}", s.key.kernel.name()),
@@ -209,6 +223,7 @@ pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
         }],
         scratch: Vec::new(),
         extras: Vec::new(),
+        mask: Vec::new(),
         steps: vec![Step {
             key,
             params: Params {
@@ -325,6 +340,7 @@ pub(crate) fn key(
         dropout: kernel.applies_dropout() && cfg.dropout.is_some(),
         blocks: kernel.finishes_scores() && cfg.block_mask.is_some(),
         varlen: kernel.finishes_scores() && cfg.varlen.is_some(),
+        mask: kernel.finishes_scores() && cfg.mask.is_some(),
         subgroup: if kernel.is_rows_variant() {
             env.tuning.rows_subgroup
         } else {

@@ -191,6 +191,14 @@ pub fn describe(cfg: &AttentionConfig, seed: u64) -> String {
             m.density()
         );
     }
+    if let Some(m) = &cfg.mask {
+        mods += &format!(
+            " mask([{}, {}], density {:.2})",
+            m.batch,
+            m.heads,
+            m.density()
+        );
+    }
     if let Some(d) = &cfg.dropout {
         mods += &format!(
             " dropout(p={}, seed={:#x}, offset={:#x})",
@@ -265,6 +273,31 @@ pub fn random_block_mask(
     );
     flash_attn_wgpu::BlockMask::from_fn(block_q, block_kv, dims, |_, _, _, _| {
         rng.random_bool(density)
+    })
+}
+
+/// A fresh random boolean mask with about `density` of its entries true, one grid per batch
+/// and per query head (or shared: `per_batch` / `per_head` false), and `empty_rows` rows of
+/// every grid with no true entry at all.
+pub fn random_bool_mask(
+    cfg: &AttentionConfig,
+    per_batch: bool,
+    per_head: bool,
+    density: f64,
+    empty_rows: usize,
+) -> flash_attn_wgpu::BoolMask {
+    let mut rng = StdRng::seed_from_u64(fresh_seed());
+    let empty: Vec<usize> = (0..empty_rows)
+        .map(|_| rng.random_range(0..cfg.seq_q))
+        .collect();
+    let dims = (
+        if per_batch { cfg.batch } else { 1 },
+        if per_head { cfg.heads_q } else { 1 },
+        cfg.seq_q,
+        cfg.seq_kv,
+    );
+    flash_attn_wgpu::BoolMask::from_fn(dims, |_, _, i, _| {
+        !empty.contains(&i) && rng.random_bool(density)
     })
 }
 

@@ -85,6 +85,7 @@ pub fn variants() -> Vec<KernelKey> {
                                             dropout: window,
                                             blocks: window,
                                             varlen: window,
+                                            mask: window,
                                             subgroup,
                                             accumulate,
                                         });
