@@ -119,8 +119,13 @@ pub struct Args {
     /// end in one call (the same pairs as the padded batch; with --mods-both, side by side)
     #[arg(long, conflicts_with_all = ["kv_fill", "block_density"])]
     pub varlen: bool,
+    /// A boolean mask on every point: one pseudo-random mask with this fraction of its pairs
+    /// true, shared by batches and heads (fixed seed; every tile still runs, so the FLOPs do
+    /// not change: this measures what reading the mask costs)
+    #[arg(long, value_name = "DENSITY", value_parser = probability)]
+    pub mask_density: Option<f32>,
     /// Measure every point also without the modifiers (--softcap, --alibi, --sinks,
-    /// --kv-fill, --dropout, --block-density, --varlen), side by side
+    /// --kv-fill, --dropout, --block-density, --varlen, --mask-density), side by side
     #[arg(long)]
     pub mods_both: bool,
     /// Which pass to time

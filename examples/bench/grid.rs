@@ -68,13 +68,26 @@ impl Shape {
                 (w[0] as u64) < cut
             })
         });
+        cfg.mask = mods.mask.map(|density| {
+            // one fixed pseudo-random mask shared by the batches and heads: pair (i, j) is on
+            // when a Philox word of (i, j) falls under the density
+            let cut = (density as f64 * 4_294_967_296.0) as u64;
+            let dims = (1, 1, cfg.seq_q, cfg.seq_kv);
+            flash_attn_wgpu::BoolMask::from_fn(dims, |_, _, i, j| {
+                let w = flash_attn_wgpu::dropout::philox4x32_10(
+                    [i as u32, j as u32, 0, 1],
+                    [0x5eed, 0],
+                );
+                (w[0] as u64) < cut
+            })
+        });
         cfg.algorithm = alg;
         cfg
     }
 }
 
 /// The score modifiers of every point: --softcap, --alibi, --sinks, --kv-fill, --dropout,
-/// --block-density, --varlen.
+/// --block-density, --varlen, --mask-density.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Mods {
     pub softcap: Option<f32>,
@@ -86,6 +99,8 @@ pub struct Mods {
     pub blocks: Option<(f32, usize)>,
     /// --varlen
     pub varlen: bool,
+    /// --mask-density
+    pub mask: Option<f32>,
 }
 
 /// What to measure, resolved from the flags and checked before the GPU is touched.
@@ -155,6 +170,7 @@ impl Grid {
             dropout: a.dropout,
             blocks: a.block_density.map(|d| (d, a.block_size.max(1))),
             varlen: a.varlen,
+            mask: a.mask_density,
         };
         let mods = if a.mods_both {
             vec![Mods::default(), mods]

@@ -35,6 +35,8 @@ struct JsonRecord<'a> {
     /// the block mask's block size and fraction of blocks on (null: off)
     block_size: Option<usize>,
     block_density: Option<f64>,
+    /// the boolean mask's fraction of pairs on (null: off)
+    mask_density: Option<f64>,
     median_ms: Option<f64>,
     gflops: Option<f64>,
     fma_roofline_fraction: Option<f64>,
@@ -80,6 +82,7 @@ impl<'a> JsonRecord<'a> {
             dropout: c.dropout.map(|d| d.p),
             block_size: c.block_mask.as_ref().map(|m| m.block_q),
             block_density: c.block_mask.as_ref().map(|m| m.density()),
+            mask_density: c.mask.as_ref().map(|m| m.density()),
             median_ms: r.median_ms,
             gflops: r.gflops,
             fma_roofline_fraction: r.gflops.map(|g| g / roof.fma_gflops),

@@ -137,6 +137,9 @@ pub fn mask_label(cfg: &AttentionConfig) -> String {
     if let Some(v) = &cfg.varlen {
         label += &format!(" varlen {}", v.sequences());
     }
+    if let Some(m) = &cfg.mask {
+        label += &format!(" mask at {:.3}", m.density());
+    }
     label
 }
 
