@@ -53,7 +53,7 @@ __device__ __forceinline__ elem_t from_f32(float x) {
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (116 bytes, 4-aligned)
+// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (132 bytes, 4-aligned)
 struct AttnShape {
     unsigned int seq_q;
     unsigned int seq_kv;
@@ -84,6 +84,10 @@ struct AttnShape {
     unsigned int blocks_h_stride; //   broadcast dimension)
     unsigned int varlen_base;     // VARLEN: extras index of cu_seqlens_q[0]; cu_seqlens_kv follows
     unsigned int sequences;       //   sequences packed in the call (batch 1)
+    unsigned int mask_base;       // MASK: extras index of the boolean mask's first word
+    unsigned int mask_b_stride;   //   bits between batches' grids and heads' grids (0 along
+    unsigned int mask_h_stride;   //   a broadcast dimension)
+    unsigned int mask_cols;       //   bits between rows (seq_kv)
 };
 
 // A softcap (-DSOFTCAP=1): a score x in the exp2 domain becomes C tanh(x / C), C = c log2(e),
@@ -125,6 +129,11 @@ __device__ __forceinline__ float softcap_slope(const AttnShape& p, float s) {
 #endif
 #ifndef VARLEN
 #define VARLEN 0
+#endif
+// A boolean mask over pairs (-DMASK=1): its bits in the extras from mask_base, one grid of
+// seq_q x seq_kv bits per (batch, query head), as pair_on in shaders/common.wgsl.
+#ifndef MASK
+#define MASK 0
 #endif
 
 // The call's scalars as the kernels and the masking helpers below see them (for_batch builds
@@ -198,6 +207,10 @@ struct HeadMods {
     const float* blocks; // the block mask's words (the extras from blocks_base)
     unsigned int grid;   // the bit of block (0, 0) of this (batch, query head)'s grid
 #endif
+#if MASK
+    const float* mask;      // the boolean mask's words (the extras from mask_base)
+    unsigned int mask_grid; // the bit of pair (0, 0) of this (batch, query head)'s grid
+#endif
 };
 __device__ __forceinline__ HeadMods head_mods(const AttnShape& p, const float* __restrict__ extras,
                                               unsigned int b, unsigned int h) {
@@ -213,6 +226,10 @@ __device__ __forceinline__ HeadMods head_mods(const AttnShape& p, const float* _
 #if BLOCKS
     m.blocks = extras + p.blocks_base;
     m.grid = b * p.blocks_b_stride + h * p.blocks_h_stride;
+#endif
+#if MASK
+    m.mask = extras + p.mask_base;
+    m.mask_grid = b * p.mask_b_stride + h * p.mask_h_stride;
 #endif
     return m;
 }
@@ -378,8 +395,9 @@ __device__ __forceinline__ bool varlen_tile_empty(const CallShape& p, unsigned i
 // changes NVVM's loops with the score modifiers on).
 // Packed sequences (-DVARLEN=1) skip tiles through the same helpers (a tile with no pair of
 // one sequence inside its band: varlen_tile_empty), so IF_BLOCKS takes them in with VARLEN
-// too; with VARLEN alone pair_visible is visible().
-#if BLOCKS || VARLEN
+// too; with VARLEN alone pair_visible is visible(). A boolean mask (-DMASK=1) makes every
+// visited tile partial, and pair_visible reads its bit for every pair.
+#if BLOCKS || VARLEN || MASK
 #define IF_BLOCKS(expr, otherwise) (expr)
 #else
 #define IF_BLOCKS(expr, otherwise) (otherwise)
@@ -416,7 +434,7 @@ __device__ __forceinline__ unsigned int blocks_on(const HeadMods& hm, unsigned i
 }
 #endif
 
-#if BLOCKS || VARLEN
+#if BLOCKS || VARLEN || MASK
 
 // How the block mask treats the tile of rows [q0, q0 + rows) x keys [k0, k0 + keys) of the
 // head of hm, clipped to the call (rows to seq_q, keys to kv_len; an empty tile is skipped).
@@ -442,9 +460,9 @@ __device__ __forceinline__ TileBlocks tile_blocks(const CallShape& p, const Head
         const unsigned int row = hm.grid + r * p.blocks_cols;
         on += blocks_on(hm, row + c0, row + c1);
     }
-    return TileBlocks{on == 0, on < (r1 - r0 + 1) * (c1 - c0 + 1)};
+    return TileBlocks{on == 0, MASK || on < (r1 - r0 + 1) * (c1 - c0 + 1)};
 #else
-    return TileBlocks{false, false};
+    return TileBlocks{false, MASK != 0};
 #endif
 }
 
@@ -456,14 +474,20 @@ __device__ __forceinline__ bool pair_visible(const CallShape& p, const HeadMods&
         return false;
     }
 #if BLOCKS
-    if (!partial) {
-        return true;
+    if (partial) {
+        const unsigned int bit = hm.grid + (i / p.block_q) * p.blocks_cols + j / p.block_kv;
+        if (!((blocks_word(hm, bit / 32) >> (bit % 32)) & 1u)) {
+            return false;
+        }
     }
-    const unsigned int bit = hm.grid + (i / p.block_q) * p.blocks_cols + j / p.block_kv;
-    return (blocks_word(hm, bit / 32) >> (bit % 32)) & 1u;
-#else
-    return true; // VARLEN alone: no block is ever off
 #endif
+#if MASK
+    const unsigned int bit = hm.mask_grid + i * p.mask_cols + j;
+    if (!((__float_as_uint(__ldg(hm.mask + bit / 32)) >> (bit % 32)) & 1u)) {
+        return false;
+    }
+#endif
+    return true; // VARLEN alone: no block is ever off
 }
 
 // The first of the key tiles kv0, kv0 + keys, ... below kv_end (rows [q0, q0 + rows)) that

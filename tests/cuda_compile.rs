@@ -69,6 +69,7 @@ fn a_compile_error_is_a_typed_error_with_the_log() {
         dropout: false,
         blocks: false,
         varlen: false,
+        mask: false,
     };
     match nvrtc.compile(&key) {
         Err(Error::CudaCompile { kernel, log }) => {

@@ -190,15 +190,6 @@ impl CudaContext {
                 reason: "the CUDA path has the tiled kernels only; use the wgpu path".into(),
             });
         }
-        if cfg.mask.is_some() {
-            return Err(Error::Unsupported {
-                feature: "a boolean mask (AttentionConfig::mask)".into(),
-                backend: crate::Backend::Cuda,
-                reason: "the CUDA kernels do not read a boolean mask yet; use the wgpu path, or \
-                         a block mask (AttentionConfig::block_mask) where the mask is blockwise"
-                    .into(),
-            });
-        }
         let kernel = CudaKernel::for_pass(pass, dtype, cfg.head_dim as u32);
         let mut key = CudaKey::new(kernel, dtype, cfg.head_dim as u32, self.arch)?;
         key.softcap = cfg.softcap.is_some();
@@ -208,6 +199,7 @@ impl CudaContext {
         key.dropout = cfg.dropout.is_some();
         key.blocks = cfg.block_mask.is_some();
         key.varlen = cfg.varlen.is_some();
+        key.mask = cfg.mask.is_some();
         let shape = AttnShape::new(cfg)?;
         for l in key.launches(cfg) {
             if l.grid.1 > 65_535 || l.grid.2 > 65_535 {
@@ -223,12 +215,16 @@ impl CudaContext {
     }
 
     /// The call's extras (ALiBi slopes, sinks, key lengths, the block mask's bits, the varlen
-    /// boundaries: `kernels::params::extras`, the layout the wgpu kernels read) on the device,
-    /// or `None` without any of them. A block mask always has a word (every grid has a block)
-    /// and varlen at least four, so the kernels compiled with BLOCKS or VARLEN always get a
-    /// buffer.
+    /// boundaries: `kernels::params::extras`, the layout the wgpu kernels read, then the
+    /// boolean mask's words, which the wgpu path binds apart: `AttnShape::mask_base`) on the
+    /// device, or `None` without any of them. A block mask always has a word (every grid has a
+    /// block), varlen at least four and a boolean mask one, so the kernels compiled with
+    /// BLOCKS, VARLEN or MASK always get a buffer.
     fn extras(&self, cfg: &AttentionConfig) -> Result<Option<CudaSlice<u8>>> {
-        let x = crate::kernels::params::extras(cfg);
+        let mut x = crate::kernels::params::extras(cfg);
+        if let Some(m) = &cfg.mask {
+            x.extend_from_slice(m.words());
+        }
         if x.is_empty() {
             return Ok(None);
         }

@@ -168,6 +168,13 @@ pub struct AttnShape {
     /// `Params` on wgpu; 0 without them.
     pub varlen_base: u32,
     pub sequences: u32,
+    /// A boolean mask (compiled in: `CudaKey::mask`): the extras word of its first bit (the
+    /// mask's words follow every other extra on CUDA), the bits between batches'
+    /// and heads' grids (0 along a broadcast dimension), and between rows (seq_kv).
+    pub mask_base: u32,
+    pub mask_b_stride: u32,
+    pub mask_h_stride: u32,
+    pub mask_cols: u32,
 }
 
 impl AttnShape {
@@ -226,6 +233,10 @@ impl AttnShape {
             blocks_h_stride: p.blocks_h_stride,
             varlen_base: p.varlen_base,
             sequences: p.sequences,
+            mask_base: crate::kernels::params::extras_layout(cfg).words.len() as u32,
+            mask_b_stride: p.mask_b_stride,
+            mask_h_stride: p.mask_h_stride,
+            mask_cols: p.mask_cols,
         })
     }
 }
@@ -255,6 +266,9 @@ pub struct CudaKey {
     /// boundaries, their tile skipping and the per-sequence masks are absent from the other
     /// variants.
     pub varlen: bool,
+    /// A boolean mask over pairs, compiled in (`-DMASK=1`): every visited tile tests each
+    /// pair's bit; absent from the other variants.
+    pub mask: bool,
 }
 
 /// The oldest architecture the kernels are written for: `mma.sync` m16n8k16 with bf16,
@@ -324,6 +338,7 @@ impl CudaKey {
             dropout: false,
             blocks: false,
             varlen: false,
+            mask: false,
         })
     }
 
@@ -498,6 +513,7 @@ impl CudaKey {
             format!("-DDROPOUT={}", u32::from(self.dropout)),
             format!("-DBLOCKS={}", u32::from(self.blocks)),
             format!("-DVARLEN={}", u32::from(self.varlen)),
+            format!("-DMASK={}", u32::from(self.mask)),
         ];
         if self.kernel.tensor_cores() {
             opts.push(format!("-DWARPS={WARPS}"));
@@ -510,7 +526,7 @@ impl CudaKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {:?} head_dim {} sm_{}{}{}{}{}{}{}{}",
+            "{} {:?} head_dim {} sm_{}{}{}{}{}{}{}{}{}",
             self.kernel.name(),
             self.dtype,
             self.head_dim,
@@ -521,14 +537,16 @@ impl CudaKey {
             if self.seqlens { " seqlens" } else { "" },
             if self.dropout { " dropout" } else { "" },
             if self.blocks { " blocks" } else { "" },
-            if self.varlen { " varlen" } else { "" }
+            if self.varlen { " varlen" } else { "" },
+            if self.mask { " mask" } else { "" }
         )
     }
 
     /// The variants a build is checked with on one architecture: every tensor-core variant
     /// (both half dtypes, every head dim they take), and the SIMT kernels in every dtype at
     /// [`SIMT_CHECK_DIMS`]; with the score modifiers (softcap, ALiBi, sinks, key lengths,
-    /// dropout, the block mask and packed sequences, all at once) too at head dims 64, 128 and
+    /// dropout, the block mask, packed sequences and the boolean mask, all at once) too at head
+    /// dims 64, 128 and
     /// 256. (Key lengths and packed sequences never meet in a call, but their code compiles
     /// together.)
     pub fn all_for_arch(arch: u32) -> Vec<CudaKey> {
@@ -566,6 +584,7 @@ impl CudaKey {
                             dropout: on,
                             blocks: on,
                             varlen: on,
+                            mask: on,
                         });
                     }
                 }
@@ -632,7 +651,7 @@ mod tests {
     #[test]
     fn the_scalar_argument_matches_the_kernels_struct() {
         // twenty-nine 4-byte fields, no padding: the C struct's layout
-        assert_eq!(std::mem::size_of::<AttnShape>(), 116);
+        assert_eq!(std::mem::size_of::<AttnShape>(), 132);
         assert_eq!(std::mem::align_of::<AttnShape>(), 4);
         let body = &COMMON[COMMON.find("struct AttnShape {").unwrap()..];
         let body = &body[..body.find("};").unwrap()];
@@ -675,7 +694,11 @@ mod tests {
                 "blocks_b_stride",
                 "blocks_h_stride",
                 "varlen_base",
-                "sequences"
+                "sequences",
+                "mask_base",
+                "mask_b_stride",
+                "mask_h_stride",
+                "mask_cols"
             ]
         );
         let mut cfg = AttentionConfig::new(1, 100, 300, 4, 2, 64);
@@ -747,6 +770,12 @@ mod tests {
         assert_eq!(s.varlen_base, x.varlen_base);
         let words: Vec<u32> = x.words[4..].to_vec();
         assert_eq!(words, [0, 3, 3, 10, 0, 5, 9, 9]);
+        // a boolean mask: its words after every other extra (here 12), strides of the
+        // wgpu parameter block, rows of seq_kv bits
+        cfg.mask = Some(crate::BoolMask::filled((1, 4, 10, 9), true));
+        let s = AttnShape::new(&cfg).unwrap();
+        assert_eq!(s.mask_base, 12);
+        assert_eq!((s.mask_b_stride, s.mask_h_stride, s.mask_cols), (0, 90, 9));
     }
 
     #[test]
@@ -810,7 +839,7 @@ mod tests {
             // every modifier has a default in the source (off) and the key always sets it,
             // so no program compiles a modifier its key did not ask for
             for name in [
-                "SOFTCAP", "ALIBI", "SINKS", "SEQLENS", "DROPOUT", "BLOCKS", "VARLEN",
+                "SOFTCAP", "ALIBI", "SINKS", "SEQLENS", "DROPOUT", "BLOCKS", "VARLEN", "MASK",
             ] {
                 assert!(
                     program.contains(&format!("#ifndef {name}")),
