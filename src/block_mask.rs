@@ -138,14 +138,7 @@ impl BlockMask {
                 )));
             }
         }
-        for (name, v, full) in [("batch", self.batch, batch), ("heads", self.heads, heads_q)] {
-            if v != 1 && v != full {
-                return Err(Error::invalid(format!(
-                    "block_mask.{name} must be 1 (broadcast) or the call's {} = {full}, got {v}",
-                    if name == "batch" { "batch" } else { "heads_q" }
-                )));
-            }
-        }
+        crate::config::check_broadcast("block_mask", (self.batch, self.heads), (batch, heads_q))?;
         let (rows, cols) = self.grid(seq_q, seq_kv);
         let want = [self.batch, self.heads, rows, cols]
             .iter()

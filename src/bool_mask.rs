@@ -24,31 +24,25 @@ pub const MAX_MASK_ENTRIES: u64 = u32::MAX as u64;
 impl BoolMask {
     /// A mask of shape `(batch, heads, seq_q, seq_kv)`, entry (b, h, i, j) = `on(b, h, i, j)`.
     pub fn from_fn(
-        (batch, heads, seq_q, seq_kv): (usize, usize, usize, usize),
+        shape: (usize, usize, usize, usize),
         mut on: impl FnMut(usize, usize, usize, usize) -> bool,
     ) -> BoolMask {
-        let n = batch * heads * seq_q * seq_kv;
-        let mut words = vec![0u32; n.div_ceil(32)];
+        let mut m = BoolMask::filled(shape, false);
+        let (batch, heads, seq_q, seq_kv) = shape;
         let mut k = 0usize;
         for b in 0..batch {
             for h in 0..heads {
                 for i in 0..seq_q {
                     for j in 0..seq_kv {
                         if on(b, h, i, j) {
-                            words[k / 32] |= 1 << (k % 32);
+                            m.words[k / 32] |= 1 << (k % 32);
                         }
                         k += 1;
                     }
                 }
             }
         }
-        BoolMask {
-            batch,
-            heads,
-            seq_q,
-            seq_kv,
-            words,
-        }
+        m
     }
 
     /// A mask of shape `(batch, heads, seq_q, seq_kv)` with every entry `value` (edit it with
@@ -151,16 +145,7 @@ impl BoolMask {
         seq_q: usize,
         seq_kv: usize,
     ) -> Result<()> {
-        for (name, v, full, what) in [
-            ("batch", self.batch, batch, "batch"),
-            ("heads", self.heads, heads_q, "heads_q"),
-        ] {
-            if v != 1 && v != full {
-                return Err(Error::invalid(format!(
-                    "mask.{name} must be 1 (broadcast) or the call's {what} = {full}, got {v}"
-                )));
-            }
-        }
+        crate::config::check_broadcast("mask", (self.batch, self.heads), (batch, heads_q))?;
         for (name, v, full) in [
             ("seq_q", self.seq_q, seq_q),
             ("seq_kv", self.seq_kv, seq_kv),

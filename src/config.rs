@@ -368,6 +368,26 @@ impl AttentionConfig {
     }
 }
 
+/// A mask's leading dimensions `(batch, heads)` (field names `{field}.batch`, `{field}.heads`)
+/// against the call's `(batch, heads_q)`: each 1 (broadcast) or the call's.
+pub(crate) fn check_broadcast(
+    field: &str,
+    (batch, heads): (usize, usize),
+    (call_batch, heads_q): (usize, usize),
+) -> Result<()> {
+    for (name, v, full, what) in [
+        ("batch", batch, call_batch, "batch"),
+        ("heads", heads, heads_q, "heads_q"),
+    ] {
+        if v != 1 && v != full {
+            return Err(Error::invalid(format!(
+                "{field}.{name} must be 1 (broadcast) or the call's {what} = {full}, got {v}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Per-head f32 values (`name`): one of the `lengths` (described by `expected`) and finite.
 fn check_values(
     name: &str,
