@@ -254,10 +254,7 @@ fn per_batch_alibi_slopes_past_the_uniform_extras_are_a_device_limit_error() {
             limit,
             hint,
         }) => {
-            assert!(
-                what.contains("ALiBi slopes, sinks, key lengths and block-mask bits"),
-                "{what}"
-            );
+            assert!(what.contains("ALiBi slopes, sinks, key lengths"), "{what}");
             assert_eq!((needed, limit), ((1025 * 16 + 16) * 4, 65536));
             assert!(hint.contains("[heads_q]"), "{hint}");
         }
