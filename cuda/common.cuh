@@ -487,7 +487,7 @@ __device__ __forceinline__ bool pair_visible(const CallShape& p, const HeadMods&
         return false;
     }
 #endif
-    return true; // VARLEN alone: no block is ever off
+    return true; // VARLEN alone: no block or mask bit is ever off
 }
 
 // The first of the key tiles kv0, kv0 + keys, ... below kv_end (rows [q0, q0 + rows)) that

@@ -546,9 +546,8 @@ impl CudaKey {
     /// (both half dtypes, every head dim they take), and the SIMT kernels in every dtype at
     /// [`SIMT_CHECK_DIMS`]; with the score modifiers (softcap, ALiBi, sinks, key lengths,
     /// dropout, the block mask, packed sequences and the boolean mask, all at once) too at head
-    /// dims 64, 128 and
-    /// 256. (Key lengths and packed sequences never meet in a call, but their code compiles
-    /// together.)
+    /// dims 64, 128 and 256. (Key lengths and packed sequences never meet in a call, but their
+    /// code compiles together.)
     pub fn all_for_arch(arch: u32) -> Vec<CudaKey> {
         let mut keys = Vec::new();
         for kernel in CudaKernel::ALL {
@@ -650,7 +649,7 @@ mod tests {
 
     #[test]
     fn the_scalar_argument_matches_the_kernels_struct() {
-        // twenty-nine 4-byte fields, no padding: the C struct's layout
+        // thirty-three 4-byte fields, no padding: the C struct's layout
         assert_eq!(std::mem::size_of::<AttnShape>(), 132);
         assert_eq!(std::mem::align_of::<AttnShape>(), 4);
         let body = &COMMON[COMMON.find("struct AttnShape {").unwrap()..];

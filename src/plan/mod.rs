@@ -104,8 +104,9 @@ pub struct Plan {
 
 impl Plan {
     /// Binds the call's extras to every step whose pipeline reads them (the binding after its
-    /// storage bindings), once all steps are planned. More than `EXTRAS_WORDS` values (batch x
-    /// heads_q ALiBi slopes plus heads_q sinks) is a `DeviceLimit` error naming them.
+    /// storage bindings), and the boolean mask's bits to every step whose pipeline has MASK
+    /// (the binding after that), once all steps are planned. More than `EXTRAS_WORDS` values
+    /// (batch x heads_q ALiBi slopes plus heads_q sinks) is a `DeviceLimit` error naming them.
     pub(crate) fn attach_extras(&mut self, cfg: &AttentionConfig) -> crate::Result<()> {
         self.extras = crate::kernels::params::extras(cfg);
         let limit = crate::kernels::wgsl::EXTRAS_WORDS as u64;
@@ -513,8 +514,9 @@ mod tests {
             ]
         );
         assert_eq!(p.scratch.len(), 1);
-        assert_eq!(p.scratch[0].bytes, 50 * 4 * 8); // (lse2, delta) per row
-                                                    // the dK/dV kernel leaves one of the WebGPU default's 8 storage bindings free
+        // (lse2, delta) per row
+        assert_eq!(p.scratch[0].bytes, 50 * 4 * 8);
+        // the dK/dV kernel leaves one of the WebGPU default's 8 storage bindings free
         assert_eq!(p.steps[1].buffers.len(), 7);
         let roles: Vec<TensorRole> = p.outputs.iter().map(|o| o.role).collect();
         assert_eq!(roles, vec![TensorRole::Dq, TensorRole::Dk, TensorRole::Dv]);

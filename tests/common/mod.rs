@@ -265,15 +265,25 @@ pub fn random_block_mask(
     density: f64,
 ) -> flash_attn_wgpu::BlockMask {
     let mut rng = StdRng::seed_from_u64(fresh_seed());
-    let dims = (
+    let dims = mask_dims(cfg, per_batch, per_head);
+    flash_attn_wgpu::BlockMask::from_fn(block_q, block_kv, dims, |_, _, _, _| {
+        rng.random_bool(density)
+    })
+}
+
+/// A mask's shape for `cfg`: `(batch, heads, seq_q, seq_kv)` with batch and heads the call's
+/// (`per_batch`, `per_head`) or 1 (broadcast).
+fn mask_dims(
+    cfg: &AttentionConfig,
+    per_batch: bool,
+    per_head: bool,
+) -> (usize, usize, usize, usize) {
+    (
         if per_batch { cfg.batch } else { 1 },
         if per_head { cfg.heads_q } else { 1 },
         cfg.seq_q,
         cfg.seq_kv,
-    );
-    flash_attn_wgpu::BlockMask::from_fn(block_q, block_kv, dims, |_, _, _, _| {
-        rng.random_bool(density)
-    })
+    )
 }
 
 /// A fresh random boolean mask with about `density` of its entries true, one grid per batch
@@ -290,12 +300,7 @@ pub fn random_bool_mask(
     let empty: Vec<usize> = (0..empty_rows)
         .map(|_| rng.random_range(0..cfg.seq_q))
         .collect();
-    let dims = (
-        if per_batch { cfg.batch } else { 1 },
-        if per_head { cfg.heads_q } else { 1 },
-        cfg.seq_q,
-        cfg.seq_kv,
-    );
+    let dims = mask_dims(cfg, per_batch, per_head);
     flash_attn_wgpu::BoolMask::from_fn(dims, |_, _, i, _| {
         !empty.contains(&i) && rng.random_bool(density)
     })
