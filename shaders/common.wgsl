@@ -55,7 +55,10 @@ struct Params {
     pair_shift: u32,     // windowed calls: where element 0 of lse_delta lies in its binding
     mask_b_stride: u32,  // MASK: bits between batches' grids and heads' grids (0: broadcast)
     mask_h_stride: u32,
-    mask_cols: u32,      // MASK: bits between rows (the whole call's seq_kv)
+    mask_cols: u32,      // MASK, BIAS: entries between rows (the whole call's seq_kv)
+    bias_base: u32,      // BIAS: word of the pair data where the bias's entries start
+    bias_b_stride: u32,  // BIAS: entries between batches' grids and heads' grids (0: broadcast)
+    bias_h_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -83,6 +86,9 @@ override VARLEN: bool = false;
 // A boolean mask over pairs (`mask_bit`, from the generated prelude: a storage array of bits):
 // hidden pairs, and every tile masked pair by pair; false costs nothing.
 override MASK: bool = false;
+// An additive bias over pairs (`bias_entry`, from the generated prelude: entries in the call's
+// dtype after the mask's bits), added to finished scores; false costs nothing.
+override BIAS: bool = false;
 
 const LN2: f32 = 0.6931471805599453;
 const LOG2E: f32 = 1.4426950408889634;
@@ -472,6 +478,7 @@ var<private> head_kv_len: u32;
 var<private> head_stream: u32;
 var<private> head_blocks: u32;
 var<private> head_mask: u32;
+var<private> head_bias: u32;
 
 fn begin_head(b: u32, h: u32) {
     if (BLOCKS) {
@@ -479,6 +486,9 @@ fn begin_head(b: u32, h: u32) {
     }
     if (MASK) {
         head_mask = (params.batch_base + b) * params.mask_b_stride + h * params.mask_h_stride;
+    }
+    if (BIAS) {
+        head_bias = (params.batch_base + b) * params.bias_b_stride + h * params.bias_h_stride;
     }
     if (DROPOUT) {
         head_stream = (params.batch_base + b) * params.heads_q + h;
@@ -549,6 +559,17 @@ fn pair_on(i: u32, j: u32) -> bool {
     return mask_bit(head_mask + row * params.mask_cols + col);
 }
 
+// With BIAS, the bias's entry for pair (i, j) of the current head (`begin_head`) in the exp2
+// domain, indexed as the boolean mask; 0 without.
+fn pair_bias(i: u32, j: u32) -> f32 {
+    if (!BIAS) {
+        return 0.0;
+    }
+    let row = params.q_base + min(i, params.seq_q - 1u);
+    let col = params.kv_base + min(j, params.seq_kv - 1u);
+    return bias_entry(head_bias + row * params.mask_cols + col) * LOG2E;
+}
+
 // With BLOCKS, true when the block of pair (i, j) of the current head (`begin_head`) is on;
 // true without.
 fn block_on(i: u32, j: u32) -> bool {
@@ -577,8 +598,9 @@ fn running_max_start() -> f32 {
 // masked_score() where the pair is hidden. `check` false skips the mask for tiles known to be
 // fully visible (tile_needs_mask), so unmasked tiles pay nothing for it.
 // With SOFTCAP, x first becomes c tanh(x / c) (in the exp2 domain: C tanh(x / C), C = c
-// log2(e)); then ALiBi's term is added (alibi_term); score_grad takes the softcap's slope from
-// the finished score. `begin_head` must have run for the row's head.
+// log2(e)); then ALiBi's term (alibi_term) and the bias (pair_bias) are added; score_grad
+// takes the softcap's slope from the finished score. `begin_head` must have run for the row's
+// head.
 fn finish_score(x: f32, i: u32, j: u32, check: bool) -> f32 {
     var s = x;
     if (SOFTCAP) {
@@ -586,6 +608,9 @@ fn finish_score(x: f32, i: u32, j: u32, check: bool) -> f32 {
     }
     if (ALIBI) {
         s += alibi_term(i, j);
+    }
+    if (BIAS) {
+        s += pair_bias(i, j);
     }
     return select(masked_score(), s, !check | visible(i, j));
 }
@@ -727,16 +752,24 @@ fn dropout_scale(i: u32, j: u32) -> f32 {
     return select(0.0, params.drop_scale, r[gj & 3u] >= params.drop_threshold);
 }
 
-// Backward: dS = P * (dP - delta), the gradient at the finished score (delta = rowsum(dO * O)).
-// A hidden pair (P exactly 0) gets exactly 0, whatever dP holds (dP = dO . v sees the pair's v).
-// (i, j): the pair, whose ALiBi term the softcap's slope takes out of s.
+// Backward: P * (dP - delta), the gradient at the finished score (delta = rowsum(dO * O)), which
+// is the bias's gradient. A hidden pair (P exactly 0) gets exactly 0, whatever dP holds
+// (dP = dO . v sees the pair's v).
+fn finished_grad(p: f32, dp: f32, delta: f32) -> f32 {
+    return select(p * (dp - delta), 0.0, p == 0.0);
+}
+
+// Backward: dS, the gradient at the scaled score q.k * scale: finished_grad, through the
+// softcap where there is one. (i, j): the pair, whose ALiBi term and bias the softcap's slope
+// takes out of s.
 fn score_grad(p: f32, dp: f32, delta: f32, s: f32, i: u32, j: u32) -> f32 {
-    var g = p * (dp - delta);
+    var g = finished_grad(p, dp, delta);
     if (SOFTCAP) {
         // through the softcap: d(C tanh(x / C)) / dx = 1 - (t / C)^2 at the capped score t
-        let t = (s - alibi_term(i, j)) / params.softcap2;
+        let t = (s - alibi_term(i, j) - pair_bias(i, j)) / params.softcap2;
         g = g * (1.0 - t * t);
     }
+    // a hidden pair's s is -inf, whose slope would turn its 0 into NaN
     return select(g, 0.0, p == 0.0);
 }
 

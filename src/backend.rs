@@ -138,6 +138,7 @@ pub trait AttentionBackend {
             dk: self.download(&g.dk)?,
             dv: self.download(&g.dv)?,
             d_sinks: g.d_sinks.as_ref().map(|t| self.download(t)).transpose()?,
+            d_bias: g.d_bias.as_ref().map(|t| self.download(t)).transpose()?,
         })
     }
 }

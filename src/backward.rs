@@ -10,7 +10,8 @@ use crate::plan;
 use crate::tensor::Tensor;
 
 /// Device-resident gradients. dq is shaped like q; dk and dv like k and v; all in q's dtype.
-/// With sinks (`AttentionConfig::sinks`), `d_sinks` (`[heads_q]`, f32). `X` is the backend's
+/// With sinks (`AttentionConfig::sinks`), `d_sinks` (`[heads_q]`, f32); with a bias that asks
+/// for it (`ScoreBias::grad`), `d_bias` (the bias's shape and dtype). `X` is the backend's
 /// tensor type.
 #[derive(Debug)]
 pub struct Gradients<X = Tensor> {
@@ -18,6 +19,7 @@ pub struct Gradients<X = Tensor> {
     pub dk: X,
     pub dv: X,
     pub d_sinks: Option<X>,
+    pub d_bias: Option<X>,
 }
 
 /// Host copy of the gradients.
@@ -28,6 +30,8 @@ pub struct HostGradients<T = f32> {
     pub dv: Vec<T>,
     /// With sinks: `[heads_q]`.
     pub d_sinks: Option<Vec<f32>>,
+    /// With a bias that asks for it: the bias's shape.
+    pub d_bias: Option<Vec<T>>,
 }
 
 /// Where a backward call's lse values are checked.
@@ -94,7 +98,9 @@ impl Context {
                 dq,
                 dk,
                 dv,
-                d_sinks: g.next(),
+                // the plan's outputs after dv: d_sinks, then d_bias, each where asked for
+                d_sinks: cfg.sinks.as_ref().and_then(|_| g.next()),
+                d_bias: cfg.bias.as_ref().filter(|b| b.grad).and_then(|_| g.next()),
             }),
             _ => Err(crate::Error::Device(
                 "internal: backward plan without dq, dk, dv".into(),
@@ -132,6 +138,7 @@ impl Context {
             dk: self.download(&g.dk)?,
             dv: self.download(&g.dv)?,
             d_sinks: g.d_sinks.as_ref().map(|t| self.download(t)).transpose()?,
+            d_bias: g.d_bias.as_ref().map(|t| self.download(t)).transpose()?,
         })
     }
 }

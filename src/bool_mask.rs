@@ -145,18 +145,11 @@ impl BoolMask {
         seq_q: usize,
         seq_kv: usize,
     ) -> Result<()> {
-        crate::config::check_broadcast("mask", (self.batch, self.heads), (batch, heads_q))?;
-        for (name, v, full) in [
-            ("seq_q", self.seq_q, seq_q),
-            ("seq_kv", self.seq_kv, seq_kv),
-        ] {
-            if v != full {
-                return Err(Error::invalid(format!(
-                    "mask.{name} must be the call's {name} = {full} (masks broadcast over batch \
-                     and heads only), got {v}"
-                )));
-            }
-        }
+        crate::config::check_pair_shape(
+            "mask",
+            (self.batch, self.heads, self.seq_q, self.seq_kv),
+            (batch, heads_q, seq_q, seq_kv),
+        )?;
         let n = [self.batch, self.heads, self.seq_q, self.seq_kv]
             .iter()
             .try_fold(1u64, |n, &d| n.checked_mul(d as u64));

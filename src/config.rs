@@ -1,5 +1,6 @@
 //! What the caller asks for: shapes, masking, scale and algorithm, and their validation.
 
+use crate::bias::ScoreBias;
 use crate::block_mask::BlockMask;
 use crate::bool_mask::BoolMask;
 use crate::dropout::Dropout;
@@ -87,6 +88,10 @@ pub struct AttentionConfig {
     /// A boolean mask over pairs ([`BoolMask`], PyTorch's boolean `attn_mask`): true means the
     /// pair takes part; broadcast over batch and heads. `None`: every pair.
     pub mask: Option<BoolMask>,
+    /// An additive bias over pairs ([`ScoreBias`], PyTorch's float `attn_mask`), broadcast
+    /// over batch and heads, added to each scaled score after the softcap and ALiBi; with
+    /// `ScoreBias::grad` the backward returns `d_bias`. `None`: no bias.
+    pub bias: Option<ScoreBias>,
     /// Variable-length sequences packed into batch 1 ([`Varlen`]: cumulative lengths): each
     /// sequence attends only within itself, with causal, window and ALiBi aligned per
     /// sequence. [`AttentionConfig::packed`] builds such a call. `None`: padded batches.
@@ -121,6 +126,7 @@ impl AttentionConfig {
             dropout: None,
             block_mask: None,
             mask: None,
+            bias: None,
             varlen: None,
             softmax_scale: None,
             algorithm: Algorithm::default(),
@@ -312,6 +318,9 @@ impl AttentionConfig {
         if let Some(m) = &self.mask {
             m.validate(self.batch, self.heads_q, self.seq_q, self.seq_kv)?;
         }
+        if let Some(b) = &self.bias {
+            b.validate(self.batch, self.heads_q, self.seq_q, self.seq_kv)?;
+        }
         if let Some(v) = &self.varlen {
             v.validate(self.batch, self.seq_q, self.seq_kv)?;
             if self.seqlens_kv.is_some() {
@@ -382,6 +391,26 @@ pub(crate) fn check_broadcast(
         if v != 1 && v != full {
             return Err(Error::invalid(format!(
                 "{field}.{name} must be 1 (broadcast) or the call's {what} = {full}, got {v}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A per-pair tensor's shape `(batch, heads, seq_q, seq_kv)` (a boolean mask's, a bias's;
+/// field names `{field}.batch` and so on) against the call's: batch and heads 1 (broadcast)
+/// or the call's, seq_q and seq_kv the call's.
+pub(crate) fn check_pair_shape(
+    field: &str,
+    (batch, heads, seq_q, seq_kv): (usize, usize, usize, usize),
+    call: (usize, usize, usize, usize),
+) -> Result<()> {
+    check_broadcast(field, (batch, heads), (call.0, call.1))?;
+    for (name, v, full) in [("seq_q", seq_q, call.2), ("seq_kv", seq_kv, call.3)] {
+        if v != full {
+            return Err(Error::invalid(format!(
+                "{field}.{name} must be the call's {name} = {full} ({field} broadcasts over \
+                 batch and heads only), got {v}"
             )));
         }
     }

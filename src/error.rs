@@ -19,6 +19,10 @@ pub enum TensorRole {
     Dv,
     /// The sinks' gradient (`[heads_q]`, f32).
     DSinks,
+    /// The additive bias (`AttentionConfig::bias`).
+    Bias,
+    /// The bias's gradient (the bias's shape and dtype).
+    DBias,
 }
 
 impl fmt::Display for TensorRole {
@@ -34,6 +38,8 @@ impl fmt::Display for TensorRole {
             TensorRole::Dk => "dk",
             TensorRole::Dv => "dv",
             TensorRole::DSinks => "d_sinks",
+            TensorRole::Bias => "bias",
+            TensorRole::DBias => "d_bias",
         })
     }
 }

@@ -28,6 +28,7 @@
 
 pub mod backend;
 pub mod backward;
+pub mod bias;
 pub mod block_mask;
 pub mod bool_mask;
 mod checks;
@@ -49,6 +50,7 @@ pub mod varlen;
 
 pub use backend::{AttentionBackend, Backend};
 pub use backward::{Gradients, HostGradients};
+pub use bias::ScoreBias;
 pub use block_mask::BlockMask;
 pub use bool_mask::BoolMask;
 pub use config::{Algorithm, AttentionConfig, Window, MAX_HEAD_DIM};

@@ -220,13 +220,13 @@ impl Context {
                 .write_buffer(&buf, 0, bytemuck::cast_slice(&plan.extras));
             buf
         });
-        // the boolean mask's bits: one read-only storage buffer
-        let mask = if plan.mask.is_empty() {
+        // the pair data (mask bits, bias entries): one read-only storage buffer
+        let pairs = if plan.pairs.is_empty() {
             None
         } else {
-            let buf = self.create_storage((plan.mask.len() * 4) as u64, "mask")?;
+            let buf = self.create_storage((plan.pairs.len() * 4) as u64, "pair data")?;
             self.queue
-                .write_buffer(&buf.buffer, 0, bytemuck::cast_slice(&plan.mask));
+                .write_buffer(&buf.buffer, 0, bytemuck::cast_slice(&plan.pairs));
             Some(buf)
         };
         let resolve = |r: &BufRef| -> Result<&wgpu::Buffer> {
@@ -237,12 +237,12 @@ impl Context {
                 BufRef::Extras => extras.as_ref().ok_or_else(|| {
                     Error::Device("internal: a step binds extras the plan does not have".into())
                 })?,
-                BufRef::Mask => {
-                    &mask
+                BufRef::Pairs => {
+                    &pairs
                         .as_ref()
                         .ok_or_else(|| {
                             Error::Device(
-                                "internal: a step binds a mask the plan does not have".into(),
+                                "internal: a step binds pair data the plan does not have".into(),
                             )
                         })?
                         .buffer

@@ -22,6 +22,8 @@ pub struct RefGradients {
     pub dv: Vec<f64>,
     /// With sinks: `[heads_q]`.
     pub d_sinks: Option<Vec<f64>>,
+    /// With a bias that asks for it (`ScoreBias::grad`): the bias's shape.
+    pub d_bias: Option<Vec<f64>>,
 }
 
 /// Row i and key j in their sequence's own numbering, i' (bottom-right aligned: i + seq_kv -
@@ -124,9 +126,15 @@ fn alibi_bias(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize))
     -(slope as f64) * (ip - j).abs() as f64
 }
 
-/// The score softmax sees for a visible pair: scaled, softcapped, plus ALiBi's bias.
+/// The additive bias's entry for pair (i, j) of (batch b, head h); 0 without a bias.
+fn added_bias(cfg: &AttentionConfig, at: (usize, usize, usize, usize)) -> f64 {
+    cfg.bias.as_ref().map_or(0.0, |b| b.value(at) as f64)
+}
+
+/// The score softmax sees for a visible pair: scaled, softcapped, plus ALiBi's bias and the
+/// additive bias.
 fn score(cfg: &AttentionConfig, q: &[f32], k: &[f32], at: (usize, usize, usize, usize)) -> f64 {
-    softcapped(cfg, raw_score(cfg, q, k, at)) + alibi_bias(cfg, at)
+    softcapped(cfg, raw_score(cfg, q, k, at)) + alibi_bias(cfg, at) + added_bias(cfg, at)
 }
 
 /// Probabilities of one query row (zeros where masked; all zero when no key is visible),
@@ -203,7 +211,9 @@ pub fn forward(cfg: &AttentionConfig, q: &[f32], k: &[f32], v: &[f32]) -> RefFor
 /// factors, 0 or 1 / (1 - p), elementwise; all 1 without dropout), `dQ = scale dS K`,
 /// `dK = scale dS^T Q`, summed over the query heads that share a kv head (through the
 /// softcap: times its slope; ALiBi's bias has slope 1). With sinks, `d_sink[h] = -sum over
-/// rows of P_sink * rowsum(dO * O)`, P_sink = exp(sink - lse).
+/// rows of P_sink * rowsum(dO * O)`, P_sink = exp(sink - lse). With a bias that asks for it,
+/// `d_bias = P * (dP - rowsum(dO * O))` (the gradient at the finished score, after the
+/// softcap), summed over the dimensions the bias broadcasts.
 pub fn backward(
     cfg: &AttentionConfig,
     q: &[f32],
@@ -242,6 +252,10 @@ fn backward_impl(
     let mut dk = vec![0.0; k.len()];
     let mut dv = vec![0.0; v.len()];
     let mut d_sinks = cfg.sinks.as_ref().map(|s| vec![0.0; s.len()]);
+    let mut d_bias = match &cfg.bias {
+        Some(b) if b.grad => Some(vec![0.0; b.len()]),
+        _ => None,
+    };
     for b in 0..cfg.batch {
         for h in 0..cfg.heads_q {
             let hk = h / cfg.group();
@@ -282,7 +296,12 @@ fn backward_impl(
                     if p[j] == 0.0 {
                         continue;
                     }
-                    let ds = p[j] * (dp[j] - delta) * softcap_slope(cfg, q, k, (b, h, i, j));
+                    let finished = p[j] * (dp[j] - delta);
+                    if let (Some(db), Some(bias)) = (d_bias.as_mut(), &cfg.bias) {
+                        let (bb, bh) = (b.min(bias.batch - 1), h.min(bias.heads - 1));
+                        db[((bb * bias.heads + bh) * cfg.seq_q + i) * cfg.seq_kv + j] += finished;
+                    }
+                    let ds = finished * softcap_slope(cfg, q, k, (b, h, i, j));
                     let ko = ki(cfg, b, j, hk);
                     for x in 0..d {
                         dv[ko + x] += p[j] * z[j] * d_out[oo + x] as f64;
@@ -298,5 +317,6 @@ fn backward_impl(
         dk,
         dv,
         d_sinks,
+        d_bias,
     }
 }

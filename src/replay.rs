@@ -147,12 +147,12 @@ impl Plan {
                 uniform: true,
             });
         }
-        let mask = buffers.len();
-        if !self.mask.is_empty() {
+        let pairs = buffers.len();
+        if !self.pairs.is_empty() {
             buffers.push(ReplayBuffer {
-                label: "mask".into(),
-                bytes: self.mask.len() as u64 * 4,
-                words: Some(self.mask.clone()),
+                label: "pair data".into(),
+                bytes: self.pairs.len() as u64 * 4,
+                words: Some(self.pairs.clone()),
                 uniform: false,
             });
         }
@@ -161,7 +161,7 @@ impl Plan {
             BufRef::Output(i) => first_output + i,
             BufRef::Scratch(i) => first_scratch + i,
             BufRef::Extras => extras,
-            BufRef::Mask => mask,
+            BufRef::Pairs => pairs,
         };
         let steps = self
             .steps

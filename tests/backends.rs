@@ -192,6 +192,18 @@ fn every_backend_matches_the_reference_with_a_boolean_mask() {
 }
 
 #[test]
+fn every_backend_matches_the_reference_with_a_bias_or_refuses_it() {
+    // a bias shared by batches, one row all -inf, with d_bias; CUDA declares it a gap
+    // (`Unsupported`), which `check_all_dtypes` checks rather than skips
+    on_every_backend!(|b| {
+        let mut c = cfg(2, 45, 70, 4, 2, 64, true);
+        c.bias = Some(common::random_bias(&c, false, true, 0.05, 1));
+        let e = check_all_dtypes(b, &c, 2.0);
+        eprintln!("{} {}: {e:?}", b.backend(), common::describe(&c, 0));
+    });
+}
+
+#[test]
 fn every_backend_gives_zero_and_neg_inf_lse_for_rows_that_see_no_key_and_keeps_large_logits() {
     on_every_backend!(|b| {
         // causal with seq_q > seq_kv: the first seq_q - seq_kv rows see nothing

@@ -94,6 +94,78 @@ fn reference_backward_matches_finite_differences() {
     }
 }
 
+#[test]
+fn reference_bias_gradient_matches_finite_differences() {
+    // A bias shared by batches (d_bias sums them) under a softcap (the bias joins after it:
+    // the softcap's slope must not reach d_bias, and must leave the bias out for dq, dk), with
+    // ALiBi, dropout and a hidden (-inf) entry.
+    let mut c = cfg(2, 5, 6, 2, 1, 3, true);
+    c.softcap = Some(0.8);
+    c.alibi_slopes = Some(common::random_alibi(&c, false));
+    c.dropout = Some(common::random_dropout(0.3));
+    let bias = common::random_bias(&c, false, true, 0.1, 0);
+    c.bias = Some(bias.clone());
+    let data = inputs(&c, 1.0);
+    let g = reference::backward(&c, &data.q, &data.k, &data.v, &data.d_out);
+    let loss = |c: &flash_attn_wgpu::AttentionConfig, q: &[f32], k: &[f32], v: &[f32]| -> f64 {
+        let f = reference::forward(c, q, k, v);
+        f.out
+            .iter()
+            .zip(&data.d_out)
+            .map(|(o, d)| o * *d as f64)
+            .sum()
+    };
+    let h = 1e-3f32;
+    let d_bias = g.d_bias.as_ref().expect("d_bias asked for");
+    assert_eq!(d_bias.len(), bias.len());
+    for idx in 0..bias.len() {
+        let x0 = bias.value((0, idx / 30, idx / 6 % 5, idx % 6));
+        let at = |x: f32| {
+            let mut c2 = c.clone();
+            let mut n = 0;
+            c2.bias = Some(
+                flash_attn_wgpu::ScoreBias::from_fn(bias.shape().into(), |b, h, i, j| {
+                    n += 1;
+                    if n - 1 == idx {
+                        x
+                    } else {
+                        bias.value((b, h, i, j))
+                    }
+                })
+                .unwrap(),
+            );
+            loss(&c2, &data.q, &data.k, &data.v)
+        };
+        // a hidden entry stays hidden: its gradient is 0
+        let fd = if x0 == f32::NEG_INFINITY {
+            0.0
+        } else {
+            (at(x0 + h) - at(x0 - h)) / (2.0 * h as f64)
+        };
+        assert!(
+            (fd - d_bias[idx]).abs() <= 1e-3 * (1.0 + fd.abs()),
+            "d_bias[{idx}]: analytic {} vs finite difference {fd} (seed {})",
+            d_bias[idx],
+            data.seed
+        );
+    }
+    // dq through the softcap with the bias beside it
+    for idx in 0..data.q.len() {
+        let mut q = data.q.clone();
+        q[idx] += h;
+        let up = loss(&c, &q, &data.k, &data.v);
+        q[idx] -= 2.0 * h;
+        let down = loss(&c, &q, &data.k, &data.v);
+        let fd = (up - down) / (2.0 * h as f64);
+        assert!(
+            (fd - g.dq[idx]).abs() <= 1e-3 * (1.0 + fd.abs()),
+            "dq[{idx}]: analytic {} vs finite difference {fd} (seed {})",
+            g.dq[idx],
+            data.seed
+        );
+    }
+}
+
 /// The step of the sinks' central differences.
 fn h_sink() -> f32 {
     1e-3

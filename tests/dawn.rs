@@ -163,6 +163,17 @@ fn cases_of<T: Element>(
     name: &str,
     inputs: Rounded<T>,
 ) -> [ReplayCase; 2] {
+    // a bias joins calls of its own dtype: this case's, rounded
+    let cast;
+    let c = match &c.bias {
+        Some(b) if b.dtype() != T::DTYPE => {
+            let mut c2 = c.clone();
+            c2.bias = Some(b.cast::<T>().expect("a rounded bias is finite or -inf"));
+            cast = c2;
+            &cast
+        }
+        _ => c,
+    };
     let Rounded {
         seed,
         q,
@@ -214,6 +225,15 @@ fn cases_of<T: Element>(
             p.replay_output_buffer(3),
             DType::F32,
             d_sinks,
+        ));
+    }
+    if let Some(d_bias) = &grads.d_bias {
+        let at = 3 + grads.d_sinks.is_some() as usize;
+        bwd.checks.push(tensor_check(
+            "d_bias",
+            p.replay_output_buffer(at),
+            dtype,
+            d_bias,
         ));
     }
     [fwd, bwd]
@@ -339,11 +359,11 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
     let dawn = dawn_adapter(&script);
     let formats = formats(&dawn);
     let mut all = Vec::new();
-    // A sliding window with the score modifiers, key lengths, dropout, a block mask and a
-    // boolean mask (the WINDOW, SOFTCAP, ALIBI, SINKS, SEQLENS, DROPOUT, BLOCKS and MASK
-    // pipeline constants, the extras' uniform binding and the mask's storage one, the
-    // sinks' gradient kernel, Philox under Tint): f32 on every algorithm and variant, the
-    // softcap and ALiBi (per batch and head) in turns.
+    // A sliding window with the score modifiers, key lengths, dropout, a block mask, a
+    // boolean mask and a bias (the WINDOW, SOFTCAP, ALIBI, SINKS, SEQLENS, DROPOUT, BLOCKS,
+    // MASK and BIAS pipeline constants, the extras' uniform binding and the pair data's
+    // storage one, the sinks' and the bias's gradient kernels, Philox under Tint): f32 on
+    // every algorithm and variant, the softcap and ALiBi (per batch and head) in turns.
     {
         let mut c = cfg(2, 70, 90, 2, 1, 32, false);
         c.window = flash_attn_wgpu::Window::new(Some(12), Some(3));
@@ -352,6 +372,7 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
         c.dropout = Some(common::random_dropout(0.25));
         c.block_mask = Some(common::random_block_mask(&c, (16, 24), true, false, 0.6));
         c.mask = Some(common::random_bool_mask(&c, true, false, 0.8, 1));
+        c.bias = Some(common::random_bias(&c, false, true, 0.05, 1));
         for (i, &(algorithm, variant, sg)) in algorithms(&dawn).iter().enumerate() {
             let mut c = c.clone();
             c.algorithm = algorithm;

@@ -313,7 +313,7 @@ fn boolean_masks_that_do_not_fit_the_call_are_invalid_and_named() {
     for (cf, m, want) in [
         (&c, BoolMask::filled((3, 1, 10, 7), true), "mask.batch must be 1 (broadcast) or the call's batch = 2, got 3"),
         (&c, BoolMask::filled((1, 2, 10, 7), true), "mask.heads must be 1 (broadcast) or the call's heads_q = 4, got 2"),
-        (&c, BoolMask::filled((2, 4, 9, 7), true), "mask.seq_q must be the call's seq_q = 10 (masks broadcast over batch and heads only), got 9"),
+        (&c, BoolMask::filled((2, 4, 9, 7), true), "mask.seq_q must be the call's seq_q = 10 (mask broadcasts over batch and heads only), got 9"),
         (&c, BoolMask::filled((1, 1, 10, 8), true), "mask.seq_kv must be the call's seq_kv = 7"),
         (&big, huge, "mask [1, 1, 65536, 65536] has more than 4294967295 entries"),
     ] {
@@ -342,7 +342,7 @@ fn boolean_masks_that_do_not_fit_the_call_are_invalid_and_named() {
 }
 
 #[test]
-fn a_boolean_mask_past_one_binding_is_a_device_limit_error_naming_it() {
+fn a_boolean_mask_or_a_bias_past_one_binding_is_a_device_limit_error_naming_it() {
     // two heads of 32768 x 32768 bits: 256 MiB, past lavapipe's 128 MiB storage binding
     let mut c = cfg(1, 32768, 32768, 2, 1, 4, false);
     c.mask = Some(flash_attn_wgpu::BoolMask::filled(
@@ -356,8 +356,30 @@ fn a_boolean_mask_past_one_binding_is_a_device_limit_error_naming_it() {
     let (q, kv) = data(&c);
     match ctx().forward_host(&c, &q, &kv, &kv) {
         Err(Error::DeviceLimit { what, needed, .. }) => {
-            assert!(what.contains("mask (one bit per pair)"), "{what}");
+            assert!(
+                what.contains("pair data (mask bits and bias entries)"),
+                "{what}"
+            );
             assert_eq!(needed, 256 << 20);
+        }
+        other => panic!("expected DeviceLimit, got {:?}", other.map(|f| f.lse.len())),
+    }
+    // a bias past one binding, in the same binding: 6000 x 6000 f32 entries, 144 MB
+    let mut c = cfg(1, 6000, 6000, 1, 1, 4, false);
+    c.bias = Some(
+        flash_attn_wgpu::ScoreBias::new((1, 1, 6000, 6000), &vec![0.25f32; 36_000_000]).unwrap(),
+    );
+    if limit >= 36_000_000 * 4 {
+        return;
+    }
+    let (q, kv) = data(&c);
+    match ctx().forward_host(&c, &q, &kv, &kv) {
+        Err(Error::DeviceLimit { what, needed, .. }) => {
+            assert!(
+                what.contains("pair data (mask bits and bias entries)"),
+                "{what}"
+            );
+            assert_eq!(needed, 36_000_000 * 4);
         }
         other => panic!("expected DeviceLimit, got {:?}", other.map(|f| f.lse.len())),
     }

@@ -58,12 +58,13 @@ fn shader_bindings_match_the_host_layout() {
             blocks: extras,
             varlen: extras,
             mask: extras,
+            bias: extras,
             subgroup: 0,
             accumulate: false,
         };
         let module = parse_and_validate(&key);
         // with extras (ALiBi slopes, sinks): one uniform binding past the storage ones, then
-        // the boolean mask's read-only storage binding
+        // the pair data's (boolean mask bits, bias entries) read-only storage binding
         let mut found = vec![None; kernel.bindings().len() + 1 + 2 * extras as usize];
         for (_, var) in module.global_variables.iter() {
             let Some(binding) = &var.binding else {
@@ -109,12 +110,12 @@ fn shader_bindings_match_the_host_layout() {
                 "{kernel:?} extras: {:?}",
                 found[slot]
             );
-            let slot = key.mask_slot() as usize;
+            let slot = key.pairs_slot() as usize;
             assert_eq!(slot, found.len() - 1);
             assert!(
                 matches!(&found[slot], Some((naga::AddressSpace::Storage { access }, n))
-                    if n.as_deref() == Some("pair_mask") && !access.contains(naga::StorageAccess::STORE)),
-                "{kernel:?} mask: {:?}",
+                    if n.as_deref() == Some("pair_data") && !access.contains(naga::StorageAccess::STORE)),
+                "{kernel:?} pair data: {:?}",
                 found[slot]
             );
         }
@@ -122,10 +123,11 @@ fn shader_bindings_match_the_host_layout() {
 }
 
 #[test]
-fn every_kernel_fits_the_webgpu_default_of_8_storage_buffers_with_a_boolean_mask() {
+fn every_kernel_fits_the_webgpu_default_of_8_storage_buffers_with_a_mask_and_a_bias() {
     for kernel in Kernel::ALL {
         let key = KernelKey {
             mask: true,
+            bias: true,
             ..KernelKey::plain(kernel)
         };
         assert!(key.storage_bindings() <= 8, "{kernel:?}");
@@ -149,6 +151,7 @@ fn params_layout_matches_the_shader_struct() {
         blocks: false,
         varlen: false,
         mask: false,
+        bias: false,
         subgroup: 0,
         accumulate: false,
     };
@@ -212,7 +215,10 @@ fn params_layout_matches_the_shader_struct() {
         pair_shift,
         mask_b_stride,
         mask_h_stride,
-        mask_cols
+        mask_cols,
+        bias_base,
+        bias_b_stride,
+        bias_h_stride
     );
     assert_eq!(members.len(), host.len());
     for (m, (name, off)) in members.iter().zip(host) {

@@ -87,6 +87,23 @@ fn packed_sequences_survive_the_split_into_query_and_key_windows() {
 }
 
 #[test]
+fn the_bias_gradient_of_a_split_call_is_a_device_limit_naming_its_kernel() {
+    // d_bias's kernel binds q, k, v and d_out whole: a call whose tensors pass one binding
+    // gets a typed error naming the tensor and the kernel, never a wrong or partial d_bias.
+    let ctx = context_with_binding(4 << 10);
+    let mut c = cfg(3, 20, 20, 2, 1, 16, true);
+    c.bias = Some(common::random_bias(&c, false, false, 0.0, 0));
+    let data = common::inputs(&c, 1.0);
+    let f = ctx.forward_host(&c, &data.q, &data.k, &data.v).unwrap();
+    match ctx.backward_host(&c, &data.q, &data.k, &data.v, &f.out, &f.lse, &data.d_out) {
+        Err(Error::DeviceLimit { what, .. }) => {
+            assert!(what.contains("flash_bwd_bias"), "{what}")
+        }
+        other => panic!("expected DeviceLimit naming flash_bwd_bias, got {other:?}"),
+    }
+}
+
+#[test]
 fn alibi_sinks_key_lengths_dropout_block_and_boolean_masks_survive_the_split_into_windows() {
     // Per-(batch, head) slopes index the whole call's batch (a part's batch 0 is not the
     // call's), a resumed row must not count its sink twice, and dropout's RNG takes the whole
@@ -105,8 +122,17 @@ fn alibi_sinks_key_lengths_dropout_block_and_boolean_masks_survive_the_split_int
         c.seqlens_kv = Some(common::random_seqlens(&c));
         c.dropout = Some(common::random_dropout(0.3));
         c.block_mask = Some(common::random_block_mask(&c, (9, 13), true, true, 0.7));
-        // the boolean mask is bound whole and indexed by the whole call's rows and keys
+        // the boolean mask and the bias are bound whole and indexed by the whole call's rows
+        // and keys; the bias, seq_q x seq_kv entries, fits the few KiB of one binding only in
+        // the batch split, shared by the batches (the case a split call with a bias meets: a
+        // batch past one binding). d_bias is not asked for: its kernel binds q, k, v and
+        // d_out whole.
         c.mask = Some(common::random_bool_mask(&c, true, true, 0.8, 1));
+        if want == "batches" {
+            let mut bias = common::random_bias(&c, false, true, 0.05, 1);
+            bias.grad = false;
+            c.bias = Some(bias);
+        }
         assert!(split::choose(&c, DType::F32, &ctx.plan_env())
             .unwrap()
             .is_some());

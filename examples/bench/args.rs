@@ -124,8 +124,13 @@ pub struct Args {
     /// not change: this measures what reading the mask costs)
     #[arg(long, value_name = "DENSITY", value_parser = probability)]
     pub mask_density: Option<f32>,
+    /// An additive bias on every point: one per head ([1, H, N, N], fixed pseudo-random
+    /// values in the point's dtype), with its gradient d_bias in the backward (the FLOPs do
+    /// not change: this measures what reading the bias and computing d_bias cost)
+    #[arg(long, conflicts_with = "varlen")]
+    pub bias: bool,
     /// Measure every point also without the modifiers (--softcap, --alibi, --sinks,
-    /// --kv-fill, --dropout, --block-density, --varlen, --mask-density), side by side
+    /// --kv-fill, --dropout, --block-density, --varlen, --mask-density, --bias), side by side
     #[arg(long)]
     pub mods_both: bool,
     /// Which pass to time

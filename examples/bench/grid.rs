@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use flash_attn_wgpu::{
-    plan, Algorithm, AttentionConfig, Context, DType, Error, Tuning, Variant, Window,
+    plan, Algorithm, AttentionConfig, Context, DType, Error, ScoreBias, Tuning, Variant, Window,
 };
 
 use crate::args::{AlgArg, Args, PassArg};
@@ -23,7 +23,14 @@ pub struct Shape {
 }
 
 impl Shape {
-    fn config(&self, causal: bool, window: Window, mods: &Mods, alg: Algorithm) -> AttentionConfig {
+    fn config(
+        &self,
+        causal: bool,
+        window: Window,
+        mods: &Mods,
+        alg: Algorithm,
+        dtype: DType,
+    ) -> AttentionConfig {
         let mut cfg = if mods.varlen {
             // the batch's sequences packed end to end: the same pairs in one varlen call
             let cu: Vec<u32> = (0..=self.batch).map(|b| (b * self.seq) as u32).collect();
@@ -81,13 +88,35 @@ impl Shape {
                 (w[0] as u64) < cut
             })
         });
+        cfg.bias = mods.bias.then(|| {
+            // one bias per head, fixed pseudo-random values in [-2, 2) from Philox words of
+            // (h, i, j), in the point's dtype, with d_bias
+            let dims = (1, self.heads, cfg.seq_q, cfg.seq_kv);
+            let value = |h: usize, i: usize, j: usize| {
+                let w = flash_attn_wgpu::dropout::philox4x32_10(
+                    [i as u32, j as u32, h as u32, 2],
+                    [0x5eed, 0],
+                );
+                (w[0] >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+            };
+            let bias = match dtype {
+                DType::F32 => ScoreBias::from_fn(dims, |_, h, i, j| value(h, i, j)),
+                DType::F16 => {
+                    ScoreBias::from_fn(dims, |_, h, i, j| half::f16::from_f32(value(h, i, j)))
+                }
+                DType::BF16 => {
+                    ScoreBias::from_fn(dims, |_, h, i, j| half::bf16::from_f32(value(h, i, j)))
+                }
+            };
+            bias.expect("finite bias values").with_grad()
+        });
         cfg.algorithm = alg;
         cfg
     }
 }
 
 /// The score modifiers of every point: --softcap, --alibi, --sinks, --kv-fill, --dropout,
-/// --block-density, --varlen, --mask-density.
+/// --block-density, --varlen, --mask-density, --bias.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Mods {
     pub softcap: Option<f32>,
@@ -101,6 +130,8 @@ pub struct Mods {
     pub varlen: bool,
     /// --mask-density
     pub mask: Option<f32>,
+    /// --bias
+    pub bias: bool,
 }
 
 /// What to measure, resolved from the flags and checked before the GPU is touched.
@@ -171,6 +202,7 @@ impl Grid {
             blocks: a.block_density.map(|d| (d, a.block_size.max(1))),
             varlen: a.varlen,
             mask: a.mask_density,
+            bias: a.bias,
         };
         let mods = if a.mods_both {
             vec![Mods::default(), mods]
@@ -195,6 +227,7 @@ impl Grid {
                             windows[windows.len() - 1],
                             &mods[mods.len() - 1],
                             Algorithm::Tiled,
+                            DType::F32,
                         )
                         .validate()
                         .map_err(|e| {
@@ -315,7 +348,7 @@ pub fn run(
                         ..base
                     })?;
                     let tiles = ModelTiles::new(ctx, kernels, shape.head_dim)?;
-                    let cfg = shape.config(causal, window, mods, alg);
+                    let cfg = shape.config(causal, window, mods, alg, dt);
                     let heaviest = if need_bwd { Pass::FwdBwd } else { Pass::Fwd };
                     let elapsed = started.elapsed().as_secs_f64();
                     let predicted = slowest

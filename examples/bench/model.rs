@@ -140,6 +140,9 @@ pub fn mask_label(cfg: &AttentionConfig) -> String {
     if let Some(m) = &cfg.mask {
         label += &format!(" mask at {:.3}", m.density());
     }
+    if cfg.bias.is_some() {
+        label += " bias";
+    }
     label
 }
 

@@ -190,6 +190,13 @@ impl CudaContext {
                 reason: "the CUDA path has the tiled kernels only; use the wgpu path".into(),
             });
         }
+        if cfg.bias.is_some() {
+            return Err(Error::Unsupported {
+                feature: "an additive bias (AttentionConfig::bias)".into(),
+                backend: crate::Backend::Cuda,
+                reason: "the CUDA kernels have no bias yet; use the wgpu path".into(),
+            });
+        }
         let kernel = CudaKernel::for_pass(pass, dtype, cfg.head_dim as u32);
         let mut key = CudaKey::new(kernel, dtype, cfg.head_dim as u32, self.arch)?;
         key.softcap = cfg.softcap.is_some();
@@ -492,6 +499,8 @@ impl CudaContext {
             dk,
             dv,
             d_sinks,
+            // a bias is refused before any launch (`CudaContext::prepare`)
+            d_bias: None,
         })
     }
 }

@@ -66,9 +66,9 @@ impl Context {
                         key.uses_extras()
                             .then(|| entry(key.extras_slot(), wgpu::BufferBindingType::Uniform)),
                     )
-                    .chain(key.mask.then(|| {
+                    .chain(key.uses_pairs().then(|| {
                         entry(
-                            key.mask_slot(),
+                            key.pairs_slot(),
                             wgpu::BufferBindingType::Storage { read_only: true },
                         )
                     }))

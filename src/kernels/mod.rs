@@ -33,6 +33,7 @@ pub enum Kernel {
     FlashBwdDkDvCoop,
     FlashBwdDqCoop,
     FlashBwdSinks,
+    FlashBwdBias,
     NaiveScores,
     NaiveSoftmax,
     NaivePv,
@@ -88,7 +89,7 @@ use Access::{Read as R, ReadWrite as W};
 use BindType::{Elem as E, Vec2F32 as V2, Vec4F32 as V4, F32, U32};
 
 impl Kernel {
-    pub const ALL: [Kernel; 28] = [
+    pub const ALL: [Kernel; 29] = [
         Kernel::FlashFwd,
         Kernel::FlashBwdPreprocess,
         Kernel::FlashBwdDkDv,
@@ -103,6 +104,7 @@ impl Kernel {
         Kernel::FlashBwdDkDvCoop,
         Kernel::FlashBwdDqCoop,
         Kernel::FlashBwdSinks,
+        Kernel::FlashBwdBias,
         Kernel::NaiveScores,
         Kernel::NaiveSoftmax,
         Kernel::NaivePv,
@@ -135,6 +137,7 @@ impl Kernel {
             Kernel::FlashBwdDkDvCoop => "flash_bwd_dkdv_coop",
             Kernel::FlashBwdDqCoop => "flash_bwd_dq_coop",
             Kernel::FlashBwdSinks => "flash_bwd_sinks",
+            Kernel::FlashBwdBias => "flash_bwd_bias",
             Kernel::NaiveScores => "naive_scores",
             Kernel::NaiveSoftmax => "naive_softmax",
             Kernel::NaivePv => "naive_pv",
@@ -170,6 +173,7 @@ impl Kernel {
             Kernel::FlashBwdDkDvCoop => include_str!("../../shaders/flash_bwd_dkdv_coop.wgsl"),
             Kernel::FlashBwdDqCoop => include_str!("../../shaders/flash_bwd_dq_coop.wgsl"),
             Kernel::FlashBwdSinks => include_str!("../../shaders/flash_bwd_sinks.wgsl"),
+            Kernel::FlashBwdBias => include_str!("../../shaders/flash_bwd_bias.wgsl"),
             Kernel::NaiveScores => include_str!("../../shaders/naive_scores.wgsl"),
             Kernel::NaiveSoftmax => include_str!("../../shaders/naive_softmax.wgsl"),
             Kernel::NaivePv => include_str!("../../shaders/naive_pv.wgsl"),
@@ -220,6 +224,7 @@ impl Kernel {
             | Kernel::FlashBwdDqBlocks
             | Kernel::FlashBwdDqCoop => const { &[Q, K, V, D_OUT, LSE_DELTA, b("dq", E, W)] },
             Kernel::FlashBwdSinks => const { &[LSE_DELTA, b("d_sinks", F32, W)] },
+            Kernel::FlashBwdBias => const { &[Q, K, V, D_OUT, LSE_DELTA, b("d_bias", E, W)] },
             Kernel::NaiveScores => const { &[Q, K, b("scores", F32, W)] },
             Kernel::NaiveSoftmax => {
                 const { &[b("scores", F32, R), b("probs", F32, W), b("lse", F32, W)] }
@@ -261,6 +266,7 @@ impl Kernel {
                     | Kernel::NaiveBwdProbs
                     | Kernel::NaiveBwdDs
                     | Kernel::FlashBwdSinks
+                    | Kernel::FlashBwdBias
             )
     }
 
@@ -270,7 +276,10 @@ impl Kernel {
         self.is_tiled()
             || matches!(
                 self,
-                Kernel::NaiveSoftmax | Kernel::NaiveBwdDs | Kernel::NaiveBwdDkDv
+                Kernel::NaiveSoftmax
+                    | Kernel::NaiveBwdDs
+                    | Kernel::NaiveBwdDkDv
+                    | Kernel::FlashBwdBias
             )
     }
 
@@ -286,6 +295,7 @@ impl Kernel {
             self,
             Kernel::Cast
                 | Kernel::FlashBwdPreprocess
+                | Kernel::FlashBwdBias
                 | Kernel::NaiveScores
                 | Kernel::NaivePv
                 | Kernel::NaiveBwdProbs

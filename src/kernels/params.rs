@@ -84,6 +84,13 @@ pub struct Params {
     pub mask_b_stride: u32,
     pub mask_h_stride: u32,
     pub mask_cols: u32,
+    /// Bias: the word of the pair data (`Plan::pairs`) where its entries start (after the
+    /// boolean mask's bits), and the entries between one batch's grid and the next and one
+    /// query head's and the next (0 along a broadcast dimension); its rows are `mask_cols`
+    /// entries apart, as the mask's.
+    pub bias_base: u32,
+    pub bias_b_stride: u32,
+    pub bias_h_stride: u32,
 }
 
 impl Params {
@@ -113,6 +120,9 @@ impl Params {
             sequences: cfg.varlen.as_ref().map_or(0, |v| v.sequences() as u32),
             mask_b_stride: cfg.mask.as_ref().map_or(0, |m| m.strides().0 as u32),
             mask_h_stride: cfg.mask.as_ref().map_or(0, |m| m.strides().1 as u32),
+            bias_base: cfg.mask.as_ref().map_or(0, |m| m.words().len() as u32),
+            bias_b_stride: cfg.bias.as_ref().map_or(0, |b| b.strides().0 as u32),
+            bias_h_stride: cfg.bias.as_ref().map_or(0, |b| b.strides().1 as u32),
             // blocks of 1 x 1 until a mask says otherwise (never a division by zero)
             block_q: 1,
             block_kv: 1,

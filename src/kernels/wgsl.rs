@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 
 use super::tiles::PIN_WORDS;
 use super::{Access, BindType, Binding, Kernel, Tiles};
-use crate::dtype::ElemFormat;
+use crate::dtype::{DType, ElemFormat};
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
 const BLOCKS: &str = include_str!("../../shaders/blocks.wgsl");
@@ -81,9 +81,12 @@ pub struct KernelKey {
     /// Packed variable-length sequences (the VARLEN override; the boundaries are in the
     /// call's extras).
     pub varlen: bool,
-    /// A boolean mask over pairs (the MASK override; its bits are a storage binding after the
-    /// extras, `mask_slot`).
+    /// A boolean mask over pairs (the MASK override; its bits are in the pair data, a storage
+    /// binding after the extras, `pairs_slot`).
     pub mask: bool,
+    /// An additive bias over pairs (the BIAS override; its entries, in the key's dtype, are in
+    /// the pair data after the mask's bits).
+    pub bias: bool,
     /// Rows kernels: the fixed subgroup size they share tile reads across, or 0 for none.
     pub subgroup: u32,
     /// A windowed call's pass (tiled kernels only): the element outputs are f32 buffers that
@@ -109,6 +112,7 @@ impl KernelKey {
             blocks: false,
             varlen: false,
             mask: false,
+            bias: false,
             subgroup: 0,
             accumulate: false,
         }
@@ -116,7 +120,7 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{}{}{} sg={}{}",
+            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{}{}{}{} sg={}{}",
             self.kernel.name(),
             self.elem.name(),
             self.head_dim,
@@ -138,6 +142,7 @@ impl KernelKey {
             if self.blocks { " blocks" } else { "" },
             if self.varlen { " varlen" } else { "" },
             if self.mask { " mask" } else { "" },
+            if self.bias { " bias" } else { "" },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" }
         )
@@ -167,14 +172,21 @@ impl KernelKey {
         self.kernel.bindings().len() as u32 + 1
     }
 
-    /// The binding slot of the boolean mask: after the extras where the pipeline has them.
-    pub fn mask_slot(&self) -> u32 {
+    /// True when the pipeline binds the call's pair data (`Plan::pairs`: the boolean mask's
+    /// bits, then the bias's entries), one read-only storage array of words whichever of the
+    /// two the call has, so that both together take one binding.
+    pub fn uses_pairs(&self) -> bool {
+        self.mask || self.bias
+    }
+
+    /// The binding slot of the pair data: after the extras where the pipeline has them.
+    pub fn pairs_slot(&self) -> u32 {
         self.extras_slot() + self.uses_extras() as u32
     }
 
-    /// Storage bindings the pipeline declares: the kernel's, and the mask's.
+    /// Storage bindings the pipeline declares: the kernel's, and the pair data's.
     pub fn storage_bindings(&self) -> u32 {
-        self.kernel.bindings().len() as u32 + self.mask as u32
+        self.kernel.bindings().len() as u32 + self.uses_pairs() as u32
     }
 
     /// True when the kernel uses the `f16` type (native f16 storage, or f16 arithmetic): it
@@ -211,7 +223,7 @@ impl KernelKey {
             }
         }
         s.push_str(&self.extras_wgsl());
-        s.push_str(&self.mask_wgsl());
+        s.push_str(&self.pairs_wgsl());
         if self.kernel.is_rows_variant() {
             s.push_str(&super::rows::lane_prelude(
                 self.subgroup,
@@ -282,17 +294,37 @@ impl KernelKey {
         )
     }
 
-    /// `mask_bit(k)`: bit k of the call's boolean mask (`Plan::mask`), from a read-only
-    /// storage array of words; constant true for pipelines without a mask.
-    fn mask_wgsl(&self) -> String {
-        if !self.mask {
-            return "fn mask_bit(k: u32) -> bool { return true; }\n".into();
+    /// `mask_bit(k)`: bit k of the call's boolean mask, and `bias_entry(k)`: entry k of its
+    /// bias (as f32, from the key's dtype, two entries a word for halves), from the pair data
+    /// (`Plan::pairs`), a read-only storage array of words; constant true and 0 for pipelines
+    /// without them.
+    fn pairs_wgsl(&self) -> String {
+        let mut s = String::new();
+        if self.uses_pairs() {
+            let _ = writeln!(
+                s,
+                "@group(0) @binding({}) var<storage, read> pair_data: array<u32>;",
+                self.pairs_slot()
+            );
         }
-        format!(
-            "@group(0) @binding({}) var<storage, read> pair_mask: array<u32>;\n\
-             fn mask_bit(k: u32) -> bool {{ return ((pair_mask[k >> 5u] >> (k & 31u)) & 1u) == 1u; }}\n",
-            self.mask_slot()
-        )
+        s.push_str(if self.mask {
+            "fn mask_bit(k: u32) -> bool { return ((pair_data[k >> 5u] >> (k & 31u)) & 1u) == 1u; }\n"
+        } else {
+            "fn mask_bit(k: u32) -> bool { return true; }\n"
+        });
+        s.push_str(match (self.bias, self.elem.dtype()) {
+            (false, _) => "fn bias_entry(k: u32) -> f32 { return 0.0; }\n",
+            (true, DType::F32) => {
+                "fn bias_entry(k: u32) -> f32 { return bitcast<f32>(pair_data[params.bias_base + k]); }\n"
+            }
+            (true, DType::F16) => {
+                "fn bias_entry(k: u32) -> f32 { return unpack2x16float(pair_data[params.bias_base + (k >> 1u)])[k & 1u]; }\n"
+            }
+            (true, DType::BF16) => {
+                "fn bias_entry(k: u32) -> f32 { return bf16_word_to_f32(pair_data[params.bias_base + (k >> 1u)], k & 1u); }\n"
+            }
+        });
+        s
     }
 
     fn shape_constants(&self) -> String {
@@ -336,6 +368,7 @@ impl KernelKey {
             ("BLOCKS", flag(self.blocks)),
             ("VARLEN", flag(self.varlen)),
             ("MASK", flag(self.mask)),
+            ("BIAS", flag(self.bias)),
         ]
     }
 }

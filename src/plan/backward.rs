@@ -29,9 +29,11 @@ pub(super) const DV: BufRef = Output(2);
 pub(super) const LSE_DELTA: BufRef = Scratch(0);
 pub(super) const D_SINKS: BufRef = Output(3);
 
-/// Plans `dq, dk, dv` (and, with sinks, `d_sinks`) from q, k, v, out, lse (f32) and d_out.
-/// dq, dk and dv take the inputs' dtype; d_sinks is f32.
+/// Plans `dq, dk, dv` (and, with sinks, `d_sinks`; with a bias that asks for it, `d_bias`)
+/// from q, k, v, out, lse (f32) and d_out. dq, dk, dv and d_bias take the inputs' dtype;
+/// d_sinks is f32.
 pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
+    super::check_bias_dtype(cfg, dtype)?;
     let mut plan = passes(cfg, dtype, env)?;
     if cfg.sinks.is_some() {
         plan.outputs.push(OutputSpec {
@@ -48,6 +50,25 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
             buffers: vec![LSE_DELTA, D_SINKS],
             windows: Vec::new(),
             workgroups: cfg.heads_q as u32,
+        });
+    }
+    if let Some(bias) = cfg.bias.as_ref().filter(|b| b.grad) {
+        // one invocation per bias entry over its whole (batch, head) reach, tensors bound
+        // whole (a call past one binding is a DeviceLimit naming them)
+        let d_bias = Output(plan.outputs.len());
+        plan.outputs.push(OutputSpec {
+            role: TensorRole::DBias,
+            shape: bias.shape().to_vec(),
+            dtype,
+        });
+        let mut params = Params::from_config(cfg);
+        params.total_items = bias.len() as u32;
+        plan.steps.push(Step {
+            key: key(Kernel::FlashBwdBias, cfg, Tiles::ONE, dtype, env),
+            params,
+            buffers: vec![Q, K, V, D_OUT, LSE_DELTA, d_bias],
+            windows: Vec::new(),
+            workgroups: bias.len().div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
         });
     }
     plan.attach_extras(cfg)?;
@@ -88,7 +109,7 @@ fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
         }],
         steps: Vec::new(),
         extras: Vec::new(),
-        mask: Vec::new(),
+        pairs: Vec::new(),
     };
     if cfg.algorithm == Algorithm::Tiled {
         if let Some(parts) = split::choose(cfg, dtype, env)? {

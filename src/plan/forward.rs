@@ -14,6 +14,7 @@ use BufRef::{Input, Output, Scratch};
 
 /// Plans `out, lse = attention(q, k, v)`. Inputs: q, k, v. Outputs: out (dtype), lse (f32).
 pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
+    super::check_bias_dtype(cfg, dtype)?;
     let mut plan = Plan {
         inputs: vec![TensorRole::Q, TensorRole::K, TensorRole::V],
         outputs: vec![
@@ -31,7 +32,7 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
         scratch: Vec::new(),
         steps: Vec::new(),
         extras: Vec::new(),
-        mask: Vec::new(),
+        pairs: Vec::new(),
     };
     match cfg.algorithm {
         Algorithm::Tiled => match split::choose(cfg, dtype, env)? {

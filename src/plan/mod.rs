@@ -38,9 +38,9 @@ pub enum BufRef {
     Scratch(usize),
     /// The call's extras (`Plan::extras`), bound as a uniform array (`KernelKey::uses_extras`).
     Extras,
-    /// The call's boolean mask bits (`Plan::mask`), a read-only storage binding after the
-    /// extras (`KernelKey::mask`).
-    Mask,
+    /// The call's pair data (`Plan::pairs`: boolean mask bits, bias entries), a read-only
+    /// storage binding after the extras (`KernelKey::uses_pairs`).
+    Pairs,
 }
 
 /// A tensor the call creates (zero-filled before the first step).
@@ -97,9 +97,10 @@ pub struct Plan {
     /// slopes, sinks, key lengths) as 32-bit words, uploaded once per call into a uniform
     /// buffer of `EXTRAS_WORDS` words; empty if none.
     pub extras: Vec<u32>,
-    /// The boolean mask's bits ([`crate::BoolMask::words`]), uploaded once per call into a
-    /// storage buffer; empty without a mask.
-    pub mask: Vec<u32>,
+    /// The pair data: the boolean mask's bits ([`crate::BoolMask::words`]), then the bias's
+    /// entries ([`crate::ScoreBias::words`], from word `Params::bias_base`), uploaded once per
+    /// call into one storage buffer; empty without either.
+    pub pairs: Vec<u32>,
 }
 
 impl Plan {
@@ -123,11 +124,14 @@ impl Plan {
                     .into(),
             });
         }
-        self.mask = cfg.mask.as_ref().map_or(Vec::new(), |m| m.words().to_vec());
+        self.pairs = cfg.mask.as_ref().map_or(Vec::new(), |m| m.words().to_vec());
+        if let Some(b) = &cfg.bias {
+            self.pairs.extend_from_slice(b.words());
+        }
         for s in &mut self.steps {
             for (on, r) in [
                 (s.key.uses_extras(), BufRef::Extras),
-                (s.key.mask, BufRef::Mask),
+                (s.key.uses_pairs(), BufRef::Pairs),
             ] {
                 if on {
                     s.buffers.push(r);
@@ -160,7 +164,7 @@ impl Plan {
             }
             BufRef::Scratch(i) => self.scratch[i].bytes.max(4).next_multiple_of(4),
             BufRef::Extras => crate::kernels::wgsl::EXTRAS_WORDS as u64 * 4,
-            BufRef::Mask => (self.mask.len() as u64 * 4).max(4),
+            BufRef::Pairs => (self.pairs.len() as u64 * 4).max(4),
         }
     }
 
@@ -183,7 +187,7 @@ impl Plan {
                         BufRef::Output(i) => self.outputs[i].role.to_string(),
                         BufRef::Scratch(i) => self.scratch[i].label.to_string(),
                         BufRef::Extras => "extras".to_string(),
-                        BufRef::Mask => "mask (one bit per pair)".to_string(),
+                        BufRef::Pairs => "pair data (mask bits and bias entries)".to_string(),
                     };
                     return Err(crate::Error::DeviceLimit {
                         what: format!("{name} bound by {}", s.key.kernel.name()),
@@ -208,6 +212,19 @@ impl Plan {
     }
 }
 
+/// The bias is in the call's dtype (`Error::DType` naming it otherwise): the kernels read its
+/// entries in the inputs' storage format.
+pub(crate) fn check_bias_dtype(cfg: &AttentionConfig, dtype: DType) -> crate::Result<()> {
+    match &cfg.bias {
+        Some(b) if b.dtype() != dtype => Err(crate::Error::DType {
+            tensor: TensorRole::Bias.to_string(),
+            expected: dtype,
+            got: b.dtype(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Plans a device-side cast of `elements` f32 values to `dtype` (input: the f32 tensor).
 pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
     let n: usize = shape.iter().product();
@@ -224,7 +241,7 @@ pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
         }],
         scratch: Vec::new(),
         extras: Vec::new(),
-        mask: Vec::new(),
+        pairs: Vec::new(),
         steps: vec![Step {
             key,
             params: Params {
@@ -325,7 +342,8 @@ pub(crate) fn key(
 ) -> KernelKey {
     KernelKey {
         kernel,
-        elem: if kernel.has_elem_bindings() {
+        // the bias is read in the call's dtype, also by kernels without element tensors
+        elem: if kernel.has_elem_bindings() || (kernel.finishes_scores() && cfg.bias.is_some()) {
             ElemFormat::new(dtype, env.tuning.half_storage)
         } else {
             ElemFormat::F32
@@ -342,6 +360,7 @@ pub(crate) fn key(
         blocks: kernel.finishes_scores() && cfg.block_mask.is_some(),
         varlen: kernel.finishes_scores() && cfg.varlen.is_some(),
         mask: kernel.finishes_scores() && cfg.mask.is_some(),
+        bias: kernel.finishes_scores() && cfg.bias.is_some(),
         subgroup: if kernel.is_rows_variant() {
             env.tuning.rows_subgroup
         } else {

@@ -25,11 +25,12 @@ pub enum Gap {
 }
 
 /// What `backend` declares it cannot do for `dtype` and `cfg` (README, "The CUDA path"): the
-/// CUDA path has no naive algorithm (it is the wgpu path's baseline, not a feature).
+/// CUDA path has no naive algorithm (it is the wgpu path's baseline, not a feature) and no
+/// additive bias yet.
 pub fn declared_gap(backend: Backend, _dtype: DType, cfg: &AttentionConfig) -> Gap {
     match backend {
         Backend::Wgpu => Gap::None,
-        Backend::Cuda if cfg.algorithm == Algorithm::Naive => Gap::Forward,
+        Backend::Cuda if cfg.algorithm == Algorithm::Naive || cfg.bias.is_some() => Gap::Forward,
         Backend::Cuda => Gap::None,
     }
 }
@@ -69,6 +70,17 @@ pub fn check_case<B: AttentionBackend, T: Element>(
     msg: &str,
     gap: Gap,
 ) -> Errors {
+    // a bias joins calls of its own dtype: the case's, rounded
+    let cast;
+    let cfg = match &cfg.bias {
+        Some(bias) if bias.dtype() != T::DTYPE => {
+            let mut c = cfg.clone();
+            c.bias = Some(bias.cast::<T>().expect("a rounded bias is finite or -inf"));
+            cast = c;
+            &cast
+        }
+        _ => cfg,
+    };
     let Rounded {
         seed,
         q,
@@ -113,7 +125,14 @@ pub fn check_case<B: AttentionBackend, T: Element>(
         (None, None) => {}
         (got, _) => panic!("d_sinks: got {got:?}, sinks {:?} ({msg})", cfg.sinks),
     }
-    let [dq_floor, dk_floor, dv_floor] = gradient_floors(cfg, [&qr, &kr, &vr, &dor]);
+    let [dq_floor, dk_floor, dv_floor, d_bias_floor] = gradient_floors(cfg, [&qr, &kr, &vr, &dor]);
+    match (&g.d_bias, &wg.d_bias) {
+        (Some(got), Some(want)) => {
+            assert_close_floor("d_bias", &to_f32_vec(got), want, tol, d_bias_floor, &msg);
+        }
+        (None, None) => {}
+        (got, _) => panic!("d_bias: got {}, bias {:?} ({msg})", got.is_some(), cfg.bias),
+    }
     Errors {
         out: e_out,
         dq: assert_close_floor("dq", &to_f32_vec(&g.dq), &wg.dq, tol, dq_floor, &msg),
@@ -127,13 +146,18 @@ pub fn check_case<B: AttentionBackend, T: Element>(
 /// cancel exactly where a row sees a single key (P = 1, dP = delta), so dq and dk can be 0
 /// in exact arithmetic with f32 rounding errors of that size relative to dP; the tolerance
 /// is then taken against these (dq: scale |dP| |k|, dk: scale |dP| |q|, dv: |dO| times the
-/// dropout factor) rather than against the result.
-fn gradient_floors(cfg: &AttentionConfig, [q, k, v, d_out]: [&[f32]; 4]) -> [f64; 3] {
+/// dropout factor, d_bias: |dP| P with P ~ 1 / seq_kv) rather than against the result.
+fn gradient_floors(cfg: &AttentionConfig, [q, k, v, d_out]: [&[f32]; 4]) -> [f64; 4] {
     let max = |x: &[f32]| x.iter().fold(0.0f64, |m, y| m.max(y.abs() as f64));
     let z = cfg.dropout.map_or(1.0, |d| 1.0 / (1.0 - d.p as f64));
     let dp = (cfg.head_dim as f64).sqrt() * max(d_out) * max(v) * z;
     let scale = cfg.scale() as f64;
-    [scale * dp * max(k), scale * dp * max(q), max(d_out) * z]
+    [
+        scale * dp * max(k),
+        scale * dp * max(q),
+        max(d_out) * z,
+        dp / cfg.seq_kv.max(1) as f64,
+    ]
 }
 
 /// The dtypes a case runs in on `backend`. CUDA: all three (this suite is its only

@@ -199,6 +199,15 @@ pub fn describe(cfg: &AttentionConfig, seed: u64) -> String {
             m.density()
         );
     }
+    if let Some(b) = &cfg.bias {
+        mods += &format!(
+            " bias([{}, {}], {}{})",
+            b.batch,
+            b.heads,
+            b.dtype(),
+            if b.grad { ", grad" } else { "" }
+        );
+    }
     if let Some(d) = &cfg.dropout {
         mods += &format!(
             " dropout(p={}, seed={:#x}, offset={:#x})",
@@ -306,6 +315,32 @@ pub fn random_bool_mask(
     })
 }
 
+/// A fresh random f32 bias in [-2, 2] with about `hidden` of its entries -inf, one grid per
+/// batch and per query head (or shared: `per_batch` / `per_head` false), and `hidden_rows`
+/// rows of every grid all -inf; asking for `d_bias`.
+pub fn random_bias(
+    cfg: &AttentionConfig,
+    per_batch: bool,
+    per_head: bool,
+    hidden: f64,
+    hidden_rows: usize,
+) -> flash_attn_wgpu::ScoreBias {
+    let mut rng = StdRng::seed_from_u64(fresh_seed());
+    let rows: Vec<usize> = (0..hidden_rows)
+        .map(|_| rng.random_range(0..cfg.seq_q))
+        .collect();
+    let dims = mask_dims(cfg, per_batch, per_head);
+    flash_attn_wgpu::ScoreBias::from_fn(dims, |_, _, i, _| {
+        if rows.contains(&i) || rng.random_bool(hidden) {
+            f32::NEG_INFINITY
+        } else {
+            rng.random_range(-2.0f32..2.0)
+        }
+    })
+    .expect("a random bias is finite or -inf")
+    .with_grad()
+}
+
 /// Runs the forward pass of both algorithms against the reference.
 pub fn check_forward(base: &AttentionConfig, amp: f32) {
     let data = inputs(base, amp);
@@ -344,6 +379,11 @@ pub fn check_backward(base: &AttentionConfig, amp: f32) {
             (Some(got), Some(want)) => assert_close("d_sinks", got, want, &msg),
             (None, None) => {}
             (got, _) => panic!("d_sinks: got {got:?}, sinks {:?} ({msg})", cfg.sinks),
+        }
+        match (&g.d_bias, &want.d_bias) {
+            (Some(got), Some(want)) => assert_close("d_bias", got, want, &msg),
+            (None, None) => {}
+            (got, _) => panic!("d_bias: got {got:?}, bias {:?} ({msg})", cfg.bias),
         }
     }
 }

@@ -86,6 +86,7 @@ pub fn variants() -> Vec<KernelKey> {
                                             blocks: window,
                                             varlen: window,
                                             mask: window,
+                                            bias: window,
                                             subgroup,
                                             accumulate,
                                         });
