@@ -53,7 +53,7 @@ __device__ __forceinline__ elem_t from_f32(float x) {
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (132 bytes, 4-aligned)
+// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (144 bytes, 4-aligned)
 struct AttnShape {
     unsigned int seq_q;
     unsigned int seq_kv;
@@ -87,7 +87,10 @@ struct AttnShape {
     unsigned int mask_base;       // MASK: extras index of the boolean mask's first word
     unsigned int mask_b_stride;   //   bits between batches' grids and heads' grids (0 along
     unsigned int mask_h_stride;   //   a broadcast dimension)
-    unsigned int mask_cols;       //   bits between rows (seq_kv)
+    unsigned int mask_cols;       //   bits between rows (seq_kv); the bias's entries too
+    unsigned int bias_base;       // BIAS: extras index of the bias's first word
+    unsigned int bias_b_stride;   //   entries between batches' grids and heads' grids (0
+    unsigned int bias_h_stride;   //   along a broadcast dimension)
 };
 
 // A softcap (-DSOFTCAP=1): a score x in the exp2 domain becomes C tanh(x / C), C = c log2(e),
@@ -134,6 +137,13 @@ __device__ __forceinline__ float softcap_slope(const AttnShape& p, float s) {
 // seq_q x seq_kv bits per (batch, query head), as pair_on in shaders/common.wgsl.
 #ifndef MASK
 #define MASK 0
+#endif
+// An additive bias over pairs (-DBIAS=1): its entries, in the element type, in the extras from
+// bias_base (after the boolean mask's words), one grid of seq_q x seq_kv per (batch, query
+// head) or shared along a broadcast dimension, added to finished scores, as pair_bias in
+// shaders/common.wgsl.
+#ifndef BIAS
+#define BIAS 0
 #endif
 
 // The call's scalars as the kernels and the masking helpers below see them (for_batch builds
@@ -211,6 +221,10 @@ struct HeadMods {
     const float* mask;      // the boolean mask's words (the extras from mask_base)
     unsigned int mask_grid; // the bit of pair (0, 0) of this (batch, query head)'s grid
 #endif
+#if BIAS
+    const elem_t* bias;     // the bias's entries (the extras from bias_base)
+    unsigned int bias_grid; // the entry of pair (0, 0) of this (batch, query head)'s grid
+#endif
 };
 __device__ __forceinline__ HeadMods head_mods(const AttnShape& p, const float* __restrict__ extras,
                                               unsigned int b, unsigned int h) {
@@ -231,6 +245,10 @@ __device__ __forceinline__ HeadMods head_mods(const AttnShape& p, const float* _
     m.mask = extras + p.mask_base;
     m.mask_grid = b * p.mask_b_stride + h * p.mask_h_stride;
 #endif
+#if BIAS
+    m.bias = reinterpret_cast<const elem_t*>(extras + p.bias_base);
+    m.bias_grid = b * p.bias_b_stride + h * p.bias_h_stride;
+#endif
     return m;
 }
 
@@ -250,18 +268,30 @@ __device__ __forceinline__ float alibi_term(const CallShape& p, const HeadMods& 
 #endif
 }
 
-// the score softmax sees, from x = q.k * scale * log2(e): softcapped, then ALiBi's term added
-// (finish_score in shaders/common.wgsl, without the mask, which callers apply)
+// the bias's entry for row i and key j in the exp2 domain (rows and keys past the end read
+// their last one: the mask hides them); 0 without a bias
+__device__ __forceinline__ float bias_term(const CallShape& p, const HeadMods& hm, unsigned int i,
+                                           unsigned int j) {
+#if BIAS
+    const unsigned int e = hm.bias_grid + min(i, p.seq_q - 1) * p.mask_cols + min(j, p.seq_kv - 1);
+    return to_f32(hm.bias[e]) * LOG2E;
+#else
+    return 0.f;
+#endif
+}
+
+// the score softmax sees, from x = q.k * scale * log2(e): softcapped, then ALiBi's term and the
+// bias added (finish_score in shaders/common.wgsl, without the mask, which callers apply)
 __device__ __forceinline__ float finish_score(const CallShape& p, const HeadMods& hm, float x,
                                               unsigned int i, unsigned int j) {
-    return softcap_score(p, x) + alibi_term(p, hm, i, j);
+    return softcap_score(p, x) + alibi_term(p, hm, i, j) + bias_term(p, hm, i, j);
 }
 
 // d(finished score) / dx at finished score s of pair (i, j): the softcap's slope at the
-// capped score (ALiBi's term taken out); 1 without a softcap
+// capped score (ALiBi's term and the bias taken out); 1 without a softcap
 __device__ __forceinline__ float score_slope(const CallShape& p, const HeadMods& hm, float s,
                                              unsigned int i, unsigned int j) {
-    return softcap_slope(p, s - alibi_term(p, hm, i, j));
+    return softcap_slope(p, s - alibi_term(p, hm, i, j) - bias_term(p, hm, i, j));
 }
 
 // Dropout (-DDROPOUT=1) on the attention probabilities, as Dropout::keeps in src/dropout.rs
@@ -671,5 +701,66 @@ extern "C" __global__ void __launch_bounds__(256) flash_sinks_grad(
     if (t == 0) {
         d_sinks[h] = -red[0];
     }
+}
+#endif
+
+#if BIAS
+// The bias's gradient (shaders/flash_bwd_bias.wgsl): entry e of d_bias (the bias's own shape)
+// sums, over the (batch, query head) slices it reaches (its own, or all along a broadcast
+// dimension, in a fixed order), the gradient at pair (i, j)'s finished score,
+// P * (Z dP - delta), P recomputed from the row's lse, dP = dO . v, Z the dropout factor.
+// One thread per entry: deterministic, no atomics, nothing of seq_q x seq_kv beyond d_bias.
+extern "C" __global__ void __launch_bounds__(256) flash_bias_grad(
+    const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
+    const elem_t* __restrict__ d_out, const float* __restrict__ lse,
+    const float* __restrict__ delta, elem_t* __restrict__ d_bias, const AttnShape p,
+    unsigned int batch, unsigned int entries, const float* __restrict__ extras) {
+    const unsigned int e = blockIdx.x * 256 + threadIdx.x;
+    if (e >= entries) {
+        return;
+    }
+    const unsigned int j = e % p.seq_kv, i = (e / p.seq_kv) % p.seq_q;
+    const unsigned int grid = e / (p.seq_q * p.seq_kv);
+    const unsigned int bias_heads = p.bias_h_stride != 0 ? p.heads_q : 1;
+    unsigned int b_lo = grid / bias_heads, b_hi = b_lo + 1;
+    unsigned int h_lo = grid % bias_heads, h_hi = h_lo + 1;
+    if (p.bias_b_stride == 0) {
+        b_lo = 0;
+        b_hi = batch;
+    }
+    if (p.bias_h_stride == 0) {
+        h_lo = 0;
+        h_hi = p.heads_q;
+    }
+    const unsigned int group = p.heads_q / p.heads_kv;
+    float acc = 0.f;
+    for (unsigned int b = b_lo; b < b_hi; b++) {
+        const CallShape cs = for_batch(p, extras, b);
+        for (unsigned int h = h_lo; h < h_hi; h++) {
+            const HeadMods hm = head_mods(p, extras, b, h);
+            if (!pair_visible(cs, hm, true, i, j)) {
+                continue;
+            }
+            const size_t qo = (((size_t)b * p.seq_q + i) * p.heads_q + h) * HEAD_DIM;
+            const size_t ko = (((size_t)b * p.seq_kv + j) * p.heads_kv + h / group) * HEAD_DIM;
+            float s = 0.f, dp = 0.f;
+            for (int d = 0; d < HEAD_DIM; d++) {
+                s = fmaf(to_f32(q[qo + d]), to_f32(k[ko + d]), s);
+                dp = fmaf(to_f32(d_out[qo + d]), to_f32(v[ko + d]), dp);
+            }
+            const size_t r = ((size_t)b * p.heads_q + h) * p.seq_q + i;
+            // a row that sees nothing (lse -inf) has P = 0 everywhere
+            const float pr =
+                lse[r] == NEG_INF ? 0.f : exp2f(finish_score(cs, hm, s * p.scale_log2, i, j) - lse[r] * LOG2E);
+#if DROPOUT
+            const unsigned int bits = dropout_bits(p, b * p.heads_q + h, i, j / 4);
+            dp = ((bits >> (j % 4)) & 1u) ? dp * p.drop_scale : 0.f;
+#endif
+            if (pr != 0.f) {
+                acc += pr * (dp - delta[r]);
+            }
+        }
+    }
+    d_bias[e] = from_f32(acc);
 }
 #endif

@@ -70,6 +70,7 @@ fn a_compile_error_is_a_typed_error_with_the_log() {
         blocks: false,
         varlen: false,
         mask: false,
+        bias: false,
     };
     match nvrtc.compile(&key) {
         Err(Error::CudaCompile { kernel, log }) => {

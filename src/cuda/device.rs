@@ -190,13 +190,7 @@ impl CudaContext {
                 reason: "the CUDA path has the tiled kernels only; use the wgpu path".into(),
             });
         }
-        if cfg.bias.is_some() {
-            return Err(Error::Unsupported {
-                feature: "an additive bias (AttentionConfig::bias)".into(),
-                backend: crate::Backend::Cuda,
-                reason: "the CUDA kernels have no bias yet; use the wgpu path".into(),
-            });
-        }
+        crate::plan::check_bias_dtype(cfg, dtype)?;
         let kernel = CudaKernel::for_pass(pass, dtype, cfg.head_dim as u32);
         let mut key = CudaKey::new(kernel, dtype, cfg.head_dim as u32, self.arch)?;
         key.softcap = cfg.softcap.is_some();
@@ -207,6 +201,7 @@ impl CudaContext {
         key.blocks = cfg.block_mask.is_some();
         key.varlen = cfg.varlen.is_some();
         key.mask = cfg.mask.is_some();
+        key.bias = cfg.bias.is_some();
         let shape = AttnShape::new(cfg)?;
         for l in key.launches(cfg) {
             if l.grid.1 > 65_535 || l.grid.2 > 65_535 {
@@ -223,14 +218,18 @@ impl CudaContext {
 
     /// The call's extras (ALiBi slopes, sinks, key lengths, the block mask's bits, the varlen
     /// boundaries: `kernels::params::extras`, the layout the wgpu kernels read, then the
-    /// boolean mask's words, which the wgpu path binds apart: `AttnShape::mask_base`) on the
-    /// device, or `None` without any of them. A block mask always has a word (every grid has a
-    /// block), varlen at least four and a boolean mask one, so the kernels compiled with
-    /// BLOCKS, VARLEN or MASK always get a buffer.
+    /// boolean mask's words and the bias's entries, which the wgpu path binds apart:
+    /// `AttnShape::mask_base`, `bias_base`) on the device, or `None` without any of them. A
+    /// block mask always has a word (every grid has a block), varlen at least four, a boolean
+    /// mask and a bias one, so the kernels compiled with BLOCKS, VARLEN, MASK or BIAS always
+    /// get a buffer.
     fn extras(&self, cfg: &AttentionConfig) -> Result<Option<CudaSlice<u8>>> {
         let mut x = crate::kernels::params::extras(cfg);
         if let Some(m) = &cfg.mask {
             x.extend_from_slice(m.words());
+        }
+        if let Some(b) = &cfg.bias {
+            x.extend_from_slice(b.words());
         }
         if x.is_empty() {
             return Ok(None);
@@ -476,9 +475,10 @@ impl CudaContext {
             .arg(&shape);
         push_extras(&mut a, &extras);
         self.launch(&mut timeline, &dq_l, a)?;
+        let find = |entry: &str| launches.iter().find(|l| l.entry == entry);
         // with sinks: their gradient, from lse and delta
-        let d_sinks = match launches.get(3) {
-            Some(l) if cfg.sinks.is_some() => {
+        let d_sinks = match find("flash_sinks_grad") {
+            Some(l) => {
                 let f = self.function(&key, l)?;
                 let mut d = self.result(TensorRole::DSinks, &[cfg.heads_q], DType::F32)?;
                 let mut a = self.stream.launch_builder(&f);
@@ -493,14 +493,36 @@ impl CudaContext {
             }
             _ => None,
         };
+        // with a bias that asks for it: its gradient, one thread per entry
+        let d_bias = match (find("flash_bias_grad"), &cfg.bias) {
+            (Some(l), Some(bias)) => {
+                let f = self.function(&key, l)?;
+                let mut d = self.result(TensorRole::DBias, &bias.shape(), dtype)?;
+                let entries = bias.len() as u32;
+                let mut a = self.stream.launch_builder(&f);
+                a.arg(&q.data)
+                    .arg(&k.data)
+                    .arg(&v.data)
+                    .arg(&d_out.data)
+                    .arg(&lse.data)
+                    .arg(&delta.data)
+                    .arg(&mut d.data)
+                    .arg(&shape)
+                    .arg(&batch)
+                    .arg(&entries);
+                push_extras(&mut a, &extras);
+                self.launch(&mut timeline, l, a)?;
+                Some(d)
+            }
+            _ => None,
+        };
         *self.timing.lock().unwrap() = Some(timeline);
         Ok(Gradients {
             dq,
             dk,
             dv,
             d_sinks,
-            // a bias is refused before any launch (`CudaContext::prepare`)
-            d_bias: None,
+            d_bias,
         })
     }
 }

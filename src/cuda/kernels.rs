@@ -175,6 +175,12 @@ pub struct AttnShape {
     pub mask_b_stride: u32,
     pub mask_h_stride: u32,
     pub mask_cols: u32,
+    /// An additive bias (compiled in: `CudaKey::bias`): the extras word of its first entry
+    /// (after the boolean mask's words), and the entries between batches' and heads' grids
+    /// (0 along a broadcast dimension); its rows are `mask_cols` entries apart.
+    pub bias_base: u32,
+    pub bias_b_stride: u32,
+    pub bias_h_stride: u32,
 }
 
 impl AttnShape {
@@ -194,6 +200,8 @@ impl AttnShape {
         // the wgpu parameter block: band, softcap, extras offsets, dropout and the block
         // grid, decided in one place for both paths
         let p = crate::kernels::params::Params::from_config(cfg);
+        // the mask's words, then the bias's, follow the other extras on CUDA
+        let mask_base = crate::kernels::params::extras_layout(cfg).words.len();
         // the kernels index the mask's bits with u32
         if let Some(m) = &cfg.block_mask {
             u32::try_from(m.blocks.len()).map_err(|_| {
@@ -233,10 +241,13 @@ impl AttnShape {
             blocks_h_stride: p.blocks_h_stride,
             varlen_base: p.varlen_base,
             sequences: p.sequences,
-            mask_base: crate::kernels::params::extras_layout(cfg).words.len() as u32,
+            mask_base: mask_base as u32,
             mask_b_stride: p.mask_b_stride,
             mask_h_stride: p.mask_h_stride,
             mask_cols: p.mask_cols,
+            bias_base: (mask_base + p.bias_base as usize) as u32,
+            bias_b_stride: p.bias_b_stride,
+            bias_h_stride: p.bias_h_stride,
         })
     }
 }
@@ -269,6 +280,9 @@ pub struct CudaKey {
     /// A boolean mask over pairs, compiled in (`-DMASK=1`): every visited tile tests each
     /// pair's bit; absent from the other variants.
     pub mask: bool,
+    /// An additive bias over pairs, compiled in (`-DBIAS=1`): every finished score reads its
+    /// entry, and the backward program has the bias's gradient kernel.
+    pub bias: bool,
 }
 
 /// The oldest architecture the kernels are written for: `mma.sync` m16n8k16 with bf16,
@@ -339,6 +353,7 @@ impl CudaKey {
             blocks: false,
             varlen: false,
             mask: false,
+            bias: false,
         })
     }
 
@@ -401,11 +416,21 @@ impl CudaKey {
         let row_blocks = (cfg.seq_q as u32).div_ceil(self.block_rows());
         let per_head = (row_blocks, cfg.heads_q as u32, cfg.batch as u32);
         let mut launches = self.pass_launches(cfg, per_head);
+        let backward = matches!(self.kernel, CudaKernel::Backward | CudaKernel::SimtBackward);
         // with sinks, the backward ends with their gradient: one block per query head
-        if self.sinks && matches!(self.kernel, CudaKernel::Backward | CudaKernel::SimtBackward) {
+        if self.sinks && backward {
             launches.push(Launch {
                 entry: "flash_sinks_grad",
                 grid: (cfg.heads_q as u32, 1, 1),
+                threads: 256,
+                shared_bytes: 0,
+            });
+        }
+        // with a bias that asks for it, then with the bias's: one thread per entry
+        if let Some(b) = cfg.bias.as_ref().filter(|b| self.bias && b.grad && backward) {
+            launches.push(Launch {
+                entry: "flash_bias_grad",
+                grid: ((b.len() as u64).div_ceil(256) as u32, 1, 1),
                 threads: 256,
                 shared_bytes: 0,
             });
@@ -514,6 +539,7 @@ impl CudaKey {
             format!("-DBLOCKS={}", u32::from(self.blocks)),
             format!("-DVARLEN={}", u32::from(self.varlen)),
             format!("-DMASK={}", u32::from(self.mask)),
+            format!("-DBIAS={}", u32::from(self.bias)),
         ];
         if self.kernel.tensor_cores() {
             opts.push(format!("-DWARPS={WARPS}"));
@@ -526,7 +552,7 @@ impl CudaKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {:?} head_dim {} sm_{}{}{}{}{}{}{}{}{}",
+            "{} {:?} head_dim {} sm_{}{}{}{}{}{}{}{}{}{}",
             self.kernel.name(),
             self.dtype,
             self.head_dim,
@@ -538,14 +564,15 @@ impl CudaKey {
             if self.dropout { " dropout" } else { "" },
             if self.blocks { " blocks" } else { "" },
             if self.varlen { " varlen" } else { "" },
-            if self.mask { " mask" } else { "" }
+            if self.mask { " mask" } else { "" },
+            if self.bias { " bias" } else { "" }
         )
     }
 
     /// The variants a build is checked with on one architecture: every tensor-core variant
     /// (both half dtypes, every head dim they take), and the SIMT kernels in every dtype at
     /// [`SIMT_CHECK_DIMS`]; with the score modifiers (softcap, ALiBi, sinks, key lengths,
-    /// dropout, the block mask, packed sequences and the boolean mask, all at once) too at head
+    /// dropout, the block mask, packed sequences, the boolean mask and the bias, all at once) too at head
     /// dims 64, 128 and 256. (Key lengths and packed sequences never meet in a call, but their
     /// code compiles together.)
     pub fn all_for_arch(arch: u32) -> Vec<CudaKey> {
@@ -584,6 +611,7 @@ impl CudaKey {
                             blocks: on,
                             varlen: on,
                             mask: on,
+                            bias: on,
                         });
                     }
                 }
@@ -697,7 +725,10 @@ mod tests {
                 "mask_base",
                 "mask_b_stride",
                 "mask_h_stride",
-                "mask_cols"
+                "mask_cols",
+                "bias_base",
+                "bias_b_stride",
+                "bias_h_stride"
             ]
         );
         let mut cfg = AttentionConfig::new(1, 100, 300, 4, 2, 64);

@@ -25,12 +25,11 @@ pub enum Gap {
 }
 
 /// What `backend` declares it cannot do for `dtype` and `cfg` (README, "The CUDA path"): the
-/// CUDA path has no naive algorithm (it is the wgpu path's baseline, not a feature) and no
-/// additive bias yet.
+/// CUDA path has no naive algorithm (it is the wgpu path's baseline, not a feature).
 pub fn declared_gap(backend: Backend, _dtype: DType, cfg: &AttentionConfig) -> Gap {
     match backend {
         Backend::Wgpu => Gap::None,
-        Backend::Cuda if cfg.algorithm == Algorithm::Naive || cfg.bias.is_some() => Gap::Forward,
+        Backend::Cuda if cfg.algorithm == Algorithm::Naive => Gap::Forward,
         Backend::Cuda => Gap::None,
     }
 }
