@@ -479,6 +479,7 @@ var<private> head_stream: u32;
 var<private> head_blocks: u32;
 var<private> head_mask: u32;
 var<private> head_bias: u32;
+var<private> head_grads: u32;
 
 fn begin_head(b: u32, h: u32) {
     if (BLOCKS) {
@@ -489,6 +490,9 @@ fn begin_head(b: u32, h: u32) {
     }
     if (BIAS) {
         head_bias = (params.batch_base + b) * params.bias_b_stride + h * params.bias_h_stride;
+        // this head's grid of the bias gradients' scratch (`keep_bias_grad`)
+        head_grads = ((params.batch_base + b) * params.heads_q + h) * params.row_stride
+            * params.mask_cols;
     }
     if (DROPOUT) {
         head_stream = (params.batch_base + b) * params.heads_q + h;
@@ -598,7 +602,7 @@ fn running_max_start() -> f32 {
 // masked_score() where the pair is hidden. `check` false skips the mask for tiles known to be
 // fully visible (tile_needs_mask), so unmasked tiles pay nothing for it.
 // With SOFTCAP, x first becomes c tanh(x / c) (in the exp2 domain: C tanh(x / C), C = c
-// log2(e)); then ALiBi's term (alibi_term) and the bias (pair_bias) are added; score_grad
+// log2(e)); then ALiBi's term (alibi_term) and the bias (pair_bias) are added; through_softcap
 // takes the softcap's slope from the finished score. `begin_head` must have run for the row's
 // head.
 fn finish_score(x: f32, i: u32, j: u32, check: bool) -> f32 {
@@ -759,11 +763,11 @@ fn finished_grad(p: f32, dp: f32, delta: f32) -> f32 {
     return select(p * (dp - delta), 0.0, p == 0.0);
 }
 
-// Backward: dS, the gradient at the scaled score q.k * scale: finished_grad, through the
-// softcap where there is one. (i, j): the pair, whose ALiBi term and bias the softcap's slope
-// takes out of s.
-fn score_grad(p: f32, dp: f32, delta: f32, s: f32, i: u32, j: u32) -> f32 {
-    var g = finished_grad(p, dp, delta);
+// Backward: dS, the gradient at the scaled score q.k * scale, from g = finished_grad: through
+// the softcap where there is one. (i, j): the pair, whose ALiBi term and bias the softcap's
+// slope takes out of its finished score s.
+fn through_softcap(finished: f32, p: f32, s: f32, i: u32, j: u32) -> f32 {
+    var g = finished;
     if (SOFTCAP) {
         // through the softcap: d(C tanh(x / C)) / dx = 1 - (t / C)^2 at the capped score t
         let t = (s - alibi_term(i, j) - pair_bias(i, j)) / params.softcap2;
@@ -775,7 +779,9 @@ fn score_grad(p: f32, dp: f32, delta: f32, s: f32, i: u32, j: u32) -> f32 {
 
 // Backward, one pair from its finished score s, the row's lse (exp2 domain), dP = dO . v and
 // delta: the weight of the row's dO in dV (P, times the dropout factor Z) and dS, whose dP
-// takes Z too (out used P Z). Every tiled backward kernel goes through this.
+// takes Z too (out used P Z). Every tiled backward kernel goes through this; the dQ kernels
+// of a call that asks for d_bias also keep the gradient at the finished score there
+// (`keep_bias_grad`, from the generated prelude; nothing elsewhere).
 struct PairGrads {
     pz: f32,
     ds: f32,
@@ -784,7 +790,9 @@ struct PairGrads {
 fn pair_grads(s: f32, lse2: f32, dp: f32, delta: f32, i: u32, j: u32) -> PairGrads {
     let p = recompute_p(s, lse2);
     let z = dropout_scale(i, j);
-    return PairGrads(p * z, score_grad(p, dp * z, delta, s, i, j));
+    let g = finished_grad(p, dp * z, delta);
+    keep_bias_grad(i, j, g);
+    return PairGrads(p * z, through_softcap(g, p, s, i, j));
 }
 
 fn pos_inf() -> f32 {

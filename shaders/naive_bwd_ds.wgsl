@@ -1,5 +1,6 @@
 // Standard attention backward, step 3: dS = P * (dP - delta), written over dP (times the
-// softcap's slope, at the score P gives back: s = log2(P) + lse2, less ALiBi's term).
+// softcap's slope, at the score P gives back: s = log2(P) + lse2, less ALiBi's term and the
+// bias); P * (dP - delta) itself is kept for d_bias where the call asks for it.
 // One thread per element.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
@@ -11,5 +12,7 @@ fn item(e: u32) {
     let pair = lse_delta[pair_index(at.b, at.h, at.i)];
     let p = probs[e];
     let j = e % params.seq_kv;
-    ds[e] = score_grad(p, ds[e] * dropout_scale(at.i, j), pair.y, log2(p) + pair.x, at.i, j);
+    let g = finished_grad(p, ds[e] * dropout_scale(at.i, j), pair.y);
+    keep_bias_grad(at.i, j, g);
+    ds[e] = through_softcap(g, p, log2(p) + pair.x, at.i, j);
 }

@@ -210,7 +210,7 @@ mod tests {
             (b * 7 + h * 5 + i * 3 + j) as f32 * 0.25 - 3.0
         };
         let shape = (2, 3, 5, 7);
-        let b32 = ScoreBias::from_fn(shape, |b, h, i, j| f(b, h, i, j)).unwrap();
+        let b32 = ScoreBias::from_fn(shape, f).unwrap();
         let b16 =
             ScoreBias::from_fn(shape, |b, h, i, j| half::f16::from_f32(f(b, h, i, j))).unwrap();
         let bb =

@@ -183,12 +183,12 @@ impl Plan {
                         .enumerate()
                         .map(|(i, r)| ReplayBinding {
                             buffer: index(r),
-                            read_only: s
-                                .key
-                                .kernel
-                                .bindings()
-                                .get(i)
-                                .is_none_or(|b| b.access == Access::Read),
+                            // past the kernel's own: the extras and the pair data (read), then
+                            // the bias gradients' scratch (written)
+                            read_only: match s.key.kernel.bindings().get(i) {
+                                Some(b) => b.access == Access::Read,
+                                None => !(s.key.bias_grad && i + 1 == s.buffers.len()),
+                            },
                             uniform: *r == BufRef::Extras,
                             offset: s.window(i).map(|w| w.offset),
                             size: s.window(i).map(|w| w.size),

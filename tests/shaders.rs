@@ -59,13 +59,14 @@ fn shader_bindings_match_the_host_layout() {
             varlen: extras,
             mask: extras,
             bias: extras,
+            bias_grad: extras,
             subgroup: 0,
             accumulate: false,
         };
         let module = parse_and_validate(&key);
         // with extras (ALiBi slopes, sinks): one uniform binding past the storage ones, then
         // the pair data's (boolean mask bits, bias entries) read-only storage binding
-        let mut found = vec![None; kernel.bindings().len() + 1 + 2 * extras as usize];
+        let mut found = vec![None; kernel.bindings().len() + 1 + 3 * extras as usize];
         for (_, var) in module.global_variables.iter() {
             let Some(binding) = &var.binding else {
                 continue;
@@ -104,18 +105,26 @@ fn shader_bindings_match_the_host_layout() {
         }
         if extras {
             let slot = key.extras_slot() as usize;
-            assert_eq!(slot, found.len() - 2);
+            assert_eq!(slot, found.len() - 3);
             assert!(
                 matches!(&found[slot], Some((naga::AddressSpace::Uniform, n)) if n.as_deref() == Some("extras")),
                 "{kernel:?} extras: {:?}",
                 found[slot]
             );
             let slot = key.pairs_slot() as usize;
-            assert_eq!(slot, found.len() - 1);
+            assert_eq!(slot, found.len() - 2);
             assert!(
                 matches!(&found[slot], Some((naga::AddressSpace::Storage { access }, n))
                     if n.as_deref() == Some("pair_data") && !access.contains(naga::StorageAccess::STORE)),
                 "{kernel:?} pair data: {:?}",
+                found[slot]
+            );
+            let slot = key.bias_grads_slot() as usize;
+            assert_eq!(slot, found.len() - 1);
+            assert!(
+                matches!(&found[slot], Some((naga::AddressSpace::Storage { access }, n))
+                    if n.as_deref() == Some("bias_grads") && access.contains(naga::StorageAccess::STORE)),
+                "{kernel:?} bias gradients: {:?}",
                 found[slot]
             );
         }
@@ -128,6 +137,7 @@ fn every_kernel_fits_the_webgpu_default_of_8_storage_buffers_with_a_mask_and_a_b
         let key = KernelKey {
             mask: true,
             bias: true,
+            bias_grad: kernel.keeps_bias_grads(),
             ..KernelKey::plain(kernel)
         };
         assert!(key.storage_bindings() <= 8, "{kernel:?}");
@@ -152,6 +162,7 @@ fn params_layout_matches_the_shader_struct() {
         varlen: false,
         mask: false,
         bias: false,
+        bias_grad: false,
         subgroup: 0,
         accumulate: false,
     };

@@ -427,7 +427,11 @@ impl CudaKey {
             });
         }
         // with a bias that asks for it, then with the bias's: one thread per entry
-        if let Some(b) = cfg.bias.as_ref().filter(|b| self.bias && b.grad && backward) {
+        if let Some(b) = cfg
+            .bias
+            .as_ref()
+            .filter(|b| self.bias && b.grad && backward)
+        {
             launches.push(Launch {
                 entry: "flash_bias_grad",
                 grid: ((b.len() as u64).div_ceil(256) as u32, 1, 1),

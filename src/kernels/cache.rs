@@ -72,6 +72,12 @@ impl Context {
                             wgpu::BufferBindingType::Storage { read_only: true },
                         )
                     }))
+                    .chain(key.bias_grad.then(|| {
+                        entry(
+                            key.bias_grads_slot(),
+                            wgpu::BufferBindingType::Storage { read_only: false },
+                        )
+                    }))
                     .collect();
             let layout = self
                 .device

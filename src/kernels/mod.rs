@@ -224,7 +224,7 @@ impl Kernel {
             | Kernel::FlashBwdDqBlocks
             | Kernel::FlashBwdDqCoop => const { &[Q, K, V, D_OUT, LSE_DELTA, b("dq", E, W)] },
             Kernel::FlashBwdSinks => const { &[LSE_DELTA, b("d_sinks", F32, W)] },
-            Kernel::FlashBwdBias => const { &[Q, K, V, D_OUT, LSE_DELTA, b("d_bias", E, W)] },
+            Kernel::FlashBwdBias => const { &[b("kept_grads", F32, R), b("d_bias", E, W)] },
             Kernel::NaiveScores => const { &[Q, K, b("scores", F32, W)] },
             Kernel::NaiveSoftmax => {
                 const { &[b("scores", F32, R), b("probs", F32, W), b("lse", F32, W)] }
@@ -266,7 +266,6 @@ impl Kernel {
                     | Kernel::NaiveBwdProbs
                     | Kernel::NaiveBwdDs
                     | Kernel::FlashBwdSinks
-                    | Kernel::FlashBwdBias
             )
     }
 
@@ -276,11 +275,21 @@ impl Kernel {
         self.is_tiled()
             || matches!(
                 self,
-                Kernel::NaiveSoftmax
-                    | Kernel::NaiveBwdDs
-                    | Kernel::NaiveBwdDkDv
-                    | Kernel::FlashBwdBias
+                Kernel::NaiveSoftmax | Kernel::NaiveBwdDs | Kernel::NaiveBwdDkDv
             )
+    }
+
+    /// True when the kernel meets the gradient at every visited pair's finished score where
+    /// the bias's gradient can be kept (`keep_bias_grad`: the dQ kernels, the naive dS kernel).
+    pub fn keeps_bias_grads(self) -> bool {
+        matches!(
+            self,
+            Kernel::FlashBwdDq
+                | Kernel::FlashBwdDqRows
+                | Kernel::FlashBwdDqBlocks
+                | Kernel::FlashBwdDqCoop
+                | Kernel::NaiveBwdDs
+        )
     }
 
     /// True when some binding holds the call's element type (the key's format matters).

@@ -87,6 +87,10 @@ pub struct KernelKey {
     /// An additive bias over pairs (the BIAS override; its entries, in the key's dtype, are in
     /// the pair data after the mask's bits).
     pub bias: bool,
+    /// The kernel stores each pair's gradient at its finished score for the bias's gradient
+    /// (`keep_bias_grad`: the dQ kernels and the naive dS kernel of a call whose bias asks for
+    /// `d_bias`), into an f32 scratch bound after the pair data (`bias_grads_slot`).
+    pub bias_grad: bool,
     /// Rows kernels: the fixed subgroup size they share tile reads across, or 0 for none.
     pub subgroup: u32,
     /// A windowed call's pass (tiled kernels only): the element outputs are f32 buffers that
@@ -113,6 +117,7 @@ impl KernelKey {
             varlen: false,
             mask: false,
             bias: false,
+            bias_grad: false,
             subgroup: 0,
             accumulate: false,
         }
@@ -120,7 +125,7 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{}{}{}{} sg={}{}",
+            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{}{}{}{}{} sg={}{}",
             self.kernel.name(),
             self.elem.name(),
             self.head_dim,
@@ -143,6 +148,7 @@ impl KernelKey {
             if self.varlen { " varlen" } else { "" },
             if self.mask { " mask" } else { "" },
             if self.bias { " bias" } else { "" },
+            if self.bias_grad { " bias_grad" } else { "" },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" }
         )
@@ -184,9 +190,15 @@ impl KernelKey {
         self.extras_slot() + self.uses_extras() as u32
     }
 
-    /// Storage bindings the pipeline declares: the kernel's, and the pair data's.
+    /// The binding slot of the bias gradients' scratch: after the pair data.
+    pub fn bias_grads_slot(&self) -> u32 {
+        self.pairs_slot() + self.uses_pairs() as u32
+    }
+
+    /// Storage bindings the pipeline declares: the kernel's, the pair data's and the bias
+    /// gradients' scratch.
     pub fn storage_bindings(&self) -> u32 {
-        self.kernel.bindings().len() as u32 + self.uses_pairs() as u32
+        self.kernel.bindings().len() as u32 + self.uses_pairs() as u32 + self.bias_grad as u32
     }
 
     /// True when the kernel uses the `f16` type (native f16 storage, or f16 arithmetic): it
@@ -297,7 +309,9 @@ impl KernelKey {
     /// `mask_bit(k)`: bit k of the call's boolean mask, and `bias_entry(k)`: entry k of its
     /// bias (as f32, from the key's dtype, two entries a word for halves), from the pair data
     /// (`Plan::pairs`), a read-only storage array of words; constant true and 0 for pipelines
-    /// without them.
+    /// without them. `keep_bias_grad(i, j, g)`: with `bias_grad`, stores pair (i, j)'s
+    /// gradient of the current head (`begin_head`) into the bias gradients' scratch, laid out
+    /// `[batch, heads_q, seq_q, seq_kv]` by the whole call's indices; nothing without.
     fn pairs_wgsl(&self) -> String {
         let mut s = String::new();
         if self.uses_pairs() {
@@ -324,6 +338,17 @@ impl KernelKey {
                 "fn bias_entry(k: u32) -> f32 { return bf16_word_to_f32(pair_data[params.bias_base + (k >> 1u)], k & 1u); }\n"
             }
         });
+        if self.bias_grad {
+            let _ = writeln!(
+                s,
+                "@group(0) @binding({}) var<storage, read_write> bias_grads: array<f32>;\n\
+                 fn keep_bias_grad(i: u32, j: u32, g: f32) {{ if (i < params.seq_q && j < params.seq_kv) {{ \
+                 bias_grads[head_grads + (params.q_base + i) * params.mask_cols + params.kv_base + j] = g; }} }}",
+                self.bias_grads_slot()
+            );
+        } else {
+            s.push_str("fn keep_bias_grad(i: u32, j: u32, g: f32) {}\n");
+        }
         s
     }
 

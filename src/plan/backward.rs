@@ -53,8 +53,22 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
         });
     }
     if let Some(bias) = cfg.bias.as_ref().filter(|b| b.grad) {
-        // one invocation per bias entry over its whole (batch, head) reach, tensors bound
-        // whole (a call past one binding is a DeviceLimit naming them)
+        // the dQ kernels (or the naive dS kernel) keep every pair's gradient at its finished
+        // score in an f32 scratch [batch, heads_q, seq_q, seq_kv] (bound whole: past one
+        // binding it is a DeviceLimit naming it); one invocation per bias entry then sums the
+        // slices it reaches into d_bias
+        let grads = plan.scratch.len();
+        plan.scratch.push(ScratchSpec {
+            label: "bias gradients (f32, batch x heads_q x seq_q x seq_kv)",
+            bytes: [cfg.batch, cfg.heads_q, cfg.seq_q, cfg.seq_kv, 4]
+                .iter()
+                .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+                .unwrap_or(u64::MAX),
+        });
+        plan.bias_grads = Some(grads);
+        for s in &mut plan.steps {
+            s.key.bias_grad = s.key.kernel.keeps_bias_grads();
+        }
         let d_bias = Output(plan.outputs.len());
         plan.outputs.push(OutputSpec {
             role: TensorRole::DBias,
@@ -66,7 +80,7 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
         plan.steps.push(Step {
             key: key(Kernel::FlashBwdBias, cfg, Tiles::ONE, dtype, env),
             params,
-            buffers: vec![Q, K, V, D_OUT, LSE_DELTA, d_bias],
+            buffers: vec![Scratch(grads), d_bias],
             windows: Vec::new(),
             workgroups: bias.len().div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
         });
@@ -110,6 +124,7 @@ fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
         steps: Vec::new(),
         extras: Vec::new(),
         pairs: Vec::new(),
+        bias_grads: None,
     };
     if cfg.algorithm == Algorithm::Tiled {
         if let Some(parts) = split::choose(cfg, dtype, env)? {

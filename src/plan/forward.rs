@@ -33,6 +33,7 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
         steps: Vec::new(),
         extras: Vec::new(),
         pairs: Vec::new(),
+        bias_grads: None,
     };
     match cfg.algorithm {
         Algorithm::Tiled => match split::choose(cfg, dtype, env)? {

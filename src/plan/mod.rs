@@ -101,6 +101,10 @@ pub struct Plan {
     /// entries ([`crate::ScoreBias::words`], from word `Params::bias_base`), uploaded once per
     /// call into one storage buffer; empty without either.
     pub pairs: Vec<u32>,
+    /// The scratch buffer (its index) where the steps with `KernelKey::bias_grad` keep each
+    /// pair's gradient for d_bias, bound after the pair data; `None` unless d_bias is asked
+    /// for.
+    pub bias_grads: Option<usize>,
 }
 
 impl Plan {
@@ -132,6 +136,10 @@ impl Plan {
             for (on, r) in [
                 (s.key.uses_extras(), BufRef::Extras),
                 (s.key.uses_pairs(), BufRef::Pairs),
+                (
+                    s.key.bias_grad,
+                    BufRef::Scratch(self.bias_grads.unwrap_or(0)),
+                ),
             ] {
                 if on {
                     s.buffers.push(r);
@@ -242,6 +250,7 @@ pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
         scratch: Vec::new(),
         extras: Vec::new(),
         pairs: Vec::new(),
+        bias_grads: None,
         steps: vec![Step {
             key,
             params: Params {
@@ -361,6 +370,8 @@ pub(crate) fn key(
         varlen: kernel.finishes_scores() && cfg.varlen.is_some(),
         mask: kernel.finishes_scores() && cfg.mask.is_some(),
         bias: kernel.finishes_scores() && cfg.bias.is_some(),
+        // set by the backward plan where d_bias is asked for
+        bias_grad: false,
         subgroup: if kernel.is_rows_variant() {
             env.tuning.rows_subgroup
         } else {
