@@ -704,23 +704,34 @@ extern "C" __global__ void __launch_bounds__(256) flash_sinks_grad(
 }
 #endif
 
+// The bias's gradient, as on wgpu (keep_bias_grad in shaders/common.wgsl): the dQ kernels
+// keep each visited pair's gradient at its finished score, g = P * (Z dP - delta), in an f32
+// scratch [batch, heads_q, seq_q, seq_kv] (`bias_grads`, zero-filled; null where d_bias is
+// not asked for), and flash_bias_reduce sums the slices each bias entry reaches.
+__device__ __forceinline__ void keep_bias_grad(float* __restrict__ bias_grads, const AttnShape& p,
+                                               unsigned int b, unsigned int h, unsigned int i,
+                                               unsigned int j, float g) {
 #if BIAS
-// The bias's gradient (shaders/flash_bwd_bias.wgsl): entry e of d_bias (the bias's own shape)
-// sums, over the (batch, query head) slices it reaches (its own, or all along a broadcast
-// dimension, in a fixed order), the gradient at pair (i, j)'s finished score,
-// P * (Z dP - delta), P recomputed from the row's lse, dP = dO . v, Z the dropout factor.
-// One thread per entry: deterministic, no atomics, nothing of seq_q x seq_kv beyond d_bias.
-extern "C" __global__ void __launch_bounds__(256) flash_bias_grad(
-    const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
-    const elem_t* __restrict__ d_out, const float* __restrict__ lse,
-    const float* __restrict__ delta, elem_t* __restrict__ d_bias, const AttnShape p,
-    unsigned int batch, unsigned int entries, const float* __restrict__ extras) {
+    if (bias_grads != nullptr && i < p.seq_q && j < p.seq_kv) {
+        bias_grads[(((size_t)b * p.heads_q + h) * p.seq_q + i) * p.seq_kv + j] = g;
+    }
+#endif
+}
+
+#if BIAS
+// d_bias (shaders/flash_bwd_bias.wgsl): entry e of the bias's shape sums, over the (batch,
+// query head) slices it reaches (its own, or all along a broadcast dimension, in a fixed
+// order), the kept gradients of pair (i, j). One thread per entry: deterministic, no atomics.
+extern "C" __global__ void __launch_bounds__(256) flash_bias_reduce(
+    const float* __restrict__ bias_grads, elem_t* __restrict__ d_bias, const AttnShape p,
+    unsigned int batch, unsigned int entries) {
     const unsigned int e = blockIdx.x * 256 + threadIdx.x;
     if (e >= entries) {
         return;
     }
-    const unsigned int j = e % p.seq_kv, i = (e / p.seq_kv) % p.seq_q;
-    const unsigned int grid = e / (p.seq_q * p.seq_kv);
+    const size_t grid_len = (size_t)p.seq_q * p.seq_kv;
+    const size_t pair = e % grid_len;
+    const unsigned int grid = (unsigned int)(e / grid_len);
     const unsigned int bias_heads = p.bias_h_stride != 0 ? p.heads_q : 1;
     unsigned int b_lo = grid / bias_heads, b_hi = b_lo + 1;
     unsigned int h_lo = grid % bias_heads, h_hi = h_lo + 1;
@@ -732,33 +743,10 @@ extern "C" __global__ void __launch_bounds__(256) flash_bias_grad(
         h_lo = 0;
         h_hi = p.heads_q;
     }
-    const unsigned int group = p.heads_q / p.heads_kv;
     float acc = 0.f;
     for (unsigned int b = b_lo; b < b_hi; b++) {
-        const CallShape cs = for_batch(p, extras, b);
         for (unsigned int h = h_lo; h < h_hi; h++) {
-            const HeadMods hm = head_mods(p, extras, b, h);
-            if (!pair_visible(cs, hm, true, i, j)) {
-                continue;
-            }
-            const size_t qo = (((size_t)b * p.seq_q + i) * p.heads_q + h) * HEAD_DIM;
-            const size_t ko = (((size_t)b * p.seq_kv + j) * p.heads_kv + h / group) * HEAD_DIM;
-            float s = 0.f, dp = 0.f;
-            for (int d = 0; d < HEAD_DIM; d++) {
-                s = fmaf(to_f32(q[qo + d]), to_f32(k[ko + d]), s);
-                dp = fmaf(to_f32(d_out[qo + d]), to_f32(v[ko + d]), dp);
-            }
-            const size_t r = ((size_t)b * p.heads_q + h) * p.seq_q + i;
-            // a row that sees nothing (lse -inf) has P = 0 everywhere
-            const float pr =
-                lse[r] == NEG_INF ? 0.f : exp2f(finish_score(cs, hm, s * p.scale_log2, i, j) - lse[r] * LOG2E);
-#if DROPOUT
-            const unsigned int bits = dropout_bits(p, b * p.heads_q + h, i, j / 4);
-            dp = ((bits >> (j % 4)) & 1u) ? dp * p.drop_scale : 0.f;
-#endif
-            if (pr != 0.f) {
-                acc += pr * (dp - delta[r]);
-            }
+            acc += bias_grads[((size_t)b * p.heads_q + h) * grid_len + pair];
         }
     }
     d_bias[e] = from_f32(acc);

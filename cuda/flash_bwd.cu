@@ -179,8 +179,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
-    const float* __restrict__ delta, elem_t* __restrict__ dq, const AttnShape p_call,
-    const float* __restrict__ extras) {
+    const float* __restrict__ delta, elem_t* __restrict__ dq, float* __restrict__ bias_grads,
+    const AttnShape p_call, const float* __restrict__ extras) {
     const CallShape p = for_batch(p_call, extras, blockIdx.z);
     // Q and dO staged first (BLOCK_RES rows each), then the K and V tiles in the same space
     extern __shared__ __align__(16) elem_t smem[];
@@ -262,10 +262,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
                     IF_BLOCKS(pair_visible(p, hm, tb.partial, i, j), visible(p, i, j));
                 const float sc = finish_score(p, hm, s[nt][e] * p.scale_log2, i, j);
                 const float pr = vis ? exp2f(sc - (e < 2 ? lse_lo : lse_hi)) : 0.f;
-                dp[nt][e] = vis ? pr * (dropout_keep_scaled(dp[nt][e], keep, e, p.drop_scale) -
-                                        (e < 2 ? delta_lo : delta_hi)) *
-                                      score_slope(p, hm, sc, i, j)
-                                : 0.f;
+                // the gradient at the finished score (kept for d_bias), then through the
+                // softcap
+                const float g = vis ? pr * (dropout_keep_scaled(dp[nt][e], keep, e, p.drop_scale) -
+                                            (e < 2 ? delta_lo : delta_hi))
+                                    : 0.f;
+                keep_bias_grad(bias_grads, p, b, h, i, j, g);
+                dp[nt][e] = vis ? g * score_slope(p, hm, sc, i, j) : 0.f;
             }
         }
         // dQ += dS K: k runs over the tile's keys

@@ -315,8 +315,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
-    const float* __restrict__ delta, elem_t* __restrict__ dq, const AttnShape p_call,
-    const float* __restrict__ extras) {
+    const float* __restrict__ delta, elem_t* __restrict__ dq, float* __restrict__ bias_grads,
+    const AttnShape p_call, const float* __restrict__ extras) {
     const CallShape p = for_batch(p_call, extras, blockIdx.z);
     extern __shared__ float smem_f[];
     float* sk = smem_f;
@@ -365,7 +365,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
                 continue;
             }
             const float zdp = dropout_keep_scaled(dp, kept, jj, p.drop_scale);
-            const float ds = exp2f(s - lse2) * (zdp - delta_i) * score_slope(p, hm, s, i, kt + jj);
+            // the gradient at the finished score (kept for d_bias by one lane of the row),
+            // then through the softcap
+            const float g = exp2f(s - lse2) * (zdp - delta_i);
+            if (lane == 0) {
+                keep_bias_grad(bias_grads, p, b, h, i, kt + jj, g);
+            }
+            const float ds = g * score_slope(p, hm, s, i, kt + jj);
             axpy_row(dq_acc, ds, kj, lane);
         }
     }

@@ -441,6 +441,16 @@ impl CudaContext {
         let mut dv = self.result(TensorRole::Dv, &cfg.kv_shape(), dtype)?;
         let extras = self.extras(cfg)?;
         let batch = cfg.batch as u32;
+        // with a bias that asks for d_bias: the f32 scratch where the dQ kernel keeps each
+        // pair's gradient [batch, heads_q, seq_q, seq_kv], zero-filled
+        let bias_grads = match &cfg.bias {
+            Some(b) if b.grad => Some(self.result(
+                TensorRole::DBias,
+                &[cfg.batch, cfg.heads_q, cfg.seq_q, cfg.seq_kv],
+                DType::F32,
+            )?),
+            _ => None,
+        };
         let mut timeline = Timeline {
             start: self.event()?,
             marks: Vec::new(),
@@ -471,8 +481,12 @@ impl CudaContext {
             .arg(&d_out.data)
             .arg(&lse.data)
             .arg(&delta.data)
-            .arg(&mut dq.data)
-            .arg(&shape);
+            .arg(&mut dq.data);
+        match &bias_grads {
+            Some(g) => a.arg(&g.data),
+            None => a.arg(&NULL_POINTER),
+        };
+        a.arg(&shape);
         push_extras(&mut a, &extras);
         self.launch(&mut timeline, &dq_l, a)?;
         let find = |entry: &str| launches.iter().find(|l| l.entry == entry);
@@ -493,24 +507,19 @@ impl CudaContext {
             }
             _ => None,
         };
-        // with a bias that asks for it: its gradient, one thread per entry
-        let d_bias = match (find("flash_bias_grad"), &cfg.bias) {
-            (Some(l), Some(bias)) => {
+        // with a bias that asks for it: the kept gradients summed into d_bias, one thread
+        // per entry
+        let d_bias = match (find("flash_bias_reduce"), &cfg.bias, &bias_grads) {
+            (Some(l), Some(bias), Some(grads)) => {
                 let f = self.function(&key, l)?;
                 let mut d = self.result(TensorRole::DBias, &bias.shape(), dtype)?;
                 let entries = bias.len() as u32;
                 let mut a = self.stream.launch_builder(&f);
-                a.arg(&q.data)
-                    .arg(&k.data)
-                    .arg(&v.data)
-                    .arg(&d_out.data)
-                    .arg(&lse.data)
-                    .arg(&delta.data)
+                a.arg(&grads.data)
                     .arg(&mut d.data)
                     .arg(&shape)
                     .arg(&batch)
                     .arg(&entries);
-                push_extras(&mut a, &extras);
                 self.launch(&mut timeline, l, a)?;
                 Some(d)
             }

@@ -426,14 +426,15 @@ impl CudaKey {
                 shared_bytes: 0,
             });
         }
-        // with a bias that asks for it, then with the bias's: one thread per entry
+        // with a bias that asks for it, then the sum of the gradients the dQ kernel kept into
+        // d_bias: one thread per entry
         if let Some(b) = cfg
             .bias
             .as_ref()
             .filter(|b| self.bias && b.grad && backward)
         {
             launches.push(Launch {
-                entry: "flash_bias_grad",
+                entry: "flash_bias_reduce",
                 grid: ((b.len() as u64).div_ceil(256) as u32, 1, 1),
                 threads: 256,
                 shared_bytes: 0,
