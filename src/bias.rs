@@ -172,31 +172,13 @@ impl ScoreBias {
         seq_q: usize,
         seq_kv: usize,
     ) -> Result<()> {
-        crate::config::check_pair_shape(
+        crate::config::check_pair_tensor(
             "bias",
             (self.batch, self.heads, self.seq_q, self.seq_kv),
             (batch, heads_q, seq_q, seq_kv),
-        )?;
-        let n = [self.batch, self.heads, self.seq_q, self.seq_kv]
-            .iter()
-            .try_fold(1u64, |n, &d| n.checked_mul(d as u64));
-        let per_word = 4 / self.dtype.size_bytes() as u64;
-        match n {
-            Some(n) if n <= MAX_BIAS_ENTRIES && self.words.len() as u64 == n.div_ceil(per_word) => {
-                Ok(())
-            }
-            Some(n) if n <= MAX_BIAS_ENTRIES => Err(Error::invalid(format!(
-                "bias holds {} words for {n} {} entries, expected {}",
-                self.words.len(),
-                self.dtype,
-                n.div_ceil(per_word)
-            ))),
-            _ => Err(Error::invalid(format!(
-                "bias [{}, {}, {}, {}] has more than {MAX_BIAS_ENTRIES} entries, the most the \
-                 kernels address; broadcast it over batch or heads, or split the call",
-                self.batch, self.heads, self.seq_q, self.seq_kv
-            ))),
-        }
+            self.words.len(),
+            4 / self.dtype.size_bytes() as u64,
+        )
     }
 }
 

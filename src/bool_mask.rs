@@ -145,27 +145,13 @@ impl BoolMask {
         seq_q: usize,
         seq_kv: usize,
     ) -> Result<()> {
-        crate::config::check_pair_shape(
+        crate::config::check_pair_tensor(
             "mask",
             (self.batch, self.heads, self.seq_q, self.seq_kv),
             (batch, heads_q, seq_q, seq_kv),
-        )?;
-        let n = [self.batch, self.heads, self.seq_q, self.seq_kv]
-            .iter()
-            .try_fold(1u64, |n, &d| n.checked_mul(d as u64));
-        match n {
-            Some(n) if n <= MAX_MASK_ENTRIES && self.words.len() as u64 == n.div_ceil(32) => Ok(()),
-            Some(n) if n <= MAX_MASK_ENTRIES => Err(Error::invalid(format!(
-                "mask holds {} words for {n} entries, expected {}",
-                self.words.len(),
-                n.div_ceil(32)
-            ))),
-            _ => Err(Error::invalid(format!(
-                "mask [{}, {}, {}, {}] has more than {MAX_MASK_ENTRIES} entries, the most the \
-                 kernels address; broadcast it over batch or heads, or split the call",
-                self.batch, self.heads, self.seq_q, self.seq_kv
-            ))),
-        }
+            self.words.len(),
+            32,
+        )
     }
 }
 

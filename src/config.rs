@@ -417,6 +417,35 @@ pub(crate) fn check_pair_shape(
     Ok(())
 }
 
+/// A per-pair tensor (`field`: a boolean mask, a bias) of shape `dims` against the call's
+/// (`check_pair_shape`), with at most 2^32 - 1 entries (the kernels index them in 32 bits)
+/// stored `per_word` to a 32-bit word in `words` words.
+pub(crate) fn check_pair_tensor(
+    field: &str,
+    dims: (usize, usize, usize, usize),
+    call: (usize, usize, usize, usize),
+    words: usize,
+    per_word: u64,
+) -> Result<()> {
+    check_pair_shape(field, dims, call)?;
+    let (batch, heads, seq_q, seq_kv) = dims;
+    let limit = u32::MAX as u64;
+    let n = [batch, heads, seq_q, seq_kv]
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d as u64));
+    match n {
+        Some(n) if n <= limit && words as u64 == n.div_ceil(per_word) => Ok(()),
+        Some(n) if n <= limit => Err(Error::invalid(format!(
+            "{field} holds {words} words for {n} entries, expected {}",
+            n.div_ceil(per_word)
+        ))),
+        _ => Err(Error::invalid(format!(
+            "{field} [{batch}, {heads}, {seq_q}, {seq_kv}] has more than {limit} entries, the \
+             most the kernels address; broadcast it over batch or heads, or split the call"
+        ))),
+    }
+}
+
 /// Per-head f32 values (`name`): one of the `lengths` (described by `expected`) and finite.
 fn check_values(
     name: &str,
