@@ -1,9 +1,10 @@
 //! Property test over the score features together (issue 12): random small shapes, dtypes,
 //! algorithms and variants, with causal, a sliding window, a softcap, ALiBi (per head or per
-//! batch and head), sinks, per-batch key lengths, dropout, a block mask, a boolean mask and
-//! packed variable-length sequences each drawn on or off, so that any combination may come up.
-//! Every case runs forward and backward on fresh random inputs against the f64 reference
-//! (`common::check_dtype_dyn`: out, lse, dq, dk, dv and d_sinks).
+//! batch and head), sinks, per-batch key lengths, dropout, a block mask, a boolean mask, an
+//! additive bias (with or without d_bias) and packed variable-length sequences each drawn on
+//! or off, so that any combination may come up. Every case runs forward and backward on fresh
+//! random inputs against the f64 reference (`common::check_dtype_dyn`: out, lse, dq, dk, dv,
+//! d_sinks and d_bias).
 
 mod common;
 
@@ -37,6 +38,8 @@ fn case() -> impl Strategy<Value = Case> {
         prop::option::of(prop::collection::vec((0usize..30, 0usize..30), 1..=3)),
         // a boolean mask: (per batch, per head)
         prop::option::of((any::<bool>(), any::<bool>())),
+        // a bias: (per batch, per head, d_bias asked for)
+        prop::option::of((any::<bool>(), any::<bool>(), any::<bool>())),
     )
         .prop_map(
             |(
@@ -51,6 +54,7 @@ fn case() -> impl Strategy<Value = Case> {
                 dtype,
                 packed,
                 mask,
+                bias,
             )| {
                 let mut cfg = match packed {
                     // at least one row and one key in all
@@ -87,6 +91,11 @@ fn case() -> impl Strategy<Value = Case> {
                 });
                 cfg.mask = mask.map(|(per_batch, per_head)| {
                     common::random_bool_mask(&cfg, per_batch, per_head, 0.7, 1)
+                });
+                cfg.bias = bias.map(|(per_batch, per_head, grad)| {
+                    let mut b = common::random_bias(&cfg, per_batch, per_head, 0.05, 0);
+                    b.grad = grad;
+                    b
                 });
                 cfg.algorithm = alg;
                 Case {
