@@ -28,9 +28,6 @@ pub struct ScoreBias {
     words: Vec<u32>,
 }
 
-/// Most entries a bias may hold: the kernels index it in 32 bits.
-pub const MAX_BIAS_ENTRIES: u64 = u32::MAX as u64;
-
 impl ScoreBias {
     /// A bias of shape `(batch, heads, seq_q, seq_kv)` from its entries, row-major, in `T`
     /// (the dtype of the calls it joins). `Error::InvalidConfig` when their number is not the

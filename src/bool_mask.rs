@@ -19,7 +19,7 @@ pub struct BoolMask {
 }
 
 /// Most entries a mask may hold: the kernels index its bits in 32 bits.
-pub const MAX_MASK_ENTRIES: u64 = u32::MAX as u64;
+pub const MAX_MASK_ENTRIES: u64 = crate::config::MAX_PAIR_ENTRIES;
 
 impl BoolMask {
     /// A mask of shape `(batch, heads, seq_q, seq_kv)`, entry (b, h, i, j) = `on(b, h, i, j)`.

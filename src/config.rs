@@ -417,9 +417,13 @@ pub(crate) fn check_pair_shape(
     Ok(())
 }
 
+/// Most entries a per-pair tensor (a boolean mask, a bias) may hold: the kernels index them
+/// in 32 bits.
+pub const MAX_PAIR_ENTRIES: u64 = u32::MAX as u64;
+
 /// A per-pair tensor (`field`: a boolean mask, a bias) of shape `dims` against the call's
-/// (`check_pair_shape`), with at most 2^32 - 1 entries (the kernels index them in 32 bits)
-/// stored `per_word` to a 32-bit word in `words` words.
+/// (`check_pair_shape`), with at most [`MAX_PAIR_ENTRIES`] entries stored `per_word` to a
+/// 32-bit word in `words` words.
 pub(crate) fn check_pair_tensor(
     field: &str,
     dims: (usize, usize, usize, usize),
@@ -429,7 +433,7 @@ pub(crate) fn check_pair_tensor(
 ) -> Result<()> {
     check_pair_shape(field, dims, call)?;
     let (batch, heads, seq_q, seq_kv) = dims;
-    let limit = u32::MAX as u64;
+    let limit = MAX_PAIR_ENTRIES;
     let n = [batch, heads, seq_q, seq_kv]
         .iter()
         .try_fold(1u64, |n, &d| n.checked_mul(d as u64));

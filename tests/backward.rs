@@ -40,14 +40,7 @@ fn reference_backward_matches_finite_differences() {
     ] {
         let data = inputs(&c, 1.0);
         let g = reference::backward(&c, &data.q, &data.k, &data.v, &data.d_out);
-        let loss = |q: &[f32], k: &[f32], v: &[f32]| -> f64 {
-            let f = reference::forward(&c, q, k, v);
-            f.out
-                .iter()
-                .zip(&data.d_out)
-                .map(|(o, d)| o * *d as f64)
-                .sum()
-        };
+        let loss = |q: &[f32], k: &[f32], v: &[f32]| loss_of(&c, &data.d_out, q, k, v);
         let h = 1e-3f32;
         for (which, grad) in [(0, &g.dq), (1, &g.dk), (2, &g.dv)] {
             for idx in 0..grad.len() {
@@ -72,12 +65,7 @@ fn reference_backward_matches_finite_differences() {
                 let at = |x: f32| {
                     let mut c2 = c.clone();
                     c2.sinks.as_mut().unwrap()[h] = x;
-                    let f = reference::forward(&c2, &data.q, &data.k, &data.v);
-                    f.out
-                        .iter()
-                        .zip(&data.d_out)
-                        .map(|(o, d)| o * *d as f64)
-                        .sum::<f64>()
+                    loss_of(&c2, &data.d_out, &data.q, &data.k, &data.v)
                 };
                 let fd =
                     (at(sinks[h] + h_sink()) - at(sinks[h] - h_sink())) / (2.0 * h_sink() as f64);
@@ -107,13 +95,8 @@ fn reference_bias_gradient_matches_finite_differences() {
     c.bias = Some(bias.clone());
     let data = inputs(&c, 1.0);
     let g = reference::backward(&c, &data.q, &data.k, &data.v, &data.d_out);
-    let loss = |c: &flash_attn_wgpu::AttentionConfig, q: &[f32], k: &[f32], v: &[f32]| -> f64 {
-        let f = reference::forward(c, q, k, v);
-        f.out
-            .iter()
-            .zip(&data.d_out)
-            .map(|(o, d)| o * *d as f64)
-            .sum()
+    let loss = |c: &flash_attn_wgpu::AttentionConfig, q: &[f32], k: &[f32], v: &[f32]| {
+        loss_of(c, &data.d_out, q, k, v)
     };
     let h = 1e-3f32;
     let d_bias = g.d_bias.as_ref().expect("d_bias asked for");
@@ -163,6 +146,19 @@ fn reference_bias_gradient_matches_finite_differences() {
             data.seed
         );
     }
+}
+
+/// The loss whose gradients the reference's backward gives: sum(out * d_out), out from the
+/// f64 reference forward of `c`.
+fn loss_of(
+    c: &flash_attn_wgpu::AttentionConfig,
+    d_out: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+) -> f64 {
+    let f = reference::forward(c, q, k, v);
+    f.out.iter().zip(d_out).map(|(o, d)| o * *d as f64).sum()
 }
 
 /// The step of the sinks' central differences.

@@ -343,46 +343,40 @@ fn boolean_masks_that_do_not_fit_the_call_are_invalid_and_named() {
 
 #[test]
 fn a_boolean_mask_or_a_bias_past_one_binding_is_a_device_limit_error_naming_it() {
+    let limit = ctx().device().limits().max_storage_buffer_binding_size;
+    // the pair data of `c` needs `needed` bytes: past the binding, a DeviceLimit naming it;
+    // an adapter that binds it has nothing to refuse
+    let refused = |c: &AttentionConfig, needed: u64| {
+        if limit >= needed {
+            return;
+        }
+        let (q, kv) = data(c);
+        match ctx().forward_host(c, &q, &kv, &kv) {
+            Err(Error::DeviceLimit {
+                what, needed: n, ..
+            }) => {
+                assert!(
+                    what.contains("pair data (mask bits and bias entries)"),
+                    "{what}"
+                );
+                assert_eq!(n, needed);
+            }
+            other => panic!("expected DeviceLimit, got {:?}", other.map(|f| f.lse.len())),
+        }
+    };
     // two heads of 32768 x 32768 bits: 256 MiB, past lavapipe's 128 MiB storage binding
     let mut c = cfg(1, 32768, 32768, 2, 1, 4, false);
     c.mask = Some(flash_attn_wgpu::BoolMask::filled(
         (1, 2, 32768, 32768),
         true,
     ));
-    let limit = ctx().device().limits().max_storage_buffer_binding_size;
-    if limit >= 256 << 20 {
-        return; // an adapter that binds it: nothing to refuse
-    }
-    let (q, kv) = data(&c);
-    match ctx().forward_host(&c, &q, &kv, &kv) {
-        Err(Error::DeviceLimit { what, needed, .. }) => {
-            assert!(
-                what.contains("pair data (mask bits and bias entries)"),
-                "{what}"
-            );
-            assert_eq!(needed, 256 << 20);
-        }
-        other => panic!("expected DeviceLimit, got {:?}", other.map(|f| f.lse.len())),
-    }
+    refused(&c, 256 << 20);
     // a bias past one binding, in the same binding: 6000 x 6000 f32 entries, 144 MB
     let mut c = cfg(1, 6000, 6000, 1, 1, 4, false);
     c.bias = Some(
         flash_attn_wgpu::ScoreBias::new((1, 1, 6000, 6000), &vec![0.25f32; 36_000_000]).unwrap(),
     );
-    if limit >= 36_000_000 * 4 {
-        return;
-    }
-    let (q, kv) = data(&c);
-    match ctx().forward_host(&c, &q, &kv, &kv) {
-        Err(Error::DeviceLimit { what, needed, .. }) => {
-            assert!(
-                what.contains("pair data (mask bits and bias entries)"),
-                "{what}"
-            );
-            assert_eq!(needed, 36_000_000 * 4);
-        }
-        other => panic!("expected DeviceLimit, got {:?}", other.map(|f| f.lse.len())),
-    }
+    refused(&c, 36_000_000 * 4);
 }
 
 #[test]

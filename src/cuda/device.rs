@@ -225,12 +225,7 @@ impl CudaContext {
     /// get a buffer.
     fn extras(&self, cfg: &AttentionConfig) -> Result<Option<CudaSlice<u8>>> {
         let mut x = crate::kernels::params::extras(cfg);
-        if let Some(m) = &cfg.mask {
-            x.extend_from_slice(m.words());
-        }
-        if let Some(b) = &cfg.bias {
-            x.extend_from_slice(b.words());
-        }
+        x.extend(crate::kernels::params::pair_words(cfg));
         if x.is_empty() {
             return Ok(None);
         }

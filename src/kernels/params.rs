@@ -84,7 +84,7 @@ pub struct Params {
     pub mask_b_stride: u32,
     pub mask_h_stride: u32,
     pub mask_cols: u32,
-    /// Bias: the word of the pair data (`Plan::pairs`) where its entries start (after the
+    /// Bias: the word of the pair data ([`pair_words`]) where its entries start (after the
     /// boolean mask's bits), and the entries between one batch's grid and the next and one
     /// query head's and the next (0 along a broadcast dimension); its rows are `mask_cols`
     /// entries apart, as the mask's.
@@ -211,6 +211,16 @@ pub fn extras_layout(cfg: &crate::AttentionConfig) -> ExtrasLayout {
         blocks_base,
         varlen_base,
     }
+}
+
+/// The call's pair data as the kernels read it (the wgpu pair-data binding, `Plan::pairs`; on
+/// CUDA the words after the extras): the boolean mask's bits, then the bias's entries from
+/// word `Params::bias_base`. Empty without either.
+pub fn pair_words(cfg: &crate::AttentionConfig) -> Vec<u32> {
+    let mask = cfg.mask.iter().flat_map(|m| m.words());
+    mask.chain(cfg.bias.iter().flat_map(|b| b.words()))
+        .copied()
+        .collect()
 }
 
 /// The call's extras words ([`ExtrasLayout::words`]).

@@ -109,8 +109,9 @@ pub struct Plan {
 
 impl Plan {
     /// Binds the call's extras to every step whose pipeline reads them (the binding after its
-    /// storage bindings), and the boolean mask's bits to every step whose pipeline has MASK
-    /// (the binding after that), once all steps are planned. More than `EXTRAS_WORDS` values
+    /// storage bindings), the pair data (mask bits, bias entries) to every step whose pipeline
+    /// has MASK or BIAS (the binding after that), and the bias gradients' scratch to every
+    /// step that keeps them (`KernelKey::bias_grad`, last), once all steps are planned. More than `EXTRAS_WORDS` values
     /// (batch x heads_q ALiBi slopes plus heads_q sinks) is a `DeviceLimit` error naming them.
     pub(crate) fn attach_extras(&mut self, cfg: &AttentionConfig) -> crate::Result<()> {
         self.extras = crate::kernels::params::extras(cfg);
@@ -128,24 +129,20 @@ impl Plan {
                     .into(),
             });
         }
-        self.pairs = cfg.mask.as_ref().map_or(Vec::new(), |m| m.words().to_vec());
-        if let Some(b) = &cfg.bias {
-            self.pairs.extend_from_slice(b.words());
-        }
+        self.pairs = crate::kernels::params::pair_words(cfg);
+        let bias_grads = self.bias_grads.map(BufRef::Scratch);
         for s in &mut self.steps {
-            for (on, r) in [
-                (s.key.uses_extras(), BufRef::Extras),
-                (s.key.uses_pairs(), BufRef::Pairs),
-                (
-                    s.key.bias_grad,
-                    BufRef::Scratch(self.bias_grads.unwrap_or(0)),
-                ),
-            ] {
-                if on {
-                    s.buffers.push(r);
-                    if !s.windows.is_empty() {
-                        s.windows.push(None);
-                    }
+            for r in [
+                s.key.uses_extras().then_some(BufRef::Extras),
+                s.key.uses_pairs().then_some(BufRef::Pairs),
+                bias_grads.filter(|_| s.key.bias_grad),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                s.buffers.push(r);
+                if !s.windows.is_empty() {
+                    s.windows.push(None);
                 }
             }
         }
