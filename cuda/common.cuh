@@ -752,3 +752,47 @@ extern "C" __global__ void __launch_bounds__(256) flash_bias_reduce(
     d_bias[e] = from_f32(acc);
 }
 #endif
+
+// The exact merge of partial results over disjoint key shards (shaders/merge.wgsl, module
+// `merge`): folds one shard (shard_out, shard_lse) into the running f32 result
+// (acc, lse_in) -> (acc, lse_out), lse = log(exp(lse_a) + exp(lse_b)), out = the weighted sum,
+// and stores it rounded into out; `resume` 0 starts from nothing (lse -inf, out 0). A row no
+// shard lets see a key keeps lse -inf and out 0; a NaN lse stays NaN. out-layout tensors are
+// [batch, seq_q, heads, HEAD_DIM], lse [batch, heads, seq_q]. One thread per element of out.
+extern "C" __global__ void __launch_bounds__(256) flash_merge(
+    const elem_t* __restrict__ shard_out, const float* __restrict__ shard_lse,
+    const float* __restrict__ lse_in, float* __restrict__ acc, float* __restrict__ lse_out,
+    elem_t* __restrict__ out, unsigned int seq_q, unsigned int heads, unsigned int elements,
+    unsigned int resume) {
+    const unsigned int e = blockIdx.x * 256 + threadIdx.x;
+    if (e >= elements) {
+        return;
+    }
+    const unsigned int row = e / HEAD_DIM;
+    const unsigned int h = row % heads;
+    const unsigned int bs = row / heads;
+    const unsigned int r = ((bs / seq_q) * heads + h) * seq_q + bs % seq_q;
+    const float lb = shard_lse[r];
+    float la = NEG_INF, xa = 0.f;
+    if (resume != 0) {
+        la = lse_in[r];
+        xa = acc[e];
+    }
+    const float m = fmaxf(la, lb);
+    float l = m, x = 0.f;
+    if (la != la || lb != lb) {
+        // fmaxf drops a NaN operand; the row stays NaN
+        l = __int_as_float(0x7fc00000);
+        x = l;
+    } else if (m != NEG_INF) {
+        // one weight is 1, so their sum lies in [1, 2]
+        const float wa = expf(la - m), wb = expf(lb - m), s = wa + wb;
+        l = m + logf(s);
+        x = (wa * xa + wb * to_f32(shard_out[e])) / s;
+    }
+    acc[e] = x;
+    out[e] = from_f32(x);
+    if (e % HEAD_DIM == 0) {
+        lse_out[r] = l;
+    }
+}

@@ -59,6 +59,7 @@ struct Params {
     bias_base: u32,      // BIAS: word of the pair data where the bias's entries start
     bias_b_stride: u32,  // BIAS: entries between batches' grids and heads' grids (0: broadcast)
     bias_h_stride: u32,
+    merge_last: u32,     // merge: 1 on the last shard's dispatch, which stores out
 }
 
 @group(0) @binding(0) var<uniform> params: Params;

@@ -86,8 +86,53 @@ pub trait AttentionBackend {
         d_out: &Self::Tensor,
     ) -> Result<Gradients<Self::Tensor>>;
 
+    /// Merges partial results over disjoint key shards, `(out_i, lse_i)`, into the exact
+    /// result over all their keys (module [`merge`](crate::merge)).
+    fn merge(&self, shards: &[Forward<Self::Tensor>]) -> Result<Forward<Self::Tensor>>;
+
     /// GPU time of the most recent forward or backward call, where the backend measures it.
     fn last_gpu_timing(&self) -> Option<GpuTiming>;
+
+    /// [`merge`](AttentionBackend::merge) on host slices: each shard's out shaped `out_shape`
+    /// (`[batch, seq_q, heads_q, head_dim]`) in `T`, its lse f32 `[batch, heads_q, seq_q]`
+    /// (finite, -inf or NaN; +inf is refused). Checks, uploads, merges, downloads.
+    fn merge_host<T: Element>(
+        &self,
+        out_shape: &[usize],
+        shards: &[HostForward<T>],
+    ) -> Result<HostForward<T>> {
+        let lse_shape = match *out_shape {
+            [b, s, h, _] => vec![b, h, s],
+            _ => Vec::new(),
+        };
+        let metas: Vec<crate::merge::ShardMeta<'_>> = shards
+            .iter()
+            .map(|_| crate::merge::ShardMeta {
+                out: (out_shape, T::DTYPE),
+                lse: (&lse_shape, crate::DType::F32),
+            })
+            .collect();
+        crate::merge::check_shards(&metas)?;
+        for s in shards {
+            crate::checks::check_slice(crate::TensorRole::Out, s.out.len(), out_shape)?;
+            crate::checks::check_slice(crate::TensorRole::Lse, s.lse.len(), &lse_shape)?;
+            crate::checks::check_lse_values(&s.lse)?;
+        }
+        let on_device = shards
+            .iter()
+            .map(|s| {
+                Ok(Forward {
+                    out: self.upload(&s.out, out_shape)?,
+                    lse: self.upload(&s.lse, &lse_shape)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let m = self.merge(&on_device)?;
+        Ok(HostForward {
+            out: self.download(&m.out)?,
+            lse: self.download(&m.lse)?,
+        })
+    }
 
     /// Forward pass on host slices: checks, uploads, runs, downloads.
     fn forward_host<T: Element>(
@@ -183,6 +228,10 @@ impl AttentionBackend for crate::Context {
         d_out: &crate::Tensor,
     ) -> Result<Gradients> {
         crate::Context::backward(self, cfg, q, k, v, out, lse, d_out)
+    }
+
+    fn merge(&self, shards: &[Forward]) -> Result<Forward> {
+        crate::Context::merge(self, shards)
     }
 
     fn last_gpu_timing(&self) -> Option<GpuTiming> {

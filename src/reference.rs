@@ -206,6 +206,40 @@ pub fn forward(cfg: &AttentionConfig, q: &[f32], k: &[f32], v: &[f32]) -> RefFor
     RefForward { out, lse }
 }
 
+/// The exact merge of partial results over disjoint key shards (module
+/// [`merge`](crate::merge)), in f64: each shard's out laid out `out_shape` (`[batch, seq_q,
+/// heads_q, head_dim]`), its lse `[batch, heads_q, seq_q]`. A row whose every shard has lse
+/// -inf comes out with lse -inf and out 0.
+pub fn merge(out_shape: [usize; 4], shards: &[(&[f64], &[f64])]) -> RefForward {
+    let [batch, seq_q, heads, d] = out_shape;
+    let mut out = vec![0.0; batch * seq_q * heads * d];
+    let mut lse = vec![f64::NEG_INFINITY; batch * heads * seq_q];
+    for b in 0..batch {
+        for h in 0..heads {
+            for i in 0..seq_q {
+                let r = (b * heads + h) * seq_q + i;
+                let m = shards
+                    .iter()
+                    .map(|s| s.1[r])
+                    .fold(f64::NEG_INFINITY, f64::max);
+                if m == f64::NEG_INFINITY {
+                    continue;
+                }
+                let total: f64 = shards.iter().map(|s| (s.1[r] - m).exp()).sum();
+                lse[r] = m + total.ln();
+                let o = ((b * seq_q + i) * heads + h) * d;
+                for s in shards {
+                    let w = (s.1[r] - lse[r]).exp();
+                    for x in 0..d {
+                        out[o + x] += w * s.0[o + x];
+                    }
+                }
+            }
+        }
+    }
+    RefForward { out, lse }
+}
+
 /// Analytic gradients of `sum(out * d_out)`:
 /// `dV = (Z P)^T dO`, `dP = Z dO V^T`, `dS = P * (dP - rowsum(dO * O))` (Z: the dropout
 /// factors, 0 or 1 / (1 - p), elementwise; all 1 without dropout), `dQ = scale dS K`,

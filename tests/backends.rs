@@ -281,6 +281,15 @@ fn chains_on_the_device<B: AttentionBackend>(b: &B) {
 }
 
 #[test]
+fn every_backend_merges_key_shards_into_attention_over_all_keys() {
+    on_every_backend!(|b| {
+        common::shards::merged_equals_full::<_, f32>(b, 3);
+        common::shards::merged_equals_full::<_, half::f16>(b, 2);
+        common::shards::merged_equals_full::<_, half::bf16>(b, 4);
+    });
+}
+
+#[test]
 fn every_backend_chains_device_tensors_and_types_its_errors() {
     on_every_backend!(|b| {
         chains_on_the_device(b);

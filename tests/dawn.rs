@@ -13,7 +13,7 @@ use std::process::Command;
 
 use common::variants::variants;
 use common::{cfg, poisoned_inputs, rel_tol, rounded_inputs, Rounded};
-use flash_attn_wgpu::dtype::to_f32_vec;
+use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
 use flash_attn_wgpu::kernels::{DeviceCaps, WgslConsumer};
 use flash_attn_wgpu::replay::{to_words, ReplayCase, ReplayCheck};
 use flash_attn_wgpu::{
@@ -503,4 +503,83 @@ fn every_kernel_variant_compiles_with_tint() {
     let (ok, out) = run_node(&script, &["compile", path.to_str().unwrap()]);
     eprintln!("{out}");
     assert!(ok, "Tint rejected some variants (see the FAIL lines above)");
+}
+
+/// A merge of three random shards (rows some shards, or all, see no key of: lse -inf, out 0)
+/// in `T`, against the f64 reference merge of the same rounded values.
+fn merge_case<T: Element>(e: &plan::PlanEnv, name: &str) -> ReplayCase {
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    let seed = common::fresh_seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let shape = [2, 3, 2, 12];
+    let n: usize = shape.iter().product();
+    let rows = 2 * 2 * 3;
+    let shards: Vec<(Vec<T>, Vec<f32>)> = (0..3)
+        .map(|s| {
+            let lse: Vec<f32> = (0..rows)
+                .map(|r| {
+                    if r == 0 || (r == 1 && s != 1) || rng.random_bool(0.2) {
+                        f32::NEG_INFINITY
+                    } else {
+                        rng.random_range(-20.0f32..20.0)
+                    }
+                })
+                .collect();
+            let mut out = common::random(&mut rng, n, 2.0);
+            for (r, l) in lse.iter().enumerate() {
+                if *l == f32::NEG_INFINITY {
+                    let (bh, i) = (r / 3, r % 3);
+                    let o = (((bh / 2) * 3 + i) * 2 + bh % 2) * 12;
+                    out[o..o + 12].fill(0.0);
+                }
+            }
+            (from_f32_slice::<T>(&out), lse)
+        })
+        .collect();
+    let as64: Vec<(Vec<f64>, Vec<f64>)> = shards
+        .iter()
+        .map(|(o, l)| {
+            (
+                to_f32_vec(o).iter().map(|&x| x as f64).collect(),
+                l.iter().map(|&x| x as f64).collect(),
+            )
+        })
+        .collect();
+    let refs: Vec<(&[f64], &[f64])> = as64.iter().map(|(o, l)| (&o[..], &l[..])).collect();
+    let want = reference::merge(shape, &refs);
+    let p = plan::merge(shape, 3, T::DTYPE, e).expect("merge plan");
+    let words = shards
+        .iter()
+        .flat_map(|(o, l)| [to_words(o), to_words(l)])
+        .collect();
+    let mut case = p.replay(
+        &format!("merge {name} seed={seed}"),
+        WgslConsumer::Tint,
+        words,
+        65535,
+    );
+    case.checks = vec![
+        tensor_check("out", p.replay_output_buffer(0), T::DTYPE, &want.out),
+        lse_check(p.replay_output_buffer(1), &want.lse),
+    ];
+    case
+}
+
+#[test]
+fn merged_shards_match_the_f64_reference_on_dawn() {
+    let Some(script) = runner() else { return };
+    let dawn = dawn_adapter(&script);
+    let cases: Vec<ReplayCase> = formats(&dawn)
+        .into_iter()
+        .map(|(dtype, half)| {
+            let e = env(Variant::Rows, 0, half);
+            let name = format!("{dtype} {half:?}");
+            match dtype {
+                DType::F32 => merge_case::<f32>(&e, &name),
+                DType::F16 => merge_case::<half::f16>(&e, &name),
+                DType::BF16 => merge_case::<half::bf16>(&e, &name),
+            }
+        })
+        .collect();
+    run_cases(&script, "dawn-merge.json", &cases);
 }

@@ -18,6 +18,7 @@ use super::nvrtc::Nvrtc;
 use super::tensor::{next_owner, CudaTensor};
 use crate::backend::{AttentionBackend, Backend};
 use crate::checks::{check_lse_values, check_meta};
+use crate::merge::{check_shards, ShardMeta};
 use crate::tensor::shape_elements;
 use crate::{
     Algorithm, AttentionConfig, DType, Element, Error, Forward, GpuTiming, Gradients, Result,
@@ -531,6 +532,89 @@ impl CudaContext {
     }
 }
 
+impl CudaContext {
+    /// Merges partial results over disjoint key shards into the exact result over all their
+    /// keys: the same semantics, checks and layouts as [`Context::merge`](crate::Context::merge)
+    /// (an f32 running result, one launch per shard). Returns once the launches are queued.
+    pub fn merge(&self, shards: &[Forward<CudaTensor>]) -> Result<Forward<CudaTensor>> {
+        let metas: Vec<ShardMeta<'_>> = shards
+            .iter()
+            .map(|s| ShardMeta {
+                out: (&s.out.shape, s.out.dtype),
+                lse: (&s.lse.shape, s.lse.dtype),
+            })
+            .collect();
+        let (shape, dtype) = check_shards(&metas)?;
+        for (i, s) in shards.iter().enumerate() {
+            s.out
+                .check_owner(self.owner, || format!("shard {i}'s out"))?;
+            s.lse
+                .check_owner(self.owner, || format!("shard {i}'s lse"))?;
+        }
+        let [batch, seq_q, heads, head_dim] = shape;
+        let elements = shape.iter().product::<usize>();
+        let elements = u32::try_from(elements).map_err(|_| Error::DeviceLimit {
+            what: "merge: elements of out".into(),
+            needed: elements as u64,
+            limit: u32::MAX as u64,
+            hint: "merge the batch (or the heads) in parts".into(),
+        })?;
+        // the merge kernel is in every program (cuda/common.cuh): the forward's for this
+        // dtype and head dim, loaded already where a forward ran
+        let kernel = CudaKernel::for_pass(Pass::Forward, dtype, head_dim as u32);
+        let key = CudaKey::new(kernel, dtype, head_dim as u32, self.arch)?;
+        let launch = Launch {
+            entry: "flash_merge",
+            grid: (elements.div_ceil(256), 1, 1),
+            threads: 256,
+            shared_bytes: 0,
+        };
+        let f = self.function(&key, &launch)?;
+        let lse_shape = [batch, heads, seq_q];
+        let mut acc = self.result(TensorRole::Out, &shape, DType::F32)?;
+        let mut lse_tmp = [
+            self.result(TensorRole::Lse, &lse_shape, DType::F32)?,
+            self.result(TensorRole::Lse, &lse_shape, DType::F32)?,
+        ];
+        let mut out = self.result(TensorRole::Out, &shape, dtype)?;
+        let mut lse = self.result(TensorRole::Lse, &lse_shape, DType::F32)?;
+        let (seq_q, heads) = (seq_q as u32, heads as u32);
+        let mut timeline = Timeline {
+            start: self.event()?,
+            marks: Vec::new(),
+        };
+        for (i, s) in shards.iter().enumerate() {
+            let resume = u32::from(i > 0);
+            let [a_buf, b_buf] = &mut lse_tmp;
+            // shard i reads the lse shard i - 1 wrote, and writes the other (the last: lse)
+            let (lse_in, lse_out) = if i % 2 == 0 {
+                (&*b_buf, a_buf)
+            } else {
+                (&*a_buf, b_buf)
+            };
+            let lse_out = if i + 1 == shards.len() {
+                &mut lse
+            } else {
+                lse_out
+            };
+            let mut a = self.stream.launch_builder(&f);
+            a.arg(&s.out.data)
+                .arg(&s.lse.data)
+                .arg(&lse_in.data)
+                .arg(&mut acc.data)
+                .arg(&mut lse_out.data)
+                .arg(&mut out.data)
+                .arg(&seq_q)
+                .arg(&heads)
+                .arg(&elements)
+                .arg(&resume);
+            self.launch(&mut timeline, &launch, a)?;
+        }
+        *self.timing.lock().unwrap() = Some(timeline);
+        Ok(Forward { out, lse })
+    }
+}
+
 impl AttentionBackend for CudaContext {
     type Tensor = CudaTensor;
 
@@ -571,6 +655,10 @@ impl AttentionBackend for CudaContext {
         d_out: &CudaTensor,
     ) -> Result<Gradients<CudaTensor>> {
         CudaContext::backward(self, cfg, q, k, v, out, lse, d_out)
+    }
+
+    fn merge(&self, shards: &[Forward<CudaTensor>]) -> Result<Forward<CudaTensor>> {
+        CudaContext::merge(self, shards)
     }
 
     fn last_gpu_timing(&self) -> Option<GpuTiming> {

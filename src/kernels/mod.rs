@@ -34,6 +34,7 @@ pub enum Kernel {
     FlashBwdDqCoop,
     FlashBwdSinks,
     FlashBwdBias,
+    Merge,
     NaiveScores,
     NaiveSoftmax,
     NaivePv,
@@ -89,7 +90,7 @@ use Access::{Read as R, ReadWrite as W};
 use BindType::{Elem as E, Vec2F32 as V2, Vec4F32 as V4, F32, U32};
 
 impl Kernel {
-    pub const ALL: [Kernel; 29] = [
+    pub const ALL: [Kernel; 30] = [
         Kernel::FlashFwd,
         Kernel::FlashBwdPreprocess,
         Kernel::FlashBwdDkDv,
@@ -105,6 +106,7 @@ impl Kernel {
         Kernel::FlashBwdDqCoop,
         Kernel::FlashBwdSinks,
         Kernel::FlashBwdBias,
+        Kernel::Merge,
         Kernel::NaiveScores,
         Kernel::NaiveSoftmax,
         Kernel::NaivePv,
@@ -138,6 +140,7 @@ impl Kernel {
             Kernel::FlashBwdDqCoop => "flash_bwd_dq_coop",
             Kernel::FlashBwdSinks => "flash_bwd_sinks",
             Kernel::FlashBwdBias => "flash_bwd_bias",
+            Kernel::Merge => "merge",
             Kernel::NaiveScores => "naive_scores",
             Kernel::NaiveSoftmax => "naive_softmax",
             Kernel::NaivePv => "naive_pv",
@@ -174,6 +177,7 @@ impl Kernel {
             Kernel::FlashBwdDqCoop => include_str!("../../shaders/flash_bwd_dq_coop.wgsl"),
             Kernel::FlashBwdSinks => include_str!("../../shaders/flash_bwd_sinks.wgsl"),
             Kernel::FlashBwdBias => include_str!("../../shaders/flash_bwd_bias.wgsl"),
+            Kernel::Merge => include_str!("../../shaders/merge.wgsl"),
             Kernel::NaiveScores => include_str!("../../shaders/naive_scores.wgsl"),
             Kernel::NaiveSoftmax => include_str!("../../shaders/naive_softmax.wgsl"),
             Kernel::NaivePv => include_str!("../../shaders/naive_pv.wgsl"),
@@ -225,6 +229,20 @@ impl Kernel {
             | Kernel::FlashBwdDqCoop => const { &[Q, K, V, D_OUT, LSE_DELTA, b("dq", E, W)] },
             Kernel::FlashBwdSinks => const { &[LSE_DELTA, b("d_sinks", F32, W)] },
             Kernel::FlashBwdBias => const { &[b("kept_grads", F32, R), b("d_bias", E, W)] },
+            // one shard folded into the running merge: lse ping-pongs between two scratch
+            // buffers (a binding cannot be read-only and read-write in one dispatch)
+            Kernel::Merge => {
+                const {
+                    &[
+                        b("shard_out", E, R),
+                        b("shard_lse", F32, R),
+                        b("lse_in", F32, R),
+                        b("acc", F32, W),
+                        b("lse_out", F32, W),
+                        b("out", E, W),
+                    ]
+                }
+            }
             Kernel::NaiveScores => const { &[Q, K, b("scores", F32, W)] },
             Kernel::NaiveSoftmax => {
                 const { &[b("scores", F32, R), b("probs", F32, W), b("lse", F32, W)] }
@@ -305,6 +323,7 @@ impl Kernel {
             Kernel::Cast
                 | Kernel::FlashBwdPreprocess
                 | Kernel::FlashBwdBias
+                | Kernel::Merge
                 | Kernel::NaiveScores
                 | Kernel::NaivePv
                 | Kernel::NaiveBwdProbs

@@ -91,6 +91,9 @@ pub struct Params {
     pub bias_base: u32,
     pub bias_b_stride: u32,
     pub bias_h_stride: u32,
+    /// Merge (`shaders/merge.wgsl`): 1 on the dispatch of the last shard, which stores the
+    /// merged result into the output (half outputs are stored with `atomicOr`: once).
+    pub merge_last: u32,
 }
 
 impl Params {

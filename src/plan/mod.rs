@@ -6,11 +6,13 @@
 
 mod backward;
 mod forward;
+mod merge;
 mod naive;
 pub mod split;
 
 pub use backward::backward;
 pub use forward::forward;
+pub use merge::merge;
 
 use crate::config::AttentionConfig;
 use crate::device::Tuning;

@@ -4,6 +4,7 @@
 pub mod backend;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
+pub mod shards;
 pub mod variants;
 
 /// A device of the default adapter created with exactly `limits` and the adapter's features
