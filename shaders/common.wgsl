@@ -60,6 +60,8 @@ struct Params {
     bias_b_stride: u32,  // BIAS: entries between batches' grids and heads' grids (0: broadcast)
     bias_h_stride: u32,
     merge_last: u32,     // merge: 1 on the last shard's dispatch, which stores out
+    splits: u32,         // decode: key splits, of split_keys keys each
+    split_keys: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -667,10 +669,43 @@ fn finish_lse(m: f32, l: f32) -> f32 {
         }
         return head_sink2 * LN2;
     }
+    return keys_lse(m, l);
+}
+
+// finish_lse over the keys alone, without a sink: what a part of a row's keys gives (a split
+// of the decode kernel), the sink joining when the parts merge (merge_fold).
+fn keys_lse(m: f32, l: f32) -> f32 {
     if (l > 0.0 || is_nan(l)) {
         return (m + log2(l)) * LN2;
     }
     return neg_inf();
+}
+
+// ---- Merging partial results over disjoint sets of keys (merge.wgsl, flash_decode_combine):
+// a row's lse and one element of its out from two key sets, folded into those over both,
+// exactly: lse = log(exp(la) + exp(lb)), x = exp(la - lse) xa + exp(lb - lse) xb. A side that
+// saw no key (lse -inf) adds nothing; both: (-inf, 0). A NaN lse (a row that saw a NaN) makes
+// the row NaN (max may drop a NaN operand, so it is tested first). A sink merges as a side of
+// lse = sink and out 0.
+struct Merged {
+    lse: f32,
+    x: f32,
+}
+
+fn merge_fold(la: f32, xa: f32, lb: f32, xb: f32) -> Merged {
+    if (is_nan(la) || is_nan(lb)) {
+        let nan = bitcast<f32>(runtime_bits(0x7fc00000u));
+        return Merged(nan, nan);
+    }
+    let m = max(la, lb);
+    if (m == neg_inf()) {
+        return Merged(m, 0.0);
+    }
+    // one of the two weights is 1, so their sum lies in [1, 2]: no overflow, no 0 / 0
+    let wa = exp(la - m);
+    let wb = exp(lb - m);
+    let s = wa + wb;
+    return Merged(m + log(s), (wa * xa + wb * xb) / s);
 }
 
 // The factor that normalizes a row's accumulator (running max m, row sum l): 1 / l; 0 for a

@@ -99,7 +99,15 @@ pub struct AttentionConfig {
     /// `None` means `1 / sqrt(head_dim)`.
     pub softmax_scale: Option<f32>,
     pub algorithm: Algorithm,
+    /// Decode calls (a few query rows: [`crate::plan::decode::eligible`]) split the keys
+    /// into this many parts computed in parallel and merged exactly (split-KV,
+    /// FlashDecoding); `None`: as many as [`crate::plan::decode::kv_splits`] picks. 1 to
+    /// [`MAX_KV_SPLITS`]; splits past the keys are empty. Other calls ignore it.
+    pub kv_splits: Option<usize>,
 }
+
+/// The most key splits a decode call may ask for ([`AttentionConfig::kv_splits`]).
+pub const MAX_KV_SPLITS: usize = 1024;
 
 impl AttentionConfig {
     pub fn new(
@@ -130,6 +138,7 @@ impl AttentionConfig {
             varlen: None,
             softmax_scale: None,
             algorithm: Algorithm::default(),
+            kv_splits: None,
         }
     }
 
@@ -249,6 +258,13 @@ impl AttentionConfig {
                 "head_dim must be in 1..={MAX_HEAD_DIM}, got {}",
                 self.head_dim
             )));
+        }
+        if let Some(n) = self.kv_splits {
+            if n == 0 || n > MAX_KV_SPLITS {
+                return Err(Error::invalid(format!(
+                    "kv_splits must be in 1..={MAX_KV_SPLITS} (or None: the heuristic), got {n}"
+                )));
+            }
         }
         if !self.heads_q.is_multiple_of(self.heads_kv) {
             return Err(Error::invalid(format!(

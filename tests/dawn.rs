@@ -566,20 +566,33 @@ fn merge_case<T: Element>(e: &plan::PlanEnv, name: &str) -> ReplayCase {
 }
 
 #[test]
-fn merged_shards_match_the_f64_reference_on_dawn() {
+fn merges_and_decode_splits_match_the_f64_reference_on_dawn() {
+    // the public merge of random shards, and decode calls (split-KV with GQA packing, then
+    // the backward from their out and lse) with sinks, ALiBi, a window and key lengths, in
+    // every format
     let Some(script) = runner() else { return };
     let dawn = dawn_adapter(&script);
-    let cases: Vec<ReplayCase> = formats(&dawn)
-        .into_iter()
-        .map(|(dtype, half)| {
-            let e = env(Variant::Rows, 0, half);
-            let name = format!("{dtype} {half:?}");
-            match dtype {
-                DType::F32 => merge_case::<f32>(&e, &name),
-                DType::F16 => merge_case::<half::f16>(&e, &name),
-                DType::BF16 => merge_case::<half::bf16>(&e, &name),
-            }
-        })
-        .collect();
-    run_cases(&script, "dawn-merge.json", &cases);
+    let mut decode = cfg(2, 2, 300, 8, 2, 32, true);
+    decode.sinks = Some(common::random_sinks(&decode));
+    decode.alibi_slopes = Some(common::random_alibi(&decode, false));
+    decode.window = flash_attn_wgpu::Window::new(Some(200), Some(0));
+    decode.seqlens_kv = Some(vec![300, 41]);
+    decode.kv_splits = Some(5);
+    let mut all = Vec::new();
+    for (dtype, half) in formats(&dawn) {
+        let e = env(Variant::Rows, 0, half);
+        let name = format!("{dtype} {half:?}");
+        all.push(match dtype {
+            DType::F32 => merge_case::<f32>(&e, &name),
+            DType::F16 => merge_case::<half::f16>(&e, &name),
+            DType::BF16 => merge_case::<half::bf16>(&e, &name),
+        });
+        let p = plan::forward(&decode, dtype, &e).expect("decode plan");
+        assert_eq!(
+            p.steps[0].key.kernel,
+            flash_attn_wgpu::kernels::Kernel::FlashDecode
+        );
+        all.extend(cases_in(dtype, &decode, 2.0, &e, &format!("decode {name}")));
+    }
+    run_cases(&script, "dawn-merge-decode.json", &all);
 }

@@ -35,6 +35,8 @@ pub enum Kernel {
     FlashBwdSinks,
     FlashBwdBias,
     Merge,
+    FlashDecode,
+    FlashDecodeCombine,
     NaiveScores,
     NaiveSoftmax,
     NaivePv,
@@ -90,7 +92,7 @@ use Access::{Read as R, ReadWrite as W};
 use BindType::{Elem as E, Vec2F32 as V2, Vec4F32 as V4, F32, U32};
 
 impl Kernel {
-    pub const ALL: [Kernel; 30] = [
+    pub const ALL: [Kernel; 32] = [
         Kernel::FlashFwd,
         Kernel::FlashBwdPreprocess,
         Kernel::FlashBwdDkDv,
@@ -107,6 +109,8 @@ impl Kernel {
         Kernel::FlashBwdSinks,
         Kernel::FlashBwdBias,
         Kernel::Merge,
+        Kernel::FlashDecode,
+        Kernel::FlashDecodeCombine,
         Kernel::NaiveScores,
         Kernel::NaiveSoftmax,
         Kernel::NaivePv,
@@ -141,6 +145,8 @@ impl Kernel {
             Kernel::FlashBwdSinks => "flash_bwd_sinks",
             Kernel::FlashBwdBias => "flash_bwd_bias",
             Kernel::Merge => "merge",
+            Kernel::FlashDecode => "flash_decode",
+            Kernel::FlashDecodeCombine => "flash_decode_combine",
             Kernel::NaiveScores => "naive_scores",
             Kernel::NaiveSoftmax => "naive_softmax",
             Kernel::NaivePv => "naive_pv",
@@ -178,6 +184,10 @@ impl Kernel {
             Kernel::FlashBwdSinks => include_str!("../../shaders/flash_bwd_sinks.wgsl"),
             Kernel::FlashBwdBias => include_str!("../../shaders/flash_bwd_bias.wgsl"),
             Kernel::Merge => include_str!("../../shaders/merge.wgsl"),
+            Kernel::FlashDecode => include_str!("../../shaders/flash_decode.wgsl"),
+            Kernel::FlashDecodeCombine => {
+                include_str!("../../shaders/flash_decode_combine.wgsl")
+            }
             Kernel::NaiveScores => include_str!("../../shaders/naive_scores.wgsl"),
             Kernel::NaiveSoftmax => include_str!("../../shaders/naive_softmax.wgsl"),
             Kernel::NaivePv => include_str!("../../shaders/naive_pv.wgsl"),
@@ -243,6 +253,19 @@ impl Kernel {
                     ]
                 }
             }
+            Kernel::FlashDecode => {
+                const { &[Q, K, V, b("part_out", F32, W), b("part_lse", F32, W)] }
+            }
+            Kernel::FlashDecodeCombine => {
+                const {
+                    &[
+                        b("part_out", F32, R),
+                        b("part_lse", F32, R),
+                        b("out", E, W),
+                        b("lse", F32, W),
+                    ]
+                }
+            }
             Kernel::NaiveScores => const { &[Q, K, b("scores", F32, W)] },
             Kernel::NaiveSoftmax => {
                 const { &[b("scores", F32, R), b("probs", F32, W), b("lse", F32, W)] }
@@ -284,6 +307,8 @@ impl Kernel {
                     | Kernel::NaiveBwdProbs
                     | Kernel::NaiveBwdDs
                     | Kernel::FlashBwdSinks
+                    | Kernel::FlashDecode
+                    | Kernel::FlashDecodeCombine
             )
     }
 
@@ -293,7 +318,10 @@ impl Kernel {
         self.is_tiled()
             || matches!(
                 self,
-                Kernel::NaiveSoftmax | Kernel::NaiveBwdDs | Kernel::NaiveBwdDkDv
+                Kernel::NaiveSoftmax
+                    | Kernel::NaiveBwdDs
+                    | Kernel::NaiveBwdDkDv
+                    | Kernel::FlashDecode
             )
     }
 
@@ -324,6 +352,7 @@ impl Kernel {
                 | Kernel::FlashBwdPreprocess
                 | Kernel::FlashBwdBias
                 | Kernel::Merge
+                | Kernel::FlashDecodeCombine
                 | Kernel::NaiveScores
                 | Kernel::NaivePv
                 | Kernel::NaiveBwdProbs

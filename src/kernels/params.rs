@@ -94,6 +94,10 @@ pub struct Params {
     /// Merge (`shaders/merge.wgsl`): 1 on the dispatch of the last shard, which stores the
     /// merged result into the output (half outputs are stored with `atomicOr`: once).
     pub merge_last: u32,
+    /// Decode (`shaders/flash_decode.wgsl`): the key splits, and the keys of each (split s
+    /// takes keys `[s * split_keys, (s + 1) * split_keys)`).
+    pub splits: u32,
+    pub split_keys: u32,
 }
 
 impl Params {

@@ -61,6 +61,42 @@ impl DeviceCaps {
 /// of 64); the matrix blocks are shared out by subgroup id, whatever the size.
 pub const COOP_THREADS: u32 = 128;
 
+/// Keys per tile of the decode kernel (`shaders/flash_decode.wgsl`), one invocation each.
+pub const DECODE_KEYS: u32 = 64;
+
+/// The most packed rows (query heads sharing a kv head, times query rows) one decode
+/// workgroup serves; calls with more run in chunks of rows.
+pub const DECODE_MAX_ROWS: u32 = 16;
+
+/// The decode kernel's tiles: `br` packed rows (the most, a power of two up to
+/// [`DECODE_MAX_ROWS`], whose q and scores fit the workgroup memory) by [`DECODE_KEYS`] keys.
+fn decode_tiles(head_dim: u32, caps: DeviceCaps) -> Result<Tiles> {
+    let mut br = DECODE_MAX_ROWS;
+    loop {
+        let t = Tiles {
+            br,
+            bc: DECODE_KEYS,
+            tpr: 1,
+            rpt: 1,
+        };
+        let words = workgroup_words(Kernel::FlashDecode, head_dim, t);
+        if words * 4 <= caps.max_workgroup_storage_bytes
+            && DECODE_KEYS <= caps.max_invocations_per_workgroup
+        {
+            return Ok(t);
+        }
+        if br == 1 {
+            return Err(Error::DeviceLimit {
+                what: format!("flash_decode workgroup memory at head_dim {head_dim}"),
+                needed: words as u64 * 4,
+                limit: caps.max_workgroup_storage_bytes as u64,
+                hint: "use a smaller head_dim".into(),
+            });
+        }
+        br /= 2;
+    }
+}
+
 /// Threads per row: enough lanes that each owns at most ~8 output dims, a power of two <= 16.
 fn threads_per_row(head_dim: u32) -> u32 {
     head_dim.div_ceil(8).next_power_of_two().min(16)
@@ -117,6 +153,8 @@ pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
                 0
             }
         }
+        // the packed rows' q (vec4s), their scores, a factor per row
+        Kernel::FlashDecode => br * d.div_ceil(4) * 4 + br * bc + br,
         _ => 0,
     }
 }
@@ -182,6 +220,9 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
         (4, 2, 2, 1),
         (2, 1, 1, 1),
     ];
+    if kernel == Kernel::FlashDecode {
+        return decode_tiles(head_dim, caps);
+    }
     if !kernel.is_tiled() {
         return Ok(Tiles::ONE);
     }

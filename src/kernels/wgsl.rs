@@ -261,7 +261,7 @@ impl KernelKey {
             )),
             _ => {}
         }
-        if self.kernel.is_blocks_variant() {
+        if self.kernel.is_blocks_variant() || self.kernel == Kernel::FlashDecode {
             for b in self
                 .kernel
                 .bindings()
@@ -376,6 +376,12 @@ impl KernelKey {
             let _ = writeln!(s, "const DPT: u32 = {}u;", d.div_ceil(t.tpr));
             let _ = writeln!(s, "const CPT: u32 = {}u;", cols.div_ceil(t.tpr));
         }
+        if self.kernel == Kernel::FlashDecode {
+            // BR packed rows, BC keys a tile, one invocation per key of it
+            let _ = writeln!(s, "const BR: u32 = {}u;", t.br);
+            let _ = writeln!(s, "const BC: u32 = {}u;", t.bc);
+            let _ = writeln!(s, "const NT: u32 = {}u;", t.bc);
+        }
         s
     }
 
@@ -474,7 +480,7 @@ fn load4_wgsl(n: &str) -> String {
         "fn load4_{n}(base: u32, g: u32) -> vec4<f32> {{\n\
          \x20   var x = vec4<f32>();\n\
          \x20   for (var l = 0u; l < 4u; l++) {{\n\
-         \x20       if (4u * g + l < HEAD_DIM) {{\n\
+         \x20       if (HEAD_DIM % 4u == 0u || 4u * g + l < HEAD_DIM) {{\n\
          \x20           x[l] = load_{n}(base + 4u * g + l);\n\
          \x20       }}\n\
          \x20   }}\n\

@@ -36,6 +36,9 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
         bias_grads: None,
     };
     match cfg.algorithm {
+        Algorithm::Tiled if super::decode::eligible(cfg, dtype, env)? => {
+            super::decode::steps(cfg, dtype, env, &mut plan)?
+        }
         Algorithm::Tiled => match split::choose(cfg, dtype, env)? {
             None => plan.steps.push(tiled_step(
                 pass_kernel(Variant::forward, cfg, dtype, env),

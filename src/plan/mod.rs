@@ -5,6 +5,7 @@
 //! encoder (`record`), or replayed elsewhere.
 
 mod backward;
+pub mod decode;
 mod forward;
 mod merge;
 mod naive;

@@ -1,0 +1,179 @@
+//! Decode benchmark: one attention call per step (one query row, or a few) against a KV cache
+//! of 1K..32K keys, as an inference engine makes it: the time per call, and the KV bytes read
+//! per second against the adapter's measured copy roofline, split-KV (the heuristic's split
+//! count) next to no split, side by side in one run.
+//!
+//! FLOPs per call: 4 * B * H_q * S_q * S_kv * D. KV bytes per call: 2 * B * S_kv * H_kv * D *
+//! (bytes per element): each key and value read once (GQA packing reads a kv head's tile once
+//! for all the query heads that share it).
+//!
+//! cargo run --release --example decode_bench -- [--cache 1024,4096,32768] [--batch 1,8]
+//!     [--heads 32] [--kv-heads 8] [--head-dim 128] [--queries 1] [--dtype f16] [--repeats 3]
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[path = "common/cli.rs"]
+mod cli;
+use cli::positive;
+
+use clap::Parser;
+use flash_attn_wgpu::{AttentionConfig, Context, DType, Element};
+
+/// Decode latency and KV-read bandwidth, split-KV against no split.
+#[derive(Parser, Debug)]
+#[command(name = "decode_bench", version)]
+struct Args {
+    /// Cache lengths (keys per sequence)
+    #[arg(long, value_delimiter = ',', value_parser = positive,
+          default_values_t = [1024, 2048, 4096, 8192, 16384, 32768])]
+    cache: Vec<usize>,
+    /// Batch sizes (sequences decoded together)
+    #[arg(long, value_delimiter = ',', value_parser = positive, default_values_t = [1, 8])]
+    batch: Vec<usize>,
+    /// Query heads
+    #[arg(long, default_value_t = 32, value_parser = positive)]
+    heads: usize,
+    /// Key/value heads (must divide --heads)
+    #[arg(long, default_value_t = 8, value_parser = positive)]
+    kv_heads: usize,
+    /// Head dimension
+    #[arg(long, default_value_t = 128, value_parser = positive)]
+    head_dim: usize,
+    /// Query rows per call (1: a decode step; a few: speculative tokens)
+    #[arg(long, default_value_t = 1, value_parser = positive)]
+    queries: usize,
+    /// Element type: f32, f16 or bf16
+    #[arg(long, default_value = "f16")]
+    dtype: DType,
+    /// Timed calls per point and arm (the best is reported)
+    #[arg(long, default_value_t = 3, value_parser = positive)]
+    repeats: usize,
+    /// Skip the points whose KV cache (K and V) would exceed this many MiB
+    #[arg(long, default_value_t = 1024, value_parser = positive)]
+    max_kv_mib: usize,
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// llama.cpp's Vulkan flash attention on lavapipe (ggml test-backend-ops, scalar path, f16
+/// K/V, 1 query row, 32 query heads over 8 kv heads, head_dim 128): ms per call by cache
+/// length, the anchor issue 13 sets on the same adapter.
+const LLAMA_CPP_LAVAPIPE_MS: [(usize, f64); 3] = [(4096, 52.6), (8192, 100.0), (16384, 295.0)];
+
+fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let ctx = Context::new()?;
+    println!("adapter: {}", ctx.adapter_info());
+    let roof = ctx.measure_roofline(1.0)?;
+    println!(
+        "measured copy roofline {:.2} GB/s (read + write), FMA {:.1} GFLOP/s",
+        roof.copy_gbps, roof.fma_gflops
+    );
+    println!(
+        "heads {}/{} head_dim {} queries {} dtype {}; FLOPs 4*B*Hq*Sq*Skv*D; KV bytes \
+         2*B*Skv*Hkv*D*{}; time per call from GPU timestamps (wall clock around the call in \
+         brackets)",
+        a.heads,
+        a.kv_heads,
+        a.head_dim,
+        a.queries,
+        a.dtype,
+        a.dtype.size_bytes()
+    );
+    println!(
+        "{:>5} {:>6} {:>6} | {:>10} {:>10} {:>7} | {:>10} {:>10} {:>7} | {:>7} {:>9}",
+        "B",
+        "cache",
+        "splits",
+        "split ms",
+        "(wall)",
+        "GB/s",
+        "1split ms",
+        "(wall)",
+        "GB/s",
+        "speedup",
+        "split/roof"
+    );
+    match a.dtype {
+        DType::F32 => points::<f32>(&ctx, &a, roof.copy_gbps),
+        DType::F16 => points::<half::f16>(&ctx, &a, roof.copy_gbps),
+        DType::BF16 => points::<half::bf16>(&ctx, &a, roof.copy_gbps),
+    }
+}
+
+fn points<T: Element>(
+    ctx: &Context,
+    a: &Args,
+    copy_gbps: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    for &b in &a.batch {
+        for &s in &a.cache {
+            let mut cfg = AttentionConfig::new(b, a.queries, s, a.heads, a.kv_heads, a.head_dim);
+            cfg.causal = true;
+            cfg.validate()?;
+            let kv_bytes = 2.0 * (b * s * a.kv_heads * a.head_dim * a.dtype.size_bytes()) as f64;
+            if kv_bytes > (a.max_kv_mib << 20) as f64 {
+                println!(
+                    "{b:>5} {s:>6} skipped: K and V take more than {} MiB",
+                    a.max_kv_mib
+                );
+                continue;
+            }
+            let fill = |n: usize, salt: usize| -> Vec<T> {
+                (0..n)
+                    .map(|i| T::from_f32((((i * 7919 + salt) % 2003) as f32 / 1001.5) - 1.0))
+                    .collect()
+            };
+            let q = ctx.upload(
+                &fill(b * a.queries * a.heads * a.head_dim, 1),
+                &cfg.q_shape(),
+            )?;
+            let kv_n = b * s * a.kv_heads * a.head_dim;
+            let k = ctx.upload(&fill(kv_n, 2), &cfg.kv_shape())?;
+            let v = ctx.upload(&fill(kv_n, 3), &cfg.kv_shape())?;
+            let splits = flash_attn_wgpu::plan::decode::shape(&cfg, &ctx.plan_env())?.splits;
+            let time = |splits: Option<usize>| -> flash_attn_wgpu::Result<(f64, f64)> {
+                let mut c = cfg.clone();
+                c.kv_splits = splits;
+                ctx.forward(&c, &q, &k, &v)?; // pipelines compiled, caches warm
+                let (mut gpu, mut wall) = (f64::INFINITY, f64::INFINITY);
+                for _ in 0..a.repeats {
+                    let t = Instant::now();
+                    let f = ctx.forward(&c, &q, &k, &v)?;
+                    wall = wall.min(t.elapsed().as_secs_f64());
+                    gpu = gpu.min(ctx.last_gpu_timing().map_or(f64::NAN, |t| t.seconds));
+                    drop(f);
+                }
+                Ok((gpu, wall))
+            };
+            let (split_gpu, split_wall) = time(None)?;
+            let (one_gpu, one_wall) = time(Some(1))?;
+            let gbps = |t: f64| kv_bytes / t / 1e9;
+            let anchor = LLAMA_CPP_LAVAPIPE_MS
+                .iter()
+                .find(|(n, _)| *n == s && b == 1 && a.queries == 1)
+                .map(|(_, ms)| format!("  llama.cpp (lavapipe) {ms} ms"))
+                .unwrap_or_default();
+            println!(
+                "{b:>5} {s:>6} {splits:>6} | {:>10.2} {:>10} {:>7.2} | {:>10.2} {:>10} {:>7.2} | {:>7.2} {:>8.0}%{anchor}",
+                split_gpu * 1e3,
+                format!("({:.2})", split_wall * 1e3),
+                gbps(split_gpu),
+                one_gpu * 1e3,
+                format!("({:.2})", one_wall * 1e3),
+                gbps(one_gpu),
+                one_gpu / split_gpu,
+                100.0 * gbps(split_gpu) / copy_gbps,
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,213 @@
+// Decode (FlashDecoding): a few query rows against many keys. One workgroup serves every
+// query head that shares a kv head, and every query row of the call, as BR packed rows (GQA
+// packing), over one split of the keys (split-KV), so each K/V tile is read once per kv head
+// and the keys of one head spread over many workgroups. Each split writes its partial result,
+// normalized over its own keys, with its lse (no sink); flash_decode_combine.wgsl merges the
+// splits exactly (and adds the sink).
+//
+// Grid:    splits * n_q_tiles * heads_kv * batch workgroups of NT invocations, folded;
+//          n_q_tiles chunks of BR packed rows. Packed row p (of group * seq_q) is query row
+//          p / group of query head hk * group + p % group.
+// Split s: keys [s * split_keys, (s + 1) * split_keys), within the keys its rows can see
+//          (kv_begin_for_rows, kv_end_for_rows), in tiles of BC keys.
+// Phases per tile:
+//   scores   invocation t takes key kv0 + t (BC == NT) and dots it with every packed row's q
+//            (scaled into the exp2 domain, in workgroup memory), then finishes each row's
+//            score with its head's modifiers and masks (begin_head per row);
+//   softmax  invocation t < BR owns row t's running max and sum, turns its scores into
+//            weights (dropout included) and leaves the rescale factor;
+//   P V      each invocation owns one vec4 column of every row's output (each value read
+//            once per tile), over every KP-th key of the tile; the KP partial sums meet at
+//            the end.
+// Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
+// part_out: f32 [splits, batch, seq_q, heads_q, head_dim]; part_lse: f32 [splits, batch,
+// heads_q, seq_q].
+
+const D4: u32 = (HEAD_DIM + 3u) / 4u;
+// P V: invocation t owns column t % D4 (dims 4 (t % D4) ..) of every row over the keys of
+// parity t / D4, among KP parities (all NT invocations where D4 divides NT)
+const KP: u32 = max(NT / D4, 1u);
+
+var<workgroup> sq: array<vec4<f32>, BR * D4>;
+var<workgroup> ss: array<f32, BR * BC>;
+var<workgroup> s_row: array<f32, BR>;
+
+// The query row and head of packed row p of the call's (batch, kv head).
+struct PackedRow {
+    i: u32,
+    h: u32,
+}
+
+fn packed_row(hk: u32, p: u32) -> PackedRow {
+    return PackedRow(p / params.group, hk * params.group + p % params.group);
+}
+
+@compute @workgroup_size(NT)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let wg = linear_workgroup(wid, nwg);
+    if (wg >= params.total_wg) {
+        return;
+    }
+    let split = wg % params.splits;
+    let rest = wg / params.splits;
+    let chunk = rest % params.n_q_tiles;
+    let bk = rest / params.n_q_tiles;
+    let hk = bk % params.heads_kv;
+    let b = bk / params.heads_kv;
+    let rows = params.group * params.seq_q;
+    let p0 = chunk * BR;
+    let p_end = min(p0 + BR, rows);
+
+    // the rows' q, scaled into the exp2 domain; 0 past the call's rows
+    for (var e = t; e < BR * D4; e += NT) {
+        let p = p0 + e / D4;
+        var x = vec4<f32>();
+        if (p < rows) {
+            let pr = packed_row(hk, p);
+            x = load4_q(q_index(b, pr.i, pr.h, 0u), e % D4) * params.scale_log2;
+        }
+        sq[e] = x;
+    }
+
+    // row t's running max and sum (t < BR), and this invocation's column of every row
+    var m = running_max_start();
+    var l = 0.0;
+    var acc = array<vec4<f32>, BR>();
+    let col = t % D4 + select(D4, 0u, t / D4 < KP);
+    let kp = t / D4;
+
+    // the keys the chunk's rows can see, cut to this split
+    let i_first = p0 / params.group;
+    let i_last = (p_end - 1u) / params.group;
+    let split_lo = split * params.split_keys;
+    let lo = max(kv_begin_for_rows(i_first), split_lo);
+    let hi = min(kv_end_for_rows(b, i_first, i_last + 1u), split_lo + params.split_keys);
+    for (var kv0 = lo; kv0 < hi; kv0 += BC) {
+        // the tile as its rows see it: skipped when every row's head skips it (block mask),
+        // masked when any row needs the mask, or the tile crosses the split's end
+        var skip = true;
+        var masked = kv0 + BC > hi;
+        for (var p = p0; p < p_end; p++) {
+            let pr = packed_row(hk, p);
+            let visit = tile_visit(b, pr.h, pr.i, 1u, kv0, BC);
+            skip = skip && visit.skip;
+            masked = masked || visit.masked;
+        }
+        if (skip) {
+            continue;
+        }
+        workgroupBarrier();
+
+        // scores: key kv0 + t against every packed row
+        let j = kv0 + t;
+        var x = array<f32, BR>();
+        if (j < hi) {
+            let base = kv_index(b, j, hk, 0u);
+            for (var g = 0u; g < D4; g++) {
+                let kv = load4_k(base, g);
+                for (var r = 0u; r < BR; r++) {
+                    x[r] += dot(sq[r * D4 + g], kv);
+                }
+            }
+        }
+        for (var r = 0u; r < BR; r++) {
+            var s = masked_score();
+            if (p0 + r < rows && j < hi) {
+                let pr = packed_row(hk, p0 + r);
+                begin_head(b, pr.h);
+                s = finish_score(x[r], pr.i, j, masked);
+            }
+            ss[r * BC + t] = s;
+        }
+        workgroupBarrier();
+
+        // softmax: row t's weights, its running max and sum, its rescale factor
+        if (t < BR) {
+            var alpha = 1.0;
+            if (p0 + t < rows) {
+                let pr = packed_row(hk, p0 + t);
+                begin_head(b, pr.h);
+                var m_tile = m;
+                for (var c = 0u; c < BC; c++) {
+                    m_tile = max(m_tile, ss[t * BC + c]);
+                }
+                let om = online_max(m, m_tile);
+                alpha = om.alpha;
+                m = om.m;
+                var l_tile = 0.0;
+                for (var c = 0u; c < BC; c++) {
+                    let w = softmax_weight(ss[t * BC + c], m);
+                    l_tile += w;
+                    ss[t * BC + c] = w * dropout_scale(pr.i, kv0 + c);
+                }
+                l = fma(alpha, l, l_tile);
+            } else {
+                for (var c = 0u; c < BC; c++) {
+                    ss[t * BC + c] = 0.0;
+                }
+            }
+            s_row[t] = alpha;
+        }
+        workgroupBarrier();
+
+        // P V: column g of every row, over the tile's keys of this invocation's parity
+        let n_keys = min(BC, hi - kv0);
+        if (col < D4) {
+            for (var r = 0u; r < BR; r++) {
+                acc[r] *= s_row[r];
+            }
+            for (var c = kp; c < n_keys; c += KP) {
+                let x = load4_v(kv_index(b, kv0 + c, hk, 0u), col);
+                for (var r = 0u; r < BR; r++) {
+                    acc[r] = add_weighted4(acc[r], ss[r * BC + c], x, masked);
+                }
+            }
+        }
+    }
+
+    // the split's partial result: out normalized over its keys, lse over them (no sink).
+    // The parities' sums meet in sq (q is no longer needed), one parity at a time.
+    workgroupBarrier();
+    for (var k = 1u; k < KP; k++) {
+        if (kp == k && col < D4) {
+            for (var r = 0u; r < BR; r++) {
+                sq[r * D4 + col] = acc[r];
+            }
+        }
+        workgroupBarrier();
+        if (kp == 0u && col < D4) {
+            for (var r = 0u; r < BR; r++) {
+                acc[r] += sq[r * D4 + col];
+            }
+        }
+        workgroupBarrier();
+    }
+    let row_lse = keys_lse(m, l);
+    if (t < BR) {
+        s_row[t] = select(0.0, 1.0 / l, l > 0.0 || is_nan(l));
+        if (p0 + t < rows) {
+            let pr = packed_row(hk, p0 + t);
+            part_lse[split * params.batch * params.heads_q * params.seq_q + row_index(b, pr.h, pr.i)] = row_lse;
+        }
+    }
+    workgroupBarrier();
+    if (kp == 0u && col < D4) {
+        let split_base = split * params.batch * params.seq_q * params.heads_q * HEAD_DIM;
+        for (var r = 0u; r < BR; r++) {
+            if (p0 + r < rows) {
+                let pr = packed_row(hk, p0 + r);
+                let o = acc[r] * s_row[r];
+                let base = split_base + q_index(b, pr.i, pr.h, 0u) + 4u * col;
+                for (var c = 0u; c < 4u; c++) {
+                    if (4u * col + c < HEAD_DIM) {
+                        part_out[base + c] = o[c];
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! The decode plan (split-KV, FlashDecoding): calls with a few query rows against many keys.
+//! One `flash_decode` dispatch serves, per workgroup, every query head sharing a kv head and
+//! every query row (GQA packing: each K/V tile is read once per kv head) over one split of
+//! the keys, writing partial results; one `flash_decode_combine` dispatch merges the splits
+//! exactly (and adds the sinks) into out and lse.
+
+use super::{key, split, BufRef, Plan, PlanEnv, ScratchSpec, Step};
+use crate::config::{Algorithm, AttentionConfig, MAX_KV_SPLITS};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels::tiles::DECODE_KEYS;
+use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
+use crate::kernels::{choose_tiles, Kernel, KernelKey, Params, Tiles};
+
+/// The most query rows (`seq_q`) a call may have to take the decode path: a decode step, or
+/// a few speculative tokens. Longer calls run the tiled forward kernels.
+pub const MAX_DECODE_QUERIES: usize = 4;
+
+/// Workgroups a decode dispatch aims for: enough to fill the largest GPUs (100+ compute
+/// units, a few workgroups each).
+pub const TARGET_WORKGROUPS: usize = 256;
+
+/// The fewest keys the heuristic gives a split: below this, a split's fixed costs (its q
+/// loads, its partial result and the merge's reads) outweigh its keys.
+pub const MIN_SPLIT_KEYS: usize = 512;
+
+/// True when a forward call takes the decode path: tiled, at most [`MAX_DECODE_QUERIES`]
+/// query rows, not packed sequences, and every tensor within one binding (calls split into
+/// windows run the tiled kernels).
+pub fn eligible(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<bool> {
+    Ok(cfg.algorithm == Algorithm::Tiled
+        && cfg.varlen.is_none()
+        && cfg.seq_q <= MAX_DECODE_QUERIES
+        && split::choose(cfg, dtype, env)?.is_none())
+}
+
+/// How many splits the keys of a decode call get, the pure heuristic: enough splits that
+/// `unsplit_workgroups` (batch x kv heads x row chunks) times them reaches
+/// [`TARGET_WORKGROUPS`], but no split under [`MIN_SPLIT_KEYS`] keys, and no more than
+/// `max_splits` (what fits the partial results in one binding); at least 1.
+pub fn kv_splits(unsplit_workgroups: usize, seq_kv: usize, max_splits: usize) -> usize {
+    let by_fill = TARGET_WORKGROUPS.div_ceil(unsplit_workgroups.max(1));
+    let by_keys = seq_kv / MIN_SPLIT_KEYS;
+    by_fill.min(by_keys).min(max_splits).clamp(1, MAX_KV_SPLITS)
+}
+
+/// The decode dispatch's geometry for a call: tiles, row chunks, splits and keys per split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeShape {
+    pub tiles: Tiles,
+    pub chunks: usize,
+    pub splits: usize,
+    pub split_keys: usize,
+}
+
+/// The geometry `steps` plans: `cfg.kv_splits` splits of ceil(seq_kv / n) keys (some empty
+/// when n does not divide well), or the heuristic's count with splits rounded up to whole
+/// tiles of keys.
+pub fn shape(cfg: &AttentionConfig, env: &PlanEnv) -> Result<DecodeShape> {
+    let t = choose_tiles(Kernel::FlashDecode, cfg.head_dim as u32, env.caps)?;
+    let rows = cfg.group() * cfg.seq_q;
+    let br = t.br.min(rows.next_power_of_two() as u32);
+    let chunks = rows.div_ceil(br as usize);
+    let per_split = (cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim) as u64 * 4;
+    let max_splits = (env.max_binding_bytes / per_split.max(1)) as usize;
+    let (splits, split_keys) = match cfg.kv_splits {
+        Some(n) => {
+            if n > max_splits {
+                return Err(Error::DeviceLimit {
+                    what: format!("partial results of {n} key splits (kv_splits)"),
+                    needed: n as u64 * per_split,
+                    limit: env.max_binding_bytes,
+                    hint: format!("ask for at most {max_splits} splits, or None"),
+                });
+            }
+            (n, cfg.seq_kv.div_ceil(n))
+        }
+        None => {
+            let n = kv_splits(cfg.batch * cfg.heads_kv * chunks, cfg.seq_kv, max_splits);
+            let keys = cfg
+                .seq_kv
+                .div_ceil(n)
+                .next_multiple_of(DECODE_KEYS as usize);
+            (cfg.seq_kv.div_ceil(keys), keys)
+        }
+    };
+    Ok(DecodeShape {
+        tiles: Tiles { br, ..t },
+        chunks,
+        splits,
+        split_keys,
+    })
+}
+
+/// Appends the decode dispatch and the merge of its splits to a forward plan (inputs q, k,
+/// v; outputs out, lse).
+pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan) -> Result<()> {
+    let s = shape(cfg, env)?;
+    let elements = cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim;
+    let rows = cfg.batch * cfg.heads_q * cfg.seq_q;
+    let workgroups = cfg.batch * cfg.heads_kv * s.chunks * s.splits;
+    let workgroups = u32::try_from(workgroups).map_err(|_| Error::DeviceLimit {
+        what: "decode workgroups (batch x kv heads x row chunks x splits)".into(),
+        needed: workgroups as u64,
+        limit: u32::MAX as u64,
+        hint: "ask for fewer kv_splits, or split the batch".into(),
+    })?;
+    let first = plan.scratch.len();
+    plan.scratch.extend([
+        ScratchSpec {
+            label: "decode partial out",
+            bytes: (s.splits * elements) as u64 * 4,
+        },
+        ScratchSpec {
+            label: "decode partial lse",
+            bytes: (s.splits * rows) as u64 * 4,
+        },
+    ]);
+    let params = Params {
+        n_q_tiles: s.chunks as u32,
+        splits: s.splits as u32,
+        split_keys: s.split_keys as u32,
+        total_wg: workgroups,
+        ..Params::from_config(cfg)
+    };
+    let combine = key(Kernel::FlashDecodeCombine, cfg, Tiles::ONE, dtype, env);
+    plan.steps.extend([
+        Step {
+            key: key(Kernel::FlashDecode, cfg, s.tiles, dtype, env),
+            params,
+            buffers: vec![
+                BufRef::Input(0),
+                BufRef::Input(1),
+                BufRef::Input(2),
+                BufRef::Scratch(first),
+                BufRef::Scratch(first + 1),
+            ],
+            windows: Vec::new(),
+            workgroups,
+        },
+        Step {
+            // the merge reads no score: of the modifiers, only the sinks reach it
+            key: KernelKey {
+                sinks: combine.sinks,
+                head_dim: combine.head_dim,
+                elem: combine.elem,
+                ..KernelKey::plain(Kernel::FlashDecodeCombine)
+            },
+            params: Params {
+                total_items: elements as u32,
+                ..params
+            },
+            buffers: vec![
+                BufRef::Scratch(first),
+                BufRef::Scratch(first + 1),
+                BufRef::Output(0),
+                BufRef::Output(1),
+            ],
+            windows: Vec::new(),
+            workgroups: elements.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
+        },
+    ]);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Tuning;
+    use crate::dtype::HalfStorage;
+    use crate::kernels::{DeviceCaps, Variant};
+
+    fn env() -> PlanEnv {
+        PlanEnv {
+            caps: DeviceCaps::WEBGPU_DEFAULT,
+            tuning: Tuning {
+                variant: Variant::Blocks,
+                rows_subgroup: 0,
+                half_storage: HalfStorage::Packed,
+            },
+            max_binding_bytes: 128 << 20,
+            offset_align: 256,
+        }
+    }
+
+    #[test]
+    fn the_heuristic_fills_the_device_without_splits_under_min_keys() {
+        // B=1, 8 kv heads: 32 splits fill 256 workgroups where the keys allow
+        assert_eq!(kv_splits(8, 32768, 1000), 32);
+        // short caches: no split under MIN_SPLIT_KEYS keys
+        assert_eq!(kv_splits(8, 1024, 1000), 2);
+        assert_eq!(kv_splits(8, 100, 1000), 1);
+        // a large batch fills the device alone
+        assert_eq!(kv_splits(512, 32768, 1000), 1);
+        // the binding caps it
+        assert_eq!(kv_splits(1, 1 << 20, 3), 3);
+        assert_eq!(kv_splits(0, 1 << 20, 0), 1);
+    }
+
+    #[test]
+    fn gqa_rows_are_packed_per_kv_head_and_the_keys_split() {
+        let mut c = AttentionConfig::new(1, 1, 32768, 32, 8, 128);
+        let s = shape(&c, &env()).unwrap();
+        // 4 query heads per kv head: one chunk of 4 packed rows
+        assert_eq!((s.tiles.br, s.chunks), (4, 1));
+        assert_eq!(s.splits, 32);
+        assert_eq!(s.split_keys, 1024);
+        let p = crate::plan::forward(&c, DType::F16, &env()).unwrap();
+        let kernels: Vec<Kernel> = p.steps.iter().map(|s| s.key.kernel).collect();
+        assert_eq!(kernels, [Kernel::FlashDecode, Kernel::FlashDecodeCombine]);
+        assert_eq!(p.steps[0].workgroups, 8 * 32);
+        // 3 query rows of 8 heads a kv head at head_dim 256: chunks of 8 rows (memory)
+        c = AttentionConfig::new(2, 3, 1000, 16, 2, 256);
+        let s = shape(&c, &env()).unwrap();
+        assert_eq!((s.tiles.br, s.chunks), (8, 3));
+        // an override: n splits of ceil(seq_kv / n) keys, empty ones kept
+        c.kv_splits = Some(7);
+        let s = shape(&c, &env()).unwrap();
+        assert_eq!((s.splits, s.split_keys), (7, 143));
+        c.kv_splits = Some(1000);
+        assert_eq!(shape(&c, &env()).unwrap().split_keys, 1);
+        // five query rows: the tiled forward
+        c.seq_q = 5;
+        assert!(!eligible(&c, DType::F32, &env()).unwrap());
+    }
+
+    #[test]
+    fn the_merge_step_keeps_only_the_sinks() {
+        let mut c = AttentionConfig::new(1, 1, 300, 4, 2, 64);
+        c.sinks = Some(vec![0.5; 4]);
+        c.alibi_slopes = Some(vec![0.1; 4]);
+        c.causal = true;
+        let p = crate::plan::forward(&c, DType::F32, &env()).unwrap();
+        let k = p.steps[1].key;
+        assert!(k.sinks && !k.alibi && !k.causal);
+        assert!(p.steps[0].key.alibi && p.steps[0].key.causal);
+    }
+}
