@@ -50,7 +50,9 @@ struct Args {
 }
 
 fn default_limits_context() -> Result<Context, Box<dyn std::error::Error>> {
-    device::context_with_limits(|_| wgpu::Limits::default())
+    let ctx = device::context_with_limits(|_| wgpu::Limits::default())?;
+    ctx.set_gpu_timing(true);
+    Ok(ctx)
 }
 
 fn upload(

@@ -71,12 +71,14 @@ const LLAMA_CPP_LAVAPIPE_MS: [(usize, f64); 3] = [(4096, 52.6), (8192, 100.0), (
 
 fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let ctx = Context::new()?;
+    ctx.set_gpu_timing(true);
     println!("adapter: {}", ctx.adapter_info());
     let roof = ctx.measure_roofline(1.0)?;
     println!(
         "measured copy roofline {:.2} GB/s (read + write), FMA {:.1} GFLOP/s",
         roof.copy_gbps, roof.fma_gflops
     );
+    overhead(&ctx)?;
     println!(
         "heads {}/{} head_dim {} queries {} dtype {}; FLOPs 4*B*Hq*Sq*Skv*D; KV bytes \
          2*B*Skv*Hkv*D*{}; time per call from GPU timestamps (wall clock around the call in \
@@ -107,6 +109,65 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         DType::F16 => points::<half::f16>(&ctx, &a, roof.copy_gbps),
         DType::BF16 => points::<half::bf16>(&ctx, &a, roof.copy_gbps),
     }
+}
+
+/// The per-call cost issue 13 bounds: the wall time of a decode-size call (B=1, H_q=32,
+/// H_kv=8, D=128, 128 keys, f16; until its results are on the GPU) as a multiple of an empty
+/// submit-and-wait on the same device. Medians of 50.
+fn overhead(ctx: &Context) -> Result<(), Box<dyn std::error::Error>> {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let wait = || {
+        ctx.device()
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+    };
+    let mut empty = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        ctx.queue().submit([]);
+        wait()?;
+        empty.push(t.elapsed().as_secs_f64());
+    }
+    let cfg = AttentionConfig::new(1, 1, 128, 32, 8, 128);
+    let x = |n: usize| vec![half::f16::from_f32(0.1); n];
+    let q = ctx.upload(&x(32 * 128), &cfg.q_shape())?;
+    let k = ctx.upload(&x(128 * 8 * 128), &cfg.kv_shape())?;
+    let v = ctx.upload(&x(128 * 8 * 128), &cfg.kv_shape())?;
+    ctx.forward(&cfg, &q, &k, &v)?;
+    // untimed calls, as an engine makes them: the host's part (plan, buffers, recording,
+    // submit) until the call returns, and until its work is done
+    ctx.set_gpu_timing(false);
+    let (mut host, mut call) = (Vec::new(), Vec::new());
+    for _ in 0..50 {
+        let t = Instant::now();
+        let f = ctx.forward(&cfg, &q, &k, &v)?;
+        host.push(t.elapsed().as_secs_f64());
+        wait()?;
+        call.push(t.elapsed().as_secs_f64());
+        drop(f);
+    }
+    ctx.set_gpu_timing(true);
+    let mut gpu = Vec::new();
+    for _ in 0..10 {
+        ctx.forward(&cfg, &q, &k, &v)?;
+        gpu.push(ctx.last_gpu_timing().map_or(f64::NAN, |t| t.seconds));
+    }
+    let (e, h, c, g) = (median(empty), median(host), median(call), median(gpu));
+    println!(
+        "per-call cost: decode-size call (B=1, 32/8 heads, D=128, 128 keys, f16) {:.3} ms to \
+         done ({:.3} ms until it returns; its kernels {:.3} ms on the GPU), empty \
+         submit-and-wait {:.3} ms: {:.2}x (goal <= 2x); host part {:.2}x",
+        c * 1e3,
+        h * 1e3,
+        g * 1e3,
+        e * 1e3,
+        c / e,
+        h / e
+    );
+    Ok(())
 }
 
 fn points<T: Element>(

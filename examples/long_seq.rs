@@ -47,6 +47,7 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     cfg.causal = causal;
     cfg.validate()?;
     let ctx = Context::new()?;
+    ctx.set_gpu_timing(true);
     println!("adapter: {}", ctx.adapter_info());
     let n = seq * head_dim;
     let fill = |salt: usize| -> Vec<f32> {

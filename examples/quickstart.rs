@@ -68,6 +68,7 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     cfg.causal = a.causal;
     cfg.validate()?;
     let ctx = Context::new()?;
+    ctx.set_gpu_timing(true);
     println!("adapter: {}", ctx.adapter_info());
 
     let mut rng = StdRng::seed_from_u64(seed);

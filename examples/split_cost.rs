@@ -40,13 +40,15 @@ struct Args {
 /// A context over the default adapter whose device binds at most `binding` bytes (or the
 /// adapter's own limit), with the features `Context::new` asks for.
 fn context(binding: Option<u64>) -> Result<Context, Box<dyn std::error::Error>> {
-    match binding {
-        None => Ok(Context::new()?),
+    let ctx = match binding {
+        None => Context::new()?,
         Some(binding) => device::context_with_limits(|adapter| wgpu::Limits {
             max_storage_buffer_binding_size: binding,
             ..adapter
-        }),
-    }
+        })?,
+    };
+    ctx.set_gpu_timing(true);
+    Ok(ctx)
 }
 
 struct Timed {

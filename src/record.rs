@@ -30,35 +30,126 @@ pub struct GpuTiming {
     pub per_kernel: Vec<(&'static str, f64)>,
 }
 
+/// Bytes of each pooled parameter buffer (`Context::params_buffer`): 64 dispatches of 256
+/// bytes, more than any unsplit call records.
+pub(crate) const PARAMS_POOL_BYTES: u64 = 16 << 10;
+
+/// Pooled parameter buffers kept per context: one per call in flight on different threads.
+const PARAMS_POOL_BUFFERS: usize = 8;
+
+/// The last call's time: measured with timestamps (read back when the call ran), or, without
+/// them, pending until asked for.
+pub(crate) enum LastTiming {
+    Measured(GpuTiming),
+    /// The wall clock from the call's start until its submission finished, taken when
+    /// `last_gpu_timing` waits for it.
+    Pending {
+        start: std::time::Instant,
+        submission: wgpu::SubmissionIndex,
+    },
+}
+
 impl Context {
-    /// GPU time of the most recent forward/backward call.
+    /// GPU time of the most recent call. With [`set_gpu_timing`](Context::set_gpu_timing)
+    /// on (and an adapter with timestamp queries), measured by timestamps around each
+    /// dispatch; otherwise the wall clock from the call's start until its work finished,
+    /// waiting for it here (so call it right after the call to time it).
     pub fn last_gpu_timing(&self) -> Option<GpuTiming> {
-        self.timing.lock().ok().and_then(|t| t.clone())
+        let mut guard = self.timing.lock().ok()?;
+        match guard.as_ref()? {
+            LastTiming::Measured(t) => Some(t.clone()),
+            LastTiming::Pending { start, submission } => {
+                self.device
+                    .poll(wgpu::PollType::Wait {
+                        submission_index: Some(submission.clone()),
+                        timeout: None,
+                    })
+                    .ok()?;
+                let t = GpuTiming {
+                    seconds: start.elapsed().as_secs_f64(),
+                    from_timestamps: false,
+                    per_kernel: Vec::new(),
+                };
+                *guard = Some(LastTiming::Measured(t.clone()));
+                Some(t)
+            }
+        }
+    }
+
+    /// Whether calls measure their GPU time with timestamp queries, per dispatch (where the
+    /// adapter has them: `AdapterSummary::timestamp_query`). Off by default: each timed call
+    /// pays for a query set, a resolve and a readback, and waits for the GPU. Benchmarks turn
+    /// it on. Without it, a call on device tensors returns as soon as its work is submitted.
+    pub fn set_gpu_timing(&self, on: bool) {
+        self.gpu_timing
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether [`set_gpu_timing`](Context::set_gpu_timing) is on.
+    pub fn gpu_timing(&self) -> bool {
+        self.gpu_timing.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes between two dispatches' parameters in one uniform buffer: `Params` rounded up to
+    /// the device's uniform offset alignment.
+    fn params_stride(&self) -> u64 {
+        (std::mem::size_of::<Params>() as u64)
+            .next_multiple_of(self.limits.min_uniform_buffer_offset_alignment.max(4) as u64)
+    }
+
+    /// A uniform buffer holding every dispatch's parameters at `params_stride` apart, written
+    /// with one queue write: from the context's pool where they fit its buffers (the caller
+    /// gives it back after submitting), else made for this call. A pooled buffer is safe to
+    /// rewrite for the next call at once: queue writes and submissions run in queue order, so
+    /// work already submitted reads what was there when it was submitted.
+    fn params_buffer(&self, dispatches: &[Dispatch<'_>]) -> (wgpu::Buffer, bool) {
+        let stride = self.params_stride();
+        let need = (stride * dispatches.len().max(1) as u64).max(PARAMS_POOL_BYTES);
+        let pooled = need == PARAMS_POOL_BYTES;
+        let buf = pooled
+            .then(|| self.params_pool.lock().ok().and_then(|mut p| p.pop()))
+            .flatten()
+            .unwrap_or_else(|| {
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("params"),
+                    size: need,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            });
+        let mut bytes = vec![0u8; (stride * dispatches.len() as u64) as usize];
+        for (i, d) in dispatches.iter().enumerate() {
+            let at = i * stride as usize;
+            bytes[at..at + std::mem::size_of::<Params>()]
+                .copy_from_slice(bytemuck::bytes_of(&d.params));
+        }
+        if !bytes.is_empty() {
+            self.queue.write_buffer(&buf, 0, &bytes);
+        }
+        (buf, pooled)
     }
 
     /// Records the dispatches, in order, into `enc`, one compute pass each, with a begin and
-    /// end timestamp per pass when `query` is given. The command buffer keeps the parameter
-    /// uniforms and bind groups alive until it has run.
+    /// end timestamp per pass when `query` is given; dispatch n's parameters are at
+    /// `n * params_stride` in `params`. The command buffer keeps the bind groups alive until
+    /// it has run.
     fn record(
         &self,
         enc: &mut wgpu::CommandEncoder,
         dispatches: &[Dispatch<'_>],
         pipelines: &[std::sync::Arc<crate::kernels::cache::Pipeline>],
-        query: Option<&wgpu::QuerySet>,
+        (params, query): (&wgpu::Buffer, Option<&wgpu::QuerySet>),
     ) {
         let max_dim = self.limits.max_compute_workgroups_per_dimension;
+        let stride = self.params_stride();
         for (n, (d, p)) in dispatches.iter().zip(pipelines).enumerate() {
-            let ub = self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("params"),
-                size: std::mem::size_of::<Params>() as u64,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            self.queue
-                .write_buffer(&ub, 0, bytemuck::bytes_of(&d.params));
             let mut entries = vec![wgpu::BindGroupEntry {
                 binding: 0,
-                resource: ub.as_entire_binding(),
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: params,
+                    offset: n as u64 * stride,
+                    size: std::num::NonZeroU64::new(std::mem::size_of::<Params>() as u64),
+                }),
             }];
             for (i, b) in d.buffers.iter().enumerate() {
                 let resource = match d.windows.get(i).copied().flatten() {
@@ -97,14 +188,20 @@ impl Context {
         }
     }
 
-    /// Records the dispatches in order into one submission, waits for it, and records its
-    /// GPU time.
+    /// Records the dispatches in order into one submission and submits it; with GPU timing on
+    /// (`set_gpu_timing`), waits for it and reads its timestamps. Returns without waiting
+    /// otherwise: reading a result back waits.
     pub(crate) fn run(&self, dispatches: &[Dispatch<'_>]) -> Result<()> {
+        self.run_timed(dispatches, self.gpu_timing())
+    }
+
+    /// `run`, with timestamps (and the wait they need) where `timed` and the adapter has them.
+    pub(crate) fn run_timed(&self, dispatches: &[Dispatch<'_>], timed: bool) -> Result<()> {
         let pipelines = dispatches
             .iter()
             .map(|d| self.pipeline(&d.key))
             .collect::<Result<Vec<_>>>()?;
-        let use_ts = self.info.timestamp_query && !dispatches.is_empty();
+        let use_ts = timed && self.info.timestamp_query && !dispatches.is_empty();
         let n_ts = 2 * dispatches.len() as u32;
         let start = std::time::Instant::now();
         let ts = self.scoped(|| {
@@ -120,7 +217,8 @@ impl Context {
                     count: n_ts,
                 })
             });
-            self.record(&mut enc, dispatches, &pipelines, query.as_ref());
+            let (params, pooled) = self.params_buffer(dispatches);
+            self.record(&mut enc, dispatches, &pipelines, (&params, query.as_ref()));
             let resolve = query.as_ref().map(|q| {
                 let size = n_ts as u64 * 8;
                 let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -139,9 +237,23 @@ impl Context {
                 enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, size);
                 read
             });
-            self.queue.submit([enc.finish()]);
-            resolve
+            let submission = self.queue.submit([enc.finish()]);
+            if pooled {
+                if let Ok(mut pool) = self.params_pool.lock() {
+                    if pool.len() < PARAMS_POOL_BUFFERS {
+                        pool.push(params);
+                    }
+                }
+            }
+            (resolve, submission)
         })?;
+        let (ts, submission) = ts;
+        if !timed {
+            if let Ok(mut t) = self.timing.lock() {
+                *t = Some(LastTiming::Pending { start, submission });
+            }
+            return Ok(());
+        }
         self.wait()?;
         let wall = start.elapsed().as_secs_f64();
         let mut timing = GpuTiming {
@@ -177,7 +289,7 @@ impl Context {
             }
         }
         if let Ok(mut t) = self.timing.lock() {
-            *t = Some(timing);
+            *t = Some(LastTiming::Measured(timing));
         }
         Ok(())
     }

@@ -39,16 +39,19 @@ impl Context {
         let fma_probe = |kernel| -> Result<f64> {
             let mut best = f64::INFINITY;
             for _ in 0..4 {
-                self.run(&[Dispatch {
-                    windows: Vec::new(),
-                    key: KernelKey::plain(kernel),
-                    params: Params {
-                        total_items: iterations,
-                        ..Default::default()
-                    },
-                    buffers: vec![&sink.buffer],
-                    workgroups,
-                }])?;
+                self.run_timed(
+                    &[Dispatch {
+                        windows: Vec::new(),
+                        key: KernelKey::plain(kernel),
+                        params: Params {
+                            total_items: iterations,
+                            ..Default::default()
+                        },
+                        buffers: vec![&sink.buffer],
+                        workgroups,
+                    }],
+                    true,
+                )?;
                 best = best.min(self.last_gpu_timing().map_or(f64::INFINITY, |t| t.seconds));
             }
             Ok(flops / best / 1e9)
@@ -73,16 +76,19 @@ impl Context {
         let dst = self.create_storage(bytes, "roofline dst")?;
         let mut copy_best = f64::INFINITY;
         for _ in 0..4 {
-            self.run(&[Dispatch {
-                windows: Vec::new(),
-                key: KernelKey::plain(Kernel::RooflineCopy),
-                params: Params {
-                    total_items: vec4s as u32,
-                    ..Default::default()
-                },
-                buffers: vec![&src.buffer, &dst.buffer],
-                workgroups: 256,
-            }])?;
+            self.run_timed(
+                &[Dispatch {
+                    windows: Vec::new(),
+                    key: KernelKey::plain(Kernel::RooflineCopy),
+                    params: Params {
+                        total_items: vec4s as u32,
+                        ..Default::default()
+                    },
+                    buffers: vec![&src.buffer, &dst.buffer],
+                    workgroups: 256,
+                }],
+                true,
+            )?;
             copy_best = copy_best.min(self.last_gpu_timing().map_or(f64::INFINITY, |t| t.seconds));
         }
         Ok(Roofline {
@@ -101,16 +107,19 @@ impl Context {
         let sink = self.create_storage((1 + workgroups as u64 * 128) * 4, "coop probe sink")?;
         let mut best = f64::INFINITY;
         for _ in 0..4 {
-            self.run(&[Dispatch {
-                windows: Vec::new(),
-                key: KernelKey::plain(Kernel::RooflineCoop),
-                params: Params {
-                    total_items: iterations,
-                    ..Default::default()
-                },
-                buffers: vec![&sink.buffer],
-                workgroups,
-            }])?;
+            self.run_timed(
+                &[Dispatch {
+                    windows: Vec::new(),
+                    key: KernelKey::plain(Kernel::RooflineCoop),
+                    params: Params {
+                        total_items: iterations,
+                        ..Default::default()
+                    },
+                    buffers: vec![&sink.buffer],
+                    workgroups,
+                }],
+                true,
+            )?;
             best = best.min(self.last_gpu_timing().map_or(f64::INFINITY, |t| t.seconds));
         }
         let subgroups: Vec<f32> = self.read_buffer(&sink.buffer, 1)?;

@@ -52,6 +52,7 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut grid = Grid::from_args(&a)?;
 
     let ctx = Context::new()?;
+    ctx.set_gpu_timing(true);
     let default_tuning = ctx.tuning();
     // Variants this adapter cannot run (coop without cooperative matrices) are named and
     // left out; the rest are measured side by side.

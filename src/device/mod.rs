@@ -20,7 +20,6 @@ use crate::error::{Error, Result};
 use crate::kernels::cache::PipelineCache;
 use crate::kernels::{DeviceCaps, Kernel, Tiles, Variant};
 use crate::plan::PlanEnv;
-use crate::record::GpuTiming;
 
 /// What the library knows about the adapter and the limits it runs under.
 #[derive(Debug, Clone)]
@@ -80,7 +79,11 @@ pub struct Context {
     pub(crate) pipelines: PipelineCache,
     pub(crate) mem: Arc<MemTracker>,
     pub(crate) lost: Arc<Mutex<Option<String>>>,
-    pub(crate) timing: Mutex<Option<GpuTiming>>,
+    pub(crate) timing: Mutex<Option<crate::record::LastTiming>>,
+    /// Whether calls measure their GPU time with timestamp queries (`set_gpu_timing`).
+    pub(crate) gpu_timing: std::sync::atomic::AtomicBool,
+    /// Uniform buffers for the dispatches' parameters, reused across calls (`record.rs`).
+    pub(crate) params_pool: Mutex<Vec<wgpu::Buffer>>,
     tuning: Mutex<Tuning>,
 }
 
@@ -260,6 +263,8 @@ impl Context {
             mem: Arc::new(MemTracker::default()),
             lost,
             timing: Mutex::new(None),
+            gpu_timing: std::sync::atomic::AtomicBool::new(false),
+            params_pool: Mutex::new(Vec::new()),
             tuning: Mutex::new(tuning),
             fixed_subgroup,
         }
