@@ -53,7 +53,7 @@ __device__ __forceinline__ elem_t from_f32(float x) {
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (144 bytes, 4-aligned)
+// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (148 bytes, 4-aligned)
 struct AttnShape {
     unsigned int seq_q;
     unsigned int seq_kv;
@@ -91,6 +91,7 @@ struct AttnShape {
     unsigned int bias_base;       // BIAS: extras index of the bias's first word
     unsigned int bias_b_stride;   //   entries between batches' grids and heads' grids (0
     unsigned int bias_h_stride;   //   along a broadcast dimension)
+    unsigned int align_kv;        // SEQLENS with per-batch alignment: seq_kv (0: off)
 };
 
 // A softcap (-DSOFTCAP=1): a score x in the exp2 domain becomes C tanh(x / C), C = c log2(e),
@@ -166,6 +167,14 @@ __device__ __forceinline__ CallShape for_batch(const AttnShape& p, const float* 
 #endif
 #if SEQLENS
     q.kv_len = min(__float_as_uint(extras[p.seqlens_base + b]), p.seq_kv);
+    // per-batch alignment (a KV cache): the batch's diagonal, window and ALiBi positions
+    // follow its own key length, seqlens_kv[b] - seq_kv keys left of the padded alignment
+    if (p.align_kv != 0) {
+        const int shift = (int)q.kv_len - (int)p.align_kv;
+        q.causal_offset += shift;
+        q.band_lo += shift;
+        q.band_hi += shift;
+    }
 #endif
     return q;
 }

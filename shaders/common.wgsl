@@ -62,6 +62,8 @@ struct Params {
     merge_last: u32,     // merge: 1 on the last shard's dispatch, which stores out
     splits: u32,         // decode: key splits, of split_keys keys each
     split_keys: u32,
+    align_kv: u32,       // per-batch alignment: the whole call's seq_kv (0: off)
+    align_min_shift: i32, // the least batch's shift
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -192,6 +194,17 @@ fn kv_len(b: u32) -> u32 {
     return u32(clamp(n, 0, i32(params.seq_kv)));
 }
 
+// With per-batch alignment (AttentionConfig::align_to_seqlens, a KV cache), batch b's causal
+// diagonal, window and ALiBi positions sit seqlens_kv[b] - seq_kv keys left of the padded
+// alignment (counted from the whole call's seq_kv, params.align_kv); 0 otherwise. A pure
+// function of uniform values (loop bounds may use it).
+fn align_shift(b: u32) -> i32 {
+    if (!SEQLENS || params.align_kv == 0u) {
+        return 0;
+    }
+    return i32(extra_u32(params.seqlens_base + params.batch_base + b)) - i32(params.align_kv);
+}
+
 // ---- Varlen: packed sequences (batch 1). Sequence s holds the whole call's rows
 // [cu_q(s), cu_q(s + 1)) and keys [cu_kv(s), cu_kv(s + 1)); a part of a windowed call adds
 // q_base / kv_base to its own indices. Pure functions of their arguments and uniform values,
@@ -299,7 +312,7 @@ fn kv_end_for_rows(b: u32, q_begin: u32, q_end: u32) -> u32 {
     if (!CAUSAL && !WINDOW) {
         return kv_len(b);
     }
-    let last = i32(min(q_end, params.seq_q)) - 1 + band_hi() + 1;
+    let last = i32(min(q_end, params.seq_q)) - 1 + band_hi() + align_shift(b) + 1;
     return u32(clamp(last, 0, i32(kv_len(b))));
 }
 
@@ -320,7 +333,9 @@ fn kv_begin_for_rows(q_begin: u32) -> u32 {
     if (!WINDOW) {
         return 0u;
     }
-    return u32(clamp(i32(q_begin) + params.band_lo, 0, i32(params.seq_kv)));
+    // with per-batch alignment, the leftmost batch's edge (visible() masks the rest)
+    let shift = select(0, params.align_min_shift, SEQLENS);
+    return u32(clamp(i32(q_begin) + params.band_lo + shift, 0, i32(params.seq_kv)));
 }
 
 // First query row that can see key `j0` (rows before it are fully masked for keys >= j0).
@@ -364,7 +379,7 @@ fn q_end_for_keys(b: u32, j0: u32, j_last: u32) -> u32 {
     if (!WINDOW) {
         return params.seq_q;
     }
-    return u32(clamp(i32(j_last) - params.band_lo + 1, 0, i32(params.seq_q)));
+    return u32(clamp(i32(j_last) - params.band_lo - align_shift(b) + 1, 0, i32(params.seq_q)));
 }
 
 // ---- Block-sparse: the block mask's bits (extras from params.blocks_base), one grid of
@@ -456,7 +471,7 @@ fn tile_needs_mask(b: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u3
     if (MASK || kv_begin + kv_count > kv_len(b)) {
         return true;
     }
-    var shift = 0;
+    var shift = align_shift(b);
     if (VARLEN) {
         let s = row_sequence(q_begin);
         let q_last = min(q_begin + q_len, params.seq_q) - 1u;
@@ -483,6 +498,8 @@ var<private> head_blocks: u32;
 var<private> head_mask: u32;
 var<private> head_bias: u32;
 var<private> head_grads: u32;
+// with per-batch alignment: the current batch's shift (align_shift)
+var<private> head_shift: i32;
 
 fn begin_head(b: u32, h: u32) {
     if (BLOCKS) {
@@ -502,6 +519,7 @@ fn begin_head(b: u32, h: u32) {
     }
     if (SEQLENS) {
         head_kv_len = kv_len(b);
+        head_shift = align_shift(b);
     }
     if (ALIBI) {
         head_slope2 = extra((params.batch_base + b) * params.alibi_b_stride + h) * LOG2E;
@@ -517,7 +535,7 @@ fn alibi_term(i: u32, j: u32) -> f32 {
     if (!ALIBI) {
         return 0.0;
     }
-    var shift = 0;
+    var shift = select(0, head_shift, SEQLENS);
     if (VARLEN) {
         shift = row_context(i).shift;
     }
@@ -542,7 +560,7 @@ fn sink_on() -> bool {
 fn visible(i: u32, j: u32) -> bool {
     let in_range = (i < params.seq_q) & (j < select(params.seq_kv, head_kv_len, SEQLENS));
     var in_sequence = true;
-    var shift = 0;
+    var shift = select(0, head_shift, SEQLENS);
     if (VARLEN) {
         let r = row_context(i);
         let jw = params.kv_base + j;

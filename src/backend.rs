@@ -90,6 +90,21 @@ pub trait AttentionBackend {
     /// result over all their keys (module [`merge`](crate::merge)).
     fn merge(&self, shards: &[Forward<Self::Tensor>]) -> Result<Forward<Self::Tensor>>;
 
+    /// Attention of q over a KV cache (`[batch, cfg.seq_kv, heads_kv, head_dim]` each, batch b
+    /// holding `cache_seqlens[b]` rows), after appending `append` (`[batch, new, heads_kv,
+    /// head_dim]` each) at each batch's length; aligned per batch (module
+    /// [`kvcache`](crate::kvcache)).
+    #[allow(clippy::too_many_arguments)]
+    fn forward_with_kvcache(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Self::Tensor,
+        k_cache: &mut Self::Tensor,
+        v_cache: &mut Self::Tensor,
+        cache_seqlens: &[usize],
+        append: Option<(&Self::Tensor, &Self::Tensor)>,
+    ) -> Result<Forward<Self::Tensor>>;
+
     /// GPU time of the most recent forward or backward call, where the backend measures it.
     fn last_gpu_timing(&self) -> Option<GpuTiming>;
 
@@ -232,6 +247,18 @@ impl AttentionBackend for crate::Context {
 
     fn merge(&self, shards: &[Forward]) -> Result<Forward> {
         crate::Context::merge(self, shards)
+    }
+
+    fn forward_with_kvcache(
+        &self,
+        cfg: &AttentionConfig,
+        q: &crate::Tensor,
+        k_cache: &mut crate::Tensor,
+        v_cache: &mut crate::Tensor,
+        cache_seqlens: &[usize],
+        append: Option<(&crate::Tensor, &crate::Tensor)>,
+    ) -> Result<Forward> {
+        crate::Context::forward_with_kvcache(self, cfg, q, k_cache, v_cache, cache_seqlens, append)
     }
 
     fn last_gpu_timing(&self) -> Option<GpuTiming> {

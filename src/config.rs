@@ -76,9 +76,13 @@ pub struct AttentionConfig {
     /// Per-batch key lengths on the padded layout (`[batch]`, each at most `seq_kv`): keys
     /// at or past `seqlens_kv[b]` are hidden from every row of batch b (the key-padding mask
     /// of batched training). It does not move the causal or window alignment, which stays
-    /// relative to `seq_kv`. A row that sees no key gets out 0 and lse -inf (or the sink).
-    /// `None`: every key of every batch.
+    /// relative to `seq_kv`, unless `align_to_seqlens` is set. A row that sees no key gets
+    /// out 0 and lse -inf (or the sink). `None`: every key of every batch.
     pub seqlens_kv: Option<Vec<usize>>,
+    /// With `seqlens_kv`: align batch b's causal diagonal, window and ALiBi positions to its
+    /// own key length (query i sits at position `i + seqlens_kv[b] - seq_q`), as a KV cache
+    /// holds its keys (flash-attn's `flash_attn_with_kvcache`); false: to `seq_kv`.
+    pub align_to_seqlens: bool,
     /// Dropout on the attention probabilities ([`Dropout`]: probability, seed, offset), in the
     /// forward and the backward, which regenerates the forward's mask. `None`: off.
     pub dropout: Option<Dropout>,
@@ -131,6 +135,7 @@ impl AttentionConfig {
             alibi_slopes: None,
             sinks: None,
             seqlens_kv: None,
+            align_to_seqlens: false,
             dropout: None,
             block_mask: None,
             mask: None,
@@ -209,6 +214,15 @@ impl AttentionConfig {
             (false, r) => r,
         };
         (lo, hi)
+    }
+
+    /// The shift, in keys, of batch b's causal diagonal and window from the padded alignment:
+    /// `seqlens_kv[b] - seq_kv` with `align_to_seqlens` (at most 0), else 0.
+    pub fn align_shift(&self, b: usize) -> i64 {
+        match (&self.seqlens_kv, self.align_to_seqlens) {
+            (Some(s), true) => s[b] as i64 - self.seq_kv as i64,
+            _ => 0,
+        }
     }
 
     /// True when query row i sees key j (bounds not checked): causal and the window.
@@ -319,6 +333,11 @@ impl AttentionConfig {
                     self.seq_kv
                 )));
             }
+        }
+        if self.align_to_seqlens && self.seqlens_kv.is_none() {
+            return Err(Error::invalid(
+                "align_to_seqlens needs seqlens_kv (the key lengths to align to), got None",
+            ));
         }
         if let Some(d) = &self.dropout {
             if !(d.p >= 0.0 && d.p < 1.0) {

@@ -40,6 +40,7 @@ pub mod dtype;
 pub mod error;
 pub mod forward;
 pub mod kernels;
+pub mod kvcache;
 pub mod merge;
 pub mod plan;
 mod record;

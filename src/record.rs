@@ -18,6 +18,15 @@ pub(crate) struct Dispatch<'a> {
     pub workgroups: u32,
 }
 
+/// A buffer copy to record before the dispatches (a KV cache's append).
+pub(crate) struct Copy<'a> {
+    pub src: &'a wgpu::Buffer,
+    pub src_offset: u64,
+    pub dst: &'a wgpu::Buffer,
+    pub dst_offset: u64,
+    pub size: u64,
+}
+
 /// GPU time of the last `run`, from timestamp queries where the adapter has them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuTiming {
@@ -192,11 +201,21 @@ impl Context {
     /// (`set_gpu_timing`), waits for it and reads its timestamps. Returns without waiting
     /// otherwise: reading a result back waits.
     pub(crate) fn run(&self, dispatches: &[Dispatch<'_>]) -> Result<()> {
-        self.run_timed(dispatches, self.gpu_timing())
+        self.run_with(&[], dispatches, self.gpu_timing())
     }
 
     /// `run`, with timestamps (and the wait they need) where `timed` and the adapter has them.
     pub(crate) fn run_timed(&self, dispatches: &[Dispatch<'_>], timed: bool) -> Result<()> {
+        self.run_with(&[], dispatches, timed)
+    }
+
+    /// `run_timed` after buffer copies recorded first in the same command buffer.
+    pub(crate) fn run_with(
+        &self,
+        copies: &[Copy<'_>],
+        dispatches: &[Dispatch<'_>],
+        timed: bool,
+    ) -> Result<()> {
         let pipelines = dispatches
             .iter()
             .map(|d| self.pipeline(&d.key))
@@ -217,6 +236,9 @@ impl Context {
                     count: n_ts,
                 })
             });
+            for c in copies {
+                enc.copy_buffer_to_buffer(c.src, c.src_offset, c.dst, c.dst_offset, c.size);
+            }
             let (params, pooled) = self.params_buffer(dispatches);
             self.record(&mut enc, dispatches, &pipelines, (&params, query.as_ref()));
             let resolve = query.as_ref().map(|q| {
@@ -374,7 +396,20 @@ impl Context {
                 })
             })
             .collect::<Result<_>>()?;
-        self.run(&dispatches)?;
+        let copies: Vec<Copy<'_>> = plan
+            .copies
+            .iter()
+            .map(|c| {
+                Ok(Copy {
+                    src: resolve(&c.src)?,
+                    src_offset: c.src_offset,
+                    dst: resolve(&c.dst)?,
+                    dst_offset: c.dst_offset,
+                    size: c.size,
+                })
+            })
+            .collect::<Result<_>>()?;
+        self.run_with(&copies, &dispatches, self.gpu_timing())?;
         drop(dispatches);
         Ok(outputs)
     }

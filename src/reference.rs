@@ -27,12 +27,17 @@ pub struct RefGradients {
 }
 
 /// Row i and key j in their sequence's own numbering, i' (bottom-right aligned: i + seq_kv -
-/// seq_q) and j; `None` when they lie in different sequences of a varlen call. Varlen: row i
+/// seq_q, or i + seqlens_kv[b] - seq_q with align_to_seqlens) and j; `None` when they lie in different sequences of a varlen call. Varlen: row i
 /// of sequence s is i - cu_q[s] of a call of len_q(s) rows and len_kv(s) keys, key j is
 /// j - cu_kv[s].
-fn aligned(cfg: &AttentionConfig, i: usize, j: usize) -> Option<(i64, i64)> {
+fn aligned(cfg: &AttentionConfig, b: usize, i: usize, j: usize) -> Option<(i64, i64)> {
     let Some(v) = &cfg.varlen else {
-        return Some((i as i64 + cfg.seq_kv as i64 - cfg.seq_q as i64, j as i64));
+        // with align_to_seqlens, batch b's keys end at seqlens_kv[b]
+        let keys = match (&cfg.seqlens_kv, cfg.align_to_seqlens) {
+            (Some(n), true) => n[b],
+            _ => cfg.seq_kv,
+        };
+        return Some((i as i64 + keys as i64 - cfg.seq_q as i64, j as i64));
     };
     let s = (0..v.cu_seqlens_q.len() - 1)
         .find(|&s| i < v.cu_seqlens_q[s + 1] as usize && i >= v.cu_seqlens_q[s] as usize)?;
@@ -66,7 +71,7 @@ fn visible(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) ->
             return false;
         }
     }
-    let Some((ip, j)) = aligned(cfg, i, j) else {
+    let Some((ip, j)) = aligned(cfg, b, i, j) else {
         return false;
     };
     let causal_ok = !cfg.causal || j <= ip;
@@ -120,7 +125,7 @@ fn softcap_slope(
 /// ALiBi's bias for pair (i, j) of (batch b, head h): -slope * |i' - j|, i' = i + seq_kv -
 /// seq_q (per sequence with varlen); 0 without ALiBi or for a pair of two sequences (hidden).
 fn alibi_bias(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) -> f64 {
-    let (Some(slope), Some((ip, j))) = (cfg.alibi_slope(b, h), aligned(cfg, i, j)) else {
+    let (Some(slope), Some((ip, j))) = (cfg.alibi_slope(b, h), aligned(cfg, b, i, j)) else {
         return 0.0;
     };
     -(slope as f64) * (ip - j).abs() as f64

@@ -290,6 +290,15 @@ fn every_backend_merges_key_shards_into_attention_over_all_keys() {
 }
 
 #[test]
+fn every_backend_appends_to_a_kv_cache_and_attends_aligned_per_batch() {
+    on_every_backend!(|b| {
+        let c = cfg(2, 1, 80, 4, 2, 64, true);
+        common::kv::append_and_attend::<_, f32>(b, &c, &[0, 50], 4);
+        common::kv::append_and_attend::<_, half::f16>(b, &c, &[30, 75], 2);
+    });
+}
+
+#[test]
 fn every_backend_chains_device_tensors_and_types_its_errors() {
     on_every_backend!(|b| {
         chains_on_the_device(b);

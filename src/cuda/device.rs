@@ -18,6 +18,7 @@ use super::nvrtc::Nvrtc;
 use super::tensor::{next_owner, CudaTensor};
 use crate::backend::{AttentionBackend, Backend};
 use crate::checks::{check_lse_values, check_meta};
+use crate::kvcache::{append_rows, kvcache_config};
 use crate::merge::{check_shards, ShardMeta};
 use crate::tensor::shape_elements;
 use crate::{
@@ -615,6 +616,53 @@ impl CudaContext {
     }
 }
 
+impl CudaContext {
+    /// Attention over a KV cache after an optional append: the same semantics, checks and
+    /// layouts as [`Context::forward_with_kvcache`](crate::Context::forward_with_kvcache);
+    /// the append is a device-to-device copy per batch on the context's stream.
+    pub fn forward_with_kvcache(
+        &self,
+        cfg: &AttentionConfig,
+        q: &CudaTensor,
+        k_cache: &mut CudaTensor,
+        v_cache: &mut CudaTensor,
+        cache_seqlens: &[usize],
+        append: Option<(&CudaTensor, &CudaTensor)>,
+    ) -> Result<Forward<CudaTensor>> {
+        let dtype = q.dtype;
+        let new_rows = match append {
+            Some((k, v)) => {
+                k.check_owner(self.owner, || "k_new".into())?;
+                v.check_owner(self.owner, || "v_new".into())?;
+                append_rows(cfg, ((&k.shape, k.dtype), (&v.shape, v.dtype)), dtype)?
+            }
+            None => 0,
+        };
+        let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
+        self.check(TensorRole::Q, q, &c.q_shape(), dtype)?;
+        self.check(TensorRole::K, k_cache, &c.kv_shape(), dtype)?;
+        self.check(TensorRole::V, v_cache, &c.kv_shape(), dtype)?;
+        if let Some((k_new, v_new)) = append {
+            let row = c.heads_kv * c.head_dim * dtype.size_bytes();
+            let n = new_rows * row;
+            let copy = |src: &CudaTensor, dst: &mut CudaTensor, b: usize, len: usize| {
+                let (s0, d0) = (b * n, (b * c.seq_kv + len) * row);
+                self.stream
+                    .memcpy_dtod(
+                        &src.data.slice(s0..s0 + n),
+                        &mut dst.data.slice_mut(d0..d0 + n),
+                    )
+                    .map_err(driver_error("KV cache append"))
+            };
+            for (b, &len) in cache_seqlens.iter().enumerate() {
+                copy(k_new, k_cache, b, len)?;
+                copy(v_new, v_cache, b, len)?;
+            }
+        }
+        self.forward(&c, q, k_cache, v_cache)
+    }
+}
+
 impl AttentionBackend for CudaContext {
     type Tensor = CudaTensor;
 
@@ -659,6 +707,18 @@ impl AttentionBackend for CudaContext {
 
     fn merge(&self, shards: &[Forward<CudaTensor>]) -> Result<Forward<CudaTensor>> {
         CudaContext::merge(self, shards)
+    }
+
+    fn forward_with_kvcache(
+        &self,
+        cfg: &AttentionConfig,
+        q: &CudaTensor,
+        k_cache: &mut CudaTensor,
+        v_cache: &mut CudaTensor,
+        cache_seqlens: &[usize],
+        append: Option<(&CudaTensor, &CudaTensor)>,
+    ) -> Result<Forward<CudaTensor>> {
+        CudaContext::forward_with_kvcache(self, cfg, q, k_cache, v_cache, cache_seqlens, append)
     }
 
     fn last_gpu_timing(&self) -> Option<GpuTiming> {

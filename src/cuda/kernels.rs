@@ -181,6 +181,9 @@ pub struct AttnShape {
     pub bias_base: u32,
     pub bias_b_stride: u32,
     pub bias_h_stride: u32,
+    /// Per-batch alignment (compiled in with `CudaKey::seqlens`): the call's seq_kv, from
+    /// which a batch's shift `seqlens_kv[b] - align_kv` is counted (`for_batch`); 0: off.
+    pub align_kv: u32,
 }
 
 impl AttnShape {
@@ -248,6 +251,7 @@ impl AttnShape {
             bias_base: (mask_base + p.bias_base as usize) as u32,
             bias_b_stride: p.bias_b_stride,
             bias_h_stride: p.bias_h_stride,
+            align_kv: p.align_kv,
         })
     }
 }
@@ -683,7 +687,7 @@ mod tests {
     #[test]
     fn the_scalar_argument_matches_the_kernels_struct() {
         // thirty-six 4-byte fields, no padding: the C struct's layout
-        assert_eq!(std::mem::size_of::<AttnShape>(), 144);
+        assert_eq!(std::mem::size_of::<AttnShape>(), 148);
         assert_eq!(std::mem::align_of::<AttnShape>(), 4);
         let body = &COMMON[COMMON.find("struct AttnShape {").unwrap()..];
         let body = &body[..body.find("};").unwrap()];

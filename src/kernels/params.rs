@@ -98,6 +98,11 @@ pub struct Params {
     /// takes keys `[s * split_keys, (s + 1) * split_keys)`).
     pub splits: u32,
     pub split_keys: u32,
+    /// Per-batch alignment (`AttentionConfig::align_to_seqlens`): the whole call's seq_kv,
+    /// from which batch b's shift `seqlens_kv[b] - align_kv` is counted (0: off), and the
+    /// least of those shifts (a bound for the kernels' key loops that cannot name a batch).
+    pub align_kv: u32,
+    pub align_min_shift: i32,
 }
 
 impl Params {
@@ -130,6 +135,16 @@ impl Params {
             bias_base: cfg.mask.as_ref().map_or(0, |m| m.words().len() as u32),
             bias_b_stride: cfg.bias.as_ref().map_or(0, |b| b.strides().0 as u32),
             bias_h_stride: cfg.bias.as_ref().map_or(0, |b| b.strides().1 as u32),
+            align_kv: if cfg.align_to_seqlens && cfg.seqlens_kv.is_some() {
+                cfg.seq_kv as u32
+            } else {
+                0
+            },
+            align_min_shift: (0..cfg.batch)
+                .map(|b| cfg.align_shift(b))
+                .min()
+                .unwrap_or(0)
+                .clamp(i32::MIN as i64, 0) as i32,
             // blocks of 1 x 1 until a mask says otherwise (never a division by zero)
             block_q: 1,
             block_kv: 1,

@@ -125,6 +125,7 @@ fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
         extras: Vec::new(),
         pairs: Vec::new(),
         bias_grads: None,
+        copies: Vec::new(),
     };
     if cfg.algorithm == Algorithm::Tiled {
         if let Some(parts) = split::choose(cfg, dtype, env)? {

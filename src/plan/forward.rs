@@ -34,6 +34,7 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
         extras: Vec::new(),
         pairs: Vec::new(),
         bias_grads: None,
+        copies: Vec::new(),
     };
     match cfg.algorithm {
         Algorithm::Tiled if super::decode::eligible(cfg, dtype, env)? => {

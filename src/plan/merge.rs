@@ -98,6 +98,7 @@ pub fn merge(out_shape: [usize; 4], shards: usize, dtype: DType, env: &PlanEnv) 
         extras: Vec::new(),
         pairs: Vec::new(),
         bias_grads: None,
+        copies: Vec::new(),
     })
 }
 

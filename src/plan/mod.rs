@@ -108,6 +108,20 @@ pub struct Plan {
     /// pair's gradient for d_bias, bound after the pair data; `None` unless d_bias is asked
     /// for.
     pub bias_grads: Option<usize>,
+    /// Buffer-to-buffer copies recorded before the first step, in order (a KV cache's
+    /// append: `Context::forward_with_kvcache`). Replays (`Plan::replay`) do not carry them.
+    pub copies: Vec<BufferCopy>,
+}
+
+/// A copy of `size` bytes from `src` at `src_offset` to `dst` at `dst_offset`, each a multiple
+/// of 4 (wgpu's copy alignment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferCopy {
+    pub src: BufRef,
+    pub src_offset: u64,
+    pub dst: BufRef,
+    pub dst_offset: u64,
+    pub size: u64,
 }
 
 impl Plan {
@@ -251,6 +265,7 @@ pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
         extras: Vec::new(),
         pairs: Vec::new(),
         bias_grads: None,
+        copies: Vec::new(),
         steps: vec![Step {
             key,
             params: Params {

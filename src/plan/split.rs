@@ -207,8 +207,9 @@ impl Part {
 
     /// True when some query of the part sees some key of it (causal and window).
     fn visible(&self, cfg: &AttentionConfig) -> bool {
-        // varlen aligns each sequence on its own: every part may hold visible pairs
-        if cfg.varlen.is_some() {
+        // varlen aligns each sequence on its own, align_to_seqlens each batch: every part may
+        // hold visible pairs
+        if cfg.varlen.is_some() || cfg.align_to_seqlens {
             return true;
         }
         let off = cfg.causal_offset();
@@ -222,7 +223,7 @@ impl Part {
     /// True when every query of the part sees only keys before it: later key windows (in
     /// key order) see nothing either.
     fn past_the_band(&self, cfg: &AttentionConfig) -> bool {
-        if cfg.varlen.is_some() {
+        if cfg.varlen.is_some() || cfg.align_to_seqlens {
             return false;
         }
         let min_d = self.k0 as i64 - (self.q0 + self.q_rows - 1) as i64 - cfg.causal_offset();

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod backend;
+pub mod kv;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod shards;

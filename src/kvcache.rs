@@ -1,0 +1,151 @@
+//! Attention over a KV cache (flash-attn's `flash_attn_with_kvcache`): a dense cache of
+//! `[batch, max_seq, heads_kv, head_dim]` keys and values whose batch b holds
+//! `cache_seqlens[b]` valid rows; a call may first append new keys and values at each batch's
+//! length, then attends q over each batch's keys `[0, cache_seqlens[b] + new)`, with the
+//! causal diagonal, window and ALiBi positions aligned to that length (query i sits at
+//! position `i + cache_seqlens[b] + new - seq_q`): `AttentionConfig::seqlens_kv` with
+//! `align_to_seqlens`. The append and the attention are recorded into one submission.
+
+use crate::checks::check_meta;
+use crate::config::AttentionConfig;
+use crate::device::Context;
+use crate::dtype::DType;
+use crate::error::{Error, Result, TensorRole};
+use crate::forward::Forward;
+use crate::plan::{BufRef, BufferCopy};
+use crate::tensor::Tensor;
+
+/// The attention config of a KV-cache call, on every backend: `cfg` (its `seq_kv` the cache's
+/// capacity, `max_seq`) over the keys each batch holds after appending `new_rows`, aligned per
+/// batch. A typed error where `cfg` already sets key lengths, `cache_seqlens` does not hold one
+/// length per batch, or an append would run past the capacity.
+pub(crate) fn kvcache_config(
+    cfg: &AttentionConfig,
+    cache_seqlens: &[usize],
+    new_rows: usize,
+) -> Result<AttentionConfig> {
+    cfg.validate()?;
+    if cfg.seqlens_kv.is_some() || cfg.align_to_seqlens {
+        return Err(Error::invalid(
+            "forward_with_kvcache takes each batch's key length from cache_seqlens: \
+             cfg.seqlens_kv must be None and align_to_seqlens false",
+        ));
+    }
+    if cfg.varlen.is_some() {
+        return Err(Error::invalid(
+            "forward_with_kvcache takes a padded batch (the cache's layout): cfg.varlen must be \
+             None",
+        ));
+    }
+    if cache_seqlens.len() != cfg.batch {
+        return Err(Error::invalid(format!(
+            "cache_seqlens must hold one length per batch ([batch] = [{}]), got {}",
+            cfg.batch,
+            cache_seqlens.len()
+        )));
+    }
+    let mut lens = Vec::with_capacity(cfg.batch);
+    for (b, &n) in cache_seqlens.iter().enumerate() {
+        match n.checked_add(new_rows).filter(|&t| t <= cfg.seq_kv) {
+            Some(t) => lens.push(t),
+            None => {
+                return Err(Error::invalid(format!(
+                    "cache overflow: batch {b} holds {n} keys, appending {new_rows} would make \
+                     {}, past the cache's capacity seq_kv = {}",
+                    n.saturating_add(new_rows),
+                    cfg.seq_kv
+                )))
+            }
+        }
+    }
+    let mut c = cfg.clone();
+    c.seqlens_kv = Some(lens);
+    c.align_to_seqlens = true;
+    c.validate()?;
+    Ok(c)
+}
+
+/// The rows an append brings (`k_new`'s second dimension), after checking both tensors are
+/// `[batch, new, heads_kv, head_dim]` in `dtype`.
+pub(crate) fn append_rows(
+    cfg: &AttentionConfig,
+    (k, v): ((&[usize], DType), (&[usize], DType)),
+    dtype: DType,
+) -> Result<usize> {
+    let rows = if k.0.len() == 4 { k.0[1] } else { 0 };
+    let expected = [cfg.batch, rows.max(1), cfg.heads_kv, cfg.head_dim];
+    check_meta(TensorRole::K, k.0, k.1, &expected, dtype)?;
+    check_meta(TensorRole::V, v.0, v.1, &expected, dtype)?;
+    Ok(rows)
+}
+
+impl Context {
+    /// Attention of q over a KV cache, after appending `append = Some((k_new, v_new))` (each
+    /// `[batch, new, heads_kv, head_dim]`) at each batch's length (module
+    /// [`kvcache`](crate::kvcache)): `cfg.seq_kv` is the caches' capacity (`k_cache`, `v_cache`
+    /// are `[batch, seq_kv, heads_kv, head_dim]`), `cache_seqlens[b]` the rows batch b held
+    /// before the call. The caches are written in place; the caller advances its lengths by
+    /// `new`. One submission, no wait. On wgpu the append is a buffer copy: half-precision
+    /// caches need `heads_kv * head_dim` even (whole 4-byte words), else `Unsupported`.
+    pub fn forward_with_kvcache(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Tensor,
+        k_cache: &mut Tensor,
+        v_cache: &mut Tensor,
+        cache_seqlens: &[usize],
+        append: Option<(&Tensor, &Tensor)>,
+    ) -> Result<Forward> {
+        let dtype = q.dtype();
+        let new_rows = match append {
+            Some((k, v)) => {
+                self.check_owned(k, || "k_new".into())?;
+                self.check_owned(v, || "v_new".into())?;
+                append_rows(cfg, ((k.shape(), k.dtype()), (v.shape(), v.dtype())), dtype)?
+            }
+            None => 0,
+        };
+        let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
+        crate::checks::check_tensor(self, TensorRole::Q, q, &c.q_shape(), dtype)?;
+        crate::checks::check_tensor(self, TensorRole::K, k_cache, &c.kv_shape(), dtype)?;
+        crate::checks::check_tensor(self, TensorRole::V, v_cache, &c.kv_shape(), dtype)?;
+        let mut plan = crate::plan::forward(&c, dtype, &self.plan_env())?;
+        let mut inputs: Vec<&Tensor> = vec![q, k_cache, v_cache];
+        if let Some((k_new, v_new)) = append {
+            let row_bytes = (c.heads_kv * c.head_dim * dtype.size_bytes()) as u64;
+            if !row_bytes.is_multiple_of(4) {
+                return Err(Error::Unsupported {
+                    feature: format!(
+                        "appending to a {dtype} KV cache with heads_kv x head_dim = {} (odd)",
+                        c.heads_kv * c.head_dim
+                    ),
+                    backend: crate::Backend::Wgpu,
+                    reason: "the append is a buffer copy of whole 4-byte words; append with \
+                             your own copy, or use an even heads_kv x head_dim"
+                        .into(),
+                });
+            }
+            let first = plan.inputs.len();
+            plan.inputs.extend([TensorRole::K, TensorRole::V]);
+            inputs.extend([k_new, v_new]);
+            for (b, &len) in cache_seqlens.iter().enumerate() {
+                for (src, dst) in [(first, 1), (first + 1, 2)] {
+                    plan.copies.push(BufferCopy {
+                        src: BufRef::Input(src),
+                        src_offset: (b * new_rows) as u64 * row_bytes,
+                        dst: BufRef::Input(dst),
+                        dst_offset: (b * c.seq_kv + len) as u64 * row_bytes,
+                        size: new_rows as u64 * row_bytes,
+                    });
+                }
+            }
+        }
+        let mut outputs = self.execute(&plan, &inputs)?.into_iter();
+        match (outputs.next(), outputs.next()) {
+            (Some(out), Some(lse)) => Ok(Forward { out, lse }),
+            _ => Err(Error::Device(
+                "internal: forward plan without out and lse".into(),
+            )),
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! KV-cache calls checked against the f64 reference over exactly the keys each batch holds.
+
+use super::{assert_close_tol, assert_lse_close, fresh_seed, random, rel_tol};
+use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
+use flash_attn_wgpu::{reference, AttentionBackend, AttentionConfig, Element};
+use rand::{rngs::StdRng, SeedableRng};
+
+/// Two steps on a dense cache on `b` in `T`: a prefill-like append of `new` rows with as many
+/// queries, then a decode step of one row; after each, every batch's out and lse equal the
+/// reference over exactly its keys (cache rows then new rows, standard bottom-right
+/// alignment), the appended rows sit at each batch's length and no other cache row changed.
+/// Cache rows past each batch's length hold NaN, which must never reach a result.
+pub fn append_and_attend<B: AttentionBackend, T: Element>(
+    b: &B,
+    base: &AttentionConfig,
+    lens: &[usize],
+    new: usize,
+) {
+    let seed = fresh_seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let c = base;
+    let row = c.heads_kv * c.head_dim;
+    let cap = c.seq_kv;
+    let msg = format!("{} lens {lens:?} new {new} seed {seed}", T::DTYPE);
+    // the caches: random rows below each length, NaN above
+    let mut kc = random(&mut rng, c.batch * cap * row, 1.5);
+    let mut vc = random(&mut rng, c.batch * cap * row, 1.0);
+    for (bi, &n) in lens.iter().enumerate() {
+        for x in &mut kc[(bi * cap + n) * row..(bi + 1) * cap * row] {
+            *x = f32::NAN;
+        }
+        for x in &mut vc[(bi * cap + n) * row..(bi + 1) * cap * row] {
+            *x = f32::NAN;
+        }
+    }
+    let mut kc: Vec<f32> = to_f32_vec(&from_f32_slice::<T>(&kc));
+    let mut vc: Vec<f32> = to_f32_vec(&from_f32_slice::<T>(&vc));
+    let mut kd = b.upload(&from_f32_slice::<T>(&kc), &c.kv_shape()).unwrap();
+    let mut vd = b.upload(&from_f32_slice::<T>(&vc), &c.kv_shape()).unwrap();
+    let mut lens = lens.to_vec();
+    for (step, rows) in [new, 1].into_iter().enumerate() {
+        let mut sc = c.clone();
+        sc.seq_q = rows;
+        let q = to_f32_vec(&from_f32_slice::<T>(&random(
+            &mut rng,
+            c.batch * rows * c.heads_q * c.head_dim,
+            1.5,
+        )));
+        let kn = to_f32_vec(&from_f32_slice::<T>(&random(
+            &mut rng,
+            c.batch * rows * row,
+            1.5,
+        )));
+        let vn = to_f32_vec(&from_f32_slice::<T>(&random(
+            &mut rng,
+            c.batch * rows * row,
+            1.0,
+        )));
+        let new_shape = [c.batch, rows, c.heads_kv, c.head_dim];
+        let (qd, knd, vnd) = (
+            b.upload(&from_f32_slice::<T>(&q), &sc.q_shape()).unwrap(),
+            b.upload(&from_f32_slice::<T>(&kn), &new_shape).unwrap(),
+            b.upload(&from_f32_slice::<T>(&vn), &new_shape).unwrap(),
+        );
+        let f = b
+            .forward_with_kvcache(&sc, &qd, &mut kd, &mut vd, &lens, Some((&knd, &vnd)))
+            .unwrap_or_else(|e| panic!("step {step}: {e} ({msg})"));
+        let out = to_f32_vec(&b.download::<T>(&f.out).unwrap());
+        let lse = b.download::<f32>(&f.lse).unwrap();
+        // the caches now: the new rows at each length
+        for (bi, &n) in lens.iter().enumerate() {
+            let at = (bi * cap + n) * row;
+            kc[at..at + rows * row].copy_from_slice(&kn[bi * rows * row..(bi + 1) * rows * row]);
+            vc[at..at + rows * row].copy_from_slice(&vn[bi * rows * row..(bi + 1) * rows * row]);
+        }
+        let same = |got: Vec<f32>, want: &[f32], what: &str| {
+            assert!(
+                got.iter()
+                    .zip(want)
+                    .all(|(g, w)| g == w || (g.is_nan() && w.is_nan())),
+                "{what} after step {step} ({msg})"
+            )
+        };
+        same(to_f32_vec(&b.download::<T>(&kd).unwrap()), &kc, "k_cache");
+        same(to_f32_vec(&b.download::<T>(&vd).unwrap()), &vc, "v_cache");
+        for (bi, n) in lens.iter_mut().enumerate() {
+            *n += rows;
+            // batch bi alone, over exactly its n keys
+            let mut one = sc.clone();
+            one.batch = 1;
+            one.seq_kv = *n;
+            if let Some(s) = &sc.alibi_slopes {
+                if s.len() != sc.heads_q {
+                    one.alibi_slopes = Some(s[bi * sc.heads_q..(bi + 1) * sc.heads_q].to_vec());
+                }
+            }
+            let qs = rows * c.heads_q * c.head_dim;
+            let want = reference::forward(
+                &one,
+                &q[bi * qs..(bi + 1) * qs],
+                &kc[bi * cap * row..(bi * cap + *n) * row],
+                &vc[bi * cap * row..(bi * cap + *n) * row],
+            );
+            let m = format!("batch {bi} step {step} ({msg})");
+            assert_close_tol(
+                "out",
+                &out[bi * qs..(bi + 1) * qs],
+                &want.out,
+                rel_tol(T::DTYPE),
+                &m,
+            );
+            let ls = c.heads_q * rows;
+            assert_lse_close(&lse[bi * ls..(bi + 1) * ls], &want.lse, &m);
+        }
+    }
+}

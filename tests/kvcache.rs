@@ -1,0 +1,123 @@
+//! KV caches: attention aligned to each batch's key length (`align_to_seqlens`) in every
+//! variant, forward and backward, against the reference; appending to a dense cache then
+//! attending (`forward_with_kvcache`), prefill then decode, equal to attention over exactly
+//! the keys each batch holds; bad arguments as typed errors.
+
+mod common;
+
+use common::backend::{check_case, Gap};
+use common::kv::append_and_attend;
+use common::{cfg, ctx};
+use flash_attn_wgpu::{AttentionConfig, Context, DType, Error, Tuning, Window};
+
+#[test]
+fn attention_aligned_to_each_batch_length_matches_the_reference_everywhere() {
+    // causal with a window, ALiBi per batch, sinks; lengths 0 (no key), short and full; on
+    // every tiled variant and the naive path (many rows), and on the decode path (two rows)
+    let x = Context::new().unwrap();
+    let mut c = cfg(3, 19, 80, 4, 2, 24, true);
+    c.seqlens_kv = Some(vec![80, 33, 0]);
+    c.align_to_seqlens = true;
+    c.window = Window::new(Some(20), None);
+    c.alibi_slopes = Some(common::random_alibi(&c, true));
+    c.sinks = Some(common::random_sinks(&c));
+    for (algorithm, variant) in common::algorithm_variants() {
+        x.set_tuning(Tuning {
+            variant,
+            ..x.tuning()
+        })
+        .unwrap();
+        let mut c = c.clone();
+        c.algorithm = algorithm;
+        check_case::<_, f32>(
+            &x,
+            &c,
+            2.0,
+            &format!("{algorithm:?} {variant:?}"),
+            Gap::None,
+        );
+    }
+    let mut d = c.clone();
+    d.seq_q = 2;
+    d.window = Window::default();
+    check_case::<_, half::f16>(ctx(), &d, 2.0, "decode", Gap::None);
+    d.kv_splits = Some(5);
+    check_case::<_, half::bf16>(ctx(), &d, 2.0, "decode split", Gap::None);
+}
+
+#[test]
+fn appending_then_attending_equals_attention_over_each_batch_keys() {
+    // lengths 0, partial and nearly full; prefill of 5 rows then a decode step; GQA
+    let mut c = cfg(3, 1, 96, 8, 2, 32, true);
+    append_and_attend::<_, f32>(ctx(), &c, &[0, 40, 90], 5);
+    c.alibi_slopes = Some(common::random_alibi(&c, true));
+    c.window = Window::new(Some(30), None);
+    append_and_attend::<_, half::f16>(ctx(), &c, &[7, 0, 64], 3);
+    let c = cfg(2, 1, 200, 4, 4, 16, true);
+    append_and_attend::<_, half::bf16>(ctx(), &c, &[150, 1], 2);
+}
+
+#[test]
+fn bad_cache_arguments_are_typed_errors() {
+    let x = ctx();
+    let c = cfg(2, 1, 10, 2, 1, 8, true);
+    let q = x.upload(&vec![0.5f32; 2 * 2 * 8], &c.q_shape()).unwrap();
+    let mut k = x.zeros(&c.kv_shape()).unwrap();
+    let mut v = x.zeros(&c.kv_shape()).unwrap();
+    let new = |rows: usize| x.zeros(&[2, rows, 1, 8]).unwrap();
+    let (k1, v1) = (new(1), new(1));
+    let invalid = |r: flash_attn_wgpu::Result<flash_attn_wgpu::Forward>, want: &str| match r {
+        Err(Error::InvalidConfig(m)) => assert!(m.contains(want), "{m}"),
+        other => panic!("expected InvalidConfig with {want:?}, got {other:?}"),
+    };
+    // an append past the capacity names the batch
+    invalid(
+        x.forward_with_kvcache(&c, &q, &mut k, &mut v, &[3, 10], Some((&k1, &v1))),
+        "cache overflow: batch 1 holds 10 keys, appending 1 would make 11",
+    );
+    invalid(
+        x.forward_with_kvcache(&c, &q, &mut k, &mut v, &[11, 0], None),
+        "cache overflow: batch 0",
+    );
+    invalid(
+        x.forward_with_kvcache(&c, &q, &mut k, &mut v, &[1], None),
+        "cache_seqlens must hold one length per batch",
+    );
+    let mut with_lens = c.clone();
+    with_lens.seqlens_kv = Some(vec![1, 1]);
+    invalid(
+        x.forward_with_kvcache(&with_lens, &q, &mut k, &mut v, &[1, 1], None),
+        "cfg.seqlens_kv must be None",
+    );
+    // new rows of the wrong shape or dtype
+    let wrong = x.zeros(&[2, 1, 2, 8]).unwrap();
+    assert!(matches!(
+        x.forward_with_kvcache(&c, &q, &mut k, &mut v, &[1, 1], Some((&wrong, &v1))),
+        Err(Error::Shape { .. })
+    ));
+    let half_new = x.zeros_of(&[2, 1, 1, 8], DType::F16).unwrap();
+    assert!(matches!(
+        x.forward_with_kvcache(&c, &q, &mut k, &mut v, &[1, 1], Some((&half_new, &v1))),
+        Err(Error::DType { .. })
+    ));
+    // a cache of another shape
+    let mut short = x.zeros(&[2, 9, 1, 8]).unwrap();
+    assert!(matches!(
+        x.forward_with_kvcache(&c, &q, &mut short, &mut v, &[1, 1], None),
+        Err(Error::Shape { .. })
+    ));
+    // half caches with an odd row: the wgpu append copies whole words
+    let odd = cfg(1, 1, 4, 1, 1, 3, false);
+    let qh = x.zeros_of(&odd.q_shape(), DType::F16).unwrap();
+    let mut kh = x.zeros_of(&odd.kv_shape(), DType::F16).unwrap();
+    let mut vh = x.zeros_of(&odd.kv_shape(), DType::F16).unwrap();
+    let nh = x.zeros_of(&[1, 1, 1, 3], DType::F16).unwrap();
+    assert!(matches!(
+        x.forward_with_kvcache(&odd, &qh, &mut kh, &mut vh, &[0], Some((&nh, &nh))),
+        Err(Error::Unsupported { .. })
+    ));
+    // align_to_seqlens without lengths
+    let mut a: AttentionConfig = c.clone();
+    a.align_to_seqlens = true;
+    assert!(matches!(a.validate(), Err(Error::InvalidConfig(_))));
+}
