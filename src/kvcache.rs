@@ -65,11 +65,14 @@ pub(crate) fn kvcache_config(
     Ok(c)
 }
 
+/// A tensor's shape and dtype, as the checks see it on every backend.
+pub(crate) type Meta<'a> = (&'a [usize], DType);
+
 /// The rows an append brings (`k_new`'s second dimension), after checking both tensors are
 /// `[batch, new, heads_kv, head_dim]` in `dtype`.
 pub(crate) fn append_rows(
     cfg: &AttentionConfig,
-    (k, v): ((&[usize], DType), (&[usize], DType)),
+    (k, v): (Meta<'_>, Meta<'_>),
     dtype: DType,
 ) -> Result<usize> {
     let rows = if k.0.len() == 4 { k.0[1] } else { 0 };

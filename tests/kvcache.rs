@@ -61,7 +61,7 @@ fn appending_then_attending_equals_attention_over_each_batch_keys() {
 fn bad_cache_arguments_are_typed_errors() {
     let x = ctx();
     let c = cfg(2, 1, 10, 2, 1, 8, true);
-    let q = x.upload(&vec![0.5f32; 2 * 2 * 8], &c.q_shape()).unwrap();
+    let q = x.upload(&[0.5f32; 2 * 2 * 8], &c.q_shape()).unwrap();
     let mut k = x.zeros(&c.kv_shape()).unwrap();
     let mut v = x.zeros(&c.kv_shape()).unwrap();
     let new = |rows: usize| x.zeros(&[2, rows, 1, 8]).unwrap();
