@@ -64,6 +64,9 @@ struct Params {
     split_keys: u32,
     align_kv: u32,       // per-batch alignment: the whole call's seq_kv (0: off)
     align_min_shift: i32, // the least batch's shift
+    pages_base: u32,     // paged: the block table's first pair-data word
+    page_size: u32,
+    pages_per_seq: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -94,6 +97,8 @@ override MASK: bool = false;
 // An additive bias over pairs (`bias_entry`, from the generated prelude: entries in the call's
 // dtype after the mask's bits), added to finished scores; false costs nothing.
 override BIAS: bool = false;
+// K and V in pages through a block table (AttentionConfig::paged, in the pair data)
+override PAGED: bool = false;
 
 const LN2: f32 = 0.6931471805599453;
 const LOG2E: f32 = 1.4426950408889634;
@@ -168,8 +173,16 @@ fn q_index(b: u32, i: u32, h: u32, d: u32) -> u32 {
     return ((b * params.seq_q + i) * params.heads_q + h) * HEAD_DIM + d + params.q_shift;
 }
 
-// k, v, dk, dv: [batch, seq_kv, heads_kv, head_dim]
+// k, v, dk, dv: [batch, seq_kv, heads_kv, head_dim]; with PAGED, k and v are page pools
+// [pages, page_size, heads_kv, head_dim] and batch b's key j lies in the page its block-table
+// entry names (a key past seq_kv reads its batch's last page)
 fn kv_index(b: u32, j: u32, hk: u32, d: u32) -> u32 {
+    if (PAGED) {
+        let entry = min(j / params.page_size, params.pages_per_seq - 1u);
+        let page = page_entry((params.batch_base + b) * params.pages_per_seq + entry);
+        let row = page * params.page_size + j % params.page_size;
+        return (row * params.heads_kv + hk) * HEAD_DIM + d;
+    }
     return ((b * params.seq_kv + j) * params.heads_kv + hk) * HEAD_DIM + d + params.kv_shift;
 }
 

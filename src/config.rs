@@ -83,6 +83,11 @@ pub struct AttentionConfig {
     /// own key length (query i sits at position `i + seqlens_kv[b] - seq_q`), as a KV cache
     /// holds its keys (flash-attn's `flash_attn_with_kvcache`); false: to `seq_kv`.
     pub align_to_seqlens: bool,
+    /// K and V in pages through a block table ([`crate::PagedKv`]): k and v are the page
+    /// pools `[num_pages, page_size, heads_kv, head_dim]` and `seq_kv` is `pages_per_seq x
+    /// page_size`. Forward only (wgpu); `None`: k and v are `[batch, seq_kv, heads_kv,
+    /// head_dim]`.
+    pub paged: Option<crate::PagedKv>,
     /// Dropout on the attention probabilities ([`Dropout`]: probability, seed, offset), in the
     /// forward and the backward, which regenerates the forward's mask. `None`: off.
     pub dropout: Option<Dropout>,
@@ -136,6 +141,7 @@ impl AttentionConfig {
             sinks: None,
             seqlens_kv: None,
             align_to_seqlens: false,
+            paged: None,
             dropout: None,
             block_mask: None,
             mask: None,
@@ -189,8 +195,13 @@ impl AttentionConfig {
         [self.batch, self.seq_q, self.heads_q, self.head_dim]
     }
 
+    /// k and v: `[batch, seq_kv, heads_kv, head_dim]`, or with `paged` the page pools
+    /// `[num_pages, page_size, heads_kv, head_dim]`.
     pub fn kv_shape(&self) -> [usize; 4] {
-        [self.batch, self.seq_kv, self.heads_kv, self.head_dim]
+        match &self.paged {
+            Some(p) => [p.num_pages, p.page_size, self.heads_kv, self.head_dim],
+            None => [self.batch, self.seq_kv, self.heads_kv, self.head_dim],
+        }
     }
 
     pub fn lse_shape(&self) -> [usize; 3] {
@@ -332,6 +343,14 @@ impl AttentionConfig {
                     "seqlens_kv[{b}] must be at most seq_kv = {}, got {n}",
                     self.seq_kv
                 )));
+            }
+        }
+        if let Some(p) = &self.paged {
+            p.check(self.batch, self.seq_kv)?;
+            if self.varlen.is_some() {
+                return Err(Error::invalid(
+                    "paged: a paged call is a padded batch of sequences; varlen must be None",
+                ));
             }
         }
         if self.align_to_seqlens && self.seqlens_kv.is_none() {

@@ -4,7 +4,9 @@
 //! length, then attends q over each batch's keys `[0, cache_seqlens[b] + new)`, with the
 //! causal diagonal, window and ALiBi positions aligned to that length (query i sits at
 //! position `i + cache_seqlens[b] + new - seq_q`): `AttentionConfig::seqlens_kv` with
-//! `align_to_seqlens`. The append and the attention are recorded into one submission.
+//! `align_to_seqlens`. The append and the attention are recorded into one submission. A paged
+//! cache (`AttentionConfig::paged`: page pools and a block table) works the same way; the
+//! append writes through the table.
 
 use crate::checks::check_meta;
 use crate::config::AttentionConfig;
@@ -82,6 +84,32 @@ pub(crate) fn append_rows(
     Ok(rows)
 }
 
+/// Where an append of `new` rows writes batch b's rows, which start at its length `len`: runs
+/// of (first row of `k_new`, first row of the cache, rows), each within one page of a paged
+/// cache (one run for a dense one). Rows count `heads_kv x head_dim` elements.
+pub(crate) fn append_runs(
+    c: &AttentionConfig,
+    b: usize,
+    len: usize,
+    new: usize,
+) -> Vec<(usize, usize, usize)> {
+    let mut runs = Vec::new();
+    let mut r = 0;
+    while r < new {
+        let pos = len + r;
+        let (dst, n) = match &c.paged {
+            Some(p) => (
+                p.row(b, pos),
+                (p.page_size - pos % p.page_size).min(new - r),
+            ),
+            None => (b * c.seq_kv + pos, new - r),
+        };
+        runs.push((b * new + r, dst, n));
+        r += n;
+    }
+    runs
+}
+
 impl Context {
     /// Attention of q over a KV cache, after appending `append = Some((k_new, v_new))` (each
     /// `[batch, new, heads_kv, head_dim]`) at each batch's length (module
@@ -132,14 +160,16 @@ impl Context {
             plan.inputs.extend([TensorRole::K, TensorRole::V]);
             inputs.extend([k_new, v_new]);
             for (b, &len) in cache_seqlens.iter().enumerate() {
-                for (src, dst) in [(first, 1), (first + 1, 2)] {
-                    plan.copies.push(BufferCopy {
-                        src: BufRef::Input(src),
-                        src_offset: (b * new_rows) as u64 * row_bytes,
-                        dst: BufRef::Input(dst),
-                        dst_offset: (b * c.seq_kv + len) as u64 * row_bytes,
-                        size: new_rows as u64 * row_bytes,
-                    });
+                for (from, to, rows) in append_runs(&c, b, len, new_rows) {
+                    for (src, dst) in [(first, 1), (first + 1, 2)] {
+                        plan.copies.push(BufferCopy {
+                            src: BufRef::Input(src),
+                            src_offset: from as u64 * row_bytes,
+                            dst: BufRef::Input(dst),
+                            dst_offset: to as u64 * row_bytes,
+                            size: rows as u64 * row_bytes,
+                        });
+                    }
                 }
             }
         }

@@ -85,7 +85,11 @@ fn qi(cfg: &AttentionConfig, b: usize, i: usize, h: usize) -> usize {
 }
 
 fn ki(cfg: &AttentionConfig, b: usize, j: usize, h: usize) -> usize {
-    ((b * cfg.seq_kv + j) * cfg.heads_kv + h) * cfg.head_dim
+    let row = match &cfg.paged {
+        Some(p) => p.row(b, j),
+        None => b * cfg.seq_kv + j,
+    };
+    (row * cfg.heads_kv + h) * cfg.head_dim
 }
 
 /// scale * q_i . k_j of query head h, batch b, in f64.

@@ -59,6 +59,7 @@ fn shader_bindings_match_the_host_layout() {
             varlen: extras,
             mask: extras,
             bias: extras,
+            paged: extras,
             bias_grad: extras,
             subgroup: 0,
             accumulate: false,
@@ -162,6 +163,7 @@ fn params_layout_matches_the_shader_struct() {
         varlen: false,
         mask: false,
         bias: false,
+        paged: false,
         bias_grad: false,
         subgroup: 0,
         accumulate: false,
@@ -229,7 +231,15 @@ fn params_layout_matches_the_shader_struct() {
         mask_cols,
         bias_base,
         bias_b_stride,
-        bias_h_stride
+        bias_h_stride,
+        merge_last,
+        splits,
+        split_keys,
+        align_kv,
+        align_min_shift,
+        pages_base,
+        page_size,
+        pages_per_seq
     );
     assert_eq!(members.len(), host.len());
     for (m, (name, off)) in members.iter().zip(host) {

@@ -18,7 +18,7 @@ use super::nvrtc::Nvrtc;
 use super::tensor::{next_owner, CudaTensor};
 use crate::backend::{AttentionBackend, Backend};
 use crate::checks::{check_lse_values, check_meta};
-use crate::kvcache::{append_rows, kvcache_config};
+use crate::kvcache::{append_rows, append_runs, kvcache_config};
 use crate::merge::{check_shards, ShardMeta};
 use crate::tensor::shape_elements;
 use crate::{
@@ -193,6 +193,15 @@ impl CudaContext {
             });
         }
         crate::plan::check_bias_dtype(cfg, dtype)?;
+        if cfg.paged.is_some() {
+            return Err(Error::Unsupported {
+                feature: "paged KV caches (AttentionConfig::paged)".into(),
+                backend: crate::Backend::Cuda,
+                reason: "the CUDA kernels read K and V as dense tensors; use the wgpu path, or \
+                         a dense cache (forward_with_kvcache)"
+                    .into(),
+            });
+        }
         let kernel = CudaKernel::for_pass(pass, dtype, cfg.head_dim as u32);
         let mut key = CudaKey::new(kernel, dtype, cfg.head_dim as u32, self.arch)?;
         key.softcap = cfg.softcap.is_some();
@@ -642,11 +651,12 @@ impl CudaContext {
         self.check(TensorRole::Q, q, &c.q_shape(), dtype)?;
         self.check(TensorRole::K, k_cache, &c.kv_shape(), dtype)?;
         self.check(TensorRole::V, v_cache, &c.kv_shape(), dtype)?;
+        // everything the forward refuses, refused before the caches are written
+        self.prepare(Pass::Forward, &c, dtype)?;
         if let Some((k_new, v_new)) = append {
             let row = c.heads_kv * c.head_dim * dtype.size_bytes();
-            let n = new_rows * row;
-            let copy = |src: &CudaTensor, dst: &mut CudaTensor, b: usize, len: usize| {
-                let (s0, d0) = (b * n, (b * c.seq_kv + len) * row);
+            let copy = |src: &CudaTensor, dst: &mut CudaTensor, run: (usize, usize, usize)| {
+                let (s0, d0, n) = (run.0 * row, run.1 * row, run.2 * row);
                 self.stream
                     .memcpy_dtod(
                         &src.data.slice(s0..s0 + n),
@@ -655,8 +665,10 @@ impl CudaContext {
                     .map_err(driver_error("KV cache append"))
             };
             for (b, &len) in cache_seqlens.iter().enumerate() {
-                copy(k_new, k_cache, b, len)?;
-                copy(v_new, v_cache, b, len)?;
+                for run in append_runs(&c, b, len, new_rows) {
+                    copy(k_new, k_cache, run)?;
+                    copy(v_new, v_cache, run)?;
+                }
             }
         }
         self.forward(&c, q, k_cache, v_cache)

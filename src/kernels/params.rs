@@ -103,6 +103,11 @@ pub struct Params {
     /// least of those shifts (a bound for the kernels' key loops that cannot name a batch).
     pub align_kv: u32,
     pub align_min_shift: i32,
+    /// Paged K/V (`AttentionConfig::paged`): the pair-data word where the block table starts
+    /// (after the mask's bits and the bias's entries), rows per page, table entries per batch.
+    pub pages_base: u32,
+    pub page_size: u32,
+    pub pages_per_seq: u32,
 }
 
 impl Params {
@@ -145,6 +150,10 @@ impl Params {
                 .min()
                 .unwrap_or(0)
                 .clamp(i32::MIN as i64, 0) as i32,
+            pages_base: (cfg.mask.as_ref().map_or(0, |m| m.words().len())
+                + cfg.bias.as_ref().map_or(0, |b| b.words().len())) as u32,
+            page_size: cfg.paged.as_ref().map_or(1, |p| p.page_size as u32),
+            pages_per_seq: cfg.paged.as_ref().map_or(1, |p| p.pages_per_seq as u32),
             // blocks of 1 x 1 until a mask says otherwise (never a division by zero)
             block_q: 1,
             block_kv: 1,
@@ -237,10 +246,12 @@ pub fn extras_layout(cfg: &crate::AttentionConfig) -> ExtrasLayout {
 
 /// The call's pair data as the kernels read it (the wgpu pair-data binding, `Plan::pairs`; on
 /// CUDA the words after the extras): the boolean mask's bits, then the bias's entries from
-/// word `Params::bias_base`. Empty without either.
+/// word `Params::bias_base`, then a paged call's block table from `Params::pages_base`. Empty
+/// without any.
 pub fn pair_words(cfg: &crate::AttentionConfig) -> Vec<u32> {
     let mask = cfg.mask.iter().flat_map(|m| m.words());
     mask.chain(cfg.bias.iter().flat_map(|b| b.words()))
+        .chain(cfg.paged.iter().flat_map(|p| p.block_table.iter()))
         .copied()
         .collect()
 }

@@ -87,6 +87,9 @@ pub struct KernelKey {
     /// An additive bias over pairs (the BIAS override; its entries, in the key's dtype, are in
     /// the pair data after the mask's bits).
     pub bias: bool,
+    /// K and V through a paged block table (the PAGED override; the table rides the pair
+    /// data): `kv_index` looks each key's page up.
+    pub paged: bool,
     /// The kernel stores each pair's gradient at its finished score for the bias's gradient
     /// (`keep_bias_grad`: the dQ kernels and the naive dS kernel of a call whose bias asks for
     /// `d_bias`), into an f32 scratch bound after the pair data (`bias_grads_slot`).
@@ -117,6 +120,7 @@ impl KernelKey {
             varlen: false,
             mask: false,
             bias: false,
+            paged: false,
             bias_grad: false,
             subgroup: 0,
             accumulate: false,
@@ -125,7 +129,7 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{}{}{}{}{} sg={}{}",
+            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{}{}{}{}{}{} sg={}{}",
             self.kernel.name(),
             self.elem.name(),
             self.head_dim,
@@ -148,6 +152,7 @@ impl KernelKey {
             if self.varlen { " varlen" } else { "" },
             if self.mask { " mask" } else { "" },
             if self.bias { " bias" } else { "" },
+            if self.paged { " paged" } else { "" },
             if self.bias_grad { " bias_grad" } else { "" },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" }
@@ -182,7 +187,7 @@ impl KernelKey {
     /// bits, then the bias's entries), one read-only storage array of words whichever of the
     /// two the call has, so that both together take one binding.
     pub fn uses_pairs(&self) -> bool {
-        self.mask || self.bias
+        self.mask || self.bias || self.paged
     }
 
     /// The binding slot of the pair data: after the extras where the pipeline has them.
@@ -309,7 +314,8 @@ impl KernelKey {
     /// `mask_bit(k)`: bit k of the call's boolean mask, and `bias_entry(k)`: entry k of its
     /// bias (as f32, from the key's dtype, two entries a word for halves), from the pair data
     /// (`Plan::pairs`), a read-only storage array of words; constant true and 0 for pipelines
-    /// without them. `keep_bias_grad(i, j, g)`: with `bias_grad`, stores pair (i, j)'s
+    /// without them; `page_entry(k)`: entry k of a paged call's block table (0 without).
+    /// `keep_bias_grad(i, j, g)`: with `bias_grad`, stores pair (i, j)'s
     /// gradient of the current head (`begin_head`) into the bias gradients' scratch, laid out
     /// `[batch, heads_q, seq_q, seq_kv]` by the whole call's indices; nothing without.
     fn pairs_wgsl(&self) -> String {
@@ -337,6 +343,11 @@ impl KernelKey {
             (true, DType::BF16) => {
                 "fn bias_entry(k: u32) -> f32 { return bf16_word_to_f32(pair_data[params.bias_base + (k >> 1u)], k & 1u); }\n"
             }
+        });
+        s.push_str(if self.paged {
+            "fn page_entry(k: u32) -> u32 { return pair_data[params.pages_base + k]; }\n"
+        } else {
+            "fn page_entry(k: u32) -> u32 { return 0u; }\n"
         });
         if self.bias_grad {
             let _ = writeln!(
@@ -400,6 +411,7 @@ impl KernelKey {
             ("VARLEN", flag(self.varlen)),
             ("MASK", flag(self.mask)),
             ("BIAS", flag(self.bias)),
+            ("PAGED", flag(self.paged)),
         ]
     }
 }

@@ -33,6 +33,16 @@ pub(super) const D_SINKS: BufRef = Output(3);
 /// from q, k, v, out, lse (f32) and d_out. dq, dk, dv and d_bias take the inputs' dtype;
 /// d_sinks is f32.
 pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
+    if cfg.paged.is_some() {
+        return Err(crate::Error::Unsupported {
+            feature: "the backward of a paged KV cache call".into(),
+            backend: crate::Backend::Wgpu,
+            reason: "paged K/V are an inference layout (pages may be shared between \
+                     sequences, whose dK and dV would collide); run the backward on dense \
+                     tensors"
+                .into(),
+        });
+    }
     super::check_bias_dtype(cfg, dtype)?;
     let mut plan = passes(cfg, dtype, env)?;
     if cfg.sinks.is_some() {

@@ -385,6 +385,11 @@ pub(crate) fn key(
         varlen: kernel.finishes_scores() && cfg.varlen.is_some(),
         mask: kernel.finishes_scores() && cfg.mask.is_some(),
         bias: kernel.finishes_scores() && cfg.bias.is_some(),
+        paged: cfg.paged.is_some()
+            && kernel
+                .bindings()
+                .iter()
+                .any(|b| matches!(b.name, "k" | "v")),
         // set by the backward plan where d_bias is asked for
         bias_grad: false,
         subgroup: if kernel.is_rows_variant() {

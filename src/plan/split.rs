@@ -46,6 +46,11 @@ fn slack(env: &PlanEnv) -> u64 {
 
 /// The split a tiled call needs, or `None` when every tensor fits one binding.
 pub fn choose(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Option<Split>> {
+    // a paged call binds its page pools whole (a pool past one binding is a DeviceLimit when
+    // the plan's bindings are checked): pages cannot be cut into windows
+    if cfg.paged.is_some() {
+        return Ok(None);
+    }
     let esz = dtype.size_bytes() as u64;
     let d = cfg.head_dim as u64;
     let q_row = cfg.heads_q as u64 * d; // elements per query position

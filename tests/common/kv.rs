@@ -2,8 +2,9 @@
 
 use super::{assert_close_tol, assert_lse_close, fresh_seed, random, rel_tol};
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
-use flash_attn_wgpu::{reference, AttentionBackend, AttentionConfig, Element};
-use rand::{rngs::StdRng, SeedableRng};
+use flash_attn_wgpu::{reference, AttentionBackend, AttentionConfig, Element, PagedKv};
+use rand::seq::SliceRandom;
+use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// Two steps on a dense cache on `b` in `T`: a prefill-like append of `new` rows with as many
 /// queries, then a decode step of one row; after each, every batch's out and lse equal the
@@ -113,4 +114,44 @@ pub fn append_and_attend<B: AttentionBackend, T: Element>(
             assert_lse_close(&lse[bi * ls..(bi + 1) * ls], &want.lse, &m);
         }
     }
+}
+
+/// A random block table for `batch` sequences of `pages_per_seq` pages over a pool with a few
+/// spare pages: pages permuted, and batch 1 sharing batch 0's first page (a common prefix).
+pub fn random_paged(
+    rng: &mut StdRng,
+    batch: usize,
+    pages_per_seq: usize,
+    page_size: usize,
+) -> PagedKv {
+    let num_pages = batch * pages_per_seq + 3;
+    let mut pages: Vec<u32> = (0..num_pages as u32).collect();
+    pages.shuffle(rng);
+    let mut block_table: Vec<u32> = pages[..batch * pages_per_seq].to_vec();
+    if batch > 1 {
+        block_table[pages_per_seq] = block_table[0];
+    }
+    PagedKv {
+        page_size,
+        num_pages,
+        pages_per_seq,
+        block_table,
+    }
+}
+
+/// A paged call's config: `base` with its keys in pages of `page_size`, each batch holding a
+/// random length (partly filled last pages), aligned per batch as a KV cache.
+pub fn paged_cfg(base: &AttentionConfig, page_size: usize, seed: u64) -> AttentionConfig {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let pages_per_seq = base.seq_kv.div_ceil(page_size);
+    let mut c = base.clone();
+    c.seq_kv = pages_per_seq * page_size;
+    c.paged = Some(random_paged(&mut rng, c.batch, pages_per_seq, page_size));
+    c.seqlens_kv = Some(
+        (0..c.batch)
+            .map(|_| rng.random_range(1..=c.seq_kv))
+            .collect(),
+    );
+    c.align_to_seqlens = true;
+    c
 }

@@ -81,7 +81,8 @@ pub fn inputs(cfg: &AttentionConfig, amp: f32) -> Inputs {
     let seed = fresh_seed();
     let mut rng = StdRng::seed_from_u64(seed);
     let nq = cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim;
-    let nkv = cfg.batch * cfg.seq_kv * cfg.heads_kv * cfg.head_dim;
+    // k and v as the call lays them out (page pools for a paged call)
+    let nkv = cfg.kv_shape().iter().product();
     Inputs {
         seed,
         q: random(&mut rng, nq, amp),

@@ -87,6 +87,7 @@ pub fn variants() -> Vec<KernelKey> {
                                             varlen: window,
                                             mask: window,
                                             bias: window,
+                                            paged: window,
                                             bias_grad: window && kernel.keeps_bias_grads(),
                                             subgroup,
                                             accumulate,
