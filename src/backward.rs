@@ -41,6 +41,8 @@ enum LseValues {
     Checked,
     /// Read back from the device tensor and checked.
     OnDevice,
+    /// Not checked: a recorded call's lse may not exist until the caller submits.
+    Unchecked,
 }
 
 impl Context {
@@ -59,14 +61,17 @@ impl Context {
         lse: &Tensor,
         d_out: &Tensor,
     ) -> Result<Gradients> {
-        self.backward_checked(cfg, q, k, v, out, lse, d_out, LseValues::OnDevice)
+        self.backward_checked(cfg, (q, k, v), (out, lse, d_out), LseValues::OnDevice, None)
     }
 
-    /// `backward` once the lse values are known good (`Checked`: the host call checked its
-    /// slice before uploading it) or still to be read back and checked (`OnDevice`).
+    /// [`backward`](Context::backward) recorded into the caller's `encoder` and not
+    /// submitted (as [`record_forward`](Context::record_forward)), for example after the
+    /// forward in the same encoder. lse's values are not checked (they may not exist until the
+    /// caller submits): an lse of +inf, which no forward returns, zeroes its row's gradients.
     #[allow(clippy::too_many_arguments)]
-    fn backward_checked(
+    pub fn record_backward(
         &self,
+        encoder: &mut wgpu::CommandEncoder,
         cfg: &AttentionConfig,
         q: &Tensor,
         k: &Tensor,
@@ -74,7 +79,25 @@ impl Context {
         out: &Tensor,
         lse: &Tensor,
         d_out: &Tensor,
+    ) -> Result<Gradients> {
+        self.backward_checked(
+            cfg,
+            (q, k, v),
+            (out, lse, d_out),
+            LseValues::Unchecked,
+            Some(encoder),
+        )
+    }
+
+    /// `backward` once the lse values are known good (`Checked`: the host call checked its
+    /// slice before uploading it) or still to be read back and checked (`OnDevice`).
+    fn backward_checked(
+        &self,
+        cfg: &AttentionConfig,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        (out, lse, d_out): (&Tensor, &Tensor, &Tensor),
         lse_values: LseValues,
+        into: Option<&mut wgpu::CommandEncoder>,
     ) -> Result<Gradients> {
         cfg.validate()?;
         let dtype = q.dtype();
@@ -91,7 +114,7 @@ impl Context {
         }
         let plan = plan::backward(cfg, dtype, &self.plan_env())?;
         let mut g = self
-            .execute(&plan, &[q, k, v, out, lse, d_out])?
+            .execute_into(&plan, &[q, k, v, out, lse, d_out], into)?
             .into_iter();
         match (g.next(), g.next(), g.next()) {
             (Some(dq), Some(dk), Some(dv)) => Ok(Gradients {
@@ -125,13 +148,18 @@ impl Context {
         let (qs, kvs) = (cfg.q_shape(), cfg.kv_shape());
         let g = self.backward_checked(
             cfg,
-            &self.upload(q, &qs)?,
-            &self.upload(k, &kvs)?,
-            &self.upload(v, &kvs)?,
-            &self.upload(out, &qs)?,
-            &self.upload(lse, &cfg.lse_shape())?,
-            &self.upload(d_out, &qs)?,
+            (
+                &self.upload(q, &qs)?,
+                &self.upload(k, &kvs)?,
+                &self.upload(v, &kvs)?,
+            ),
+            (
+                &self.upload(out, &qs)?,
+                &self.upload(lse, &cfg.lse_shape())?,
+                &self.upload(d_out, &qs)?,
+            ),
             LseValues::Checked,
+            None,
         )?;
         Ok(HostGradients {
             dq: self.download(&g.dq)?,

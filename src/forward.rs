@@ -34,13 +34,41 @@ impl Context {
         k: &Tensor,
         v: &Tensor,
     ) -> Result<Forward> {
+        self.forward_into(cfg, q, k, v, None)
+    }
+
+    /// [`forward`](Context::forward) recorded into the caller's `encoder` and not submitted:
+    /// the dispatches run when the caller submits it on this context's queue (the parameters,
+    /// extras and pair data are queue writes, which run before it). The returned tensors hold
+    /// the results once that submission has run. Keep the input tensors alive until then (a
+    /// dropped tensor's buffer is destroyed, and the submit would fail validation). Checks and
+    /// errors as `forward`.
+    pub fn record_forward(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        cfg: &AttentionConfig,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<Forward> {
+        self.forward_into(cfg, q, k, v, Some(encoder))
+    }
+
+    fn forward_into(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        into: Option<&mut wgpu::CommandEncoder>,
+    ) -> Result<Forward> {
         cfg.validate()?;
         let dtype = q.dtype();
         check_tensor(self, TensorRole::Q, q, &cfg.q_shape(), dtype)?;
         check_tensor(self, TensorRole::K, k, &cfg.kv_shape(), dtype)?;
         check_tensor(self, TensorRole::V, v, &cfg.kv_shape(), dtype)?;
         let plan = plan::forward(cfg, dtype, &self.plan_env())?;
-        let mut outputs = self.execute(&plan, &[q, k, v])?.into_iter();
+        let mut outputs = self.execute_into(&plan, &[q, k, v], into)?.into_iter();
         match (outputs.next(), outputs.next()) {
             (Some(out), Some(lse)) => Ok(Forward { out, lse }),
             _ => Err(crate::Error::Device(

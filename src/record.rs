@@ -111,10 +111,10 @@ impl Context {
     /// gives it back after submitting), else made for this call. A pooled buffer is safe to
     /// rewrite for the next call at once: queue writes and submissions run in queue order, so
     /// work already submitted reads what was there when it was submitted.
-    fn params_buffer(&self, dispatches: &[Dispatch<'_>]) -> (wgpu::Buffer, bool) {
+    fn params_buffer(&self, dispatches: &[Dispatch<'_>], pool: bool) -> (wgpu::Buffer, bool) {
         let stride = self.params_stride();
         let need = (stride * dispatches.len().max(1) as u64).max(PARAMS_POOL_BYTES);
-        let pooled = need == PARAMS_POOL_BYTES;
+        let pooled = pool && need == PARAMS_POOL_BYTES;
         let buf = pooled
             .then(|| self.params_pool.lock().ok().and_then(|mut p| p.pop()))
             .flatten()
@@ -209,6 +209,33 @@ impl Context {
         self.run_with(&[], dispatches, timed)
     }
 
+    /// Records the copies, then the dispatches, into the caller's `enc`, without submitting:
+    /// the caller submits it (on this context's queue). The parameters get a buffer of their
+    /// own (a pooled one could be rewritten by a later call before the caller submits); no
+    /// timestamps.
+    pub(crate) fn record_into(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        copies: &[Copy<'_>],
+        dispatches: &[Dispatch<'_>],
+    ) -> Result<()> {
+        let pipelines = dispatches
+            .iter()
+            .map(|d| self.pipeline(&d.key))
+            .collect::<Result<Vec<_>>>()?;
+        self.scoped(|| {
+            for c in copies {
+                enc.copy_buffer_to_buffer(c.src, c.src_offset, c.dst, c.dst_offset, c.size);
+            }
+            let (params, _) = self.params_buffer(dispatches, false);
+            self.record(enc, dispatches, &pipelines, (&params, None));
+        })?;
+        if let Ok(mut t) = self.timing.lock() {
+            *t = None;
+        }
+        Ok(())
+    }
+
     /// `run_timed` after buffer copies recorded first in the same command buffer.
     pub(crate) fn run_with(
         &self,
@@ -239,7 +266,7 @@ impl Context {
             for c in copies {
                 enc.copy_buffer_to_buffer(c.src, c.src_offset, c.dst, c.dst_offset, c.size);
             }
-            let (params, pooled) = self.params_buffer(dispatches);
+            let (params, pooled) = self.params_buffer(dispatches, true);
             self.record(&mut enc, dispatches, &pipelines, (&params, query.as_ref()));
             let resolve = query.as_ref().map(|q| {
                 let size = n_ts as u64 * 8;
@@ -319,6 +346,16 @@ impl Context {
     /// Runs a plan: creates its outputs and scratch (zero-filled), binds the inputs given in
     /// the plan's order, records every step into one submission and waits for it.
     pub(crate) fn execute(&self, plan: &Plan, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.execute_into(plan, inputs, None)
+    }
+
+    /// `execute`, recorded into the caller's encoder (`Some`) instead of submitted.
+    pub(crate) fn execute_into(
+        &self,
+        plan: &Plan,
+        inputs: &[&Tensor],
+        into: Option<&mut wgpu::CommandEncoder>,
+    ) -> Result<Vec<Tensor>> {
         if inputs.len() != plan.inputs.len() {
             return Err(Error::Device(format!(
                 "internal: plan takes {} inputs, {} given",
@@ -409,8 +446,20 @@ impl Context {
                 })
             })
             .collect::<Result<_>>()?;
-        self.run_with(&copies, &dispatches, self.gpu_timing())?;
+        let recorded = into.is_some();
+        match into {
+            Some(enc) => self.record_into(enc, &copies, &dispatches)?,
+            None => self.run_with(&copies, &dispatches, self.gpu_timing())?,
+        }
         drop(dispatches);
+        drop(copies);
+        if recorded {
+            // the caller's encoder binds them until it is submitted
+            let mut scratch = scratch;
+            scratch.iter_mut().for_each(TrackedBuffer::keep_for_encoder);
+            let mut pairs = pairs;
+            pairs.iter_mut().for_each(TrackedBuffer::keep_for_encoder);
+        }
         Ok(outputs)
     }
 }

@@ -40,6 +40,9 @@ pub struct MemoryStats {
 pub(crate) struct TrackedBuffer {
     pub(crate) buffer: wgpu::Buffer,
     mem: Arc<MemTracker>,
+    /// Destroy the buffer when dropped (its memory is freed once submitted work using it is
+    /// done); false for scratch a caller's encoder still holds (`keep_for_encoder`).
+    destroy: bool,
 }
 
 impl TrackedBuffer {
@@ -47,12 +50,21 @@ impl TrackedBuffer {
     pub(crate) fn belongs_to(&self, mem: &Arc<MemTracker>) -> bool {
         Arc::ptr_eq(&self.mem, mem)
     }
+
+    /// Dropped without `destroy`: commands recorded into a caller's encoder, not yet
+    /// submitted, still bind it (a destroyed buffer would fail their submit); wgpu frees it
+    /// when the last of them is done. It stops counting in the memory statistics when dropped.
+    pub(crate) fn keep_for_encoder(&mut self) {
+        self.destroy = false;
+    }
 }
 
 impl Drop for TrackedBuffer {
     fn drop(&mut self) {
         self.mem.free(self.buffer.size());
-        self.buffer.destroy();
+        if self.destroy {
+            self.buffer.destroy();
+        }
     }
 }
 
@@ -119,6 +131,7 @@ impl Context {
         Ok(TrackedBuffer {
             buffer,
             mem: self.mem.clone(),
+            destroy: true,
         })
     }
 
@@ -161,6 +174,7 @@ impl Context {
         let staging = TrackedBuffer {
             buffer: staging,
             mem: self.mem.clone(),
+            destroy: true,
         };
         self.scoped(|| {
             let mut enc = self
