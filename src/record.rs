@@ -363,7 +363,7 @@ impl Context {
                 inputs.len()
             )));
         }
-        let input_bytes: Vec<u64> = inputs.iter().map(|t| t.buffer().size()).collect();
+        let input_bytes: Vec<u64> = inputs.iter().map(|t| t.size_bytes()).collect();
         plan.check_bindings(&input_bytes, self.binding_limit())?;
         let outputs = plan
             .outputs
@@ -428,7 +428,7 @@ impl Context {
                     key: s.key,
                     params: s.params,
                     buffers: s.buffers.iter().map(resolve).collect::<Result<_>>()?,
-                    windows: s.windows.clone(),
+                    windows: windows_of(s, inputs),
                     workgroups: s.workgroups,
                 })
             })
@@ -437,11 +437,15 @@ impl Context {
             .copies
             .iter()
             .map(|c| {
+                let base = |r: &BufRef| match *r {
+                    BufRef::Input(i) => inputs[i].offset(),
+                    _ => 0,
+                };
                 Ok(Copy {
                     src: resolve(&c.src)?,
-                    src_offset: c.src_offset,
+                    src_offset: base(&c.src) + c.src_offset,
                     dst: resolve(&c.dst)?,
-                    dst_offset: c.dst_offset,
+                    dst_offset: base(&c.dst) + c.dst_offset,
                     size: c.size,
                 })
             })
@@ -462,4 +466,32 @@ impl Context {
         }
         Ok(outputs)
     }
+}
+
+/// The windows a step's buffers are bound through: the plan's, moved to where a wrapped input
+/// lies in its buffer (`Tensor::view`), or the wrapped view itself where the plan binds the
+/// whole tensor.
+fn windows_of(s: &crate::plan::Step, inputs: &[&Tensor]) -> Vec<Option<Window>> {
+    if !s
+        .buffers
+        .iter()
+        .any(|r| matches!(r, BufRef::Input(i) if inputs[*i].view().is_some()))
+    {
+        return s.windows.clone();
+    }
+    s.buffers
+        .iter()
+        .enumerate()
+        .map(|(n, r)| match (*r, s.window(n)) {
+            (BufRef::Input(i), w) => match (inputs[i].view(), w) {
+                (Some(v), Some(w)) => Some(Window {
+                    offset: v.offset + w.offset,
+                    size: w.size,
+                }),
+                (Some(v), None) => Some(v),
+                (None, w) => w,
+            },
+            (_, w) => w,
+        })
+        .collect()
 }

@@ -95,3 +95,108 @@ fn gpu_timestamps_are_opt_in() {
     assert_eq!(t.from_timestamps, x.adapter_info().timestamp_query, "{t:?}");
     assert!(t.seconds > 0.0);
 }
+
+#[test]
+fn tensors_wrapping_the_callers_buffer_are_read_in_place() {
+    // q, k and v at aligned offsets of one buffer the caller made and filled
+    let x = ctx();
+    let c = cfg(2, 9, 40, 4, 2, 16, true);
+    let d = inputs(&c, 1.5);
+    let align = x.device().limits().min_storage_buffer_offset_alignment as u64;
+    let at = |bytes: u64| bytes.next_multiple_of(align);
+    let (q_off, k_off) = (align, at(align + 4 * d.q.len() as u64));
+    let v_off = at(k_off + 4 * d.k.len() as u64);
+    let size = at(v_off + 4 * d.v.len() as u64);
+    let buffer = x.device().create_buffer(&wgpu::BufferDescriptor {
+        label: Some("caller's qkv"),
+        size,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    for (off, data) in [(q_off, &d.q), (k_off, &d.k), (v_off, &d.v)] {
+        x.queue()
+            .write_buffer(&buffer, off, bytemuck::cast_slice(data));
+    }
+    let f32 = flash_attn_wgpu::DType::F32;
+    let q = x
+        .tensor_from_buffer(&buffer, q_off, &c.q_shape(), None, f32)
+        .unwrap();
+    let k = x
+        .tensor_from_buffer(
+            &buffer,
+            k_off,
+            &c.kv_shape(),
+            Some(&[40 * 2 * 16, 2 * 16, 16, 1]),
+            f32,
+        )
+        .unwrap();
+    let v = x
+        .tensor_from_buffer(&buffer, v_off, &c.kv_shape(), None, f32)
+        .unwrap();
+    assert_eq!(x.download::<f32>(&k).unwrap(), d.k);
+    let f = x.forward(&c, &q, &k, &v).unwrap();
+    let want = x.forward_host(&c, &d.q, &d.k, &d.v).unwrap();
+    assert_eq!(x.download::<f32>(&f.out).unwrap(), want.out);
+    // and as a KV cache appended to in place
+    let mut kc = x
+        .tensor_from_buffer(&buffer, k_off, &c.kv_shape(), None, f32)
+        .unwrap();
+    let mut vc = x
+        .tensor_from_buffer(&buffer, v_off, &c.kv_shape(), None, f32)
+        .unwrap();
+    let q1 = x.upload(&d.q[..4 * 16 * 2], &[2, 1, 4, 16]).unwrap();
+    let kn = x.upload(&[0.5f32; 2 * 2 * 16], &[2, 1, 2, 16]).unwrap();
+    let mut one = c.clone();
+    one.seq_q = 1;
+    x.forward_with_kvcache(&one, &q1, &mut kc, &mut vc, &[3, 39], Some((&kn, &kn)))
+        .unwrap();
+    let k_after: Vec<f32> = x.download(&kc).unwrap();
+    let row = 2 * 16;
+    assert!(k_after[3 * row..4 * row].iter().all(|x| *x == 0.5));
+    assert!(k_after[(40 + 39) * row..(40 + 40) * row]
+        .iter()
+        .all(|x| *x == 0.5));
+    assert_eq!(k_after[..3 * row], d.k[..3 * row]);
+
+    // bad views are typed errors
+    use flash_attn_wgpu::Error;
+    let shape = c.q_shape();
+    assert!(matches!(
+        x.tensor_from_buffer(&buffer, 4, &shape, None, f32),
+        Err(Error::InvalidConfig(m)) if m.contains("min_storage_buffer_offset_alignment")
+    ));
+    assert!(matches!(
+        x.tensor_from_buffer(&buffer, v_off, &c.kv_shape(), None, f32).and_then(|_| {
+            x.tensor_from_buffer(&buffer, size - align, &shape, None, f32)
+        }),
+        Err(Error::InvalidConfig(m)) if m.contains("run past the buffer")
+    ));
+    assert!(matches!(
+        x.tensor_from_buffer(&buffer, 0, &shape, Some(&[1, 1, 1, 1]), f32),
+        Err(Error::Unsupported { .. })
+    ));
+    assert!(matches!(
+        x.tensor_from_buffer(&buffer, 0, &shape, Some(&[1, 1]), f32),
+        Err(Error::InvalidConfig(_))
+    ));
+    let uniform = x.device().create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: 1024,
+        usage: wgpu::BufferUsages::UNIFORM,
+        mapped_at_creation: false,
+    });
+    assert!(matches!(
+        x.tensor_from_buffer(&uniform, 0, &[4], None, f32),
+        Err(Error::InvalidConfig(m)) if m.contains("STORAGE")
+    ));
+    let other = Context::new().unwrap();
+    let foreign = other
+        .tensor_from_buffer(&buffer, q_off, &shape, None, f32)
+        .unwrap();
+    assert!(matches!(
+        x.forward(&c, &foreign, &k, &v),
+        Err(Error::ForeignTensor { .. })
+    ));
+}

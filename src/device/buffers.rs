@@ -160,6 +160,16 @@ impl Context {
         src: &wgpu::Buffer,
         count: usize,
     ) -> Result<Vec<T>> {
+        self.read_buffer_at(src, 0, count)
+    }
+
+    /// Reads `count` elements from byte `offset` (a multiple of 4) of a buffer to the host.
+    pub(crate) fn read_buffer_at<T: bytemuck::Pod>(
+        &self,
+        src: &wgpu::Buffer,
+        offset: u64,
+        count: usize,
+    ) -> Result<Vec<T>> {
         let used = count * std::mem::size_of::<T>();
         let bytes = (used as u64).max(4).next_multiple_of(4);
         let staging = self.scoped(|| {
@@ -182,7 +192,7 @@ impl Context {
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("readback"),
                 });
-            enc.copy_buffer_to_buffer(src, 0, &staging.buffer, 0, bytes);
+            enc.copy_buffer_to_buffer(src, offset, &staging.buffer, 0, bytes);
             self.queue.submit([enc.finish()]);
         })?;
         self.map_read(&staging.buffer)?;

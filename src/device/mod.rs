@@ -3,7 +3,7 @@
 //! canary (`canary`) live beside this file; the pipeline cache is in `kernels::cache` and
 //! recording in `record`.
 
-mod buffers;
+pub(crate) mod buffers;
 mod canary;
 mod coop;
 mod scope;
