@@ -21,7 +21,8 @@
 //            the end.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 // part_out: f32 [splits, batch, seq_q, heads_q, head_dim]; part_lse: f32 [splits, batch,
-// heads_q, seq_q].
+// heads_q, seq_q]; of this dispatch's batches (a window of whole batches binds q, k, v, out and
+// lse from their shifts; the partial results are its own).
 
 const D4: u32 = (HEAD_DIM + 3u) / 4u;
 // P V: invocation t owns column t % D4 (dims 4 (t % D4) ..) of every row over the keys of
@@ -191,7 +192,7 @@ fn main(
         s_row[t] = select(0.0, 1.0 / l, l > 0.0 || is_nan(l));
         if (p0 + t < rows) {
             let pr = packed_row(hk, p0 + t);
-            part_lse[split * params.batch * params.heads_q * params.seq_q + row_index(b, pr.h, pr.i)] = row_lse;
+            part_lse[split * params.batch * params.heads_q * params.seq_q + row_index(b, pr.h, pr.i) - params.row_shift] = row_lse;
         }
     }
     workgroupBarrier();
@@ -201,7 +202,7 @@ fn main(
             if (p0 + r < rows) {
                 let pr = packed_row(hk, p0 + r);
                 let o = acc[r] * s_row[r];
-                let base = split_base + q_index(b, pr.i, pr.h, 0u) + 4u * col;
+                let base = split_base + q_index(b, pr.i, pr.h, 0u) - params.q_shift + 4u * col;
                 for (var c = 0u; c < 4u; c++) {
                     if (4u * col + c < HEAD_DIM) {
                         part_out[base + c] = o[c];

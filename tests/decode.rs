@@ -162,3 +162,34 @@ fn bad_split_counts_are_typed_errors() {
         }
     }
 }
+
+#[test]
+fn decode_runs_in_windows_of_whole_batches_past_one_binding() {
+    // a device binding 100 KiB at once: K (and V) of the 3 batches take 3 x 300 x 2 x 32 x 4 =
+    // 225 KiB, one batch 75 KiB, so the call runs in windows of one batch, each a decode
+    // dispatch and a merge;
+    // with key lengths, sinks and ALiBi per batch (indexed by the whole call's batch)
+    let limits = wgpu::Limits {
+        max_storage_buffer_binding_size: 100 << 10,
+        ..wgpu::Limits::default()
+    };
+    let (device, queue) = common::device_with(limits, wgpu::Features::SHADER_F16);
+    let x = Context::from_wgpu(device, queue).unwrap();
+    let mut c = cfg(3, 2, 300, 8, 2, 32, true);
+    c.seqlens_kv = Some(vec![300, 17, 150]);
+    c.sinks = Some(common::random_sinks(&c));
+    c.alibi_slopes = Some(common::random_alibi(&c, true));
+    let p = plan::forward(&c, DType::F32, &x.plan_env()).unwrap();
+    let kernels: Vec<Kernel> = p.steps.iter().map(|s| s.key.kernel).collect();
+    assert_eq!(
+        kernels
+            .iter()
+            .filter(|k| **k == Kernel::FlashDecode)
+            .count(),
+        3,
+        "{kernels:?}"
+    );
+    check_case::<_, f32>(&x, &c, 2.0, "batch windows", Gap::None);
+    c.kv_splits = Some(3);
+    check_case::<_, half::f16>(&x, &c, 2.0, "batch windows split", Gap::None);
+}

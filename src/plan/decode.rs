@@ -4,7 +4,7 @@
 //! the keys, writing partial results; one `flash_decode_combine` dispatch merges the splits
 //! exactly (and adds the sinks) into out and lse.
 
-use super::{key, split, BufRef, Plan, PlanEnv, ScratchSpec, Step};
+use super::{key, split, BufRef, Plan, PlanEnv, ScratchSpec, Step, Window};
 use crate::config::{Algorithm, AttentionConfig, MAX_KV_SPLITS};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -25,13 +25,30 @@ pub const TARGET_WORKGROUPS: usize = 256;
 pub const MIN_SPLIT_KEYS: usize = 512;
 
 /// True when a forward call takes the decode path: tiled, at most [`MAX_DECODE_QUERIES`]
-/// query rows, not packed sequences, and every tensor within one binding (calls split into
-/// windows run the tiled kernels).
+/// query rows, not packed sequences, and each batch's tensors within one binding (a call past
+/// one binding runs in windows of whole batches; one whose single batch does not fit runs the
+/// tiled kernels' windows).
 pub fn eligible(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<bool> {
-    Ok(cfg.algorithm == Algorithm::Tiled
-        && cfg.varlen.is_none()
-        && cfg.seq_q <= MAX_DECODE_QUERIES
-        && split::choose(cfg, dtype, env)?.is_none())
+    if cfg.algorithm != Algorithm::Tiled || cfg.varlen.is_some() || cfg.seq_q > MAX_DECODE_QUERIES {
+        return Ok(false);
+    }
+    Ok(batch_parts(cfg, dtype, env)?.is_some())
+}
+
+/// The batch windows a decode call runs in: one of every batch when its tensors fit one
+/// binding, else windows of whole batches; `None` when one batch does not fit.
+fn batch_parts(
+    cfg: &AttentionConfig,
+    dtype: DType,
+    env: &PlanEnv,
+) -> Result<Option<Vec<(usize, usize)>>> {
+    Ok(match split::choose(cfg, dtype, env)? {
+        None => Some(vec![(0, cfg.batch)]),
+        Some(s) if s.q_rows == cfg.seq_q && s.kv_rows == cfg.seq_kv && !s.accumulate => {
+            Some(split::ranges(cfg.batch, s.batches).collect())
+        }
+        Some(_) => None,
+    })
 }
 
 /// How many splits the keys of a decode call get, the pure heuristic: enough splits that
@@ -93,73 +110,101 @@ pub fn shape(cfg: &AttentionConfig, env: &PlanEnv) -> Result<DecodeShape> {
 }
 
 /// Appends the decode dispatch and the merge of its splits to a forward plan (inputs q, k,
-/// v; outputs out, lse).
+/// v; outputs out, lse), once per window of whole batches where the call has them.
 pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan) -> Result<()> {
-    let s = shape(cfg, env)?;
-    let elements = cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim;
-    let rows = cfg.batch * cfg.heads_q * cfg.seq_q;
-    let workgroups = cfg.batch * cfg.heads_kv * s.chunks * s.splits;
-    let workgroups = u32::try_from(workgroups).map_err(|_| Error::DeviceLimit {
-        what: "decode workgroups (batch x kv heads x row chunks x splits)".into(),
-        needed: workgroups as u64,
-        limit: u32::MAX as u64,
-        hint: "ask for fewer kv_splits, or split the batch".into(),
+    let parts = batch_parts(cfg, dtype, env)?.ok_or_else(|| {
+        Error::Device("internal: a decode plan for a call whose batch does not fit".into())
     })?;
+    let windowed = parts.len() > 1;
+    // one geometry and one scratch for every window: the largest window's
+    let widest = parts.iter().map(|p| p.1).max().unwrap_or(cfg.batch);
+    let s = shape(
+        &AttentionConfig {
+            batch: widest,
+            ..cfg.clone()
+        },
+        env,
+    )?;
+    let per_batch = cfg.seq_q * cfg.heads_q * cfg.head_dim;
     let first = plan.scratch.len();
     plan.scratch.extend([
         ScratchSpec {
             label: "decode partial out",
-            bytes: (s.splits * elements) as u64 * 4,
+            bytes: (s.splits * widest * per_batch) as u64 * 4,
         },
         ScratchSpec {
             label: "decode partial lse",
-            bytes: (s.splits * rows) as u64 * 4,
+            bytes: (s.splits * widest * cfg.heads_q * cfg.seq_q) as u64 * 4,
         },
     ]);
-    let params = Params {
-        n_q_tiles: s.chunks as u32,
-        splits: s.splits as u32,
-        split_keys: s.split_keys as u32,
-        total_wg: workgroups,
-        ..Params::from_config(cfg)
-    };
+    let esz = dtype.size_bytes() as u64;
     let combine = key(Kernel::FlashDecodeCombine, cfg, Tiles::ONE, dtype, env);
-    plan.steps.extend([
-        Step {
-            key: key(Kernel::FlashDecode, cfg, s.tiles, dtype, env),
-            params,
-            buffers: vec![
-                BufRef::Input(0),
-                BufRef::Input(1),
-                BufRef::Input(2),
-                BufRef::Scratch(first),
-                BufRef::Scratch(first + 1),
-            ],
-            windows: Vec::new(),
-            workgroups,
-        },
-        Step {
-            // the merge reads no score: of the modifiers, only the sinks reach it
-            key: KernelKey {
-                sinks: combine.sinks,
-                head_dim: combine.head_dim,
-                elem: combine.elem,
-                ..KernelKey::plain(Kernel::FlashDecodeCombine)
+    let decode = key(Kernel::FlashDecode, cfg, s.tiles, dtype, env);
+    for (b, nb) in parts {
+        let part = AttentionConfig {
+            batch: nb,
+            ..cfg.clone()
+        };
+        let workgroups = nb * cfg.heads_kv * s.chunks * s.splits;
+        let workgroups = u32::try_from(workgroups).map_err(|_| Error::DeviceLimit {
+            what: "decode workgroups (batch x kv heads x row chunks x splits)".into(),
+            needed: workgroups as u64,
+            limit: u32::MAX as u64,
+            hint: "ask for fewer kv_splits, or split the batch".into(),
+        })?;
+        let mut params = Params {
+            n_q_tiles: s.chunks as u32,
+            splits: s.splits as u32,
+            split_keys: s.split_keys as u32,
+            total_wg: workgroups,
+            batch_base: b as u32,
+            ..Params::from_config(&part)
+        };
+        let mut windows: [Option<Window>; 3] = [None; 3];
+        if windowed {
+            let [(qw, qs), (kw, ks), (rw, rs)] = split::batch_windows(cfg, env, esz, (b, nb));
+            (params.q_shift, params.kv_shift, params.row_shift) = (qs, ks, rs);
+            windows = [Some(qw), Some(kw), Some(rw)];
+        }
+        let [qw, kw, rw] = windows;
+        let bind = |w: Vec<Option<Window>>| if windowed { w } else { Vec::new() };
+        plan.steps.extend([
+            Step {
+                key: decode,
+                params,
+                buffers: vec![
+                    BufRef::Input(0),
+                    BufRef::Input(1),
+                    BufRef::Input(2),
+                    BufRef::Scratch(first),
+                    BufRef::Scratch(first + 1),
+                ],
+                windows: bind(vec![qw, kw, kw, None, None]),
+                workgroups,
             },
-            params: Params {
-                total_items: elements as u32,
-                ..params
+            Step {
+                // the merge reads no score: of the modifiers, only the sinks reach it
+                key: KernelKey {
+                    sinks: combine.sinks,
+                    head_dim: combine.head_dim,
+                    elem: combine.elem,
+                    ..KernelKey::plain(Kernel::FlashDecodeCombine)
+                },
+                params: Params {
+                    total_items: (nb * per_batch) as u32,
+                    ..params
+                },
+                buffers: vec![
+                    BufRef::Scratch(first),
+                    BufRef::Scratch(first + 1),
+                    BufRef::Output(0),
+                    BufRef::Output(1),
+                ],
+                windows: bind(vec![None, None, qw, rw]),
+                workgroups: (nb * per_batch).div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
             },
-            buffers: vec![
-                BufRef::Scratch(first),
-                BufRef::Scratch(first + 1),
-                BufRef::Output(0),
-                BufRef::Output(1),
-            ],
-            windows: Vec::new(),
-            workgroups: elements.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
-        },
-    ]);
+        ]);
+    }
     Ok(())
 }
 

@@ -278,8 +278,39 @@ impl Part {
     }
 }
 
+/// The windows of batches [b, b + nb) of a call split by whole batches: q-layout, kv-layout
+/// and lse (f32) tensors, each with the shift of its first element in the window.
+pub(crate) fn batch_windows(
+    cfg: &AttentionConfig,
+    env: &PlanEnv,
+    esz: u64,
+    (b, nb): (usize, usize),
+) -> [(Window, u32); 3] {
+    [
+        seq_window(
+            env,
+            esz,
+            cfg.seq_q,
+            cfg.heads_q * cfg.head_dim,
+            b,
+            0,
+            nb * cfg.seq_q,
+        ),
+        seq_window(
+            env,
+            esz,
+            cfg.seq_kv,
+            cfg.heads_kv * cfg.head_dim,
+            b,
+            0,
+            nb * cfg.seq_kv,
+        ),
+        row_window(cfg, env, 4, (b, nb), 0, cfg.seq_q),
+    ]
+}
+
 /// Ranges [start, start + len) of `total` in steps of `step`.
-fn ranges(total: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(crate) fn ranges(total: usize, step: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..total)
         .step_by(step.max(1))
         .map(move |s| (s, step.min(total - s)))
