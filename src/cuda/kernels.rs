@@ -737,7 +737,8 @@ mod tests {
                 "mask_cols",
                 "bias_base",
                 "bias_b_stride",
-                "bias_h_stride"
+                "bias_h_stride",
+                "align_kv"
             ]
         );
         let mut cfg = AttentionConfig::new(1, 100, 300, 4, 2, 64);
