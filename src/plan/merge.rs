@@ -105,21 +105,11 @@ pub fn merge(out_shape: [usize; 4], shards: usize, dtype: DType, env: &PlanEnv) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::Tuning;
     use crate::dtype::HalfStorage;
-    use crate::kernels::{DeviceCaps, Variant};
+    use crate::kernels::Variant;
 
     fn env() -> PlanEnv {
-        PlanEnv {
-            caps: DeviceCaps::WEBGPU_DEFAULT,
-            tuning: Tuning {
-                variant: Variant::Rows,
-                rows_subgroup: 0,
-                half_storage: HalfStorage::Packed,
-            },
-            max_binding_bytes: 128 << 20,
-            offset_align: 256,
-        }
+        crate::plan::test_env(Variant::Rows, HalfStorage::Packed)
     }
 
     #[test]

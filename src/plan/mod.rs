@@ -401,6 +401,24 @@ pub(crate) fn key(
     }
 }
 
+/// The environment the plan unit tests plan for: WebGPU's default limits and a 128 MiB binding.
+#[cfg(test)]
+pub(crate) fn test_env(
+    variant: crate::kernels::Variant,
+    half_storage: crate::dtype::HalfStorage,
+) -> PlanEnv {
+    PlanEnv {
+        caps: DeviceCaps::WEBGPU_DEFAULT,
+        tuning: Tuning {
+            variant,
+            rows_subgroup: 0,
+            half_storage,
+        },
+        max_binding_bytes: 128 << 20,
+        offset_align: 256,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,16 +426,7 @@ mod tests {
     use crate::kernels::Variant;
 
     fn env(variant: Variant, half: HalfStorage) -> PlanEnv {
-        PlanEnv {
-            caps: DeviceCaps::WEBGPU_DEFAULT,
-            tuning: Tuning {
-                variant,
-                rows_subgroup: 0,
-                half_storage: half,
-            },
-            max_binding_bytes: 128 << 20,
-            offset_align: 256,
-        }
+        test_env(variant, half)
     }
 
     fn cfg(b: usize, sq: usize, skv: usize, hq: usize, hkv: usize, d: usize) -> AttentionConfig {
