@@ -3,9 +3,8 @@
 # folder that can be carried to a GPU machine that has no Rust:
 #
 #   $GPU_BIN/examples/bench          the bench example (also prints the adapter: --info)
-#   $GPU_BIN/examples/decode_bench   decode latency, split-KV against one split, per-call cost
 #   $GPU_BIN/examples/cuda_bench     the CUDA path's bench (built with --features cuda)
-#   $GPU_BIN/deps/<test>-<hash>      the test executables of tests/{dtypes,variants,forward,backward,nonfinite,split,errors,backends,decode}.rs
+#   $GPU_BIN/deps/<test>-<hash>      the test executables of tests/{dtypes,variants,forward,backward,nonfinite,split,errors,backends}.rs
 #                                    (whichever exist in this checkout), built with --features cuda
 #                                    (the CUDA driver and NVRTC are loaded at run time, if present)
 #
@@ -16,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 GPU_BIN=${GPU_BIN:-gpu-bin}
 MAX_MIB=60
-TESTS=(dtypes variants forward backward nonfinite split errors backends decode)
+TESTS=(dtypes variants forward backward nonfinite split errors backends)
 
 log() { echo "gpu-check-build: $*" >&2; }
 
@@ -32,8 +31,8 @@ done
 messages=$(mktemp)
 trap 'rm -f "$messages"' EXIT
 
-log "cargo build --release --example bench --example decode_bench; --features cuda --example cuda_bench"
-cargo build --release --example bench --example decode_bench --message-format=json-render-diagnostics >"$messages"
+log "cargo build --release --example bench; --features cuda --example cuda_bench"
+cargo build --release --example bench --message-format=json-render-diagnostics >"$messages"
 cargo build --release --features cuda --example cuda_bench --message-format=json-render-diagnostics >>"$messages"
 if [ ${#test_args[@]} -gt 0 ]; then
     log "cargo test --release --no-run --features cuda ${test_args[*]}"

@@ -26,20 +26,6 @@
 # driver), (c) full mode: the CUDA path, PyTorch SDPA's flash backend and the wgpu path on the
 # same shapes (bf16, head_dim 128, B=1, H=32, N=4K..16K, causal and not, forward and
 # forward+backward), merged by scripts/bench_compare.py into compare.json and compare.md,
-# (c2) decode: one query row against a KV cache (32/8 heads, head_dim 128, f16), split-KV next
-# to one split, KV bytes per second against the copy roofline, and the per-call cost
-if [ -x "$BIN_DIR/examples/decode_bench" ]; then
-    if [ "$MODE" = full ]; then
-        decode_args=(--cache 1024,4096,16384,32768,65536 --batch 1,8 --repeats 5)
-    else
-        decode_args=(--cache 1024 --batch 1 --repeats 1)
-    fi
-    run_decode() { timeout 300 "$BIN_DIR/examples/decode_bench" "${decode_args[@]}" >"$OUT_DIR/decode.txt"; }
-    run_step "decode" "$OUT_DIR/decode.log" "decode_bench ${decode_args[*]}; table in decode.txt" run_decode
-else
-    log "no $BIN_DIR/examples/decode_bench: the decode step is skipped"
-fi
-
 # (d) the wgpu bench grid with every kernel family side by side, (e) $OUT_DIR/summary.md.
 # Every step runs even if an earlier one failed; the exit status is non-zero if any failed.
 set -uo pipefail
