@@ -177,6 +177,15 @@ pub struct Args {
     /// Print the adapter, its limits and the default tuning, then exit
     #[arg(long)]
     pub info: bool,
+    /// Decode mode: one call per step of --decode-queries query rows against KV caches of each
+    /// --seq keys (each --batch; the first --heads, --kv-heads, --head-dim and --dtype),
+    /// split-KV next to one split, KV bytes per second against the copy roofline, and the
+    /// per-call cost; its own table (the grid's flags do not apply)
+    #[arg(long)]
+    pub decode: bool,
+    /// Decode mode: query rows per call (1: a decode step; a few: speculative tokens)
+    #[arg(long, default_value_t = 1, value_parser = positive)]
+    pub decode_queries: usize,
 }
 
 impl Args {

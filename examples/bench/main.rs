@@ -15,11 +15,15 @@
 //! sum of the two GPU times). Every point gets one warm-up call (pipeline compilation) and
 //! then `--repeats` timed calls; the median is reported.
 //!
+//! `--decode` measures decode steps instead (module `decode`: KV-cache lengths, split-KV against
+//! one split, the per-call cost).
+//!
 //! Modules: `args` (the command line), `grid` (the points, walked under the budget, and their
 //! records), `measure` (inputs and the timed calls of one point), `model` (FLOPs and bytes
 //! moved by design), `report` (the printed preamble and table, Markdown), `json`, `plot` (SVG).
 
 mod args;
+mod decode;
 mod grid;
 mod json;
 mod measure;
@@ -48,6 +52,9 @@ fn main() -> ExitCode {
 }
 
 fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if a.decode {
+        return decode::run(&a);
+    }
     // Everything the user asked for is checked before the GPU is touched.
     let mut grid = Grid::from_args(&a)?;
 

@@ -1,75 +1,52 @@
-//! Decode benchmark: one attention call per step (one query row, or a few) against a KV cache
-//! of 1K..32K keys, as an inference engine makes it: the time per call, and the KV bytes read
-//! per second against the adapter's measured copy roofline, split-KV (the heuristic's split
-//! count) next to no split, side by side in one run.
+//! Decode mode (`--decode`): one attention call per step, `--decode-queries` query rows
+//! against KV caches of each `--seq` keys, as an inference engine makes it: the time per call
+//! and the KV bytes read per second against the adapter's measured copy roofline, split-KV (the
+//! heuristic's split count) next to one split, side by side in one run; first the per-call cost
+//! of a decode-size call against an empty submit-and-wait. Uses each `--batch`, the first
+//! `--heads`, `--kv-heads`, `--head-dim` and `--dtype`, and `--repeats` (the best is reported).
 //!
 //! FLOPs per call: 4 * B * H_q * S_q * S_kv * D. KV bytes per call: 2 * B * S_kv * H_kv * D *
 //! (bytes per element): each key and value read once (GQA packing reads a kv head's tile once
 //! for all the query heads that share it).
-//!
-//! cargo run --release --example decode_bench -- [--cache 1024,4096,32768] [--batch 1,8]
-//!     [--heads 32] [--kv-heads 8] [--head-dim 128] [--queries 1] [--dtype f16] [--repeats 3]
 
-use std::process::ExitCode;
 use std::time::Instant;
 
-#[path = "common/cli.rs"]
-mod cli;
-use cli::positive;
-
-use clap::Parser;
 use flash_attn_wgpu::{AttentionConfig, Context, DType, Element};
 
-/// Decode latency and KV-read bandwidth, split-KV against no split.
-#[derive(Parser, Debug)]
-#[command(name = "decode_bench", version)]
-struct Args {
-    /// Cache lengths (keys per sequence)
-    #[arg(long, value_delimiter = ',', value_parser = positive,
-          default_values_t = [1024, 2048, 4096, 8192, 16384, 32768])]
-    cache: Vec<usize>,
-    /// Batch sizes (sequences decoded together)
-    #[arg(long, value_delimiter = ',', value_parser = positive, default_values_t = [1, 8])]
-    batch: Vec<usize>,
-    /// Query heads
-    #[arg(long, default_value_t = 32, value_parser = positive)]
+use crate::args::Args;
+
+/// What the decode mode measures, from the command line.
+struct Decode {
+    caches: Vec<usize>,
+    batches: Vec<usize>,
     heads: usize,
-    /// Key/value heads (must divide --heads)
-    #[arg(long, default_value_t = 8, value_parser = positive)]
     kv_heads: usize,
-    /// Head dimension
-    #[arg(long, default_value_t = 128, value_parser = positive)]
     head_dim: usize,
-    /// Query rows per call (1: a decode step; a few: speculative tokens)
-    #[arg(long, default_value_t = 1, value_parser = positive)]
     queries: usize,
-    /// Element type: f32, f16 or bf16
-    #[arg(long, default_value = "f16")]
     dtype: DType,
-    /// Timed calls per point and arm (the best is reported)
-    #[arg(long, default_value_t = 3, value_parser = positive)]
     repeats: usize,
-    /// Skip the points whose KV cache (K and V) would exceed this many MiB
-    #[arg(long, default_value_t = 1024, value_parser = positive)]
-    max_kv_mib: usize,
 }
 
-fn main() -> ExitCode {
-    match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(2)
-        }
-    }
-}
+/// Skip the points whose K and V together exceed this many MiB.
+const MAX_KV_MIB: usize = 1024;
 
 /// llama.cpp's Vulkan flash attention on lavapipe (ggml test-backend-ops, scalar path, f16
 /// K/V, 1 query row, 32 query heads over 8 kv heads, head_dim 128): ms per call by cache
 /// length, the anchor issue 13 sets on the same adapter.
 const LLAMA_CPP_LAVAPIPE_MS: [(usize, f64); 3] = [(4096, 52.6), (8192, 100.0), (16384, 295.0)];
 
-fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
+pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let heads = args.heads[0];
+    let a = Decode {
+        caches: args.seqs.clone(),
+        batches: args.batch.clone(),
+        heads,
+        kv_heads: args.kv_heads.unwrap_or(heads),
+        head_dim: args.head_dim[0],
+        queries: args.decode_queries,
+        dtype: args.dtype[0],
+        repeats: args.repeats.max(1),
+    };
     let ctx = Context::new()?;
     ctx.set_gpu_timing(true);
     println!("adapter: {}", ctx.adapter_info());
@@ -172,20 +149,17 @@ fn overhead(ctx: &Context) -> Result<(), Box<dyn std::error::Error>> {
 
 fn points<T: Element>(
     ctx: &Context,
-    a: &Args,
+    a: &Decode,
     copy_gbps: f64,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    for &b in &a.batch {
-        for &s in &a.cache {
+    for &b in &a.batches {
+        for &s in &a.caches {
             let mut cfg = AttentionConfig::new(b, a.queries, s, a.heads, a.kv_heads, a.head_dim);
             cfg.causal = true;
             cfg.validate()?;
             let kv_bytes = 2.0 * (b * s * a.kv_heads * a.head_dim * a.dtype.size_bytes()) as f64;
-            if kv_bytes > (a.max_kv_mib << 20) as f64 {
-                println!(
-                    "{b:>5} {s:>6} skipped: K and V take more than {} MiB",
-                    a.max_kv_mib
-                );
+            if kv_bytes > (MAX_KV_MIB << 20) as f64 {
+                println!("{b:>5} {s:>6} skipped: K and V take more than {MAX_KV_MIB} MiB");
                 continue;
             }
             let fill = |n: usize, salt: usize| -> Vec<T> {
