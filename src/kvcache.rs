@@ -182,3 +182,29 @@ impl Context {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn appends_are_cut_into_runs_at_page_boundaries() {
+        let mut c = AttentionConfig::new(2, 1, 12, 2, 1, 8);
+        // dense: one run per batch, at its length
+        assert_eq!(append_runs(&c, 1, 5, 3), vec![(3, 12 + 5, 3)]);
+        // pages of 4, batch 1's pages [2, 0, 1]: rows 3..9 of batch 1 cross two boundaries
+        c.paged = Some(crate::PagedKv {
+            page_size: 4,
+            num_pages: 3,
+            pages_per_seq: 3,
+            block_table: vec![0, 1, 2, 2, 0, 1],
+        });
+        assert_eq!(
+            append_runs(&c, 1, 3, 6),
+            vec![(6, 2 * 4 + 3, 1), (7, 0, 4), (11, 4, 1)]
+        );
+        // an overflowing append is refused before any run is made
+        let e = kvcache_config(&AttentionConfig::new(2, 1, 12, 2, 1, 8), &[5, 10], 3);
+        assert!(matches!(e, Err(Error::InvalidConfig(m)) if m.contains("batch 1 holds 10")));
+    }
+}
