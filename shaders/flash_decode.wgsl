@@ -19,6 +19,10 @@
 //   P V      each invocation owns one vec4 column of every row's output (each value read
 //            once per tile), over every KP-th key of the tile; the KP partial sums meet at
 //            the end.
+// With subgroups (SG > 1, lane = invocation index % SG), the reads every lane of a subgroup
+// would make of one address (q in the scores, the weights in P V) are made once per lane and
+// handed over with subgroupBroadcast (lanes1, lanes4: the prelude): on CPU drivers each such
+// read is a per-lane gather, the broadcast a register permute.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 // part_out: f32 [splits, batch, seq_q, heads_q, head_dim]; part_lse: f32 [splits, batch,
 // heads_q, seq_q]; of this dispatch's batches (a window of whole batches binds q, k, v, out and
@@ -28,6 +32,9 @@ const D4: u32 = (HEAD_DIM + 3u) / 4u;
 // P V: invocation t owns column t % D4 (dims 4 (t % D4) ..) of every row over the keys of
 // parity t / D4, among KP parities (all NT invocations where D4 divides NT)
 const KP: u32 = max(NT / D4, 1u);
+// with subgroups of SG lanes (the prelude's SG > 1: D4 a multiple of SG, so a subgroup's lanes
+// share one key parity), each lane holds QH of every row's q vec4s
+const QH: u32 = max(select(1u, D4 / SG, SG > 1u), 1u);
 
 var<workgroup> sq: array<vec4<f32>, BR * D4>;
 var<workgroup> ss: array<f32, BR * BC>;
@@ -74,6 +81,17 @@ fn main(
         sq[e] = x;
     }
 
+    // with subgroups: this lane's share of the rows' q, every SG-th vec4 from its lane's
+    workgroupBarrier();
+    var qh = array<array<vec4<f32>, QH>, BR>();
+    if (SG > 1u) {
+        for (var r = 0u; r < BR; r++) {
+            for (var k = 0u; k < QH; k++) {
+                qh[r][k] = sq[r * D4 + k * SG + t % SG];
+            }
+        }
+    }
+
     // row t's running max and sum (t < BR), and this invocation's column of every row
     var m = running_max_start();
     var l = 0.0;
@@ -106,7 +124,23 @@ fn main(
         // scores: key kv0 + t against every packed row
         let j = kv0 + t;
         var x = array<f32, BR>();
-        if (j < hi) {
+        if (SG > 1u) {
+            // q from the lanes' registers (lanes4), every lane reading its own key (keys past
+            // hi read the last one; finish below hides them)
+            let base = kv_index(b, min(j, hi - 1u), hk, 0u);
+            for (var g0 = 0u; g0 < D4; g0 += SG) {
+                var qs = array<array<vec4<f32>, SG>, BR>();
+                for (var r = 0u; r < BR; r++) {
+                    qs[r] = lanes4(qh[r][g0 / SG]);
+                }
+                for (var u = 0u; u < SG; u++) {
+                    let kv = load4_k(base, g0 + u);
+                    for (var r = 0u; r < BR; r++) {
+                        x[r] += dot(qs[r][u], kv);
+                    }
+                }
+            }
+        } else if (j < hi) {
             let base = kv_index(b, j, hk, 0u);
             for (var g = 0u; g < D4; g++) {
                 let kv = load4_k(base, g);
@@ -157,14 +191,33 @@ fn main(
 
         // P V: column g of every row, over the tile's keys of this invocation's parity
         let n_keys = min(BC, hi - kv0);
-        if (col < D4) {
-            for (var r = 0u; r < BR; r++) {
-                acc[r] *= s_row[r];
-            }
-            for (var c = kp; c < n_keys; c += KP) {
-                let x = load4_v(kv_index(b, kv0 + c, hk, 0u), col);
+        for (var r = 0u; r < BR; r++) {
+            acc[r] *= s_row[r];
+        }
+        if (SG > 1u) {
+            // each lane reads the weights of one key of its parity, and the subgroup's lanes
+            // hand them to each other (lanes1): SG keys per read
+            for (var c0 = 0u; c0 < n_keys; c0 += KP * SG) {
+                let mine = min(c0 + (t % SG) * KP + kp, BC - 1u);
+                var ws = array<array<f32, SG>, BR>();
                 for (var r = 0u; r < BR; r++) {
-                    acc[r] = add_weighted4(acc[r], ss[r * BC + c], x, masked);
+                    ws[r] = lanes1(ss[r * BC + mine]);
+                }
+                for (var u = 0u; u < SG; u++) {
+                    let c = c0 + u * KP + kp;
+                    if (col < D4 && c < n_keys) {
+                        let v = load4_v(kv_index(b, kv0 + c, hk, 0u), col);
+                        for (var r = 0u; r < BR; r++) {
+                            acc[r] = add_weighted4(acc[r], ws[r][u], v, masked);
+                        }
+                    }
+                }
+            }
+        } else if (col < D4) {
+            for (var c = kp; c < n_keys; c += KP) {
+                let v = load4_v(kv_index(b, kv0 + c, hk, 0u), col);
+                for (var r = 0u; r < BR; r++) {
+                    acc[r] = add_weighted4(acc[r], ss[r * BC + c], v, masked);
                 }
             }
         }

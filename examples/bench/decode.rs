@@ -3,7 +3,8 @@
 //! and the KV bytes read per second against the adapter's measured copy roofline, split-KV (the
 //! heuristic's split count) next to one split, side by side in one run; first the per-call cost
 //! of a decode-size call against an empty submit-and-wait. Uses each `--batch`, the first
-//! `--heads`, `--kv-heads`, `--head-dim` and `--dtype`, and `--repeats` (the best is reported).
+//! `--heads`, `--kv-heads`, `--head-dim` and `--dtype`, and `--repeats` (the best is reported);
+//! `--no-subgroup` turns off the subgroup reads.
 //!
 //! FLOPs per call: 4 * B * H_q * S_q * S_kv * D. KV bytes per call: 2 * B * S_kv * H_kv * D *
 //! (bytes per element): each key and value read once (GQA packing reads a kv head's tile once
@@ -49,6 +50,9 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let ctx = Context::new()?;
     ctx.set_gpu_timing(true);
+    // --no-subgroup and --half-storage apply (the decode kernel shares reads across the rows
+    // variant's fixed subgroup size)
+    ctx.set_tuning(args.tuning(ctx.tuning()))?;
     println!("adapter: {}", ctx.adapter_info());
     let roof = ctx.measure_roofline(1.0)?;
     println!(

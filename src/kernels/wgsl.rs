@@ -167,7 +167,8 @@ impl KernelKey {
     /// True when the kernel calls subgroup builtins (rows kernels sharing tile reads, coop
     /// kernels sharing out matrix blocks by subgroup id).
     pub fn uses_subgroups(&self) -> bool {
-        (self.kernel.is_rows_variant() && self.subgroup > 1) || self.kernel.is_coop()
+        ((self.kernel.is_rows_variant() || self.kernel == Kernel::FlashDecode) && self.subgroup > 1)
+            || self.kernel.is_coop()
     }
 
     /// True when the pipeline binds the call's extras (ALiBi slopes, sinks, key lengths): a
@@ -388,10 +389,31 @@ impl KernelKey {
             let _ = writeln!(s, "const CPT: u32 = {}u;", cols.div_ceil(t.tpr));
         }
         if self.kernel == Kernel::FlashDecode {
-            // BR packed rows, BC keys a tile, one invocation per key of it
+            // BR packed rows, BC keys a tile, one invocation per key of it; SG lanes hand
+            // each other values (lanes1, lanes4: every lane's x, subgroupBroadcast needs a
+            // literal lane), or 1 without subgroups
             let _ = writeln!(s, "const BR: u32 = {}u;", t.br);
             let _ = writeln!(s, "const BC: u32 = {}u;", t.bc);
             let _ = writeln!(s, "const NT: u32 = {}u;", t.bc);
+            let sg = self.subgroup.max(1);
+            let _ = writeln!(s, "const SG: u32 = {sg}u;");
+            let lanes = |x: &str| -> String {
+                if sg > 1 {
+                    (0..sg)
+                        .map(|l| format!("subgroupBroadcast({x}, {l}u)"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                } else {
+                    x.to_string()
+                }
+            };
+            let _ = writeln!(
+                s,
+                "fn lanes1(x: f32) -> array<f32, SG> {{ return array<f32, SG>({}); }}
+                 fn lanes4(x: vec4<f32>) -> array<vec4<f32>, SG> {{ return array<vec4<f32>, SG>({}); }}",
+                lanes("x"),
+                lanes("x")
+            );
         }
         s
     }

@@ -61,6 +61,21 @@ pub fn kv_splits(unsplit_workgroups: usize, seq_kv: usize, max_splits: usize) ->
     by_fill.min(by_keys).min(max_splits).clamp(1, MAX_KV_SPLITS)
 }
 
+/// The subgroup size the decode kernel shares reads across (`flash_decode.wgsl`'s SG): the
+/// adapter's fixed size the tuning names (`Tuning::rows_subgroup`) where a subgroup's lanes
+/// share one key parity (head_dim / 4 a multiple of it) and each lane's share of q stays
+/// small (at most 32 vec4s), else 0 (no subgroups).
+pub fn decode_subgroup(cfg: &AttentionConfig, tiles: Tiles, env: &PlanEnv) -> u32 {
+    let sg = env.tuning.rows_subgroup;
+    let d4 = (cfg.head_dim as u32).div_ceil(4);
+    if sg > 1 && d4.is_multiple_of(sg) && tiles.br * d4 / sg <= 32 && DECODE_KEYS.is_multiple_of(sg)
+    {
+        sg
+    } else {
+        0
+    }
+}
+
 /// The decode dispatch's geometry for a call: tiles, row chunks, splits and keys per split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeShape {
@@ -139,7 +154,10 @@ pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan
     ]);
     let esz = dtype.size_bytes() as u64;
     let combine = key(Kernel::FlashDecodeCombine, cfg, Tiles::ONE, dtype, env);
-    let decode = key(Kernel::FlashDecode, cfg, s.tiles, dtype, env);
+    let decode = KernelKey {
+        subgroup: decode_subgroup(cfg, s.tiles, env),
+        ..key(Kernel::FlashDecode, cfg, s.tiles, dtype, env)
+    };
     for (b, nb) in parts {
         let part = AttentionConfig {
             batch: nb,
