@@ -26,21 +26,9 @@
 # driver), (c) full mode: the CUDA path, PyTorch SDPA's flash backend and the wgpu path on the
 # same shapes (bf16, head_dim 128, B=1, H=32, N=4K..16K, causal and not, forward and
 # forward+backward), merged by scripts/bench_compare.py into compare.json and compare.md,
-# (c2) decode (bench --decode): one query row against KV caches (32/8 heads, head_dim 128,
-# f16), split-KV next to one split, KV bytes per second against the copy roofline, and the
-# per-call cost
-if [ "$MODE" = full ]; then
-    decode_args=(--seq 1024,4096,16384,32768,65536 --batch 1,8 --repeats 5)
-else
-    decode_args=(--seq 256 --batch 1 --repeats 1)
-fi
-run_decode() {
-    timeout 300 "$BENCH" --decode "${decode_args[@]}" --heads 32 --kv-heads 8 --head-dim 128 \
-        --dtype f16 >"$OUT_DIR/decode.txt"
-}
-run_step "decode" "$OUT_DIR/decode.log" "bench --decode ${decode_args[*]}; table in decode.txt" run_decode
-
-# (d) the wgpu bench grid with every kernel family side by side, (e) $OUT_DIR/summary.md.
+# (c2) the decode bench (bench --decode: KV caches of 1K..64K keys, split-KV next to one
+# split, the per-call cost), (d) the wgpu bench grid with every kernel family side by side,
+# (e) $OUT_DIR/summary.md.
 # Every step runs even if an earlier one failed; the exit status is non-zero if any failed.
 set -uo pipefail
 
@@ -215,6 +203,20 @@ if [ "$MODE" = full ]; then
         compare_note="the table step failed (cmp-table.log)"
     fi
 fi
+
+# (c2) decode (bench --decode): one query row against KV caches (32/8 heads, head_dim 128,
+# f16), split-KV next to one split, KV bytes per second against the copy roofline, and the
+# per-call cost
+if [ "$MODE" = full ]; then
+    decode_args=(--seq 1024,4096,16384,32768,65536 --batch 1,8 --repeats 5)
+else
+    decode_args=(--seq 256 --batch 1 --repeats 1)
+fi
+run_decode() {
+    timeout 300 "$BENCH" --decode "${decode_args[@]}" --heads 32 --kv-heads 8 --head-dim 128 \
+        --dtype f16 >"$OUT_DIR/decode.txt"
+}
+run_step "decode" "$OUT_DIR/decode.log" "bench --decode ${decode_args[*]}; table in decode.txt" run_decode
 
 # (d) the wgpu bench grid
 if [ "$MODE" = full ]; then
