@@ -24,6 +24,20 @@ pub struct HostForward<T = f32> {
     pub lse: Vec<f32>,
 }
 
+impl Forward {
+    /// The two outputs of a plan that makes out and lse, in that order (`plan` names it in the
+    /// internal error, should it have fewer).
+    pub(crate) fn from_outputs(outputs: Vec<Tensor>, plan: &str) -> crate::Result<Forward> {
+        let mut outputs = outputs.into_iter();
+        match (outputs.next(), outputs.next()) {
+            (Some(out), Some(lse)) => Ok(Forward { out, lse }),
+            _ => Err(crate::Error::Device(format!(
+                "internal: {plan} plan without out and lse"
+            ))),
+        }
+    }
+}
+
 impl Context {
     /// Forward pass on device tensors. q: `[batch, seq_q, heads_q, head_dim]`, k and v:
     /// `[batch, seq_kv, heads_kv, head_dim]`, all of one dtype (q's).
@@ -68,13 +82,7 @@ impl Context {
         check_tensor(self, TensorRole::K, k, &cfg.kv_shape(), dtype)?;
         check_tensor(self, TensorRole::V, v, &cfg.kv_shape(), dtype)?;
         let plan = plan::forward(cfg, dtype, &self.plan_env())?;
-        let mut outputs = self.execute_into(&plan, &[q, k, v], into)?.into_iter();
-        match (outputs.next(), outputs.next()) {
-            (Some(out), Some(lse)) => Ok(Forward { out, lse }),
-            _ => Err(crate::Error::Device(
-                "internal: forward plan without out and lse".into(),
-            )),
-        }
+        Forward::from_outputs(self.execute_into(&plan, &[q, k, v], into)?, "forward")
     }
 
     /// Forward pass on host slices of f32, `half::f16` or `half::bf16`; uploads, runs,

@@ -173,13 +173,7 @@ impl Context {
                 }
             }
         }
-        let mut outputs = self.execute(&plan, &inputs)?.into_iter();
-        match (outputs.next(), outputs.next()) {
-            (Some(out), Some(lse)) => Ok(Forward { out, lse }),
-            _ => Err(Error::Device(
-                "internal: forward plan without out and lse".into(),
-            )),
-        }
+        Forward::from_outputs(self.execute(&plan, &inputs)?, "forward")
     }
 }
 

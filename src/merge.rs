@@ -88,6 +88,18 @@ pub(crate) fn check_shards(shards: &[ShardMeta<'_>]) -> Result<([usize; 4], DTyp
     Ok((shape, dtype))
 }
 
+/// The elements of a merge's out, which its kernels count in 32 bits: a `DeviceLimit` past
+/// that, on every backend.
+pub(crate) fn merge_elements(out_shape: [usize; 4]) -> Result<u32> {
+    let elements = out_shape.iter().product::<usize>();
+    u32::try_from(elements).map_err(|_| Error::DeviceLimit {
+        what: "merge: elements of out".into(),
+        needed: elements as u64,
+        limit: u32::MAX as u64,
+        hint: "merge the batch (or the heads) in parts".into(),
+    })
+}
+
 impl Context {
     /// Merges partial results over disjoint key shards into the exact result over all their
     /// keys (module [`merge`](crate::merge)): out in the shards' dtype, lse f32. The shards'
@@ -109,13 +121,7 @@ impl Context {
         }
         let plan = crate::plan::merge(shape, shards.len(), dtype, &self.plan_env())?;
         let inputs: Vec<&Tensor> = shards.iter().flat_map(|s| [&s.out, &s.lse]).collect();
-        let mut outputs = self.execute(&plan, &inputs)?.into_iter();
-        match (outputs.next(), outputs.next()) {
-            (Some(out), Some(lse)) => Ok(Forward { out, lse }),
-            _ => Err(Error::Device(
-                "internal: merge plan without out and lse".into(),
-            )),
-        }
+        Forward::from_outputs(self.execute(&plan, &inputs)?, "merge")
     }
 
     /// [`merge`](Context::merge) on host slices: each shard's out shaped `out_shape`

@@ -138,17 +138,20 @@ impl Context {
         (buf, pooled)
     }
 
-    /// Records the dispatches, in order, into `enc`, one compute pass each, with a begin and
-    /// end timestamp per pass when `query` is given; dispatch n's parameters are at
-    /// `n * params_stride` in `params`. The command buffer keeps the bind groups alive until
-    /// it has run.
+    /// Records the copies, then the dispatches, in order, into `enc`, one compute pass each,
+    /// with a begin and end timestamp per pass when `query` is given; dispatch n's parameters
+    /// are at `n * params_stride` in `params`. The command buffer keeps the bind groups alive
+    /// until it has run.
     fn record(
         &self,
         enc: &mut wgpu::CommandEncoder,
-        dispatches: &[Dispatch<'_>],
+        (copies, dispatches): (&[Copy<'_>], &[Dispatch<'_>]),
         pipelines: &[std::sync::Arc<crate::kernels::cache::Pipeline>],
         (params, query): (&wgpu::Buffer, Option<&wgpu::QuerySet>),
     ) {
+        for c in copies {
+            enc.copy_buffer_to_buffer(c.src, c.src_offset, c.dst, c.dst_offset, c.size);
+        }
         let max_dim = self.limits.max_compute_workgroups_per_dimension;
         let stride = self.params_stride();
         for (n, (d, p)) in dispatches.iter().zip(pipelines).enumerate() {
@@ -224,11 +227,8 @@ impl Context {
             .map(|d| self.pipeline(&d.key))
             .collect::<Result<Vec<_>>>()?;
         self.scoped(|| {
-            for c in copies {
-                enc.copy_buffer_to_buffer(c.src, c.src_offset, c.dst, c.dst_offset, c.size);
-            }
             let (params, _) = self.params_buffer(dispatches, false);
-            self.record(enc, dispatches, &pipelines, (&params, None));
+            self.record(enc, (copies, dispatches), &pipelines, (&params, None));
         })?;
         if let Ok(mut t) = self.timing.lock() {
             *t = None;
@@ -263,11 +263,13 @@ impl Context {
                     count: n_ts,
                 })
             });
-            for c in copies {
-                enc.copy_buffer_to_buffer(c.src, c.src_offset, c.dst, c.dst_offset, c.size);
-            }
             let (params, pooled) = self.params_buffer(dispatches, true);
-            self.record(&mut enc, dispatches, &pipelines, (&params, query.as_ref()));
+            self.record(
+                &mut enc,
+                (copies, dispatches),
+                &pipelines,
+                (&params, query.as_ref()),
+            );
             let resolve = query.as_ref().map(|q| {
                 let size = n_ts as u64 * 8;
                 let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -344,7 +346,8 @@ impl Context {
     }
 
     /// Runs a plan: creates its outputs and scratch (zero-filled), binds the inputs given in
-    /// the plan's order, records every step into one submission and waits for it.
+    /// the plan's order, records its copies and every step into one submission and submits it
+    /// (`run_with`: waiting only with GPU timing on).
     pub(crate) fn execute(&self, plan: &Plan, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         self.execute_into(plan, inputs, None)
     }

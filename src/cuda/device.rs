@@ -562,13 +562,7 @@ impl CudaContext {
                 .check_owner(self.owner, || format!("shard {i}'s lse"))?;
         }
         let [batch, seq_q, heads, head_dim] = shape;
-        let elements = shape.iter().product::<usize>();
-        let elements = u32::try_from(elements).map_err(|_| Error::DeviceLimit {
-            what: "merge: elements of out".into(),
-            needed: elements as u64,
-            limit: u32::MAX as u64,
-            hint: "merge the batch (or the heads) in parts".into(),
-        })?;
+        let elements = crate::merge::merge_elements(shape)?;
         // the merge kernel is in every program (cuda/common.cuh): the forward's for this
         // dtype and head dim, loaded already where a forward ran
         let kernel = CudaKernel::for_pass(Pass::Forward, dtype, head_dim as u32);

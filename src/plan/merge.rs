@@ -13,19 +13,11 @@ use crate::kernels::{Kernel, KernelKey, Params};
 /// `Input(2 i)`, its lse `Input(2 i + 1)`. Outputs: out (`dtype`) and lse (f32).
 pub fn merge(out_shape: [usize; 4], shards: usize, dtype: DType, env: &PlanEnv) -> Result<Plan> {
     let [batch, seq_q, heads, head_dim] = out_shape;
-    let elements = out_shape.iter().product::<usize>();
     let rows = batch * heads * seq_q;
     if shards == 0 {
         return Err(Error::invalid("merge: at least one shard, got none"));
     }
-    if elements > u32::MAX as usize {
-        return Err(Error::DeviceLimit {
-            what: "merge: elements of out".into(),
-            needed: elements as u64,
-            limit: u32::MAX as u64,
-            hint: "merge the batch (or the heads) in parts".into(),
-        });
-    }
+    let elements = crate::merge::merge_elements(out_shape)? as usize;
     let key = KernelKey {
         elem: ElemFormat::new(dtype, env.tuning.half_storage),
         ..KernelKey::plain(Kernel::Merge)
