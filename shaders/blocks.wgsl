@@ -93,9 +93,10 @@ fn stage_kv(ok: u32, ov: u32, b: u32, hk: u32, kv0: u32, n: u32, t: u32, k_scale
         var kx = vec4<f32>();
         var vx = vec4<f32>();
         if (j < params.seq_kv) {
-            let base = kv_index(b, j, hk, 0u);
-            kx = load4_k(base, g) * k_scale;
-            vx = load4_v(base, g);
+            let base_k = k_at(b, j, hk, 0u);
+            let base_v = v_at(b, j, hk, 0u);
+            kx = load4_k(base_k, g) * k_scale;
+            vx = load4_v(base_v, g);
         }
         sm[ok + c * RS + g] = kx;
         sm[ov + c * RS + g] = vx;

@@ -67,6 +67,9 @@ struct Params {
     pages_base: u32,     // paged: the block table's first pair-data word
     page_size: u32,
     pages_per_seq: u32,
+    views_pad: u32,      // (views starts at a 16-byte boundary)
+    // VIEWS: where q, k, v, out and d_out's elements lie in their bindings (`view_index`)
+    views: array<vec4<u32>, 5>,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -99,6 +102,9 @@ override MASK: bool = false;
 override BIAS: bool = false;
 // K and V in pages through a block table (AttentionConfig::paged, in the pair data)
 override PAGED: bool = false;
+// Inputs read through strided views (a wrapped buffer's strides or unaligned offset,
+// params.views): q, k, v, out and d_out are read with q_at .. dout_at; false costs nothing.
+override VIEWS: bool = false;
 
 const LN2: f32 = 0.6931471805599453;
 const LOG2E: f32 = 1.4426950408889634;
@@ -184,6 +190,50 @@ fn kv_index(b: u32, j: u32, hk: u32, d: u32) -> u32 {
         return (row * params.heads_kv + hk) * HEAD_DIM + d;
     }
     return ((b * params.seq_kv + j) * params.heads_kv + hk) * HEAD_DIM + d + params.kv_shift;
+}
+
+// Reads of the inputs q, k, v, out and d_out go through these (stores, and reads of what the
+// call itself made, through q_index and kv_index). With VIEWS, input n's element (b, i, h, d)
+// lies at views[n] = (first element, batch stride, row stride, head stride) . (1, b, i, h) + d
+// in its binding: any layout whose head_dim is contiguous (BHSD, a packed QKV buffer).
+fn view_index(n: u32, b: u32, i: u32, h: u32, d: u32) -> u32 {
+    let v = params.views[n];
+    return v.x + b * v.y + i * v.z + h * v.w + d;
+}
+
+fn q_at(b: u32, i: u32, h: u32, d: u32) -> u32 {
+    if (VIEWS) {
+        return view_index(0u, b, i, h, d);
+    }
+    return q_index(b, i, h, d);
+}
+
+fn k_at(b: u32, j: u32, hk: u32, d: u32) -> u32 {
+    if (VIEWS && !PAGED) {
+        return view_index(1u, b, j, hk, d);
+    }
+    return kv_index(b, j, hk, d);
+}
+
+fn v_at(b: u32, j: u32, hk: u32, d: u32) -> u32 {
+    if (VIEWS && !PAGED) {
+        return view_index(2u, b, j, hk, d);
+    }
+    return kv_index(b, j, hk, d);
+}
+
+fn out_at(b: u32, i: u32, h: u32, d: u32) -> u32 {
+    if (VIEWS) {
+        return view_index(3u, b, i, h, d);
+    }
+    return q_index(b, i, h, d);
+}
+
+fn dout_at(b: u32, i: u32, h: u32, d: u32) -> u32 {
+    if (VIEWS) {
+        return view_index(4u, b, i, h, d);
+    }
+    return q_index(b, i, h, d);
 }
 
 // lse, delta: [batch, heads_q, seq_q]

@@ -61,9 +61,10 @@ fn stage_kv(ok: u32, ov: u32, b: u32, hk: u32, kv0: u32, n: u32, t: u32) {
         var kx = 0.0;
         var vx = 0.0;
         if (j < params.seq_kv && d < HEAD_DIM) {
-            let g = kv_index(b, j, hk, d);
-            kx = load_k(g);
-            vx = load_v(g);
+            let g_k = k_at(b, j, hk, d);
+            let g_v = v_at(b, j, hk, d);
+            kx = load_k(g_k);
+            vx = load_v(g_v);
         }
         hs[ok + e] = f16(kx);
         hs[ov + e] = f16(vx);

@@ -47,9 +47,10 @@ fn main(
         var kx = 0.0;
         var vx = 0.0;
         if (jj < params.seq_kv) {
-            let g = kv_index(b, jj, hk, e % HEAD_DIM);
-            kx = load_k(g);
-            vx = load_v(g);
+            let g_k = k_at(b, jj, hk, e % HEAD_DIM);
+            let g_v = v_at(b, jj, hk, e % HEAD_DIM);
+            kx = load_k(g_k);
+            vx = load_v(g_v);
         }
         smem[SK + e] = kx;
         smem[SV + e] = vx;
@@ -76,9 +77,10 @@ fn main(
                 var qx = 0.0;
                 var dox = 0.0;
                 if (qi < params.seq_q) {
-                    let g2 = q_index(b, qi, h, e % HEAD_DIM);
-                    qx = load_q(g2);
-                    dox = load_d_out(g2);
+                    let g2_q = q_at(b, qi, h, e % HEAD_DIM);
+                    let g2_do = dout_at(b, qi, h, e % HEAD_DIM);
+                    qx = load_q(g2_q);
+                    dox = load_d_out(g2_do);
                 }
                 smem[SQ + e] = qx;
                 smem[SDO + e] = dox;

@@ -65,9 +65,10 @@ fn main(
                 var qx = vec4<f32>();
                 var dox = vec4<f32>();
                 if (i < params.seq_q) {
-                    let base = q_index(b, i, h, 0u);
-                    qx = load4_q(base, gg);
-                    dox = load4_d_out(base, gg);
+                    let base_q = q_at(b, i, h, 0u);
+                    let base_do = dout_at(b, i, h, 0u);
+                    qx = load4_q(base_q, gg);
+                    dox = load4_d_out(base_do, gg);
                 }
                 sm[OQ + r * RS + gg] = qx;
                 sm[ODO + r * RS + gg] = dox;

@@ -68,9 +68,10 @@ fn main(
                 var qx = 0.0;
                 var dox = 0.0;
                 if (qi < params.seq_q && d < HEAD_DIM) {
-                    let g2 = q_index(b, qi, h, d);
-                    qx = load_q(g2);
-                    dox = load_d_out(g2);
+                    let g2_q = q_at(b, qi, h, d);
+                    let g2_do = dout_at(b, qi, h, d);
+                    qx = load_q(g2_q);
+                    dox = load_d_out(g2_do);
                 }
                 hs[OQ + e] = f16(qx);
                 hs[ODO + e] = f16(dox);

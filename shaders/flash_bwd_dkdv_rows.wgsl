@@ -89,10 +89,11 @@ fn main(
         }
         let key = key0 + kk * NT;
         if (key < params.seq_kv) {
-            let base = kv_index(b, key, hk, 0u);
+            let base_k = k_at(b, key, hk, 0u);
+            let base_v = v_at(b, key, hk, 0u);
             for (var d = 0u; d < HEAD_DIM; d++) {
-                kr[kk][d] = load_k(base + d);
-                vr[kk][d] = load_v(base + d);
+                kr[kk][d] = load_k(base_k + d);
+                vr[kk][d] = load_v(base_v + d);
             }
         }
     }
@@ -117,9 +118,8 @@ fn main(
                 var qx = TileVec();
                 var dox = TileVec();
                 if (qi < params.seq_q && d < HEAD_DIM) {
-                    let g2 = q_index(b, qi, h, d);
-                    qx = load_tile_q(g2, d) * params.scale_log2;
-                    dox = load_tile_d_out(g2, d);
+                    qx = load_tile_q(q_at(b, qi, h, d), d) * params.scale_log2;
+                    dox = load_tile_d_out(dout_at(b, qi, h, d), d);
                 }
                 sq[e] = qx;
                 sdo[e] = dox;

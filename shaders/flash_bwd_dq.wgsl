@@ -43,9 +43,10 @@ fn main(
         var qx = 0.0;
         var dox = 0.0;
         if (qi < params.seq_q) {
-            let g = q_index(b, qi, h, e % HEAD_DIM);
-            qx = load_q(g);
-            dox = load_d_out(g);
+            let g_q = q_at(b, qi, h, e % HEAD_DIM);
+            let g_do = dout_at(b, qi, h, e % HEAD_DIM);
+            qx = load_q(g_q);
+            dox = load_d_out(g_do);
         }
         smem[SQ + e] = qx;
         smem[SDO + e] = dox;
@@ -78,9 +79,10 @@ fn main(
             var kx = 0.0;
             var vx = 0.0;
             if (jj < params.seq_kv) {
-                let g = kv_index(b, jj, hk, e % HEAD_DIM);
-                kx = load_k(g);
-                vx = load_v(g);
+                let g_k = k_at(b, jj, hk, e % HEAD_DIM);
+                let g_v = v_at(b, jj, hk, e % HEAD_DIM);
+                kx = load_k(g_k);
+                vx = load_v(g_v);
             }
             smem[SK + e] = kx;
             smem[SV + e] = vx;

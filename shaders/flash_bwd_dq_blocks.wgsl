@@ -44,9 +44,10 @@ fn main(
         var qx = vec4<f32>();
         var dox = vec4<f32>();
         if (i < params.seq_q) {
-            let base = q_index(b, i, h, 0u);
-            qx = load4_q(base, g) * params.scale_log2;
-            dox = load4_d_out(base, g);
+            let base_q = q_at(b, i, h, 0u);
+            let base_do = dout_at(b, i, h, 0u);
+            qx = load4_q(base_q, g) * params.scale_log2;
+            dox = load4_d_out(base_do, g);
         }
         sm[OQ + r * RS + g] = qx;
         sm[ODO + r * RS + g] = dox;

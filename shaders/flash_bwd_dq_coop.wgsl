@@ -50,9 +50,10 @@ fn main(
         var qx = 0.0;
         var dox = 0.0;
         if (qi < params.seq_q && d < HEAD_DIM) {
-            let g = q_index(b, qi, h, d);
-            qx = load_q(g);
-            dox = load_d_out(g);
+            let g_q = q_at(b, qi, h, d);
+            let g_do = dout_at(b, qi, h, d);
+            qx = load_q(g_q);
+            dox = load_d_out(g_do);
         }
         hs[OQ + e] = f16(qx);
         hs[ODO + e] = f16(dox);

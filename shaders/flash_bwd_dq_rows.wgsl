@@ -79,10 +79,11 @@ fn main(
         delta_i[rr] = 0.0;
         lse2[rr] = pos_inf(); // rows past seq_q get P = 0
         if (i < params.seq_q) {
-            let base = q_index(b, i, h, 0u);
+            let base_q = q_at(b, i, h, 0u);
+            let base_do = dout_at(b, i, h, 0u);
             for (var d = 0u; d < HEAD_DIM; d++) {
-                qr[rr][d] = load_q(base + d) * params.scale_log2;
-                dor[rr][d] = load_d_out(base + d);
+                qr[rr][d] = load_q(base_q + d) * params.scale_log2;
+                dor[rr][d] = load_d_out(base_do + d);
             }
             let pair = lse_delta[pair_index(b, h, i)];
             lse2[rr] = pair.x;

@@ -8,10 +8,11 @@ fn item(e: u32) {
     let i = e % params.seq_q;
     let h = (e / params.seq_q) % params.heads_q;
     let b = e / (params.seq_q * params.heads_q);
-    let base = q_index(b, i, h, 0u);
+    let base_do = dout_at(b, i, h, 0u);
+    let base_o = out_at(b, i, h, 0u);
     var acc = 0.0;
     for (var d = 0u; d < HEAD_DIM; d++) {
-        acc = fma(load_out(base + d), load_d_out(base + d), acc);
+        acc = fma(load_out(base_o + d), load_d_out(base_do + d), acc);
     }
     lse_delta[pair_index(b, h, i)] = vec2<f32>(lse_to_log2(lse[row_index(b, h, i)]), acc);
 }

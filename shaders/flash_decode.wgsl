@@ -76,7 +76,7 @@ fn main(
         var x = vec4<f32>();
         if (p < rows) {
             let pr = packed_row(hk, p);
-            x = load4_q(q_index(b, pr.i, pr.h, 0u), e % D4) * params.scale_log2;
+            x = load4_q(q_at(b, pr.i, pr.h, 0u), e % D4) * params.scale_log2;
         }
         sq[e] = x;
     }
@@ -127,23 +127,23 @@ fn main(
         if (SG > 1u) {
             // q from the lanes' registers (lanes4), every lane reading its own key (keys past
             // hi read the last one; finish below hides them)
-            let base = kv_index(b, min(j, hi - 1u), hk, 0u);
+            let base_k = k_at(b, min(j, hi - 1u), hk, 0u);
             for (var g0 = 0u; g0 < D4; g0 += SG) {
                 var qs = array<array<vec4<f32>, SG>, BR>();
                 for (var r = 0u; r < BR; r++) {
                     qs[r] = lanes4(qh[r][g0 / SG]);
                 }
                 for (var u = 0u; u < SG; u++) {
-                    let kv = load4_k(base, g0 + u);
+                    let kv = load4_k(base_k, g0 + u);
                     for (var r = 0u; r < BR; r++) {
                         x[r] += dot(qs[r][u], kv);
                     }
                 }
             }
         } else if (j < hi) {
-            let base = kv_index(b, j, hk, 0u);
+            let base_k = k_at(b, j, hk, 0u);
             for (var g = 0u; g < D4; g++) {
-                let kv = load4_k(base, g);
+                let kv = load4_k(base_k, g);
                 for (var r = 0u; r < BR; r++) {
                     x[r] += dot(sq[r * D4 + g], kv);
                 }
@@ -206,7 +206,7 @@ fn main(
                 for (var u = 0u; u < SG; u++) {
                     let c = c0 + u * KP + kp;
                     if (col < D4 && c < n_keys) {
-                        let v = load4_v(kv_index(b, kv0 + c, hk, 0u), col);
+                        let v = load4_v(v_at(b, kv0 + c, hk, 0u), col);
                         for (var r = 0u; r < BR; r++) {
                             acc[r] = add_weighted4(acc[r], ws[r][u], v, masked);
                         }
@@ -215,7 +215,7 @@ fn main(
             }
         } else if (col < D4) {
             for (var c = kp; c < n_keys; c += KP) {
-                let v = load4_v(kv_index(b, kv0 + c, hk, 0u), col);
+                let v = load4_v(v_at(b, kv0 + c, hk, 0u), col);
                 for (var r = 0u; r < BR; r++) {
                     acc[r] = add_weighted4(acc[r], ss[r * BC + c], v, masked);
                 }

@@ -26,11 +26,12 @@ fn load_kv_tile(src_is_k: bool, b: u32, hk: u32, kv0: u32, t: u32) {
         let j = kv0 + c;
         var x = 0.0;
         if (j < params.seq_kv) {
-            let g = kv_index(b, j, hk, d);
+            let g_k = k_at(b, j, hk, d);
+            let g_v = v_at(b, j, hk, d);
             if (src_is_k) {
-                x = load_k(g);
+                x = load_k(g_k);
             } else {
-                x = load_v(g);
+                x = load_v(g_v);
             }
         }
         smem[SKV + e] = x;
@@ -62,7 +63,7 @@ fn main(
         let qi = q0 + e / HEAD_DIM;
         var x = 0.0;
         if (qi < params.seq_q) {
-            x = load_q(q_index(b, qi, h, e % HEAD_DIM));
+            x = load_q(q_at(b, qi, h, e % HEAD_DIM));
         }
         smem[SQ + e] = x;
     }

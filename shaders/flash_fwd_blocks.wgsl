@@ -24,11 +24,12 @@ fn load_kv_tile(is_k: bool, b: u32, hk: u32, kv0: u32, t: u32) {
         let j = kv0 + c;
         var x = vec4<f32>();
         if (j < params.seq_kv) {
-            let base = kv_index(b, j, hk, 0u);
+            let base_k = k_at(b, j, hk, 0u);
+            let base_v = v_at(b, j, hk, 0u);
             if (is_k) {
-                x = load4_k(base, g);
+                x = load4_k(base_k, g);
             } else {
-                x = load4_v(base, g);
+                x = load4_v(base_v, g);
             }
         }
         sm[OKV + c * RS + g] = x;
@@ -61,7 +62,7 @@ fn main(
         let i = q0 + r;
         var x = vec4<f32>();
         if (i < params.seq_q) {
-            x = load4_q(q_index(b, i, h, 0u), g) * params.scale_log2;
+            x = load4_q(q_at(b, i, h, 0u), g) * params.scale_log2;
         }
         sm[OQ + r * RS + g] = x;
     }

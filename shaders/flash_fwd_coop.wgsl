@@ -50,7 +50,7 @@ fn main(
         let d = e % DP;
         var x = 0.0;
         if (qi < params.seq_q && d < HEAD_DIM) {
-            x = load_q(q_index(b, qi, h, d));
+            x = load_q(q_at(b, qi, h, d));
         }
         hs[OQ + e] = f16(x);
     }

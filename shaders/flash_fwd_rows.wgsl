@@ -43,9 +43,9 @@ fn main(
     for (var rr = 0u; rr < RPT; rr++) {
         let i = q0 + t + rr * NT;
         if (i < params.seq_q) {
-            let base = q_index(b, i, h, 0u);
+            let base_q = q_at(b, i, h, 0u);
             for (var d = 0u; d < HEAD_DIM; d++) {
-                qr[rr][d] = load_q(base + d) * params.scale_log2;
+                qr[rr][d] = load_q(base_q + d) * params.scale_log2;
             }
         }
     }

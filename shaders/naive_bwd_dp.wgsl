@@ -6,8 +6,8 @@ fn item(e: u32) {
     let jcol = e % params.seq_kv;
     let row = e / params.seq_kv;
     let at = slice_row(row);
-    let ob = q_index(at.b, at.i, at.h, 0u);
-    let vb = kv_index(at.b, jcol, at.h / params.group, 0u);
+    let ob = dout_at(at.b, at.i, at.h, 0u);
+    let vb = v_at(at.b, jcol, at.h / params.group, 0u);
     var acc = 0.0;
     for (var d = 0u; d < HEAD_DIM; d++) {
         acc = fma(load_d_out(ob + d), load_v(vb + d), acc);

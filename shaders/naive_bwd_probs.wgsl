@@ -11,8 +11,8 @@ fn item(e: u32) {
     var p = 0.0;
     // the naive baseline skips the dot product of hidden pairs, as an unfused pipeline would
     if (visible(at.i, jcol)) {
-        let qb = q_index(at.b, at.i, at.h, 0u);
-        let kb = kv_index(at.b, jcol, at.h / params.group, 0u);
+        let qb = q_at(at.b, at.i, at.h, 0u);
+        let kb = k_at(at.b, jcol, at.h / params.group, 0u);
         var s = 0.0;
         for (var d = 0u; d < HEAD_DIM; d++) {
             s = fma(load_q(qb + d), load_k(kb + d), s);

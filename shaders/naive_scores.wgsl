@@ -9,8 +9,8 @@ fn item(e: u32) {
     let jcol = e % params.seq_kv;
     let row = e / params.seq_kv;
     let at = slice_row(row);
-    let qb = q_index(at.b, at.i, at.h, 0u);
-    let kb = kv_index(at.b, jcol, at.h / params.group, 0u);
+    let qb = q_at(at.b, at.i, at.h, 0u);
+    let kb = k_at(at.b, jcol, at.h / params.group, 0u);
     var acc = 0.0;
     for (var d = 0u; d < HEAD_DIM; d++) {
         acc = fma(load_q(qb + d), load_k(kb + d), acc);

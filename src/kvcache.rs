@@ -159,16 +159,67 @@ impl Context {
             let first = plan.inputs.len();
             plan.inputs.extend([TensorRole::K, TensorRole::V]);
             inputs.extend([k_new, v_new]);
-            for (b, &len) in cache_seqlens.iter().enumerate() {
-                for (from, to, rows) in append_runs(&c, b, len, new_rows) {
-                    for (src, dst) in [(first, 1), (first + 1, 2)] {
-                        plan.copies.push(BufferCopy {
-                            src: BufRef::Input(src),
-                            src_offset: from as u64 * row_bytes,
-                            dst: BufRef::Input(dst),
-                            dst_offset: to as u64 * row_bytes,
-                            size: rows as u64 * row_bytes,
-                        });
+            let esz = dtype.size_bytes() as u64;
+            for (n, t) in [k_new, v_new].into_iter().enumerate() {
+                // runs of whole rows from a row-major k_new; from a view (a packed QKV
+                // projection, BHSD), each row (or each head of a row) that lies contiguous
+                let [sb, ss, sh, _] = <[usize; 4]>::try_from(t.strides()).map_err(|_| {
+                    Error::invalid(format!("{}: a 4-d tensor expected", t.describe()))
+                })?;
+                let hd = c.head_dim as u64;
+                let (units, unit) = if t.is_row_major() {
+                    (0, 0)
+                } else if sh == c.head_dim || c.heads_kv == 1 {
+                    (1, c.heads_kv as u64 * hd)
+                } else {
+                    (c.heads_kv as u64, hd)
+                };
+                let aligned = |bytes: u64| bytes.is_multiple_of(4);
+                let whole_words = aligned(t.offset())
+                    && (units == 0
+                        || aligned(unit * esz)
+                            && [sb, ss, sh].iter().all(|&x| aligned(x as u64 * esz)));
+                if !whole_words {
+                    return Err(Error::Unsupported {
+                        feature: format!(
+                            "appending from a {dtype} view whose rows or heads do not start on \
+                             4-byte words ({}: strides {:?}, offset {})",
+                            t.describe(),
+                            t.strides(),
+                            t.offset()
+                        ),
+                        backend: crate::Backend::Wgpu,
+                        reason: "the append is a buffer copy of whole 4-byte words".into(),
+                    });
+                }
+                for (b, &len) in cache_seqlens.iter().enumerate() {
+                    for (from, to, rows) in append_runs(&c, b, len, new_rows) {
+                        let copy = |src_offset: u64, dst_offset: u64, size: u64| BufferCopy {
+                            src: BufRef::Input(first + n),
+                            src_offset,
+                            dst: BufRef::Input(1 + n),
+                            dst_offset,
+                            size,
+                        };
+                        if units == 0 {
+                            plan.copies.push(copy(
+                                from as u64 * row_bytes,
+                                to as u64 * row_bytes,
+                                rows as u64 * row_bytes,
+                            ));
+                            continue;
+                        }
+                        for r in 0..rows {
+                            let (bb, i) = ((from + r) / new_rows, (from + r) % new_rows);
+                            for h in 0..units {
+                                let src = (bb * sb + i * ss) as u64 + h * sh as u64;
+                                plan.copies.push(copy(
+                                    src * esz,
+                                    (to + r) as u64 * row_bytes + h * hd * esz,
+                                    unit * esz,
+                                ));
+                            }
+                        }
                     }
                 }
             }

@@ -368,6 +368,32 @@ impl Context {
         }
         let input_bytes: Vec<u64> = inputs.iter().map(|t| t.size_bytes()).collect();
         plan.check_bindings(&input_bytes, self.binding_limit())?;
+        // strided or unaligned input views: the steps that read them, through Params::views
+        let viewed: Option<Vec<crate::plan::Step>> = if inputs.iter().any(|t| t.needs_view()) {
+            // copies write row-major destinations (a KV cache); their sources may be views,
+            // whose copies the plan made from the view's strides (`forward_with_kvcache`)
+            for c in &plan.copies {
+                for r in [&c.dst] {
+                    if let BufRef::Input(i) = *r {
+                        if inputs[i].needs_view() {
+                            return Err(crate::tensor::strided_unsupported(
+                                "a KV-cache append",
+                                inputs[i],
+                            ));
+                        }
+                    }
+                }
+            }
+            Some(
+                plan.steps
+                    .iter()
+                    .map(|s| with_views(s, plan, inputs))
+                    .collect::<Result<_>>()?,
+            )
+        } else {
+            None
+        };
+        let steps = viewed.as_deref().unwrap_or(&plan.steps);
         let outputs = plan
             .outputs
             .iter()
@@ -423,8 +449,7 @@ impl Context {
                 }
             })
         };
-        let dispatches: Vec<Dispatch<'_>> = plan
-            .steps
+        let dispatches: Vec<Dispatch<'_>> = steps
             .iter()
             .map(|s| {
                 Ok(Dispatch {
@@ -469,6 +494,71 @@ impl Context {
         }
         Ok(outputs)
     }
+}
+
+/// A step that binds a strided (or unaligned) input view, made to read its inputs through
+/// `Params::views` (the VIEWS override); other steps unchanged. Only the element inputs the
+/// kernels read through `q_at` .. `dout_at` may be views, and only in steps that bind them
+/// whole (a call within one binding, K/V not paged): otherwise a typed `Unsupported`.
+fn with_views(s: &crate::plan::Step, plan: &Plan, inputs: &[&Tensor]) -> Result<crate::plan::Step> {
+    use crate::kernels::params::VIEW_SLOTS;
+    let bindings = s.key.kernel.bindings();
+    let slot = |n: usize| {
+        bindings.get(n).and_then(|b| {
+            (b.access == crate::kernels::Access::Read)
+                .then(|| VIEW_SLOTS.iter().position(|&v| v == b.name))
+                .flatten()
+        })
+    };
+    if !s
+        .buffers
+        .iter()
+        .any(|r| matches!(*r, BufRef::Input(i) if inputs[i].needs_view()))
+    {
+        return Ok(s.clone());
+    }
+    let mut step = s.clone();
+    step.key.views = true;
+    for (n, r) in s.buffers.iter().enumerate() {
+        let BufRef::Input(i) = *r else { continue };
+        let t = inputs[i];
+        let Some(v) = slot(n) else {
+            if t.needs_view() {
+                return Err(crate::tensor::strided_unsupported(s.key.kernel.name(), t));
+            }
+            continue;
+        };
+        let why = if s.window(n).is_some() || s.windows.iter().any(Option::is_some) {
+            Some("a call larger than one binding, which runs in windows of row-major tensors")
+        } else if s.key.paged && t.needs_view() && matches!(VIEW_SLOTS[v], "k" | "v") {
+            Some("paged K/V, whose pools are row-major pages")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(Error::Unsupported {
+                feature: format!(
+                    "a strided or unaligned view of {} (strides {:?}, offset {})",
+                    plan.inputs
+                        .get(i)
+                        .map_or_else(|| t.describe(), |r| r.to_string()),
+                    t.strides(),
+                    t.offset()
+                ),
+                backend: crate::Backend::Wgpu,
+                reason: format!("views are read by calls within one binding; this is {why}"),
+            });
+        }
+        step.params.views[v] = t.view_words().ok_or_else(|| {
+            Error::invalid(format!(
+                "{}: a view of shape {:?} with strides {:?} needs 32-bit element indices",
+                t.describe(),
+                t.shape(),
+                t.strides()
+            ))
+        })?;
+    }
+    Ok(step)
 }
 
 /// The windows a step's buffers are bound through: the plan's, moved to where a wrapped input

@@ -4,7 +4,8 @@ use crate::device::{Context, TrackedBuffer};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result, TensorRole};
 
-/// A tensor in device memory, row-major, of one element type.
+/// A tensor in device memory, of one element type: row-major, or a strided view of a
+/// caller's buffer ([`Context::tensor_from_buffer`]).
 ///
 /// Half-precision tensors hold two elements per 4-byte word (or `array<f16>` where the
 /// adapter has `SHADER_F16`: the same bytes); a buffer is padded to a whole word.
@@ -13,7 +14,12 @@ pub struct Tensor {
     buf: Storage,
     /// Byte offset of element 0 in the buffer (a wrapped buffer's view; 0 otherwise).
     offset: u64,
+    /// Where the tensor is bound from: `offset`, or below it at the device's offset alignment
+    /// for a view whose offset is not aligned (the kernels then start at an element shift).
+    bind_offset: u64,
     shape: Vec<usize>,
+    /// Element strides of each dimension: row-major unless a wrapped view says otherwise.
+    strides: Vec<usize>,
     dtype: DType,
     role: Option<TensorRole>,
 }
@@ -53,16 +59,64 @@ impl Tensor {
         self.len() == 0
     }
 
-    /// Bytes of device memory the tensor takes: its buffer's, or a wrapped view's (its
-    /// elements, padded to a whole 4-byte word).
+    /// Element strides of each dimension (row-major unless the tensor wraps a strided view).
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// True when the elements lie row-major from [`offset`](Tensor::offset).
+    pub fn is_row_major(&self) -> bool {
+        self.strides == row_major(&self.shape)
+    }
+
+    /// Bytes of device memory the tensor takes: its buffer's, or a wrapped view's (the bytes
+    /// its binding covers, padded to a whole 4-byte word).
     pub fn size_bytes(&self) -> u64 {
         match &self.buf {
             Storage::Owned(b) => b.buffer.size(),
-            Storage::Wrapped { .. } => self
-                .dtype
-                .buffer_bytes(self.len() as u64)
-                .unwrap_or(u64::MAX),
+            Storage::Wrapped { .. } => self.view_bytes(),
         }
+    }
+
+    /// Elements from the first to one past the last an element of the view can reach.
+    fn extent(&self) -> u64 {
+        1 + self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .map(|(&n, &s)| (n as u64 - 1) * s as u64)
+            .sum::<u64>()
+    }
+
+    /// Bytes of the binding from `bind_offset` to past the view's last element, padded to a
+    /// whole word (and never past the buffer).
+    fn view_bytes(&self) -> u64 {
+        let bytes =
+            (self.offset - self.bind_offset) + self.extent() * self.dtype.size_bytes() as u64;
+        bytes
+            .next_multiple_of(4)
+            .min(self.buffer().size() - self.bind_offset)
+    }
+
+    /// True when the kernels must read this tensor through a view (`Params::views`): strides
+    /// that are not row-major, or an offset below which the binding starts.
+    pub(crate) fn needs_view(&self) -> bool {
+        self.offset != self.bind_offset || !self.is_row_major()
+    }
+
+    /// The view's words for `Params::views`: its first element in the binding and the
+    /// strides of batch, row and head (a three-dimensional `[rows, heads, head_dim]` tensor,
+    /// varlen's, has one batch). `None` when a value does not fit 32 bits.
+    pub(crate) fn view_words(&self) -> Option<[u32; 4]> {
+        let shift = (self.offset - self.bind_offset) / self.dtype.size_bytes() as u64;
+        let n = self.strides.len();
+        let (b, i, h) = match n {
+            4 => (self.strides[0], self.strides[1], self.strides[2]),
+            3 => (0, self.strides[0], self.strides[1]),
+            _ => return None,
+        };
+        let w = |x: u64| u32::try_from(x).ok();
+        Some([w(shift)?, w(b as u64)?, w(i as u64)?, w(h as u64)?])
     }
 
     /// The underlying buffer, for chaining with your own wgpu work; the tensor starts at
@@ -80,13 +134,13 @@ impl Tensor {
         self.offset
     }
 
-    /// The byte window of the buffer the tensor covers, where it is not the whole buffer
-    /// (a wrapped view).
+    /// The byte window of the buffer the tensor is bound through, where it is not the whole
+    /// buffer (a wrapped view).
     pub(crate) fn view(&self) -> Option<crate::plan::Window> {
         match &self.buf {
             Storage::Owned(_) => None,
             Storage::Wrapped { .. } => Some(crate::plan::Window {
-                offset: self.offset,
+                offset: self.bind_offset,
                 size: self.size_bytes(),
             }),
         }
@@ -104,6 +158,15 @@ impl Tensor {
             None => format!("tensor of shape {:?}", self.shape),
         }
     }
+}
+
+/// The row-major strides of `shape`, in elements.
+pub(crate) fn row_major(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1usize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    strides
 }
 
 /// Element count of a shape: every dimension at least 1, and the product must fit.
@@ -152,7 +215,9 @@ impl Context {
         Ok(Tensor {
             buf: Storage::Owned(buf),
             offset: 0,
+            bind_offset: 0,
             shape: shape.to_vec(),
+            strides: row_major(shape),
             dtype: T::DTYPE,
             role: None,
         })
@@ -173,7 +238,9 @@ impl Context {
         Ok(Tensor {
             buf: Storage::Owned(buf),
             offset: 0,
+            bind_offset: 0,
             shape: shape.to_vec(),
+            strides: row_major(shape),
             dtype,
             role: None,
         })
@@ -196,13 +263,17 @@ impl Context {
                 u32::MAX
             )));
         }
+        if t.needs_view() {
+            return Err(strided_unsupported("cast", t));
+        }
         let plan = crate::plan::cast(&t.shape, dtype, &self.plan_env());
         let out = self.execute(&plan, &[t])?.pop();
         out.map(|o| Tensor { role: None, ..o })
             .ok_or_else(|| Error::Device("internal: cast plan without output".into()))
     }
 
-    /// Copies a device tensor back to the host as `T`, which must be the tensor's dtype.
+    /// Copies a device tensor back to the host as `T`, which must be the tensor's dtype;
+    /// row-major (a strided view's elements are gathered in its shape's row-major order).
     pub fn download<T: Element>(&self, t: &Tensor) -> Result<Vec<T>> {
         self.check_owned(t, || t.describe())?;
         if t.dtype != T::DTYPE {
@@ -212,16 +283,47 @@ impl Context {
                 got: T::DTYPE,
             });
         }
-        self.read_buffer_at::<T>(t.buffer(), t.offset, t.len())
+        if !t.needs_view() {
+            return self.read_buffer_at::<T>(t.buffer(), t.offset, t.len());
+        }
+        // the bound bytes, then the view's elements picked out of them
+        let esz = std::mem::size_of::<T>() as u64;
+        let words =
+            self.read_buffer_at::<u32>(t.buffer(), t.bind_offset, (t.view_bytes() / 4) as usize)?;
+        let bytes: &[u8] = bytemuck::cast_slice(&words);
+        let first = (t.offset - t.bind_offset) as usize;
+        let mut out = Vec::with_capacity(t.len());
+        let mut idx = vec![0usize; t.shape.len()];
+        for _ in 0..t.len() {
+            let e: usize = idx.iter().zip(&t.strides).map(|(i, s)| i * s).sum();
+            let at = first + e * esz as usize;
+            out.push(bytemuck::pod_read_unaligned(&bytes[at..at + esz as usize]));
+            for d in (0..idx.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < t.shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        Ok(out)
     }
 
-    /// Wraps `len(shape)` elements of `dtype` in a buffer you made on this context's device,
-    /// from byte `offset`, as a tensor, with no copy: the calls read (and write) it in place.
-    /// `strides` (in elements; `None`: row-major) must be the row-major ones for now:
-    /// strided views are `Unsupported`. The buffer needs `STORAGE` usage (and `COPY_SRC` to be
-    /// downloaded); `offset` must be a multiple of the device's
-    /// `min_storage_buffer_offset_alignment` (it is bound from there); the view must lie within
-    /// the buffer. Each is a typed error naming what was expected and given.
+    /// Wraps a view of a buffer you made on this context's device as a tensor of `shape` and
+    /// `dtype`, with no copy: the calls read (and, row-major, write) it in place. Element
+    /// `(i0, i1, ..)` lies at byte `offset + (i0 * strides[0] + i1 * strides[1] + ..) * size`.
+    /// `strides` (in elements; `None`: row-major) may describe any layout whose last dimension
+    /// (head_dim) is contiguous: a `[batch, heads, seq, head_dim]` (BHSD) buffer seen as
+    /// `[batch, seq, heads, head_dim]`, or q, k and v inside one packed QKV projection.
+    ///
+    /// The buffer needs `STORAGE` usage (and `COPY_SRC` to be downloaded); `offset` must be a
+    /// multiple of the element size, and of the device's `min_storage_buffer_offset_alignment`
+    /// for a row-major view that a call writes (a KV-cache append) or casts; every element the
+    /// view reaches must lie within the buffer. Views that are strided or start at an
+    /// unaligned offset are read by the attention kernels (forward, backward, decode) through
+    /// their strides; merges, casts, KV-cache appends, paged pools and calls larger than one
+    /// binding take row-major tensors (`Unsupported` otherwise). Each is a typed error naming
+    /// what was expected and given.
     pub fn tensor_from_buffer(
         &self,
         buffer: &wgpu::Buffer,
@@ -230,29 +332,24 @@ impl Context {
         strides: Option<&[usize]>,
         dtype: DType,
     ) -> Result<Tensor> {
-        let n = shape_elements(shape)?;
-        if let Some(s) = strides {
-            let mut row_major = vec![1usize; shape.len()];
-            for i in (0..shape.len().saturating_sub(1)).rev() {
-                row_major[i] = row_major[i + 1] * shape[i + 1];
-            }
-            if s.len() != shape.len() {
+        shape_elements(shape)?;
+        let strides = match strides {
+            None => row_major(shape),
+            Some(s) if s.len() != shape.len() => {
                 return Err(Error::invalid(format!(
                     "tensor_from_buffer: {} strides given for a shape of {} dimensions {shape:?}",
                     s.len(),
                     shape.len()
                 )));
             }
-            if s != row_major.as_slice() {
-                return Err(Error::Unsupported {
-                    feature: format!("strided tensor views (strides {s:?} for shape {shape:?})"),
-                    backend: crate::Backend::Wgpu,
-                    reason: format!(
-                        "the kernels read row-major tensors (strides {row_major:?}); copy the \
-                         view into a row-major buffer"
-                    ),
-                });
-            }
+            Some(s) => s.to_vec(),
+        };
+        if strides.last() != Some(&1) && shape.last() != Some(&1) {
+            return Err(Error::Unsupported {
+                feature: format!("tensor views whose last dimension is not contiguous (strides {strides:?} for shape {shape:?})"),
+                backend: crate::Backend::Wgpu,
+                reason: "the kernels read head_dim contiguously: the last stride must be 1".into(),
+            });
         }
         if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
             return Err(Error::invalid(format!(
@@ -260,26 +357,31 @@ impl Context {
                 buffer.usage()
             )));
         }
-        let align = self.limits.min_storage_buffer_offset_alignment as u64;
-        if !offset.is_multiple_of(align.max(4)) {
+        let esz = dtype.size_bytes() as u64;
+        if !offset.is_multiple_of(esz) {
             return Err(Error::invalid(format!(
-                "tensor_from_buffer: offset must be a multiple of the device's \
-                 min_storage_buffer_offset_alignment ({}), got {offset}",
-                align.max(4)
+                "tensor_from_buffer: offset must be a multiple of the {dtype} element size \
+                 ({esz} bytes), got {offset}"
             )));
         }
-        let bytes = dtype
-            .buffer_bytes(n as u64)
-            .ok_or_else(|| Error::invalid(format!("shape {shape:?} of {dtype} is too large")))?;
-        if offset
-            .checked_add(bytes)
-            .is_none_or(|end| end > buffer.size())
-        {
-            return Err(Error::invalid(format!(
-                "tensor_from_buffer: {bytes} bytes from offset {offset} run past the buffer's \
-                 {} bytes",
-                buffer.size()
-            )));
+        let align = (self.limits.min_storage_buffer_offset_alignment as u64).max(4);
+        let extent = shape.iter().zip(&strides).try_fold(1u64, |e, (&n, &st)| {
+            (n as u64 - 1)
+                .checked_mul(st as u64)
+                .and_then(|x| e.checked_add(x))
+        });
+        let end = extent
+            .and_then(|e| e.checked_mul(esz))
+            .and_then(|b| b.checked_add(offset));
+        match end {
+            Some(end) if end <= buffer.size() => {}
+            _ => {
+                return Err(Error::invalid(format!(
+                    "tensor_from_buffer: shape {shape:?} with strides {strides:?} of {dtype} from \
+                     offset {offset} reaches past the buffer's {} bytes",
+                    buffer.size()
+                )));
+            }
         }
         Ok(Tensor {
             buf: Storage::Wrapped {
@@ -287,9 +389,27 @@ impl Context {
                 owner: self.mem.clone(),
             },
             offset,
+            bind_offset: offset - offset % align,
             shape: shape.to_vec(),
+            strides,
             dtype,
             role: None,
         })
+    }
+}
+
+/// The typed error of a call that takes row-major tensors, given a strided (or unaligned)
+/// view.
+pub(crate) fn strided_unsupported(call: &str, t: &Tensor) -> Error {
+    Error::Unsupported {
+        feature: format!(
+            "{call} of a strided or unaligned tensor view ({}: strides {:?}, offset {})",
+            t.describe(),
+            t.strides,
+            t.offset
+        ),
+        backend: crate::Backend::Wgpu,
+        reason: "it takes row-major tensors at an aligned offset; the attention calls read views"
+            .into(),
     }
 }

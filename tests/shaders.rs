@@ -60,6 +60,7 @@ fn shader_bindings_match_the_host_layout() {
             mask: extras,
             bias: extras,
             paged: extras,
+            views: extras,
             bias_grad: extras,
             subgroup: 0,
             accumulate: false,
@@ -164,6 +165,7 @@ fn params_layout_matches_the_shader_struct() {
         mask: false,
         bias: false,
         paged: false,
+        views: false,
         bias_grad: false,
         subgroup: 0,
         accumulate: false,
@@ -239,7 +241,9 @@ fn params_layout_matches_the_shader_struct() {
         align_min_shift,
         pages_base,
         page_size,
-        pages_per_seq
+        pages_per_seq,
+        views_pad,
+        views
     );
     assert_eq!(members.len(), host.len());
     for (m, (name, off)) in members.iter().zip(host) {

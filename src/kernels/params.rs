@@ -108,7 +108,16 @@ pub struct Params {
     pub pages_base: u32,
     pub page_size: u32,
     pub pages_per_seq: u32,
+    /// Keeps `views` at a 16-byte boundary, as WGSL lays a uniform's array of vec4s out.
+    pub views_pad: u32,
+    /// Strided input views (the VIEWS override, [`crate::Tensor`] views): for q, k, v, out and
+    /// d_out ([`VIEW_SLOTS`] order), where element (b, i, h, d) lies in the binding: element
+    /// `x + b * y + i * z + h * w + d` of `[x, y, z, w]`.
+    pub views: [[u32; 4]; 5],
 }
+
+/// The inputs read through `Params::views` (the kernels' binding names), in slot order.
+pub const VIEW_SLOTS: [&str; 5] = ["q", "k", "v", "out", "d_out"];
 
 impl Params {
     pub fn from_config(cfg: &crate::AttentionConfig) -> Params {

@@ -208,9 +208,8 @@ const STAGE_KV: &str = "fn stage_kv(b: u32, hk: u32, kv0: u32, t: u32) {
         var kx = TileVec();
         var vx = TileVec();
         if (j < params.seq_kv && d < HEAD_DIM) {
-            let g = kv_index(b, j, hk, d);
-            kx = load_tile_k(g, d);
-            vx = load_tile_v(g, d);
+            kx = load_tile_k(k_at(b, j, hk, d), d);
+            vx = load_tile_v(v_at(b, j, hk, d), d);
         }
         sk[e] = kx;
         sv[e] = vx;

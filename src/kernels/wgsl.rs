@@ -90,6 +90,9 @@ pub struct KernelKey {
     /// K and V through a paged block table (the PAGED override; the table rides the pair
     /// data): `kv_index` looks each key's page up.
     pub paged: bool,
+    /// Inputs (q, k, v, out, d_out) read through strided views (the VIEWS override; where
+    /// each lies is in `Params::views`): set at record time for a call given such views.
+    pub views: bool,
     /// The kernel stores each pair's gradient at its finished score for the bias's gradient
     /// (`keep_bias_grad`: the dQ kernels and the naive dS kernel of a call whose bias asks for
     /// `d_bias`), into an f32 scratch bound after the pair data (`bias_grads_slot`).
@@ -121,6 +124,7 @@ impl KernelKey {
             mask: false,
             bias: false,
             paged: false,
+            views: false,
             bias_grad: false,
             subgroup: 0,
             accumulate: false,
@@ -129,7 +133,7 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{}{}{}{}{}{} sg={}{}",
+            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{}{}{}{}{}{}{} sg={}{}",
             self.kernel.name(),
             self.elem.name(),
             self.head_dim,
@@ -153,6 +157,7 @@ impl KernelKey {
             if self.mask { " mask" } else { "" },
             if self.bias { " bias" } else { "" },
             if self.paged { " paged" } else { "" },
+            if self.views { " views" } else { "" },
             if self.bias_grad { " bias_grad" } else { "" },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" }
@@ -434,6 +439,7 @@ impl KernelKey {
             ("MASK", flag(self.mask)),
             ("BIAS", flag(self.bias)),
             ("PAGED", flag(self.paged)),
+            ("VIEWS", flag(self.views)),
         ]
     }
 }

@@ -390,6 +390,8 @@ pub(crate) fn key(
                 .bindings()
                 .iter()
                 .any(|b| matches!(b.name, "k" | "v")),
+        // set when a call's inputs are strided views (`record`)
+        views: false,
         // set by the backward plan where d_bias is asked for
         bias_grad: false,
         subgroup: if kernel.is_rows_variant() {

@@ -88,6 +88,7 @@ pub fn variants() -> Vec<KernelKey> {
                                             mask: window,
                                             bias: window,
                                             paged: window,
+                                            views: window,
                                             bias_grad: window && kernel.keeps_bias_grads(),
                                             subgroup,
                                             accumulate,
