@@ -92,7 +92,34 @@ struct AttnShape {
     unsigned int bias_b_stride;   //   entries between batches' grids and heads' grids (0
     unsigned int bias_h_stride;   //   along a broadcast dimension)
     unsigned int align_kv;        // SEQLENS with per-batch alignment: seq_kv (0: off)
+    unsigned int pages_base;      // PAGED: extras index of the block table's first entry
+    unsigned int page_size;       //   key rows per page
+    unsigned int pages_per_seq;   //   table entries per batch
 };
+
+// K and V in pages through a block table (-DPAGED=1, AttentionConfig::paged; the forward
+// kernels only: a paged backward is refused by the host).
+#ifndef PAGED
+#define PAGED 0
+#endif
+
+// Element offset of key j's row, kv head hk, of batch b in k or v: dense
+// [batch, seq_kv, heads_kv, head_dim], or with PAGED page pools [pages, page_size, heads_kv,
+// head_dim] through the block table (u32 entries in the extras; a key past the table's pages
+// reads the batch's last page), as kv_index in shaders/common.wgsl.
+__device__ __forceinline__ size_t kv_row(const AttnShape& p, const float* __restrict__ extras,
+                                         unsigned int b, unsigned int j, unsigned int hk) {
+#if PAGED
+    const unsigned int* table = reinterpret_cast<const unsigned int*>(extras) + p.pages_base;
+    const unsigned int entry = min(j / p.page_size, p.pages_per_seq - 1u);
+    const size_t row =
+        (size_t)table[b * p.pages_per_seq + entry] * p.page_size + j % p.page_size;
+    return (row * p.heads_kv + hk) * HEAD_DIM;
+#else
+    (void)extras;
+    return (((size_t)b * p.seq_kv + j) * p.heads_kv + hk) * HEAD_DIM;
+#endif
+}
 
 // A softcap (-DSOFTCAP=1): a score x in the exp2 domain becomes C tanh(x / C), C = c log2(e),
 // before masking and softmax, as finish_score in shaders/common.wgsl; softcap_slope is its

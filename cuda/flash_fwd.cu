@@ -49,10 +49,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
     const HeadMods hm = head_mods(p, extras, b, h);
     [[maybe_unused]] const unsigned int bh = b * p.heads_q + h; // dropout's stream
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const unsigned int q_pitch = p.heads_q * HEAD_DIM, kv_pitch = p.heads_kv * HEAD_DIM;
+    const unsigned int q_pitch = p.heads_q * HEAD_DIM;
     const elem_t* q_base = q + ((size_t)b * p.seq_q * p.heads_q + h) * HEAD_DIM;
-    const elem_t* k_base = k + ((size_t)b * p.seq_kv * p.heads_kv + hk) * HEAD_DIM;
-    const elem_t* v_base = v + ((size_t)b * p.seq_kv * p.heads_kv + hk) * HEAD_DIM;
 
     const unsigned int kv_end = kv_end_for_rows(p, q0, BLOCK_M);
     // the first tile a row of the block sees (a window's left edge)
@@ -78,8 +76,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
     const unsigned int kv_start = IF_BLOCKS(
         next_kv_tile(p, hm, q0, BLOCK_M, kv_first, BLOCK_N, kv_end, partial), kv_first);
     if (kv_end > kv_start) {
-        stage_rows(smem, k_base, kv_start, BLOCK_N, p.seq_kv, kv_pitch);
-        stage_rows(smem + BLOCK_N * STRIDE, v_base, kv_start, BLOCK_N, p.seq_kv, kv_pitch);
+        stage_kv(smem, k, p, extras, b, hk, kv_start, BLOCK_N);
+        stage_kv(smem + BLOCK_N * STRIDE, v, p, extras, b, hk, kv_start, BLOCK_N);
     }
     copy_commit();
 
@@ -100,8 +98,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t*
             kv0 + BLOCK_N);
         if (kv_next < kv_end) {
             elem_t* next = smem + (stage ^ 1) * 2 * BLOCK_N * STRIDE;
-            stage_rows(next, k_base, kv_next, BLOCK_N, p.seq_kv, kv_pitch);
-            stage_rows(next + BLOCK_N * STRIDE, v_base, kv_next, BLOCK_N, p.seq_kv, kv_pitch);
+            stage_kv(next, k, p, extras, b, hk, kv_next, BLOCK_N);
+            stage_kv(next + BLOCK_N * STRIDE, v, p, extras, b, hk, kv_next, BLOCK_N);
         }
         copy_commit();
         copy_wait<1>();

@@ -152,6 +152,18 @@ __device__ __forceinline__ void stage_f32(float* tile, const elem_t* base, unsig
     }
 }
 
+// A K or V tile of BLOCK_N keys from key row0 of kv head hk, in f32 (keys past seq_kv as
+// zeros); each row found by kv_row (dense, or through a paged call's block table).
+__device__ __forceinline__ void stage_kv_f32(float* tile, const elem_t* kv, const AttnShape& p,
+                                             const float* __restrict__ extras, unsigned int b,
+                                             unsigned int hk, unsigned int row0) {
+    for (int e = threadIdx.x; e < BLOCK_N * HEAD_DIM; e += THREADS) {
+        const int r = e / HEAD_DIM, d = e % HEAD_DIM;
+        const unsigned int row = row0 + r;
+        tile[e] = row < p.seq_kv ? to_f32(kv[kv_row(p, extras, b, row, hk) + d]) : 0.f;
+    }
+}
+
 // Forward: ROWS query rows of one (batch, head) per block; K/V tiles streamed.
 // (THREADS, 1) on the three main kernels: without it ptxas spills some head dims at 48
 // registers (dK/dV at head_dim 13) while far more are free.
@@ -171,8 +183,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_fwd(
     const int lane = threadIdx.x % LANES;
     const bool row_ok = i < p.seq_q;
     const size_t q_row = (((size_t)b * p.seq_q + (row_ok ? i : 0)) * p.heads_q + h) * HEAD_DIM;
-    const size_t kv_off = ((size_t)b * p.seq_kv * p.heads_kv + hk) * HEAD_DIM;
-    const unsigned int kv_pitch = p.heads_kv * HEAD_DIM;
 
     float qv[PER], o[PER];
     load_row(qv, q + q_row, row_ok, lane, p.scale_log2);
@@ -189,8 +199,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_fwd(
             continue; // uniform: the whole block skips
         }
         __syncthreads();
-        stage_f32(sk, k + kv_off, kt, p.seq_kv, kv_pitch);
-        stage_f32(sv, v + kv_off, kt, p.seq_kv, kv_pitch);
+        stage_kv_f32(sk, k, p, extras, b, hk, kt);
+        stage_kv_f32(sv, v, p, extras, b, hk, kt);
         __syncthreads();
         const unsigned long long kept =
             IF_DROPOUT(dropout_row_mask(p, bh, i, kt, lane), ~0ull);

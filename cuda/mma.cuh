@@ -64,6 +64,26 @@ __device__ __forceinline__ void stage_rows(elem_t* tile, const elem_t* base, uns
     }
 }
 
+// A K or V tile of `rows` keys from key row0 of kv head hk (keys past seq_kv as zeros): one
+// strided stage_rows, or with PAGED each row found through the block table (kv_row).
+__device__ __forceinline__ void stage_kv(elem_t* tile, const elem_t* kv, const AttnShape& p,
+                                         const float* __restrict__ extras, unsigned int b,
+                                         unsigned int hk, unsigned int row0, int rows) {
+#if PAGED
+    const int chunks = HEAD_DIM / 8;
+    for (int c = threadIdx.x; c < rows * chunks; c += THREADS) {
+        int r = c / chunks;
+        int d = (c % chunks) * 8;
+        unsigned int row = row0 + r;
+        bool valid = row < p.seq_kv;
+        copy16(tile + r * STRIDE + d, kv + kv_row(p, extras, b, valid ? row : 0, hk) + d, valid);
+    }
+#else
+    stage_rows(tile, kv + kv_row(p, extras, b, 0, hk), row0, rows, p.seq_kv,
+               p.heads_kv * HEAD_DIM);
+#endif
+}
+
 __device__ __forceinline__ void ldmatrix_x4(unsigned int* r, const elem_t* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -300,8 +300,8 @@ fn every_backend_appends_to_a_kv_cache_and_attends_aligned_per_batch() {
 
 #[test]
 fn every_backend_reads_a_paged_cache_or_refuses_it() {
-    // pages of 8 keys through a permuted table, a decode step and a few rows; wgpu reads them
-    // (and refuses the backward), CUDA refuses paged calls
+    // pages of 8 keys through a permuted table, a decode step and a few rows; every backend
+    // reads them (and refuses the backward)
     on_every_backend!(|b| {
         for sq in [1, 6] {
             let c = common::kv::paged_cfg(&cfg(2, sq, 50, 4, 2, 32, true), 8, sq as u64);

@@ -71,6 +71,7 @@ fn a_compile_error_is_a_typed_error_with_the_log() {
         varlen: false,
         mask: false,
         bias: false,
+        paged: false,
     };
     match nvrtc.compile(&key) {
         Err(Error::CudaCompile { kernel, log }) => {

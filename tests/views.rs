@@ -303,7 +303,7 @@ fn calls_that_take_row_major_tensors_refuse_views() {
     };
     unsupported(x.merge(&[shard]).map(|_| ()), "merge");
     // an append from a half view whose rows start mid-word
-    let half_buf = x.upload(&vec![half::f16::ONE; 64], &[64]).unwrap();
+    let half_buf = x.upload(&[half::f16::ONE; 64], &[64]).unwrap();
     let kn = x
         .tensor_from_buffer(half_buf.buffer(), 2, &[1, 1, 1, 4], None, DType::F16)
         .unwrap();

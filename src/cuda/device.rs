@@ -193,12 +193,12 @@ impl CudaContext {
             });
         }
         crate::plan::check_bias_dtype(cfg, dtype)?;
-        if cfg.paged.is_some() {
+        if cfg.paged.is_some() && pass != Pass::Forward {
             return Err(Error::Unsupported {
-                feature: "paged KV caches (AttentionConfig::paged)".into(),
+                feature: "the backward of a paged call (AttentionConfig::paged)".into(),
                 backend: crate::Backend::Cuda,
-                reason: "the CUDA kernels read K and V as dense tensors; use the wgpu path, or \
-                         a dense cache (forward_with_kvcache)"
+                reason: "paged K/V is an inference layout (pages a batch shares would collide \
+                         in dK/dV); run the backward on dense K/V"
                     .into(),
             });
         }
@@ -213,6 +213,7 @@ impl CudaContext {
         key.varlen = cfg.varlen.is_some();
         key.mask = cfg.mask.is_some();
         key.bias = cfg.bias.is_some();
+        key.paged = cfg.paged.is_some();
         let shape = AttnShape::new(cfg)?;
         for l in key.launches(cfg) {
             if l.grid.1 > 65_535 || l.grid.2 > 65_535 {

@@ -184,6 +184,11 @@ pub struct AttnShape {
     /// Per-batch alignment (compiled in with `CudaKey::seqlens`): the call's seq_kv, from
     /// which a batch's shift `seqlens_kv[b] - align_kv` is counted (`for_batch`); 0: off.
     pub align_kv: u32,
+    /// Paged K/V (compiled in with `CudaKey::paged`): the extras index of the block table's
+    /// first entry, key rows per page, table entries per batch.
+    pub pages_base: u32,
+    pub page_size: u32,
+    pub pages_per_seq: u32,
 }
 
 impl AttnShape {
@@ -252,6 +257,9 @@ impl AttnShape {
             bias_b_stride: p.bias_b_stride,
             bias_h_stride: p.bias_h_stride,
             align_kv: p.align_kv,
+            pages_base: (mask_base + p.pages_base as usize) as u32,
+            page_size: p.page_size,
+            pages_per_seq: p.pages_per_seq,
         })
     }
 }
@@ -287,6 +295,9 @@ pub struct CudaKey {
     /// An additive bias over pairs, compiled in (`-DBIAS=1`): every finished score reads its
     /// entry, and the backward program has the bias's gradient kernel.
     pub bias: bool,
+    /// K and V in pages through a block table, compiled in (`-DPAGED=1`): the forward kernels
+    /// read each key's row through the table (`kv_row`).
+    pub paged: bool,
 }
 
 /// The oldest architecture the kernels are written for: `mma.sync` m16n8k16 with bf16,
@@ -358,6 +369,7 @@ impl CudaKey {
             varlen: false,
             mask: false,
             bias: false,
+            paged: false,
         })
     }
 
@@ -549,6 +561,7 @@ impl CudaKey {
             format!("-DVARLEN={}", u32::from(self.varlen)),
             format!("-DMASK={}", u32::from(self.mask)),
             format!("-DBIAS={}", u32::from(self.bias)),
+            format!("-DPAGED={}", u32::from(self.paged)),
         ];
         if self.kernel.tensor_cores() {
             opts.push(format!("-DWARPS={WARPS}"));
@@ -561,7 +574,7 @@ impl CudaKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {:?} head_dim {} sm_{}{}{}{}{}{}{}{}{}{}",
+            "{} {:?} head_dim {} sm_{}{}{}{}{}{}{}{}{}{}{}",
             self.kernel.name(),
             self.dtype,
             self.head_dim,
@@ -574,7 +587,8 @@ impl CudaKey {
             if self.blocks { " blocks" } else { "" },
             if self.varlen { " varlen" } else { "" },
             if self.mask { " mask" } else { "" },
-            if self.bias { " bias" } else { "" }
+            if self.bias { " bias" } else { "" },
+            if self.paged { " paged" } else { "" }
         )
     }
 
@@ -621,6 +635,7 @@ impl CudaKey {
                             varlen: on,
                             mask: on,
                             bias: on,
+                            paged: on,
                         });
                     }
                 }
@@ -686,8 +701,8 @@ mod tests {
 
     #[test]
     fn the_scalar_argument_matches_the_kernels_struct() {
-        // thirty-six 4-byte fields, no padding: the C struct's layout
-        assert_eq!(std::mem::size_of::<AttnShape>(), 148);
+        // forty 4-byte fields, no padding: the C struct's layout
+        assert_eq!(std::mem::size_of::<AttnShape>(), 160);
         assert_eq!(std::mem::align_of::<AttnShape>(), 4);
         let body = &COMMON[COMMON.find("struct AttnShape {").unwrap()..];
         let body = &body[..body.find("};").unwrap()];
@@ -738,7 +753,10 @@ mod tests {
                 "bias_base",
                 "bias_b_stride",
                 "bias_h_stride",
-                "align_kv"
+                "align_kv",
+                "pages_base",
+                "page_size",
+                "pages_per_seq"
             ]
         );
         let mut cfg = AttentionConfig::new(1, 100, 300, 4, 2, 64);
@@ -880,6 +898,7 @@ mod tests {
             // so no program compiles a modifier its key did not ask for
             for name in [
                 "SOFTCAP", "ALIBI", "SINKS", "SEQLENS", "DROPOUT", "BLOCKS", "VARLEN", "MASK",
+                "PAGED",
             ] {
                 assert!(
                     program.contains(&format!("#ifndef {name}")),

@@ -28,11 +28,10 @@ pub enum Gap {
 /// CUDA path has no naive algorithm (it is the wgpu path's baseline, not a feature).
 pub fn declared_gap(backend: Backend, _dtype: DType, cfg: &AttentionConfig) -> Gap {
     match backend {
-        // paged K/V: forward only (an inference layout)
-        Backend::Wgpu if cfg.paged.is_some() => Gap::Backward,
-        Backend::Wgpu => Gap::None,
-        Backend::Cuda if cfg.algorithm == Algorithm::Naive || cfg.paged.is_some() => Gap::Forward,
-        Backend::Cuda => Gap::None,
+        Backend::Cuda if cfg.algorithm == Algorithm::Naive => Gap::Forward,
+        // paged K/V: forward only (an inference layout), on both
+        _ if cfg.paged.is_some() => Gap::Backward,
+        _ => Gap::None,
     }
 }
 
