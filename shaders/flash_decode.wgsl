@@ -29,10 +29,13 @@
 // lse from their shifts; the partial results are its own).
 
 const D4: u32 = (HEAD_DIM + 3u) / 4u;
-// P V: invocation t owns column t % D4 (dims 4 (t % D4) ..) of every row over the keys of
-// parity t / D4, among KP parities (all NT invocations where D4 divides NT)
-const KP: u32 = max(NT / D4, 1u);
-// with subgroups of SG lanes (the prelude's SG > 1: D4 a multiple of SG, so a subgroup's lanes
+// K and V are read CW vec4s at a time (`loadc_k`, `loadc_v` from the prelude: one wide load
+// where rows start on whole words, CW = 2 for halves); a column is CW vec4s, DC of them a row
+// P V: invocation t owns column t % DC (dims 4 CW (t % DC) ..) of every row over the keys of
+// parity t / DC, among KP parities (all NT invocations where DC divides NT)
+const DC: u32 = D4 / CW;
+const KP: u32 = max(NT / DC, 1u);
+// with subgroups of SG lanes (the prelude's SG > 1: DC a multiple of SG, so a subgroup's lanes
 // share one key parity), each lane holds QH of every row's q vec4s
 const QH: u32 = max(select(1u, D4 / SG, SG > 1u), 1u);
 
@@ -60,12 +63,12 @@ fn main(
     if (wg >= params.total_wg) {
         return;
     }
-    let split = wg % params.splits;
-    let rest = wg / params.splits;
-    let chunk = rest % params.n_q_tiles;
-    let bk = rest / params.n_q_tiles;
-    let hk = bk % params.heads_kv;
-    let b = bk / params.heads_kv;
+    let hk = wg % params.heads_kv;
+    let rest = wg / params.heads_kv;
+    let split = rest % params.splits;
+    let rest2 = rest / params.splits;
+    let chunk = rest2 % params.n_q_tiles;
+    let b = rest2 / params.n_q_tiles;
     let rows = params.group * params.seq_q;
     let p0 = chunk * BR;
     let p_end = min(p0 + BR, rows);
@@ -95,9 +98,9 @@ fn main(
     // row t's running max and sum (t < BR), and this invocation's column of every row
     var m = running_max_start();
     var l = 0.0;
-    var acc = array<vec4<f32>, BR>();
-    let col = t % D4 + select(D4, 0u, t / D4 < KP);
-    let kp = t / D4;
+    var acc = array<array<vec4<f32>, CW>, BR>();
+    let col = t % DC + select(DC, 0u, t / DC < KP);
+    let kp = t / DC;
 
     // the keys the chunk's rows can see, cut to this split
     let i_first = p0 / params.group;
@@ -133,19 +136,23 @@ fn main(
                 for (var r = 0u; r < BR; r++) {
                     qs[r] = lanes4(qh[r][g0 / SG]);
                 }
-                for (var u = 0u; u < SG; u++) {
-                    let kv = load4_k(base_k, g0 + u);
+                for (var u = 0u; u < SG; u += CW) {
+                    let kv = loadc_k(base_k, (g0 + u) / CW);
                     for (var r = 0u; r < BR; r++) {
-                        x[r] += dot(qs[r][u], kv);
+                        for (var w = 0u; w < CW; w++) {
+                            x[r] += dot(qs[r][u + w], kv[w]);
+                        }
                     }
                 }
             }
         } else if (j < hi) {
             let base_k = k_at(b, j, hk, 0u);
-            for (var g = 0u; g < D4; g++) {
-                let kv = load4_k(base_k, g);
+            for (var g = 0u; g < DC; g++) {
+                let kv = loadc_k(base_k, g);
                 for (var r = 0u; r < BR; r++) {
-                    x[r] += dot(sq[r * D4 + g], kv);
+                    for (var w = 0u; w < CW; w++) {
+                        x[r] += dot(sq[r * D4 + g * CW + w], kv[w]);
+                    }
                 }
             }
         }
@@ -192,7 +199,9 @@ fn main(
         // P V: column g of every row, over the tile's keys of this invocation's parity
         let n_keys = min(BC, hi - kv0);
         for (var r = 0u; r < BR; r++) {
-            acc[r] *= s_row[r];
+            for (var w = 0u; w < CW; w++) {
+                acc[r][w] *= s_row[r];
+            }
         }
         if (SG > 1u) {
             // each lane reads the weights of one key of its parity, and the subgroup's lanes
@@ -203,21 +212,27 @@ fn main(
                 for (var r = 0u; r < BR; r++) {
                     ws[r] = lanes1(ss[r * BC + mine]);
                 }
+                // unguarded reads (a masked load is dearer on CPU drivers): keys past the
+                // tile's read its last one with weight 0, columns past DC (never stored) the
+                // last column
                 for (var u = 0u; u < SG; u++) {
                     let c = c0 + u * KP + kp;
-                    if (col < D4 && c < n_keys) {
-                        let v = load4_v(v_at(b, kv0 + c, hk, 0u), col);
-                        for (var r = 0u; r < BR; r++) {
-                            acc[r] = add_weighted4(acc[r], ws[r][u], v, masked);
+                    let v = loadc_v(v_at(b, kv0 + min(c, n_keys - 1u), hk, 0u), min(col, DC - 1u));
+                    for (var r = 0u; r < BR; r++) {
+                        let p = select(0.0, ws[r][u], c < n_keys);
+                        for (var w = 0u; w < CW; w++) {
+                            acc[r][w] = add_weighted4(acc[r][w], p, v[w], masked || c >= n_keys);
                         }
                     }
                 }
             }
-        } else if (col < D4) {
+        } else if (col < DC) {
             for (var c = kp; c < n_keys; c += KP) {
-                let v = load4_v(v_at(b, kv0 + c, hk, 0u), col);
+                let v = loadc_v(v_at(b, kv0 + c, hk, 0u), col);
                 for (var r = 0u; r < BR; r++) {
-                    acc[r] = add_weighted4(acc[r], ss[r * BC + c], v, masked);
+                    for (var w = 0u; w < CW; w++) {
+                        acc[r][w] = add_weighted4(acc[r][w], ss[r * BC + c], v[w], masked);
+                    }
                 }
             }
         }
@@ -227,15 +242,19 @@ fn main(
     // The parities' sums meet in sq (q is no longer needed), one parity at a time.
     workgroupBarrier();
     for (var k = 1u; k < KP; k++) {
-        if (kp == k && col < D4) {
+        if (kp == k && col < DC) {
             for (var r = 0u; r < BR; r++) {
-                sq[r * D4 + col] = acc[r];
+                for (var w = 0u; w < CW; w++) {
+                    sq[r * D4 + col * CW + w] = acc[r][w];
+                }
             }
         }
         workgroupBarrier();
-        if (kp == 0u && col < D4) {
+        if (kp == 0u && col < DC) {
             for (var r = 0u; r < BR; r++) {
-                acc[r] += sq[r * D4 + col];
+                for (var w = 0u; w < CW; w++) {
+                    acc[r][w] += sq[r * D4 + col * CW + w];
+                }
             }
         }
         workgroupBarrier();
@@ -249,16 +268,19 @@ fn main(
         }
     }
     workgroupBarrier();
-    if (kp == 0u && col < D4) {
+    if (kp == 0u && col < DC) {
         let split_base = split * params.batch * params.seq_q * params.heads_q * HEAD_DIM;
         for (var r = 0u; r < BR; r++) {
             if (p0 + r < rows) {
                 let pr = packed_row(hk, p0 + r);
-                let o = acc[r] * s_row[r];
-                let base = split_base + q_index(b, pr.i, pr.h, 0u) - params.q_shift + 4u * col;
-                for (var c = 0u; c < 4u; c++) {
-                    if (4u * col + c < HEAD_DIM) {
-                        part_out[base + c] = o[c];
+                let base = split_base + q_index(b, pr.i, pr.h, 0u) - params.q_shift;
+                for (var w = 0u; w < CW; w++) {
+                    let o = acc[r][w] * s_row[r];
+                    let d0 = 4u * (col * CW + w);
+                    for (var c = 0u; c < 4u; c++) {
+                        if (d0 + c < HEAD_DIM) {
+                            part_out[base + d0 + c] = o[c];
+                        }
                     }
                 }
             }

@@ -90,6 +90,10 @@ pub struct KernelKey {
     /// K and V through a paged block table (the PAGED override; the table rides the pair
     /// data): `kv_index` looks each key's page up.
     pub paged: bool,
+    /// The decode kernel reads K and V a vec4 word at a time (8 halves or 4 floats; on CPU
+    /// drivers every load in a loop is a per-lane gather, and a wide one costs about what a
+    /// scalar one does): set by the decode plan where every row starts on a whole word.
+    pub wide: bool,
     /// Inputs (q, k, v, out, d_out) read through strided views (the VIEWS override; where
     /// each lies is in `Params::views`): set at record time for a call given such views.
     pub views: bool,
@@ -125,6 +129,7 @@ impl KernelKey {
             bias: false,
             paged: false,
             views: false,
+            wide: false,
             bias_grad: false,
             subgroup: 0,
             accumulate: false,
@@ -133,7 +138,7 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{}{}{}{}{}{}{} sg={}{}",
+            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{}{}{}{}{}{}{}{} sg={}{}",
             self.kernel.name(),
             self.elem.name(),
             self.head_dim,
@@ -158,6 +163,7 @@ impl KernelKey {
             if self.bias { " bias" } else { "" },
             if self.paged { " paged" } else { "" },
             if self.views { " views" } else { "" },
+            if self.wide { " wide" } else { "" },
             if self.bias_grad { " bias_grad" } else { "" },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" }
@@ -212,6 +218,22 @@ impl KernelKey {
         self.kernel.bindings().len() as u32 + self.uses_pairs() as u32 + self.bias_grad as u32
     }
 
+    /// True when binding `b` is read a whole vec4 word at a time (`wide`: the decode kernel's
+    /// k and v).
+    fn reads_wide(&self, b: &Binding) -> bool {
+        self.wide && self.kernel == Kernel::FlashDecode && matches!(b.name, "k" | "v")
+    }
+
+    /// The vec4s of f32 one wide read gives (`CW` of the decode kernel): two for half
+    /// precision (8 halves in a vec4<u32>), one for f32 or without wide reads.
+    pub fn wide_vec4s(&self) -> u32 {
+        if self.wide && self.elem != ElemFormat::F32 {
+            2
+        } else {
+            1
+        }
+    }
+
     /// True when the kernel uses the `f16` type (native f16 storage, or f16 arithmetic): it
     /// needs `enable f16;` and an adapter with SHADER_F16.
     pub fn uses_f16(&self) -> bool {
@@ -241,6 +263,8 @@ impl KernelKey {
             let slot = i as u32 + 1;
             if self.accumulate && b.ty == BindType::Elem && b.access == Access::ReadWrite {
                 s.push_str(&accumulator_wgsl(slot, b.name, self.kernel.sums_outputs()));
+            } else if self.reads_wide(b) {
+                s.push_str(&wide_wgsl(slot, b.name, self.elem));
             } else {
                 s.push_str(&binding_wgsl(slot, b, self.elem));
             }
@@ -277,9 +301,21 @@ impl KernelKey {
                 .kernel
                 .bindings()
                 .iter()
-                .filter(|b| b.ty == BindType::Elem)
+                .filter(|b| b.ty == BindType::Elem && !self.reads_wide(b))
             {
                 s.push_str(&load4_wgsl(b.name));
+            }
+        }
+        if self.kernel == Kernel::FlashDecode {
+            let _ = writeln!(s, "const CW: u32 = {}u;", self.wide_vec4s());
+            for n in ["k", "v"] {
+                if !self.wide {
+                    let _ = writeln!(
+                        s,
+                        "fn loadc_{n}(base: u32, c: u32) -> array<vec4<f32>, CW> {{ \
+                         return array<vec4<f32>, CW>(load4_{n}(base, c)); }}"
+                    );
+                }
             }
         }
         s.push_str(COMMON);
@@ -511,6 +547,48 @@ fn accumulator_wgsl(slot: u32, n: &str, sums: bool) -> String {
          fn store_{n}(i: u32, x: f32) {{ {store} }}\n\
          fn load_{n}(i: u32) -> f32 {{ return {n}[i]; }}\n"
     )
+}
+
+/// The decode kernel's k or v read a vec4 word at a time (`KernelKey::wide`): `loadc_<name>(base,
+/// c)` gives column c (CW vec4s of f32: 8 halves of a `vec4<u32>`, or 4 floats) of the row
+/// starting at element `base`, a multiple of the word's elements; `load_<name>(i)` one element.
+/// Half formats read the same bytes as the call's storage format would.
+fn wide_wgsl(slot: u32, n: &str, elem: ElemFormat) -> String {
+    let decl = |ty: &str| format!("@group(0) @binding({slot}) var<storage, read> {n}: array<{ty}>;\n");
+    if elem == ElemFormat::F32 {
+        return decl("vec4<f32>")
+            + &format!(
+                "fn load_{n}(i: u32) -> f32 {{ return {n}[i >> 2u][i & 3u]; }}\n\
+                 fn loadc_{n}(base: u32, c: u32) -> array<vec4<f32>, CW> {{ \
+                 return array<vec4<f32>, CW>({n}[(base >> 2u) + c]); }}\n"
+            );
+    }
+    // the two elements of word x, and element i of the row
+    let bf16 = elem == ElemFormat::Bf16Packed;
+    let two = |x: &str| {
+        if bf16 {
+            format!("vec2<f32>(bf16_word_to_f32({x}, 0u), bf16_word_to_f32({x}, 1u))")
+        } else {
+            format!("unpack2x16float({x})")
+        }
+    };
+    let one = if bf16 {
+        format!("bf16_word_to_f32({n}[i >> 3u][(i >> 1u) & 3u], i & 1u)")
+    } else {
+        format!("unpack2x16float({n}[i >> 3u][(i >> 1u) & 3u])[i & 1u]")
+    };
+    decl("vec4<u32>")
+        + &format!(
+            "fn load_{n}(i: u32) -> f32 {{ return {one}; }}\n\
+             fn loadc_{n}(base: u32, c: u32) -> array<vec4<f32>, CW> {{\n\
+             \x20   let w = {n}[(base >> 3u) + c];\n\
+             \x20   return array<vec4<f32>, CW>(vec4<f32>({}, {}), vec4<f32>({}, {}));\n\
+             }}\n",
+            two("w.x"),
+            two("w.y"),
+            two("w.z"),
+            two("w.w")
+        )
 }
 
 /// `load4_<name>(base, g)`: head dims 4g .. 4g + 3 of the row starting at element `base`, with

@@ -61,14 +61,28 @@ pub fn kv_splits(unsplit_workgroups: usize, seq_kv: usize, max_splits: usize) ->
     by_fill.min(by_keys).min(max_splits).clamp(1, MAX_KV_SPLITS)
 }
 
+/// True when the decode kernel can read K and V a vec4 word at a time (`KernelKey::wide`):
+/// every row starts on a whole word (head_dim a multiple of the word's 4 floats or 8 halves,
+/// and windows' offsets aligned to 16 bytes).
+pub fn wide_reads(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> bool {
+    let per_word = 16 / dtype.size_bytes();
+    cfg.head_dim.is_multiple_of(per_word) && env.offset_align.is_multiple_of(16)
+}
+
 /// The subgroup size the decode kernel shares reads across (`flash_decode.wgsl`'s SG): the
 /// adapter's fixed size the tuning names (`Tuning::rows_subgroup`) where a subgroup's lanes
-/// share one key parity (head_dim / 4 a multiple of it) and each lane's share of q stays
-/// small (at most 32 vec4s), else 0 (no subgroups).
-pub fn decode_subgroup(cfg: &AttentionConfig, tiles: Tiles, env: &PlanEnv) -> u32 {
+/// share one key parity (the columns of a row, head_dim / 4 / `cw` with `cw` vec4s a column,
+/// a multiple of it) and each lane's share of q stays small (at most 32 vec4s), else 0 (no
+/// subgroups).
+pub fn decode_subgroup(cfg: &AttentionConfig, tiles: Tiles, env: &PlanEnv, cw: u32) -> u32 {
     let sg = env.tuning.rows_subgroup;
     let d4 = (cfg.head_dim as u32).div_ceil(4);
-    if sg > 1 && d4.is_multiple_of(sg) && tiles.br * d4 / sg <= 32 && DECODE_KEYS.is_multiple_of(sg)
+    if sg > 1
+        && (d4 / cw).is_multiple_of(sg)
+        && d4.is_multiple_of(cw)
+        && sg.is_multiple_of(cw)
+        && tiles.br * d4 / sg <= 32
+        && DECODE_KEYS.is_multiple_of(sg)
     {
         sg
     } else {
@@ -154,10 +168,11 @@ pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan
     ]);
     let esz = dtype.size_bytes() as u64;
     let combine = key(Kernel::FlashDecodeCombine, cfg, Tiles::ONE, dtype, env);
-    let decode = KernelKey {
-        subgroup: decode_subgroup(cfg, s.tiles, env),
+    let mut decode = KernelKey {
+        wide: wide_reads(cfg, dtype, env),
         ..key(Kernel::FlashDecode, cfg, s.tiles, dtype, env)
     };
+    decode.subgroup = decode_subgroup(cfg, s.tiles, env, decode.wide_vec4s());
     for (b, nb) in parts {
         let part = AttentionConfig {
             batch: nb,

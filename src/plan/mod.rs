@@ -392,6 +392,8 @@ pub(crate) fn key(
                 .any(|b| matches!(b.name, "k" | "v")),
         // set when a call's inputs are strided views (`record`)
         views: false,
+        // set by the decode plan where K/V rows start on whole words
+        wide: false,
         // set by the backward plan where d_bias is asked for
         bias_grad: false,
         subgroup: if kernel.is_rows_variant() {

@@ -89,6 +89,9 @@ pub fn variants() -> Vec<KernelKey> {
                                             bias: window,
                                             paged: window,
                                             views: window,
+                                            // wide K/V reads (the decode kernel) where rows
+                                            // start on whole words
+                                            wide: window && head_dim % 8 == 0,
                                             bias_grad: window && kernel.keeps_bias_grads(),
                                             subgroup,
                                             accumulate,
