@@ -520,7 +520,7 @@ fn with_views(s: &crate::plan::Step, plan: &Plan, inputs: &[&Tensor]) -> Result<
     let mut step = s.clone();
     step.key.views = true;
     // a view's rows need not start on whole words
-    step.key.wide = false;
+    step.key.wide = 0;
     for (n, r) in s.buffers.iter().enumerate() {
         let BufRef::Input(i) = *r else { continue };
         let t = inputs[i];

@@ -90,10 +90,11 @@ pub struct KernelKey {
     /// K and V through a paged block table (the PAGED override; the table rides the pair
     /// data): `kv_index` looks each key's page up.
     pub paged: bool,
-    /// The decode kernel reads K and V a vec4 word at a time (8 halves or 4 floats; on CPU
-    /// drivers every load in a loop is a per-lane gather, and a wide one costs about what a
-    /// scalar one does): set by the decode plan where every row starts on a whole word.
-    pub wide: bool,
+    /// The decode kernel reads K and V in 16-byte words (8 halves or 4 floats), this many a
+    /// column (0: element reads). On CPU drivers every load in a loop is a per-lane gather,
+    /// and a wide one costs about what a scalar one does. Set by the decode plan where every
+    /// row starts on a whole word (`plan::decode::wide_words`).
+    pub wide: u32,
     /// Inputs (q, k, v, out, d_out) read through strided views (the VIEWS override; where
     /// each lies is in `Params::views`): set at record time for a call given such views.
     pub views: bool,
@@ -129,7 +130,7 @@ impl KernelKey {
             bias: false,
             paged: false,
             views: false,
-            wide: false,
+            wide: 0,
             bias_grad: false,
             subgroup: 0,
             accumulate: false,
@@ -163,7 +164,7 @@ impl KernelKey {
             if self.bias { " bias" } else { "" },
             if self.paged { " paged" } else { "" },
             if self.views { " views" } else { "" },
-            if self.wide { " wide" } else { "" },
+            if self.wide > 0 { " wide" } else { "" },
             if self.bias_grad { " bias_grad" } else { "" },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" }
@@ -218,19 +219,19 @@ impl KernelKey {
         self.kernel.bindings().len() as u32 + self.uses_pairs() as u32 + self.bias_grad as u32
     }
 
-    /// True when binding `b` is read a whole vec4 word at a time (`wide`: the decode kernel's
-    /// k and v).
+    /// True when binding `b` is read in whole 16-byte words (`wide`: the decode kernel's k
+    /// and v).
     fn reads_wide(&self, b: &Binding) -> bool {
-        self.wide && self.kernel == Kernel::FlashDecode && matches!(b.name, "k" | "v")
+        self.wide > 0 && self.kernel == Kernel::FlashDecode && matches!(b.name, "k" | "v")
     }
 
-    /// The vec4s of f32 one wide read gives (`CW` of the decode kernel): two for half
-    /// precision (8 halves in a vec4<u32>), one for f32 or without wide reads.
+    /// The vec4s of f32 a column of the decode kernel's K/V reads holds (its `CW`): `wide`
+    /// words of 8 halves (two vec4s each) or 4 floats; one without wide reads.
     pub fn wide_vec4s(&self) -> u32 {
-        if self.wide && self.elem != ElemFormat::F32 {
-            2
-        } else {
-            1
+        match (self.wide, self.elem) {
+            (0, _) => 1,
+            (w, ElemFormat::F32) => w,
+            (w, _) => 2 * w,
         }
     }
 
@@ -264,7 +265,7 @@ impl KernelKey {
             if self.accumulate && b.ty == BindType::Elem && b.access == Access::ReadWrite {
                 s.push_str(&accumulator_wgsl(slot, b.name, self.kernel.sums_outputs()));
             } else if self.reads_wide(b) {
-                s.push_str(&wide_wgsl(slot, b.name, self.elem));
+                s.push_str(&wide_wgsl(slot, b.name, self.elem, self.wide));
             } else {
                 s.push_str(&binding_wgsl(slot, b, self.elem));
             }
@@ -309,7 +310,7 @@ impl KernelKey {
         if self.kernel == Kernel::FlashDecode {
             let _ = writeln!(s, "const CW: u32 = {}u;", self.wide_vec4s());
             for n in ["k", "v"] {
-                if !self.wide {
+                if self.wide == 0 {
                     let _ = writeln!(
                         s,
                         "fn loadc_{n}(base: u32, c: u32) -> array<vec4<f32>, CW> {{ \
@@ -549,45 +550,63 @@ fn accumulator_wgsl(slot: u32, n: &str, sums: bool) -> String {
     )
 }
 
-/// The decode kernel's k or v read a vec4 word at a time (`KernelKey::wide`): `loadc_<name>(base,
-/// c)` gives column c (CW vec4s of f32: 8 halves of a `vec4<u32>`, or 4 floats) of the row
-/// starting at element `base`, a multiple of the word's elements; `load_<name>(i)` one element.
-/// Half formats read the same bytes as the call's storage format would.
-fn wide_wgsl(slot: u32, n: &str, elem: ElemFormat) -> String {
-    let decl = |ty: &str| format!("@group(0) @binding({slot}) var<storage, read> {n}: array<{ty}>;\n");
+/// The decode kernel's k or v read in 16-byte words (`KernelKey::wide`, `words` a column):
+/// `loadc_<name>(base, c)` gives column c (CW vec4s of f32: 8 halves of each `vec4<u32>`, or 4
+/// floats of each `vec4<f32>`) of the row starting at element `base`, a multiple of the
+/// word's elements; `load_<name>(i)` one element. Half formats read the same bytes as the
+/// call's storage format would.
+fn wide_wgsl(slot: u32, n: &str, elem: ElemFormat, words: u32) -> String {
+    let decl =
+        |ty: &str| format!("@group(0) @binding({slot}) var<storage, read> {n}: array<{ty}>;\n");
+    let word = |k: u32| format!("{n}[(base >> SHIFT) + {words}u * c + {k}u]");
     if elem == ElemFormat::F32 {
+        let parts: Vec<String> = (0..words).map(word).collect();
         return decl("vec4<f32>")
             + &format!(
                 "fn load_{n}(i: u32) -> f32 {{ return {n}[i >> 2u][i & 3u]; }}\n\
-                 fn loadc_{n}(base: u32, c: u32) -> array<vec4<f32>, CW> {{ \
-                 return array<vec4<f32>, CW>({n}[(base >> 2u) + c]); }}\n"
-            );
+                 fn loadc_{n}(base: u32, c: u32) -> array<vec4<f32>, CW> {{\n\
+                 \x20   return array<vec4<f32>, CW>({});\n}}\n",
+                parts.join(", ")
+            )
+            .replace("SHIFT", "2u");
     }
-    // the two elements of word x, and element i of the row
-    let bf16 = elem == ElemFormat::Bf16Packed;
+    // the two elements of a word's component x
     let two = |x: &str| {
-        if bf16 {
+        if elem == ElemFormat::Bf16Packed {
             format!("vec2<f32>(bf16_word_to_f32({x}, 0u), bf16_word_to_f32({x}, 1u))")
         } else {
             format!("unpack2x16float({x})")
         }
     };
-    let one = if bf16 {
+    let one = if elem == ElemFormat::Bf16Packed {
         format!("bf16_word_to_f32({n}[i >> 3u][(i >> 1u) & 3u], i & 1u)")
     } else {
         format!("unpack2x16float({n}[i >> 3u][(i >> 1u) & 3u])[i & 1u]")
     };
+    let mut body = String::new();
+    let mut vec4s = Vec::new();
+    for k in 0..words {
+        body.push_str(&format!(
+            "    let w{k} = {};\n",
+            word(k).replace("SHIFT", "3u")
+        ));
+        vec4s.push(format!(
+            "vec4<f32>({}, {})",
+            two(&format!("w{k}.x")),
+            two(&format!("w{k}.y"))
+        ));
+        vec4s.push(format!(
+            "vec4<f32>({}, {})",
+            two(&format!("w{k}.z")),
+            two(&format!("w{k}.w"))
+        ));
+    }
     decl("vec4<u32>")
         + &format!(
             "fn load_{n}(i: u32) -> f32 {{ return {one}; }}\n\
-             fn loadc_{n}(base: u32, c: u32) -> array<vec4<f32>, CW> {{\n\
-             \x20   let w = {n}[(base >> 3u) + c];\n\
-             \x20   return array<vec4<f32>, CW>(vec4<f32>({}, {}), vec4<f32>({}, {}));\n\
-             }}\n",
-            two("w.x"),
-            two("w.y"),
-            two("w.z"),
-            two("w.w")
+             fn loadc_{n}(base: u32, c: u32) -> array<vec4<f32>, CW> {{\n{body}\
+             \x20   return array<vec4<f32>, CW>({});\n}}\n",
+            vec4s.join(", ")
         )
 }
 

@@ -61,12 +61,32 @@ pub fn kv_splits(unsplit_workgroups: usize, seq_kv: usize, max_splits: usize) ->
     by_fill.min(by_keys).min(max_splits).clamp(1, MAX_KV_SPLITS)
 }
 
-/// True when the decode kernel can read K and V a vec4 word at a time (`KernelKey::wide`):
-/// every row starts on a whole word (head_dim a multiple of the word's 4 floats or 8 halves,
-/// and windows' offsets aligned to 16 bytes).
-pub fn wide_reads(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> bool {
+/// How the decode kernel reads K and V (`KernelKey::wide`: 16-byte words a column, 0 for
+/// element reads) and the subgroup size it shares reads across (`decode_subgroup`): the
+/// widest columns (2 words, then 1) whose words every row starts on (head_dim a multiple of
+/// them, windows' offsets aligned to 16 bytes) and that keep the adapter's fixed subgroup
+/// usable; where no width keeps it, the widest reads without it.
+pub fn wide_words(cfg: &AttentionConfig, dtype: DType, tiles: Tiles, env: &PlanEnv) -> (u32, u32) {
     let per_word = 16 / dtype.size_bytes();
-    cfg.head_dim.is_multiple_of(per_word) && env.offset_align.is_multiple_of(16)
+    let fits = |w: usize| {
+        w == 0 || (cfg.head_dim.is_multiple_of(w * per_word) && env.offset_align.is_multiple_of(16))
+    };
+    let cols = |w: u32| match (w, dtype) {
+        (0, _) => 1,
+        (w, DType::F32) => w,
+        (w, _) => 2 * w,
+    };
+    let widths: Vec<u32> = [2u32, 1, 0]
+        .into_iter()
+        .filter(|&w| fits(w as usize))
+        .collect();
+    for &w in &widths {
+        let sg = decode_subgroup(cfg, tiles, env, cols(w));
+        if sg > 0 || env.tuning.rows_subgroup <= 1 {
+            return (w, sg);
+        }
+    }
+    (widths[0], 0)
 }
 
 /// The subgroup size the decode kernel shares reads across (`flash_decode.wgsl`'s SG): the
@@ -168,11 +188,12 @@ pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan
     ]);
     let esz = dtype.size_bytes() as u64;
     let combine = key(Kernel::FlashDecodeCombine, cfg, Tiles::ONE, dtype, env);
-    let mut decode = KernelKey {
-        wide: wide_reads(cfg, dtype, env),
+    let (wide, subgroup) = wide_words(cfg, dtype, s.tiles, env);
+    let decode = KernelKey {
+        wide,
+        subgroup,
         ..key(Kernel::FlashDecode, cfg, s.tiles, dtype, env)
     };
-    decode.subgroup = decode_subgroup(cfg, s.tiles, env, decode.wide_vec4s());
     for (b, nb) in parts {
         let part = AttentionConfig {
             batch: nb,

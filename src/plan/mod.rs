@@ -393,7 +393,7 @@ pub(crate) fn key(
         // set when a call's inputs are strided views (`record`)
         views: false,
         // set by the decode plan where K/V rows start on whole words
-        wide: false,
+        wide: 0,
         // set by the backward plan where d_bias is asked for
         bias_grad: false,
         subgroup: if kernel.is_rows_variant() {

@@ -91,7 +91,11 @@ pub fn variants() -> Vec<KernelKey> {
                                             views: window,
                                             // wide K/V reads (the decode kernel) where rows
                                             // start on whole words
-                                            wide: window && head_dim % 8 == 0,
+                                            wide: match head_dim {
+                                                d if window && d % 16 == 0 => 2,
+                                                d if window && d % 8 == 0 => 1,
+                                                _ => 0,
+                                            },
                                             bias_grad: window && kernel.keeps_bias_grads(),
                                             subgroup,
                                             accumulate,
