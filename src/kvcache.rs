@@ -110,6 +110,81 @@ pub(crate) fn append_runs(
     runs
 }
 
+/// The buffer copies that append `t` (k_new or v_new, plan input `src`) to the cache (plan
+/// input `dst`) at each batch's length: runs of whole rows from a row-major `t`; from a view
+/// (a packed QKV projection, BHSD), each row, or each head of a row, that lies contiguous. A
+/// typed `Unsupported` where a piece would not start on a 4-byte word (copies move words).
+fn append_copies(
+    c: &AttentionConfig,
+    t: &Tensor,
+    (src, dst): (usize, usize),
+    cache_seqlens: &[usize],
+    new_rows: usize,
+) -> Result<Vec<BufferCopy>> {
+    let esz = t.dtype().size_bytes() as u64;
+    let (hd, row_bytes) = (c.head_dim as u64, (c.heads_kv * c.head_dim) as u64 * esz);
+    let [sb, ss, sh, _] = <[usize; 4]>::try_from(t.strides())
+        .map_err(|_| Error::invalid(format!("{}: a 4-d tensor expected", t.describe())))?;
+    // pieces a row and elements a piece (0: whole runs of rows)
+    let (pieces, piece) = if t.is_row_major() {
+        (0, 0)
+    } else if sh == c.head_dim || c.heads_kv == 1 {
+        (1, c.heads_kv as u64 * hd)
+    } else {
+        (c.heads_kv as u64, hd)
+    };
+    let words = |bytes: u64| bytes.is_multiple_of(4);
+    if !(words(t.offset())
+        && (pieces == 0
+            || words(piece * esz) && [sb, ss, sh].iter().all(|&x| words(x as u64 * esz))))
+    {
+        return Err(Error::Unsupported {
+            feature: format!(
+                "appending from a {} view whose rows or heads do not start on 4-byte words \
+                 ({}: strides {:?}, offset {})",
+                t.dtype(),
+                t.describe(),
+                t.strides(),
+                t.offset()
+            ),
+            backend: crate::Backend::Wgpu,
+            reason: "the append is a buffer copy of whole 4-byte words".into(),
+        });
+    }
+    let copy = |src_offset: u64, dst_offset: u64, size: u64| BufferCopy {
+        src: BufRef::Input(src),
+        src_offset,
+        dst: BufRef::Input(dst),
+        dst_offset,
+        size,
+    };
+    let mut copies = Vec::new();
+    for (b, &len) in cache_seqlens.iter().enumerate() {
+        for (from, to, rows) in append_runs(c, b, len, new_rows) {
+            if pieces == 0 {
+                copies.push(copy(
+                    from as u64 * row_bytes,
+                    to as u64 * row_bytes,
+                    rows as u64 * row_bytes,
+                ));
+                continue;
+            }
+            for r in 0..rows {
+                let (bb, i) = ((from + r) / new_rows, (from + r) % new_rows);
+                for h in 0..pieces {
+                    let at = (bb * sb + i * ss) as u64 + h * sh as u64;
+                    copies.push(copy(
+                        at * esz,
+                        (to + r) as u64 * row_bytes + h * hd * esz,
+                        piece * esz,
+                    ));
+                }
+            }
+        }
+    }
+    Ok(copies)
+}
+
 impl Context {
     /// Attention of q over a KV cache, after appending `append = Some((k_new, v_new))` (each
     /// `[batch, new, heads_kv, head_dim]`) at each batch's length (module
@@ -159,69 +234,14 @@ impl Context {
             let first = plan.inputs.len();
             plan.inputs.extend([TensorRole::K, TensorRole::V]);
             inputs.extend([k_new, v_new]);
-            let esz = dtype.size_bytes() as u64;
             for (n, t) in [k_new, v_new].into_iter().enumerate() {
-                // runs of whole rows from a row-major k_new; from a view (a packed QKV
-                // projection, BHSD), each row (or each head of a row) that lies contiguous
-                let [sb, ss, sh, _] = <[usize; 4]>::try_from(t.strides()).map_err(|_| {
-                    Error::invalid(format!("{}: a 4-d tensor expected", t.describe()))
-                })?;
-                let hd = c.head_dim as u64;
-                let (units, unit) = if t.is_row_major() {
-                    (0, 0)
-                } else if sh == c.head_dim || c.heads_kv == 1 {
-                    (1, c.heads_kv as u64 * hd)
-                } else {
-                    (c.heads_kv as u64, hd)
-                };
-                let aligned = |bytes: u64| bytes.is_multiple_of(4);
-                let whole_words = aligned(t.offset())
-                    && (units == 0
-                        || aligned(unit * esz)
-                            && [sb, ss, sh].iter().all(|&x| aligned(x as u64 * esz)));
-                if !whole_words {
-                    return Err(Error::Unsupported {
-                        feature: format!(
-                            "appending from a {dtype} view whose rows or heads do not start on \
-                             4-byte words ({}: strides {:?}, offset {})",
-                            t.describe(),
-                            t.strides(),
-                            t.offset()
-                        ),
-                        backend: crate::Backend::Wgpu,
-                        reason: "the append is a buffer copy of whole 4-byte words".into(),
-                    });
-                }
-                for (b, &len) in cache_seqlens.iter().enumerate() {
-                    for (from, to, rows) in append_runs(&c, b, len, new_rows) {
-                        let copy = |src_offset: u64, dst_offset: u64, size: u64| BufferCopy {
-                            src: BufRef::Input(first + n),
-                            src_offset,
-                            dst: BufRef::Input(1 + n),
-                            dst_offset,
-                            size,
-                        };
-                        if units == 0 {
-                            plan.copies.push(copy(
-                                from as u64 * row_bytes,
-                                to as u64 * row_bytes,
-                                rows as u64 * row_bytes,
-                            ));
-                            continue;
-                        }
-                        for r in 0..rows {
-                            let (bb, i) = ((from + r) / new_rows, (from + r) % new_rows);
-                            for h in 0..units {
-                                let src = (bb * sb + i * ss) as u64 + h * sh as u64;
-                                plan.copies.push(copy(
-                                    src * esz,
-                                    (to + r) as u64 * row_bytes + h * hd * esz,
-                                    unit * esz,
-                                ));
-                            }
-                        }
-                    }
-                }
+                plan.copies.extend(append_copies(
+                    &c,
+                    t,
+                    (first + n, 1 + n),
+                    cache_seqlens,
+                    new_rows,
+                )?);
             }
         }
         Forward::from_outputs(self.execute(&plan, &inputs)?, "forward")

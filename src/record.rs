@@ -373,14 +373,12 @@ impl Context {
             // copies write row-major destinations (a KV cache); their sources may be views,
             // whose copies the plan made from the view's strides (`forward_with_kvcache`)
             for c in &plan.copies {
-                for r in [&c.dst] {
-                    if let BufRef::Input(i) = *r {
-                        if inputs[i].needs_view() {
-                            return Err(crate::tensor::strided_unsupported(
-                                "a KV-cache append",
-                                inputs[i],
-                            ));
-                        }
+                if let BufRef::Input(i) = c.dst {
+                    if inputs[i].needs_view() {
+                        return Err(crate::tensor::strided_unsupported(
+                            "a KV-cache append",
+                            inputs[i],
+                        ));
                     }
                 }
             }
@@ -510,12 +508,32 @@ fn with_views(s: &crate::plan::Step, plan: &Plan, inputs: &[&Tensor]) -> Result<
                 .flatten()
         })
     };
-    if !s
-        .buffers
-        .iter()
-        .any(|r| matches!(*r, BufRef::Input(i) if inputs[i].needs_view()))
-    {
+    let Some(viewed) = s.buffers.iter().find_map(|r| match *r {
+        BufRef::Input(i) if inputs[i].needs_view() => Some(i),
+        _ => None,
+    }) else {
         return Ok(s.clone());
+    };
+    let refuse = |i: usize, why: &str| {
+        let t = inputs[i];
+        Error::Unsupported {
+            feature: format!(
+                "a strided or unaligned view of {} (strides {:?}, offset {})",
+                plan.inputs
+                    .get(i)
+                    .map_or_else(|| t.describe(), |r| r.to_string()),
+                t.strides(),
+                t.offset()
+            ),
+            backend: crate::Backend::Wgpu,
+            reason: format!("views are read by calls within one binding; this is {why}"),
+        }
+    };
+    if s.windows.iter().any(Option::is_some) {
+        return Err(refuse(
+            viewed,
+            "a call larger than one binding, which runs in windows of row-major tensors",
+        ));
     }
     let mut step = s.clone();
     step.key.views = true;
@@ -530,26 +548,8 @@ fn with_views(s: &crate::plan::Step, plan: &Plan, inputs: &[&Tensor]) -> Result<
             }
             continue;
         };
-        let why = if s.window(n).is_some() || s.windows.iter().any(Option::is_some) {
-            Some("a call larger than one binding, which runs in windows of row-major tensors")
-        } else if s.key.paged && t.needs_view() && matches!(VIEW_SLOTS[v], "k" | "v") {
-            Some("paged K/V, whose pools are row-major pages")
-        } else {
-            None
-        };
-        if let Some(why) = why {
-            return Err(Error::Unsupported {
-                feature: format!(
-                    "a strided or unaligned view of {} (strides {:?}, offset {})",
-                    plan.inputs
-                        .get(i)
-                        .map_or_else(|| t.describe(), |r| r.to_string()),
-                    t.strides(),
-                    t.offset()
-                ),
-                backend: crate::Backend::Wgpu,
-                reason: format!("views are read by calls within one binding; this is {why}"),
-            });
+        if s.key.paged && t.needs_view() && matches!(VIEW_SLOTS[v], "k" | "v") {
+            return Err(refuse(i, "paged K/V, whose pools are row-major pages"));
         }
         step.params.views[v] = t.view_words().ok_or_else(|| {
             Error::invalid(format!(
