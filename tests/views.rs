@@ -405,3 +405,58 @@ fn kv_cache_appends_from_views_of_the_projection() {
         assert_lse_close(&lse[b * l..(b + 1) * l], &want.lse, &m);
     }
 }
+
+#[test]
+fn views_where_a_call_binds_row_major_windows_or_pages_are_typed_errors() {
+    // a call past one binding (a device that binds 64 KiB at once) runs in windows of
+    // row-major tensors: a view there is Unsupported, the row-major call runs
+    let limits = wgpu::Limits {
+        max_storage_buffer_binding_size: 64 << 10,
+        ..wgpu::Limits::default()
+    };
+    let (device, queue) = common::device_with(limits, wgpu::Features::empty());
+    let x = Context::from_wgpu(device, queue).expect("context");
+    let c = cfg(4, 128, 128, 4, 2, 16, true);
+    let data = inputs(&c, 1.0);
+    let (qs, kvs) = (c.q_shape(), c.kv_shape());
+    let nq = data.q.len();
+    let (_b, t) = place::<f32>(
+        &x,
+        &[
+            (&data.q, qs, Layout::bhsd(0, qs)),
+            (&data.k, kvs, Layout::bhsd(nq, kvs)),
+            (&data.v, kvs, Layout::bhsd(nq + data.k.len(), kvs)),
+        ],
+        nq + 2 * data.k.len(),
+    );
+    let (qd, kd, vd) = (
+        x.upload(&data.q, &qs).unwrap(),
+        x.upload(&data.k, &kvs).unwrap(),
+        x.upload(&data.v, &kvs).unwrap(),
+    );
+    x.forward(&c, &qd, &kd, &vd)
+        .expect("the row-major call runs in windows");
+    match x.forward(&c, &t[0], &kd, &vd) {
+        Err(Error::Unsupported { reason, .. }) => assert!(reason.contains("windows"), "{reason}"),
+        other => panic!("a view in a windowed call: {other:?}"),
+    }
+    // paged pools are row-major pages
+    let x = ctx();
+    let p = common::kv::paged_cfg(&cfg(1, 1, 16, 2, 1, 8, false), 4, 7);
+    let pool = p.kv_shape();
+    let n: usize = pool.iter().product();
+    let host: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.25).collect();
+    let (_b, pools) = place::<f32>(
+        x,
+        &[
+            (&host, pool, Layout::bhsd(4, pool)),
+            (&host, pool, Layout::bhsd(4, pool)),
+        ],
+        n + 4,
+    );
+    let q = x.upload(&[0.5f32; 16], &p.q_shape()).unwrap();
+    match x.forward(&p, &q, &pools[0], &pools[1]) {
+        Err(Error::Unsupported { reason, .. }) => assert!(reason.contains("paged"), "{reason}"),
+        other => panic!("a view of a page pool: {other:?}"),
+    }
+}
