@@ -228,11 +228,7 @@ impl KernelKey {
     /// The vec4s of f32 a column of the decode kernel's K/V reads holds (its `CW`): `wide`
     /// words of 8 halves (two vec4s each) or 4 floats; one without wide reads.
     pub fn wide_vec4s(&self) -> u32 {
-        match (self.wide, self.elem) {
-            (0, _) => 1,
-            (w, ElemFormat::F32) => w,
-            (w, _) => 2 * w,
-        }
+        column_vec4s(self.wide, self.elem == ElemFormat::F32)
     }
 
     /// True when the kernel uses the `f16` type (native f16 storage, or f16 arithmetic): it
@@ -548,6 +544,16 @@ fn accumulator_wgsl(slot: u32, n: &str, sums: bool) -> String {
          fn store_{n}(i: u32, x: f32) {{ {store} }}\n\
          fn load_{n}(i: u32) -> f32 {{ return {n}[i]; }}\n"
     )
+}
+
+/// The vec4s of f32 in a column of `wide` 16-byte words (`KernelKey::wide_vec4s`): two a word
+/// of halves, one a word of floats; one for element reads (`wide` 0).
+pub fn column_vec4s(wide: u32, f32_elems: bool) -> u32 {
+    match (wide, f32_elems) {
+        (0, _) => 1,
+        (w, true) => w,
+        (w, false) => 2 * w,
+    }
 }
 
 /// The decode kernel's k or v read in 16-byte words (`KernelKey::wide`, `words` a column):

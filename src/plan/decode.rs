@@ -71,11 +71,7 @@ pub fn wide_words(cfg: &AttentionConfig, dtype: DType, tiles: Tiles, env: &PlanE
     let fits = |w: usize| {
         w == 0 || (cfg.head_dim.is_multiple_of(w * per_word) && env.offset_align.is_multiple_of(16))
     };
-    let cols = |w: u32| match (w, dtype) {
-        (0, _) => 1,
-        (w, DType::F32) => w,
-        (w, _) => 2 * w,
-    };
+    let cols = |w: u32| crate::kernels::wgsl::column_vec4s(w, dtype == DType::F32);
     let widths: Vec<u32> = [2u32, 1, 0]
         .into_iter()
         .filter(|&w| fits(w as usize))
@@ -284,6 +280,36 @@ mod tests {
         // the binding caps it
         assert_eq!(kv_splits(1, 1 << 20, 3), 3);
         assert_eq!(kv_splits(0, 1 << 20, 0), 1);
+    }
+
+    #[test]
+    fn k_and_v_are_read_in_the_widest_words_that_keep_the_subgroup() {
+        let mut e = env();
+        e.tuning.rows_subgroup = 8;
+        let t = shape(&AttentionConfig::new(1, 1, 4096, 32, 8, 128), &e)
+            .unwrap()
+            .tiles;
+        let wide = |d: usize, dtype: DType, e: &PlanEnv| {
+            wide_words(&AttentionConfig::new(1, 1, 4096, 32, 8, d), dtype, t, e)
+        };
+        // head_dim 128: two words a column (16 halves, 8 floats), 8 columns in f16 or 16
+        // in f32, a multiple of the subgroup
+        assert_eq!(wide(128, DType::F16, &e), (2, 8));
+        assert_eq!(wide(128, DType::F32, &e), (2, 8));
+        // head_dim 40: one word of halves (rows start every 5 words); no width leaves a
+        // multiple of 8 columns, so the widest reads without the subgroup
+        assert_eq!(wide(40, DType::F16, &e), (1, 0));
+        // head_dim 12 in f32: three words a row, one a column
+        assert_eq!(wide(12, DType::F32, &e).0, 1);
+        // odd head dims: element reads
+        assert_eq!(wide(33, DType::BF16, &e).0, 0);
+        // windows whose offsets may sit off 16 bytes: element reads
+        let mut small = e.clone();
+        small.offset_align = 4;
+        assert_eq!(wide(128, DType::F16, &small), (0, 8));
+        // no subgroup size to keep: the widest
+        e.tuning.rows_subgroup = 0;
+        assert_eq!(wide(40, DType::F16, &e), (1, 0));
     }
 
     #[test]
