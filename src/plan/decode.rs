@@ -304,7 +304,7 @@ mod tests {
         // odd head dims: element reads
         assert_eq!(wide(33, DType::BF16, &e).0, 0);
         // windows whose offsets may sit off 16 bytes: element reads
-        let mut small = e.clone();
+        let mut small = e;
         small.offset_align = 4;
         assert_eq!(wide(128, DType::F16, &small), (0, 8));
         // no subgroup size to keep: the widest
