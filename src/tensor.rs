@@ -78,21 +78,13 @@ impl Tensor {
         }
     }
 
-    /// Elements from the first to one past the last an element of the view can reach.
-    fn extent(&self) -> u64 {
-        1 + self
-            .shape
-            .iter()
-            .zip(&self.strides)
-            .map(|(&n, &s)| (n as u64 - 1) * s as u64)
-            .sum::<u64>()
-    }
-
     /// Bytes of the binding from `bind_offset` to past the view's last element, padded to a
     /// whole word (and never past the buffer).
     fn view_bytes(&self) -> u64 {
-        let bytes =
-            (self.offset - self.bind_offset) + self.extent() * self.dtype.size_bytes() as u64;
+        // checked when the view was wrapped (it lies within the buffer)
+        let extent = view_extent(&self.shape, &self.strides).unwrap_or(u64::MAX);
+        let bytes = (self.offset - self.bind_offset)
+            + extent.saturating_mul(self.dtype.size_bytes() as u64);
         bytes
             .next_multiple_of(4)
             .min(self.buffer().size() - self.bind_offset)
@@ -158,6 +150,16 @@ impl Tensor {
             None => format!("tensor of shape {:?}", self.shape),
         }
     }
+}
+
+/// Elements from a view's first to one past the last an element of it can reach; `None` past
+/// u64.
+fn view_extent(shape: &[usize], strides: &[usize]) -> Option<u64> {
+    shape.iter().zip(strides).try_fold(1u64, |e, (&n, &st)| {
+        (n as u64 - 1)
+            .checked_mul(st as u64)
+            .and_then(|x| e.checked_add(x))
+    })
 }
 
 /// The row-major strides of `shape`, in elements.
@@ -288,8 +290,12 @@ impl Context {
         }
         // the bound bytes, then the view's elements picked out of them
         let esz = std::mem::size_of::<T>() as u64;
-        let words =
-            self.read_buffer_at::<u32>(t.buffer(), t.bind_offset, (t.view_bytes() / 4) as usize)?;
+        // whole words, the last one too where the buffer ends mid-word
+        let words = self.read_buffer_at::<u32>(
+            t.buffer(),
+            t.bind_offset,
+            t.view_bytes().div_ceil(4) as usize,
+        )?;
         let bytes: &[u8] = bytemuck::cast_slice(&words);
         let first = (t.offset - t.bind_offset) as usize;
         let mut out = Vec::with_capacity(t.len());
@@ -365,12 +371,7 @@ impl Context {
             )));
         }
         let align = (self.limits.min_storage_buffer_offset_alignment as u64).max(4);
-        let extent = shape.iter().zip(&strides).try_fold(1u64, |e, (&n, &st)| {
-            (n as u64 - 1)
-                .checked_mul(st as u64)
-                .and_then(|x| e.checked_add(x))
-        });
-        let end = extent
+        let end = view_extent(shape, &strides)
             .and_then(|e| e.checked_mul(esz))
             .and_then(|b| b.checked_add(offset));
         match end {
