@@ -13,6 +13,7 @@
 #error "HEAD_DIM must be in 1..=256"
 #endif
 #define ELEM_BF16 (ELEM_KIND == 1)
+#define ELEM_BYTES (ELEM_KIND == 2 ? 4 : 2)
 #if ELEM_KIND == 2
 typedef float elem_t;
 #else
@@ -789,12 +790,32 @@ extern "C" __global__ void __launch_bounds__(256) flash_bias_reduce(
 }
 #endif
 
+// One exact merge step over disjoint key shards (merge_fold in shaders/common.wgsl): folds a
+// part (lse lb, output xb: normalized over its own keys) into the running (l, x), with
+// l = log(exp(l) + exp(lb)) and x the weighted sum. (-inf, 0) is "nothing yet": a part
+// that saw no key adds nothing (both: (-inf, 0)), and a NaN lse makes the result NaN.
+__device__ __forceinline__ void merge_fold(float& l, float& x, float lb, float xb) {
+    const float la = l, m = fmaxf(la, lb);
+    if (la != la || lb != lb) {
+        // fmaxf drops a NaN operand; the row stays NaN
+        l = __int_as_float(0x7fc00000);
+        x = l;
+    } else if (m != NEG_INF) {
+        // one weight is 1, so their sum lies in [1, 2]
+        const float wa = expf(la - m), wb = expf(lb - m), s = wa + wb;
+        l = m + logf(s);
+        x = (wa * x + wb * xb) / s;
+    } else {
+        x = 0.f; // neither side saw a key
+    }
+}
+
 // The exact merge of partial results over disjoint key shards (shaders/merge.wgsl, module
 // `merge`): folds one shard (shard_out, shard_lse) into the running f32 result
-// (acc, lse_in) -> (acc, lse_out), lse = log(exp(lse_a) + exp(lse_b)), out = the weighted sum,
-// and stores it rounded into out; `resume` 0 starts from nothing (lse -inf, out 0). A row no
-// shard lets see a key keeps lse -inf and out 0; a NaN lse stays NaN. out-layout tensors are
-// [batch, seq_q, heads, HEAD_DIM], lse [batch, heads, seq_q]. One thread per element of out.
+// (acc, lse_in) -> (acc, lse_out) by merge_fold, and stores it rounded into out; `resume` 0
+// starts from nothing (lse -inf, out 0). A row no shard lets see a key keeps lse -inf and
+// out 0; a NaN lse stays NaN. out-layout tensors are [batch, seq_q, heads, HEAD_DIM], lse
+// [batch, heads, seq_q]. One thread per element of out.
 extern "C" __global__ void __launch_bounds__(256) flash_merge(
     const elem_t* __restrict__ shard_out, const float* __restrict__ shard_lse,
     const float* __restrict__ lse_in, float* __restrict__ acc, float* __restrict__ lse_out,
@@ -808,24 +829,12 @@ extern "C" __global__ void __launch_bounds__(256) flash_merge(
     const unsigned int h = row % heads;
     const unsigned int bs = row / heads;
     const unsigned int r = ((bs / seq_q) * heads + h) * seq_q + bs % seq_q;
-    const float lb = shard_lse[r];
-    float la = NEG_INF, xa = 0.f;
+    float l = NEG_INF, x = 0.f;
     if (resume != 0) {
-        la = lse_in[r];
-        xa = acc[e];
+        l = lse_in[r];
+        x = acc[e];
     }
-    const float m = fmaxf(la, lb);
-    float l = m, x = 0.f;
-    if (la != la || lb != lb) {
-        // fmaxf drops a NaN operand; the row stays NaN
-        l = __int_as_float(0x7fc00000);
-        x = l;
-    } else if (m != NEG_INF) {
-        // one weight is 1, so their sum lies in [1, 2]
-        const float wa = expf(la - m), wb = expf(lb - m), s = wa + wb;
-        l = m + logf(s);
-        x = (wa * xa + wb * to_f32(shard_out[e])) / s;
-    }
+    merge_fold(l, x, shard_lse[r], to_f32(shard_out[e]));
     acc[e] = x;
     out[e] = from_f32(x);
     if (e % HEAD_DIM == 0) {

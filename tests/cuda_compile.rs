@@ -72,6 +72,7 @@ fn a_compile_error_is_a_typed_error_with_the_log() {
         mask: false,
         bias: false,
         paged: false,
+        decode_rows: 0,
     };
     match nvrtc.compile(&key) {
         Err(Error::CudaCompile { kernel, log }) => {

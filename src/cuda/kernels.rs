@@ -20,6 +20,14 @@ const WARPS: u32 = 4;
 /// Threads per block of the SIMT kernels: 8 lanes per resident row, so 32 rows.
 const SIMT_THREADS: u32 = 256;
 
+/// Threads per block of the decode kernel: four warps of lane groups, each group on its own
+/// keys.
+const DECODE_THREADS: u32 = 128;
+
+/// The most packed rows (query heads of a kv head x query rows) a decode block holds: their
+/// q slices and outputs live in registers.
+pub const DECODE_ROWS: u32 = 4;
+
 /// Which pass a call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Pass {
@@ -42,14 +50,18 @@ pub enum CudaKernel {
     /// The backward on the CUDA cores (`cuda/flash_simt.cu`): entries
     /// `flash_simt_bwd_preprocess`, `flash_simt_dkdv`, `flash_simt_dq`.
     SimtBackward,
+    /// Decode, split-KV with GQA packing, on the CUDA cores (`cuda/flash_decode.cu`): entries
+    /// `flash_decode` and (calls of more than one split) `flash_decode_combine`.
+    Decode,
 }
 
 impl CudaKernel {
-    pub const ALL: [CudaKernel; 4] = [
+    pub const ALL: [CudaKernel; 5] = [
         CudaKernel::Forward,
         CudaKernel::Backward,
         CudaKernel::SimtForward,
         CudaKernel::SimtBackward,
+        CudaKernel::Decode,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +70,18 @@ impl CudaKernel {
             CudaKernel::Backward => "flash_bwd",
             CudaKernel::SimtForward => "flash_simt_fwd",
             CudaKernel::SimtBackward => "flash_simt_bwd",
+            CudaKernel::Decode => "flash_decode",
+        }
+    }
+
+    /// The program that runs a forward call: the decode kernel for a decode step's shape
+    /// ([`decode_shaped`](crate::plan::decode::decode_shaped): at most 4 query rows, not
+    /// packed), else [`for_pass`](CudaKernel::for_pass)'s.
+    pub fn for_forward(cfg: &AttentionConfig, dtype: DType) -> CudaKernel {
+        if crate::plan::decode::decode_shaped(cfg) {
+            CudaKernel::Decode
+        } else {
+            CudaKernel::for_pass(Pass::Forward, dtype, cfg.head_dim as u32)
         }
     }
 
@@ -103,6 +127,7 @@ impl CudaKernel {
             CudaKernel::SimtForward | CudaKernel::SimtBackward => {
                 include_str!("../../cuda/flash_simt.cu")
             }
+            CudaKernel::Decode => include_str!("../../cuda/flash_decode.cu"),
         }
     }
 
@@ -298,6 +323,41 @@ pub struct CudaKey {
     /// K and V in pages through a block table, compiled in (`-DPAGED=1`): the forward kernels
     /// read each key's row through the table (`kv_row`).
     pub paged: bool,
+    /// The decode kernel's packed rows per block (`-DDECODE_ROWS`; [`decode_geometry`]
+    /// picks them per call); 0 for the other kernels.
+    pub decode_rows: u32,
+}
+
+/// How a decode call runs on CUDA: packed rows per block, row chunks, key splits and keys
+/// per split (grid: chunks x splits, heads_kv, batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeGeometry {
+    pub rows: u32,
+    pub chunks: u32,
+    pub splits: u32,
+    pub split_keys: u32,
+}
+
+/// The decode geometry of a call, pure: the packed rows (query heads sharing a kv head x
+/// query rows) in chunks of up to [`DECODE_ROWS`] (the next power of two of the rows when
+/// fewer), the keys split as on wgpu ([`key_splits`](crate::plan::decode::key_splits): the
+/// override, or enough splits for [`TARGET_WORKGROUPS`](crate::plan::decode::TARGET_WORKGROUPS)
+/// blocks, none under 512 keys).
+pub fn decode_geometry(cfg: &AttentionConfig) -> DecodeGeometry {
+    let packed = (cfg.group() * cfg.seq_q).max(1);
+    let rows = (packed.next_power_of_two() as u32).min(DECODE_ROWS);
+    let chunks = packed.div_ceil(rows as usize);
+    let (splits, split_keys) = crate::plan::decode::key_splits(
+        cfg,
+        cfg.batch * cfg.heads_kv * chunks,
+        crate::config::MAX_KV_SPLITS,
+    );
+    DecodeGeometry {
+        rows,
+        chunks: chunks as u32,
+        splits: splits as u32,
+        split_keys: split_keys as u32,
+    }
 }
 
 /// The oldest architecture the kernels are written for: `mma.sync` m16n8k16 with bf16,
@@ -370,15 +430,39 @@ impl CudaKey {
             mask: false,
             bias: false,
             paged: false,
+            decode_rows: if kernel == CudaKernel::Decode {
+                DECODE_ROWS
+            } else {
+                0
+            },
         })
     }
 
     pub fn threads(&self) -> u32 {
-        if self.kernel.tensor_cores() {
-            WARPS * 32
-        } else {
-            SIMT_THREADS
+        match self.kernel {
+            CudaKernel::Forward | CudaKernel::Backward => WARPS * 32,
+            CudaKernel::Decode => DECODE_THREADS,
+            _ => SIMT_THREADS,
         }
+    }
+
+    /// The decode kernel's lanes per key (`-DKEY_LANES`): each lane holds at most 8 dims of a
+    /// row (its slices of q and of the rows' outputs stay in registers for 4 rows).
+    pub fn key_lanes(&self) -> u32 {
+        match self.head_dim {
+            d if d <= 64 => 8,
+            d if d <= 128 => 16,
+            _ => 32,
+        }
+    }
+
+    /// Whether the decode kernel reads each lane's dims as whole 16-byte words
+    /// (`-DDECODE_VEC`): the lanes cover head_dim exactly and a lane's dims are a multiple of
+    /// 16 bytes (every row then starts on a word, as the allocations do).
+    pub fn decode_vec(&self) -> bool {
+        let lanes = self.key_lanes();
+        let per = self.head_dim.div_ceil(lanes);
+        lanes * per == self.head_dim && (per * self.dtype.size_bytes() as u32).is_multiple_of(16)
     }
 
     /// Rows resident in a block: query rows (forward, dQ) or keys (dK/dV); 8 lanes a row in
@@ -506,6 +590,27 @@ impl CudaKey {
                 threads: self.threads(),
                 shared_bytes: self.f32_tile_bytes(2 * self.block_keys()),
             }],
+            // one block per (row chunk, split) of each kv head, then the splits' merge: one
+            // thread per element of out
+            CudaKernel::Decode => {
+                let g = decode_geometry(cfg);
+                let mut launches = vec![Launch {
+                    entry: "flash_decode",
+                    grid: (g.chunks * g.splits, cfg.heads_kv as u32, cfg.batch as u32),
+                    threads: self.threads(),
+                    shared_bytes: 0,
+                }];
+                if g.splits > 1 {
+                    let elements = (cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim) as u64;
+                    launches.push(Launch {
+                        entry: "flash_decode_combine",
+                        grid: (elements.div_ceil(256) as u32, 1, 1),
+                        threads: 256,
+                        shared_bytes: 0,
+                    });
+                }
+                launches
+            }
             CudaKernel::SimtBackward => {
                 let rows = (cfg.batch * cfg.heads_q * cfg.seq_q) as u32;
                 vec![
@@ -569,16 +674,26 @@ impl CudaKey {
         } else {
             opts.push(format!("-DTHREADS={}", self.threads()));
         }
+        if self.kernel == CudaKernel::Decode {
+            opts.push(format!("-DDECODE_ROWS={}", self.decode_rows));
+            opts.push(format!("-DKEY_LANES={}", self.key_lanes()));
+            opts.push(format!("-DDECODE_VEC={}", u32::from(self.decode_vec())));
+        }
         opts
     }
 
     pub fn label(&self) -> String {
         format!(
-            "{} {:?} head_dim {} sm_{}{}{}{}{}{}{}{}{}{}{}",
+            "{} {:?} head_dim {} sm_{}{}{}{}{}{}{}{}{}{}{}{}",
             self.kernel.name(),
             self.dtype,
             self.head_dim,
             self.arch,
+            if self.decode_rows > 0 {
+                format!(" rows {}", self.decode_rows)
+            } else {
+                String::new()
+            },
             if self.softcap { " softcap" } else { "" },
             if self.alibi { " alibi" } else { "" },
             if self.sinks { " sinks" } else { "" },
@@ -593,49 +708,72 @@ impl CudaKey {
     }
 
     /// The variants a build is checked with on one architecture: every tensor-core variant
-    /// (both half dtypes, every head dim they take), and the SIMT kernels in every dtype at
-    /// [`SIMT_CHECK_DIMS`]; with the score modifiers (softcap, ALiBi, sinks, key lengths,
-    /// dropout, the block mask, packed sequences, the boolean mask and the bias, all at once) too at head
-    /// dims 64, 128 and 256. (Key lengths and packed sequences never meet in a call, but their
-    /// code compiles together.)
+    /// (both half dtypes, every head dim they take), the SIMT kernels in every dtype at
+    /// [`SIMT_CHECK_DIMS`], and the decode kernel at those dims in f16 and at a few of them
+    /// (word reads and element reads, the most registers) in bf16 and f32, with 1 and 2 rows
+    /// a block too at head_dim 128; with the score modifiers (softcap, ALiBi, sinks, key
+    /// lengths, dropout, the block mask, packed sequences, the boolean mask, the bias and
+    /// paged K/V, all at once) too at head dims 64, 128 and 256. (Key lengths and packed
+    /// sequences never meet in a call, but their code compiles together; the decode kernel
+    /// never takes packed sequences.)
     pub fn all_for_arch(arch: u32) -> Vec<CudaKey> {
         let mut keys = Vec::new();
         for kernel in CudaKernel::ALL {
-            let (dtypes, dims): (&[DType], Vec<u32>) = if kernel.tensor_cores() {
-                (
-                    &[DType::F16, DType::BF16],
-                    (16..=kernel.max_head_dim()).step_by(16).collect(),
-                )
-            } else {
-                (
-                    &[DType::F32, DType::F16, DType::BF16],
-                    SIMT_CHECK_DIMS.to_vec(),
-                )
+            let variants: Vec<(DType, u32)> = match kernel {
+                CudaKernel::Forward | CudaKernel::Backward => [DType::F16, DType::BF16]
+                    .into_iter()
+                    .flat_map(|t| {
+                        (16..=kernel.max_head_dim())
+                            .step_by(16)
+                            .map(move |d| (t, d))
+                    })
+                    .collect(),
+                CudaKernel::SimtForward | CudaKernel::SimtBackward => {
+                    [DType::F32, DType::F16, DType::BF16]
+                        .into_iter()
+                        .flat_map(|t| SIMT_CHECK_DIMS.map(|d| (t, d)))
+                        .collect()
+                }
+                CudaKernel::Decode => SIMT_CHECK_DIMS
+                    .map(|d| (DType::F16, d))
+                    .into_iter()
+                    .chain(
+                        [DType::BF16, DType::F32]
+                            .into_iter()
+                            .flat_map(|t| [13, 64, 128, 256].map(|d| (t, d))),
+                    )
+                    .collect(),
             };
-            for &dtype in dtypes {
-                for &head_dim in &dims {
-                    // the score modifiers' code at the head dims the models use them with
-                    let mods: &[bool] = if [64, 128, 256].contains(&head_dim) {
-                        &[false, true]
-                    } else {
-                        &[false]
-                    };
-                    for &on in mods {
+            for (dtype, head_dim) in variants {
+                // the score modifiers' code at the head dims the models use them with
+                let mods: &[bool] = if [64, 128, 256].contains(&head_dim) {
+                    &[false, true]
+                } else {
+                    &[false]
+                };
+                let Ok(base) = CudaKey::new(kernel, dtype, head_dim, arch) else {
+                    continue; // an architecture the kernels do not take: nothing to check
+                };
+                for &on in mods {
+                    keys.push(CudaKey {
+                        softcap: on,
+                        alibi: on,
+                        sinks: on,
+                        seqlens: on,
+                        dropout: on,
+                        blocks: on,
+                        varlen: on && kernel != CudaKernel::Decode,
+                        mask: on,
+                        bias: on,
+                        paged: on,
+                        ..base
+                    });
+                }
+                if kernel == CudaKernel::Decode && dtype == DType::F16 && head_dim == 128 {
+                    for decode_rows in [1, 2] {
                         keys.push(CudaKey {
-                            kernel,
-                            dtype,
-                            head_dim,
-                            arch,
-                            softcap: on,
-                            alibi: on,
-                            sinks: on,
-                            seqlens: on,
-                            dropout: on,
-                            blocks: on,
-                            varlen: on,
-                            mask: on,
-                            bias: on,
-                            paged: on,
+                            decode_rows,
+                            ..base
                         });
                     }
                 }
@@ -859,12 +997,14 @@ mod tests {
                     assert_eq!(l.shared_bytes % 16, 0);
                     assert!(l.threads <= 1024 && l.threads % 32 == 0);
                     // every entry the host launches is in the program (the sinks' gradient
-                    // in the shared part, with its own block size)
+                    // in the shared part; it and the decode's merge of its splits with their
+                    // own block size)
                     let source = if l.entry == "flash_sinks_grad" {
                         assert_eq!(l.threads, 256);
                         COMMON
                     } else {
-                        assert_eq!(l.threads, key.threads());
+                        let own = l.entry == "flash_decode_combine";
+                        assert_eq!(l.threads, if own { 256 } else { key.threads() });
                         key.kernel.source()
                     };
                     assert!(source.contains(&format!("{}(", l.entry)), "{}", l.entry);
@@ -885,6 +1025,9 @@ mod tests {
                 "THREADS",
                 "BLOCK_N",
                 "BLOCK_Q",
+                "DECODE_ROWS",
+                "KEY_LANES",
+                "DECODE_VEC",
             ] {
                 if program.contains(&format!("defined({name})")) {
                     let opts = key.options();
@@ -914,5 +1057,86 @@ mod tests {
         assert!(CudaKey::new(CudaKernel::Backward, DType::F16, 144, 90).is_err());
         assert!(CudaKey::new(CudaKernel::Forward, DType::F16, 144, 90).is_ok());
         assert!(CudaKey::new(CudaKernel::SimtBackward, DType::F16, 144, 90).is_ok());
+    }
+
+    #[test]
+    fn decode_steps_take_the_decode_kernel_packed_per_kv_head_and_split() {
+        // one row, 32 query heads over 8 at 32K keys: 4 packed rows a kv head, 32 splits of
+        // 1024 keys (256 blocks), then their merge, one thread an element of out
+        let mut c = AttentionConfig::new(1, 1, 32768, 32, 8, 128);
+        assert_eq!(CudaKernel::for_forward(&c, DType::F16), CudaKernel::Decode);
+        let g = decode_geometry(&c);
+        let want = DecodeGeometry {
+            rows: 4,
+            chunks: 1,
+            splits: 32,
+            split_keys: 1024,
+        };
+        assert_eq!(g, want);
+        let key = CudaKey::new(CudaKernel::Decode, DType::F16, 128, 90).unwrap();
+        let l = key.launches(&c);
+        let entries: Vec<&str> = l.iter().map(|l| l.entry).collect();
+        assert_eq!(entries, ["flash_decode", "flash_decode_combine"]);
+        assert_eq!((l[0].grid, l[0].threads), ((32, 8, 1), 128));
+        assert_eq!(l[1].grid, (32 * 128 / 256, 1, 1));
+        // an override: n splits of ceil(seq_kv / n) keys
+        c.kv_splits = Some(7);
+        c.seq_kv = 1000;
+        assert_eq!(
+            (decode_geometry(&c).splits, decode_geometry(&c).split_keys),
+            (7, 143)
+        );
+        // MHA under 512 keys: one row a block, one split, no merge launched
+        let c = AttentionConfig::new(2, 1, 300, 8, 8, 64);
+        let g = decode_geometry(&c);
+        assert_eq!((g.rows, g.chunks, g.splits), (1, 1, 1));
+        let key = CudaKey::new(CudaKernel::Decode, DType::F32, 64, 80).unwrap();
+        assert_eq!(key.launches(&c).len(), 1);
+        // 3 query rows of 8 heads a kv head: 24 packed rows in 6 chunks of 4
+        let c = AttentionConfig::new(1, 3, 4096, 16, 2, 64);
+        let g = decode_geometry(&c);
+        assert_eq!((g.rows, g.chunks), (4, 6));
+        // 2 packed rows: blocks of 2
+        assert_eq!(
+            decode_geometry(&AttentionConfig::new(1, 2, 64, 4, 4, 64)).rows,
+            2
+        );
+        // five query rows, or packed sequences: the forward kernels
+        let mut c = AttentionConfig::new(1, 5, 4096, 32, 8, 128);
+        assert_eq!(CudaKernel::for_forward(&c, DType::F16), CudaKernel::Forward);
+        assert_eq!(
+            CudaKernel::for_forward(&c, DType::F32),
+            CudaKernel::SimtForward
+        );
+        c.seq_q = 1;
+        c.algorithm = crate::Algorithm::Naive;
+        assert_ne!(CudaKernel::for_forward(&c, DType::F16), CudaKernel::Decode);
+        let p = AttentionConfig::packed(vec![0, 1, 2], vec![0, 50, 90], 4, 2, 64);
+        assert_ne!(CudaKernel::for_forward(&p, DType::F16), CudaKernel::Decode);
+        // lanes a key, at most 8 dims a lane; whole 16-byte words where the lanes cover the
+        // row and a lane's dims fill words
+        let lanes_vec = |t: DType, d: u32| {
+            let k = CudaKey::new(CudaKernel::Decode, t, d, 90).unwrap();
+            (k.key_lanes(), k.decode_vec())
+        };
+        assert_eq!(lanes_vec(DType::F16, 128), (16, true));
+        assert_eq!(lanes_vec(DType::F32, 128), (16, true));
+        assert_eq!(lanes_vec(DType::BF16, 256), (32, true));
+        assert_eq!(lanes_vec(DType::F16, 64), (8, true));
+        assert_eq!(lanes_vec(DType::F16, 32), (8, false));
+        assert_eq!(lanes_vec(DType::F32, 32), (8, true));
+        assert_eq!(lanes_vec(DType::F16, 40), (8, false));
+        assert_eq!(lanes_vec(DType::BF16, 13), (8, false));
+        let opts = CudaKey::new(CudaKernel::Decode, DType::F16, 128, 90)
+            .unwrap()
+            .options();
+        for o in [
+            "-DTHREADS=128",
+            "-DDECODE_ROWS=4",
+            "-DKEY_LANES=16",
+            "-DDECODE_VEC=1",
+        ] {
+            assert!(opts.contains(&o.to_string()), "{o}");
+        }
     }
 }

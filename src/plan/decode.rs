@@ -29,10 +29,16 @@ pub const MIN_SPLIT_KEYS: usize = 512;
 /// one binding runs in windows of whole batches; one whose single batch does not fit runs the
 /// tiled kernels' windows).
 pub fn eligible(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<bool> {
-    if cfg.algorithm != Algorithm::Tiled || cfg.varlen.is_some() || cfg.seq_q > MAX_DECODE_QUERIES {
+    if !decode_shaped(cfg) {
         return Ok(false);
     }
     Ok(batch_parts(cfg, dtype, env)?.is_some())
+}
+
+/// True when a call has a decode step's shape, on any backend: tiled, at most
+/// [`MAX_DECODE_QUERIES`] query rows, not packed sequences.
+pub fn decode_shaped(cfg: &AttentionConfig) -> bool {
+    cfg.algorithm == Algorithm::Tiled && cfg.varlen.is_none() && cfg.seq_q <= MAX_DECODE_QUERIES
 }
 
 /// The batch windows a decode call runs in: one of every batch when its tensors fit one
@@ -106,6 +112,30 @@ pub fn decode_subgroup(cfg: &AttentionConfig, tiles: Tiles, env: &PlanEnv, cw: u
     }
 }
 
+/// How a decode call's keys are split, on any backend: `cfg.kv_splits = Some(n)` gives n
+/// splits of ceil(seq_kv / n) keys (some empty when n does not divide well); `None` the
+/// heuristic's count ([`kv_splits`], for `unsplit_workgroups` without splits and at most
+/// `max_splits`), with splits rounded up to whole tiles of [`DECODE_KEYS`] keys. Returns
+/// (splits, keys per split).
+pub fn key_splits(
+    cfg: &AttentionConfig,
+    unsplit_workgroups: usize,
+    max_splits: usize,
+) -> (usize, usize) {
+    match cfg.kv_splits {
+        Some(n) => (n, cfg.seq_kv.div_ceil(n)),
+        None => {
+            let n = kv_splits(unsplit_workgroups, cfg.seq_kv, max_splits);
+            let keys = cfg
+                .seq_kv
+                .div_ceil(n)
+                .next_multiple_of(DECODE_KEYS as usize)
+                .max(1);
+            (cfg.seq_kv.div_ceil(keys).max(1), keys)
+        }
+    }
+}
+
 /// The decode dispatch's geometry for a call: tiles, row chunks, splits and keys per split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeShape {
@@ -125,27 +155,15 @@ pub fn shape(cfg: &AttentionConfig, env: &PlanEnv) -> Result<DecodeShape> {
     let chunks = rows.div_ceil(br as usize);
     let per_split = (cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim) as u64 * 4;
     let max_splits = (env.max_binding_bytes / per_split.max(1)) as usize;
-    let (splits, split_keys) = match cfg.kv_splits {
-        Some(n) => {
-            if n > max_splits {
-                return Err(Error::DeviceLimit {
-                    what: format!("partial results of {n} key splits (kv_splits)"),
-                    needed: n as u64 * per_split,
-                    limit: env.max_binding_bytes,
-                    hint: format!("ask for at most {max_splits} splits, or None"),
-                });
-            }
-            (n, cfg.seq_kv.div_ceil(n))
-        }
-        None => {
-            let n = kv_splits(cfg.batch * cfg.heads_kv * chunks, cfg.seq_kv, max_splits);
-            let keys = cfg
-                .seq_kv
-                .div_ceil(n)
-                .next_multiple_of(DECODE_KEYS as usize);
-            (cfg.seq_kv.div_ceil(keys), keys)
-        }
-    };
+    if let Some(n) = cfg.kv_splits.filter(|&n| n > max_splits) {
+        return Err(Error::DeviceLimit {
+            what: format!("partial results of {n} key splits (kv_splits)"),
+            needed: n as u64 * per_split,
+            limit: env.max_binding_bytes,
+            hint: format!("ask for at most {max_splits} splits, or None"),
+        });
+    }
+    let (splits, split_keys) = key_splits(cfg, cfg.batch * cfg.heads_kv * chunks, max_splits);
     Ok(DecodeShape {
         tiles: Tiles { br, ..t },
         chunks,
