@@ -203,6 +203,38 @@ fn every_backend_matches_the_reference_with_a_bias() {
 }
 
 #[test]
+fn every_backend_splits_decode_steps_over_the_keys_exactly() {
+    // decode steps (1 to 4 query rows; 4 and 8 query heads a kv head, and MHA) in one split,
+    // the heuristic's, and more splits than keys (empty ones); one with every modifier at once
+    // (per-batch ALiBi, sinks, key lengths with a batch of none, dropout, a block mask, a
+    // boolean mask and a bias with d_bias, aligned per batch as a KV cache); wgpu's decode
+    // kernel, and CUDA's (cuda/flash_decode.cu), against the reference
+    on_every_backend!(|b| {
+        for (batch, sq, hq, hkv, d, skv, splits, mods) in [
+            (2, 1, 8, 2, 64, 300, Some(1), false),
+            (1, 1, 8, 1, 128, 1100, None, false),
+            (2, 2, 4, 4, 40, 61, Some(70), false),
+            (3, 4, 4, 2, 32, 157, Some(3), true),
+        ] {
+            let mut c = cfg(batch, sq, skv, hq, hkv, d, true);
+            c.kv_splits = splits;
+            if mods {
+                c.alibi_slopes = Some(common::random_alibi(&c, true));
+                c.sinks = Some(common::random_sinks(&c));
+                c.seqlens_kv = Some(common::random_seqlens(&c));
+                c.align_to_seqlens = true;
+                c.dropout = Some(common::random_dropout(0.2));
+                c.block_mask = Some(common::random_block_mask(&c, (1, 16), true, true, 0.7));
+                c.mask = Some(common::random_bool_mask(&c, true, false, 0.8, 1));
+                c.bias = Some(common::random_bias(&c, false, true, 0.05, 0));
+            }
+            let e = check_all_dtypes(b, &c, 2.0);
+            eprintln!("{} {}: {e:?}", b.backend(), common::describe(&c, 0));
+        }
+    });
+}
+
+#[test]
 fn every_backend_gives_zero_and_neg_inf_lse_for_rows_that_see_no_key_and_keeps_large_logits() {
     on_every_backend!(|b| {
         // causal with seq_q > seq_kv: the first seq_q - seq_kv rows see nothing
@@ -315,4 +347,114 @@ fn every_backend_chains_device_tensors_and_types_its_errors() {
     on_every_backend!(|b| {
         chains_on_the_device(b);
     });
+}
+
+/// CUDA interop (runs where a CUDA device is; skipped with the reason printed elsewhere): a
+/// context on the caller's own stream, tensors wrapping the caller's device memory read in
+/// place (a decode step and a tiled call give the bits of the same call on uploaded copies), a
+/// KV-cache append written into the caller's cache, the memory still the caller's after the
+/// tensors are dropped, bad pointers and views as typed errors, GPU timing opt-in.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_calls_queue_on_the_callers_stream_and_read_its_memory_in_place() {
+    use cudarc::driver::{CudaContext as Driver, DevicePtr};
+    use flash_attn_wgpu::cuda::CudaContext;
+    use flash_attn_wgpu::{Backend, DType};
+    if cuda().is_none() {
+        return;
+    }
+    let dev = Driver::new(0).unwrap();
+    let stream = dev.new_stream().unwrap();
+    let c = CudaContext::from_stream(stream.clone(), Some(&common::nvrtc::nvrtc_dir())).unwrap();
+    assert!(!c.gpu_timing());
+    for (sq, skv) in [(1, 700), (70, 90)] {
+        let mut cfg = common::cfg(2, sq, skv, 8, 2, 64, true);
+        cfg.kv_splits = (sq == 1).then_some(3);
+        let r = common::rounded_inputs::<half::f16>(&cfg, 1.5);
+        // the caller's allocations, on its stream
+        let mine = |x: &[half::f16]| stream.clone_htod(bytemuck::cast_slice::<_, u8>(x)).unwrap();
+        let (qm, km, vm) = (mine(&r.q), mine(&r.k), mine(&r.v));
+        let ptr = |s: &cudarc::driver::CudaSlice<u8>| s.device_ptr(&stream).0;
+        let wrap = |s: &cudarc::driver::CudaSlice<u8>, shape: &[usize]| unsafe {
+            c.tensor_from_device_ptr(ptr(s), s.len(), shape, None, DType::F16)
+                .unwrap()
+        };
+        let (q, k, v) = (
+            wrap(&qm, &cfg.q_shape()),
+            wrap(&km, &cfg.kv_shape()),
+            wrap(&vm, &cfg.kv_shape()),
+        );
+        assert!(q.is_borrowed());
+        let f = c.forward(&cfg, &q, &k, &v).unwrap();
+        let want = c.forward_host(&cfg, &r.q, &r.k, &r.v).unwrap();
+        assert_eq!(
+            c.download::<half::f16>(&f.out).unwrap(),
+            want.out,
+            "sq {sq}"
+        );
+        assert_eq!(c.download::<f32>(&f.lse).unwrap(), want.lse, "sq {sq}");
+        drop((q, k, v, f));
+        // still the caller's, unchanged
+        let back: Vec<u8> = stream.clone_dtoh(&qm).unwrap();
+        assert_eq!(back, bytemuck::cast_slice::<_, u8>(&r.q));
+    }
+    // an append into the caller's cache, in place
+    let cfg = common::cfg(1, 1, 32, 4, 2, 16, true);
+    let zeros = vec![half::f16::ZERO; 32 * 2 * 16];
+    let cache = stream
+        .clone_htod(bytemuck::cast_slice::<_, u8>(&zeros))
+        .unwrap();
+    let row: Vec<half::f16> = (0..2 * 16).map(|i| half::f16::from_f32(i as f32)).collect();
+    let new = c.upload(&row, &[1, 1, 2, 16]).unwrap();
+    let q = c.upload(&row.repeat(2), &cfg.q_shape()).unwrap();
+    {
+        let p = cache.device_ptr(&stream).0;
+        let mut kc =
+            unsafe { c.tensor_from_device_ptr(p, cache.len(), &cfg.kv_shape(), None, DType::F16) }
+                .unwrap();
+        let mut vc = c.upload(&zeros, &cfg.kv_shape()).unwrap();
+        c.forward_with_kvcache(&cfg, &q, &mut kc, &mut vc, &[5], Some((&new, &new)))
+            .unwrap();
+    }
+    let got: Vec<u8> = stream.clone_dtoh(&cache).unwrap();
+    let got: &[half::f16] = bytemuck::cast_slice(&got);
+    assert_eq!(&got[5 * 32..6 * 32], &row[..]);
+    assert!(got[..5 * 32]
+        .iter()
+        .chain(&got[6 * 32..])
+        .all(|x| *x == half::f16::ZERO));
+    // bad pointers and views: typed errors
+    let p = cache.device_ptr(&stream).0;
+    let shape = cfg.kv_shape();
+    let err = |ptr: u64, bytes: usize, strides: Option<&[usize]>| unsafe {
+        c.tensor_from_device_ptr(ptr, bytes, &shape, strides, DType::F16)
+            .unwrap_err()
+    };
+    assert!(
+        matches!(err(p + 2, cache.len(), None), Error::InvalidConfig(m) if m.contains("16 bytes"))
+    );
+    assert!(
+        matches!(err(p, cache.len() - 2, None), Error::InvalidConfig(m) if m.contains("needs"))
+    );
+    let bhsd = [32 * 2 * 16, 16, 32 * 16, 1];
+    assert!(matches!(
+        err(p, cache.len(), Some(&bhsd)),
+        Error::Unsupported {
+            backend: Backend::Cuda,
+            ..
+        }
+    ));
+    // GPU timing: off, the host's wall time; on, the launches' events per kernel
+    let t = c.last_gpu_timing().unwrap();
+    assert!(!t.from_timestamps && t.per_kernel.is_empty(), "{t:?}");
+    c.set_gpu_timing(true);
+    c.forward(
+        &cfg,
+        &q,
+        &c.upload(&zeros, &shape).unwrap(),
+        &c.upload(&zeros, &shape).unwrap(),
+    )
+    .unwrap();
+    let t = c.last_gpu_timing().unwrap();
+    assert!(t.from_timestamps && !t.per_kernel.is_empty(), "{t:?}");
 }

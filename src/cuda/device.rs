@@ -13,7 +13,7 @@ use cudarc::driver::{
     LaunchArgs, LaunchConfig, PushKernelArg,
 };
 
-use super::kernels::{AttnShape, CudaKernel, CudaKey, Launch, Pass, MIN_ARCH};
+use super::kernels::{decode_geometry, AttnShape, CudaKernel, CudaKey, Launch, Pass, MIN_ARCH};
 use super::nvrtc::Nvrtc;
 use super::tensor::{next_owner, CudaTensor};
 use crate::backend::{AttentionBackend, Backend};
@@ -46,13 +46,17 @@ pub struct CudaContext {
     functions: Mutex<HashMap<(CudaKey, &'static str), CudaFunction>>,
     /// This context's number: its tensors carry it.
     owner: u64,
-    /// Events around the launches of the last call, read by `last_gpu_timing`.
+    /// The last call's timeline, read by `last_gpu_timing`.
     timing: Mutex<Option<Timeline>>,
+    /// Whether calls record CUDA events around their launches (`set_gpu_timing`).
+    gpu_timing: std::sync::atomic::AtomicBool,
 }
 
-/// Events recorded on the stream: one before the first launch, one after each.
+/// A call's timeline: when it began on the host, and with GPU timing on, events recorded on
+/// the stream, one before the first launch and one after each.
 struct Timeline {
-    start: CudaEvent,
+    wall: std::time::Instant,
+    start: Option<CudaEvent>,
     marks: Vec<(&'static str, CudaEvent)>,
 }
 
@@ -86,6 +90,20 @@ impl CudaContext {
             });
         }
         let ctx = drv::CudaContext::new(ordinal).map_err(driver_error("context"))?;
+        CudaContext::from_stream(ctx.default_stream(), nvrtc_dir)
+    }
+
+    /// A context whose calls are all queued on `stream`, a cudarc stream of yours (an
+    /// inference engine's, say), on that stream's device: each call queues its launches (and
+    /// a KV-cache call its copies) on it and returns, so attention runs in order with the rest
+    /// of your work on that stream, as the wgpu `record_*` calls record into your encoder;
+    /// only downloads (and `synchronize`) wait. NVRTC from `nvrtc_dir` (None: the loader's
+    /// path).
+    pub fn from_stream(
+        stream: Arc<CudaStream>,
+        nvrtc_dir: Option<&std::path::Path>,
+    ) -> Result<CudaContext> {
+        let ctx = stream.context().clone();
         let (major, minor) = ctx
             .compute_capability()
             .map_err(driver_error("compute capability"))?;
@@ -106,7 +124,6 @@ impl CudaContext {
             )
             .map_err(driver_error("shared memory limit"))? as u32;
         let nvrtc = Nvrtc::load_from(nvrtc_dir)?;
-        let stream = ctx.default_stream();
         Ok(CudaContext {
             ctx,
             stream,
@@ -118,6 +135,7 @@ impl CudaContext {
             functions: Mutex::new(HashMap::new()),
             owner: next_owner(),
             timing: Mutex::new(None),
+            gpu_timing: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -202,8 +220,14 @@ impl CudaContext {
                     .into(),
             });
         }
-        let kernel = CudaKernel::for_pass(pass, dtype, cfg.head_dim as u32);
+        let kernel = match pass {
+            Pass::Forward => CudaKernel::for_forward(cfg, dtype),
+            Pass::Backward => CudaKernel::for_pass(pass, dtype, cfg.head_dim as u32),
+        };
         let mut key = CudaKey::new(kernel, dtype, cfg.head_dim as u32, self.arch)?;
+        if kernel == CudaKernel::Decode {
+            key.decode_rows = decode_geometry(cfg).rows;
+        }
         key.softcap = cfg.softcap.is_some();
         key.alibi = cfg.alibi_slopes.is_some();
         key.sinks = cfg.sinks.is_some();
@@ -260,13 +284,61 @@ impl CudaContext {
             .stream
             .clone_htod(bytemuck::cast_slice::<T, u8>(data))
             .map_err(driver_error("upload"))?;
-        Ok(CudaTensor {
-            data,
-            shape: shape.to_vec(),
-            dtype: T::DTYPE,
-            owner: self.owner,
-            role: None,
-        })
+        Ok(CudaTensor::owned(data, shape, T::DTYPE, self.owner, None))
+    }
+
+    /// Wraps `bytes` of device memory at `ptr`, allocated in this context's CUDA context (an
+    /// engine's KV cache, a projection's output), as a row-major tensor of `shape` and
+    /// `dtype`, with no copy: calls read it in place, and `forward_with_kvcache` appends into
+    /// it in place. The tensor never frees it: the memory stays yours.
+    ///
+    /// `ptr` must be aligned to 16 bytes (the kernels read rows in 16-byte words, as
+    /// `cudaMalloc` aligns), and the shape's elements must fit in `bytes`. `strides` (in
+    /// elements; `None`: row-major) must be row-major: strided views (BHSD, a packed QKV
+    /// projection) are read by the wgpu kernels only, and are `Unsupported` here. Each is a
+    /// typed error naming what was expected and given.
+    ///
+    /// # Safety
+    /// `ptr .. ptr + bytes` must be device memory of this context's CUDA context, live for as
+    /// long as the tensor and every call queued with it, and written by no one else while a
+    /// queued call uses it.
+    pub unsafe fn tensor_from_device_ptr(
+        &self,
+        ptr: u64,
+        bytes: usize,
+        shape: &[usize],
+        strides: Option<&[usize]>,
+        dtype: DType,
+    ) -> Result<CudaTensor> {
+        let n = shape_elements(shape)?;
+        if let Some(s) = strides.filter(|s| *s != crate::tensor::row_major(shape).as_slice()) {
+            return Err(Error::Unsupported {
+                feature: format!("strided tensor views on CUDA (strides {s:?} for shape {shape:?})"),
+                backend: crate::Backend::Cuda,
+                reason: "the CUDA kernels read row-major tensors; wrap a row-major tensor, or                          use the wgpu path (Context::tensor_from_buffer) for views"
+                    .into(),
+            });
+        }
+        if ptr == 0 || !ptr.is_multiple_of(16) {
+            return Err(Error::invalid(format!(
+                "tensor_from_device_ptr: the pointer must be a non-null address aligned to 16 \
+                 bytes, got {ptr:#x}"
+            )));
+        }
+        let need = n.checked_mul(dtype.size_bytes()).filter(|&b| b <= bytes);
+        let Some(need) = need else {
+            return Err(Error::invalid(format!(
+                "tensor_from_device_ptr: shape {shape:?} of {dtype} needs {} bytes, the memory \
+                 given holds {bytes}",
+                n.saturating_mul(dtype.size_bytes())
+            )));
+        };
+        // SAFETY: the caller's promise (above); the slice covers the tensor's bytes only, and
+        // drop lets it go without freeing (CudaTensor::borrowed).
+        let data = unsafe { self.stream.upgrade_device_ptr::<u8>(ptr, need) };
+        let mut t = CudaTensor::owned(data, shape, dtype, self.owner, None);
+        t.borrowed = true;
+        Ok(t)
     }
 
     /// Copies a device tensor back to the host as `T`, which must be the tensor's dtype.
@@ -281,7 +353,7 @@ impl CudaContext {
         }
         let mut out = vec![T::zeroed(); t.len()];
         self.stream
-            .memcpy_dtoh(&t.data, bytemuck::cast_slice_mut::<T, u8>(&mut out))
+            .memcpy_dtoh(&*t.data, bytemuck::cast_slice_mut::<T, u8>(&mut out))
             .map_err(driver_error("download"))?;
         Ok(out)
     }
@@ -293,13 +365,13 @@ impl CudaContext {
             .stream
             .alloc_zeros::<u8>(n * dtype.size_bytes())
             .map_err(driver_error("alloc"))?;
-        Ok(CudaTensor {
+        Ok(CudaTensor::owned(
             data,
-            shape: shape.to_vec(),
+            shape,
             dtype,
-            owner: self.owner,
-            role: Some(role),
-        })
+            self.owner,
+            Some(role),
+        ))
     }
 
     /// An argument tensor: made by this context, with the config's shape and the call's dtype.
@@ -339,8 +411,38 @@ impl CudaContext {
         // SAFETY: each caller pushes its entry's parameters in order, with device memory of
         // the sizes the entry indexes (checked against the config beforehand).
         unsafe { args.launch(Self::config(launch)) }.map_err(driver_error("launch"))?;
-        timeline.marks.push((launch.entry, self.event()?));
+        if timeline.start.is_some() {
+            timeline.marks.push((launch.entry, self.event()?));
+        }
         Ok(())
+    }
+
+    /// A new call's timeline: events only with GPU timing on.
+    fn timeline(&self) -> Result<Timeline> {
+        Ok(Timeline {
+            wall: std::time::Instant::now(),
+            start: if self.gpu_timing() {
+                Some(self.event()?)
+            } else {
+                None
+            },
+            marks: Vec::new(),
+        })
+    }
+
+    /// Turns GPU timing on or off (off by default): with it, every call records a CUDA event
+    /// before its first launch and after each, and [`last_gpu_timing`](Self::last_gpu_timing)
+    /// reports the launches' GPU time per kernel; without it, calls record nothing and
+    /// `last_gpu_timing` waits for the stream and reports the host's wall time since the
+    /// call began (as the wgpu `Context` without timestamps).
+    pub fn set_gpu_timing(&self, on: bool) {
+        self.gpu_timing
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether [`set_gpu_timing`](Self::set_gpu_timing) is on.
+    pub fn gpu_timing(&self) -> bool {
+        self.gpu_timing.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Waits for every launch on this context's stream.
@@ -350,19 +452,29 @@ impl CudaContext {
             .map_err(driver_error("synchronize"))
     }
 
-    /// GPU time of the most recent forward or backward call, from CUDA events around its
-    /// launches (per kernel: each entry's launch). Waits for that call to finish.
+    /// GPU time of the most recent call, from CUDA events around its launches (per kernel:
+    /// each entry's launch) with GPU timing on ([`set_gpu_timing`](Self::set_gpu_timing)),
+    /// else the wall time from the call's start until the stream is idle. Waits for that call
+    /// to finish.
     pub fn last_gpu_timing(&self) -> Option<GpuTiming> {
         let guard = self.timing.lock().ok()?;
         let t = guard.as_ref()?;
+        let Some(start) = &t.start else {
+            self.synchronize().ok()?;
+            return Some(GpuTiming {
+                seconds: t.wall.elapsed().as_secs_f64(),
+                from_timestamps: false,
+                per_kernel: Vec::new(),
+            });
+        };
         let mut per_kernel = Vec::with_capacity(t.marks.len());
-        let mut prev = &t.start;
+        let mut prev = start;
         for (name, ev) in &t.marks {
             per_kernel.push((*name, prev.elapsed_ms(ev).ok()? as f64 * 1e-3));
             prev = ev;
         }
         Some(GpuTiming {
-            seconds: t.start.elapsed_ms(prev).ok()? as f64 * 1e-3,
+            seconds: start.elapsed_ms(prev).ok()? as f64 * 1e-3,
             from_timestamps: true,
             per_kernel,
         })
@@ -386,21 +498,31 @@ impl CudaContext {
         self.check(TensorRole::K, k, &cfg.kv_shape(), dtype)?;
         self.check(TensorRole::V, v, &cfg.kv_shape(), dtype)?;
         let (key, shape) = self.prepare(Pass::Forward, cfg, dtype)?;
-        let launch = key.launches(cfg)[0];
-        let f = self.function(&key, &launch)?;
         let mut out = self.result(TensorRole::Out, &cfg.q_shape(), dtype)?;
         let extras = self.extras(cfg)?;
         let mut lse = self.result(TensorRole::Lse, &cfg.lse_shape(), DType::F32)?;
-        let mut timeline = Timeline {
-            start: self.event()?,
-            marks: Vec::new(),
-        };
+        let mut timeline = self.timeline()?;
+        if key.kernel == CudaKernel::Decode {
+            self.decode(
+                cfg,
+                &key,
+                &shape,
+                [q, k, v],
+                (&mut out, &mut lse),
+                &extras,
+                &mut timeline,
+            )?;
+            *self.timing.lock().unwrap() = Some(timeline);
+            return Ok(Forward { out, lse });
+        }
+        let launch = key.launches(cfg)[0];
+        let f = self.function(&key, &launch)?;
         let mut a = self.stream.launch_builder(&f);
-        a.arg(&q.data)
-            .arg(&k.data)
-            .arg(&v.data)
-            .arg(&mut out.data)
-            .arg(&mut lse.data)
+        a.arg(&*q.data)
+            .arg(&*k.data)
+            .arg(&*v.data)
+            .arg(&mut *out.data)
+            .arg(&mut *lse.data)
             .arg(&shape);
         push_extras(&mut a, &extras);
         self.launch(&mut timeline, &launch, a)?;
@@ -458,39 +580,36 @@ impl CudaContext {
             )?),
             _ => None,
         };
-        let mut timeline = Timeline {
-            start: self.event()?,
-            marks: Vec::new(),
-        };
+        let mut timeline = self.timeline()?;
         let mut a = self.stream.launch_builder(&f_pre);
-        a.arg(&out.data)
-            .arg(&d_out.data)
-            .arg(&mut delta.data)
+        a.arg(&*out.data)
+            .arg(&*d_out.data)
+            .arg(&mut *delta.data)
             .arg(&shape)
             .arg(&batch);
         self.launch(&mut timeline, &pre, a)?;
         let mut a = self.stream.launch_builder(&f_dkdv);
-        a.arg(&q.data)
-            .arg(&k.data)
-            .arg(&v.data)
-            .arg(&d_out.data)
-            .arg(&lse.data)
-            .arg(&delta.data)
-            .arg(&mut dk.data)
-            .arg(&mut dv.data)
+        a.arg(&*q.data)
+            .arg(&*k.data)
+            .arg(&*v.data)
+            .arg(&*d_out.data)
+            .arg(&*lse.data)
+            .arg(&*delta.data)
+            .arg(&mut *dk.data)
+            .arg(&mut *dv.data)
             .arg(&shape);
         push_extras(&mut a, &extras);
         self.launch(&mut timeline, &dkdv, a)?;
         let mut a = self.stream.launch_builder(&f_dq);
-        a.arg(&q.data)
-            .arg(&k.data)
-            .arg(&v.data)
-            .arg(&d_out.data)
-            .arg(&lse.data)
-            .arg(&delta.data)
-            .arg(&mut dq.data);
+        a.arg(&*q.data)
+            .arg(&*k.data)
+            .arg(&*v.data)
+            .arg(&*d_out.data)
+            .arg(&*lse.data)
+            .arg(&*delta.data)
+            .arg(&mut *dq.data);
         match &bias_grads {
-            Some(g) => a.arg(&g.data),
+            Some(g) => a.arg(&*g.data),
             None => a.arg(&NULL_POINTER),
         };
         a.arg(&shape);
@@ -503,9 +622,9 @@ impl CudaContext {
                 let f = self.function(&key, l)?;
                 let mut d = self.result(TensorRole::DSinks, &[cfg.heads_q], DType::F32)?;
                 let mut a = self.stream.launch_builder(&f);
-                a.arg(&lse.data)
-                    .arg(&delta.data)
-                    .arg(&mut d.data)
+                a.arg(&*lse.data)
+                    .arg(&*delta.data)
+                    .arg(&mut *d.data)
                     .arg(&shape)
                     .arg(&batch);
                 push_extras(&mut a, &extras);
@@ -522,8 +641,8 @@ impl CudaContext {
                 let mut d = self.result(TensorRole::DBias, &bias.shape(), dtype)?;
                 let entries = bias.len() as u32;
                 let mut a = self.stream.launch_builder(&f);
-                a.arg(&grads.data)
-                    .arg(&mut d.data)
+                a.arg(&*grads.data)
+                    .arg(&mut *d.data)
                     .arg(&shape)
                     .arg(&batch)
                     .arg(&entries);
@@ -544,6 +663,69 @@ impl CudaContext {
 }
 
 impl CudaContext {
+    /// A decode call's launches (`cuda/flash_decode.cu`): one block per (row chunk, key
+    /// split) of each kv head; with one split it writes out and lse itself, else each split's
+    /// partial result goes to f32 scratch and `flash_decode_combine` merges them.
+    #[allow(clippy::too_many_arguments)]
+    fn decode(
+        &self,
+        cfg: &AttentionConfig,
+        key: &CudaKey,
+        shape: &AttnShape,
+        [q, k, v]: [&CudaTensor; 3],
+        (out, lse): (&mut CudaTensor, &mut CudaTensor),
+        extras: &Option<CudaSlice<u8>>,
+        timeline: &mut Timeline,
+    ) -> Result<()> {
+        let g = decode_geometry(cfg);
+        let launches = key.launches(cfg);
+        let direct = u32::from(g.splits == 1);
+        // the splits' partial results (none with one split: the kernel never reads them)
+        let (part_out, part_lse) = if direct == 1 {
+            (None, None)
+        } else {
+            let rows = g.splits as usize * cfg.batch * cfg.heads_q * cfg.seq_q;
+            let scratch = |n: usize| {
+                self.stream
+                    .alloc_zeros::<f32>(n)
+                    .map_err(driver_error("alloc decode partials"))
+            };
+            (Some(scratch(rows * cfg.head_dim)?), Some(scratch(rows)?))
+        };
+        let f = self.function(key, &launches[0])?;
+        let mut a = self.stream.launch_builder(&f);
+        a.arg(&*q.data).arg(&*k.data).arg(&*v.data);
+        for part in [&part_out, &part_lse] {
+            match part {
+                Some(p) => a.arg(p),
+                None => a.arg(&NULL_POINTER),
+            };
+        }
+        a.arg(&mut *out.data)
+            .arg(&mut *lse.data)
+            .arg(shape)
+            .arg(&g.splits)
+            .arg(&g.split_keys)
+            .arg(&direct);
+        push_extras(&mut a, extras);
+        self.launch(timeline, &launches[0], a)?;
+        if let (Some(combine), Some(po), Some(pl)) = (launches.get(1), &part_out, &part_lse) {
+            let f = self.function(key, combine)?;
+            let batch = cfg.batch as u32;
+            let mut a = self.stream.launch_builder(&f);
+            a.arg(po)
+                .arg(pl)
+                .arg(&mut *out.data)
+                .arg(&mut *lse.data)
+                .arg(shape)
+                .arg(&g.splits)
+                .arg(&batch);
+            push_extras(&mut a, extras);
+            self.launch(timeline, combine, a)?;
+        }
+        Ok(())
+    }
+
     /// Merges partial results over disjoint key shards into the exact result over all their
     /// keys: the same semantics, checks and layouts as [`Context::merge`](crate::Context::merge)
     /// (an f32 running result, one launch per shard). Returns once the launches are queued.
@@ -584,10 +766,7 @@ impl CudaContext {
         let mut out = self.result(TensorRole::Out, &shape, dtype)?;
         let mut lse = self.result(TensorRole::Lse, &lse_shape, DType::F32)?;
         let (seq_q, heads) = (seq_q as u32, heads as u32);
-        let mut timeline = Timeline {
-            start: self.event()?,
-            marks: Vec::new(),
-        };
+        let mut timeline = self.timeline()?;
         for (i, s) in shards.iter().enumerate() {
             let resume = u32::from(i > 0);
             let [a_buf, b_buf] = &mut lse_tmp;
@@ -603,12 +782,12 @@ impl CudaContext {
                 lse_out
             };
             let mut a = self.stream.launch_builder(&f);
-            a.arg(&s.out.data)
-                .arg(&s.lse.data)
-                .arg(&lse_in.data)
-                .arg(&mut acc.data)
-                .arg(&mut lse_out.data)
-                .arg(&mut out.data)
+            a.arg(&*s.out.data)
+                .arg(&*s.lse.data)
+                .arg(&*lse_in.data)
+                .arg(&mut *acc.data)
+                .arg(&mut *lse_out.data)
+                .arg(&mut *out.data)
                 .arg(&seq_q)
                 .arg(&heads)
                 .arg(&elements)

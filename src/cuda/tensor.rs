@@ -1,6 +1,7 @@
 //! [`CudaTensor`]: device memory of one CUDA context, its shape and element type; what the
 //! CUDA path's device-resident calls take and return, so results chain without host copies.
 
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::CudaSlice;
@@ -9,17 +10,55 @@ use crate::dtype::DType;
 use crate::error::{Error, Result, TensorRole};
 
 /// A tensor in one CUDA context's memory, row-major, `dtype` elements packed (2 bytes for
-/// f16/bf16, 4 for f32). Freed when dropped.
+/// f16/bf16, 4 for f32). Freed when dropped, unless it wraps memory the caller owns
+/// ([`CudaContext::tensor_from_device_ptr`](super::CudaContext::tensor_from_device_ptr)).
 #[derive(Debug)]
 pub struct CudaTensor {
-    pub(crate) data: CudaSlice<u8>,
+    /// Taken out once, in `drop`: freed, or let go where the caller owns it.
+    pub(crate) data: ManuallyDrop<CudaSlice<u8>>,
     pub(crate) shape: Vec<usize>,
     pub(crate) dtype: DType,
     pub(crate) owner: u64,
     pub(crate) role: Option<TensorRole>,
+    /// The memory is the caller's: never freed here.
+    pub(crate) borrowed: bool,
+}
+
+impl Drop for CudaTensor {
+    fn drop(&mut self) {
+        // SAFETY: `data` is taken once, here, and never used after.
+        let data = unsafe { ManuallyDrop::take(&mut self.data) };
+        if self.borrowed {
+            // the caller frees its memory; leak() releases only cudarc's bookkeeping
+            data.leak();
+        }
+    }
 }
 
 impl CudaTensor {
+    /// A tensor this crate allocated (freed when dropped).
+    pub(crate) fn owned(
+        data: CudaSlice<u8>,
+        shape: &[usize],
+        dtype: DType,
+        owner: u64,
+        role: Option<TensorRole>,
+    ) -> CudaTensor {
+        CudaTensor {
+            data: ManuallyDrop::new(data),
+            shape: shape.to_vec(),
+            dtype,
+            owner,
+            role,
+            borrowed: false,
+        }
+    }
+
+    /// Whether the tensor wraps memory the caller owns.
+    pub fn is_borrowed(&self) -> bool {
+        self.borrowed
+    }
+
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
