@@ -11,6 +11,10 @@
 //! cargo run --release --features cuda --example cuda_bench -- --seq 4096,8192 --batch 4,2 \
 //!     --heads 32 --head-dim 128 --dtype bf16 --causal-both --json cuda.json
 //! ```
+//!
+//! `--decode`: one query row against KV caches of each `--seq` length, for each `--batch`
+//! (every pair), causal, the decode kernel's split heuristic next to one split in the same run;
+//! KV bytes read per second (`2 * B * Skv * Hkv * D * size`), the floor of a decode step.
 
 #[path = "common/cli.rs"]
 mod cli;
@@ -20,6 +24,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use cli::positive;
+use flash_attn_wgpu::cuda::kernels::decode_geometry;
 use flash_attn_wgpu::cuda::{CudaContext, CudaTensor};
 use flash_attn_wgpu::{AttentionConfig, DType, Element, Error};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -67,6 +72,9 @@ struct Args {
     /// Write the records as JSON to FILE
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Decode steps (one query row) against KV caches of the --seq lengths instead
+    #[arg(long)]
+    decode: bool,
 }
 
 #[derive(serde::Serialize)]
@@ -108,8 +116,12 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         .into());
     }
     let ctx = CudaContext::new(a.device)?;
+    ctx.set_gpu_timing(true);
     let device = format!("{} (sm_{})", ctx.device_name(), ctx.arch());
     println!("device: {device}, NVRTC {:?}", ctx.nvrtc_version());
+    if a.decode {
+        return decode(&ctx, &a);
+    }
     let causals: Vec<bool> = if a.causal_both {
         vec![false, true]
     } else {
@@ -201,6 +213,67 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         println!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// Decode steps: per batch and cache length, the split heuristic's time next to one split's,
+/// and the KV bytes read per second.
+fn decode(ctx: &CudaContext, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    println!("| dtype | B | cache | splits | split ms | one split ms | split / one | KV GB/s |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let kv_heads = a.kv_heads.unwrap_or(a.heads);
+    for &dtype in &a.dtype {
+        for &batch in &a.batch {
+            for &n in &a.seqs {
+                for &d in &a.head_dim {
+                    let mut cfg = AttentionConfig::new(batch, 1, n, a.heads, kv_heads, d);
+                    cfg.causal = true;
+                    let splits = decode_geometry(&cfg).splits;
+                    let mut ms = [0.0; 2];
+                    for (t, kv_splits) in ms.iter_mut().zip([None, Some(1)]) {
+                        cfg.kv_splits = kv_splits;
+                        *t = match dtype {
+                            DType::F16 => forward_ms::<half::f16>(ctx, &cfg, a.repeats)?,
+                            DType::BF16 => forward_ms::<half::bf16>(ctx, &cfg, a.repeats)?,
+                            DType::F32 => forward_ms::<f32>(ctx, &cfg, a.repeats)?,
+                        };
+                    }
+                    let bytes = 2 * batch * n * kv_heads * d * dtype.size_bytes();
+                    println!(
+                        "| {} | {batch} | {n} | {splits} | {:.4} | {:.4} | {:.2} | {:.0} |",
+                        dtype.name(),
+                        ms[0],
+                        ms[1],
+                        ms[0] / ms[1],
+                        bytes as f64 / (ms[0] * 1e-3) / 1e9
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The median GPU milliseconds of a forward call after one warm-up call.
+fn forward_ms<T: Element>(
+    ctx: &CudaContext,
+    cfg: &AttentionConfig,
+    repeats: usize,
+) -> Result<f64, Error> {
+    let mut rng = StdRng::seed_from_u64(7);
+    let q = upload_random::<T>(ctx, &mut rng, &cfg.q_shape())?;
+    let k = upload_random::<T>(ctx, &mut rng, &cfg.kv_shape())?;
+    let v = upload_random::<T>(ctx, &mut rng, &cfg.kv_shape())?;
+    let mut times = Vec::new();
+    for rep in 0..=repeats {
+        drop(ctx.forward(cfg, &q, &k, &v)?);
+        let t = ctx
+            .last_gpu_timing()
+            .ok_or_else(|| Error::Device("no CUDA timing for the last call".into()))?;
+        if rep > 0 {
+            times.push(t.seconds);
+        }
+    }
+    Ok(median(times) * 1e3)
 }
 
 /// Median milliseconds of a pass, and its kernels' medians.

@@ -27,7 +27,7 @@
 # same shapes (bf16, head_dim 128, B=1, H=32, N=4K..16K, causal and not, forward and
 # forward+backward), merged by scripts/bench_compare.py into compare.json and compare.md,
 # (c2) the decode bench (bench --decode: KV caches of 1K..64K keys, split-KV next to one
-# split, the per-call cost), (d) the wgpu bench grid with every kernel family side by side,
+# split, the per-call cost; and cuda_bench --decode, the CUDA decode kernel), (d) the wgpu bench grid with every kernel family side by side,
 # (e) $OUT_DIR/summary.md.
 # Every step runs even if an earlier one failed; the exit status is non-zero if any failed.
 set -uo pipefail
@@ -217,6 +217,15 @@ run_decode() {
         --dtype f16 >"$OUT_DIR/decode.txt"
 }
 run_step "decode" "$OUT_DIR/decode.log" "bench --decode ${decode_args[*]}; table in decode.txt" run_decode
+# the CUDA decode kernel (cuda/flash_decode.cu) on the same shapes, where the CUDA bench is built
+if [ "$MODE" = full ] && [ -x "$BIN_DIR/examples/cuda_bench" ]; then
+    run_cuda_decode() {
+        timeout 180 "$BIN_DIR/examples/cuda_bench" --decode "${decode_args[@]}" --heads 32 \
+            --kv-heads 8 --head-dim 128 --dtype f16 >"$OUT_DIR/decode-cuda.txt"
+    }
+    run_step "decode: CUDA path" "$OUT_DIR/decode-cuda.log" \
+        "cuda_bench --decode ${decode_args[*]}; table in decode-cuda.txt" run_cuda_decode
+fi
 
 # (d) the wgpu bench grid
 if [ "$MODE" = full ]; then
