@@ -3,7 +3,9 @@
 // packing), over one split of the keys (split-KV), so each K/V tile is read once per kv head
 // and the keys of one head spread over many workgroups. Each split writes its partial result,
 // normalized over its own keys, with its lse (no sink); flash_decode_combine.wgsl merges the
-// splits exactly (and adds the sink).
+// splits exactly (and adds the sink). A call of one split (FlashDecodeOne) writes out and lse
+// itself, finished as the forward kernels finish a row (decode_scale, decode_lse, decode_out:
+// the generated prelude's).
 //
 // Grid:    splits * n_q_tiles * heads_kv * batch workgroups of NT invocations, folded;
 //          n_q_tiles chunks of BR packed rows. Packed row p (of group * seq_q) is query row
@@ -259,27 +261,28 @@ fn main(
         }
         workgroupBarrier();
     }
-    let row_lse = keys_lse(m, l);
     if (t < BR) {
-        s_row[t] = select(0.0, 1.0 / l, l > 0.0 || is_nan(l));
+        var scale = 0.0;
         if (p0 + t < rows) {
             let pr = packed_row(hk, p0 + t);
-            part_lse[split * params.batch * params.heads_q * params.seq_q + row_index(b, pr.h, pr.i) - params.row_shift] = row_lse;
+            begin_head(b, pr.h);
+            scale = decode_scale(m, l);
+            decode_lse(split, row_index(b, pr.h, pr.i), m, l);
         }
+        s_row[t] = scale;
     }
     workgroupBarrier();
     if (kp == 0u && col < DC) {
-        let split_base = split * params.batch * params.seq_q * params.heads_q * HEAD_DIM;
         for (var r = 0u; r < BR; r++) {
             if (p0 + r < rows) {
                 let pr = packed_row(hk, p0 + r);
-                let base = split_base + q_index(b, pr.i, pr.h, 0u) - params.q_shift;
+                let base = q_index(b, pr.i, pr.h, 0u);
                 for (var w = 0u; w < CW; w++) {
                     let o = acc[r][w] * s_row[r];
                     let d0 = 4u * (col * CW + w);
                     for (var c = 0u; c < 4u; c++) {
                         if (d0 + c < HEAD_DIM) {
-                            part_out[base + d0 + c] = o[c];
+                            decode_out(split, base + d0 + c, o[c]);
                         }
                     }
                 }

@@ -568,8 +568,8 @@ fn merge_case<T: Element>(e: &plan::PlanEnv, name: &str) -> ReplayCase {
 #[test]
 fn merges_and_decode_splits_match_the_f64_reference_on_dawn() {
     // the public merge of random shards, and decode calls (split-KV with GQA packing, then
-    // the backward from their out and lse) with sinks, ALiBi, a window and key lengths, in
-    // every format
+    // the backward from their out and lse; and in one split) with sinks, ALiBi, a window and
+    // key lengths, in every format
     let Some(script) = runner() else { return };
     let dawn = dawn_adapter(&script);
     let mut decode = cfg(2, 2, 300, 8, 2, 32, true);
@@ -593,6 +593,19 @@ fn merges_and_decode_splits_match_the_f64_reference_on_dawn() {
             flash_attn_wgpu::kernels::Kernel::FlashDecode
         );
         all.extend(cases_in(dtype, &decode, 2.0, &e, &format!("decode {name}")));
+        // one split: the kernel that finishes the rows itself (forward only: the backward is
+        // the case above's)
+        let one = AttentionConfig {
+            kv_splits: Some(1),
+            ..decode.clone()
+        };
+        let p = plan::forward(&one, dtype, &e).expect("one-split decode plan");
+        assert_eq!(
+            p.steps[0].key.kernel,
+            flash_attn_wgpu::kernels::Kernel::FlashDecodeOne
+        );
+        let [fwd, _] = cases_in(dtype, &one, 2.0, &e, &format!("decode one split {name}"));
+        all.push(fwd);
     }
     run_cases(&script, "dawn-merge-decode.json", &all);
 }

@@ -36,6 +36,7 @@ pub enum Kernel {
     FlashBwdBias,
     Merge,
     FlashDecode,
+    FlashDecodeOne,
     FlashDecodeCombine,
     NaiveScores,
     NaiveSoftmax,
@@ -92,7 +93,7 @@ use Access::{Read as R, ReadWrite as W};
 use BindType::{Elem as E, Vec2F32 as V2, Vec4F32 as V4, F32, U32};
 
 impl Kernel {
-    pub const ALL: [Kernel; 32] = [
+    pub const ALL: [Kernel; 33] = [
         Kernel::FlashFwd,
         Kernel::FlashBwdPreprocess,
         Kernel::FlashBwdDkDv,
@@ -110,6 +111,7 @@ impl Kernel {
         Kernel::FlashBwdBias,
         Kernel::Merge,
         Kernel::FlashDecode,
+        Kernel::FlashDecodeOne,
         Kernel::FlashDecodeCombine,
         Kernel::NaiveScores,
         Kernel::NaiveSoftmax,
@@ -146,6 +148,7 @@ impl Kernel {
             Kernel::FlashBwdBias => "flash_bwd_bias",
             Kernel::Merge => "merge",
             Kernel::FlashDecode => "flash_decode",
+            Kernel::FlashDecodeOne => "flash_decode_one",
             Kernel::FlashDecodeCombine => "flash_decode_combine",
             Kernel::NaiveScores => "naive_scores",
             Kernel::NaiveSoftmax => "naive_softmax",
@@ -184,7 +187,9 @@ impl Kernel {
             Kernel::FlashBwdSinks => include_str!("../../shaders/flash_bwd_sinks.wgsl"),
             Kernel::FlashBwdBias => include_str!("../../shaders/flash_bwd_bias.wgsl"),
             Kernel::Merge => include_str!("../../shaders/merge.wgsl"),
-            Kernel::FlashDecode => include_str!("../../shaders/flash_decode.wgsl"),
+            Kernel::FlashDecode | Kernel::FlashDecodeOne => {
+                include_str!("../../shaders/flash_decode.wgsl")
+            }
             Kernel::FlashDecodeCombine => {
                 include_str!("../../shaders/flash_decode_combine.wgsl")
             }
@@ -256,6 +261,8 @@ impl Kernel {
             Kernel::FlashDecode => {
                 const { &[Q, K, V, b("part_out", F32, W), b("part_lse", F32, W)] }
             }
+            // one split: the rows' out and lse, finished in the kernel
+            Kernel::FlashDecodeOne => const { &[Q, K, V, b("out", E, W), b("lse", F32, W)] },
             Kernel::FlashDecodeCombine => {
                 const {
                     &[
@@ -308,6 +315,7 @@ impl Kernel {
                     | Kernel::NaiveBwdDs
                     | Kernel::FlashBwdSinks
                     | Kernel::FlashDecode
+                    | Kernel::FlashDecodeOne
                     | Kernel::FlashDecodeCombine
             )
     }
@@ -322,7 +330,15 @@ impl Kernel {
                     | Kernel::NaiveBwdDs
                     | Kernel::NaiveBwdDkDv
                     | Kernel::FlashDecode
+                    | Kernel::FlashDecodeOne
             )
+    }
+
+    /// The decode kernel (`flash_decode.wgsl`): partial results of a key split
+    /// (`FlashDecode`, merged by `FlashDecodeCombine`), or out and lse of a call in one split
+    /// (`FlashDecodeOne`).
+    pub fn is_decode(self) -> bool {
+        matches!(self, Kernel::FlashDecode | Kernel::FlashDecodeOne)
     }
 
     /// True when the kernel meets the gradient at every visited pair's finished score where

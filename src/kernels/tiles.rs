@@ -154,7 +154,7 @@ pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
             }
         }
         // the packed rows' q (vec4s), their scores, a factor per row
-        Kernel::FlashDecode => br * d.div_ceil(4) * 4 + br * bc + br,
+        Kernel::FlashDecode | Kernel::FlashDecodeOne => br * d.div_ceil(4) * 4 + br * bc + br,
         _ => 0,
     }
 }
@@ -220,7 +220,7 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
         (4, 2, 2, 1),
         (2, 1, 1, 1),
     ];
-    if kernel == Kernel::FlashDecode {
+    if kernel.is_decode() {
         return decode_tiles(head_dim, caps);
     }
     if !kernel.is_tiled() {

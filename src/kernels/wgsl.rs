@@ -179,7 +179,7 @@ impl KernelKey {
     /// True when the kernel calls subgroup builtins (rows kernels sharing tile reads, coop
     /// kernels sharing out matrix blocks by subgroup id).
     pub fn uses_subgroups(&self) -> bool {
-        ((self.kernel.is_rows_variant() || self.kernel == Kernel::FlashDecode) && self.subgroup > 1)
+        ((self.kernel.is_rows_variant() || self.kernel.is_decode()) && self.subgroup > 1)
             || self.kernel.is_coop()
     }
 
@@ -222,7 +222,7 @@ impl KernelKey {
     /// True when binding `b` is read in whole 16-byte words (`wide`: the decode kernel's k
     /// and v).
     fn reads_wide(&self, b: &Binding) -> bool {
-        self.wide > 0 && self.kernel == Kernel::FlashDecode && matches!(b.name, "k" | "v")
+        self.wide > 0 && self.kernel.is_decode() && matches!(b.name, "k" | "v")
     }
 
     /// The vec4s of f32 a column of the decode kernel's K/V reads holds (its `CW`): `wide`
@@ -293,7 +293,7 @@ impl KernelKey {
             )),
             _ => {}
         }
-        if self.kernel.is_blocks_variant() || self.kernel == Kernel::FlashDecode {
+        if self.kernel.is_blocks_variant() || self.kernel.is_decode() {
             for b in self
                 .kernel
                 .bindings()
@@ -303,7 +303,7 @@ impl KernelKey {
                 s.push_str(&load4_wgsl(b.name));
             }
         }
-        if self.kernel == Kernel::FlashDecode {
+        if self.kernel.is_decode() {
             let _ = writeln!(s, "const CW: u32 = {}u;", self.wide_vec4s());
             for n in ["k", "v"] {
                 if self.wide == 0 {
@@ -426,7 +426,7 @@ impl KernelKey {
             let _ = writeln!(s, "const DPT: u32 = {}u;", d.div_ceil(t.tpr));
             let _ = writeln!(s, "const CPT: u32 = {}u;", cols.div_ceil(t.tpr));
         }
-        if self.kernel == Kernel::FlashDecode {
+        if self.kernel.is_decode() {
             // BR packed rows, BC keys a tile, one invocation per key of it; SG lanes hand
             // each other values (lanes1, lanes4: every lane's x, subgroupBroadcast needs a
             // literal lane), or 1 without subgroups
@@ -452,6 +452,7 @@ impl KernelKey {
                 lanes("x"),
                 lanes("x")
             );
+            s.push_str(&decode_results_wgsl(self.kernel));
         }
         s
     }
@@ -630,4 +631,26 @@ fn load4_wgsl(n: &str) -> String {
          \x20   return x;\n\
          }}\n"
     )
+}
+
+/// Where the decode kernel puts a row's result (row `r` = `row_index(b, h, i)`, element `e` =
+/// `q_index(b, i, h, d)` of the whole call; the row's head begun): `decode_scale(m, l)` is
+/// the factor its accumulator is multiplied by, `decode_lse` and `decode_out` store. For a
+/// split (`FlashDecode`): normalized over the split's own keys and their lse without the sink,
+/// in f32 at split `split` of the partial results (which hold the dispatch's batches only),
+/// for `FlashDecodeCombine` to merge; in one split (`FlashDecodeOne`): finished as the forward
+/// kernels finish a row (the sink in the sum), into out and lse.
+fn decode_results_wgsl(kernel: Kernel) -> String {
+    if kernel == Kernel::FlashDecodeOne {
+        return "fn decode_scale(m: f32, l: f32) -> f32 { return row_normalizer(m, l); }\n\
+                fn decode_lse(split: u32, r: u32, m: f32, l: f32) { lse[r] = finish_lse(m, l); }\n\
+                fn decode_out(split: u32, e: u32, x: f32) { store_out(e, x); }\n"
+            .into();
+    }
+    "fn decode_scale(m: f32, l: f32) -> f32 { return select(0.0, 1.0 / l, l > 0.0 || is_nan(l)); }\n\
+     fn decode_lse(split: u32, r: u32, m: f32, l: f32) { \
+     part_lse[split * params.batch * params.heads_q * params.seq_q + r - params.row_shift] = keys_lse(m, l); }\n\
+     fn decode_out(split: u32, e: u32, x: f32) { \
+     part_out[split * params.batch * params.seq_q * params.heads_q * HEAD_DIM + e - params.q_shift] = x; }\n"
+        .into()
 }

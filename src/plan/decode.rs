@@ -2,7 +2,8 @@
 //! One `flash_decode` dispatch serves, per workgroup, every query head sharing a kv head and
 //! every query row (GQA packing: each K/V tile is read once per kv head) over one split of
 //! the keys, writing partial results; one `flash_decode_combine` dispatch merges the splits
-//! exactly (and adds the sinks) into out and lse.
+//! exactly (and adds the sinks) into out and lse. A call of one split takes one
+//! `flash_decode_one` dispatch, which finishes its rows into out and lse itself.
 
 use super::{key, split, BufRef, Plan, PlanEnv, ScratchSpec, Step, Window};
 use crate::config::{Algorithm, AttentionConfig, MAX_KV_SPLITS};
@@ -189,24 +190,38 @@ pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan
         env,
     )?;
     let per_batch = cfg.seq_q * cfg.heads_q * cfg.head_dim;
+    // one split: the decode kernel finishes the rows itself, no partial results, no merge
+    let one = s.splits == 1;
     let first = plan.scratch.len();
-    plan.scratch.extend([
-        ScratchSpec {
-            label: "decode partial out",
-            bytes: (s.splits * widest * per_batch) as u64 * 4,
-        },
-        ScratchSpec {
-            label: "decode partial lse",
-            bytes: (s.splits * widest * cfg.heads_q * cfg.seq_q) as u64 * 4,
-        },
-    ]);
+    if !one {
+        plan.scratch.extend([
+            ScratchSpec {
+                label: "decode partial out",
+                bytes: (s.splits * widest * per_batch) as u64 * 4,
+            },
+            ScratchSpec {
+                label: "decode partial lse",
+                bytes: (s.splits * widest * cfg.heads_q * cfg.seq_q) as u64 * 4,
+            },
+        ]);
+    }
     let esz = dtype.size_bytes() as u64;
     let combine = key(Kernel::FlashDecodeCombine, cfg, Tiles::ONE, dtype, env);
     let (wide, subgroup) = wide_words(cfg, dtype, s.tiles, env);
     let decode = KernelKey {
         wide,
         subgroup,
-        ..key(Kernel::FlashDecode, cfg, s.tiles, dtype, env)
+        ..key(
+            if one {
+                Kernel::FlashDecodeOne
+            } else {
+                Kernel::FlashDecode
+            },
+            cfg,
+            s.tiles,
+            dtype,
+            env,
+        )
     };
     for (b, nb) in parts {
         let part = AttentionConfig {
@@ -236,6 +251,22 @@ pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan
         }
         let [qw, kw, rw] = windows;
         let bind = |w: Vec<Option<Window>>| if windowed { w } else { Vec::new() };
+        if one {
+            plan.steps.push(Step {
+                key: decode,
+                params,
+                buffers: vec![
+                    BufRef::Input(0),
+                    BufRef::Input(1),
+                    BufRef::Input(2),
+                    BufRef::Output(0),
+                    BufRef::Output(1),
+                ],
+                windows: bind(vec![qw, kw, kw, qw, rw]),
+                workgroups,
+            });
+            continue;
+        }
         plan.steps.extend([
             Step {
                 key: decode,
@@ -342,6 +373,21 @@ mod tests {
         let kernels: Vec<Kernel> = p.steps.iter().map(|s| s.key.kernel).collect();
         assert_eq!(kernels, [Kernel::FlashDecode, Kernel::FlashDecodeCombine]);
         assert_eq!(p.steps[0].workgroups, 8 * 32);
+        // one split (MHA under 512 keys, or asked for): one dispatch writes out and lse, no
+        // partial results
+        let mut one = AttentionConfig::new(2, 1, 300, 8, 8, 64);
+        let p = crate::plan::forward(&one, DType::F16, &env()).unwrap();
+        let kernels: Vec<Kernel> = p.steps.iter().map(|s| s.key.kernel).collect();
+        assert_eq!(kernels, [Kernel::FlashDecodeOne]);
+        assert!(p.scratch.is_empty());
+        assert_eq!(
+            p.steps[0].buffers[3..],
+            [BufRef::Output(0), BufRef::Output(1)]
+        );
+        one.seq_kv = 32768;
+        one.kv_splits = Some(1);
+        let p = crate::plan::forward(&one, DType::F16, &env()).unwrap();
+        assert_eq!(p.steps.len(), 1);
         // 3 query rows of 8 heads a kv head at head_dim 256: chunks of 8 rows (memory)
         c = AttentionConfig::new(2, 3, 1000, 16, 2, 256);
         let s = shape(&c, &env()).unwrap();
@@ -363,6 +409,7 @@ mod tests {
         c.sinks = Some(vec![0.5; 4]);
         c.alibi_slopes = Some(vec![0.1; 4]);
         c.causal = true;
+        c.kv_splits = Some(2);
         let p = crate::plan::forward(&c, DType::F32, &env()).unwrap();
         let k = p.steps[1].key;
         assert!(k.sinks && !k.alibi && !k.causal);
