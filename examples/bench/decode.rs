@@ -1,8 +1,9 @@
 //! Decode mode (`--decode`): one attention call per step, `--decode-queries` query rows
 //! against KV caches of each `--seq` keys, as an inference engine makes it: the time per call
 //! and the KV bytes read per second against the adapter's measured copy roofline, split-KV (the
-//! heuristic's split count) next to one split, side by side in one run; first the per-call cost
-//! of a decode-size call against an empty submit-and-wait. Uses each `--batch`, the first
+//! heuristic's split count) next to one split and next to the same keys in a paged cache (pages
+//! of [`PAGE_SIZE`] keys in a shuffled block table, vLLM's layout), side by side in one run;
+//! first the per-call cost of a decode-size call against an empty submit-and-wait. Uses each `--batch`, the first
 //! `--heads`, `--kv-heads`, `--head-dim` and `--dtype`, and `--repeats` (the best is reported);
 //! `--no-subgroup` turns off the subgroup reads.
 //!
@@ -26,6 +27,25 @@ struct Decode {
     queries: usize,
     dtype: DType,
     repeats: usize,
+}
+
+/// Keys per page of the paged column (vLLM's default block size).
+const PAGE_SIZE: usize = 16;
+
+/// A paged layout of `b` sequences of `s` keys (a multiple of [`PAGE_SIZE`]): every sequence's
+/// pages in a pool of exactly as many, in an order shuffled by a fixed seed.
+fn shuffled_pages(b: usize, s: usize) -> flash_attn_wgpu::PagedKv {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let pages_per_seq = s / PAGE_SIZE;
+    let mut block_table: Vec<u32> = (0..(b * pages_per_seq) as u32).collect();
+    block_table.shuffle(&mut rand::rngs::StdRng::seed_from_u64(13));
+    flash_attn_wgpu::PagedKv {
+        page_size: PAGE_SIZE,
+        num_pages: b * pages_per_seq,
+        pages_per_seq,
+        block_table,
+    }
 }
 
 /// Skip the points whose K and V together exceed this many MiB.
@@ -72,7 +92,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         a.dtype.size_bytes()
     );
     println!(
-        "{:>5} {:>6} {:>6} | {:>10} {:>10} {:>7} | {:>10} {:>10} {:>7} | {:>7} {:>9}",
+        "{:>5} {:>6} {:>6} | {:>10} {:>10} {:>7} | {:>10} {:>10} {:>7} | {:>7} {:>9} | {:>9} {:>11}",
         "B",
         "cache",
         "splits",
@@ -83,7 +103,9 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         "(wall)",
         "GB/s",
         "speedup",
-        "split/roof"
+        "split/roof",
+        "paged ms",
+        "paged/dense"
     );
     match a.dtype {
         DType::F32 => points::<f32>(&ctx, &a, roof.copy_gbps),
@@ -131,10 +153,12 @@ fn overhead(ctx: &Context) -> Result<(), Box<dyn std::error::Error>> {
         drop(f);
     }
     ctx.set_gpu_timing(true);
-    let mut gpu = Vec::new();
+    let (mut gpu, mut per_kernel) = (Vec::new(), Vec::new());
     for _ in 0..10 {
         ctx.forward(&cfg, &q, &k, &v)?;
-        gpu.push(ctx.last_gpu_timing().map_or(f64::NAN, |t| t.seconds));
+        let t = ctx.last_gpu_timing();
+        gpu.push(t.as_ref().map_or(f64::NAN, |t| t.seconds));
+        per_kernel = t.map(|t| t.per_kernel).unwrap_or_default();
     }
     let (e, h, c, g) = (median(empty), median(host), median(call), median(gpu));
     println!(
@@ -148,6 +172,11 @@ fn overhead(ctx: &Context) -> Result<(), Box<dyn std::error::Error>> {
         c / e,
         h / e
     );
+    let kernels: Vec<String> = per_kernel
+        .iter()
+        .map(|(name, s)| format!("{name} {:.3} ms", s * 1e3))
+        .collect();
+    println!("  its kernels (last call): {}", kernels.join(", "));
     Ok(())
 }
 
@@ -179,22 +208,44 @@ fn points<T: Element>(
             let k = ctx.upload(&fill(kv_n, 2), &cfg.kv_shape())?;
             let v = ctx.upload(&fill(kv_n, 3), &cfg.kv_shape())?;
             let splits = flash_attn_wgpu::plan::decode::shape(&cfg, &ctx.plan_env())?.splits;
-            let time = |splits: Option<usize>| -> flash_attn_wgpu::Result<(f64, f64)> {
-                let mut c = cfg.clone();
-                c.kv_splits = splits;
-                ctx.forward(&c, &q, &k, &v)?; // pipelines compiled, caches warm
+            let time = |c: &AttentionConfig,
+                        (k, v): (&flash_attn_wgpu::Tensor, &flash_attn_wgpu::Tensor)|
+             -> flash_attn_wgpu::Result<(f64, f64)> {
+                ctx.forward(c, &q, k, v)?; // pipelines compiled, caches warm
                 let (mut gpu, mut wall) = (f64::INFINITY, f64::INFINITY);
                 for _ in 0..a.repeats {
                     let t = Instant::now();
-                    let f = ctx.forward(&c, &q, &k, &v)?;
+                    let f = ctx.forward(c, &q, k, v)?;
                     wall = wall.min(t.elapsed().as_secs_f64());
                     gpu = gpu.min(ctx.last_gpu_timing().map_or(f64::NAN, |t| t.seconds));
                     drop(f);
                 }
                 Ok((gpu, wall))
             };
-            let (split_gpu, split_wall) = time(None)?;
-            let (one_gpu, one_wall) = time(Some(1))?;
+            let (split_gpu, split_wall) = time(&cfg, (&k, &v))?;
+            let one = AttentionConfig {
+                kv_splits: Some(1),
+                ..cfg.clone()
+            };
+            let (one_gpu, one_wall) = time(&one, (&k, &v))?;
+            // the same keys in pages (the pools hold the dense caches' bytes, reordered by
+            // the table), split by the heuristic
+            let paged_gpu = if s.is_multiple_of(PAGE_SIZE) {
+                let paged = AttentionConfig {
+                    paged: Some(shuffled_pages(b, s)),
+                    ..cfg.clone()
+                };
+                let kp = ctx.upload(&fill(kv_n, 2), &paged.kv_shape())?;
+                let vp = ctx.upload(&fill(kv_n, 3), &paged.kv_shape())?;
+                match time(&paged, (&kp, &vp)) {
+                    Ok((gpu, _)) => gpu,
+                    // a pool binds whole: past one binding, no paged point
+                    Err(flash_attn_wgpu::Error::DeviceLimit { .. }) => f64::NAN,
+                    Err(e) => return Err(e.into()),
+                }
+            } else {
+                f64::NAN
+            };
             let gbps = |t: f64| kv_bytes / t / 1e9;
             let anchor = LLAMA_CPP_LAVAPIPE_MS
                 .iter()
@@ -202,7 +253,7 @@ fn points<T: Element>(
                 .map(|(_, ms)| format!("  llama.cpp (lavapipe) {ms} ms"))
                 .unwrap_or_default();
             println!(
-                "{b:>5} {s:>6} {splits:>6} | {:>10.2} {:>10} {:>7.2} | {:>10.2} {:>10} {:>7.2} | {:>7.2} {:>8.0}%{anchor}",
+                "{b:>5} {s:>6} {splits:>6} | {:>10.2} {:>10} {:>7.2} | {:>10.2} {:>10} {:>7.2} | {:>7.2} {:>8.0}% | {:>9.2} {:>11.2}{anchor}",
                 split_gpu * 1e3,
                 format!("({:.2})", split_wall * 1e3),
                 gbps(split_gpu),
@@ -211,6 +262,8 @@ fn points<T: Element>(
                 gbps(one_gpu),
                 one_gpu / split_gpu,
                 100.0 * gbps(split_gpu) / copy_gbps,
+                paged_gpu * 1e3,
+                paged_gpu / split_gpu,
             );
         }
     }
