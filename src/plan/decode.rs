@@ -130,9 +130,8 @@ pub fn key_splits(
             let keys = cfg
                 .seq_kv
                 .div_ceil(n)
-                .next_multiple_of(DECODE_KEYS as usize)
-                .max(1);
-            (cfg.seq_kv.div_ceil(keys).max(1), keys)
+                .next_multiple_of(DECODE_KEYS as usize);
+            (cfg.seq_kv.div_ceil(keys), keys)
         }
     }
 }
