@@ -282,7 +282,7 @@ fn run<T: Element>(case: &Case) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: common::prop_cases(32), .. ProptestConfig::default() })]
 
     #[test]
     fn any_values_give_a_typed_error_or_rows_that_match_the_reference(case in case()) {
@@ -293,6 +293,10 @@ proptest! {
         };
         r?;
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
 
     #[test]
     fn shapes_that_do_not_divide_or_overflow_are_typed_errors(

@@ -59,6 +59,17 @@ pub fn ctx() -> &'static Context {
     })
 }
 
+/// How many cases a GPU property test draws: `default`, or `PROPTEST_CASES` where set (run
+/// `PROPTEST_CASES=200 cargo test --test combinations` for a longer search). Each case compiles
+/// pipelines of its own on lavapipe (seconds each), so the defaults are sized for CI.
+#[allow(dead_code)]
+pub fn prop_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 /// A fresh seed per call (printed by failing assertions so a failure can be replayed).
 pub fn fresh_seed() -> u64 {
     rand::rng().random()

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The test suite, as the README's test command runs it: with cargo-nextest where the machine
+# has it (every test in a process of its own, two at a time across all the test binaries, so
+# no core idles while one binary's longest test finishes: on lavapipe the suite is LLVM
+# compiling shaders, seconds a pipeline), else `cargo test`; then the doc tests, which
+# nextest does not run. Arguments go to both (e.g. --features cuda).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --no-fail-fast "$@"
+else
+    echo "run-tests: cargo-nextest not found; cargo test runs the test binaries one by one" >&2
+    cargo test --tests "$@"
+fi
+cargo test --doc "$@"
