@@ -6,6 +6,11 @@
 # nextest does not run. Arguments go to both (e.g. --features cuda).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# On lavapipe (llvmpipe) the suite is LLVM compiling pipelines at their first dispatch; without
+# its optimization passes a compile takes about a quarter less, and the tests' tiny sizes run
+# no slower for it (docs/PERFORMANCE.md, "CI time"). Only llvmpipe reads this variable; set it
+# empty to test the optimized code.
+export GALLIVM_PERF=${GALLIVM_PERF-nopt}
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --no-fail-fast "$@"
 else
