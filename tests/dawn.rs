@@ -316,8 +316,8 @@ fn cases_in(
 fn every_format_and_algorithm_matches_the_f64_reference_on_dawn() {
     // Every (format, algorithm) pair runs, each on one of the shapes below in rotation, so
     // each shape meets every format and several algorithms; the full product (every pair on
-    // every shape) took 25 minutes of lavapipe compiles on CI, two shapes a pair over 10,
-    // for no kernel code the rotation misses
+    // every shape) took 25 minutes of lavapipe compiles on CI and two shapes a pair over 10
+    // minutes, for no kernel code the rotation misses
     // (every variant's source compiles with Tint in `every_kernel_variant_compiles_with_tint`,
     // and every pair runs on wgpu over all of these shapes in tests/dtypes.rs and variants.rs).
     let Some(script) = runner() else { return };
