@@ -54,7 +54,7 @@ __device__ __forceinline__ elem_t from_f32(float x) {
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (148 bytes, 4-aligned)
+// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (160 bytes, 4-aligned)
 struct AttnShape {
     unsigned int seq_q;
     unsigned int seq_kv;
@@ -329,6 +329,25 @@ __device__ __forceinline__ float finish_score(const CallShape& p, const HeadMods
 __device__ __forceinline__ float score_slope(const CallShape& p, const HeadMods& hm, float s,
                                              unsigned int i, unsigned int j) {
     return softcap_slope(p, s - alibi_term(p, hm, i, j) - bias_term(p, hm, i, j));
+}
+
+// The backward's three rules for a recomputed pair, as shaders/common.wgsl (lse_to_log2,
+// recompute_p, through_softcap) and the f64 reference:
+// - a row whose lse is -inf (every visible score -inf) is staged as +inf, so each P it
+//   recomputes is 0 rather than exp2(-inf - -inf) = NaN;
+// - P is 0 where the finished score is -inf, and at most 1 (s above lse2 by rounding alone);
+// - P = 0 gives a zero gradient: the slope at an -inf score (an -inf bias entry) is NaN.
+__device__ __forceinline__ float lse_to_log2(float lse) {
+    return lse == NEG_INF ? POS_INF : lse * LOG2E;
+}
+__device__ __forceinline__ float recompute_p(float s, float lse2) {
+    const float x = s - lse2;
+    return s == NEG_INF ? 0.f : (x > 0.f ? 1.f : exp2f(x));
+}
+__device__ __forceinline__ float through_softcap(const CallShape& p, const HeadMods& hm, float g,
+                                                 float pr, float s, unsigned int i,
+                                                 unsigned int j) {
+    return pr == 0.f ? 0.f : g * score_slope(p, hm, s, i, j);
 }
 
 // Dropout (-DDROPOUT=1) on the attention probabilities, as Dropout::keeps in src/dropout.rs
@@ -725,7 +744,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_sinks_grad(
     float acc = 0.f;
     for (size_t e = t; e < (size_t)batch * p.seq_q; e += 256) {
         const size_t r = ((e / p.seq_q) * p.heads_q + h) * p.seq_q + e % p.seq_q;
-        acc += exp2f(hm.sink2 - lse[r] * LOG2E) * delta[r];
+        acc += recompute_p(hm.sink2, lse_to_log2(lse[r])) * delta[r];
     }
     red[t] = acc;
     __syncthreads();

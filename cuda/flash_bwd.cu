@@ -100,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
             for (int r = threadIdx.x; r < BLOCK_Q; r += THREADS) {
                 const unsigned int i = q0 + r;
                 // rows past the sequence get P = 0
-                slse[r] = i < p.seq_q ? lse[row_off + i] * LOG2E : POS_INF;
+                slse[r] = i < p.seq_q ? lse_to_log2(lse[row_off + i]) : POS_INF;
                 sdelta[r] = i < p.seq_q ? delta[row_off + i] : 0.f;
             }
             copy_wait<0>();
@@ -138,11 +138,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
                     const bool vis = IF_BLOCKS(pair_visible(p, hm, tb.partial, q0 + r, j),
                                                visible(p, q0 + r, j));
                     const float sc = finish_score(p, hm, s[nt][e] * p.scale_log2, q0 + r, j);
-                    const float pr = vis ? exp2f(sc - slse[r]) : 0.f;
-                    dp[nt][e] = vis ? pr * (dropout_keep_scaled(dp[nt][e], keep, e, p.drop_scale) -
-                                            sdelta[r]) *
-                                          score_slope(p, hm, sc, q0 + r, j)
-                                    : 0.f;
+                    const float pr = vis ? recompute_p(sc, slse[r]) : 0.f;
+                    const float g =
+                        vis ? pr * (dropout_keep_scaled(dp[nt][e], keep, e, p.drop_scale) -
+                                    sdelta[r])
+                            : 0.f;
+                    dp[nt][e] = through_softcap(p, hm, g, pr, sc, q0 + r, j);
                     s[nt][e] = dropout_keep(pr, keep, e);
                 }
             }
@@ -210,8 +211,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
     }
     const unsigned int row_lo = q0 + warp * 16 + lane / 4, row_hi = row_lo + 8;
     // rows past the sequence get P = 0
-    const float lse_lo = row_lo < p.seq_q ? lse[row_off + row_lo] * LOG2E : POS_INF;
-    const float lse_hi = row_hi < p.seq_q ? lse[row_off + row_hi] * LOG2E : POS_INF;
+    const float lse_lo = row_lo < p.seq_q ? lse_to_log2(lse[row_off + row_lo]) : POS_INF;
+    const float lse_hi = row_hi < p.seq_q ? lse_to_log2(lse[row_off + row_hi]) : POS_INF;
     const float delta_lo = row_lo < p.seq_q ? delta[row_off + row_lo] : 0.f;
     const float delta_hi = row_hi < p.seq_q ? delta[row_off + row_hi] : 0.f;
 
@@ -261,14 +262,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
                 const bool vis =
                     IF_BLOCKS(pair_visible(p, hm, tb.partial, i, j), visible(p, i, j));
                 const float sc = finish_score(p, hm, s[nt][e] * p.scale_log2, i, j);
-                const float pr = vis ? exp2f(sc - (e < 2 ? lse_lo : lse_hi)) : 0.f;
+                const float pr = vis ? recompute_p(sc, e < 2 ? lse_lo : lse_hi) : 0.f;
                 // the gradient at the finished score (kept for d_bias), then through the
                 // softcap
                 const float g = vis ? pr * (dropout_keep_scaled(dp[nt][e], keep, e, p.drop_scale) -
                                             (e < 2 ? delta_lo : delta_hi))
                                     : 0.f;
                 keep_bias_grad(bias_grads, p, b, h, i, j, g);
-                dp[nt][e] = vis ? g * score_slope(p, hm, sc, i, j) : 0.f;
+                dp[nt][e] = through_softcap(p, hm, g, pr, sc, i, j);
             }
         }
         // dQ += dS K: k runs over the tile's keys

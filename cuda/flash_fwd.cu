@@ -7,8 +7,8 @@
 //   -DWARPS=w        warps per block, 16 query rows each
 //   -DBLOCK_N=n      keys per K/V tile, a multiple of 16
 // Layouts as the wgpu path (shaders/common.wgsl): q, out [batch, seq_q, heads_q, HEAD_DIM];
-// k, v [batch, seq_kv, heads_kv, HEAD_DIM]; lse [batch, heads_q, seq_q] (natural log), all
-// dense. Causal is bottom-right aligned: key j is visible to row i when j <= i + causal_offset.
+// k, v [batch, seq_kv, heads_kv, HEAD_DIM] (with -DPAGED=1, pages of k and v found through the
+// block table: kv_row in common.cuh); lse [batch, heads_q, seq_q] (natural log). Causal is bottom-right aligned: key j is visible to row i when j <= i + causal_offset.
 //
 // Grid:    (ceil(seq_q / BLOCK_M), heads_q, batch); WARPS warps, each owning 16 query rows.
 // Loop:    over K/V tiles of BLOCK_N keys, staged in shared memory with cp.async (the next

@@ -290,7 +290,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
             stage_f32(sdo, d_out + q_off, qt, p.seq_q, q_pitch);
             for (int r = threadIdx.x; r < BLOCK_N; r += THREADS) {
                 const unsigned int i = qt + r;
-                slse[r] = i < p.seq_q ? lse[row_off + i] * LOG2E : 0.f;
+                slse[r] = i < p.seq_q ? lse_to_log2(lse[row_off + i]) : POS_INF;
                 sdelta[r] = i < p.seq_q ? delta[row_off + i] : 0.f;
             }
             __syncthreads();
@@ -307,9 +307,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
                 if (!vis) {
                     continue;
                 }
-                const float pr = exp2f(s - slse[ii]);
+                const float pr = recompute_p(s, slse[ii]);
                 const float zdp = dropout_keep_scaled(dp, kept, ii, p.drop_scale);
-                const float ds = pr * (zdp - sdelta[ii]) * score_slope(p, hm, s, qt + ii, j);
+                const float ds = through_softcap(p, hm, pr * (zdp - sdelta[ii]), pr, s, qt + ii, j);
                 axpy_row(dv_acc, dropout_keep(pr, kept, ii), doi, lane);
                 axpy_row(dk_acc, ds, qi, lane);
             }
@@ -342,7 +342,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
     const size_t kv_off = ((size_t)b * p.seq_kv * p.heads_kv + hk) * HEAD_DIM;
     const unsigned int kv_pitch = p.heads_kv * HEAD_DIM;
     const size_t r = ((size_t)b * p.heads_q + h) * p.seq_q + (row_ok ? i : 0);
-    const float lse2 = lse[r] * LOG2E, delta_i = delta[r];
+    const float lse2 = lse_to_log2(lse[r]), delta_i = delta[r];
 
     float qv[PER], dov[PER], dq_acc[PER];
     load_row(qv, q + q_row, row_ok, lane, p.scale_log2);
@@ -377,11 +377,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
             const float zdp = dropout_keep_scaled(dp, kept, jj, p.drop_scale);
             // the gradient at the finished score (kept for d_bias by one lane of the row),
             // then through the softcap
-            const float g = exp2f(s - lse2) * (zdp - delta_i);
+            const float pr = recompute_p(s, lse2);
+            const float g = pr * (zdp - delta_i);
             if (lane == 0) {
                 keep_bias_grad(bias_grads, p, b, h, i, kt + jj, g);
             }
-            const float ds = g * score_slope(p, hm, s, i, kt + jj);
+            const float ds = through_softcap(p, hm, g, pr, s, i, kt + jj);
             axpy_row(dq_acc, ds, kj, lane);
         }
     }

@@ -315,7 +315,8 @@ impl CudaContext {
             return Err(Error::Unsupported {
                 feature: format!("strided tensor views on CUDA (strides {s:?} for shape {shape:?})"),
                 backend: crate::Backend::Cuda,
-                reason: "the CUDA kernels read row-major tensors; wrap a row-major tensor, or                          use the wgpu path (Context::tensor_from_buffer) for views"
+                reason: "the CUDA kernels read row-major tensors; wrap a row-major tensor, or \
+                         use the wgpu path (Context::tensor_from_buffer) for views"
                     .into(),
             });
         }

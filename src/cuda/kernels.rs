@@ -244,6 +244,21 @@ impl AttnShape {
                 ))
             })?;
         }
+        // the kernels form every other index in 32 bits too: the extras words (the pair data
+        // after them), the boolean mask's bits, the bias's entries, the backward's rows
+        let pair_words = cfg.mask.as_ref().map_or(0, |m| m.words().len())
+            + cfg.bias.as_ref().map_or(0, |b| b.words().len())
+            + cfg.paged.as_ref().map_or(0, |p| p.block_table.len());
+        index_fits("the extras and pair-data words", (mask_base + pair_words) as u64)?;
+        index_fits(
+            "the boolean mask's bits",
+            cfg.mask.as_ref().map_or(0, |m| m.words().len() as u64 * 32),
+        )?;
+        index_fits("the bias's entries", cfg.bias.as_ref().map_or(0, |b| b.len() as u64))?;
+        index_fits(
+            "the backward's rows (batch x heads_q x seq_q)",
+            (cfg.batch * cfg.heads_q * cfg.seq_q) as u64,
+        )?;
         Ok(AttnShape {
             seq_q: fits("seq_q", cfg.seq_q)?,
             seq_kv: fits("seq_kv", cfg.seq_kv)?,
@@ -287,6 +302,21 @@ impl AttnShape {
             pages_per_seq: p.pages_per_seq,
         })
     }
+}
+
+/// `Ok` where `n` fits the CUDA kernels' 32-bit indices, else a typed `Unsupported` naming
+/// `what` (an index past 2^32 would wrap and read the wrong entry).
+pub fn index_fits(what: &str, n: u64) -> Result<()> {
+    if n <= u32::MAX as u64 {
+        return Ok(());
+    }
+    Err(Error::Unsupported {
+        feature: format!("{what}: {n}, past 2^32"),
+        backend: crate::Backend::Cuda,
+        reason: "the CUDA kernels index with 32 bits; split the call over batch or heads (a \
+                 bias or mask per call then shrinks with it), or use the wgpu path"
+            .into(),
+    })
 }
 
 /// One compiled variant: a kernel for one storage dtype, head dimension and GPU architecture
@@ -786,6 +816,27 @@ impl CudaKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn indices_past_32_bits_are_typed_unsupported_errors_naming_what_overflows() {
+        assert!(index_fits("x", u32::MAX as u64).is_ok());
+        // a bias of 4 x 32 x 8K x 8K entries fits an H200 but not a 32-bit index
+        match index_fits("the bias's entries", 4 * 32 * 8192 * 8192) {
+            Err(Error::Unsupported {
+                feature, backend, ..
+            }) => {
+                assert_eq!(backend, crate::Backend::Cuda);
+                assert!(feature.contains("bias") && feature.contains("8589934592"), "{feature}");
+            }
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+        // the backward's rows are checked from the config alone (no data is needed)
+        let cfg = AttentionConfig::new(1 << 12, 1 << 11, 1 << 11, 1 << 10, 1 << 10, 64);
+        match AttnShape::new(&cfg) {
+            Err(Error::Unsupported { feature, .. }) => assert!(feature.contains("rows"), "{feature}"),
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+    }
 
     #[test]
     fn each_pass_goes_to_the_tensor_cores_where_they_take_it_else_to_the_simt_kernels() {
