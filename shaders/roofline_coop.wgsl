@@ -1,11 +1,12 @@
 // Roofline probe: cooperative-matrix multiply-add throughput, 16x16x16 with f16 operands and
 // f32 accumulators (what the coop kernels use). Each subgroup runs `total_items` iterations of
-// 4 independent coopMultiplyAdd chains (4 x 2 x 16^3 = 32,768 FLOPs per iteration); the
+// 4 independent coopMultiplyAdd chains (4 x 2 x 16^3 = 32,768 FLOPs per iteration), each with
+// an A operand of its own, so that no compiler can fold equal chains into one; the
 // invocation 0 of workgroup 0 writes the number of subgroups a workgroup has into sink[0], so
 // that the host counts FLOPs without assuming a subgroup size. Grid: workgroups of 128.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
-var<workgroup> ta: array<f16, 256>;
+var<workgroup> ta: array<f16, 1024>;
 var<workgroup> tb: array<f16, 256>;
 var<workgroup> tc: array<f32, 2048>;
 
@@ -18,23 +19,28 @@ fn main(
     @builtin(num_subgroups) nsg: u32,
 ) {
     let w = linear_workgroup(wid, nwg);
-    for (var e = t; e < 256u; e += 128u) {
+    for (var e = t; e < 1024u; e += 128u) {
         // small values: the chains stay finite over any iteration count
         ta[e] = f16(f32((e + w) % 7u) * 1.0e-3);
+    }
+    for (var e = t; e < 256u; e += 128u) {
         tb[e] = f16(f32(e % 5u) * 1.0e-3);
     }
     workgroupBarrier();
-    let a = coopLoadT<coop_mat16x16<f16, A>>(&ta[0], 16u);
+    let a0 = coopLoadT<coop_mat16x16<f16, A>>(&ta[0], 16u);
+    let a1 = coopLoadT<coop_mat16x16<f16, A>>(&ta[256], 16u);
+    let a2 = coopLoadT<coop_mat16x16<f16, A>>(&ta[512], 16u);
+    let a3 = coopLoadT<coop_mat16x16<f16, A>>(&ta[768], 16u);
     let b = coopLoadT<coop_mat16x16<f16, B>>(&tb[0], 16u);
     var c0 = coop_mat16x16<f32, C>();
     var c1 = coop_mat16x16<f32, C>();
     var c2 = coop_mat16x16<f32, C>();
     var c3 = coop_mat16x16<f32, C>();
     for (var i = 0u; i < params.total_items; i++) {
-        c0 = coopMultiplyAdd(a, b, c0);
-        c1 = coopMultiplyAdd(a, b, c1);
-        c2 = coopMultiplyAdd(a, b, c2);
-        c3 = coopMultiplyAdd(a, b, c3);
+        c0 = coopMultiplyAdd(a0, b, c0);
+        c1 = coopMultiplyAdd(a1, b, c1);
+        c2 = coopMultiplyAdd(a2, b, c2);
+        c3 = coopMultiplyAdd(a3, b, c3);
     }
     coopStoreT(c0 + c1 + c2 + c3, &tc[(sg % 8u) * 256u], 16u);
     workgroupBarrier();
