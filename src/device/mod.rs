@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 pub use buffers::MemoryStats;
 pub(crate) use buffers::{MemTracker, TrackedBuffer};
 pub use canary::CANARY_ITERATIONS;
+pub use coop::{COOP_ENV, COOP_TIMEOUT_ENV, DEFAULT_SELF_CHECK_TIMEOUT_S};
 
 use crate::dtype::HalfStorage;
 use crate::error::{Error, Result};
@@ -143,22 +144,9 @@ impl Context {
         let limits = adapter.limits();
         // The coop kernels prove themselves on a device of their own first: a kernel no CI
         // machine can run must not be able to take the caller's device down with it (a
-        // driver fault loses only the probe device).
+        // driver fault loses only the probe device), nor hang this call (a deadline).
         let coop_verdict = if coop {
-            let probe = request(&adapter, features, &limits, true).await;
-            Some(match probe {
-                Ok((device, queue)) => {
-                    let probe = Self::build(device, queue, Some(adapter.get_info()), true);
-                    match probe.check_variant(Variant::Coop) {
-                        Ok(None) => probe
-                            .check_alive()
-                            .map_err(|e| format!("the device was lost in the self-check: {e}")),
-                        Ok(Some(why)) => Err(why),
-                        Err(e) => Err(format!("the coop kernels' self-check failed: {e}")),
-                    }
-                }
-                Err(e) => Err(format!("no device for the self-check: {e}")),
-            })
+            Some(coop::verdict(&adapter, features, &limits).await)
         } else {
             None
         };
@@ -245,6 +233,11 @@ impl Context {
                 && features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
                 && shader_f16
                 && features.contains(wgpu::Features::SUBGROUP),
+            private_floats: if info.device_type == wgpu::DeviceType::Cpu {
+                crate::kernels::CPU_PRIVATE_FLOATS
+            } else {
+                crate::kernels::GPU_PRIVATE_FLOATS
+            },
         };
         let lost = Arc::new(Mutex::new(None));
         let lost_cb = lost.clone();

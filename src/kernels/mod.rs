@@ -13,7 +13,10 @@ pub mod tiles;
 pub mod wgsl;
 
 pub use params::{fold_grid, Params};
-pub use tiles::{choose_tiles, fit_to_blocks, workgroup_words, DeviceCaps, Tiles};
+pub use tiles::{
+    choose_tiles, fit_to_blocks, workgroup_words, DeviceCaps, Tiles, CPU_PRIVATE_FLOATS,
+    GPU_PRIVATE_FLOATS,
+};
 pub use wgsl::{KernelKey, WgslConsumer};
 
 /// Every compute kernel of the crate.

@@ -46,14 +46,25 @@ pub struct DeviceCaps {
     /// Cooperative matrices 16x16x16 with f16 operands and f32 accumulators, with SHADER_F16
     /// and SUBGROUP: what the coop kernels need.
     pub coop_f16: bool,
+    /// Private (per-invocation) f32 values a kernel may hold in arrays before a GPU compiler
+    /// spills them: [`GPU_PRIVATE_FLOATS`] on GPUs (an invocation has about 255 32-bit
+    /// registers, and addresses and loop state need their share), [`CPU_PRIVATE_FLOATS`] on
+    /// CPU drivers (lavapipe, SwiftShader, WARP), whose private arrays live in memory anyway.
+    pub private_floats: u32,
 }
 
+/// [`DeviceCaps::private_floats`] on a GPU.
+pub const GPU_PRIVATE_FLOATS: u32 = 192;
+/// [`DeviceCaps::private_floats`] on a CPU driver.
+pub const CPU_PRIVATE_FLOATS: u32 = 1024;
+
 impl DeviceCaps {
-    /// The WebGPU defaults every conforming adapter offers.
+    /// The WebGPU defaults every conforming adapter offers (and a GPU's register budget).
     pub const WEBGPU_DEFAULT: DeviceCaps = DeviceCaps {
         max_workgroup_storage_bytes: 16384,
         max_invocations_per_workgroup: 256,
         coop_f16: false,
+        private_floats: GPU_PRIVATE_FLOATS,
     };
 }
 
@@ -430,6 +441,7 @@ mod tests {
             max_workgroup_storage_bytes: 49152,
             max_invocations_per_workgroup: 1024,
             coop_f16: true,
+            ..DeviceCaps::WEBGPU_DEFAULT
         };
         for d in 1..=256u32 {
             let t = choose_tiles(Kernel::FlashFwdCoop, d, caps).unwrap();
@@ -466,6 +478,7 @@ mod tests {
                 max_workgroup_storage_bytes: 32768,
                 max_invocations_per_workgroup: 256,
                 coop_f16: false,
+                ..DeviceCaps::WEBGPU_DEFAULT
             },
         )
         .unwrap();
@@ -487,6 +500,7 @@ mod tests {
             max_workgroup_storage_bytes: 1024,
             max_invocations_per_workgroup: 256,
             coop_f16: false,
+            ..DeviceCaps::WEBGPU_DEFAULT
         };
         match choose_tiles(Kernel::FlashFwd, 256, caps) {
             Err(Error::DeviceLimit { needed, limit, .. }) => {
@@ -503,6 +517,7 @@ mod tests {
             max_workgroup_storage_bytes: 65536,
             max_invocations_per_workgroup: 64,
             coop_f16: false,
+            ..DeviceCaps::WEBGPU_DEFAULT
         };
         let t = choose_tiles(Kernel::FlashFwd, 64, caps).unwrap();
         assert!(t.threads(Kernel::FlashFwd) <= 64);

@@ -95,8 +95,9 @@ pub fn wide_words(cfg: &AttentionConfig, dtype: DType, tiles: Tiles, env: &PlanE
 /// The subgroup size the decode kernel shares reads across (`flash_decode.wgsl`'s SG): the
 /// adapter's fixed size the tuning names (`Tuning::rows_subgroup`) where a subgroup's lanes
 /// share one key parity (the columns of a row, head_dim / 4 / `cw` with `cw` vec4s a column,
-/// a multiple of it) and each lane's share of q stays small (at most 32 vec4s), else 0 (no
-/// subgroups).
+/// a multiple of it), each lane's share of q stays small (at most 32 vec4s) and the private
+/// arrays of the subgroup path fit the adapter's register budget
+/// ([`decode_private_floats`] within `DeviceCaps::private_floats`), else 0 (no subgroups).
 pub fn decode_subgroup(cfg: &AttentionConfig, tiles: Tiles, env: &PlanEnv, cw: u32) -> u32 {
     let sg = env.tuning.rows_subgroup;
     let d4 = (cfg.head_dim as u32).div_ceil(4);
@@ -105,12 +106,24 @@ pub fn decode_subgroup(cfg: &AttentionConfig, tiles: Tiles, env: &PlanEnv, cw: u
         && d4.is_multiple_of(cw)
         && sg.is_multiple_of(cw)
         && tiles.br * d4 / sg <= 32
+        && decode_private_floats(tiles.br, d4, sg, cw) <= env.caps.private_floats
         && DECODE_KEYS.is_multiple_of(sg)
     {
         sg
     } else {
         0
     }
+}
+
+/// The f32 values one invocation of the decode kernel's subgroup path holds in private
+/// arrays (shaders/flash_decode.wgsl) for `br` packed rows, `d4` vec4s a row, subgroup `sg`
+/// and `cw` vec4s a column: its share of q (`qh`, br x d4 / sg vec4s), the q vectors the
+/// subgroup hands round (`qs`, br x sg vec4s), the weights likewise (`ws`, br x sg), the
+/// output columns (`acc`, br x cw vec4s) and the scores (`x`, br). On NVIDIA (subgroup 32)
+/// 16 rows would hold 2,560 of them, ten times the registers an invocation has.
+pub fn decode_private_floats(br: u32, d4: u32, sg: u32, cw: u32) -> u32 {
+    let qh = br * (d4 / sg.max(1)) * 4;
+    qh + br * sg * 4 + br * sg + br * cw * 4 + br
 }
 
 /// How a decode call's keys are split, on any backend: `cfg.kv_splits = Some(n)` gives n
@@ -332,8 +345,10 @@ mod tests {
 
     #[test]
     fn k_and_v_are_read_in_the_widest_words_that_keep_the_subgroup() {
+        // lavapipe: subgroup 8, private arrays in memory
         let mut e = env();
         e.tuning.rows_subgroup = 8;
+        e.caps.private_floats = crate::kernels::CPU_PRIVATE_FLOATS;
         let t = shape(&AttentionConfig::new(1, 1, 4096, 32, 8, 128), &e)
             .unwrap()
             .tiles;
@@ -358,6 +373,27 @@ mod tests {
         // no subgroup size to keep: the widest
         e.tuning.rows_subgroup = 0;
         assert_eq!(wide(40, DType::F16, &e), (1, 0));
+    }
+
+    #[test]
+    fn the_subgroup_path_is_left_where_its_private_arrays_would_spill_a_gpus_registers() {
+        // NVIDIA: subgroup 32; 32 query heads over 8 (4 packed rows), head_dim 128
+        let mut e = env();
+        e.tuning.rows_subgroup = 32;
+        let c = AttentionConfig::new(1, 1, 4096, 32, 8, 128);
+        let t = shape(&c, &e).unwrap().tiles;
+        assert!(decode_private_floats(t.br, 32, 32, 2) > crate::kernels::GPU_PRIVATE_FLOATS);
+        assert_eq!(decode_subgroup(&c, t, &e, 2), 0);
+        // 16 packed rows (the case): 2,560 floats
+        assert_eq!(decode_private_floats(16, 32, 32, 1), 64 + 2048 + 512 + 64 + 16);
+        // one packed row on a GPU fits; on a CPU driver the lavapipe shapes keep the subgroup
+        let one = AttentionConfig::new(1, 1, 4096, 8, 8, 128);
+        let t1 = shape(&one, &e).unwrap().tiles;
+        assert_eq!(t1.br, 1);
+        assert_eq!(decode_subgroup(&one, t1, &e, 1), 32);
+        e.tuning.rows_subgroup = 8;
+        e.caps.private_floats = crate::kernels::CPU_PRIVATE_FLOATS;
+        assert_eq!(decode_subgroup(&c, t, &e, 2), 8);
     }
 
     #[test]

@@ -471,6 +471,7 @@ mod tests {
             max_workgroup_storage_bytes: 49152,
             max_invocations_per_workgroup: 1024,
             coop_f16: true,
+            ..DeviceCaps::WEBGPU_DEFAULT
         };
         for (dtype, want) in [
             (DType::F16, Kernel::FlashFwdCoop),

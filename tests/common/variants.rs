@@ -13,11 +13,13 @@ pub fn caps_list() -> [DeviceCaps; 3] {
             max_workgroup_storage_bytes: 32768,
             max_invocations_per_workgroup: 256,
             coop_f16: false,
+            private_floats: flash_attn_wgpu::kernels::CPU_PRIVATE_FLOATS,
         },
         DeviceCaps {
             max_workgroup_storage_bytes: 49152,
             max_invocations_per_workgroup: 1024,
             coop_f16: true,
+            ..DeviceCaps::WEBGPU_DEFAULT
         },
     ]
 }
