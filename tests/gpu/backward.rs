@@ -1,6 +1,6 @@
 //! The backward pass of both algorithms matches the f64 reference gradients.
 
-mod common;
+use crate::common;
 use common::{cfg, check_backward, ctx, inputs};
 use flash_attn_wgpu::{reference, Algorithm};
 

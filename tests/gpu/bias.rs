@@ -2,7 +2,7 @@
 //! dimensions it broadcasts, every variant and the naive path, every dtype, with every other
 //! score modifier, over packed sequences and split calls, and the typed errors of bad biases.
 
-mod common;
+use crate::common;
 use common::{cfg, check_backward, check_dtype_dyn};
 use flash_attn_wgpu::{
     reference, Algorithm, AttentionConfig, Context, DType, Error, ScoreBias, Tuning, Variant,

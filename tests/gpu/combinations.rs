@@ -6,7 +6,7 @@
 //! random inputs against the f64 reference (`common::check_dtype_dyn`: out, lse, dq, dk, dv,
 //! d_sinks and d_bias).
 
-mod common;
+use crate::common;
 
 use common::{check_dtype_dyn, ctx};
 use flash_attn_wgpu::{AttentionConfig, DType, Tuning, Varlen, Window};

@@ -1,7 +1,7 @@
 //! One `Context` shared by several threads: every call gives the result it gives alone, bit for
 //! bit, and the reference's; failing and succeeding calls mixed leak no device memory.
 
-mod common;
+use crate::common;
 
 use common::{assert_close, cfg, inputs};
 use flash_attn_wgpu::{reference, Context};

@@ -3,7 +3,7 @@
 //! storage, and with every mask and score modifier, forward (and the backward from its out
 //! and lse) against the f64 reference.
 
-mod common;
+use crate::common;
 
 use common::backend::{check_case, Gap};
 use common::{assert_close_tol, assert_lse_close, cfg, ctx, rounded_inputs};

@@ -1,6 +1,6 @@
 //! The Vulkan driver runs long shader loops to the end (Mesa lavapipe < 25 does not).
 
-mod common;
+use crate::common;
 use flash_attn_wgpu::{device::CANARY_ITERATIONS, Error};
 
 #[test]

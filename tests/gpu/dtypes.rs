@@ -3,7 +3,7 @@
 //! lavapipe has SHADER_F16), against the f64 reference computed from the rounded inputs.
 //! Tolerance: `common::rel_tol` (f32 accumulation plus one output rounding).
 
-mod common;
+use crate::common;
 use common::{cfg, check_dtype_dyn, Errors};
 use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, DType, HalfStorage, Tuning, Variant};
 

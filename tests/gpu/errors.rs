@@ -1,6 +1,6 @@
 //! Bad input gets a typed error that says what was expected and what was given; never a panic.
 
-mod common;
+use crate::common;
 use common::{cfg, ctx};
 use flash_attn_wgpu::{Algorithm, AttentionConfig, DType, Error, TensorRole};
 use proptest::prelude::*;

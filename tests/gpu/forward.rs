@@ -1,6 +1,6 @@
 //! The forward pass of both algorithms matches the f64 reference.
 
-mod common;
+use crate::common;
 use common::{cfg, check_forward};
 
 #[test]

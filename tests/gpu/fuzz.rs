@@ -11,7 +11,7 @@
 //! - the backward never invents a NaN: with every input finite and no overflow, every
 //!   gradient is finite, and with every row well-conditioned it matches the reference.
 
-mod common;
+use crate::common;
 
 use common::{ctx, rel_tol};
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};

@@ -2,7 +2,7 @@
 //! command encoder run only when the caller submits, and give the results of the ordinary
 //! calls bit for bit; GPU timestamps are opt-in.
 
-mod common;
+use crate::common;
 
 use common::{cfg, ctx, inputs};
 use flash_attn_wgpu::Context;

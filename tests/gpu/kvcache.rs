@@ -3,7 +3,7 @@
 //! attending (`forward_with_kvcache`), prefill then decode, equal to attention over exactly
 //! the keys each batch holds; bad arguments as typed errors.
 
-mod common;
+use crate::common;
 
 use common::backend::{check_case, Gap};
 use common::kv::append_and_attend;

@@ -1,7 +1,7 @@
 //! Device limits: the WebGPU defaults are enough, too-small devices get a clear error, and
 //! grids past one dispatch dimension are folded.
 
-mod common;
+use crate::common;
 use common::{assert_close, assert_lse_close, cfg, inputs};
 use flash_attn_wgpu::kernels::workgroup_words;
 use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context, Error, Tuning, Variant};

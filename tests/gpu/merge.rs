@@ -3,7 +3,7 @@
 //! out and lse), in every dtype, with rows some shards (or all) let see no key; the f64
 //! reference merge agrees on random shards; bad shards are typed errors.
 
-mod common;
+use crate::common;
 
 use common::shards::{case, key_range, merged_equals_full};
 use common::{assert_close_tol, assert_lse_close, ctx, fresh_seed, random};

@@ -4,7 +4,7 @@
 //! both tiled variants and every dtype, forward and backward; the rows that do see a NaN carry
 //! it, and a NaN query row gives NaN (never -inf) in its lse.
 
-mod common;
+use crate::common;
 
 use common::backend::check_poisoned;
 use common::{cfg, poisoned_inputs};

@@ -3,7 +3,7 @@
 //! pages, partly filled last pages) and page sizes, on every path (decode, every tiled variant,
 //! naive) and dtype; appends write through the table; bad tables are typed errors.
 
-mod common;
+use crate::common;
 
 use common::kv::{paged_cfg, random_paged};
 use common::{assert_close_tol, assert_lse_close, cfg, ctx, fresh_seed, random, rel_tol};

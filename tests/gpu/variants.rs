@@ -2,7 +2,7 @@
 //! variants (GPUs), the rows variant with and without subgroup sharing (CPU drivers). The other test files run
 //! whichever the adapter gets by default.
 
-mod common;
+use crate::common;
 use common::{assert_close, assert_lse_close, cfg, inputs};
 use flash_attn_wgpu::{
     reference, Algorithm, AttentionConfig, Context, Tuning, Variant, Varlen, Window,
@@ -380,11 +380,12 @@ fn only_the_adapters_fixed_subgroup_size_is_accepted() {
 
 #[test]
 fn the_variant_self_check_passes_every_variant_here() {
-    // The check Context::new runs before it picks the coop kernels, run here on the variants
-    // lavapipe has: each matches the f64 reference forward and backward.
+    // The check Context::new runs before it picks the coop kernels (head dims 64, 128 and 80,
+    // each run twice and compared bit for bit), run here on the variants lavapipe has that
+    // GPUs and CPU drivers pick: each matches the f64 reference forward and backward.
     let ctx = Context::new().expect("context");
     let before = ctx.tuning();
-    for variant in Variant::ALL {
+    for variant in [Variant::Blocks, Variant::Rows] {
         assert_eq!(ctx.check_variant(variant).unwrap(), None, "{variant:?}");
     }
     assert_eq!(ctx.tuning(), before, "the tuning is restored");

@@ -4,7 +4,7 @@
 //! f64 reference's results (and the row-major call's bits); calls that take row-major tensors
 //! refuse views with typed errors.
 
-mod common;
+use crate::common;
 
 use common::{assert_close, assert_close_tol, assert_lse_close, cfg, ctx, inputs, rel_tol};
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec, Element};
