@@ -1,6 +1,6 @@
 //! The CUDA path's throughput over a grid, as JSON records that scripts/bench_compare.py puts
 //! beside PyTorch SDPA (scripts/sdpa_bench.py) and the wgpu bench, measured on the same GPU in
-//! one gpu-check run.
+//! one GPU run (scripts/gpu-run.sh).
 //!
 //! FLOPs: forward 4 * B * H * Sq * Sk * D, halved for causal; forward+backward 3.5x forward
 //! (backward 2.5x). Times are CUDA events around the launches (`last_gpu_timing`), device
@@ -18,6 +18,8 @@
 
 #[path = "common/cli.rs"]
 mod cli;
+#[path = "common/stats.rs"]
+mod stats;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,19 +30,22 @@ use flash_attn_wgpu::cuda::kernels::decode_geometry;
 use flash_attn_wgpu::cuda::{CudaContext, CudaTensor};
 use flash_attn_wgpu::{AttentionConfig, DType, Element, Error};
 use rand::{rngs::StdRng, Rng, SeedableRng};
+use stats::Stats;
 
 /// CUDA-path forward and forward+backward throughput on the first CUDA device.
 ///
 /// --seq and --batch pair up (the i-th batch with the i-th length; one batch value applies to
-/// every length), so B * N can stay fixed while N grows.
+/// every length), so B * N can stay fixed while N grows; without --batch, B = 16384 / N (at
+/// least 1). With --decode every batch meets every length (default B = 1).
 #[derive(Parser, Debug)]
 #[command(name = "cuda_bench")]
 struct Args {
     /// Sequence lengths N (seq_q = seq_kv), comma list
     #[arg(long = "seq", value_delimiter = ',', value_parser = positive, default_values_t = [4096, 8192, 16384])]
     seqs: Vec<usize>,
-    /// Batch per sequence length (one value: every length), comma list
-    #[arg(long, value_delimiter = ',', value_parser = positive, default_values_t = [4, 2, 1])]
+    /// Batch per sequence length (one value: every length), comma list [default: 16384 / N,
+    /// at least 1; with --decode: 1]
+    #[arg(long, value_delimiter = ',', value_parser = positive)]
     batch: Vec<usize>,
     /// Query heads
     #[arg(long, value_parser = positive, default_value_t = 32)]
@@ -75,6 +80,80 @@ struct Args {
     /// Decode steps (one query row) against KV caches of the --seq lengths instead
     #[arg(long)]
     decode: bool,
+    /// Print the CUDA device, its architecture and NVRTC's version, then exit
+    #[arg(long)]
+    info: bool,
+    /// Check the arguments and print the points that would be measured, without touching a
+    /// GPU (the GPU check's rehearsal runs this where there is none)
+    #[arg(long)]
+    dry_run: bool,
+}
+
+impl Args {
+    /// The batch of the i-th --seq value (forward mode).
+    fn batch_for(&self, i: usize) -> usize {
+        match self.batch.len() {
+            0 => (16384 / self.seqs[i]).max(1),
+            1 => self.batch[0],
+            _ => self.batch[i],
+        }
+    }
+
+    /// The batches every decode length is measured at.
+    fn decode_batches(&self) -> Vec<usize> {
+        if self.batch.is_empty() {
+            vec![1]
+        } else {
+            self.batch.clone()
+        }
+    }
+
+    /// Argument combinations clap cannot check.
+    fn check(&self) -> Result<(), String> {
+        if !self.decode && self.batch.len() > 1 && self.batch.len() != self.seqs.len() {
+            return Err(format!(
+                "--batch takes one value or one per --seq value ({}), got {} (with --decode \
+                 every batch meets every length)",
+                self.seqs.len(),
+                self.batch.len()
+            ));
+        }
+        if let Some(kv) = self.kv_heads.filter(|kv| !self.heads.is_multiple_of(*kv)) {
+            return Err(format!("--kv-heads {kv} must divide --heads {}", self.heads));
+        }
+        Ok(())
+    }
+
+    /// What a run would measure, one line a point.
+    fn points(&self) -> Vec<String> {
+        let kv = self.kv_heads.unwrap_or(self.heads);
+        let mut out = Vec::new();
+        for (i, &n) in self.seqs.iter().enumerate() {
+            for &d in &self.head_dim {
+                for &dtype in &self.dtype {
+                    if self.decode {
+                        for b in self.decode_batches() {
+                            out.push(format!(
+                                "decode {} B={b} cache={n} H={}/{kv} D={d}",
+                                dtype.name(),
+                                self.heads
+                            ));
+                        }
+                    } else {
+                        let pass = if self.forward_only { "fwd" } else { "fwd, fwd+bwd" };
+                        out.push(format!(
+                            "{pass} {} B={} N={n} H={}/{kv} D={d} causal={}",
+                            dtype.name(),
+                            self.batch_for(i),
+                            self.heads,
+                            if self.causal_both { "both".into() } else { self.causal.to_string() }
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
 }
 
 #[derive(serde::Serialize)]
@@ -91,6 +170,8 @@ struct Record {
     head_dim: usize,
     causal: bool,
     median_ms: Option<f64>,
+    min_ms: Option<f64>,
+    max_ms: Option<f64>,
     tflops: Option<f64>,
     kernels_ms: Vec<(&'static str, f64)>,
     note: String,
@@ -107,18 +188,24 @@ fn main() -> ExitCode {
 }
 
 fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
-    if a.batch.len() != 1 && a.batch.len() != a.seqs.len() {
-        return Err(format!(
-            "--batch takes one value or one per --seq value ({}), got {}",
-            a.seqs.len(),
-            a.batch.len()
-        )
-        .into());
+    a.check()?;
+    if a.dry_run {
+        if a.info {
+            println!("cuda_bench --info: a dry run; no CUDA device opened");
+            return Ok(());
+        }
+        for p in a.points() {
+            println!("would measure: {p}");
+        }
+        return Ok(());
     }
     let ctx = CudaContext::new(a.device)?;
     ctx.set_gpu_timing(true);
     let device = format!("{} (sm_{})", ctx.device_name(), ctx.arch());
     println!("device: {device}, NVRTC {:?}", ctx.nvrtc_version());
+    if a.info {
+        return Ok(());
+    }
     if a.decode {
         return decode(&ctx, &a);
     }
@@ -133,7 +220,7 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut records = Vec::new();
     for (i, &n) in a.seqs.iter().enumerate() {
-        let batch = a.batch[if a.batch.len() == 1 { 0 } else { i }];
+        let batch = a.batch_for(i);
         for &d in &a.head_dim {
             for &dtype in &a.dtype {
                 for &causal in &causals {
@@ -158,6 +245,8 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                             Ok(t) => (Some(t.ms), t.kernels_ms.clone(), String::new()),
                             Err(e) => (None, Vec::new(), e.to_string()),
                         };
+                        let (min_ms, max_ms) = (ms.map(|m| m.min), ms.map(|m| m.max));
+                        let ms = ms.map(|m| m.median);
                         records.push(Record {
                             backend: "cuda",
                             device: device.clone(),
@@ -171,6 +260,8 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                             head_dim: d,
                             causal,
                             median_ms: ms,
+                            min_ms,
+                            max_ms,
                             tflops: ms.map(|ms| flops / (ms * 1e-3) / 1e12),
                             kernels_ms: kernels,
                             note,
@@ -218,17 +309,20 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
 /// Decode steps: per batch and cache length, the split heuristic's time next to one split's,
 /// and the KV bytes read per second.
 fn decode(ctx: &CudaContext, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    println!("| dtype | B | cache | splits | split ms | one split ms | split / one | KV GB/s |");
+    println!(
+        "| dtype | B | cache | splits | split ms [min-max] | one split ms [min-max] | split / one \
+         | KV GB/s |"
+    );
     println!("|---|---|---|---|---|---|---|---|");
     let kv_heads = a.kv_heads.unwrap_or(a.heads);
     for &dtype in &a.dtype {
-        for &batch in &a.batch {
+        for batch in a.decode_batches() {
             for &n in &a.seqs {
                 for &d in &a.head_dim {
                     let mut cfg = AttentionConfig::new(batch, 1, n, a.heads, kv_heads, d);
                     cfg.causal = true;
                     let splits = decode_geometry(&cfg).splits;
-                    let mut ms = [0.0; 2];
+                    let mut ms = [Stats::of(&[]); 2];
                     for (t, kv_splits) in ms.iter_mut().zip([None, Some(1)]) {
                         cfg.kv_splits = kv_splits;
                         *t = match dtype {
@@ -239,12 +333,14 @@ fn decode(ctx: &CudaContext, a: &Args) -> Result<(), Box<dyn std::error::Error>>
                     }
                     let bytes = 2 * batch * n * kv_heads * d * dtype.size_bytes();
                     println!(
-                        "| {} | {batch} | {n} | {splits} | {:.4} | {:.4} | {:.2} | {:.0} |",
+                        "| {} | {batch} | {n} | {splits} | {:.4} [{}] | {:.4} [{}] | {:.2} | {:.0} |",
                         dtype.name(),
-                        ms[0],
-                        ms[1],
-                        ms[0] / ms[1],
-                        bytes as f64 / (ms[0] * 1e-3) / 1e9
+                        ms[0].median,
+                        ms[0].range(4),
+                        ms[1].median,
+                        ms[1].range(4),
+                        ms[0].median / ms[1].median,
+                        bytes as f64 / (ms[0].median * 1e-3) / 1e9
                     );
                 }
             }
@@ -253,12 +349,12 @@ fn decode(ctx: &CudaContext, a: &Args) -> Result<(), Box<dyn std::error::Error>>
     Ok(())
 }
 
-/// The median GPU milliseconds of a forward call after one warm-up call.
+/// The GPU milliseconds of `repeats` forward calls after one warm-up call.
 fn forward_ms<T: Element>(
     ctx: &CudaContext,
     cfg: &AttentionConfig,
     repeats: usize,
-) -> Result<f64, Error> {
+) -> Result<Stats, Error> {
     let mut rng = StdRng::seed_from_u64(7);
     let q = upload_random::<T>(ctx, &mut rng, &cfg.q_shape())?;
     let k = upload_random::<T>(ctx, &mut rng, &cfg.kv_shape())?;
@@ -273,12 +369,12 @@ fn forward_ms<T: Element>(
             times.push(t.seconds);
         }
     }
-    Ok(median(times) * 1e3)
+    Ok(Stats::of(&times).scaled(1e3))
 }
 
-/// Median milliseconds of a pass, and its kernels' medians.
+/// Milliseconds of a pass (median, min, max), and its kernels' medians.
 struct Timed {
-    ms: f64,
+    ms: Stats,
     kernels_ms: Vec<(&'static str, f64)>,
 }
 
@@ -331,19 +427,14 @@ fn point<T: Element>(
         }
     }
     let f = Timed {
-        ms: median(fwd) * 1e3,
+        ms: Stats::of(&fwd).scaled(1e3),
         kernels_ms: medians(&fwd_k),
     };
     let b = (!fb.is_empty()).then(|| Timed {
-        ms: median(fb) * 1e3,
+        ms: Stats::of(&fb).scaled(1e3),
         kernels_ms: medians(&bwd_k),
     });
     Ok((f, b))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 /// Per kernel, the median milliseconds over the runs.
@@ -353,8 +444,8 @@ fn medians(runs: &[Vec<(&'static str, f64)>]) -> Vec<(&'static str, f64)> {
     };
     (0..first.len())
         .map(|i| {
-            let v = runs.iter().filter_map(|r| r.get(i).map(|x| x.1)).collect();
-            (first[i].0, median(v) * 1e3)
+            let v: Vec<f64> = runs.iter().filter_map(|r| r.get(i).map(|x| x.1)).collect();
+            (first[i].0, Stats::of(&v).median * 1e3)
         })
         .collect()
 }

@@ -5,12 +5,14 @@ measures, as records of the same shape, for scripts/bench_compare.py.
 FLOPs: forward 4 * B * H * Sq * Sk * D, halved for causal; forward+backward 3.5x forward.
 Tensors are laid out [B, N, H, D] as this crate's and transposed to SDPA's [B, H, N, D] view
 (no copy; the flash backend takes strided inputs). Times are CUDA events around the calls:
-one warm-up, then the median of --repeats; forward+backward times one forward and one
-backward (autograd, grad of out given) from the same call, as the crate's benches do.
+one warm-up, then the median (with min and max) of --repeats; forward+backward times one
+forward and one backward (autograd, grad of out given) from the same call, as the crate's
+benches do. Without --batch, B = 16384 / N (at least 1), as examples/cuda_bench.rs.
 
   python3 scripts/sdpa_bench.py --seq 4096,8192,16384 --batch 4,2,1 --heads 32 \
       --head-dim 128 --dtype bf16 --causal-both --json sdpa.json
 
+--dry-run checks the arguments and prints the points without importing PyTorch.
 Exits 3, writing no records, where PyTorch, CUDA or the flash backend is missing.
 """
 import argparse
@@ -32,7 +34,7 @@ def comma_ints(s):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seq", type=comma_ints, default=[4096, 8192, 16384])
-    p.add_argument("--batch", type=comma_ints, default=[4, 2, 1])
+    p.add_argument("--batch", type=comma_ints, default=None)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=None)
     p.add_argument("--head-dim", type=comma_ints, default=[128])
@@ -42,9 +44,25 @@ def main():
     p.add_argument("--forward-only", action="store_true")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", default=None)
+    p.add_argument("--dry-run", action="store_true")
     a = p.parse_args()
+    if a.batch is None:
+        a.batch = [max(1, 16384 // n) for n in a.seq]
     if len(a.batch) not in (1, len(a.seq)):
         p.error(f"--batch takes one value or one per --seq value ({len(a.seq)})")
+    for d in a.dtype.split(","):
+        if d not in ("f16", "bf16"):
+            p.error(f"--dtype takes f16 and bf16 (the flash backend's), got {d!r}")
+    if a.kv_heads is not None and (a.kv_heads < 1 or a.heads % a.kv_heads):
+        p.error(f"--kv-heads {a.kv_heads} must divide --heads {a.heads}")
+    if a.dry_run:
+        for i, n in enumerate(a.seq):
+            b = a.batch[0 if len(a.batch) == 1 else i]
+            for d in a.head_dim:
+                for dname in a.dtype.split(","):
+                    print(f"would measure: {dname} B={b} N={n} H={a.heads}/{a.kv_heads or a.heads} "
+                          f"D={d} causal={'both' if a.causal_both else a.causal}")
+        return 0
 
     try:
         import torch
@@ -57,9 +75,6 @@ def main():
         print("sdpa_bench: no CUDA device for PyTorch", file=sys.stderr)
         return 3
     dtypes = {"f16": torch.float16, "bf16": torch.bfloat16}
-    for d in a.dtype.split(","):
-        if d not in dtypes:
-            p.error(f"--dtype takes f16 and bf16 (the flash backend's), got {d!r}")
     device = f"{torch.cuda.get_device_name(0)} (torch {torch.__version__})"
     print(f"device: {device}")
     causals = [False, True] if a.causal_both else [a.causal]
@@ -130,7 +145,9 @@ def main():
                         records.append(dict(
                             backend="torch-sdpa-flash", device=device, dtype=dname, pass_=pass_,
                             batch=b, heads_q=a.heads, heads_kv=hkv, seq_q=n, seq_kv=n,
-                            head_dim=d, causal=causal, median_ms=ms, tflops=tflops,
+                            head_dim=d, causal=causal, median_ms=ms,
+                            min_ms=min(ms_list) if ms_list else None,
+                            max_ms=max(ms_list) if ms_list else None, tflops=tflops,
                             kernels_ms=[], note=note))
                         cells += [f"{ms:.3f}" if ms else "-", f"{tflops:.1f}" if tflops else "-"]
                     cells += ["-"] * (4 - len(cells))

@@ -183,6 +183,10 @@ pub struct Args {
     /// per-call cost; its own table (the grid's flags do not apply)
     #[arg(long)]
     pub decode: bool,
+    /// Decode mode: measure every point also with the subgroup reads off (`rows_subgroup`
+    /// 0), side by side with the adapter's default
+    #[arg(long, requires = "decode")]
+    pub subgroup_both: bool,
     /// Decode mode: query rows per call (1: a decode step; a few: speculative tokens)
     #[arg(long, default_value_t = 1, value_parser = positive)]
     pub decode_queries: usize,

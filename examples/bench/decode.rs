@@ -3,9 +3,12 @@
 //! and the KV bytes read per second against the adapter's measured copy roofline, split-KV (the
 //! heuristic's split count) next to one split and next to the same keys in a paged cache (pages
 //! of [`PAGE_SIZE`] keys in a shuffled block table, vLLM's layout), side by side in one run;
-//! first the per-call cost of a decode-size call against an empty submit-and-wait. Uses each `--batch`, the first
-//! `--heads`, `--kv-heads`, `--head-dim` and `--dtype`, and `--repeats` (the best is reported);
-//! `--no-subgroup` turns off the subgroup reads.
+//! first the per-call cost of a decode-size call against an empty submit-and-wait. Uses each
+//! `--batch`, the first `--heads`, `--kv-heads`, `--head-dim` and `--dtype`, and `--repeats`
+//! (the median is reported, with the min-max of the repeats beside it); `--no-subgroup` turns
+//! off the subgroup reads, `--subgroup-both` measures the adapter's default and no subgroup
+//! side by side. Peers (llama.cpp's Vulkan flash attention) are measured beside this by
+//! scripts/peers/ggml-decode.sh, never quoted here.
 //!
 //! FLOPs per call: 4 * B * H_q * S_q * S_kv * D. KV bytes per call: 2 * B * S_kv * H_kv * D *
 //! (bytes per element): each key and value read once (GQA packing reads a kv head's tile once
@@ -13,9 +16,10 @@
 
 use std::time::Instant;
 
-use flash_attn_wgpu::{AttentionConfig, Context, DType, Element};
+use flash_attn_wgpu::{AttentionConfig, Context, DType, Element, Tuning};
 
 use crate::args::Args;
+use crate::stats::Stats;
 
 /// What the decode mode measures, from the command line.
 struct Decode {
@@ -27,6 +31,9 @@ struct Decode {
     queries: usize,
     dtype: DType,
     repeats: usize,
+    /// The tuning of each measured column set: the adapter's default, and with
+    /// --subgroup-both the same without subgroup reads.
+    tunings: Vec<Tuning>,
 }
 
 /// Keys per page of the paged column (vLLM's default block size).
@@ -51,13 +58,21 @@ fn shuffled_pages(b: usize, s: usize) -> flash_attn_wgpu::PagedKv {
 /// Skip the points whose K and V together exceed this many MiB.
 const MAX_KV_MIB: usize = 1024;
 
-/// llama.cpp's Vulkan flash attention on lavapipe (ggml test-backend-ops, scalar path, f16
-/// K/V, 1 query row, 32 query heads over 8 kv heads, head_dim 128): ms per call by cache
-/// length, the anchor issue 13 sets on the same adapter.
-const LLAMA_CPP_LAVAPIPE_MS: [(usize, f64); 3] = [(4096, 52.6), (8192, 100.0), (16384, 295.0)];
-
 pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let heads = args.heads[0];
+    let ctx = Context::new()?;
+    ctx.set_gpu_timing(true);
+    // --no-subgroup and --half-storage apply (the decode kernel shares reads across the rows
+    // variant's fixed subgroup size)
+    let tuning = args.tuning(ctx.tuning());
+    ctx.set_tuning(tuning)?;
+    let mut tunings = vec![tuning];
+    if args.subgroup_both && tuning.rows_subgroup != 0 {
+        tunings.push(Tuning {
+            rows_subgroup: 0,
+            ..tuning
+        });
+    }
     let a = Decode {
         caches: args.seqs.clone(),
         batches: args.batch.clone(),
@@ -67,14 +82,10 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         queries: args.decode_queries,
         dtype: args.dtype[0],
         repeats: args.repeats.max(1),
+        tunings,
     };
-    let ctx = Context::new()?;
-    ctx.set_gpu_timing(true);
-    // --no-subgroup and --half-storage apply (the decode kernel shares reads across the rows
-    // variant's fixed subgroup size)
-    ctx.set_tuning(args.tuning(ctx.tuning()))?;
     println!("adapter: {}", ctx.adapter_info());
-    let roof = ctx.measure_roofline(1.0)?;
+    let roof = ctx.measure_roofline(args.roofline_scale)?;
     println!(
         "measured copy roofline {:.2} GB/s (read + write), FMA {:.1} GFLOP/s",
         roof.copy_gbps, roof.fma_gflops
@@ -90,22 +101,6 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         a.queries,
         a.dtype,
         a.dtype.size_bytes()
-    );
-    println!(
-        "{:>5} {:>6} {:>6} | {:>10} {:>10} {:>7} | {:>10} {:>10} {:>7} | {:>7} {:>9} | {:>9} {:>11}",
-        "B",
-        "cache",
-        "splits",
-        "split ms",
-        "(wall)",
-        "GB/s",
-        "1split ms",
-        "(wall)",
-        "GB/s",
-        "speedup",
-        "split/roof",
-        "paged ms",
-        "paged/dense"
     );
     match a.dtype {
         DType::F32 => points::<f32>(&ctx, &a, roof.copy_gbps),
@@ -185,6 +180,16 @@ fn points<T: Element>(
     a: &Decode,
     copy_gbps: f64,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    println!(
+        "per point: ms are the median GPU time of --repeats calls [min-max]; wall: the median \
+         wall time around a call; GB/s from the median; speedup: one split over split-KV; \
+         paged: the same keys in shuffled pages of {PAGE_SIZE}"
+    );
+    println!(
+        "| rows_subgroup | B | cache | splits | split ms [min-max] | (wall) | GB/s | 1 split ms \
+         [min-max] | (wall) | GB/s | speedup | split/roof | paged ms [min-max] | paged/dense |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &b in &a.batches {
         for &s in &a.caches {
             let mut cfg = AttentionConfig::new(b, a.queries, s, a.heads, a.kv_heads, a.head_dim);
@@ -192,7 +197,7 @@ fn points<T: Element>(
             cfg.validate()?;
             let kv_bytes = 2.0 * (b * s * a.kv_heads * a.head_dim * a.dtype.size_bytes()) as f64;
             if kv_bytes > (MAX_KV_MIB << 20) as f64 {
-                println!("{b:>5} {s:>6} skipped: K and V take more than {MAX_KV_MIB} MiB");
+                println!("| - | {b} | {s} | skipped: K and V take more than {MAX_KV_MIB} MiB |");
                 continue;
             }
             let fill = |n: usize, salt: usize| -> Vec<T> {
@@ -207,64 +212,77 @@ fn points<T: Element>(
             let kv_n = b * s * a.kv_heads * a.head_dim;
             let k = ctx.upload(&fill(kv_n, 2), &cfg.kv_shape())?;
             let v = ctx.upload(&fill(kv_n, 3), &cfg.kv_shape())?;
-            let splits = flash_attn_wgpu::plan::decode::shape(&cfg, &ctx.plan_env())?.splits;
+            // the same keys in pages (the pools hold the dense caches' bytes, reordered by
+            // the table), split by the heuristic
+            let paged = s.is_multiple_of(PAGE_SIZE).then(|| AttentionConfig {
+                paged: Some(shuffled_pages(b, s)),
+                ..cfg.clone()
+            });
+            let pools = match &paged {
+                Some(p) => Some((
+                    ctx.upload(&fill(kv_n, 2), &p.kv_shape())?,
+                    ctx.upload(&fill(kv_n, 3), &p.kv_shape())?,
+                )),
+                None => None,
+            };
+            // (GPU ms, wall ms) of the repeats, after a call that compiles and warms
             let time = |c: &AttentionConfig,
                         (k, v): (&flash_attn_wgpu::Tensor, &flash_attn_wgpu::Tensor)|
-             -> flash_attn_wgpu::Result<(f64, f64)> {
-                ctx.forward(c, &q, k, v)?; // pipelines compiled, caches warm
-                let (mut gpu, mut wall) = (f64::INFINITY, f64::INFINITY);
+             -> flash_attn_wgpu::Result<(Stats, Stats)> {
+                ctx.forward(c, &q, k, v)?;
+                let (mut gpu, mut wall) = (Vec::new(), Vec::new());
                 for _ in 0..a.repeats {
                     let t = Instant::now();
                     let f = ctx.forward(c, &q, k, v)?;
-                    wall = wall.min(t.elapsed().as_secs_f64());
-                    gpu = gpu.min(ctx.last_gpu_timing().map_or(f64::NAN, |t| t.seconds));
+                    wall.push(t.elapsed().as_secs_f64());
+                    gpu.push(ctx.last_gpu_timing().map_or(f64::NAN, |t| t.seconds));
                     drop(f);
                 }
-                Ok((gpu, wall))
+                Ok((Stats::of(&gpu).scaled(1e3), Stats::of(&wall).scaled(1e3)))
             };
-            let (split_gpu, split_wall) = time(&cfg, (&k, &v))?;
-            let one = AttentionConfig {
-                kv_splits: Some(1),
-                ..cfg.clone()
-            };
-            let (one_gpu, one_wall) = time(&one, (&k, &v))?;
-            // the same keys in pages (the pools hold the dense caches' bytes, reordered by
-            // the table), split by the heuristic
-            let paged_gpu = if s.is_multiple_of(PAGE_SIZE) {
-                let paged = AttentionConfig {
-                    paged: Some(shuffled_pages(b, s)),
+            for &tuning in &a.tunings {
+                ctx.set_tuning(tuning)?;
+                let splits = flash_attn_wgpu::plan::decode::shape(&cfg, &ctx.plan_env())?.splits;
+                let (split, split_wall) = time(&cfg, (&k, &v))?;
+                let one = AttentionConfig {
+                    kv_splits: Some(1),
                     ..cfg.clone()
                 };
-                let kp = ctx.upload(&fill(kv_n, 2), &paged.kv_shape())?;
-                let vp = ctx.upload(&fill(kv_n, 3), &paged.kv_shape())?;
-                match time(&paged, (&kp, &vp)) {
-                    Ok((gpu, _)) => gpu,
-                    // a pool binds whole: past one binding, no paged point
-                    Err(flash_attn_wgpu::Error::DeviceLimit { .. }) => f64::NAN,
-                    Err(e) => return Err(e.into()),
-                }
-            } else {
-                f64::NAN
-            };
-            let gbps = |t: f64| kv_bytes / t / 1e9;
-            let anchor = LLAMA_CPP_LAVAPIPE_MS
-                .iter()
-                .find(|(n, _)| *n == s && b == 1 && a.queries == 1)
-                .map(|(_, ms)| format!("  llama.cpp (lavapipe) {ms} ms"))
-                .unwrap_or_default();
-            println!(
-                "{b:>5} {s:>6} {splits:>6} | {:>10.2} {:>10} {:>7.2} | {:>10.2} {:>10} {:>7.2} | {:>7.2} {:>8.0}% | {:>9.2} {:>11.2}{anchor}",
-                split_gpu * 1e3,
-                format!("({:.2})", split_wall * 1e3),
-                gbps(split_gpu),
-                one_gpu * 1e3,
-                format!("({:.2})", one_wall * 1e3),
-                gbps(one_gpu),
-                one_gpu / split_gpu,
-                100.0 * gbps(split_gpu) / copy_gbps,
-                paged_gpu * 1e3,
-                paged_gpu / split_gpu,
-            );
+                let (one_gpu, one_wall) = time(&one, (&k, &v))?;
+                let paged_gpu = match (&paged, &pools) {
+                    (Some(p), Some((kp, vp))) => match time(p, (kp, vp)) {
+                        Ok((gpu, _)) => Some(gpu),
+                        // a pool binds whole: past one binding, no paged point
+                        Err(flash_attn_wgpu::Error::DeviceLimit { .. }) => None,
+                        Err(e) => return Err(e.into()),
+                    },
+                    _ => None,
+                };
+                let gbps = |ms: f64| kv_bytes / (ms * 1e-3) / 1e9;
+                let (paged_cell, paged_ratio) = match paged_gpu {
+                    Some(p) => (
+                        format!("{:.3} [{}]", p.median, p.range(3)),
+                        format!("{:.2}", p.median / split.median),
+                    ),
+                    None => ("-".into(), "-".into()),
+                };
+                println!(
+                    "| {} | {b} | {s} | {splits} | {:.3} [{}] | ({:.3}) | {:.2} | {:.3} [{}] | \
+                     ({:.3}) | {:.2} | {:.2} | {:.0}% | {paged_cell} | {paged_ratio} |",
+                    tuning.rows_subgroup,
+                    split.median,
+                    split.range(3),
+                    split_wall.median,
+                    gbps(split.median),
+                    one_gpu.median,
+                    one_gpu.range(3),
+                    one_wall.median,
+                    gbps(one_gpu.median),
+                    one_gpu.median / split.median,
+                    100.0 * gbps(split.median) / copy_gbps,
+                );
+            }
+            ctx.set_tuning(a.tunings[0])?;
         }
     }
     Ok(())

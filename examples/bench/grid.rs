@@ -267,6 +267,9 @@ pub struct Record {
     pub pass: Pass,
     pub cfg: AttentionConfig,
     pub median_ms: Option<f64>,
+    /// The fastest and slowest of the timed repeats.
+    pub min_ms: Option<f64>,
+    pub max_ms: Option<f64>,
     pub gflops: Option<f64>,
     pub bytes_allocated: Option<u64>,
     pub bytes_allocated_plan: Option<u64>,
@@ -410,7 +413,7 @@ pub fn run(
                             Some((ms, _)) => (ms, Pass::FwdBwd),
                             None => (m.fwd_ms, Pass::Fwd),
                         };
-                        let rate = flops(&cfg, pass) / (ms * 1e-3);
+                        let rate = flops(&cfg, pass) / (ms.median * 1e-3);
                         let e = slowest.entry((alg, variant, dt)).or_insert(rate);
                         *e = e.min(rate);
                     }
@@ -462,6 +465,8 @@ fn record(
         pass,
         cfg: cfg.clone(),
         median_ms: None,
+        min_ms: None,
+        max_ms: None,
         gflops: None,
         bytes_allocated: None,
         bytes_allocated_plan: plan_bytes.ok(),
@@ -478,8 +483,10 @@ fn record(
                 Pass::Fwd => (m.fwd_ms, m.fwd_alloc),
                 Pass::FwdBwd => m.fwdbwd.ok_or("internal: backward not measured")?,
             };
-            rec.median_ms = Some(ms);
-            rec.gflops = Some(flops(cfg, pass) / (ms * 1e-3) / 1e9);
+            rec.median_ms = Some(ms.median);
+            rec.min_ms = Some(ms.min);
+            rec.max_ms = Some(ms.max);
+            rec.gflops = Some(flops(cfg, pass) / (ms.median * 1e-3) / 1e9);
             rec.bytes_allocated = Some(alloc);
             rec.timestamps = Some(m.timestamps);
             rec.kernels_ms = m.fwd_kernels_ms.clone();

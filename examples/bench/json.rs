@@ -1,5 +1,5 @@
 //! Every record as JSON (serde): an array with one object per line, `"key": value` pairs
-//! separated by `, `, the layout scripts/gpu-check.sh greps (`"median_ms": [0-9]`,
+//! separated by `, `, a layout a line-oriented tool can grep (`"median_ms": [0-9]`,
 //! `"note": "skipped`). Values that are missing or not finite are null.
 
 use std::io;
@@ -38,6 +38,8 @@ struct JsonRecord<'a> {
     /// the boolean mask's fraction of pairs on (null: off)
     mask_density: Option<f64>,
     median_ms: Option<f64>,
+    min_ms: Option<f64>,
+    max_ms: Option<f64>,
     gflops: Option<f64>,
     fma_roofline_fraction: Option<f64>,
     bandwidth_roofline_fraction: Option<f64>,
@@ -84,6 +86,8 @@ impl<'a> JsonRecord<'a> {
             block_density: c.block_mask.as_ref().map(|m| m.density()),
             mask_density: c.mask.as_ref().map(|m| m.density()),
             median_ms: r.median_ms,
+            min_ms: r.min_ms,
+            max_ms: r.max_ms,
             gflops: r.gflops,
             fma_roofline_fraction: r.gflops.map(|g| g / roof.fma_gflops),
             bandwidth_roofline_fraction: r

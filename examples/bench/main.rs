@@ -30,6 +30,8 @@ mod measure;
 mod model;
 mod plot;
 mod report;
+#[path = "../common/stats.rs"]
+mod stats;
 
 use std::path::Path;
 use std::process::ExitCode;

@@ -3,6 +3,8 @@
 use flash_attn_wgpu::{dtype, AttentionConfig, Context, DType, Element, Error, Tensor};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
+use crate::stats::Stats;
+
 /// The inputs of one shape, in f32, shared by every dtype, algorithm and pass.
 pub struct HostInputs {
     q: Vec<f32>,
@@ -68,12 +70,13 @@ pub fn upload(
     }
 }
 
-/// Medians and allocations of one (shape, dtype, causal, algorithm) point.
+/// Times (ms: median, min, max) and allocations of one (shape, dtype, causal, algorithm)
+/// point.
 pub struct Measured {
-    pub fwd_ms: f64,
+    pub fwd_ms: Stats,
     pub fwd_alloc: u64,
     /// Forward + backward, when the backward ran.
-    pub fwdbwd: Option<(f64, u64)>,
+    pub fwdbwd: Option<(Stats, u64)>,
     pub timestamps: bool,
     /// Median GPU milliseconds per kernel (timestamps only): the forward's, then with the
     /// backward the backward's.
@@ -126,9 +129,9 @@ pub fn measure(
         }
     }
     Ok(Measured {
-        fwd_ms: median(fwd_times) * 1e3,
+        fwd_ms: Stats::of(&fwd_times).scaled(1e3),
         fwd_alloc,
-        fwdbwd: (!fb_times.is_empty()).then(|| (median(fb_times) * 1e3, fb_alloc)),
+        fwdbwd: (!fb_times.is_empty()).then(|| (Stats::of(&fb_times).scaled(1e3), fb_alloc)),
         timestamps,
         fwd_kernels_ms: median_per_kernel(&fwd_kernels),
         bwd_kernels_ms: median_per_kernel(&bwd_kernels),
@@ -147,12 +150,7 @@ fn median_per_kernel(runs: &[Vec<(&'static str, f64)>]) -> Vec<(&'static str, f6
                 .iter()
                 .filter_map(|r| r.iter().find(|(n, _)| *n == name).map(|(_, s)| *s))
                 .collect();
-            (name, median(times) * 1e3)
+            (name, Stats::of(&times).median * 1e3)
         })
         .collect()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }

@@ -72,7 +72,7 @@ pub fn print_preamble(
     println!("roofline (measured): {}", roofline_summary(roof));
     println!("FLOPs: forward 4*B*H*Sq*Sk*D (halved for causal; with a window 4*B*H*D x the visible pairs); backward 2.5x forward; fwdbwd = 3.5x forward");
     println!(
-        "repeats={} (median GPU time after one warm-up call); %FMA: achieved GFLOP/s over the FMA \
+        "repeats={} (median GPU time after one warm-up call, and the min-max of the repeats); %FMA: achieved GFLOP/s over the FMA \
          roofline; %BW: modelled bytes over time over the copy roofline; speedup: naive time over \
          the first variant's tiled time; vs_f32: this dtype's time over f32's",
         grid.repeats
@@ -81,7 +81,7 @@ pub fn print_preamble(
     Ok(())
 }
 
-const COLUMNS: [&str; 17] = [
+const COLUMNS: [&str; 18] = [
     "pass",
     "causal",
     "B",
@@ -91,6 +91,7 @@ const COLUMNS: [&str; 17] = [
     "alg",
     "dtype",
     "ms",
+    "min-max ms",
     "GFLOP/s",
     "%FMA",
     "%BW",
@@ -101,7 +102,7 @@ const COLUMNS: [&str; 17] = [
     "note",
 ];
 
-fn cells(r: &Record, roof: &Roofline) -> [String; 17] {
+fn cells(r: &Record, roof: &Roofline) -> [String; 18] {
     let c = &r.cfg;
     let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".to_string(), f);
     [
@@ -143,6 +144,10 @@ fn cells(r: &Record, roof: &Roofline) -> [String; 17] {
         alg_label(r.algorithm, r.variant),
         r.dtype.name().into(),
         opt(r.median_ms, &|v| format!("{v:.3}")),
+        match (r.min_ms, r.max_ms) {
+            (Some(lo), Some(hi)) => format!("{lo:.3}-{hi:.3}"),
+            _ => "-".into(),
+        },
         opt(r.gflops, &|v| format!("{v:.1}")),
         opt(r.gflops, &|v| format!("{:.1}", 100.0 * v / roof.fma_gflops)),
         opt(r.median_ms, &|ms| {
@@ -158,7 +163,7 @@ fn cells(r: &Record, roof: &Roofline) -> [String; 17] {
     ]
 }
 
-const WIDTHS: [usize; 16] = [6, 6, 3, 5, 4, 6, 12, 5, 11, 9, 6, 6, 8, 6, 10, 10];
+const WIDTHS: [usize; 17] = [6, 6, 3, 5, 4, 6, 12, 5, 11, 15, 9, 6, 6, 8, 6, 10, 10];
 
 fn table_header() -> String {
     aligned(COLUMNS.iter().copied())

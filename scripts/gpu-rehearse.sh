@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The GPU run rehearsed here, in CI, so that its one chance on a GPU machine is not wasted:
+# builds the bundle (scripts/gpu-bundle.sh), copies the working tree as the device tool sends
+# it (tracked and untracked-not-ignored files, plus the carried paths), and runs the exact
+# command scripts/gpu-run-command.sh prints, with an empty $OUT, on this machine's adapter
+# (lavapipe) at tiny sizes (MODE=tiny), the loader unpacked from the carried packages into a
+# private root rather than taken from the system. Then it checks what would come back:
+#   - every step ran or was skipped with a reason, none failed;
+#   - at most 8 files under $OUT, none more than 2 folders down, summary.md among them;
+#   - a second run, killed part-way (after half the first run's time, at most 60 s), still
+#     leaves a summary.md with the steps it finished.
+# The CUDA and SDPA steps run up to their argument checks (--dry-run) where there is no GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export GALLIVM_PERF=${GALLIVM_PERF-nopt} # as scripts/run-tests.sh: the suite's shader cache
+log() { echo "gpu-rehearse: $*" >&2; }
+fail() { log "FAILED: $*"; exit 1; }
+
+bash scripts/gpu-bundle.sh
+command=$(bash scripts/gpu-run-command.sh --command)
+mapfile -t carry < <(bash scripts/gpu-run-command.sh --carry)
+[ "${#command}" -le 2000 ] || fail "the command has ${#command} characters, 2000 allowed"
+[ "${#carry[@]}" -le 8 ] || fail "${#carry[@]} carried paths, 8 allowed"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/repo"
+git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$tmp/repo"
+for p in "${carry[@]}"; do
+    cp -r --parents "$p" "$tmp/repo/"
+done
+mib=$(du -sm "$tmp/repo" | cut -f1)
+log "the working tree that travels: $mib MiB (64 allowed)"
+[ "$mib" -le 64 ] || fail "the working tree is $mib MiB"
+
+# run_command OUT_DIR GL_ROOT: the device tool's run, here
+run_command() {
+    (cd "$tmp/repo" && OUT=$1 MODE=tiny GL_ROOT=$2 bash -c "$command")
+}
+
+check_out() { # check_out OUT_DIR
+    local n deep
+    n=$(find "$1" -type f | wc -l)
+    deep=$(find "$1" -mindepth 4 -type f | wc -l)
+    [ "$n" -le 8 ] || fail "$n files under \$OUT, 8 come back: $(find "$1" -type f)"
+    [ "$deep" -eq 0 ] || fail "files more than 2 folders down: $(find "$1" -mindepth 4 -type f)"
+    [ -s "$1/summary.md" ] || fail "no summary.md under \$OUT"
+}
+
+log "run 1: $command (MODE=tiny)"
+t0=$(date +%s)
+run_command "$tmp/out1" "$tmp/root1" || fail "the run exited $? (see $tmp/out1/summary.md)"
+secs=$(($(date +%s) - t0))
+check_out "$tmp/out1"
+cat "$tmp/out1/summary.md" >&2
+steps=$(grep -c '^| [a-zA-Z]' "$tmp/out1/summary.md" || true)
+# every expected step has a row, ok or skipped with its reason
+for s in "machine" "adapter" "CUDA device" "tests: wgpu" "tests: every backend" \
+    "compare: CUDA" "compare: SDPA" "compare: wgpu" "compare: table" "decode: wgpu" \
+    "decode: CUDA" "bench grid"; do
+    row=$(grep -F "| $s | " "$tmp/out1/summary.md" | head -n 1)
+    [ -n "$row" ] || fail "no row for step '$s'"
+    case "$row" in
+        "| $s | ok |"* | "| $s | skipped: "?*) ;;
+        *) fail "step '$s': $row" ;;
+    esac
+done
+grep -q 'vulkan loader: .*'"$tmp/root1" "$tmp/out1/summary.md" ||
+    fail "the loader was not taken from the carried packages"
+log "run 1: $steps rows, $secs s, $(find "$tmp/out1" -type f | wc -l) files"
+
+kill_after=$((secs / 2))
+[ "$kill_after" -gt 60 ] && kill_after=60
+[ "$kill_after" -lt 5 ] && kill_after=5
+log "run 2: killed after $kill_after s"
+set +e
+(cd "$tmp/repo" && OUT=$tmp/out2 MODE=tiny GL_ROOT=$tmp/root2 exec setsid bash -c "$command") \
+    >"$tmp/run2.log" 2>&1 &
+pid=$!
+sleep "$kill_after"
+kill -KILL -- "-$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+set -e
+check_out "$tmp/out2"
+done2=$(grep -cE '^\| [a-zA-Z][^|]* \| (ok|skipped|\*\*FAILED)' "$tmp/out2/summary.md" || true)
+[ "$done2" -ge 1 ] || fail "the killed run's summary.md lists no finished step"
+log "run 2: killed after $kill_after s with $done2 steps in its summary.md"
+log "passed"

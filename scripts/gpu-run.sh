@@ -1,0 +1,282 @@
+#!/usr/bin/env bash
+# The GPU check as one run on a machine with no Rust (the lent H200): prebuilt binaries from
+# scripts/gpu-bundle.sh, steps in order of value under a deadline, results in at most 8 files
+# directly under $OUT_DIR, rewritten after every step so that a run killed at any point still
+# returns what it measured. scripts/gpu-run-command.sh prints the exact command line and what
+# to carry; scripts/gpu-rehearse.sh runs this on lavapipe (MODE=tiny) in CI.
+#
+#   OUT_DIR     where the results go (default $OUT, else gpu-run-out): summary.md,
+#               results.json, logs.tar.gz (every log and table), bench.svg
+#   BIN_DIR     the bundle: bench, cuda_bench and gpu-tests, each plain or .xz (default gpu-bin)
+#   GL_DIR      Vulkan/EGL loader packages (.deb) to unpack first (default .gl; none: skipped)
+#   GL_ROOT     where they are unpacked (default /, then ldconfig; elsewhere: a private root
+#               that LD_LIBRARY_PATH points into, as the rehearsal does)
+#   DEADLINE_S  no step starts after this many seconds, and each step's timeout is cut to
+#               what is left (default 480)
+#   MODE        full (the H200: the shapes below) or tiny (the rehearsal: tiny sizes, one
+#               test a module)
+#
+# Steps (worst case, seconds): machine 10, adapter 45, CUDA device 15, tests wgpu 75,
+# tests CUDA 75, compare CUDA 45, compare SDPA 45, compare wgpu 60, compare table 10,
+# decode wgpu 40, decode CUDA 20 (440 s in all), then the wgpu bench grid in what is left.
+# Each runs under `timeout -k 10`; a step that cannot run here is skipped with its reason.
+# Without an NVIDIA GPU the CUDA and SDPA steps check their arguments only (--dry-run).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT_DIR=${OUT_DIR:-${OUT:-gpu-run-out}}
+BIN_DIR=${BIN_DIR:-gpu-bin}
+GL_DIR=${GL_DIR:-.gl}
+GL_ROOT=${GL_ROOT:-/}
+DEADLINE_S=${DEADLINE_S:-480}
+MODE=${MODE:-full}
+case "$MODE" in
+    full | tiny) ;;
+    *) echo "gpu-run: MODE must be full or tiny, got '$MODE'" >&2; exit 2 ;;
+esac
+
+started=$(date +%s)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-run.XXXXXX")
+B=$WORK/bin
+# what the steps that are functions of this script read (step runs them in a bash of their own)
+export BIN_DIR GL_DIR GL_ROOT WORK B
+LOGS=$WORK/logs
+mkdir -p "$OUT_DIR" "$LOGS" "$WORK/bin" || exit 2
+STEPS=$WORK/steps.tsv
+: >"$STEPS"
+log() { echo "gpu-run: $*" >&2; }
+elapsed() { echo $(($(date +%s) - started)); }
+
+# summary.md, results.json and logs.tar.gz in $OUT_DIR, from the steps so far
+report() {
+    python3 scripts/gpu_report.py --steps "$STEPS" --logs "$LOGS" --out "$OUT_DIR" \
+        --mode "$MODE" --deadline "$DEADLINE_S" --elapsed "$(elapsed)" ||
+        log "the report failed (python3 scripts/gpu_report.py)"
+}
+
+# record NAME STATUS SECONDS BUDGET DETAIL LOG
+record() {
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "$6" >>"$STEPS"
+    report
+}
+
+skip() { # skip NAME BUDGET REASON
+    log "== $1: skipped ($3)"
+    record "$1" "skipped: $3" 0 "$2" "" ""
+}
+
+# step NAME BUDGET DETAIL CMD...: CMD under `timeout -k 10 min(BUDGET, time left)`, output to
+# logs/NAME.log; a step with less than 5 s left is skipped
+failed=0
+step() {
+    local name=$1 budget=$2 detail=$3
+    shift 3
+    local left=$((DEADLINE_S - $(elapsed)))
+    if [ "$left" -lt 5 ]; then
+        skip "$name" "$budget" "the deadline (${DEADLINE_S} s) has passed"
+        return 1
+    fi
+    local t=$budget
+    [ "$left" -lt "$t" ] && t=$left
+    local file
+    file=$(printf '%s' "$name" | tr -cs 'a-zA-Z0-9' '-').log
+    log "== $name (at most $t s): $*"
+    local t0 rc
+    t0=$(date +%s)
+    if declare -F "$1" >/dev/null; then
+        # a function of this script: timeout runs programs, so a bash that defines it
+        local fn=$1
+        shift
+        timeout -k 10 "$t" bash -c "$(declare -f "$fn"); $fn \"\$@\"" "$fn" "$@" \
+            >"$LOGS/$file" 2>&1
+    else
+        timeout -k 10 "$t" "$@" >"$LOGS/$file" 2>&1
+    fi
+    rc=$?
+    local secs=$(($(date +%s) - t0)) status
+    case $rc in
+        0) status=ok ;;
+        124 | 137) status="FAILED: timed out after $t s"; failed=1 ;;
+        *) status="FAILED: exit $rc"; failed=1 ;;
+    esac
+    log "   $status ($secs s)"
+    [ "$rc" -ne 0 ] && tail -n 15 "$LOGS/$file" >&2
+    record "$name" "$status" "$secs" "$budget" "$detail" "$file"
+    return "$rc"
+}
+
+# ---- (1) the machine: loader, driver files, binaries
+machine() {
+    if ls "$GL_DIR"/*.deb >/dev/null 2>&1; then
+        for f in "$GL_DIR"/*.deb; do
+            dpkg -x "$f" "$GL_ROOT" || return 1
+        done
+        echo "loader packages: $(ls "$GL_DIR"/*.deb | xargs -n1 basename | tr '\n' ' ')-> $GL_ROOT"
+        if [ "$GL_ROOT" = / ]; then
+            ldconfig
+        fi
+    else
+        echo "loader packages: none in $GL_DIR (the machine's own loader, if any)"
+    fi
+    if [ "$GL_ROOT" = / ]; then
+        ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1' &&
+            echo "vulkan loader: $(ldconfig -p | grep -m1 'libvulkan\.so\.1' | sed 's/.*=> //')" ||
+            echo "vulkan loader: libvulkan.so.1 NOT FOUND"
+    else
+        echo "vulkan loader: $(ls "$GL_ROOT"/usr/lib/*/libvulkan.so.1 2>/dev/null || echo NOT FOUND in "$GL_ROOT")"
+    fi
+    local icds
+    icds=$(ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json 2>/dev/null | tr '\n' ' ')
+    echo "vulkan ICDs in the default paths: ${icds:-none}"
+    if command -v nvidia-smi >/dev/null; then
+        echo "nvidia-smi: $(nvidia-smi -L 2>&1 | head -n 4 | tr '\n' ';')"
+    else
+        echo "nvidia-smi: not found"
+    fi
+    echo "host: $(uname -srm), $(nproc) cores"
+    echo "NVRTC: ${FLASH_ATTN_NVRTC_DIR:-not found}"
+    for b in bench cuda_bench gpu-tests; do
+        if [ -f "$BIN_DIR/$b.xz" ]; then
+            xz -dc "$BIN_DIR/$b.xz" >"$WORK/bin/$b" && chmod +x "$WORK/bin/$b" || return 1
+        elif [ -f "$BIN_DIR/$b" ]; then
+            cp "$BIN_DIR/$b" "$WORK/bin/$b" && chmod +x "$WORK/bin/$b"
+        fi
+        echo "binary $b: $(ls -l "$WORK/bin/$b" 2>/dev/null | awk '{print $5 " bytes"}' || echo missing)"
+    done
+    [ -x "$WORK/bin/bench" ] || { echo "no bench in $BIN_DIR (scripts/gpu-bundle.sh)"; return 1; }
+}
+if [ "$GL_ROOT" != / ]; then
+    mkdir -p "$GL_ROOT"
+    export LD_LIBRARY_PATH="$GL_ROOT/usr/lib/x86_64-linux-gnu:$GL_ROOT/usr/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+# The NVIDIA driver's ICD and EGL vendor files sit outside the loaders' default paths there.
+if ! ls /usr/share/vulkan/icd.d/*nvidia* /etc/vulkan/icd.d/*nvidia* >/dev/null 2>&1 &&
+    [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+fi
+if [ -f /usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json ]; then
+    export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+fi
+# NVRTC: FLASH_ATTN_NVRTC_DIR, else the toolkit's or a Python wheel's (PyTorch brings one)
+if [ -z "${FLASH_ATTN_NVRTC_DIR:-}" ]; then
+    wheel_dirs=$(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cuda_nvrtc")))' 2>/dev/null || true)
+    for d in .tools/cuda-13.0/lib /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $wheel_dirs; do
+        if ls "$d"/libnvrtc.so.13* >/dev/null 2>&1; then
+            export FLASH_ATTN_NVRTC_DIR=$d
+            break
+        fi
+    done
+fi
+export VK_DRIVER_FILES=${VK_DRIVER_FILES-}
+[ -z "$VK_DRIVER_FILES" ] && unset VK_DRIVER_FILES
+step "machine" 10 "loader, driver files, binaries (machine.log)" machine
+GPU=0
+nvidia-smi -L 2>/dev/null | grep -q '^GPU' && GPU=1
+# the coop self-check gives up within the adapter step's budget
+export FLASH_ATTN_WGPU_COOP_TIMEOUT_S=${FLASH_ATTN_WGPU_COOP_TIMEOUT_S:-30}
+
+# ---- (2) what the adapter and the CUDA device are
+step "adapter" 45 "bench --info (the coop self-check included)" "$B/bench" --info
+if [ "$GPU" = 1 ]; then
+    step "CUDA device" 15 "cuda_bench --info (fails loudly: nvidia-smi sees a GPU)" \
+        "$B/cuda_bench" --info
+else
+    step "CUDA device" 15 "no NVIDIA GPU: cuda_bench --dry-run checks its arguments" \
+        "$B/cuda_bench" --dry-run --info
+fi
+
+# ---- (3) correctness at small sizes: the wgpu kernels on this adapter, then every backend
+# (the CUDA half must run where nvidia-smi sees a GPU)
+if [ "$MODE" = full ]; then
+    wgpu_tests=(dtypes:: variants:: forward:: backward:: nonfinite:: errors:: split::)
+    backend_tests=(--show-output backends::)
+else
+    wgpu_tests=(--exact driver::shader_loop_of_200000_iterations_counts_exactly)
+    backend_tests=(--show-output --exact backends::every_backend_chains_device_tensors_and_types_its_errors)
+fi
+# the test binary with these filters; a filter that matches no test is a failure
+run_tests() {
+    local out rc
+    out=$(mktemp)
+    FLASH_ATTN_TEST_MAX_BINDING=134217728 "$B/gpu-tests" --test-threads 8 "$@" 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" -eq 0 ] && grep -q '^test result: ok\. 0 passed' "$out"; then
+        echo "gpu-run: no test matched $*"
+        rc=3
+    fi
+    rm -f "$out"
+    return "$rc"
+}
+if [ -x "$B/gpu-tests" ]; then
+    step "tests: wgpu" 75 "gpu-tests ${wgpu_tests[*]}" run_tests "${wgpu_tests[@]}"
+    if [ "$GPU" = 1 ]; then
+        FLASH_ATTN_REQUIRE_CUDA=1 step "tests: every backend" 75 \
+            "gpu-tests ${backend_tests[*]} (wgpu and CUDA; CUDA required)" run_tests "${backend_tests[@]}"
+    else
+        step "tests: every backend" 75 "gpu-tests ${backend_tests[*]} (no NVIDIA GPU: the CUDA half skips)" \
+            run_tests "${backend_tests[@]}"
+    fi
+else
+    skip "tests: wgpu" 75 "no gpu-tests in the bundle"
+    skip "tests: every backend" 75 "no gpu-tests in the bundle"
+fi
+
+# ---- (4) the headline numbers: CUDA beside PyTorch SDPA (flash) and the wgpu kernels on the
+# same shapes, then decode
+if [ "$MODE" = full ]; then
+    CMP=(--seq 4096,8192,16384 --batch 1 --heads 32 --head-dim 128 --dtype bf16 --causal-both)
+    DECODE=(--seq 4096,8192,16384,32768 --heads 32 --kv-heads 8 --head-dim 128 --dtype f16)
+    WGPU_CMP=(--variant coop,blocks --repeats 3 --roofline-scale 5 --budget-s 45)
+    DECODE_WGPU=(--repeats 5 --subgroup-both)
+else
+    CMP=(--seq 64 --batch 1 --heads 2 --head-dim 16 --dtype bf16 --causal-both)
+    DECODE=(--seq 256 --heads 4 --kv-heads 2 --head-dim 16 --dtype f16)
+    WGPU_CMP=(--repeats 1 --roofline-scale 0.1)
+    DECODE_WGPU=(--repeats 1)
+fi
+dry=()
+[ "$GPU" = 1 ] || dry=(--dry-run)
+step "compare: CUDA" 45 "cuda_bench ${CMP[*]} ${dry[*]}" \
+    "$B/cuda_bench" "${CMP[@]}" --repeats 5 --json "$LOGS/cmp-cuda.json" "${dry[@]}"
+step "compare: SDPA" 45 "scripts/sdpa_bench.py ${CMP[*]} ${dry[*]}" \
+    python3 scripts/sdpa_bench.py "${CMP[@]}" --repeats 5 --json "$LOGS/cmp-sdpa.json" "${dry[@]}"
+step "compare: wgpu" 60 "bench ${CMP[*]} ${WGPU_CMP[*]}" \
+    "$B/bench" "${CMP[@]}" --algorithms tiled --pass both "${WGPU_CMP[@]}" \
+    --json "$LOGS/cmp-wgpu.json"
+cmp_in=()
+for f in cmp-cuda cmp-sdpa cmp-wgpu; do
+    [ -f "$LOGS/$f.json" ] && cmp_in+=("$LOGS/$f.json")
+done
+if [ ${#cmp_in[@]} -gt 0 ]; then
+    step "compare: table" 10 "scripts/bench_compare.py -> compare.md" \
+        python3 scripts/bench_compare.py --out-json "$LOGS/compare.json" \
+        --out-md "$LOGS/compare.md" "${cmp_in[@]}"
+else
+    skip "compare: table" 10 "no records from the compare steps"
+fi
+step "decode: wgpu" 40 "bench --decode ${DECODE[*]} ${DECODE_WGPU[*]}" \
+    "$B/bench" --decode "${DECODE[@]}" "${DECODE_WGPU[@]}"
+step "decode: CUDA" 20 "cuda_bench --decode ${DECODE[*]} ${dry[*]}" \
+    "$B/cuda_bench" --decode "${DECODE[@]}" --repeats 5 "${dry[@]}"
+
+# ---- (5) the rest while time remains: the wgpu grid, every variant side by side
+left=$((DEADLINE_S - $(elapsed)))
+if [ "$MODE" = full ]; then
+    GRID=(--batch 1,4 --heads 8,32 --head-dim 64,128 --seq 1024,2048,4096,8192,16384
+        --dtype f16,bf16,f32 --variant coop,blocks,rows --pass both --causal-both
+        --algorithms tiled,naive --naive-max-seq 4096 --repeats 3 --roofline-scale 5)
+else
+    GRID=(--batch 1 --heads 2 --head-dim 16 --seq 64 --dtype f16,f32 --pass both
+        --algorithms tiled,naive --repeats 1 --roofline-scale 0.1)
+fi
+if [ "$left" -ge 30 ]; then
+    step "bench grid" "$((left - 5))" "bench ${GRID[*]} --budget-s $((left - 25))" \
+        "$B/bench" "${GRID[@]}" --budget-s "$((left - 25))" --json "$LOGS/bench.json" \
+        --markdown "$LOGS/bench.md" --plot "$OUT_DIR/bench.svg"
+else
+    skip "bench grid" "$left" "$left s left of the deadline, 30 needed"
+fi
+
+log "done in $(elapsed) s; $OUT_DIR/summary.md"
+rm -rf "$WORK"
+exit "$failed"
