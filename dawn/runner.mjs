@@ -1,6 +1,6 @@
 // Replays flash-attn-wgpu plans on Dawn (the WebGPU implementation in Chrome, with its Tint
 // shader compiler) through the `webgpu` npm package. The Rust side (tests/dawn.rs) exports
-// everything as data: WGSL per step, bindings, override constants, the Params words, grids,
+// everything as data: WGSL per step, bindings, the Params words, grids,
 // buffer contents and the f64 reference's expected outputs. This file only replays and
 // compares, so the two implementations cannot drift.
 //
@@ -102,7 +102,7 @@ async function compileModule(device, code, label) {
 const pipelines = new Map();
 
 async function pipelineFor(device, step) {
-  const key = `${step.wgsl}\u0000${JSON.stringify(step.constants)}`;
+  const key = step.wgsl;
   if (pipelines.has(key)) return pipelines.get(key);
   let module = modules.get(step.wgsl);
   if (!module) {
@@ -124,7 +124,7 @@ async function pipelineFor(device, step) {
   const pipeline = await device.createComputePipelineAsync({
     label: step.label,
     layout: device.createPipelineLayout({ bindGroupLayouts: [layout] }),
-    compute: { module, entryPoint: 'main', constants: step.constants },
+    compute: { module, entryPoint: 'main' },
   });
   const err = await device.popErrorScope();
   if (err) throw new Error(`${step.label}: pipeline: ${err.message}`);

@@ -119,7 +119,10 @@ impl Args {
             ));
         }
         if let Some(kv) = self.kv_heads.filter(|kv| !self.heads.is_multiple_of(*kv)) {
-            return Err(format!("--kv-heads {kv} must divide --heads {}", self.heads));
+            return Err(format!(
+                "--kv-heads {kv} must divide --heads {}",
+                self.heads
+            ));
         }
         Ok(())
     }
@@ -140,13 +143,21 @@ impl Args {
                             ));
                         }
                     } else {
-                        let pass = if self.forward_only { "fwd" } else { "fwd, fwd+bwd" };
+                        let pass = if self.forward_only {
+                            "fwd"
+                        } else {
+                            "fwd, fwd+bwd"
+                        };
                         out.push(format!(
                             "{pass} {} B={} N={n} H={}/{kv} D={d} causal={}",
                             dtype.name(),
                             self.batch_for(i),
                             self.heads,
-                            if self.causal_both { "both".into() } else { self.causal.to_string() }
+                            if self.causal_both {
+                                "both".into()
+                            } else {
+                                self.causal.to_string()
+                            }
                         ));
                     }
                 }

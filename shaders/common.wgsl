@@ -67,44 +67,22 @@ struct Params {
     pages_base: u32,     // paged: the block table's first pair-data word
     page_size: u32,
     pages_per_seq: u32,
-    views_pad: u32,      // (views starts at a 16-byte boundary)
+    flags: u32,          // the call's modifiers, one bit each (src/kernels/flags.rs)
     // VIEWS: where q, k, v, out and d_out's elements lie in their bindings (`view_index`)
     views: array<vec4<u32>, 5>,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
 
-override CAUSAL: bool = false;
-// A sliding window (params.band_lo / band_hi); false costs nothing.
-override WINDOW: bool = false;
-// A softcap (params.softcap2); false costs nothing.
-override SOFTCAP: bool = false;
-// ALiBi slopes and attention sinks, read from the call's extras (`extra(i)`, from the
-// generated prelude: a uniform array of per-head f32 values); false costs nothing.
-override ALIBI: bool = false;
-override SINKS: bool = false;
-// Per-batch key lengths (a key-padding mask), read from the extras; false costs nothing.
-override SEQLENS: bool = false;
-// Dropout of the probabilities (dropout_scale; its seed, offset and threshold are in Params);
-// false costs nothing.
-override DROPOUT: bool = false;
-// A block mask (block-sparse attention), read from the extras: hidden pairs and skipped
-// tiles (tile_visit); false costs nothing.
-override BLOCKS: bool = false;
-// Variable-length sequences packed into batch 1 (their boundaries in the extras): pairs of
-// two sequences hidden, every mask aligned per sequence; false costs nothing.
-override VARLEN: bool = false;
-// A boolean mask over pairs (`mask_bit`, from the generated prelude: a storage array of bits):
-// hidden pairs, and every tile masked pair by pair; false costs nothing.
-override MASK: bool = false;
-// An additive bias over pairs (`bias_entry`, from the generated prelude: entries in the call's
-// dtype after the mask's bits), added to finished scores; false costs nothing.
-override BIAS: bool = false;
-// K and V in pages through a block table (AttentionConfig::paged, in the pair data)
-override PAGED: bool = false;
-// Inputs read through strided views (a wrapped buffer's strides or unaligned offset,
-// params.views): q, k, v, out and d_out are read with q_at .. dout_at; false costs nothing.
-override VIEWS: bool = false;
+// The call's modifiers are functions of their names, CAUSAL() .. VIEWS(), that the generated
+// prelude defines (src/kernels/flags.rs): a bit of params.flags read at run time (uniform, so
+// barriers may sit under them), or a constant where the bit is compiled into the pipeline.
+// Where each modifier's values live: the band in params.band_lo / band_hi (WINDOW); the
+// softcap in params.softcap2; ALiBi slopes, sinks, key lengths (SEQLENS), the block mask's
+// bits (BLOCKS) and varlen's boundaries in the extras (`extra(i)`, a uniform array); dropout's
+// seed, offset and threshold in Params; the boolean mask's bits (MASK, `mask_bit`), the bias's
+// entries (BIAS, `bias_entry`) and a paged call's block table (PAGED, `page_entry`) in the
+// pair data (a storage array); strided input views (VIEWS) in params.views.
 
 const LN2: f32 = 0.6931471805599453;
 const LOG2E: f32 = 1.4426950408889634;
@@ -183,7 +161,7 @@ fn q_index(b: u32, i: u32, h: u32, d: u32) -> u32 {
 // [pages, page_size, heads_kv, head_dim] and batch b's key j lies in the page its block-table
 // entry names (a key past seq_kv reads its batch's last page)
 fn kv_index(b: u32, j: u32, hk: u32, d: u32) -> u32 {
-    if (PAGED) {
+    if (PAGED()) {
         let entry = min(j / params.page_size, params.pages_per_seq - 1u);
         let page = page_entry((params.batch_base + b) * params.pages_per_seq + entry);
         let row = page * params.page_size + j % params.page_size;
@@ -202,35 +180,35 @@ fn view_index(n: u32, b: u32, i: u32, h: u32, d: u32) -> u32 {
 }
 
 fn q_at(b: u32, i: u32, h: u32, d: u32) -> u32 {
-    if (VIEWS) {
+    if (VIEWS()) {
         return view_index(0u, b, i, h, d);
     }
     return q_index(b, i, h, d);
 }
 
 fn k_at(b: u32, j: u32, hk: u32, d: u32) -> u32 {
-    if (VIEWS && !PAGED) {
+    if (VIEWS() && !PAGED()) {
         return view_index(1u, b, j, hk, d);
     }
     return kv_index(b, j, hk, d);
 }
 
 fn v_at(b: u32, j: u32, hk: u32, d: u32) -> u32 {
-    if (VIEWS && !PAGED) {
+    if (VIEWS() && !PAGED()) {
         return view_index(2u, b, j, hk, d);
     }
     return kv_index(b, j, hk, d);
 }
 
 fn out_at(b: u32, i: u32, h: u32, d: u32) -> u32 {
-    if (VIEWS) {
+    if (VIEWS()) {
         return view_index(3u, b, i, h, d);
     }
     return q_index(b, i, h, d);
 }
 
 fn dout_at(b: u32, i: u32, h: u32, d: u32) -> u32 {
-    if (VIEWS) {
+    if (VIEWS()) {
         return view_index(4u, b, i, h, d);
     }
     return q_index(b, i, h, d);
@@ -250,7 +228,7 @@ fn pair_index(b: u32, h: u32, i: u32) -> u32 {
 // (counted from the whole call's key 0: a windowed call's part starts at params.kv_base).
 // A pure function of uniform values, so loop bounds that use it stay uniform.
 fn kv_len(b: u32) -> u32 {
-    if (!SEQLENS) {
+    if (!SEQLENS()) {
         return params.seq_kv;
     }
     let n = i32(extra_u32(params.seqlens_base + params.batch_base + b)) - i32(params.kv_base);
@@ -262,7 +240,7 @@ fn kv_len(b: u32) -> u32 {
 // alignment (counted from the whole call's seq_kv, params.align_kv); 0 otherwise. A pure
 // function of uniform values (loop bounds may use it).
 fn align_shift(b: u32) -> i32 {
-    if (!SEQLENS || params.align_kv == 0u) {
+    if (!SEQLENS() || params.align_kv == 0u) {
         return 0;
     }
     return i32(extra_u32(params.seqlens_base + params.batch_base + b)) - i32(params.align_kv);
@@ -308,7 +286,7 @@ fn row_sequence(i: u32) -> u32 {
 // i - cu_q(s) + len_kv(s) - len_q(s), so its diagonal is j = i + cu_kv(s + 1) - cu_q(s + 1)
 // in whole-call indices; 0 without VARLEN.
 fn band_shift(s: u32) -> i32 {
-    if (!VARLEN) {
+    if (!VARLEN()) {
         return 0;
     }
     let whole = params.causal_offset - i32(params.q_base) + i32(params.kv_base);
@@ -352,7 +330,7 @@ fn part_row(r: u32) -> u32 {
 // hi = causal_offset with CAUSAL alone, and with WINDOW the host's band_lo / band_hi (the
 // window and causal folded together, +-2^30 on an unbounded side). Without either, every key.
 fn band_hi() -> i32 {
-    if (WINDOW) {
+    if (WINDOW()) {
         return params.band_hi;
     }
     return params.causal_offset;
@@ -360,19 +338,19 @@ fn band_hi() -> i32 {
 
 // Keys [0, end) are the only ones any of query rows [q_begin, q_end) of batch b can see.
 fn kv_end_for_rows(b: u32, q_begin: u32, q_end: u32) -> u32 {
-    if (VARLEN) {
+    if (VARLEN()) {
         // the end of the last row's sequence, or of its band (rows of earlier sequences end
         // at that sequence's first key at the latest)
         let q_last = min(q_end, params.seq_q) - 1u;
         let s = row_sequence(q_last);
         var end = i32(part_key(cu_kv(s + 1u)));
-        if (CAUSAL || WINDOW) {
+        if (CAUSAL() || WINDOW()) {
             let band_end = i32(q_last) + band_hi() + band_shift(s) + 1;
             end = min(end, max(band_end, i32(part_key(cu_kv(s)))));
         }
         return u32(clamp(end, 0, i32(params.seq_kv)));
     }
-    if (!CAUSAL && !WINDOW) {
+    if (!CAUSAL() && !WINDOW()) {
         return kv_len(b);
     }
     let last = i32(min(q_end, params.seq_q)) - 1 + band_hi() + align_shift(b) + 1;
@@ -382,39 +360,39 @@ fn kv_end_for_rows(b: u32, q_begin: u32, q_end: u32) -> u32 {
 // Keys before the result are hidden from every query row at or after `q_begin` (the window's
 // left edge; 0 without a window). Tiled kernels start their key loop at its tile.
 fn kv_begin_for_rows(q_begin: u32) -> u32 {
-    if (VARLEN) {
+    if (VARLEN()) {
         // the start of the first row's sequence, or of its band (rows of later sequences
         // start at the next sequence's first key at the earliest)
         let s = row_sequence(q_begin);
         var begin = i32(part_key(cu_kv(s)));
-        if (WINDOW) {
+        if (WINDOW()) {
             let band_begin = i32(q_begin) + params.band_lo + band_shift(s);
             begin = max(begin, min(band_begin, i32(part_key(cu_kv(s + 1u)))));
         }
         return u32(clamp(begin, 0, i32(params.seq_kv)));
     }
-    if (!WINDOW) {
+    if (!WINDOW()) {
         return 0u;
     }
     // with per-batch alignment, the leftmost batch's edge (visible() masks the rest)
-    let shift = select(0, params.align_min_shift, SEQLENS);
+    let shift = select(0, params.align_min_shift, SEQLENS());
     return u32(clamp(i32(q_begin) + params.band_lo + shift, 0, i32(params.seq_kv)));
 }
 
 // First query row that can see key `j0` (rows before it are fully masked for keys >= j0).
 fn q_begin_for_key(j0: u32) -> u32 {
-    if (VARLEN) {
+    if (VARLEN()) {
         // the first row of the key's sequence that its band reaches (keys of later sequences
         // are seen from the next sequence's first row at the earliest)
         let s = sequence_of(params.kv_base + j0, true);
         var begin = i32(part_row(cu_q(s)));
-        if (CAUSAL || WINDOW) {
+        if (CAUSAL() || WINDOW()) {
             let band_begin = i32(j0) - band_hi() - band_shift(s);
             begin = max(begin, min(band_begin, i32(part_row(cu_q(s + 1u)))));
         }
         return u32(clamp(begin, 0, i32(params.seq_q)));
     }
-    if (!CAUSAL && !WINDOW) {
+    if (!CAUSAL() && !WINDOW()) {
         return 0u;
     }
     return u32(clamp(i32(j0) - band_hi(), 0, i32(params.seq_q)));
@@ -424,22 +402,22 @@ fn q_begin_for_key(j0: u32) -> u32 {
 // edge; seq_q without a window; 0 when no key of them exists: past the batch's length). The
 // dK/dV kernels end their query loop there.
 fn q_end_for_keys(b: u32, j0: u32, j_last: u32) -> u32 {
-    if (SEQLENS && j0 >= kv_len(b)) {
+    if (SEQLENS() && j0 >= kv_len(b)) {
         return 0u;
     }
-    if (VARLEN) {
+    if (VARLEN()) {
         // the end of the last key's sequence, or of the rows its band reaches (keys of
         // earlier sequences are seen up to that sequence's first row at the latest)
         let j = min(j_last, params.seq_kv - 1u);
         let s = sequence_of(params.kv_base + j, true);
         var end = i32(part_row(cu_q(s + 1u)));
-        if (WINDOW) {
+        if (WINDOW()) {
             let band_end = i32(j) - params.band_lo - band_shift(s) + 1;
             end = min(end, max(band_end, i32(part_row(cu_q(s)))));
         }
         return u32(clamp(end, 0, i32(params.seq_q)));
     }
-    if (!WINDOW) {
+    if (!WINDOW()) {
         return params.seq_q;
     }
     return u32(clamp(i32(j_last) - params.band_lo - align_shift(b) + 1, 0, i32(params.seq_q)));
@@ -481,10 +459,10 @@ struct TileVisit {
 
 fn tile_visit(b: u32, h: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> TileVisit {
     let masked = tile_needs_mask(b, q_begin, q_len, kv_begin, kv_count);
-    if (VARLEN && varlen_tile_empty(q_begin, q_len, kv_begin, kv_count)) {
+    if (VARLEN() && varlen_tile_empty(q_begin, q_len, kv_begin, kv_count)) {
         return TileVisit(true, true);
     }
-    if (!BLOCKS) {
+    if (!BLOCKS()) {
         return TileVisit(false, masked);
     }
     let grid = blocks_grid(b, h);
@@ -521,8 +499,8 @@ fn varlen_tile_empty(q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> 
     // band_shift, not tile_context: a private variable's value is non-uniform to WGSL's
     // uniformity analysis, and callers branch to barriers on this result
     let shift = band_shift(first);
-    let right = (CAUSAL || WINDOW) && i32(kv_begin) > i32(q_last) + band_hi() + shift;
-    let left = WINDOW && i32(kv_last) < i32(q_begin) + params.band_lo + shift;
+    let right = (CAUSAL() || WINDOW()) && i32(kv_begin) > i32(q_last) + band_hi() + shift;
+    let left = WINDOW() && i32(kv_last) < i32(q_begin) + params.band_lo + shift;
     return right || left;
 }
 
@@ -531,11 +509,11 @@ fn varlen_tile_empty(q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> 
 // tile's rows span two sequences or its keys leave the rows' sequence. MASK: always (the
 // boolean mask is read pair by pair).
 fn tile_needs_mask(b: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> bool {
-    if (MASK || kv_begin + kv_count > kv_len(b)) {
+    if (MASK() || kv_begin + kv_count > kv_len(b)) {
         return true;
     }
     var shift = align_shift(b);
-    if (VARLEN) {
+    if (VARLEN()) {
         let s = row_sequence(q_begin);
         let q_last = min(q_begin + q_len, params.seq_q) - 1u;
         let keys_in = params.kv_base + kv_begin >= cu_kv(s)
@@ -545,8 +523,8 @@ fn tile_needs_mask(b: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u3
         }
         shift = band_shift(s);
     }
-    let right = (CAUSAL || WINDOW) && i32(kv_begin + kv_count - 1u) > i32(q_begin) + band_hi() + shift;
-    let left = WINDOW && i32(kv_begin) < i32(q_begin + q_len - 1u) + params.band_lo + shift;
+    let right = (CAUSAL() || WINDOW()) && i32(kv_begin + kv_count - 1u) > i32(q_begin) + band_hi() + shift;
+    let left = WINDOW() && i32(kv_begin) < i32(q_begin + q_len - 1u) + params.band_lo + shift;
     return right || left;
 }
 
@@ -565,29 +543,29 @@ var<private> head_grads: u32;
 var<private> head_shift: i32;
 
 fn begin_head(b: u32, h: u32) {
-    if (BLOCKS) {
+    if (BLOCKS()) {
         head_blocks = blocks_grid(b, h);
     }
-    if (MASK) {
+    if (MASK()) {
         head_mask = (params.batch_base + b) * params.mask_b_stride + h * params.mask_h_stride;
     }
-    if (BIAS) {
+    if (BIAS()) {
         head_bias = (params.batch_base + b) * params.bias_b_stride + h * params.bias_h_stride;
         // this head's grid of the bias gradients' scratch (`keep_bias_grad`)
         head_grads = ((params.batch_base + b) * params.heads_q + h) * params.row_stride
             * params.mask_cols;
     }
-    if (DROPOUT) {
+    if (DROPOUT()) {
         head_stream = (params.batch_base + b) * params.heads_q + h;
     }
-    if (SEQLENS) {
+    if (SEQLENS()) {
         head_kv_len = kv_len(b);
         head_shift = align_shift(b);
     }
-    if (ALIBI) {
+    if (ALIBI()) {
         head_slope2 = extra((params.batch_base + b) * params.alibi_b_stride + h) * LOG2E;
     }
-    if (SINKS) {
+    if (SINKS()) {
         head_sink2 = extra(params.sinks_base + h) * LOG2E;
     }
 }
@@ -595,11 +573,11 @@ fn begin_head(b: u32, h: u32) {
 // ALiBi's term for query i and key j (exp2 domain): -slope * |i' - j|, i' = i + causal_offset
 // (bottom-right aligned, as the mask); 0 without ALiBi.
 fn alibi_term(i: u32, j: u32) -> f32 {
-    if (!ALIBI) {
+    if (!ALIBI()) {
         return 0.0;
     }
-    var shift = select(0, head_shift, SEQLENS);
-    if (VARLEN) {
+    var shift = select(0, head_shift, SEQLENS());
+    if (VARLEN()) {
         shift = row_context(i).shift;
     }
     return -head_slope2 * abs(f32(i32(i) + params.causal_offset + shift - i32(j)));
@@ -608,7 +586,7 @@ fn alibi_term(i: u32, j: u32) -> f32 {
 // The sink takes part in this row's softmax: on, and not a windowed call's later pass (its
 // stored row already holds the sink's share).
 fn sink_on() -> bool {
-    return SINKS && params.resume == 0u;
+    return SINKS() && params.resume == 0u;
 }
 
 // ---- The score path. Every kernel, tiled or naive, forward or backward, decides masking and
@@ -621,17 +599,17 @@ fn sink_on() -> bool {
 // With SEQLENS, keys past the batch's length are hidden (`begin_head` read it); with BLOCKS,
 // pairs whose block is off; with MASK, pairs whose boolean mask entry is false.
 fn visible(i: u32, j: u32) -> bool {
-    let in_range = (i < params.seq_q) & (j < select(params.seq_kv, head_kv_len, SEQLENS));
+    let in_range = (i < params.seq_q) & (j < select(params.seq_kv, head_kv_len, SEQLENS()));
     var in_sequence = true;
-    var shift = select(0, head_shift, SEQLENS);
-    if (VARLEN) {
+    var shift = select(0, head_shift, SEQLENS());
+    if (VARLEN()) {
         let r = row_context(i);
         let jw = params.kv_base + j;
         in_sequence = (jw >= r.kv_lo) & (jw < r.kv_hi);
         shift = r.shift;
     }
-    let causal_ok = !CAUSAL | (i32(j) <= i32(i) + params.causal_offset + shift);
-    let band_ok = !WINDOW | ((i32(j) >= i32(i) + params.band_lo + shift) & (i32(j) <= i32(i) + params.band_hi + shift));
+    let causal_ok = !CAUSAL() | (i32(j) <= i32(i) + params.causal_offset + shift);
+    let band_ok = !WINDOW() | ((i32(j) >= i32(i) + params.band_lo + shift) & (i32(j) <= i32(i) + params.band_hi + shift));
     return in_range & in_sequence & causal_ok & band_ok & block_on(i, j) & pair_on(i, j);
 }
 
@@ -639,7 +617,7 @@ fn visible(i: u32, j: u32) -> bool {
 // indexed by the whole call's rows and keys; true without. Out-of-range pairs read their
 // row's and key's last entry (`visible` hides them anyway).
 fn pair_on(i: u32, j: u32) -> bool {
-    if (!MASK) {
+    if (!MASK()) {
         return true;
     }
     let row = params.q_base + min(i, params.seq_q - 1u);
@@ -650,7 +628,7 @@ fn pair_on(i: u32, j: u32) -> bool {
 // With BIAS, the bias's entry for pair (i, j) of the current head (`begin_head`) in the exp2
 // domain, indexed as the boolean mask; 0 without.
 fn pair_bias(i: u32, j: u32) -> f32 {
-    if (!BIAS) {
+    if (!BIAS()) {
         return 0.0;
     }
     let row = params.q_base + min(i, params.seq_q - 1u);
@@ -661,7 +639,7 @@ fn pair_bias(i: u32, j: u32) -> f32 {
 // With BLOCKS, true when the block of pair (i, j) of the current head (`begin_head`) is on;
 // true without.
 fn block_on(i: u32, j: u32) -> bool {
-    if (!BLOCKS) {
+    if (!BLOCKS()) {
         return true;
     }
     let bit = head_blocks + ((params.q_base + i) / params.block_q) * params.blocks_cols
@@ -691,13 +669,13 @@ fn running_max_start() -> f32 {
 // head.
 fn finish_score(x: f32, i: u32, j: u32, check: bool) -> f32 {
     var s = x;
-    if (SOFTCAP) {
+    if (SOFTCAP()) {
         s = params.softcap2 * tanh(x / params.softcap2);
     }
-    if (ALIBI) {
+    if (ALIBI()) {
         s += alibi_term(i, j);
     }
-    if (BIAS) {
+    if (BIAS()) {
         s += pair_bias(i, j);
     }
     return select(masked_score(), s, !check | visible(i, j));
@@ -862,7 +840,7 @@ fn philox4x32_10(ctr: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
 // word j % 4 of the block at counter (offset + j / 4 as 64 bits, i, batch * heads_q + h) under
 // the seed, with the whole call's indices (a windowed call's part adds its bases).
 fn dropout_scale(i: u32, j: u32) -> f32 {
-    if (!DROPOUT) {
+    if (!DROPOUT()) {
         return 1.0;
     }
     let gi = params.q_base + i;
@@ -885,7 +863,7 @@ fn finished_grad(p: f32, dp: f32, delta: f32) -> f32 {
 // slope takes out of its finished score s.
 fn through_softcap(finished: f32, p: f32, s: f32, i: u32, j: u32) -> f32 {
     var g = finished;
-    if (SOFTCAP) {
+    if (SOFTCAP()) {
         // through the softcap: d(C tanh(x / C)) / dx = 1 - (t / C)^2 at the capped score t
         let t = (s - alibi_term(i, j) - pair_bias(i, j)) / params.softcap2;
         g = g * (1.0 - t * t);

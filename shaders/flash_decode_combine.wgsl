@@ -20,7 +20,7 @@ fn item(e: u32) {
         let ps = part_lse[s * rows + r - params.row_shift];
         m = merge_fold(m.lse, m.x, ps, part_out[s * params.total_items + e]);
     }
-    if (SINKS) {
+    if (SINKS()) {
         begin_head(b, h);
         m = merge_fold(m.lse, m.x, head_sink2 * LN2, 0.0);
     }

@@ -21,8 +21,8 @@ fn item(e: u32) {
             let o_do = dout_at(b, i, h, d);
             let o_q = q_at(b, i, h, d);
             let pz = probs[pb + i * params.seq_kv] * dropout_scale(i, jrow);
-            acc_dv = add_weighted(acc_dv, pz, load_d_out(o_do), CAUSAL);
-            acc_dk = add_weighted(acc_dk, ds[pb + i * params.seq_kv], load_q(o_q), CAUSAL);
+            acc_dv = add_weighted(acc_dv, pz, load_d_out(o_do), CAUSAL());
+            acc_dk = add_weighted(acc_dk, ds[pb + i * params.seq_kv], load_q(o_q), CAUSAL());
         }
     }
     let o = kv_index(b, jrow, hk, d);

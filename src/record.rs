@@ -3,7 +3,7 @@
 
 use crate::device::{Context, TrackedBuffer};
 use crate::error::{Error, Result};
-use crate::kernels::{fold_grid, KernelKey, Params};
+use crate::kernels::{flags, fold_grid, KernelKey, Params};
 use crate::plan::{BufRef, Plan, Window};
 use crate::tensor::Tensor;
 
@@ -495,7 +495,7 @@ impl Context {
 }
 
 /// A step that binds a strided (or unaligned) input view, made to read its inputs through
-/// `Params::views` (the VIEWS override); other steps unchanged. Only the element inputs the
+/// `Params::views` (the VIEWS bit); other steps unchanged. Only the element inputs the
 /// kernels read through `q_at` .. `dout_at` may be views, and only in steps that bind them
 /// whole (a call within one binding, K/V not paged): otherwise a typed `Unsupported`.
 fn with_views(s: &crate::plan::Step, plan: &Plan, inputs: &[&Tensor]) -> Result<crate::plan::Step> {
@@ -536,7 +536,11 @@ fn with_views(s: &crate::plan::Step, plan: &Plan, inputs: &[&Tensor]) -> Result<
         ));
     }
     let mut step = s.clone();
-    step.key.views = true;
+    step.params.flags |= flags::VIEWS;
+    if step.key.runtime & flags::VIEWS == 0 {
+        // compiled in (FLASH_ATTN_COMPILED_FLAGS): this step's pipeline reads views
+        step.key.flags |= flags::VIEWS;
+    }
     // a view's rows need not start on whole words
     step.key.wide = 0;
     for (n, r) in s.buffers.iter().enumerate() {
@@ -548,7 +552,10 @@ fn with_views(s: &crate::plan::Step, plan: &Plan, inputs: &[&Tensor]) -> Result<
             }
             continue;
         };
-        if s.key.paged && t.needs_view() && matches!(VIEW_SLOTS[v], "k" | "v") {
+        if s.params.flags & flags::PAGED != 0
+            && t.needs_view()
+            && matches!(VIEW_SLOTS[v], "k" | "v")
+        {
             return Err(refuse(i, "paged K/V, whose pools are row-major pages"));
         }
         step.params.views[v] = t.view_words().ok_or_else(|| {

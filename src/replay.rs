@@ -1,13 +1,11 @@
 //! A plan as portable data, for replay on another WebGPU implementation.
 //!
 //! [`Plan::replay`] turns what a call dispatches into plain data: the WGSL of every step for a
-//! given shader compiler, its bindings, override constants, the `Params` words and the folded
+//! given shader compiler, its bindings, the `Params` words and the folded
 //! grid, and the buffers with their initial contents. Serialized as JSON, a small runner on
 //! any WebGPU implementation can execute it exactly as `record` does on wgpu
 //! (`dawn/runner.mjs` does so on Dawn), and compare against expected outputs in
 //! [`ReplayCheck`]s, so the two paths cannot drift.
-
-use std::collections::BTreeMap;
 
 use serde::Serialize;
 
@@ -43,7 +41,6 @@ pub struct ReplayBinding {
 pub struct ReplayStep {
     pub label: String,
     pub wgsl: String,
-    pub constants: BTreeMap<String, f64>,
     pub bindings: Vec<ReplayBinding>,
     /// The `Params` uniform (binding 0) as 32-bit words.
     pub params: Vec<u32>,
@@ -171,12 +168,6 @@ impl Plan {
                 ReplayStep {
                     label: s.key.label(),
                     wgsl: s.key.wgsl_for(consumer),
-                    constants: s
-                        .key
-                        .constants()
-                        .into_iter()
-                        .map(|(k, v)| (k.to_string(), v))
-                        .collect(),
                     bindings: s
                         .buffers
                         .iter()

@@ -107,6 +107,7 @@ fn env(variant: Variant, rows_subgroup: u32, half_storage: HalfStorage) -> plan:
         },
         max_binding_bytes: 128 << 20,
         offset_align: 256,
+        compiled_flags: flash_attn_wgpu::kernels::flags::COMPILED,
     }
 }
 

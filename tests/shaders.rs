@@ -4,7 +4,9 @@
 mod common;
 use common::variants::variants;
 use flash_attn_wgpu::dtype::ElemFormat;
-use flash_attn_wgpu::kernels::{choose_tiles, Access, DeviceCaps, Kernel, KernelKey, Params};
+use flash_attn_wgpu::kernels::{
+    choose_tiles, flags, Access, DeviceCaps, Kernel, KernelKey, Params,
+};
 
 fn parse_and_validate(key: &KernelKey) -> naga::Module {
     let src = key.wgsl();
@@ -28,48 +30,45 @@ fn every_generated_variant_passes_naga_validation() {
     }
 }
 
+/// A key of `kernel` at head_dim 64 whose modifier bits are all read at run time (`all`) or
+/// all compiled false.
+fn key_of(kernel: Kernel, elem: ElemFormat, all: bool) -> KernelKey {
+    KernelKey {
+        kernel,
+        elem,
+        head_dim: 64,
+        tiles: choose_tiles(
+            kernel,
+            64,
+            DeviceCaps {
+                coop_f16: kernel.is_coop(),
+                ..DeviceCaps::WEBGPU_DEFAULT
+            },
+        )
+        .unwrap(),
+        runtime: if all { kernel.reads_flags() } else { 0 },
+        flags: 0,
+        wide: if all { 2 } else { 0 },
+        bias_grad: all && kernel.keeps_bias_grads(),
+        ..KernelKey::plain(kernel)
+    }
+}
+
 #[test]
 fn shader_bindings_match_the_host_layout() {
-    for (kernel, elem, extras) in Kernel::ALL
+    for (kernel, elem, all) in Kernel::ALL
         .into_iter()
         .flat_map(|k| ElemFormat::ALL.map(|e| (k, e)))
         .flat_map(|(k, e)| [(k, e, false), (k, e, true)])
     {
-        let key = KernelKey {
-            kernel,
-            elem,
-            head_dim: 64,
-            tiles: choose_tiles(
-                kernel,
-                64,
-                DeviceCaps {
-                    coop_f16: kernel.is_coop(),
-                    ..DeviceCaps::WEBGPU_DEFAULT
-                },
-            )
-            .unwrap(),
-            causal: false,
-            window: false,
-            softcap: false,
-            alibi: extras,
-            sinks: extras,
-            seqlens: extras,
-            dropout: extras,
-            blocks: extras,
-            varlen: extras,
-            mask: extras,
-            bias: extras,
-            paged: extras,
-            views: extras,
-            wide: if extras { 2 } else { 0 },
-            bias_grad: extras,
-            subgroup: 0,
-            accumulate: false,
-        };
+        let key = key_of(kernel, elem, all);
         let module = parse_and_validate(&key);
-        // with extras (ALiBi slopes, sinks): one uniform binding past the storage ones, then
-        // the pair data's (boolean mask bits, bias entries) read-only storage binding
-        let mut found = vec![None; kernel.bindings().len() + 1 + 3 * extras as usize];
+        // past the storage ones: the extras' uniform binding, the pair data's (boolean mask
+        // bits, bias entries, block table) read-only storage binding and the bias gradients'
+        // scratch, where the pipeline has them
+        let extra_slots =
+            key.uses_extras() as usize + key.uses_pairs() as usize + key.bias_grad as usize;
+        let mut found = vec![None; kernel.bindings().len() + 1 + extra_slots];
         for (_, var) in module.global_variables.iter() {
             let Some(binding) = &var.binding else {
                 continue;
@@ -106,22 +105,24 @@ fn shader_bindings_match_the_host_layout() {
                 other => panic!("{kernel:?} binding {}: {other:?}", i + 1),
             }
         }
-        if extras {
+        if key.uses_extras() {
             let slot = key.extras_slot() as usize;
-            assert_eq!(slot, found.len() - 3);
             assert!(
                 matches!(&found[slot], Some((naga::AddressSpace::Uniform, n)) if n.as_deref() == Some("extras")),
                 "{kernel:?} extras: {:?}",
                 found[slot]
             );
+        }
+        if key.uses_pairs() {
             let slot = key.pairs_slot() as usize;
-            assert_eq!(slot, found.len() - 2);
             assert!(
                 matches!(&found[slot], Some((naga::AddressSpace::Storage { access }, n))
                     if n.as_deref() == Some("pair_data") && !access.contains(naga::StorageAccess::STORE)),
                 "{kernel:?} pair data: {:?}",
                 found[slot]
             );
+        }
+        if key.bias_grad {
             let slot = key.bias_grads_slot() as usize;
             assert_eq!(slot, found.len() - 1);
             assert!(
@@ -131,47 +132,116 @@ fn shader_bindings_match_the_host_layout() {
                 found[slot]
             );
         }
+        assert!(found.iter().all(Option::is_some), "{kernel:?}: {found:?}");
+    }
+}
+
+/// The functions `block` calls, and theirs, into `out`.
+fn calls(module: &naga::Module, block: &naga::Block, out: &mut Vec<naga::Handle<naga::Function>>) {
+    for st in block.iter() {
+        match st {
+            naga::Statement::Call { function, .. } => {
+                if !out.contains(function) {
+                    out.push(*function);
+                    calls(module, &module.functions[*function].body, out);
+                }
+            }
+            naga::Statement::Block(b) => calls(module, b, out),
+            naga::Statement::If { accept, reject, .. } => {
+                calls(module, accept, out);
+                calls(module, reject, out);
+            }
+            naga::Statement::Switch { cases, .. } => {
+                for c in cases {
+                    calls(module, &c.body, out);
+                }
+            }
+            naga::Statement::Loop {
+                body, continuing, ..
+            } => {
+                calls(module, body, out);
+                calls(module, continuing, out);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Bits a kernel's entry point reaches that it need not declare: reached only where
+/// `begin_head` records per-head state that the kernel's code never reads.
+const HARMLESS: [(Kernel, u32, &str); 4] = [
+    (
+        Kernel::FlashBwdSinks,
+        flags::DROPOUT | flags::BIAS,
+        "begin_head's dropout stream and bias grid",
+    ),
+    (
+        Kernel::FlashDecodeCombine,
+        flags::DROPOUT | flags::BIAS,
+        "begin_head's dropout stream and bias grid",
+    ),
+    (
+        Kernel::NaiveBwdProbs,
+        flags::DROPOUT,
+        "begin_head's dropout stream",
+    ),
+    (
+        Kernel::NaiveBwdDkDv,
+        flags::BIAS | flags::PAGED,
+        "begin_head's bias grid; kv_index of dk and dv (a paged backward is refused)",
+    ),
+];
+
+#[test]
+fn each_kernel_reads_exactly_the_modifier_bits_it_declares() {
+    // The bits a kernel declares (Kernel::reads_flags) decide which bits it reads at run time
+    // and which are compiled in: one its entry point reaches but does not declare would be a
+    // constant false (a wrong result), and a compiled bit it declares but never reaches would
+    // compile the same code twice.
+    for kernel in Kernel::ALL {
+        let key = key_of(kernel, ElemFormat::F32, true);
+        let module = parse_and_validate(&key);
+        let mut reached = Vec::new();
+        for ep in &module.entry_points {
+            calls(&module, &ep.function.body, &mut reached);
+        }
+        let bits = reached
+            .iter()
+            .filter_map(|h| module.functions[*h].name.as_deref())
+            .filter_map(|n| flags::ALL.iter().find(|(_, name)| *name == n))
+            .fold(0, |m, (b, _)| m | b);
+        let declared = kernel.reads_flags();
+        let harmless = HARMLESS
+            .iter()
+            .filter(|(k, _, _)| *k == kernel)
+            .fold(0, |m, (_, b, _)| m | b);
+        assert_eq!(
+            bits & !declared & !harmless,
+            0,
+            "{kernel:?} reaches [{}] but declares [{}]",
+            flags::names(bits),
+            flags::names(declared)
+        );
+        assert_eq!(
+            declared & flags::COMPILED & !bits,
+            0,
+            "{kernel:?} declares compiled bits it never reaches: [{}]",
+            flags::names(declared & flags::COMPILED & !bits)
+        );
     }
 }
 
 #[test]
 fn every_kernel_fits_the_webgpu_default_of_8_storage_buffers_with_a_mask_and_a_bias() {
     for kernel in Kernel::ALL {
-        let key = KernelKey {
-            mask: true,
-            bias: true,
-            bias_grad: kernel.keeps_bias_grads(),
-            ..KernelKey::plain(kernel)
-        };
+        let key = key_of(kernel, ElemFormat::F32, true);
         assert!(key.storage_bindings() <= 8, "{kernel:?}");
     }
 }
 
 #[test]
 fn params_layout_matches_the_shader_struct() {
-    let key = KernelKey {
-        kernel: Kernel::FlashFwd,
-        elem: ElemFormat::F32,
-        head_dim: 64,
-        tiles: choose_tiles(Kernel::FlashFwd, 64, DeviceCaps::WEBGPU_DEFAULT).unwrap(),
-        causal: false,
-        window: false,
-        softcap: false,
-        alibi: false,
-        sinks: false,
-        seqlens: false,
-        dropout: false,
-        blocks: false,
-        varlen: false,
-        mask: false,
-        bias: false,
-        paged: false,
-        views: false,
-        wide: 0,
-        bias_grad: false,
-        subgroup: 0,
-        accumulate: false,
-    };
+    let key = key_of(Kernel::FlashFwd, ElemFormat::F32, false);
     let module = parse_and_validate(&key);
     let (_, ty) = module
         .types
@@ -244,7 +314,7 @@ fn params_layout_matches_the_shader_struct() {
         pages_base,
         page_size,
         pages_per_seq,
-        views_pad,
+        flags,
         views
     );
     assert_eq!(members.len(), host.len());

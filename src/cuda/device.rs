@@ -313,7 +313,9 @@ impl CudaContext {
         let n = shape_elements(shape)?;
         if let Some(s) = strides.filter(|s| *s != crate::tensor::row_major(shape).as_slice()) {
             return Err(Error::Unsupported {
-                feature: format!("strided tensor views on CUDA (strides {s:?} for shape {shape:?})"),
+                feature: format!(
+                    "strided tensor views on CUDA (strides {s:?} for shape {shape:?})"
+                ),
                 backend: crate::Backend::Cuda,
                 reason: "the CUDA kernels read row-major tensors; wrap a row-major tensor, or \
                          use the wgpu path (Context::tensor_from_buffer) for views"

@@ -249,12 +249,18 @@ impl AttnShape {
         let pair_words = cfg.mask.as_ref().map_or(0, |m| m.words().len())
             + cfg.bias.as_ref().map_or(0, |b| b.words().len())
             + cfg.paged.as_ref().map_or(0, |p| p.block_table.len());
-        index_fits("the extras and pair-data words", (mask_base + pair_words) as u64)?;
+        index_fits(
+            "the extras and pair-data words",
+            (mask_base + pair_words) as u64,
+        )?;
         index_fits(
             "the boolean mask's bits",
             cfg.mask.as_ref().map_or(0, |m| m.words().len() as u64 * 32),
         )?;
-        index_fits("the bias's entries", cfg.bias.as_ref().map_or(0, |b| b.len() as u64))?;
+        index_fits(
+            "the bias's entries",
+            cfg.bias.as_ref().map_or(0, |b| b.len() as u64),
+        )?;
         index_fits(
             "the backward's rows (batch x heads_q x seq_q)",
             (cfg.batch * cfg.heads_q * cfg.seq_q) as u64,
@@ -826,14 +832,19 @@ mod tests {
                 feature, backend, ..
             }) => {
                 assert_eq!(backend, crate::Backend::Cuda);
-                assert!(feature.contains("bias") && feature.contains("8589934592"), "{feature}");
+                assert!(
+                    feature.contains("bias") && feature.contains("8589934592"),
+                    "{feature}"
+                );
             }
             other => panic!("expected Unsupported, got {other:?}"),
         }
         // the backward's rows are checked from the config alone (no data is needed)
         let cfg = AttentionConfig::new(1 << 12, 1 << 11, 1 << 11, 1 << 10, 1 << 10, 64);
         match AttnShape::new(&cfg) {
-            Err(Error::Unsupported { feature, .. }) => assert!(feature.contains("rows"), "{feature}"),
+            Err(Error::Unsupported { feature, .. }) => {
+                assert!(feature.contains("rows"), "{feature}")
+            }
             other => panic!("expected Unsupported, got {other:?}"),
         }
     }

@@ -37,7 +37,12 @@ fn switched_off() -> bool {
 }
 
 fn is_off(value: Option<&str>) -> bool {
-    value.is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "off" | "0" | "false"))
+    value.is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "off" | "0" | "false"
+        )
+    })
 }
 
 /// The self-check's deadline: `COOP_TIMEOUT_ENV` where it parses, else the default.
@@ -62,7 +67,9 @@ pub(super) async fn verdict(
     limits: &wgpu::Limits,
 ) -> std::result::Result<(), String> {
     if switched_off() {
-        return Err(format!("switched off ({COOP_ENV}=off; the self-check did not run)"));
+        return Err(format!(
+            "switched off ({COOP_ENV}=off; the self-check did not run)"
+        ));
     }
     #[cfg(not(target_arch = "wasm32"))]
     {
@@ -197,7 +204,12 @@ impl Context {
                     )));
                 }
             }
-            if got.lse.iter().zip(&again.lse).any(|(x, y)| x.to_bits() != y.to_bits()) {
+            if got
+                .lse
+                .iter()
+                .zip(&again.lse)
+                .any(|(x, y)| x.to_bits() != y.to_bits())
+            {
                 return Ok(Some(format!(
                     "nondeterministic: the self-check ({case}) gave lse different bits on a \
                      second run"
@@ -233,7 +245,10 @@ mod tests {
             assert!(!is_off(on), "{on:?}");
         }
         assert_eq!(timeout_from(Some("5")).as_secs(), 5);
-        assert_eq!(timeout_from(Some("x")).as_secs(), DEFAULT_SELF_CHECK_TIMEOUT_S);
+        assert_eq!(
+            timeout_from(Some("x")).as_secs(),
+            DEFAULT_SELF_CHECK_TIMEOUT_S
+        );
         assert_eq!(timeout_from(None).as_secs(), DEFAULT_SELF_CHECK_TIMEOUT_S);
     }
 }

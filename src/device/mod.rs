@@ -86,6 +86,8 @@ pub struct Context {
     /// Uniform buffers for the dispatches' parameters, reused across calls (`record.rs`).
     pub(crate) params_pool: Mutex<Vec<wgpu::Buffer>>,
     tuning: Mutex<Tuning>,
+    /// The modifier bits compiled into pipelines (`kernels::flags`), the rest read at run time.
+    compiled_flags: std::sync::atomic::AtomicU32,
 }
 
 impl fmt::Debug for Context {
@@ -260,6 +262,9 @@ impl Context {
             params_pool: Mutex::new(Vec::new()),
             tuning: Mutex::new(tuning),
             fixed_subgroup,
+            compiled_flags: std::sync::atomic::AtomicU32::new(
+                crate::kernels::flags::compiled_from_env(),
+            ),
         }
     }
 
@@ -335,7 +340,24 @@ impl Context {
             tuning: self.tuning(),
             max_binding_bytes: self.binding_limit().min(u32::MAX as u64),
             offset_align: self.limits.min_storage_buffer_offset_alignment as u64,
+            compiled_flags: self.compiled_flags(),
         }
+    }
+
+    /// The modifier bits compiled into this context's pipelines ([`crate::kernels::flags`]);
+    /// the others are read at run time.
+    pub fn compiled_flags(&self) -> u32 {
+        self.compiled_flags
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Compiles these modifier bits into pipelines from now on (and reads the others at run
+    /// time): for measuring what a run-time bit costs beside its compiled-in build. Results do
+    /// not change; pipelines compiled before stay cached.
+    #[doc(hidden)]
+    pub fn set_compiled_flags(&self, bits: u32) {
+        self.compiled_flags
+            .store(bits, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Tile shape the library picks for a tiled kernel on this device.

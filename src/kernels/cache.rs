@@ -17,6 +17,42 @@ pub(crate) struct Pipeline {
 #[derive(Default)]
 pub(crate) struct PipelineCache {
     map: Mutex<HashMap<KernelKey, Arc<Pipeline>>>,
+    compiled: std::sync::atomic::AtomicUsize,
+}
+
+/// `FLASH_ATTN_PIPELINE_LOG=DIR`: every pipeline a process creates is appended to
+/// `DIR/pipelines-<pid>.txt` as `<hash of its source>\t<label>`, so that a test
+/// tier can count the distinct compiles it costs (scripts/pipeline-count.sh). On lavapipe a
+/// test's time is those compiles.
+pub const PIPELINE_LOG_ENV: &str = "FLASH_ATTN_PIPELINE_LOG";
+
+fn log_pipeline(label: &str, wgsl: &str) {
+    use std::hash::{Hash, Hasher};
+    use std::io::Write;
+    let Some(dir) = std::env::var_os(PIPELINE_LOG_ENV) else {
+        return;
+    };
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    wgsl.hash(&mut h);
+    let path = std::path::Path::new(&dir).join(format!("pipelines-{}.txt", std::process::id()));
+    // a diagnostic: a write that fails must not fail the call
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{:016x}\t{label}", h.finish());
+    }
+}
+
+impl Context {
+    /// How many pipelines this context has compiled (each distinct `KernelKey` once): on a
+    /// CPU driver, what a call's first run costs.
+    pub fn pipelines_compiled(&self) -> usize {
+        self.pipelines
+            .compiled
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl Context {
@@ -43,7 +79,10 @@ impl Context {
         }
         let label = key.label();
         let wgsl = key.wgsl();
-        let constants = key.constants();
+        log_pipeline(&label, &wgsl);
+        self.pipelines
+            .compiled
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let p = self.scoped(|| {
             // the Params uniform, the storage bindings, the extras' uniform where used
             let entry = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
@@ -118,7 +157,7 @@ impl Context {
                     module: &module,
                     entry_point: Some("main"),
                     compilation_options: wgpu::PipelineCompilationOptions {
-                        constants: &constants,
+                        constants: &[],
                         zero_initialize_workgroup_memory: false,
                     },
                     cache: None,

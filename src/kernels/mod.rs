@@ -7,6 +7,7 @@
 //! `override` constants.
 
 pub mod cache;
+pub mod flags;
 pub mod params;
 mod rows;
 pub mod tiles;
@@ -355,6 +356,43 @@ impl Kernel {
                 | Kernel::FlashBwdDqCoop
                 | Kernel::NaiveBwdDs
         )
+    }
+
+    /// The modifier bits ([`flags`]) this kernel's code reads, when a pipeline is planned for
+    /// a call (`plan::key`): every bit where scores are finished (dropout only where
+    /// probabilities weigh values), the band where naive kernels bound their work by it, paged
+    /// K/V where K or V is bound, views where an input is read. Every other bit is compiled in
+    /// as false, so that calls differing only in bits a kernel never reads share its pipeline.
+    /// tests/shaders.rs checks this against the flag functions each entry point reaches.
+    pub fn reads_flags(self) -> u32 {
+        use flags::*;
+        let reads = |names: &[&str]| {
+            self.bindings()
+                .iter()
+                .any(|b| b.access == Access::Read && names.contains(&b.name))
+        };
+        let mut bits = match self {
+            // the kernels that meet rows, not scores: the sinks' gradient, the decode merge
+            Kernel::FlashBwdSinks | Kernel::FlashDecodeCombine => {
+                CAUSAL | WINDOW | ALIBI | SINKS | SEQLENS | BLOCKS | VARLEN | MASK
+            }
+            k if k.finishes_scores() => !(DROPOUT | PAGED | VIEWS) & ((1 << ALL.len()) - 1),
+            // the naive kernels that bound their loops by the band, and the naive dK/dV's
+            // per-head state (begin_head)
+            Kernel::NaivePv | Kernel::NaiveBwdDq => CAUSAL | WINDOW,
+            Kernel::NaiveBwdDkDv => CAUSAL | WINDOW | ALIBI | SINKS | SEQLENS | BLOCKS | MASK,
+            _ => 0,
+        };
+        if self.applies_dropout() {
+            bits |= DROPOUT;
+        }
+        if reads(&["k", "v"]) {
+            bits |= PAGED;
+        }
+        if reads(&["q", "k", "v", "out", "d_out"]) {
+            bits |= VIEWS;
+        }
+        bits
     }
 
     /// True when some binding holds the call's element type (the key's format matters).

@@ -32,11 +32,11 @@ pub struct Params {
     /// which continues from what the earlier ones stored (forward: the running softmax;
     /// backward: the gradient sums).
     pub resume: u32,
-    /// With a window (the WINDOW override): query i sees key j iff
+    /// With a window (the WINDOW bit): query i sees key j iff
     /// `i + band_lo <= j <= i + band_hi`, causal folded in, +-2^30 on an unbounded side.
     pub band_lo: i32,
     pub band_hi: i32,
-    /// With a softcap (the SOFTCAP override): c * log2(e), the cap in the exp2 domain.
+    /// With a softcap (the SOFTCAP bit): c * log2(e), the cap in the exp2 domain.
     pub softcap2: f32,
     /// Windowed calls: the whole call's index of this part's first batch (extras are indexed
     /// by the whole call's batch).
@@ -108,9 +108,11 @@ pub struct Params {
     pub pages_base: u32,
     pub page_size: u32,
     pub pages_per_seq: u32,
-    /// Keeps `views` at a 16-byte boundary, as WGSL lays a uniform's array of vec4s out.
-    pub views_pad: u32,
-    /// Strided input views (the VIEWS override, [`crate::Tensor`] views): for q, k, v, out and
+    /// The call's modifiers, a bit each ([`super::flags`]; VIEWS set per step at record
+    /// time). Also keeps `views` at a 16-byte boundary, as WGSL lays a uniform's array of
+    /// vec4s out.
+    pub flags: u32,
+    /// Strided input views (the VIEWS bit, [`crate::Tensor`] views): for q, k, v, out and
     /// d_out ([`VIEW_SLOTS`] order), where element (b, i, h, d) lies in the binding: element
     /// `x + b * y + i * z + h * w + d` of `[x, y, z, w]`.
     pub views: [[u32; 4]; 5],
@@ -172,6 +174,7 @@ impl Params {
             seed_hi: cfg.dropout.map_or(0, |d| (d.seed >> 32) as u32),
             offset_lo: cfg.dropout.map_or(0, |d| d.offset as u32),
             offset_hi: cfg.dropout.map_or(0, |d| (d.offset >> 32) as u32),
+            flags: super::flags::of(cfg),
             ..Default::default()
         }
         .with_block_grid(cfg)

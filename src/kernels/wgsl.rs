@@ -2,6 +2,7 @@
 //! kernel body. The prelude is where everything that varies per pipeline enters:
 //!
 //! - shape constants (HEAD_DIM, BR, BC, ...) that size register and workgroup arrays;
+//! - the modifier functions `CAUSAL()` .. `VIEWS()`: run-time bits or constants (`flags`);
 //! - the kernel's bindings, declared from `Kernel::bindings`;
 //! - for each element-typed binding, `load_<name>(i: u32) -> f32` and, for outputs,
 //!   `store_<name>(i: u32, x: f32)`, written for the call's dtype and storage format (or, in a
@@ -55,7 +56,8 @@ pub enum WgslConsumer {
     Tint,
 }
 
-/// A pipeline's identity: kernel, element format, shape constants and boolean features.
+/// A pipeline's identity: kernel, element format, shape constants and the modifier bits it
+/// reads at run time or has compiled in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KernelKey {
     pub kernel: Kernel,
@@ -63,41 +65,18 @@ pub struct KernelKey {
     pub elem: ElemFormat,
     pub head_dim: u32,
     pub tiles: Tiles,
-    pub causal: bool,
-    /// A sliding window (the WINDOW override; its bounds are in `Params`).
-    pub window: bool,
-    /// A softcap (the SOFTCAP override; c is in `Params`).
-    pub softcap: bool,
-    /// ALiBi (the ALIBI override; the slopes are in the call's extras).
-    pub alibi: bool,
-    /// Attention sinks (the SINKS override; the sinks are in the call's extras).
-    pub sinks: bool,
-    /// Per-batch key lengths (the SEQLENS override; the lengths are in the call's extras).
-    pub seqlens: bool,
-    /// Dropout (the DROPOUT override; seed, offset and threshold are in `Params`).
-    pub dropout: bool,
-    /// A block mask (the BLOCKS override; its bits are in the call's extras).
-    pub blocks: bool,
-    /// Packed variable-length sequences (the VARLEN override; the boundaries are in the
-    /// call's extras).
-    pub varlen: bool,
-    /// A boolean mask over pairs (the MASK override; its bits are in the pair data, a storage
-    /// binding after the extras, `pairs_slot`).
-    pub mask: bool,
-    /// An additive bias over pairs (the BIAS override; its entries, in the key's dtype, are in
-    /// the pair data after the mask's bits).
-    pub bias: bool,
-    /// K and V through a paged block table (the PAGED override; the table rides the pair
-    /// data): `kv_index` looks each key's page up.
-    pub paged: bool,
+    /// The modifier bits read at run time from `Params::flags` ([`super::flags`]): the bits
+    /// the kernel reads ([`Kernel::reads_flags`]) that are not compiled in.
+    pub runtime: u32,
+    /// The modifier bits compiled in as true (the call's, among the kernel's bits that are
+    /// compiled: [`super::flags::COMPILED`] by default). Every bit in neither set is a
+    /// constant false in the pipeline.
+    pub flags: u32,
     /// The decode kernel reads K and V in 16-byte words (8 halves or 4 floats), this many a
     /// column (0: element reads). On CPU drivers every load in a loop is a per-lane gather,
     /// and a wide one costs about what a scalar one does. Set by the decode plan where every
     /// row starts on a whole word (`plan::decode::wide_words`).
     pub wide: u32,
-    /// Inputs (q, k, v, out, d_out) read through strided views (the VIEWS override; where
-    /// each lies is in `Params::views`): set at record time for a call given such views.
-    pub views: bool,
     /// The kernel stores each pair's gradient at its finished score for the bias's gradient
     /// (`keep_bias_grad`: the dQ kernels and the naive dS kernel of a call whose bias asks for
     /// `d_bias`), into an f32 scratch bound after the pair data (`bias_grads_slot`).
@@ -117,19 +96,8 @@ impl KernelKey {
             elem: ElemFormat::F32,
             head_dim: 1,
             tiles: Tiles::ONE,
-            causal: false,
-            window: false,
-            softcap: false,
-            alibi: false,
-            sinks: false,
-            seqlens: false,
-            dropout: false,
-            blocks: false,
-            varlen: false,
-            mask: false,
-            bias: false,
-            paged: false,
-            views: false,
+            runtime: 0,
+            flags: 0,
             wide: 0,
             bias_grad: false,
             subgroup: 0,
@@ -139,7 +107,7 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {} d={} br={} bc={} tpr={} rpt={} causal={}{}{}{}{}{}{}{}{}{}{}{}{}{} sg={}{}",
+            "{} {} d={} br={} bc={} tpr={} rpt={} runtime=[{}] compiled=[{}]{}{} sg={}{}",
             self.kernel.name(),
             self.elem.name(),
             self.head_dim,
@@ -147,28 +115,18 @@ impl KernelKey {
             self.tiles.bc,
             self.tiles.tpr,
             self.tiles.rpt,
-            self.causal,
-            match (self.window, self.softcap) {
-                (false, false) => "",
-                (true, false) => " window",
-                (false, true) => " softcap",
-                (true, true) => " window softcap",
-            },
-            if self.alibi { " alibi" } else { "" },
-            if self.sinks { " sinks" } else { "" },
-            if self.seqlens { " seqlens" } else { "" },
-            if self.dropout { " dropout" } else { "" },
-            if self.blocks { " blocks" } else { "" },
-            if self.varlen { " varlen" } else { "" },
-            if self.mask { " mask" } else { "" },
-            if self.bias { " bias" } else { "" },
-            if self.paged { " paged" } else { "" },
-            if self.views { " views" } else { "" },
+            super::flags::names(self.runtime),
+            super::flags::names(self.flags),
             if self.wide > 0 { " wide" } else { "" },
             if self.bias_grad { " bias_grad" } else { "" },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" }
         )
+    }
+
+    /// True when the pipeline reads one of `bits` (at run time or compiled in as true).
+    pub fn reads(&self, bits: u32) -> bool {
+        (self.runtime | self.flags) & bits != 0
     }
 
     /// Full WGSL source for naga (wgpu): generated prelude, common code, kernel body.
@@ -188,7 +146,7 @@ impl KernelKey {
     /// after the storage bindings (`EXTRAS_SLOT` past them), so that no combination of
     /// features takes a storage binding past the WebGPU default of 8 per stage.
     pub fn uses_extras(&self) -> bool {
-        self.alibi || self.sinks || self.seqlens || self.blocks || self.varlen
+        self.reads(super::flags::IN_EXTRAS)
     }
 
     /// The binding slot of the extras: right after the kernel's storage bindings.
@@ -200,7 +158,7 @@ impl KernelKey {
     /// bits, then the bias's entries), one read-only storage array of words whichever of the
     /// two the call has, so that both together take one binding.
     pub fn uses_pairs(&self) -> bool {
-        self.mask || self.bias || self.paged
+        self.reads(super::flags::IN_PAIRS)
     }
 
     /// The binding slot of the pair data: after the extras where the pipeline has them.
@@ -256,6 +214,7 @@ impl KernelKey {
         }
         let _ = writeln!(s, "// generated: {}", self.label());
         s.push_str(&self.shape_constants());
+        s.push_str(&super::flags::wgsl(self.runtime, self.flags));
         for (i, b) in self.kernel.bindings().iter().enumerate() {
             let slot = i as u32 + 1;
             if self.accumulate && b.ty == BindType::Elem && b.access == Access::ReadWrite {
@@ -366,12 +325,17 @@ impl KernelKey {
                 self.pairs_slot()
             );
         }
-        s.push_str(if self.mask {
+        let (mask, bias, paged) = (
+            self.reads(super::flags::MASK),
+            self.reads(super::flags::BIAS),
+            self.reads(super::flags::PAGED),
+        );
+        s.push_str(if mask {
             "fn mask_bit(k: u32) -> bool { return ((pair_data[k >> 5u] >> (k & 31u)) & 1u) == 1u; }\n"
         } else {
             "fn mask_bit(k: u32) -> bool { return true; }\n"
         });
-        s.push_str(match (self.bias, self.elem.dtype()) {
+        s.push_str(match (bias, self.elem.dtype()) {
             (false, _) => "fn bias_entry(k: u32) -> f32 { return 0.0; }\n",
             (true, DType::F32) => {
                 "fn bias_entry(k: u32) -> f32 { return bitcast<f32>(pair_data[params.bias_base + k]); }\n"
@@ -383,7 +347,7 @@ impl KernelKey {
                 "fn bias_entry(k: u32) -> f32 { return bf16_word_to_f32(pair_data[params.bias_base + (k >> 1u)], k & 1u); }\n"
             }
         });
-        s.push_str(if self.paged {
+        s.push_str(if paged {
             "fn page_entry(k: u32) -> u32 { return pair_data[params.pages_base + k]; }\n"
         } else {
             "fn page_entry(k: u32) -> u32 { return 0u; }\n"
@@ -455,26 +419,6 @@ impl KernelKey {
             s.push_str(&decode_results_wgsl(self.kernel));
         }
         s
-    }
-
-    /// Pipeline-overridable constants for this key.
-    pub fn constants(&self) -> Vec<(&'static str, f64)> {
-        let flag = |b: bool| if b { 1.0 } else { 0.0 };
-        vec![
-            ("CAUSAL", flag(self.causal)),
-            ("WINDOW", flag(self.window)),
-            ("SOFTCAP", flag(self.softcap)),
-            ("ALIBI", flag(self.alibi)),
-            ("SINKS", flag(self.sinks)),
-            ("SEQLENS", flag(self.seqlens)),
-            ("DROPOUT", flag(self.dropout)),
-            ("BLOCKS", flag(self.blocks)),
-            ("VARLEN", flag(self.varlen)),
-            ("MASK", flag(self.mask)),
-            ("BIAS", flag(self.bias)),
-            ("PAGED", flag(self.paged)),
-            ("VIEWS", flag(self.views)),
-        ]
     }
 }
 

@@ -11,7 +11,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::tiles::DECODE_KEYS;
 use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
-use crate::kernels::{choose_tiles, Kernel, KernelKey, Params, Tiles};
+use crate::kernels::{choose_tiles, flags, Kernel, KernelKey, Params, Tiles};
 
 /// The most query rows (`seq_q`) a call may have to take the decode path: a decode step, or
 /// a few speculative tokens. Longer calls run the tiled forward kernels.
@@ -296,7 +296,8 @@ pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan
             Step {
                 // the merge reads no score: of the modifiers, only the sinks reach it
                 key: KernelKey {
-                    sinks: combine.sinks,
+                    runtime: combine.runtime & flags::SINKS,
+                    flags: combine.flags & flags::SINKS,
                     head_dim: combine.head_dim,
                     elem: combine.elem,
                     ..KernelKey::plain(Kernel::FlashDecodeCombine)
@@ -385,7 +386,10 @@ mod tests {
         assert!(decode_private_floats(t.br, 32, 32, 2) > crate::kernels::GPU_PRIVATE_FLOATS);
         assert_eq!(decode_subgroup(&c, t, &e, 2), 0);
         // 16 packed rows (the case): 2,560 floats
-        assert_eq!(decode_private_floats(16, 32, 32, 1), 64 + 2048 + 512 + 64 + 16);
+        assert_eq!(
+            decode_private_floats(16, 32, 32, 1),
+            64 + 2048 + 512 + 64 + 16
+        );
         // one packed row on a GPU fits; on a CPU driver the lavapipe shapes keep the subgroup
         let one = AttentionConfig::new(1, 1, 4096, 8, 8, 128);
         let t1 = shape(&one, &e).unwrap().tiles;
@@ -417,7 +421,12 @@ mod tests {
         assert!(p.scratch.is_empty());
         assert_eq!(
             p.steps[0].buffers[3..],
-            [BufRef::Output(0), BufRef::Output(1)]
+            [
+                BufRef::Output(0),
+                BufRef::Output(1),
+                BufRef::Extras,
+                BufRef::Pairs
+            ]
         );
         one.seq_kv = 32768;
         one.kv_splits = Some(1);
@@ -447,7 +456,7 @@ mod tests {
         c.kv_splits = Some(2);
         let p = crate::plan::forward(&c, DType::F32, &env()).unwrap();
         let k = p.steps[1].key;
-        assert!(k.sinks && !k.alibi && !k.causal);
-        assert!(p.steps[0].key.alibi && p.steps[0].key.causal);
+        assert_eq!(k.runtime | k.flags, flags::SINKS);
+        assert!(p.steps[0].key.reads(flags::ALIBI | flags::CAUSAL));
     }
 }

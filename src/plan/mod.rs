@@ -31,6 +31,9 @@ pub struct PlanEnv {
     pub max_binding_bytes: u64,
     /// Alignment of a binding's byte offset into its buffer (min_storage_buffer_offset_alignment).
     pub offset_align: u64,
+    /// The modifier bits compiled into pipelines rather than read at run time
+    /// ([`crate::kernels::flags::COMPILED`] unless the environment says otherwise).
+    pub compiled_flags: u32,
 }
 
 /// A buffer a step binds: one of the call's inputs, an output the call creates, or scratch.
@@ -126,8 +129,8 @@ pub struct BufferCopy {
 
 impl Plan {
     /// Binds the call's extras to every step whose pipeline reads them (the binding after its
-    /// storage bindings), the pair data (mask bits, bias entries) to every step whose pipeline
-    /// has MASK or BIAS (the binding after that), and the bias gradients' scratch to every
+    /// storage bindings), the pair data (mask bits, bias entries, block table) to every step
+    /// whose pipeline reads MASK, BIAS or PAGED (the binding after that), and the bias gradients' scratch to every
     /// step that keeps them (`KernelKey::bias_grad`, last), once all steps are planned. More than `EXTRAS_WORDS` values
     /// (batch x heads_q ALiBi slopes plus heads_q sinks) is a `DeviceLimit` error naming them.
     pub(crate) fn attach_extras(&mut self, cfg: &AttentionConfig) -> crate::Result<()> {
@@ -147,6 +150,14 @@ impl Plan {
             });
         }
         self.pairs = crate::kernels::params::pair_words(cfg);
+        // a pipeline's bindings depend on its kernel and compiled bits alone, so a call
+        // without values for one it declares binds a word of zeros there
+        if self.extras.is_empty() && self.steps.iter().any(|s| s.key.uses_extras()) {
+            self.extras = vec![0];
+        }
+        if self.pairs.is_empty() && self.steps.iter().any(|s| s.key.uses_pairs()) {
+            self.pairs = vec![0];
+        }
         let bias_grads = self.bias_grads.map(BufRef::Scratch);
         for s in &mut self.steps {
             for r in [
@@ -374,24 +385,8 @@ pub(crate) fn key(
         },
         head_dim: cfg.head_dim as u32,
         tiles,
-        causal: cfg.causal,
-        window: cfg.window.is_active(),
-        softcap: cfg.softcap.is_some(),
-        alibi: kernel.finishes_scores() && cfg.alibi_slopes.is_some(),
-        sinks: kernel.finishes_scores() && cfg.sinks.is_some(),
-        seqlens: kernel.finishes_scores() && cfg.seqlens_kv.is_some(),
-        dropout: kernel.applies_dropout() && cfg.dropout.is_some(),
-        blocks: kernel.finishes_scores() && cfg.block_mask.is_some(),
-        varlen: kernel.finishes_scores() && cfg.varlen.is_some(),
-        mask: kernel.finishes_scores() && cfg.mask.is_some(),
-        bias: kernel.finishes_scores() && cfg.bias.is_some(),
-        paged: cfg.paged.is_some()
-            && kernel
-                .bindings()
-                .iter()
-                .any(|b| matches!(b.name, "k" | "v")),
-        // set when a call's inputs are strided views (`record`)
-        views: false,
+        runtime: kernel.reads_flags() & !env.compiled_flags,
+        flags: kernel.reads_flags() & env.compiled_flags & crate::kernels::flags::of(cfg),
         // set by the decode plan where K/V rows start on whole words
         wide: 0,
         // set by the backward plan where d_bias is asked for
@@ -420,6 +415,7 @@ pub(crate) fn test_env(
         },
         max_binding_bytes: 128 << 20,
         offset_align: 256,
+        compiled_flags: crate::kernels::flags::COMPILED,
     }
 }
 
@@ -455,7 +451,10 @@ mod tests {
                 BufRef::Input(1),
                 BufRef::Input(2),
                 BufRef::Output(0),
-                BufRef::Output(1)
+                BufRef::Output(1),
+                // every pipeline that finishes scores binds the extras and the pair data
+                BufRef::Extras,
+                BufRef::Pairs,
             ]
         );
         assert_eq!(p.outputs[0].dtype, DType::F32);
@@ -580,8 +579,10 @@ mod tests {
         assert_eq!(p.scratch.len(), 1);
         // (lse2, delta) per row
         assert_eq!(p.scratch[0].bytes, 50 * 4 * 8);
-        // the dK/dV kernel leaves one of the WebGPU default's 8 storage bindings free
-        assert_eq!(p.steps[1].buffers.len(), 7);
+        // the dK/dV kernel's 7 storage bindings and the pair data fill the WebGPU default's 8;
+        // the extras are a uniform binding
+        assert_eq!(p.steps[1].buffers.len(), 9);
+        assert_eq!(p.steps[1].key.storage_bindings(), 8);
         let roles: Vec<TensorRole> = p.outputs.iter().map(|o| o.role).collect();
         assert_eq!(roles, vec![TensorRole::Dq, TensorRole::Dk, TensorRole::Dv]);
         assert!(p.outputs.iter().all(|o| o.dtype == DType::BF16));

@@ -722,6 +722,7 @@ mod tests {
             },
             max_binding_bytes: limit,
             offset_align: 256,
+            compiled_flags: crate::kernels::flags::COMPILED,
         }
     }
 

@@ -2,7 +2,7 @@
 //! (naga here, Tint on Dawn) go through.
 
 use flash_attn_wgpu::dtype::ElemFormat;
-use flash_attn_wgpu::kernels::{choose_tiles, DeviceCaps, Kernel, KernelKey, Tiles};
+use flash_attn_wgpu::kernels::{choose_tiles, flags, DeviceCaps, Kernel, KernelKey, Tiles};
 
 /// Workgroup-memory and invocation limits the chooser is asked about: WebGPU defaults,
 /// lavapipe, and a large desktop GPU with cooperative matrices.
@@ -35,7 +35,7 @@ pub fn variants() -> Vec<KernelKey> {
             if kernel == Kernel::FlashDecodeOne && ![3, 128].contains(&head_dim) {
                 continue;
             }
-            for causal in [false, true] {
+            {
                 let mut tiles_seen: Vec<Tiles> = Vec::new();
                 for caps in caps_list() {
                     // coop kernels exist only where the caps offer cooperative matrices and
@@ -63,8 +63,8 @@ pub fn variants() -> Vec<KernelKey> {
                                 // cover it)
                                 let accumulate_too =
                                     kernel.can_accumulate() && [1, 64, 256].contains(&head_dim);
-                                // the WINDOW override: the same source, other code after
-                                // specialization; a few head_dims cover it
+                                // the compiled modifier bits: the same source, other code
+                                // after specialization; a few head_dims cover them
                                 let window_too = [1, 64].contains(&head_dim);
                                 for accumulate in [false, true] {
                                     if accumulate && !accumulate_too {
@@ -79,23 +79,14 @@ pub fn variants() -> Vec<KernelKey> {
                                             elem,
                                             head_dim,
                                             tiles,
-                                            causal,
-                                            window,
-                                            // the SOFTCAP, ALIBI, SINKS, SEQLENS and DROPOUT
-                                            // overrides ride with the window's
-                                            // (specializations of one source; ALIBI, SINKS
-                                            // and SEQLENS add the extras binding)
-                                            softcap: window,
-                                            alibi: window,
-                                            sinks: window,
-                                            seqlens: window,
-                                            dropout: window,
-                                            blocks: window,
-                                            varlen: window,
-                                            mask: window,
-                                            bias: window,
-                                            paged: window,
-                                            views: window,
+                                            // the run-time modifier bits; the compiled ones
+                                            // (softcap, dropout, bias) ride with the window's
+                                            runtime: kernel.reads_flags() & !flags::COMPILED,
+                                            flags: if window {
+                                                kernel.reads_flags() & flags::COMPILED
+                                            } else {
+                                                0
+                                            },
                                             // wide K/V reads (the decode kernel) where rows
                                             // start on whole words
                                             wide: match head_dim {

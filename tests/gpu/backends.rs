@@ -34,7 +34,8 @@ fn cuda() -> Option<&'static flash_attn_wgpu::cuda::CudaContext> {
             // a broken set-up, not an absent one), unless the caller knows there is a GPU
             // (the GPU check sets FLASH_ATTN_REQUIRE_CUDA=1 where nvidia-smi sees one)
             Err(Error::CudaUnavailable { missing, .. })
-                if !missing.contains("NVRTC") && std::env::var("FLASH_ATTN_REQUIRE_CUDA").is_err() =>
+                if !missing.contains("NVRTC")
+                    && std::env::var("FLASH_ATTN_REQUIRE_CUDA").is_err() =>
             {
                 eprintln!("CUDA half skipped: no CUDA device here ({missing})");
                 None

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Counts the distinct pipelines a test run compiled, from the logs FLASH_ATTN_PIPELINE_LOG=DIR
+# made (src/kernels/cache.rs): distinct sources (what lavapipe compiles: its shader cache
+# serves a repeat) and distinct labels, and the kernels they are. With a budget, fails past it.
+#
+#   bash scripts/pipeline-count.sh DIR [BUDGET]
+set -euo pipefail
+dir=${1:?usage: pipeline-count.sh DIR [BUDGET]}
+budget=${2:-}
+files=("$dir"/pipelines-*.txt)
+[ -e "${files[0]}" ] || { echo "pipeline-count: no logs in $dir" >&2; exit 2; }
+distinct=$(cut -f1 "${files[@]}" | sort -u | wc -l)
+labels=$(cut -f2 "${files[@]}" | sort -u | wc -l)
+echo "pipeline-count: $distinct distinct pipelines ($labels distinct keys) in ${#files[@]} processes"
+cut -f2 "${files[@]}" | sort -u | awk '{print $1}' | sort | uniq -c | sort -rn | head -n 40
+if [ -n "$budget" ] && [ "$distinct" -gt "$budget" ]; then
+    echo "pipeline-count: $distinct distinct pipelines, the budget is $budget" >&2
+    exit 1
+fi

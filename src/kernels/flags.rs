@@ -1,0 +1,169 @@
+//! The modifiers a call has, as bits of `Params::flags`. The kernels read each through a
+//! WGSL function of its name (`CAUSAL()`, `ALIBI()`, ...) that the generated prelude defines:
+//! at run time from the uniform bit field, where the bit costs nothing measurable when off,
+//! so that one pipeline serves every combination (one compile, not one per combination); or
+//! compiled in as a constant, for the bits whose per-score work costs when merely tested
+//! ([`COMPILED`], decided by measurement: docs/PERFORMANCE.md, "Modifiers as run-time bits").
+//! A bit a kernel never reads is compiled in as false.
+
+use crate::AttentionConfig;
+
+/// The causal mask (bottom-right aligned).
+pub const CAUSAL: u32 = 1 << 0;
+/// A sliding window (`Params::band_lo`, `band_hi`).
+pub const WINDOW: u32 = 1 << 1;
+/// A softcap (`Params::softcap2`): a tanh per score.
+pub const SOFTCAP: u32 = 1 << 2;
+/// ALiBi slopes (the extras).
+pub const ALIBI: u32 = 1 << 3;
+/// Attention sinks (the extras).
+pub const SINKS: u32 = 1 << 4;
+/// Per-batch key lengths (the extras).
+pub const SEQLENS: u32 = 1 << 5;
+/// Dropout: a Philox block per four pairs.
+pub const DROPOUT: u32 = 1 << 6;
+/// A block mask (the extras).
+pub const BLOCKS: u32 = 1 << 7;
+/// Packed variable-length sequences (the extras).
+pub const VARLEN: u32 = 1 << 8;
+/// A boolean mask over pairs (the pair data).
+pub const MASK: u32 = 1 << 9;
+/// An additive bias over pairs (the pair data): a load per score.
+pub const BIAS: u32 = 1 << 10;
+/// K and V in pages through a block table (the pair data).
+pub const PAGED: u32 = 1 << 11;
+/// Inputs read through strided views (`Params::views`), set per step at record time.
+pub const VIEWS: u32 = 1 << 12;
+
+/// Every bit with its WGSL name, in bit order.
+pub const ALL: [(u32, &str); 13] = [
+    (CAUSAL, "CAUSAL"),
+    (WINDOW, "WINDOW"),
+    (SOFTCAP, "SOFTCAP"),
+    (ALIBI, "ALIBI"),
+    (SINKS, "SINKS"),
+    (SEQLENS, "SEQLENS"),
+    (DROPOUT, "DROPOUT"),
+    (BLOCKS, "BLOCKS"),
+    (VARLEN, "VARLEN"),
+    (MASK, "MASK"),
+    (BIAS, "BIAS"),
+    (PAGED, "PAGED"),
+    (VIEWS, "VIEWS"),
+];
+
+/// The bits compiled into pipelines by default: those whose test, or the work it guards,
+/// sits in the per-score path (softcap's tanh, dropout's Philox, the bias's load), where a
+/// run-time bit cost more than 2% switched off on lavapipe (docs/PERFORMANCE.md).
+pub const COMPILED: u32 = SOFTCAP | DROPOUT | BIAS;
+
+/// The bits whose values live in the extras (a uniform array the pipeline binds).
+pub const IN_EXTRAS: u32 = ALIBI | SINKS | SEQLENS | BLOCKS | VARLEN;
+/// The bits whose values live in the pair data (a storage array the pipeline binds).
+pub const IN_PAIRS: u32 = MASK | BIAS | PAGED;
+
+/// `FLASH_ATTN_COMPILED_FLAGS`: which bits to compile in instead of [`COMPILED`], as a comma
+/// list of names (`all`, `none`), for measuring what a run-time bit costs (the bench and
+/// docs/PERFORMANCE.md use it); a name it does not know is left out.
+pub const COMPILED_ENV: &str = "FLASH_ATTN_COMPILED_FLAGS";
+
+/// [`COMPILED`], or what `COMPILED_ENV` names.
+pub fn compiled_from_env() -> u32 {
+    std::env::var(COMPILED_ENV)
+        .ok()
+        .map_or(COMPILED, |v| parse(&v))
+}
+
+/// A comma list of bit names (`all`, `none`) as bits.
+pub fn parse(list: &str) -> u32 {
+    list.split(',')
+        .map(str::trim)
+        .map(|name| match name.to_ascii_lowercase().as_str() {
+            "all" => ALL.iter().fold(0, |m, (b, _)| m | b),
+            "none" | "" => 0,
+            n => ALL
+                .iter()
+                .find(|(_, w)| w.eq_ignore_ascii_case(n))
+                .map_or(0, |(b, _)| *b),
+        })
+        .fold(0, |m, b| m | b)
+}
+
+/// The bits of a call (VIEWS, which belongs to tensors, is added at record time).
+pub fn of(cfg: &AttentionConfig) -> u32 {
+    [
+        (cfg.causal, CAUSAL),
+        (cfg.window.is_active(), WINDOW),
+        (cfg.softcap.is_some(), SOFTCAP),
+        (cfg.alibi_slopes.is_some(), ALIBI),
+        (cfg.sinks.is_some(), SINKS),
+        (cfg.seqlens_kv.is_some(), SEQLENS),
+        (cfg.dropout.is_some(), DROPOUT),
+        (cfg.block_mask.is_some(), BLOCKS),
+        (cfg.varlen.is_some(), VARLEN),
+        (cfg.mask.is_some(), MASK),
+        (cfg.bias.is_some(), BIAS),
+        (cfg.paged.is_some(), PAGED),
+    ]
+    .into_iter()
+    .filter(|(on, _)| *on)
+    .fold(0, |m, (_, b)| m | b)
+}
+
+/// Names of the set bits, for labels.
+pub fn names(bits: u32) -> String {
+    ALL.iter()
+        .filter(|(b, _)| bits & b != 0)
+        .map(|(_, n)| n.to_ascii_lowercase())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The prelude's flag functions: each bit in `runtime` read from `params.flags`, each other
+/// bit a constant, true where `compiled_on` has it.
+pub fn wgsl(runtime: u32, compiled_on: u32) -> String {
+    let mut s = String::new();
+    for (bit, name) in ALL {
+        let body = if runtime & bit != 0 {
+            format!("(params.flags & {bit}u) != 0u")
+        } else {
+            (compiled_on & bit != 0).to_string()
+        };
+        s.push_str(&format!("fn {name}() -> bool {{ return {body}; }}\n"));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_back_to_their_bits() {
+        assert_eq!(parse("softcap,DROPOUT, bias"), COMPILED);
+        assert_eq!(parse("none"), 0);
+        assert_eq!(parse("all"), (1 << ALL.len()) - 1);
+        assert_eq!(parse("causal,nonsense"), CAUSAL);
+        for (bit, name) in ALL {
+            assert_eq!(parse(name), bit);
+            assert_eq!(names(bit), name.to_ascii_lowercase());
+        }
+    }
+
+    #[test]
+    fn a_call_sets_the_bits_of_its_modifiers() {
+        let mut cfg = AttentionConfig::new(1, 8, 8, 2, 2, 16);
+        assert_eq!(of(&cfg), 0);
+        cfg.causal = true;
+        cfg.softcap = Some(5.0);
+        assert_eq!(of(&cfg), CAUSAL | SOFTCAP);
+    }
+
+    #[test]
+    fn the_prelude_reads_run_time_bits_and_folds_the_rest() {
+        let s = wgsl(CAUSAL, SOFTCAP);
+        assert!(s.contains("fn CAUSAL() -> bool { return (params.flags & 1u) != 0u; }"));
+        assert!(s.contains("fn SOFTCAP() -> bool { return true; }"));
+        assert!(s.contains("fn ALIBI() -> bool { return false; }"));
+    }
+}
