@@ -2,7 +2,7 @@
 // finishing, online softmax, the backward's recomputed probabilities), sentinels and element
 // conversions. Functions and declarations only; each kernel file holds its entry point.
 // The Rust side (src/kernels/wgsl.rs) prepends a prelude generated per pipeline: shape
-// constants (HEAD_DIM and, for tiled kernels, BR, BC, TPR, NT, RPT, DPT, CPT), the kernel's
+// constants (HEAD_DIM and, for tiled kernels, BR, BC, TPR, NT, RPT, CPT), the kernel's
 // bindings 1.., and `load_<name>(i) -> f32` / `store_<name>(i, x)` for its element-typed
 // bindings in the call's dtype and storage format.
 

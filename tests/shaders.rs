@@ -241,7 +241,7 @@ fn every_kernel_fits_the_webgpu_default_of_8_storage_buffers_with_a_mask_and_a_b
 
 #[test]
 fn params_layout_matches_the_shader_struct() {
-    let key = key_of(Kernel::FlashFwd, ElemFormat::F32, false);
+    let key = key_of(Kernel::FlashFwdBlocks, ElemFormat::F32, false);
     let module = parse_and_validate(&key);
     let (_, ty) = module
         .types

@@ -29,8 +29,6 @@ pub enum AlgArg {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum VariantArg {
-    /// several threads per query row (GPUs)
-    Lanes,
     /// one thread per row, tile reads shared across the subgroup (CPU drivers)
     Rows,
     /// register micro-tiles, conflict-free vec4 workgroup memory (GPUs)
@@ -133,6 +131,11 @@ pub struct Args {
     /// --kv-fill, --dropout, --block-density, --varlen, --mask-density, --bias), side by side
     #[arg(long)]
     pub mods_both: bool,
+    /// Measure every tiled point twice, side by side: with the library's run-time modifier
+    /// bits, and with every bit compiled into the pipelines (the compile-time build; its rows
+    /// say `compiled: all` in the note column). What a run-time bit costs when off.
+    #[arg(long)]
+    pub compiled_both: bool,
     /// Which pass to time
     #[arg(long, value_enum, default_value = "both")]
     pub pass: PassArg,
@@ -214,7 +217,6 @@ impl Args {
         let mut out = Vec::new();
         for v in &self.variant {
             let v = match v {
-                VariantArg::Lanes => Variant::Lanes,
                 VariantArg::Rows => Variant::Rows,
                 VariantArg::Blocks => Variant::Blocks,
                 VariantArg::Coop => Variant::Coop,

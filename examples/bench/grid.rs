@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use flash_attn_wgpu::kernels::flags;
 use flash_attn_wgpu::{
     plan, Algorithm, AttentionConfig, Context, DType, Error, ScoreBias, Tuning, Variant, Window,
 };
@@ -142,6 +143,10 @@ pub struct Grid {
     pub dtypes: Vec<DType>,
     /// Tiled first, so that every naive point finds its tiled time (speedup).
     pub algorithms: Vec<Algorithm>,
+    /// The modifier bits compiled into pipelines for each measured build of a tiled point
+    /// (`Context::set_compiled_flags`): the library's default, and with --compiled-both every
+    /// bit as well.
+    pub builds: Vec<u32>,
     /// The tiled algorithm's kernel variants, measured side by side; the first is the one
     /// naive points are compared with. Empty until `main` resolves the adapter's default.
     pub variants: Vec<Variant>,
@@ -246,6 +251,11 @@ impl Grid {
             dtypes,
             algorithms,
             variants: Vec::new(),
+            builds: if a.compiled_both {
+                vec![flags::COMPILED, flags::parse("all")]
+            } else {
+                vec![flags::COMPILED]
+            },
             passes,
             causals,
             windows,
@@ -310,7 +320,7 @@ pub fn run(
                 .algorithms
                 .iter()
                 .map(|&x| match x {
-                    Algorithm::Tiled => grid.variants.len(),
+                    Algorithm::Tiled => grid.variants.len() * grid.builds.len(),
                     Algorithm::Naive => usize::from(naive_runs(s)),
                 })
                 .sum();
@@ -337,10 +347,15 @@ pub fn run(
                     .iter()
                     .flat_map(move |&w| grid.mods.iter().map(move |m| (c, w, m)))
             }) {
-                for (alg, variant) in grid.algorithms.iter().flat_map(|&alg| match alg {
-                    Algorithm::Tiled => grid.variants.iter().map(|&v| (alg, Some(v))).collect(),
-                    Algorithm::Naive => vec![(alg, None)],
+                for (alg, variant, build) in grid.algorithms.iter().flat_map(|&alg| match alg {
+                    Algorithm::Tiled => grid
+                        .variants
+                        .iter()
+                        .flat_map(|&v| grid.builds.iter().map(move |&b| (alg, Some(v), b)))
+                        .collect(),
+                    Algorithm::Naive => vec![(alg, None, grid.builds[0])],
                 }) {
+                    ctx.set_compiled_flags(build);
                     if alg == Algorithm::Naive && !naive_runs(shape) {
                         continue;
                     }
@@ -418,7 +433,11 @@ pub fn run(
                         *e = e.min(rate);
                     }
                     for &pass in &grid.passes {
-                        let rec = record(ctx, &cfg, variant, dt, pass, tiles, &result, &records)?;
+                        let mut rec =
+                            record(ctx, &cfg, variant, dt, pass, tiles, &result, &records)?;
+                        if build != flags::COMPILED {
+                            rec.note = format!("compiled: {} {}", flags::names(build), rec.note);
+                        }
                         on_record(&rec);
                         records.push(rec);
                     }

@@ -177,7 +177,7 @@ pub fn plot_svg(
             let line = color.stroke_width(2);
             let pts = s.points.iter().copied();
             match (s.algorithm, s.variant) {
-                (Algorithm::Tiled, Some(Variant::Lanes)) => {
+                (Algorithm::Tiled, Some(Variant::Coop)) => {
                     chart.draw_series(LineSeries::new(pts.clone(), line))?;
                     chart.draw_series(pts.map(|p| {
                         EmptyElement::at(p) + Rectangle::new([(-4, -4), (4, 4)], color.filled())
@@ -210,7 +210,7 @@ pub fn plot_svg(
         let color = series_color(s.dtype, s.pass);
         let line = color.stroke_width(2);
         match (s.algorithm, s.variant) {
-            (Algorithm::Tiled, Some(Variant::Lanes)) => {
+            (Algorithm::Tiled, Some(Variant::Coop)) => {
                 legend.draw(&PathElement::new(vec![(0, y), (36, y)], line))?;
                 legend.draw(&Rectangle::new([(14, y - 4), (22, y + 4)], color.filled()))?;
             }

@@ -23,10 +23,7 @@ pub use wgsl::{KernelKey, WgslConsumer};
 /// Every compute kernel of the crate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    FlashFwd,
     FlashBwdPreprocess,
-    FlashBwdDkDv,
-    FlashBwdDq,
     FlashFwdRows,
     FlashBwdDkDvRows,
     FlashBwdDqRows,
@@ -97,11 +94,8 @@ use Access::{Read as R, ReadWrite as W};
 use BindType::{Elem as E, Vec2F32 as V2, Vec4F32 as V4, F32, U32};
 
 impl Kernel {
-    pub const ALL: [Kernel; 33] = [
-        Kernel::FlashFwd,
+    pub const ALL: [Kernel; 30] = [
         Kernel::FlashBwdPreprocess,
-        Kernel::FlashBwdDkDv,
-        Kernel::FlashBwdDq,
         Kernel::FlashFwdRows,
         Kernel::FlashBwdDkDvRows,
         Kernel::FlashBwdDqRows,
@@ -135,10 +129,7 @@ impl Kernel {
 
     pub fn name(self) -> &'static str {
         match self {
-            Kernel::FlashFwd => "flash_fwd",
             Kernel::FlashBwdPreprocess => "flash_bwd_preprocess",
-            Kernel::FlashBwdDkDv => "flash_bwd_dkdv",
-            Kernel::FlashBwdDq => "flash_bwd_dq",
             Kernel::FlashFwdRows => "flash_fwd_rows",
             Kernel::FlashBwdDkDvRows => "flash_bwd_dkdv_rows",
             Kernel::FlashBwdDqRows => "flash_bwd_dq_rows",
@@ -173,10 +164,7 @@ impl Kernel {
 
     pub fn source(self) -> &'static str {
         match self {
-            Kernel::FlashFwd => include_str!("../../shaders/flash_fwd.wgsl"),
             Kernel::FlashBwdPreprocess => include_str!("../../shaders/flash_bwd_preprocess.wgsl"),
-            Kernel::FlashBwdDkDv => include_str!("../../shaders/flash_bwd_dkdv.wgsl"),
-            Kernel::FlashBwdDq => include_str!("../../shaders/flash_bwd_dq.wgsl"),
             Kernel::FlashFwdRows => include_str!("../../shaders/flash_fwd_rows.wgsl"),
             Kernel::FlashBwdDkDvRows => include_str!("../../shaders/flash_bwd_dkdv_rows.wgsl"),
             Kernel::FlashBwdDqRows => include_str!("../../shaders/flash_bwd_dq_rows.wgsl"),
@@ -229,23 +217,18 @@ impl Kernel {
         // the WebGPU default for a score tensor
         const LSE_DELTA: Binding = b("lse_delta", V2, R);
         match self {
-            Kernel::FlashFwd
-            | Kernel::FlashFwdRows
-            | Kernel::FlashFwdBlocks
-            | Kernel::FlashFwdCoop => const { &[Q, K, V, b("out", E, W), b("lse", F32, W)] },
+            Kernel::FlashFwdRows | Kernel::FlashFwdBlocks | Kernel::FlashFwdCoop => {
+                const { &[Q, K, V, b("out", E, W), b("lse", F32, W)] }
+            }
             Kernel::FlashBwdPreprocess => {
                 const { &[b("out", E, R), D_OUT, LSE, b("lse_delta", V2, W)] }
             }
-            Kernel::FlashBwdDkDv
-            | Kernel::FlashBwdDkDvRows
-            | Kernel::FlashBwdDkDvBlocks
-            | Kernel::FlashBwdDkDvCoop => {
+            Kernel::FlashBwdDkDvRows | Kernel::FlashBwdDkDvBlocks | Kernel::FlashBwdDkDvCoop => {
                 const { &[Q, K, V, D_OUT, LSE_DELTA, b("dk", E, W), b("dv", E, W)] }
             }
-            Kernel::FlashBwdDq
-            | Kernel::FlashBwdDqRows
-            | Kernel::FlashBwdDqBlocks
-            | Kernel::FlashBwdDqCoop => const { &[Q, K, V, D_OUT, LSE_DELTA, b("dq", E, W)] },
+            Kernel::FlashBwdDqRows | Kernel::FlashBwdDqBlocks | Kernel::FlashBwdDqCoop => {
+                const { &[Q, K, V, D_OUT, LSE_DELTA, b("dq", E, W)] }
+            }
             Kernel::FlashBwdSinks => const { &[LSE_DELTA, b("d_sinks", F32, W)] },
             Kernel::FlashBwdBias => const { &[b("kept_grads", F32, R), b("d_bias", E, W)] },
             // one shard folded into the running merge: lse ping-pongs between two scratch
@@ -350,8 +333,7 @@ impl Kernel {
     pub fn keeps_bias_grads(self) -> bool {
         matches!(
             self,
-            Kernel::FlashBwdDq
-                | Kernel::FlashBwdDqRows
+            Kernel::FlashBwdDqRows
                 | Kernel::FlashBwdDqBlocks
                 | Kernel::FlashBwdDqCoop
                 | Kernel::NaiveBwdDs
@@ -423,10 +405,7 @@ impl Kernel {
     pub fn is_tiled(self) -> bool {
         matches!(
             self,
-            Kernel::FlashFwd
-                | Kernel::FlashBwdDkDv
-                | Kernel::FlashBwdDq
-                | Kernel::FlashFwdRows
+            Kernel::FlashFwdRows
                 | Kernel::FlashBwdDkDvRows
                 | Kernel::FlashBwdDqRows
                 | Kernel::FlashFwdBlocks
@@ -451,10 +430,7 @@ impl Kernel {
         self.is_tiled()
             && !matches!(
                 self,
-                Kernel::FlashFwd
-                    | Kernel::FlashFwdRows
-                    | Kernel::FlashFwdBlocks
-                    | Kernel::FlashFwdCoop
+                Kernel::FlashFwdRows | Kernel::FlashFwdBlocks | Kernel::FlashFwdCoop
             )
     }
 
@@ -462,10 +438,7 @@ impl Kernel {
     pub fn rows_are_keys(self) -> bool {
         matches!(
             self,
-            Kernel::FlashBwdDkDv
-                | Kernel::FlashBwdDkDvRows
-                | Kernel::FlashBwdDkDvBlocks
-                | Kernel::FlashBwdDkDvCoop
+            Kernel::FlashBwdDkDvRows | Kernel::FlashBwdDkDvBlocks | Kernel::FlashBwdDkDvCoop
         )
     }
 
@@ -501,9 +474,6 @@ impl Kernel {
 /// How a tiled kernel spreads a row over invocations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Variant {
-    /// TPR invocations share a row; scores pass through workgroup memory. Suits GPUs, whose
-    /// lanes exchange data through shared memory cheaply and whose registers are scarce.
-    Lanes,
     /// One invocation per row with the row's vectors in private arrays; every invocation reads
     /// the same K/V (or Q/dO) element at once. Suits CPU drivers (lavapipe, SwiftShader, WARP),
     /// where invocations are SIMD lanes and a per-lane workgroup-memory index is a gather.
@@ -522,11 +492,10 @@ pub enum Variant {
 
 impl Variant {
     /// The variants every adapter can run, for tests and benchmarks that cover them all.
-    pub const ALL: [Variant; 3] = [Variant::Lanes, Variant::Rows, Variant::Blocks];
+    pub const ALL: [Variant; 2] = [Variant::Rows, Variant::Blocks];
 
     pub fn name(self) -> &'static str {
         match self {
-            Variant::Lanes => "lanes",
             Variant::Rows => "rows",
             Variant::Blocks => "blocks",
             Variant::Coop => "coop",
@@ -572,7 +541,6 @@ impl Variant {
 
     pub fn forward(self) -> Kernel {
         match self {
-            Variant::Lanes => Kernel::FlashFwd,
             Variant::Rows => Kernel::FlashFwdRows,
             Variant::Blocks => Kernel::FlashFwdBlocks,
             Variant::Coop => Kernel::FlashFwdCoop,
@@ -581,7 +549,6 @@ impl Variant {
 
     pub fn backward_dkdv(self) -> Kernel {
         match self {
-            Variant::Lanes => Kernel::FlashBwdDkDv,
             Variant::Rows => Kernel::FlashBwdDkDvRows,
             Variant::Blocks => Kernel::FlashBwdDkDvBlocks,
             Variant::Coop => Kernel::FlashBwdDkDvCoop,
@@ -590,7 +557,6 @@ impl Variant {
 
     pub fn backward_dq(self) -> Kernel {
         match self {
-            Variant::Lanes => Kernel::FlashBwdDq,
             Variant::Rows => Kernel::FlashBwdDqRows,
             Variant::Blocks => Kernel::FlashBwdDqBlocks,
             Variant::Coop => Kernel::FlashBwdDqCoop,

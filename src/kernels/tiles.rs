@@ -4,9 +4,9 @@
 use super::Kernel;
 use crate::error::{Error, Result};
 
-/// Tile shape of a tiled kernel: BR query rows and BC keys per tile; TPR threads per row
-/// (lanes variant) or RPT rows per thread (rows variant), the other 1; the blocks variant
-/// uses both: TPR threads across the streamed rows (NTX) and RPT resident rows per thread (TM).
+/// Tile shape of a tiled kernel: BR query rows and BC keys per tile; RPT rows per thread (rows
+/// family, TPR 1); the blocks family uses both: TPR threads across the streamed rows (NTX) and
+/// RPT resident rows per thread (TM); the coop family TPR invocations per resident row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tiles {
     pub br: u32,
@@ -108,11 +108,6 @@ fn decode_tiles(head_dim: u32, caps: DeviceCaps) -> Result<Tiles> {
     }
 }
 
-/// Threads per row: enough lanes that each owns at most ~8 output dims, a power of two <= 16.
-fn threads_per_row(head_dim: u32) -> u32 {
-    head_dim.div_ceil(8).next_power_of_two().min(16)
-}
-
 /// Words of the rows kernels' `pins` array (the generated prelude, src/kernels/wgsl.rs).
 pub const PIN_WORDS: u32 = 4;
 
@@ -120,11 +115,6 @@ pub const PIN_WORDS: u32 = 4;
 pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
     let (br, bc, d) = (t.br, t.bc, head_dim);
     match kernel {
-        // Q tile, one K/V tile, scores, probabilities, row-sum partials
-        Kernel::FlashFwd => br * d + bc * d + 2 * br * bc + br * t.tpr,
-        // Q, dO, K, V tiles; P and dS (dK/dV) or dS (dQ) score tiles; lse and delta
-        Kernel::FlashBwdDkDv => 2 * br * d + 2 * bc * d + 2 * br * bc + 2 * br,
-        Kernel::FlashBwdDq => 2 * br * d + 2 * bc * d + br * bc + 2 * br,
         // rows variants keep their own row in private arrays: only the streamed tiles
         // (head_dim padded to a subgroup multiple: up to 7 more words a row at SG = 8), and
         // the prelude's `pins` (PIN_WORDS) that hand the tile coordinates to every invocation
@@ -173,20 +163,6 @@ pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
 /// The pure tile chooser: the largest tiles (most reuse per byte loaded) that fit the device's
 /// workgroup memory and invocation limits. Preference order favours square-ish tiles.
 pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<Tiles> {
-    const LANES: [(u32, u32); 12] = [
-        (32, 32),
-        (16, 32),
-        (32, 16),
-        (16, 16),
-        (8, 16),
-        (16, 8),
-        (8, 8),
-        (4, 8),
-        (8, 4),
-        (4, 4),
-        (2, 4),
-        (1, 4),
-    ];
     // (rows per workgroup, streamed rows per tile, rows per thread); the streamed count also
     // sizes each invocation's private score array. Four rows per thread quarter the tile reads
     // per FMA in the forward and dQ kernels (their products are written out with literal
@@ -321,16 +297,7 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
             })
             .collect()
     } else {
-        let tpr = threads_per_row(head_dim);
-        LANES
-            .iter()
-            .map(|&(br, bc)| Tiles {
-                br,
-                bc,
-                tpr,
-                rpt: 1,
-            })
-            .collect()
+        unreachable!("every tiled kernel is of the rows, blocks or coop family")
     };
     let budget = caps.max_workgroup_storage_bytes / 4;
     let mut smallest_need = u32::MAX;
@@ -414,9 +381,6 @@ mod tests {
     #[test]
     fn tiles_fit_webgpu_defaults_for_every_head_dim() {
         for kernel in [
-            Kernel::FlashFwd,
-            Kernel::FlashBwdDkDv,
-            Kernel::FlashBwdDq,
             Kernel::FlashFwdRows,
             Kernel::FlashBwdDkDvRows,
             Kernel::FlashBwdDqRows,
@@ -470,9 +434,9 @@ mod tests {
 
     #[test]
     fn more_workgroup_memory_gives_larger_forward_tiles() {
-        let small = choose_tiles(Kernel::FlashFwd, 128, DeviceCaps::WEBGPU_DEFAULT).unwrap();
+        let small = choose_tiles(Kernel::FlashFwdBlocks, 128, DeviceCaps::WEBGPU_DEFAULT).unwrap();
         let big = choose_tiles(
-            Kernel::FlashFwd,
+            Kernel::FlashFwdBlocks,
             128,
             DeviceCaps {
                 max_workgroup_storage_bytes: 32768,
@@ -489,12 +453,6 @@ mod tests {
     }
 
     #[test]
-    fn head_dim_64_at_16k_gets_16x16_tiles() {
-        let t = choose_tiles(Kernel::FlashFwd, 64, DeviceCaps::WEBGPU_DEFAULT).unwrap();
-        assert_eq!((t.br, t.bc, t.tpr), (16, 16, 8));
-    }
-
-    #[test]
     fn too_little_workgroup_memory_is_a_device_limit_error() {
         let caps = DeviceCaps {
             max_workgroup_storage_bytes: 1024,
@@ -502,7 +460,7 @@ mod tests {
             coop_f16: false,
             ..DeviceCaps::WEBGPU_DEFAULT
         };
-        match choose_tiles(Kernel::FlashFwd, 256, caps) {
+        match choose_tiles(Kernel::FlashFwdBlocks, 256, caps) {
             Err(Error::DeviceLimit { needed, limit, .. }) => {
                 assert_eq!(limit, 1024);
                 assert!(needed > limit);
@@ -519,17 +477,9 @@ mod tests {
             coop_f16: false,
             ..DeviceCaps::WEBGPU_DEFAULT
         };
-        let t = choose_tiles(Kernel::FlashFwd, 64, caps).unwrap();
-        assert!(t.threads(Kernel::FlashFwd) <= 64);
-    }
-
-    #[test]
-    fn threads_per_row_is_a_power_of_two_up_to_16() {
-        assert_eq!(threads_per_row(1), 1);
-        assert_eq!(threads_per_row(8), 1);
-        assert_eq!(threads_per_row(9), 2);
-        assert_eq!(threads_per_row(64), 8);
-        assert_eq!(threads_per_row(80), 16);
-        assert_eq!(threads_per_row(256), 16);
+        for kernel in [Kernel::FlashFwdBlocks, Kernel::FlashFwdRows] {
+            let t = choose_tiles(kernel, 64, caps).unwrap();
+            assert!(t.threads(kernel) <= 64, "{kernel:?} {t:?}");
+        }
     }
 }

@@ -386,8 +386,7 @@ impl KernelKey {
             let _ = writeln!(s, "const TPR: u32 = {}u;", t.tpr);
             let _ = writeln!(s, "const NT: u32 = {}u;", t.threads(self.kernel));
             let _ = writeln!(s, "const RPT: u32 = {}u;", t.rpt.max(1));
-            // output dims per lane, score columns per lane
-            let _ = writeln!(s, "const DPT: u32 = {}u;", d.div_ceil(t.tpr));
+            // score columns per lane (blocks: streamed rows per thread)
             let _ = writeln!(s, "const CPT: u32 = {}u;", cols.div_ceil(t.tpr));
         }
         if self.kernel.is_decode() {

@@ -436,11 +436,11 @@ mod tests {
     #[test]
     fn tiled_forward_is_one_dispatch_over_every_query_tile() {
         let c = cfg(2, 100, 70, 4, 2, 64);
-        let e = env(Variant::Lanes, HalfStorage::Native);
+        let e = env(Variant::Blocks, HalfStorage::Native);
         let p = forward(&c, DType::F32, &e).unwrap();
         assert_eq!(p.steps.len(), 1);
         let s = &p.steps[0];
-        assert_eq!(s.key.kernel, Kernel::FlashFwd);
+        assert_eq!(s.key.kernel, Kernel::FlashFwdBlocks);
         let br = s.key.tiles.br as usize;
         assert_eq!(s.workgroups as usize, 100usize.div_ceil(br) * 4 * 2);
         assert_eq!(s.params.total_wg, s.workgroups);
