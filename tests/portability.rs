@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::variants::variants;
+use flash_attn_wgpu::kernels::enumerate::{devices, pipeline_keys};
 use flash_attn_wgpu::kernels::{Kernel, KernelKey};
 
 fn naga_module(key: &KernelKey) -> (naga::Module, naga::valid::ModuleInfo) {
@@ -111,7 +111,7 @@ fn every_variant_translates_to_spirv_msl_and_hlsl() {
     let mut seen = HashSet::new();
     let mut count = 0;
     let mut coop_validated = 0;
-    for key in variants() {
+    for key in pipeline_keys(&devices()) {
         if !seen.insert(key.wgsl()) {
             continue;
         }
@@ -272,7 +272,7 @@ fn kernel_sources_pass_the_portability_lint() {
 #[test]
 fn generated_preludes_pass_the_portability_lint() {
     let mut seen = HashSet::new();
-    for key in variants() {
+    for key in pipeline_keys(&devices()) {
         let src = key.wgsl();
         let prelude_end = src
             .find(include_str!("../shaders/common.wgsl"))

@@ -7,6 +7,7 @@
 //! `override` constants.
 
 pub mod cache;
+pub mod enumerate;
 pub mod flags;
 pub mod params;
 mod rows;
@@ -375,6 +376,41 @@ impl Kernel {
             bits |= VIEWS;
         }
         bits
+    }
+
+    /// True when the kernel's code depends on the head dimension (its `HEAD_DIM` constant):
+    /// the others share one pipeline across head dims (planned with head_dim 1).
+    /// tests/shaders.rs checks this against the functions each entry point reaches.
+    pub fn reads_head_dim(self) -> bool {
+        !matches!(
+            self,
+            Kernel::FlashBwdSinks
+                | Kernel::FlashBwdBias
+                | Kernel::Merge
+                | Kernel::NaiveSoftmax
+                | Kernel::NaiveBwdDs
+                | Kernel::Cast
+                | Kernel::Canary
+                | Kernel::RooflineFma
+                | Kernel::RooflineFmaF16
+                | Kernel::RooflineCoop
+                | Kernel::RooflineCopy
+        )
+    }
+
+    /// The naive (materialized) algorithm's kernels.
+    pub fn is_naive(self) -> bool {
+        matches!(
+            self,
+            Kernel::NaiveScores
+                | Kernel::NaiveSoftmax
+                | Kernel::NaivePv
+                | Kernel::NaiveBwdProbs
+                | Kernel::NaiveBwdDp
+                | Kernel::NaiveBwdDs
+                | Kernel::NaiveBwdDkDv
+                | Kernel::NaiveBwdDq
+        )
     }
 
     /// True when some binding holds the call's element type (the key's format matters).

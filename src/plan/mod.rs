@@ -383,7 +383,11 @@ pub(crate) fn key(
         } else {
             ElemFormat::F32
         },
-        head_dim: cfg.head_dim as u32,
+        head_dim: if kernel.reads_head_dim() {
+            cfg.head_dim as u32
+        } else {
+            1
+        },
         tiles,
         runtime: kernel.reads_flags() & !env.compiled_flags,
         flags: kernel.reads_flags() & env.compiled_flags & crate::kernels::flags::of(cfg),

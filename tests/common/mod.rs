@@ -6,7 +6,6 @@ pub mod kv;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod shards;
-pub mod variants;
 
 /// A device of the default adapter created with exactly `limits` and the adapter's features
 /// among `features`: for tests of small or unusual devices.

@@ -1,0 +1,200 @@
+//! The pipelines the library plans, enumerated: the list the shader-compiler checks walk
+//! (naga to SPIR-V, MSL and HLSL, spirv-val, Tint on Dawn), each distinct source once, and a
+//! count a budget bounds, so that a change that multiplies pipelines shows up in a unit test
+//! rather than as CI time.
+//!
+//! The space is the product of kernel, element format, head dim, tile shape (per device),
+//! compiled modifier bits, subgroup size, wide K/V reads and accumulate mode. Head dims are
+//! any of 1..=256, so the list samples them ([`HEAD_DIMS`]: the tile chooser's and the
+//! kernels' boundary cases) and takes the compiled bits all off, and all on at a few head
+//! dims (each bit's code is independent of the others'; `tests/gpu` runs them in
+//! combination); likewise the accumulate mode of split calls. Element formats and tile shapes
+//! are covered whole, subgroup sizes where the kernel reads one.
+
+use super::{choose_tiles, flags, DeviceCaps, Kernel, KernelKey, Tiles, WgslConsumer};
+use crate::dtype::ElemFormat;
+
+/// The head dims the list samples: the smallest, an odd one (partial vec4s), the powers of two
+/// the tiles change at, 80 and 96 (partial blocks), and the largest.
+pub const HEAD_DIMS: [u32; 8] = [1, 3, 32, 64, 80, 96, 128, 256];
+
+/// The samples of the kernels with no tiles (the naive algorithm's and the elementwise ones),
+/// whose head dim only bounds a loop or an index: the boundary cases.
+pub const ELEMENTWISE_HEAD_DIMS: [u32; 4] = [1, 3, 64, 256];
+
+/// A device the list plans for: its limits, and the fixed subgroup size its adapter reports
+/// (0: none), which the rows family and decode read.
+#[derive(Debug, Clone, Copy)]
+pub struct Device {
+    pub caps: DeviceCaps,
+    pub subgroup: u32,
+}
+
+/// The devices the list plans for: WebGPU's defaults (no fixed subgroup), lavapipe (32 KiB, a
+/// CPU driver, subgroup 8), and a desktop GPU with 48 KiB, subgroup 32 and cooperative
+/// matrices.
+pub fn devices() -> [Device; 3] {
+    [
+        Device {
+            caps: DeviceCaps::WEBGPU_DEFAULT,
+            subgroup: 0,
+        },
+        Device {
+            caps: DeviceCaps {
+                max_workgroup_storage_bytes: 32768,
+                max_invocations_per_workgroup: 256,
+                coop_f16: false,
+                private_floats: super::CPU_PRIVATE_FLOATS,
+            },
+            subgroup: 8,
+        },
+        Device {
+            caps: DeviceCaps {
+                max_workgroup_storage_bytes: 49152,
+                max_invocations_per_workgroup: 1024,
+                coop_f16: true,
+                private_floats: super::GPU_PRIVATE_FLOATS,
+            },
+            subgroup: 32,
+        },
+    ]
+}
+
+/// At most this many distinct pipelines in [`pipeline_keys`] over [`devices`]: the compiler
+/// checks' cost is this count (about 0.1 s each through naga, seconds through Tint on
+/// lavapipe). Raise it only with a reason written here.
+pub const PIPELINE_BUDGET: usize = 1000;
+
+/// Every pipeline the plans can ask for on `devices`, over [`HEAD_DIMS`] and the samples
+/// [`variants_of`] takes, one key per distinct source.
+pub fn pipeline_keys(devices: &[Device]) -> Vec<KernelKey> {
+    let mut keys: Vec<KernelKey> = Vec::new();
+    let mut sources = std::collections::HashSet::new();
+    for kernel in Kernel::ALL {
+        let head_dims: &[u32] = if !kernel.reads_head_dim() {
+            &[1]
+        } else if kernel.is_elementwise() || kernel.is_naive() {
+            &ELEMENTWISE_HEAD_DIMS
+        } else {
+            &HEAD_DIMS
+        };
+        for &head_dim in head_dims {
+            for (n, device) in devices.iter().enumerate() {
+                let tiles = match choose_tiles(kernel, head_dim, device.caps) {
+                    // coop kernels exist where the device has cooperative matrices and their
+                    // tiles fit (the blocks kernels run otherwise: Variant::kernel_for)
+                    Err(_) if kernel.is_coop() => continue,
+                    Err(e) => panic!("{kernel:?} at head_dim {head_dim}: {e}"),
+                    Ok(t) => t,
+                };
+                let subgroup = if kernel.is_rows_variant() || kernel.is_decode() {
+                    device.subgroup
+                } else {
+                    0
+                };
+                // the compiled bits and accumulate mode on the last device only: their code
+                // does not depend on the tiles
+                let extras = n + 1 == devices.len();
+                for key in variants_of(kernel, head_dim, tiles, subgroup, extras) {
+                    if sources.insert(key.wgsl_for(WgslConsumer::Naga)) {
+                        keys.push(key);
+                    }
+                }
+            }
+        }
+    }
+    keys
+}
+
+/// Head dims at which the list also takes the compiled bits on (a boundary case and a common
+/// size), and the accumulate mode of split calls (which changes only the output
+/// declarations: an odd and the largest).
+const COMPILED_DIMS: [u32; 2] = [1, 64];
+const ACCUMULATE_DIMS: [u32; 2] = [3, 256];
+/// The one-split decode kernel is the split one's source with other result stores: a partial
+/// and a whole head dim cover it.
+const DECODE_ONE_DIMS: [u32; 2] = [3, 128];
+
+/// The keys of one (kernel, head dim, tiles, subgroup): every element format it reads; the
+/// compiled bits on (with the bias gradient's scratch where
+/// the kernel keeps it, and the decode kernel's wide reads) at [`COMPILED_DIMS`]; the
+/// accumulate mode at [`ACCUMULATE_DIMS`].
+fn variants_of(
+    kernel: Kernel,
+    head_dim: u32,
+    tiles: Tiles,
+    subgroup: u32,
+    extras: bool,
+) -> Vec<KernelKey> {
+    if kernel == Kernel::FlashDecodeOne && !DECODE_ONE_DIMS.contains(&head_dim) {
+        return Vec::new();
+    }
+    let compiled = kernel.reads_flags() & flags::COMPILED;
+    let formats: Vec<ElemFormat> = if kernel.is_coop() && kernel.has_elem_bindings() {
+        // coop kernels take f16 tensors in native storage only
+        vec![ElemFormat::F16Native]
+    } else if kernel.has_elem_bindings() || compiled & flags::BIAS != 0 {
+        ElemFormat::ALL.to_vec()
+    } else {
+        vec![ElemFormat::F32]
+    };
+    let base = |elem, subgroup| KernelKey {
+        kernel,
+        elem,
+        head_dim,
+        tiles,
+        runtime: kernel.reads_flags() & !flags::COMPILED,
+        flags: 0,
+        wide: 0,
+        bias_grad: false,
+        subgroup,
+        accumulate: false,
+    };
+    let mut out = Vec::new();
+    for elem in formats {
+        {
+            let key = base(elem, subgroup);
+            out.push(key);
+            if extras && COMPILED_DIMS.contains(&head_dim) && compiled != 0 {
+                // rows that start on whole 16-byte words: 8 halves or 4 floats a word
+                let per_word = if elem == ElemFormat::F32 { 4 } else { 8 };
+                out.push(KernelKey {
+                    flags: compiled,
+                    bias_grad: compiled & flags::BIAS != 0 && kernel.keeps_bias_grads(),
+                    wide: match kernel.is_decode() {
+                        true if head_dim.is_multiple_of(2 * per_word) => 2,
+                        true if head_dim.is_multiple_of(per_word) => 1,
+                        _ => 0,
+                    },
+                    ..key
+                });
+            }
+            if extras && ACCUMULATE_DIMS.contains(&head_dim) && kernel.can_accumulate() {
+                out.push(KernelKey {
+                    accumulate: true,
+                    ..key
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_enumerated_pipelines_stay_within_the_budget() {
+        let keys = pipeline_keys(&devices());
+        assert!(
+            keys.len() <= PIPELINE_BUDGET,
+            "{} distinct pipelines, the budget is {PIPELINE_BUDGET}",
+            keys.len()
+        );
+        // and the list is not trivially small: every kernel is in it
+        for kernel in Kernel::ALL {
+            assert!(keys.iter().any(|k| k.kernel == kernel), "{kernel:?}");
+        }
+    }
+}
