@@ -17,8 +17,6 @@
 //! # Ok::<(), flash_attn_wgpu::Error>(())
 //! ```
 
-use std::fmt;
-
 use crate::checks::check_backward_host;
 use crate::config::AttentionConfig;
 use crate::dtype::Element;
@@ -27,23 +25,7 @@ use crate::forward::{Forward, HostForward};
 use crate::record::GpuTiming;
 use crate::{Gradients, HostGradients};
 
-/// Which implementation runs a call: named by every `Error::Unsupported`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backend {
-    /// WGSL compute shaders on wgpu (Vulkan, Metal, DX12, WebGPU).
-    Wgpu,
-    /// CUDA C kernels compiled by NVRTC, on NVIDIA GPUs (feature `cuda`).
-    Cuda,
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Backend::Wgpu => "wgpu",
-            Backend::Cuda => "CUDA",
-        })
-    }
-}
+pub use crate::error::Backend;
 
 /// The calls every backend offers, with the same semantics, layouts and errors (see
 /// [`Context::forward`](crate::Context::forward) and

@@ -2,8 +2,25 @@
 
 use std::fmt;
 
-use crate::backend::Backend;
 use crate::dtype::DType;
+
+/// Which implementation runs a call: named by every `Error::Unsupported`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// WGSL compute shaders on wgpu (Vulkan, Metal, DX12, WebGPU).
+    Wgpu,
+    /// CUDA C kernels compiled by NVRTC, on NVIDIA GPUs (feature `cuda`).
+    Cuda,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Wgpu => "wgpu",
+            Backend::Cuda => "CUDA",
+        })
+    }
+}
 
 /// Which tensor an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

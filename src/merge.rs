@@ -88,18 +88,6 @@ pub(crate) fn check_shards(shards: &[ShardMeta<'_>]) -> Result<([usize; 4], DTyp
     Ok((shape, dtype))
 }
 
-/// The elements of a merge's out, which its kernels count in 32 bits: a `DeviceLimit` past
-/// that, on every backend.
-pub(crate) fn merge_elements(out_shape: [usize; 4]) -> Result<u32> {
-    let elements = out_shape.iter().product::<usize>();
-    u32::try_from(elements).map_err(|_| Error::DeviceLimit {
-        what: "merge: elements of out".into(),
-        needed: elements as u64,
-        limit: u32::MAX as u64,
-        hint: "merge the batch (or the heads) in parts".into(),
-    })
-}
-
 impl Context {
     /// Merges partial results over disjoint key shards into the exact result over all their
     /// keys (module [`merge`](crate::merge)): out in the shards' dtype, lse f32. The shards'

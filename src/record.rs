@@ -146,7 +146,7 @@ impl Context {
         &self,
         enc: &mut wgpu::CommandEncoder,
         (copies, dispatches): (&[Copy<'_>], &[Dispatch<'_>]),
-        pipelines: &[std::sync::Arc<crate::kernels::cache::Pipeline>],
+        pipelines: &[std::sync::Arc<crate::device::pipelines::Pipeline>],
         (params, query): (&wgpu::Buffer, Option<&wgpu::QuerySet>),
     ) {
         for c in copies {

@@ -748,7 +748,7 @@ impl CudaContext {
                 .check_owner(self.owner, || format!("shard {i}'s lse"))?;
         }
         let [batch, seq_q, heads, head_dim] = shape;
-        let elements = crate::merge::merge_elements(shape)?;
+        let elements = crate::plan::merge::merge_elements(shape)?;
         // the merge kernel is in every program (cuda/common.cuh): the forward's for this
         // dtype and head dim, loaded already where a forward ran
         let kernel = CudaKernel::for_pass(Pass::Forward, dtype, head_dim as u32);

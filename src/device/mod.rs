@@ -1,16 +1,18 @@
 //! The device: adapter choice, limits and features in use, the kernel-shape tuning, and the
 //! `Context` that holds them. Buffers (`buffers`), error scopes (`scope`) and the driver
-//! canary (`canary`) live beside this file; the pipeline cache is in `kernels::cache` and
+//! canary (`canary`) live beside this file; the pipeline cache in `pipelines`, and
 //! recording in `record`.
 
 pub(crate) mod buffers;
 mod canary;
 mod coop;
+pub mod pipelines;
 mod scope;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+pub use crate::kernels::Tuning;
 pub use buffers::MemoryStats;
 pub(crate) use buffers::{MemTracker, TrackedBuffer};
 pub use canary::CANARY_ITERATIONS;
@@ -18,9 +20,9 @@ pub use coop::{COOP_ENV, COOP_TIMEOUT_ENV, DEFAULT_SELF_CHECK_TIMEOUT_S};
 
 use crate::dtype::HalfStorage;
 use crate::error::{Error, Result};
-use crate::kernels::cache::PipelineCache;
 use crate::kernels::{DeviceCaps, Kernel, Tiles, Variant};
 use crate::plan::PlanEnv;
+use pipelines::PipelineCache;
 
 /// What the library knows about the adapter and the limits it runs under.
 #[derive(Debug, Clone)]
@@ -99,20 +101,6 @@ impl fmt::Debug for Context {
             .field("memory", &self.memory_stats())
             .finish_non_exhaustive()
     }
-}
-
-/// Per-adapter choices of kernel shape. `Context::new` picks them from the adapter; override
-/// them to benchmark or test the alternatives on one adapter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tuning {
-    /// Which tiled-kernel variant `Algorithm::Tiled` runs.
-    pub variant: Variant,
-    /// For the rows variant: the subgroup size its tile reads are shared across, or 0 to share
-    /// nothing. Only the adapter's fixed subgroup size (min == max) is accepted.
-    pub rows_subgroup: u32,
-    /// How f16 tensors are stored: `Native` (`array<f16>`, needs `SHADER_F16`) or `Packed`
-    /// (two per u32 word, any adapter). bf16 is always packed.
-    pub half_storage: HalfStorage,
 }
 
 const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16

@@ -6,7 +6,6 @@
 //! element load/store functions for the call's dtype and storage mode; booleans are
 //! `override` constants.
 
-pub mod cache;
 pub mod enumerate;
 pub mod flags;
 pub mod params;
@@ -505,6 +504,20 @@ impl Kernel {
             Kernel::FlashFwdBlocks | Kernel::FlashBwdDkDvBlocks | Kernel::FlashBwdDqBlocks
         )
     }
+}
+
+/// Per-adapter choices of kernel shape. `Context::new` picks them from the adapter; override
+/// them to benchmark or test the alternatives on one adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    /// Which tiled-kernel variant `Algorithm::Tiled` runs.
+    pub variant: Variant,
+    /// For the rows variant: the subgroup size its tile reads are shared across, or 0 to share
+    /// nothing. Only the adapter's fixed subgroup size (min == max) is accepted.
+    pub rows_subgroup: u32,
+    /// How f16 tensors are stored: `Native` (`array<f16>`, needs `SHADER_F16`) or `Packed`
+    /// (two per u32 word, any adapter). bf16 is always packed.
+    pub half_storage: crate::dtype::HalfStorage,
 }
 
 /// How a tiled kernel spreads a row over invocations.

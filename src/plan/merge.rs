@@ -17,7 +17,7 @@ pub fn merge(out_shape: [usize; 4], shards: usize, dtype: DType, env: &PlanEnv) 
     if shards == 0 {
         return Err(Error::invalid("merge: at least one shard, got none"));
     }
-    let elements = crate::merge::merge_elements(out_shape)? as usize;
+    let elements = merge_elements(out_shape)? as usize;
     let key = KernelKey {
         elem: ElemFormat::new(dtype, env.tuning.half_storage),
         ..KernelKey::plain(Kernel::Merge)
@@ -130,4 +130,16 @@ mod tests {
         assert_eq!(one.steps[0].buffers[4], BufRef::Output(1));
         assert!(merge([1, 1, 1, 4], 0, DType::F32, &env()).is_err());
     }
+}
+
+/// The elements of a merge's out, which its kernels count in 32 bits: a `DeviceLimit` past
+/// that, on every backend.
+pub fn merge_elements(out_shape: [usize; 4]) -> Result<u32> {
+    let elements = out_shape.iter().product::<usize>();
+    u32::try_from(elements).map_err(|_| Error::DeviceLimit {
+        what: "merge: elements of out".into(),
+        needed: elements as u64,
+        limit: u32::MAX as u64,
+        hint: "merge the batch (or the heads) in parts".into(),
+    })
 }

@@ -7,7 +7,7 @@
 mod backward;
 pub mod decode;
 mod forward;
-mod merge;
+pub mod merge;
 mod naive;
 pub mod split;
 
@@ -16,10 +16,10 @@ pub use forward::forward;
 pub use merge::merge;
 
 use crate::config::AttentionConfig;
-use crate::device::Tuning;
 use crate::dtype::{DType, ElemFormat};
 use crate::error::TensorRole;
 use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
+use crate::kernels::Tuning;
 use crate::kernels::{DeviceCaps, Kernel, KernelKey, Params, Tiles};
 
 /// What planning needs to know about the device.

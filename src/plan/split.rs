@@ -708,8 +708,8 @@ pub fn backward_steps(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::Tuning;
     use crate::dtype::HalfStorage;
+    use crate::kernels::Tuning;
     use crate::kernels::{DeviceCaps, Variant};
 
     fn env(limit: u64) -> PlanEnv {

@@ -3,9 +3,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::{Access, KernelKey};
-use crate::device::Context;
+use super::Context;
 use crate::error::{Error, Result};
+use crate::kernels::{Access, KernelKey};
 
 /// A compiled pipeline and its bind-group layout.
 pub(crate) struct Pipeline {
