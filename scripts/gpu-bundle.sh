@@ -9,24 +9,31 @@
 #   $GL_DIR/*.deb            libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2
 #                            (amd64, fetched with a private package list; kept once fetched)
 #
-# All release builds, stripped and xz-compressed (gpu-run.sh unpacks them). Fails if the two
-# folders together pass MAX_MIB (40): they travel with the working tree, 64 MiB in all.
-# Defaults: GPU_BIN=gpu-bin, GL_DIR=.gl (both ignored by git).
+# Release builds (PROFILE=dev: the test suite's debug builds, which the rehearsal in CI uses
+# so as not to build everything twice), stripped and xz-compressed (gpu-run.sh unpacks them).
+# Fails if the two folders together pass MAX_MIB (40): they travel with the working tree,
+# 64 MiB in all. Defaults: GPU_BIN=gpu-bin, GL_DIR=.gl (both ignored by git).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GPU_BIN=${GPU_BIN:-gpu-bin}
 GL_DIR=${GL_DIR:-.gl}
 MAX_MIB=${MAX_MIB:-40}
+PROFILE=${PROFILE:-release}
+case "$PROFILE" in
+    release) profile=(--release) ;;
+    dev) profile=() ;;
+    *) echo "gpu-bundle: PROFILE must be release or dev, got '$PROFILE'" >&2; exit 2 ;;
+esac
 LOADER_PACKAGES=(libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
 log() { echo "gpu-bundle: $*" >&2; }
 
 messages=$(mktemp)
 trap 'rm -f "$messages"' EXIT
-log "cargo build --release: bench, cuda_bench and the gpu test binary (--features cuda)"
-cargo build --release --features cuda --example bench --example cuda_bench \
+log "cargo build ($PROFILE): bench, cuda_bench and the gpu test binary (--features cuda)"
+cargo build "${profile[@]}" --features cuda --example bench --example cuda_bench \
     --message-format=json-render-diagnostics >"$messages"
-cargo test --release --no-run --features cuda --test gpu \
+cargo test "${profile[@]}" --no-run --features cuda --test gpu \
     --message-format=json-render-diagnostics >>"$messages"
 
 # "target":{...,"name":"gpu",...} ... "executable":"/path/gpu-0123456789abcdef"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU run rehearsed here, in CI, so that its one chance on a GPU machine is not wasted:
-# builds the bundle (scripts/gpu-bundle.sh), copies the working tree as the device tool sends
+# builds the bundle (scripts/gpu-bundle.sh, from the test suite's debug builds unless
+# PROFILE=release), copies the working tree as the device tool sends
 # it (tracked and untracked-not-ignored files, plus the carried paths), and runs the exact
 # command scripts/gpu-run-command.sh prints, with an empty $OUT, on this machine's adapter
 # (lavapipe) at tiny sizes (MODE=tiny), the loader unpacked from the carried packages into a
@@ -16,7 +17,7 @@ export GALLIVM_PERF=${GALLIVM_PERF-nopt} # as scripts/run-tests.sh: the suite's 
 log() { echo "gpu-rehearse: $*" >&2; }
 fail() { log "FAILED: $*"; exit 1; }
 
-bash scripts/gpu-bundle.sh
+PROFILE=${PROFILE:-dev} bash scripts/gpu-bundle.sh
 command=$(bash scripts/gpu-run-command.sh --command)
 mapfile -t carry < <(bash scripts/gpu-run-command.sh --carry)
 [ "${#command}" -le 2000 ] || fail "the command has ${#command} characters, 2000 allowed"

@@ -68,3 +68,9 @@ pub use record::GpuTiming;
 pub use roofline::Roofline;
 pub use tensor::Tensor;
 pub use varlen::Varlen;
+
+/// The README's code, compiled and run as a doc test, so that the first example a user meets
+/// works.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
