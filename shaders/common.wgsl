@@ -6,71 +6,8 @@
 // bindings 1.., and `load_<name>(i) -> f32` / `store_<name>(i, x)` for its element-typed
 // bindings in the call's dtype and storage format.
 
-// Mirrored by `Params` in src/kernels.rs (a test checks the layouts agree).
-struct Params {
-    batch: u32,
-    seq_q: u32,
-    seq_kv: u32,
-    heads_q: u32,
-    heads_kv: u32,
-    head_dim: u32,
-    group: u32,          // heads_q / heads_kv
-    causal_offset: i32,  // seq_kv - seq_q: query i sees key j iff j <= i + causal_offset
-    scale: f32,          // softmax_scale
-    scale_log2: f32,     // softmax_scale * log2(e): scores live in the exp2 domain
-    n_q_tiles: u32,
-    n_kv_tiles: u32,
-    total_wg: u32,       // workgroups that do work; the grid may be folded and padded
-    slice_base: u32,     // naive kernels: first (batch, head) slice of this chunk
-    slice_count: u32,    // naive kernels: slices in this chunk
-    total_items: u32,    // element-parallel kernels: items in this dispatch
-    q_shift: u32,        // windowed calls: where element 0 of q, out, d_out, dq lies in its binding
-    kv_shift: u32,       // ... of k, v, dk, dv
-    row_shift: u32,      // ... of lse, delta
-    row_stride: u32,     // lse, delta: stride between (batch, head) rows (the call's seq_q)
-    resume: u32,         // windowed calls: 1 to continue from what earlier passes stored
-    band_lo: i32,        // WINDOW: query i sees key j iff i + band_lo <= j <= i + band_hi
-    band_hi: i32,
-    softcap2: f32,       // SOFTCAP: the softcap c times log2(e)
-    batch_base: u32,     // windowed calls: the whole call's index of this part's batch 0
-    alibi_b_stride: u32, // ALIBI: extras words between batches' slopes (0: one slope per head)
-    sinks_base: u32,     // SINKS: extras word of head 0's sink
-    seqlens_base: u32,   // SEQLENS: extras word of batch 0's key length
-    kv_base: u32,        // windowed calls: the whole call's index of this part's key 0
-    q_base: u32,         // windowed calls: the whole call's index of this part's query row 0
-    drop_threshold: u32, // DROPOUT: random words below it drop their pair
-    drop_scale: f32,     // DROPOUT: 1 / (1 - p), a kept pair's factor
-    seed_lo: u32,        // DROPOUT: the Philox key (the seed) and the stream offset
-    seed_hi: u32,
-    offset_lo: u32,
-    offset_hi: u32,
-    blocks_base: u32,    // BLOCKS: extras word of the block mask's bit 0
-    block_q: u32,        // BLOCKS: query rows and keys per block
-    block_kv: u32,
-    blocks_cols: u32,    // BLOCKS: block columns of a grid (the whole call's)
-    blocks_b_stride: u32, // BLOCKS: bits between batches' grids and heads' grids (0: broadcast)
-    blocks_h_stride: u32,
-    varlen_base: u32,    // VARLEN: extras word of cu_seqlens_q[0]; cu_seqlens_kv follows
-    sequences: u32,      // VARLEN: sequences packed in the call
-    pair_shift: u32,     // windowed calls: where element 0 of lse_delta lies in its binding
-    mask_b_stride: u32,  // MASK: bits between batches' grids and heads' grids (0: broadcast)
-    mask_h_stride: u32,
-    mask_cols: u32,      // MASK, BIAS: entries between rows (the whole call's seq_kv)
-    bias_base: u32,      // BIAS: word of the pair data where the bias's entries start
-    bias_b_stride: u32,  // BIAS: entries between batches' grids and heads' grids (0: broadcast)
-    bias_h_stride: u32,
-    merge_last: u32,     // merge: 1 on the last shard's dispatch, which stores out
-    splits: u32,         // decode: key splits, of split_keys keys each
-    split_keys: u32,
-    align_kv: u32,       // per-batch alignment: the whole call's seq_kv (0: off)
-    align_min_shift: i32, // the least batch's shift
-    pages_base: u32,     // paged: the block table's first pair-data word
-    page_size: u32,
-    pages_per_seq: u32,
-    flags: u32,          // the call's modifiers, one bit each (src/kernels/flags.rs)
-    // VIEWS: where q, k, v, out and d_out's elements lie in their bindings (`view_index`)
-    views: array<vec4<u32>, 5>,
-}
+// `struct Params` (the runtime parameters at binding 0) is generated into the prelude from
+// its one definition, `Params` in src/kernels/params.rs, where each field is documented.
 
 @group(0) @binding(0) var<uniform> params: Params;
 

@@ -1,6 +1,44 @@
 //! The runtime parameter block, bound at slot 0 of every kernel, and grid folding.
 
-/// Runtime parameters, bound at slot 0 of every kernel. Mirrors `Params` in common.wgsl.
+/// Declares `Params` and [`PARAMS_WGSL`], its WGSL declaration, from one list of fields, so
+/// that the host and the kernels cannot disagree on a name, a type or an order
+/// (tests/shaders.rs checks the offsets naga lays out against the host's).
+macro_rules! params_struct {
+    ($(#[$meta:meta])* pub struct Params { $($(#[doc = $doc:literal])* pub $f:ident: $t:tt,)* }) => {
+        $(#[$meta])*
+        pub struct Params {
+            $($(#[doc = $doc])* pub $f: $t,)*
+        }
+
+        /// The WGSL declaration of [`Params`], which the generated prelude of every kernel
+        /// holds.
+        pub const PARAMS_WGSL: &str = concat!(
+            "struct Params {\n",
+            $("    ", stringify!($f), ": ", wgsl_type!($t), ",\n",)*
+            "}\n"
+        );
+    };
+}
+
+/// A `Params` field's WGSL type.
+macro_rules! wgsl_type {
+    (u32) => {
+        "u32"
+    };
+    (i32) => {
+        "i32"
+    };
+    (f32) => {
+        "f32"
+    };
+    ([[u32; 4]; 5]) => {
+        "array<vec4<u32>, 5>"
+    };
+}
+
+params_struct! {
+/// Runtime parameters, bound at slot 0 of every kernel. Defined here once: the kernels' WGSL
+/// declaration is generated from this one ([`PARAMS_WGSL`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Params {
@@ -116,6 +154,7 @@ pub struct Params {
     /// d_out ([`VIEW_SLOTS`] order), where element (b, i, h, d) lies in the binding: element
     /// `x + b * y + i * z + h * w + d` of `[x, y, z, w]`.
     pub views: [[u32; 4]; 5],
+}
 }
 
 /// The inputs read through `Params::views` (the kernels' binding names), in slot order.

@@ -1,6 +1,7 @@
 //! WGSL assembly: a pipeline's source is a generated prelude, then `common.wgsl`, then the
 //! kernel body. The prelude is where everything that varies per pipeline enters:
 //!
+//! - `struct Params`, from its one definition in `params.rs`;
 //! - shape constants (HEAD_DIM, BR, BC, ...) that size register and workgroup arrays;
 //! - the modifier functions `CAUSAL()` .. `VIEWS()`: run-time bits or constants (`flags`);
 //! - the kernel's bindings, declared from `Kernel::bindings`;
@@ -213,6 +214,7 @@ impl KernelKey {
             s.push_str("enable wgpu_cooperative_matrix;\n");
         }
         let _ = writeln!(s, "// generated: {}", self.label());
+        s.push_str(super::params::PARAMS_WGSL);
         s.push_str(&self.shape_constants());
         s.push_str(&super::flags::wgsl(self.runtime, self.flags));
         for (i, b) in self.kernel.bindings().iter().enumerate() {
