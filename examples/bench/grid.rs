@@ -320,7 +320,7 @@ pub fn run(
                 .algorithms
                 .iter()
                 .map(|&x| match x {
-                    Algorithm::Tiled => grid.variants.len() * grid.builds.len(),
+                    Algorithm::Tiled => grid.variants.len(),
                     Algorithm::Naive => usize::from(naive_runs(s)),
                 })
                 .sum();
@@ -347,15 +347,15 @@ pub fn run(
                     .iter()
                     .flat_map(move |&w| grid.mods.iter().map(move |m| (c, w, m)))
             }) {
-                for (alg, variant, build) in grid.algorithms.iter().flat_map(|&alg| match alg {
-                    Algorithm::Tiled => grid
-                        .variants
-                        .iter()
-                        .flat_map(|&v| grid.builds.iter().map(move |&b| (alg, Some(v), b)))
-                        .collect(),
-                    Algorithm::Naive => vec![(alg, None, grid.builds[0])],
+                for (alg, variant) in grid.algorithms.iter().flat_map(|&alg| match alg {
+                    Algorithm::Tiled => grid.variants.iter().map(|&v| (alg, Some(v))).collect(),
+                    Algorithm::Naive => vec![(alg, None)],
                 }) {
-                    ctx.set_compiled_flags(build);
+                    // the builds of a tiled point, measured call by call in turn
+                    let builds = match alg {
+                        Algorithm::Tiled => &grid.builds[..],
+                        Algorithm::Naive => &grid.builds[..1],
+                    };
                     if alg == Algorithm::Naive && !naive_runs(shape) {
                         continue;
                     }
@@ -395,14 +395,14 @@ pub fn run(
                         _ => {
                             let measured = match &device {
                                 Some((layout, x)) if *layout == cfg.q_shape() => {
-                                    measure(ctx, &cfg, x, repeats)
+                                    measure(ctx, &cfg, x, repeats, builds)
                                 }
                                 _ => {
                                     let h = host.get_or_insert_with(|| {
                                         HostInputs::random(&cfg, 0x5eed + si as u64)
                                     });
                                     upload(ctx, dt, h, &cfg, need_bwd).and_then(|x| {
-                                        let m = measure(ctx, &cfg, &x, repeats);
+                                        let m = measure(ctx, &cfg, &x, repeats, builds);
                                         device = Some((cfg.q_shape(), x));
                                         m
                                     })
@@ -423,7 +423,7 @@ pub fn run(
                             })
                         }
                     };
-                    if let Ok(m) = &result {
+                    if let Some(m) = result.as_ref().ok().and_then(|m| m.first()) {
                         let (ms, pass) = match m.fwdbwd {
                             Some((ms, _)) => (ms, Pass::FwdBwd),
                             None => (m.fwd_ms, Pass::Fwd),
@@ -432,14 +432,18 @@ pub fn run(
                         let e = slowest.entry((alg, variant, dt)).or_insert(rate);
                         *e = e.min(rate);
                     }
-                    for &pass in &grid.passes {
-                        let mut rec =
-                            record(ctx, &cfg, variant, dt, pass, tiles, &result, &records)?;
-                        if build != flags::COMPILED {
-                            rec.note = format!("compiled: {} {}", flags::names(build), rec.note);
+                    for (i, &build) in builds.iter().enumerate() {
+                        let result = result.as_ref().map(|m| &m[i]).map_err(Clone::clone);
+                        for &pass in &grid.passes {
+                            let mut rec =
+                                record(ctx, &cfg, variant, dt, pass, tiles, &result, &records)?;
+                            if i > 0 {
+                                rec.note =
+                                    format!("compiled: {} {}", flags::names(build), rec.note);
+                            }
+                            on_record(&rec);
+                            records.push(rec);
                         }
-                        on_record(&rec);
-                        records.push(rec);
                     }
                 }
             }
@@ -463,7 +467,7 @@ fn record(
     dt: DType,
     pass: Pass,
     tiles: ModelTiles,
-    result: &Result<Measured, String>,
+    result: &Result<&Measured, String>,
     earlier: &[Record],
 ) -> Result<Record, String> {
     let env = ctx.plan_env();

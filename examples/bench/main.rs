@@ -62,6 +62,8 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     let ctx = Context::new()?;
     ctx.set_gpu_timing(true);
+    // the first build is the context's (FLASH_ATTN_COMPILED_FLAGS where set)
+    grid.builds[0] = ctx.compiled_flags();
     let default_tuning = ctx.tuning();
     // Variants this adapter cannot run (coop without cooperative matrices) are named and
     // left out; the rest are measured side by side.

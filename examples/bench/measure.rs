@@ -85,57 +85,101 @@ pub struct Measured {
 }
 
 /// Warm-up, then `repeats` timed calls: the forward, then (with `d_out`) the backward on its
-/// output. Allocated bytes are the peak of the library's device memory beyond the inputs.
+/// output, once per build (`Context::set_compiled_flags`: which modifier bits are compiled
+/// into the pipelines) in turn, call by call and in alternating order, so that each build
+/// meets the machine's drift alike; one result per build. Allocated bytes are the peak of the library's device memory
+/// beyond the inputs.
 pub fn measure(
     ctx: &Context,
     cfg: &AttentionConfig,
     x: &DeviceInputs,
     repeats: usize,
-) -> Result<Measured, Error> {
+    builds: &[u32],
+) -> Result<Vec<Measured>, Error> {
     let gpu_seconds = || {
         ctx.last_gpu_timing()
             .ok_or_else(|| Error::Device("no GPU timing recorded for the last call".into()))
     };
     let inputs = ctx.memory_stats().live_bytes;
-    let (mut fwd_times, mut fb_times) = (Vec::new(), Vec::new());
-    let (mut fwd_alloc, mut fb_alloc) = (0, 0);
-    let mut timestamps = true;
-    let (mut fwd_kernels, mut bwd_kernels) = (Vec::new(), Vec::new());
+    let mut runs: Vec<Run> = builds.iter().map(|_| Run::default()).collect();
     for rep in 0..=repeats {
-        ctx.reset_peak_memory();
-        let f = ctx.forward(cfg, &x.q, &x.k, &x.v)?;
-        let tf = gpu_seconds()?;
-        timestamps &= tf.from_timestamps;
-        fwd_alloc = ctx.memory_stats().peak_bytes.saturating_sub(inputs);
-        let mut tb = None;
-        if let Some(d_out) = &x.d_out {
-            let g = ctx.backward(cfg, &x.q, &x.k, &x.v, &f.out, &f.lse, d_out)?;
-            let t = gpu_seconds()?;
-            timestamps &= t.from_timestamps;
-            tb = Some(t.seconds);
-            if rep > 0 {
-                bwd_kernels.push(t.per_kernel);
-            }
-            fb_alloc = ctx.memory_stats().peak_bytes.saturating_sub(inputs);
-            drop(g);
+        // ABBA: a build's place in the turn alternates, so that neither is always the one
+        // that follows the other (a place costs lavapipe ~10%, measured with two equal builds)
+        let mut order: Vec<usize> = (0..builds.len()).collect();
+        if rep % 2 == 1 {
+            order.reverse();
         }
-        drop(f);
-        if rep > 0 {
-            fwd_kernels.push(tf.per_kernel);
-            fwd_times.push(tf.seconds);
-            if let Some(tb) = tb {
-                fb_times.push(tf.seconds + tb);
+        for i in order {
+            let (build, r) = (builds[i], &mut runs[i]);
+            ctx.set_compiled_flags(build);
+            ctx.reset_peak_memory();
+            let f = ctx.forward(cfg, &x.q, &x.k, &x.v)?;
+            let tf = gpu_seconds()?;
+            r.timestamps &= tf.from_timestamps;
+            r.fwd_alloc = ctx.memory_stats().peak_bytes.saturating_sub(inputs);
+            let mut tb = None;
+            if let Some(d_out) = &x.d_out {
+                let g = ctx.backward(cfg, &x.q, &x.k, &x.v, &f.out, &f.lse, d_out)?;
+                let t = gpu_seconds()?;
+                r.timestamps &= t.from_timestamps;
+                tb = Some(t.seconds);
+                if rep > 0 {
+                    r.bwd_kernels.push(t.per_kernel);
+                }
+                r.fb_alloc = ctx.memory_stats().peak_bytes.saturating_sub(inputs);
+                drop(g);
+            }
+            drop(f);
+            if rep > 0 {
+                r.fwd_kernels.push(tf.per_kernel);
+                r.fwd_times.push(tf.seconds);
+                if let Some(tb) = tb {
+                    r.fb_times.push(tf.seconds + tb);
+                }
             }
         }
     }
-    Ok(Measured {
-        fwd_ms: Stats::of(&fwd_times).scaled(1e3),
-        fwd_alloc,
-        fwdbwd: (!fb_times.is_empty()).then(|| (Stats::of(&fb_times).scaled(1e3), fb_alloc)),
-        timestamps,
-        fwd_kernels_ms: median_per_kernel(&fwd_kernels),
-        bwd_kernels_ms: median_per_kernel(&bwd_kernels),
-    })
+    ctx.set_compiled_flags(builds[0]);
+    Ok(runs.into_iter().map(Run::finish).collect())
+}
+
+/// What one build's calls of a point gathered.
+struct Run {
+    fwd_times: Vec<f64>,
+    fb_times: Vec<f64>,
+    fwd_alloc: u64,
+    fb_alloc: u64,
+    timestamps: bool,
+    fwd_kernels: Vec<Vec<(&'static str, f64)>>,
+    bwd_kernels: Vec<Vec<(&'static str, f64)>>,
+}
+
+impl Default for Run {
+    fn default() -> Self {
+        Run {
+            fwd_times: Vec::new(),
+            fb_times: Vec::new(),
+            fwd_alloc: 0,
+            fb_alloc: 0,
+            timestamps: true,
+            fwd_kernels: Vec::new(),
+            bwd_kernels: Vec::new(),
+        }
+    }
+}
+
+impl Run {
+    fn finish(self) -> Measured {
+        Measured {
+            fwd_ms: Stats::of(&self.fwd_times).scaled(1e3),
+            fwd_alloc: self.fwd_alloc,
+            fwdbwd: (!self.fb_times.is_empty())
+                .then(|| (Stats::of(&self.fb_times).scaled(1e3), self.fb_alloc)),
+            timestamps: self.timestamps,
+            fwd_kernels_ms: median_per_kernel(&self.fwd_kernels),
+            bwd_kernels_ms: median_per_kernel(&self.bwd_kernels),
+        }
+    }
 }
 
 /// Per kernel, the median of its milliseconds over the runs (kernels in first-run order).

@@ -15,8 +15,8 @@ use super::{choose_tiles, flags, DeviceCaps, Kernel, KernelKey, Tiles, WgslConsu
 use crate::dtype::ElemFormat;
 
 /// The head dims the list samples: the smallest, an odd one (partial vec4s), the powers of two
-/// the tiles change at, 80 and 96 (partial blocks), and the largest.
-pub const HEAD_DIMS: [u32; 8] = [1, 3, 32, 64, 80, 96, 128, 256];
+/// the tiles change at, 80 (partial blocks), and the largest.
+pub const HEAD_DIMS: [u32; 7] = [1, 3, 32, 64, 80, 128, 256];
 
 /// The samples of the kernels with no tiles (the naive algorithm's and the elementwise ones),
 /// whose head dim only bounds a loop or an index: the boundary cases.
@@ -111,6 +111,8 @@ pub fn pipeline_keys(devices: &[Device]) -> Vec<KernelKey> {
 /// declarations: an odd and the largest).
 const COMPILED_DIMS: [u32; 2] = [1, 64];
 const ACCUMULATE_DIMS: [u32; 2] = [3, 256];
+/// Head dims at which the list also takes the specialized pipelines of plain and causal calls.
+const SPECIALIZED_DIMS: [u32; 2] = [3, 64];
 /// The one-split decode kernel is the split one's source with other result stores: a partial
 /// and a whole head dim cover it.
 const DECODE_ONE_DIMS: [u32; 2] = [3, 128];
@@ -138,6 +140,7 @@ fn variants_of(
     } else {
         vec![ElemFormat::F32]
     };
+    // the pipeline that reads the run-time bits: all of the kernel's code
     let base = |elem, subgroup| KernelKey {
         kernel,
         elem,
@@ -151,10 +154,22 @@ fn variants_of(
         accumulate: false,
     };
     let mut out = Vec::new();
+    let formats_first = formats[0];
     for elem in formats {
         {
             let key = base(elem, subgroup);
             out.push(key);
+            // the specialized ones (plain and causal calls: no run-time bit), whose code is
+            // the same with constants folded: one format at a few head dims
+            if extras && SPECIALIZED_DIMS.contains(&head_dim) && elem == formats_first {
+                for on in [0, kernel.reads_flags() & flags::SPECIALIZED] {
+                    out.push(KernelKey {
+                        runtime: 0,
+                        flags: on,
+                        ..key
+                    });
+                }
+            }
             if extras && COMPILED_DIMS.contains(&head_dim) && compiled != 0 {
                 // rows that start on whole 16-byte words: 8 halves or 4 floats a word
                 let per_word = if elem == ElemFormat::F32 { 4 } else { 8 };

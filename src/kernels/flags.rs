@@ -4,7 +4,8 @@
 //! so that one pipeline serves every combination (one compile, not one per combination); or
 //! compiled in as a constant, for the bits whose per-score work costs when merely tested
 //! ([`COMPILED`], decided by measurement: docs/PERFORMANCE.md, "Modifiers as run-time bits").
-//! A bit a kernel never reads is compiled in as false.
+//! A bit a kernel never reads is compiled in as false; a call whose bits are all compiled or
+//! [`SPECIALIZED`] gets a pipeline with no run-time bit at all.
 
 use crate::AttentionConfig;
 
@@ -52,10 +53,18 @@ pub const ALL: [(u32, &str); 13] = [
     (VIEWS, "VIEWS"),
 ];
 
-/// The bits compiled into pipelines by default: those whose test, or the work it guards,
-/// sits in the per-score path (softcap's tanh, dropout's Philox, the bias's load), where a
-/// run-time bit cost more than 2% switched off on lavapipe (docs/PERFORMANCE.md).
-pub const COMPILED: u32 = SOFTCAP | DROPOUT | BIAS;
+/// The bits compiled into pipelines by default: those whose work sits in the per-score path
+/// (softcap's tanh, dropout's Philox, the bias's load), and the boolean mask, whose run-time
+/// test cost more than 2% switched off on lavapipe (docs/PERFORMANCE.md).
+pub const COMPILED: u32 = SOFTCAP | DROPOUT | BIAS | MASK;
+
+/// The bits a call may have and still get a pipeline with every bit compiled in (none read
+/// at run time): a call whose bits are all among these and [`COMPILED`] runs a fully
+/// specialized pipeline, so the common calls (plain and causal) pay nothing for the run-time
+/// bits they do not use; a call with any other modifier runs the shared pipeline that reads
+/// them at run time, which costs lavapipe 8-14% over a specialized build when none is set
+/// (docs/PERFORMANCE.md, "Modifiers as run-time bits").
+pub const SPECIALIZED: u32 = CAUSAL;
 
 /// The bits whose values live in the extras (a uniform array the pipeline binds).
 pub const IN_EXTRAS: u32 = ALIBI | SINKS | SEQLENS | BLOCKS | VARLEN;
@@ -140,7 +149,7 @@ mod tests {
 
     #[test]
     fn names_parse_back_to_their_bits() {
-        assert_eq!(parse("softcap,DROPOUT, bias"), COMPILED);
+        assert_eq!(parse("softcap,DROPOUT, bias,mask"), COMPILED);
         assert_eq!(parse("none"), 0);
         assert_eq!(parse("all"), (1 << ALL.len()) - 1);
         assert_eq!(parse("causal,nonsense"), CAUSAL);

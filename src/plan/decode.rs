@@ -421,12 +421,7 @@ mod tests {
         assert!(p.scratch.is_empty());
         assert_eq!(
             p.steps[0].buffers[3..],
-            [
-                BufRef::Output(0),
-                BufRef::Output(1),
-                BufRef::Extras,
-                BufRef::Pairs
-            ]
+            [BufRef::Output(0), BufRef::Output(1)]
         );
         one.seq_kv = 32768;
         one.kv_splits = Some(1);

@@ -375,6 +375,11 @@ pub(crate) fn key(
     dtype: DType,
     env: &PlanEnv,
 ) -> KernelKey {
+    // a call whose bits are all compiled or specialized gets a pipeline that reads none at
+    // run time (kernels::flags::SPECIALIZED); any other, the one that reads them all
+    let reads = kernel.reads_flags();
+    let call = reads & crate::kernels::flags::of(cfg);
+    let specialized = call & !(env.compiled_flags | crate::kernels::flags::SPECIALIZED) == 0;
     KernelKey {
         kernel,
         // the bias is read in the call's dtype, also by kernels without element tensors
@@ -389,8 +394,16 @@ pub(crate) fn key(
             1
         },
         tiles,
-        runtime: kernel.reads_flags() & !env.compiled_flags,
-        flags: kernel.reads_flags() & env.compiled_flags & crate::kernels::flags::of(cfg),
+        runtime: if specialized {
+            0
+        } else {
+            reads & !env.compiled_flags
+        },
+        flags: if specialized {
+            call
+        } else {
+            call & env.compiled_flags
+        },
         // set by the decode plan where K/V rows start on whole words
         wide: 0,
         // set by the backward plan where d_bias is asked for
@@ -456,9 +469,6 @@ mod tests {
                 BufRef::Input(2),
                 BufRef::Output(0),
                 BufRef::Output(1),
-                // every pipeline that finishes scores binds the extras and the pair data
-                BufRef::Extras,
-                BufRef::Pairs,
             ]
         );
         assert_eq!(p.outputs[0].dtype, DType::F32);
@@ -583,8 +593,13 @@ mod tests {
         assert_eq!(p.scratch.len(), 1);
         // (lse2, delta) per row
         assert_eq!(p.scratch[0].bytes, 50 * 4 * 8);
-        // the dK/dV kernel's 7 storage bindings and the pair data fill the WebGPU default's 8;
-        // the extras are a uniform binding
+        // a plain call's pipelines read no run-time modifier bit (specialized), so no extras
+        // or pair data: the dK/dV kernel leaves one of the WebGPU default's 8 storage bindings
+        // free; a call with modifiers adds the pair data there
+        assert_eq!(p.steps[1].buffers.len(), 7);
+        let mut c = c.clone();
+        c.alibi_slopes = Some(vec![0.5; 4]);
+        let p = backward(&c, DType::BF16, &env(Variant::Rows, HalfStorage::Packed)).unwrap();
         assert_eq!(p.steps[1].buffers.len(), 9);
         assert_eq!(p.steps[1].key.storage_bindings(), 8);
         let roles: Vec<TensorRole> = p.outputs.iter().map(|o| o.role).collect();
