@@ -107,7 +107,7 @@ fn env(variant: Variant, rows_subgroup: u32, half_storage: HalfStorage) -> plan:
         },
         max_binding_bytes: 128 << 20,
         offset_align: 256,
-        compiled_flags: flash_attn_wgpu::kernels::flags::COMPILED,
+        compiled_flags: flash_attn_wgpu::kernels::flags::compiled_from_env(),
     }
 }
 
@@ -572,9 +572,9 @@ fn merge_case<T: Element>(e: &plan::PlanEnv, name: &str) -> ReplayCase {
 
 #[test]
 fn merges_and_decode_splits_match_the_f64_reference_on_dawn() {
-    // the public merge of random shards, and decode calls (split-KV with GQA packing, then,
-    // in f32, the backward from their out and lse; and in one split) with sinks, ALiBi, a
-    // window and key lengths, in every format
+    // the public merge of random shards in every format, and decode calls (split-KV with GQA
+    // packing, then, in f32, the backward from their out and lse; and in one split) with
+    // sinks, ALiBi, a window and key lengths, in f32 and a half format
     let Some(script) = runner() else { return };
     let dawn = dawn_adapter(&script);
     let mut decode = cfg(2, 2, 300, 8, 2, 32, true);
@@ -584,7 +584,7 @@ fn merges_and_decode_splits_match_the_f64_reference_on_dawn() {
     decode.seqlens_kv = Some(vec![300, 41]);
     decode.kv_splits = Some(5);
     let mut all = Vec::new();
-    for (dtype, half) in formats(&dawn) {
+    for (n, (dtype, half)) in formats(&dawn).into_iter().enumerate() {
         let e = env(Variant::Rows, 0, half);
         let name = format!("{dtype} {half:?}");
         all.push(match dtype {
@@ -592,6 +592,13 @@ fn merges_and_decode_splits_match_the_f64_reference_on_dawn() {
             DType::F16 => merge_case::<half::f16>(&e, &name),
             DType::BF16 => merge_case::<half::bf16>(&e, &name),
         });
+        // decode in f32 and the first half format: the formats differ only in the prelude's
+        // load and store functions, which the merges above and the other tests here run in
+        // every format (and tests/gpu/decode.rs on naga); each decode replay is minutes of
+        // lavapipe compiles from Tint's SPIR-V
+        if n > 1 {
+            continue;
+        }
         let p = plan::forward(&decode, dtype, &e).expect("decode plan");
         assert_eq!(
             p.steps[0].key.kernel,
