@@ -123,6 +123,15 @@ pub enum Error {
     #[error("invalid attention config: {0}")]
     InvalidConfig(String),
 
+    /// Memory the caller wraps as a tensor (`Context::tensor_from_buffer`, CUDA's
+    /// `tensor_from_device_ptr`) that cannot hold or serve it.
+    #[error("{what}: expected {expected}, got {got}")]
+    Buffer {
+        what: String,
+        expected: String,
+        got: String,
+    },
+
     #[error("device limit exceeded: {what} needs {needed}, the device allows {limit}. {hint}")]
     DeviceLimit {
         what: String,

@@ -279,10 +279,11 @@ impl Context {
     pub fn download<T: Element>(&self, t: &Tensor) -> Result<Vec<T>> {
         self.check_owned(t, || t.describe())?;
         if t.dtype != T::DTYPE {
+            // the tensor has its dtype; the caller asked for T's
             return Err(Error::DType {
                 tensor: t.describe(),
-                expected: t.dtype,
-                got: T::DTYPE,
+                expected: T::DTYPE,
+                got: t.dtype,
             });
         }
         if !t.needs_view() {
@@ -358,17 +359,19 @@ impl Context {
             });
         }
         if !buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
-            return Err(Error::invalid(format!(
-                "tensor_from_buffer: the buffer needs STORAGE usage, it has {:?}",
-                buffer.usage()
-            )));
+            return Err(Error::Buffer {
+                what: "tensor_from_buffer: the buffer's usage".into(),
+                expected: "STORAGE among its usages (the kernels bind it as storage)".into(),
+                got: format!("{:?}", buffer.usage()),
+            });
         }
         let esz = dtype.size_bytes() as u64;
         if !offset.is_multiple_of(esz) {
-            return Err(Error::invalid(format!(
-                "tensor_from_buffer: offset must be a multiple of the {dtype} element size \
-                 ({esz} bytes), got {offset}"
-            )));
+            return Err(Error::Buffer {
+                what: "tensor_from_buffer: the offset".into(),
+                expected: format!("a multiple of the {dtype} element size ({esz} bytes)"),
+                got: offset.to_string(),
+            });
         }
         let align = (self.limits.min_storage_buffer_offset_alignment as u64).max(4);
         let end = view_extent(shape, &strides)
@@ -377,11 +380,17 @@ impl Context {
         match end {
             Some(end) if end <= buffer.size() => {}
             _ => {
-                return Err(Error::invalid(format!(
-                    "tensor_from_buffer: shape {shape:?} with strides {strides:?} of {dtype} from \
-                     offset {offset} reaches past the buffer's {} bytes",
-                    buffer.size()
-                )));
+                return Err(Error::Buffer {
+                    what: format!(
+                        "tensor_from_buffer: shape {shape:?} with strides {strides:?} of {dtype} \
+                         from offset {offset}"
+                    ),
+                    expected: format!("to end within the buffer's {} bytes", buffer.size()),
+                    got: match end {
+                        Some(end) => format!("an end at byte {end}, past the buffer"),
+                        None => "an end past 2^64 bytes, past the buffer".into(),
+                    },
+                });
             }
         }
         Ok(Tensor {

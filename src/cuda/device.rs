@@ -323,18 +323,22 @@ impl CudaContext {
             });
         }
         if ptr == 0 || !ptr.is_multiple_of(16) {
-            return Err(Error::invalid(format!(
-                "tensor_from_device_ptr: the pointer must be a non-null address aligned to 16 \
-                 bytes, got {ptr:#x}"
-            )));
+            return Err(Error::Buffer {
+                what: "tensor_from_device_ptr: the pointer".into(),
+                expected: "a non-null address aligned to 16 bytes".into(),
+                got: format!("{ptr:#x}"),
+            });
         }
         let need = n.checked_mul(dtype.size_bytes()).filter(|&b| b <= bytes);
         let Some(need) = need else {
-            return Err(Error::invalid(format!(
-                "tensor_from_device_ptr: shape {shape:?} of {dtype} needs {} bytes, the memory \
-                 given holds {bytes}",
-                n.saturating_mul(dtype.size_bytes())
-            )));
+            return Err(Error::Buffer {
+                what: format!("tensor_from_device_ptr: shape {shape:?} of {dtype}"),
+                expected: format!(
+                    "memory of {} bytes",
+                    n.saturating_mul(dtype.size_bytes())
+                ),
+                got: format!("{bytes} bytes"),
+            });
         };
         // SAFETY: the caller's promise (above); the slice covers the tensor's bytes only, and
         // drop lets it go without freeing (CudaTensor::borrowed).
@@ -348,10 +352,11 @@ impl CudaContext {
     pub fn download<T: Element>(&self, t: &CudaTensor) -> Result<Vec<T>> {
         t.check_owner(self.owner, || t.describe())?;
         if t.dtype != T::DTYPE {
+            // the tensor has its dtype; the caller asked for T's
             return Err(Error::DType {
                 tensor: t.describe(),
-                expected: t.dtype,
-                got: T::DTYPE,
+                expected: T::DTYPE,
+                got: t.dtype,
             });
         }
         let mut out = vec![T::zeroed(); t.len()];

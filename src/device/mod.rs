@@ -348,8 +348,15 @@ impl Context {
             .store(bits, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Tile shape the library picks for a tiled kernel on this device.
+    /// Tile shape the library picks for a tiled kernel on this device; a head_dim outside
+    /// 1..=256 is `Error::InvalidConfig`.
     pub fn tiles_for(&self, kernel: Kernel, head_dim: usize) -> Result<Tiles> {
+        if !(1..=crate::MAX_HEAD_DIM).contains(&head_dim) {
+            return Err(Error::invalid(format!(
+                "tiles_for: head_dim must be in 1..={}, got {head_dim}",
+                crate::MAX_HEAD_DIM
+            )));
+        }
         crate::kernels::choose_tiles(kernel, head_dim as u32, self.caps)
     }
 

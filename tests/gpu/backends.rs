@@ -440,10 +440,10 @@ fn cuda_calls_queue_on_the_callers_stream_and_read_its_memory_in_place() {
             .unwrap_err()
     };
     assert!(
-        matches!(err(p + 2, cache.len(), None), Error::InvalidConfig(m) if m.contains("16 bytes"))
+        matches!(err(p + 2, cache.len(), None), Error::Buffer { expected, .. } if expected.contains("16 bytes"))
     );
     assert!(
-        matches!(err(p, cache.len() - 2, None), Error::InvalidConfig(m) if m.contains("needs"))
+        matches!(err(p, cache.len() - 2, None), Error::Buffer { expected, .. } if expected.contains("bytes"))
     );
     let bhsd = [32 * 2 * 16, 16, 32 * 16, 1];
     assert!(matches!(

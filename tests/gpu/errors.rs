@@ -688,11 +688,12 @@ fn downloading_as_the_wrong_type_is_a_dtype_error() {
     let x: Vec<half::f16> = vec![half::f16::from_f32(0.25); 32];
     let q = ctx.upload(&x, &c.q_shape()).unwrap();
     let f = ctx.forward(&c, &q, &q, &q).unwrap();
+    // expected: what the call asked for; got: what the tensor holds
     match ctx.download::<f32>(&f.out) {
         Err(Error::DType {
             tensor,
-            expected: DType::F16,
-            got: DType::F32,
+            expected: DType::F32,
+            got: DType::F16,
         }) => assert_eq!(tensor, "out"),
         other => panic!("expected DType, got {other:?}"),
     }
@@ -852,4 +853,19 @@ fn the_coop_variant_is_unsupported_without_cooperative_matrices() {
         e => panic!("expected Unsupported, got {e:?}"),
     }
     assert_eq!(ctx.tuning(), before);
+}
+
+#[test]
+fn tiles_for_a_head_dim_out_of_range_is_a_typed_error_not_a_panic_or_a_wrap() {
+    // 1 << 27 overflowed the workgroup-memory arithmetic; 1 << 32 truncated to 0
+    let ctx = ctx();
+    for d in [0, 257, 1 << 27, 1 << 32] {
+        assert!(
+            matches!(
+                ctx.tiles_for(flash_attn_wgpu::kernels::Kernel::FlashFwdRows, d),
+                Err(Error::InvalidConfig(m)) if m.contains("head_dim")
+            ),
+            "{d}"
+        );
+    }
 }

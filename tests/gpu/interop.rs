@@ -165,13 +165,13 @@ fn tensors_wrapping_the_callers_buffer_are_read_in_place() {
     let shape = c.q_shape();
     assert!(matches!(
         x.tensor_from_buffer(&buffer, 6, &shape, None, f32),
-        Err(Error::InvalidConfig(m)) if m.contains("element size")
+        Err(Error::Buffer { expected, .. }) if expected.contains("element size")
     ));
     assert!(matches!(
         x.tensor_from_buffer(&buffer, v_off, &c.kv_shape(), None, f32).and_then(|_| {
             x.tensor_from_buffer(&buffer, size - align, &shape, None, f32)
         }),
-        Err(Error::InvalidConfig(m)) if m.contains("past the buffer")
+        Err(Error::Buffer { got, .. }) if got.contains("past the buffer")
     ));
     assert!(matches!(
         x.tensor_from_buffer(&buffer, 0, &shape, Some(&[1, 1, 1, 2]), f32),
@@ -189,7 +189,7 @@ fn tensors_wrapping_the_callers_buffer_are_read_in_place() {
     });
     assert!(matches!(
         x.tensor_from_buffer(&uniform, 0, &[4], None, f32),
-        Err(Error::InvalidConfig(m)) if m.contains("STORAGE")
+        Err(Error::Buffer { expected, .. }) if expected.contains("STORAGE")
     ));
     let other = Context::new().unwrap();
     let foreign = other
