@@ -21,12 +21,13 @@ pub(crate) struct PipelineCache {
 }
 
 /// `FLASH_ATTN_PIPELINE_LOG=DIR`: every pipeline a process creates is appended to
-/// `DIR/pipelines-<pid>.txt` as `<hash of its source>\t<label>`, so that a test
+/// `DIR/pipelines-<pid>.txt` as `<hash of its source>\t<label>\t<milliseconds to create>`,
+/// so that a test
 /// tier can count the distinct compiles it costs (scripts/pipeline-count.sh). On lavapipe a
 /// test's time is those compiles.
 pub const PIPELINE_LOG_ENV: &str = "FLASH_ATTN_PIPELINE_LOG";
 
-fn log_pipeline(label: &str, wgsl: &str) {
+fn log_pipeline(label: &str, wgsl: &str, took: std::time::Duration) {
     use std::hash::{Hash, Hasher};
     use std::io::Write;
     let Some(dir) = std::env::var_os(PIPELINE_LOG_ENV) else {
@@ -41,7 +42,7 @@ fn log_pipeline(label: &str, wgsl: &str) {
         .append(true)
         .open(path)
     {
-        let _ = writeln!(f, "{:016x}\t{label}", h.finish());
+        let _ = writeln!(f, "{:016x}\t{label}\t{}", h.finish(), took.as_millis());
     }
 }
 
@@ -79,7 +80,7 @@ impl Context {
         }
         let label = key.label();
         let wgsl = key.wgsl();
-        log_pipeline(&label, &wgsl);
+        let started = std::time::Instant::now();
         self.pipelines
             .compiled
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -133,7 +134,7 @@ impl Context {
                 });
             let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(&label),
-                source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+                source: wgpu::ShaderSource::Wgsl(wgsl.as_str().into()),
             };
             // SAFETY: every loop in our shaders has a bound fixed before it starts (a
             // constant or a uniform parameter), so the loop-bounding counter naga would add
@@ -164,6 +165,7 @@ impl Context {
                 });
             Pipeline { pipeline, layout }
         })?;
+        log_pipeline(&label, &wgsl, started.elapsed());
         let p = Arc::new(p);
         self.pipelines
             .map

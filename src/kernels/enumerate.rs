@@ -111,7 +111,7 @@ pub fn pipeline_keys(devices: &[Device]) -> Vec<KernelKey> {
 /// declarations: an odd and the largest).
 const COMPILED_DIMS: [u32; 2] = [1, 64];
 const ACCUMULATE_DIMS: [u32; 2] = [3, 256];
-/// Head dims at which the list also takes the specialized pipelines of plain and causal calls.
+/// Head dims at which the list also takes the lean pipelines of plain and causal calls.
 const SPECIALIZED_DIMS: [u32; 2] = [3, 64];
 /// The one-split decode kernel is the split one's source with other result stores: a partial
 /// and a whole head dim cover it.
@@ -159,16 +159,14 @@ fn variants_of(
         {
             let key = base(elem, subgroup);
             out.push(key);
-            // the specialized ones (plain and causal calls: no run-time bit), whose code is
-            // the same with constants folded: one format at a few head dims
+            // the lean one (plain and causal calls: only the specialized bits read at run
+            // time), whose code is the same with constants folded: one format at a few head
+            // dims
             if extras && SPECIALIZED_DIMS.contains(&head_dim) && elem == formats_first {
-                for on in [0, kernel.reads_flags() & flags::SPECIALIZED] {
-                    out.push(KernelKey {
-                        runtime: 0,
-                        flags: on,
-                        ..key
-                    });
-                }
+                out.push(KernelKey {
+                    runtime: kernel.reads_flags() & flags::SPECIALIZED,
+                    ..key
+                });
             }
             if extras && COMPILED_DIMS.contains(&head_dim) && compiled != 0 {
                 // rows that start on whole 16-byte words: 8 halves or 4 floats a word

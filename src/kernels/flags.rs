@@ -5,7 +5,7 @@
 //! compiled in as a constant, for the bits whose per-score work costs when merely tested
 //! ([`COMPILED`], decided by measurement: docs/PERFORMANCE.md, "Modifiers as run-time bits").
 //! A bit a kernel never reads is compiled in as false; a call whose bits are all compiled or
-//! [`SPECIALIZED`] gets a pipeline with no run-time bit at all.
+//! [`SPECIALIZED`] gets a lean pipeline that reads only the [`SPECIALIZED`] bits at run time.
 
 use crate::AttentionConfig;
 
@@ -58,12 +58,13 @@ pub const ALL: [(u32, &str); 13] = [
 /// test cost more than 2% switched off on lavapipe (docs/PERFORMANCE.md).
 pub const COMPILED: u32 = SOFTCAP | DROPOUT | BIAS | MASK;
 
-/// The bits a call may have and still get a pipeline with every bit compiled in (none read
-/// at run time): a call whose bits are all among these and [`COMPILED`] runs a fully
-/// specialized pipeline, so the common calls (plain and causal) pay nothing for the run-time
-/// bits they do not use; a call with any other modifier runs the shared pipeline that reads
-/// them at run time, which costs lavapipe 8-14% over a specialized build when none is set
-/// (docs/PERFORMANCE.md, "Modifiers as run-time bits").
+/// The bits a call may have and still get the lean pipeline, which reads only these at run
+/// time (each costs nothing measurable when off) and compiles every other bit in: a call whose
+/// bits are all among these and [`COMPILED`] runs it, so the common calls (plain and causal)
+/// share one pipeline and pay nothing for the run-time bits they do not use; a call with any
+/// other modifier runs the shared pipeline that reads them all at run time, which costs
+/// lavapipe 8-14% over a specialized build when none is set (docs/PERFORMANCE.md, "Modifiers
+/// as run-time bits").
 pub const SPECIALIZED: u32 = CAUSAL;
 
 /// The bits whose values live in the extras (a uniform array the pipeline binds).

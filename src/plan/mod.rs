@@ -375,8 +375,9 @@ pub(crate) fn key(
     dtype: DType,
     env: &PlanEnv,
 ) -> KernelKey {
-    // a call whose bits are all compiled or specialized gets a pipeline that reads none at
-    // run time (kernels::flags::SPECIALIZED); any other, the one that reads them all
+    // a call whose bits are all compiled or specialized gets the lean pipeline, which reads
+    // only the specialized bits at run time (kernels::flags::SPECIALIZED); any other, the one
+    // that reads them all
     let reads = kernel.reads_flags();
     let call = reads & crate::kernels::flags::of(cfg);
     let specialized = call & !(env.compiled_flags | crate::kernels::flags::SPECIALIZED) == 0;
@@ -395,15 +396,11 @@ pub(crate) fn key(
         },
         tiles,
         runtime: if specialized {
-            0
+            reads & crate::kernels::flags::SPECIALIZED & !env.compiled_flags
         } else {
             reads & !env.compiled_flags
         },
-        flags: if specialized {
-            call
-        } else {
-            call & env.compiled_flags
-        },
+        flags: call & env.compiled_flags,
         // set by the decode plan where K/V rows start on whole words
         wide: 0,
         // set by the backward plan where d_bias is asked for
@@ -593,7 +590,7 @@ mod tests {
         assert_eq!(p.scratch.len(), 1);
         // (lse2, delta) per row
         assert_eq!(p.scratch[0].bytes, 50 * 4 * 8);
-        // a plain call's pipelines read no run-time modifier bit (specialized), so no extras
+        // a plain call's pipelines read only causal at run time (the lean one), so no extras
         // or pair data: the dK/dV kernel leaves one of the WebGPU default's 8 storage bindings
         // free; a call with modifiers adds the pair data there
         assert_eq!(p.steps[1].buffers.len(), 7);
