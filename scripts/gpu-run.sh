@@ -198,7 +198,9 @@ fi
 run_tests() {
     local out rc
     out=$(mktemp)
-    FLASH_ATTN_TEST_MAX_BINDING=134217728 "$B/gpu-tests" --test-threads 8 "$@" 2>&1 | tee "$out"
+    # the full tier (tests/common/tier.rs): a GPU compiles its pipelines in seconds
+    FLASH_ATTN_TEST_FULL=1 FLASH_ATTN_TEST_MAX_BINDING=134217728 "$B/gpu-tests" --test-threads 8 \
+        --include-ignored "$@" 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
     if [ "$rc" -eq 0 ] && grep -q '^test result: ok\. 0 passed' "$out"; then
         echo "gpu-run: no test matched $*"

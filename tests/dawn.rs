@@ -315,10 +315,10 @@ fn cases_in(
 
 #[test]
 fn every_format_and_algorithm_matches_the_f64_reference_on_dawn() {
-    // Every (format, algorithm) pair runs, each on one of the shapes below in rotation, so
-    // each shape meets every format and several algorithms; the full product (every pair on
-    // every shape) took 25 minutes of lavapipe compiles on CI and two shapes a pair over 10
-    // minutes, for no kernel code the rotation misses
+    // Each (format, algorithm) pair (CI: each algorithm and each format at least once) runs
+    // on one of the shapes below in rotation; the full product (every pair on every shape)
+    // took 25 minutes of lavapipe compiles on CI, and every pair on one shape 8 minutes, for
+    // no kernel code the rotation misses
     // (every variant's source compiles with Tint in `every_kernel_variant_compiles_with_tint`,
     // and every pair runs on wgpu over all of these shapes in tests/dtypes.rs and variants.rs).
     let Some(script) = runner() else { return };
@@ -332,24 +332,24 @@ fn every_format_and_algorithm_matches_the_f64_reference_on_dawn() {
         // one head, odd head_dim sizes: odd element counts in packed storage
         (cfg(1, 19, 23, 1, 1, 256, true), 1.0),
     ];
+    // CI: each algorithm in one format in turns, every format at least once (tier.rs); the
+    // full tier: every pair
     let mut all = Vec::new();
-    let mut pair = 0;
-    for &(dtype, half) in &formats(&dawn) {
-        for &(algorithm, variant, sg) in &algorithms(&dawn) {
-            if !on_dawn(variant, dtype, half) {
-                continue;
-            }
-            let (c, amp) = &shapes[pair % 4];
-            let mut c = c.clone();
-            c.algorithm = algorithm;
-            let e = env(variant, sg, half);
-            let name = format!(
-                "{dtype} {half:?} {algorithm:?} {variant:?} sg={sg} {}",
-                common::describe(&c, 0)
-            );
-            all.extend(cases_in(dtype, &c, *amp, &e, &name));
-            pair += 1;
-        }
+    let pairs = common::tier::pairs(
+        &algorithms(&dawn),
+        &formats(&dawn),
+        |&(_, v, _), &(d, h)| on_dawn(v, d, h),
+    );
+    for (pair, ((algorithm, variant, sg), (dtype, half))) in pairs.into_iter().enumerate() {
+        let (c, amp) = &shapes[pair % 4];
+        let mut c = c.clone();
+        c.algorithm = algorithm;
+        let e = env(variant, sg, half);
+        let name = format!(
+            "{dtype} {half:?} {algorithm:?} {variant:?} sg={sg} {}",
+            common::describe(&c, 0)
+        );
+        all.extend(cases_in(dtype, &c, *amp, &e, &name));
     }
     run_cases(&script, "dawn-cases.json", &all);
 }
@@ -412,12 +412,14 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
     let v = flash_attn_wgpu::Varlen::from_lengths(&[30, 0, 50, 17], &[44, 20, 0, 76]);
     let mut packed = AttentionConfig::packed(v.cu_seqlens_q, v.cu_seqlens_kv, 1, 1, 24);
     packed.causal = true;
-    for (c, limit) in [
+    let shapes = [
         (cfg(3, 20, 20, 2, 1, 16, true), 4 << 10),
         (dropped, 8 << 10),
         (packed, 8 << 10),
-    ] {
-        for variant in Variant::ALL {
+    ];
+    // CI: each shape on one variant in turns (tier.rs); the full tier: every variant on each
+    for ((c, limit), variant) in common::tier::pairs(&shapes, &Variant::ALL, |_, _| true) {
+        {
             let usable: Vec<_> = formats
                 .iter()
                 .filter(|&&(dtype, half)| {
@@ -596,7 +598,8 @@ fn merges_and_decode_splits_match_the_f64_reference_on_dawn() {
         // load and store functions, which the merges above and the other tests here run in
         // every format (and tests/gpu/decode.rs on naga); each decode replay is minutes of
         // lavapipe compiles from Tint's SPIR-V
-        if n > 1 {
+        // (CI: f32 only; tier.rs)
+        if n > 1 || (n > 0 && !common::tier::full()) {
             continue;
         }
         let p = plan::forward(&decode, dtype, &e).expect("decode plan");

@@ -6,6 +6,7 @@ pub mod kv;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod shards;
+pub mod tier;
 
 /// A device of the default adapter created with exactly `limits` and the adapter's features
 /// among `features`: for tests of small or unusual devices.
@@ -58,15 +59,16 @@ pub fn ctx() -> &'static Context {
     })
 }
 
-/// How many cases a GPU property test draws: `default`, or `PROPTEST_CASES` where set (run
-/// `PROPTEST_CASES=200 cargo test --test combinations` for a longer search). Each case compiles
-/// pipelines of its own on lavapipe (seconds each), so the defaults are sized for CI.
+/// How many cases a GPU property test draws: `ci` in the CI tier, `full` in the full tier
+/// (tier.rs), or `PROPTEST_CASES` where set (`PROPTEST_CASES=200` for a longer search). Each
+/// case compiles pipelines of its own on lavapipe (seconds each), so CI draws a few a run:
+/// fresh ones every run.
 #[allow(dead_code)]
-pub fn prop_cases(default: u32) -> u32 {
+pub fn prop_cases(ci: u32, full: u32) -> u32 {
     std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
+        .unwrap_or(if tier::full() { full } else { ci })
 }
 
 /// A fresh seed per call (printed by failing assertions so a failure can be replayed).

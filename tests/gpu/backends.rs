@@ -79,6 +79,7 @@ fn every_backend_matches_the_reference_at_odd_lengths_causal_and_not() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn every_backend_handles_gqa_mqa_and_every_head_dim_class() {
     // CUDA kernel classes: tensor-core forward 64-key tiles up to 128, 16-key tiles past it;
     // tensor-core backward 64 rows/keys up to 64, 32 past it; the SIMT kernels for head dims

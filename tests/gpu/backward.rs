@@ -212,6 +212,7 @@ fn every_listed_head_dim() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn odd_head_dims() {
     for d in [1, 7, 33] {
         check_backward(&cfg(1, 29, 23, 1, 1, d, false), 1.0);

@@ -44,6 +44,7 @@ fn every_variant_and_dtype(c: &AttentionConfig, amp: f32) {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn a_bias_per_batch_and_head_matches_the_reference_everywhere() {
     // Causal, GQA, odd sizes; a tenth of the entries -inf (hidden pairs) and one row of every
     // grid all -inf (out 0, lse -inf, d_bias 0 there).
@@ -63,6 +64,7 @@ fn broadcast_biases_sum_their_gradient_over_the_broadcast_dimensions() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn a_bias_composes_with_every_other_modifier() {
     // A window, softcap (the bias is added after it, so the softcap's slope must leave the
     // bias out), ALiBi, sinks, dropout, key lengths, a block mask and a boolean mask, at once.
@@ -80,6 +82,7 @@ fn a_bias_composes_with_every_other_modifier() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn a_bias_over_packed_sequences_indexes_the_packed_rows_and_keys() {
     let v = Varlen::from_lengths(&[37, 0, 21, 9], &[45, 13, 30, 0]);
     let mut c = AttentionConfig::packed(v.cu_seqlens_q, v.cu_seqlens_kv, 2, 2, 24);

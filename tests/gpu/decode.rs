@@ -50,6 +50,7 @@ fn splits_agree<T: Element>(c: &AttentionConfig, splits: &[Option<usize>]) {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn every_split_count_gives_the_unsplit_result() {
     // 300 keys: splits of one key (300), empty splits (400, 7 of 43 keys: the last has 42),
     // splits not aligned to tiles, the heuristic
@@ -73,6 +74,7 @@ fn every_split_count_gives_the_unsplit_result() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn decode_runs_every_dtype_storage_and_gqa_shape() {
     // MHA, GQA, MQA; one to four query rows (more packed rows than one workgroup takes at
     // head_dim 256); odd head dims

@@ -71,18 +71,21 @@ fn half_dtypes_match_reference_at_odd_lengths() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn half_dtypes_give_zero_and_neg_inf_lse_for_rows_that_see_no_key() {
     // bottom-right causal with seq_q > seq_kv, and large logits (inputs up to 8)
     for_every_combination(&cfg(2, 40, 9, 2, 1, 16, true), 8.0);
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn half_dtypes_handle_gqa_and_mqa() {
     for_every_combination(&cfg(1, 45, 67, 4, 1, 32, true), 1.0);
     for_every_combination(&cfg(2, 33, 33, 6, 3, 16, false), 1.0);
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn half_dtypes_handle_odd_element_counts_and_head_dims() {
     // One head and odd head_dim: every tensor has an odd element count and neighbouring rows
     // share a packed word, so a packed store that clobbered its neighbour would show here.
@@ -94,6 +97,7 @@ fn half_dtypes_handle_odd_element_counts_and_head_dims() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn half_dtypes_keep_large_logits_exact() {
     for_every_combination(&cfg(1, 70, 70, 2, 2, 64, false), 8.0);
 }
@@ -231,6 +235,7 @@ fn classes(x: &[f32]) -> Vec<u8> {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn nan_and_inf_inputs_behave_in_half_dtypes_as_in_f32() {
     // A NaN in one query row, and an infinity in v (what an f16 overflow becomes): the
     // pattern of NaN / inf / finite outputs must be the f32 one, and the NaN must stay in

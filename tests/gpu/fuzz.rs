@@ -282,7 +282,7 @@ fn run<T: Element>(case: &Case) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: common::prop_cases(32), .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: common::prop_cases(6, 32), .. ProptestConfig::default() })]
 
     #[test]
     fn any_values_give_a_typed_error_or_rows_that_match_the_reference(case in case()) {

@@ -36,6 +36,7 @@ fn check_both_passes(ctx: &Context, c: &AttentionConfig) {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn webgpu_default_limits_run_every_head_dim_with_16k_tiles() {
     let ctx = context_with_limits(wgpu::Limits::default());
     assert_eq!(ctx.adapter_info().max_workgroup_storage_bytes, 16384);

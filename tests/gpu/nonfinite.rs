@@ -31,11 +31,13 @@ fn every_dtype(base: &AttentionConfig) {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn nan_and_inf_in_keys_a_row_cannot_see_never_reach_it() {
     every_dtype(&cfg(1, 40, 40, 2, 1, 16, true));
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn the_same_across_several_key_tiles_and_gqa_groups() {
     every_dtype(&cfg(1, 150, 150, 4, 2, 32, true));
 }

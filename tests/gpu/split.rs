@@ -46,6 +46,7 @@ fn every_dtype_and_variant(ctx: &Context, c: &AttentionConfig, want: &str) {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn whole_batches_per_window() {
     let ctx = context_with_binding(4 << 10);
     // 3 batches of 2,560 bytes of q each: one batch per 4 KiB window
@@ -63,6 +64,7 @@ fn query_and_key_windows_merge_exactly() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn windowed_calls_split_into_windows_skip_only_what_the_band_hides() {
     let ctx = context_with_binding(8 << 10);
     // A band of 20 keys left of the diagonal (and 5 right): key windows left of a query
@@ -73,6 +75,7 @@ fn windowed_calls_split_into_windows_skip_only_what_the_band_hides() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn packed_sequences_survive_the_split_into_query_and_key_windows() {
     // A varlen call's boundaries are the whole call's rows and keys: a query or key window's
     // part looks its sequences up from its own first row and key (q_base, kv_base), and the
@@ -105,6 +108,7 @@ fn the_bias_gradient_of_a_split_call_is_a_device_limit_naming_its_scratch() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn alibi_sinks_key_lengths_dropout_block_and_boolean_masks_survive_the_split_into_windows() {
     // Per-(batch, head) slopes index the whole call's batch (a part's batch 0 is not the
     // call's), a resumed row must not count its sink twice, and dropout's RNG takes the whole

@@ -70,6 +70,7 @@ fn every_variant_matches_reference_at_odd_sizes() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn every_variant_handles_odd_and_large_head_dims() {
     for d in [1, 13, 80, 256] {
         check_all_tunings(&cfg(1, 37, 29, 2, 2, d, true), 1.0);
@@ -98,6 +99,7 @@ fn every_variant_and_the_naive_path_match_the_reference_with_sliding_windows() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn every_variant_and_the_naive_path_match_the_reference_with_a_softcap() {
     for (c, causal) in [(1.5f32, false), (0.5, true)] {
         let mut cf = cfg(1, 70, 90, 2, 1, 32, causal);
@@ -141,6 +143,7 @@ fn every_variant_and_the_naive_path_match_the_reference_with_alibi_sinks_and_key
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn every_variant_and_the_naive_path_match_the_reference_with_dropout() {
     // Dropout alone (GQA, causal, odd sizes), and with everything else at once: window,
     // softcap, ALiBi, sinks and key lengths.
@@ -163,6 +166,7 @@ fn every_variant_and_the_naive_path_match_the_reference_with_dropout() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn every_variant_and_the_naive_path_match_the_reference_with_a_block_mask() {
     // Blocks smaller than every tile and not dividing the lengths (7 x 5: tiles are partly on,
     // masked pair by pair), one grid per (batch, head), causal and GQA; NaN keys and values in
@@ -199,6 +203,7 @@ fn every_variant_and_the_naive_path_match_the_reference_with_a_block_mask() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn every_variant_and_the_naive_path_match_the_reference_with_a_boolean_mask() {
     // One mask per (batch, head), half its entries true, causal and GQA at odd sizes; rows
     // 5 and 44 see no key (out 0, lse -inf), and NaN keys and values at key 17, which the
@@ -245,6 +250,7 @@ fn every_variant_and_the_naive_path_match_the_reference_with_a_boolean_mask() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn every_variant_and_the_naive_path_match_the_reference_on_packed_sequences() {
     // Five sequences of odd lengths packed end to end (totals 117 rows, 158 keys), tiles
     // straddling their boundaries: one with no rows, one with no keys (its rows see nothing:
@@ -273,6 +279,7 @@ fn every_variant_and_the_naive_path_match_the_reference_on_packed_sequences() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn sparse_masks_of_blocks_smaller_than_the_tiles_run_on_tiles_fitted_to_the_blocks() {
     // 10% of 32 x 16 blocks on: a dense tile (up to 128 x 64) holds some on block almost
     // always, a tile within one block 10% of the time, so every variant halves its tiles to
@@ -379,6 +386,7 @@ fn only_the_adapters_fixed_subgroup_size_is_accepted() {
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn the_variant_self_check_passes_every_variant_here() {
     // The check Context::new runs before it picks the coop kernels (head dims 64, 128 and 80,
     // each run twice and compared bit for bit), run here on the variants lavapipe has that

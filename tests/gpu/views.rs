@@ -208,6 +208,7 @@ fn check_views<T: Element>(x: &Context, c: &AttentionConfig, backward: bool, msg
 }
 
 #[test]
+#[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn packed_qkv_and_bhsd_views_run_forward_and_backward_in_every_variant() {
     // a context of its own: the test sets its tuning
     let x = Context::new().expect("context");
