@@ -333,10 +333,7 @@ impl CudaContext {
         let Some(need) = need else {
             return Err(Error::Buffer {
                 what: format!("tensor_from_device_ptr: shape {shape:?} of {dtype}"),
-                expected: format!(
-                    "memory of {} bytes",
-                    n.saturating_mul(dtype.size_bytes())
-                ),
+                expected: format!("memory of {} bytes", n.saturating_mul(dtype.size_bytes())),
                 got: format!("{bytes} bytes"),
             });
         };
