@@ -51,6 +51,10 @@ pub mod roofline;
 pub mod tensor;
 pub mod varlen;
 
+/// The wgpu this crate is built on: name `flash_attn_wgpu::wgpu` for the devices, queues and
+/// buffers you pass in, so your code and this crate agree on one wgpu version.
+pub use wgpu;
+
 pub use backend::{AttentionBackend, Backend};
 pub use backward::{Gradients, HostGradients};
 pub use bias::ScoreBias;
@@ -59,7 +63,7 @@ pub use bool_mask::BoolMask;
 pub use config::{Algorithm, AttentionConfig, Window, MAX_HEAD_DIM};
 pub use device::{AdapterSummary, Context, MemoryStats, Tuning};
 pub use dropout::Dropout;
-pub use dtype::{DType, Element, HalfStorage};
+pub use dtype::{from_f32_slice, to_f32_vec, DType, Element, HalfStorage};
 pub use error::{Error, Result, TensorRole};
 pub use forward::{Forward, HostForward};
 pub use kernels::Variant;
