@@ -108,7 +108,7 @@ fn case() -> impl Strategy<Value = Case> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: common::prop_cases(4, 12), .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: common::prop_cases(3, 12), .. ProptestConfig::default() })]
 
     #[test]
     fn any_combination_of_features_matches_the_reference(case in case()) {

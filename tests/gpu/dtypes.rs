@@ -32,34 +32,31 @@ fn algorithms(ctx: &Context) -> Vec<(Algorithm, Variant, u32)> {
     a
 }
 
-/// Runs `check` for half of the (format, algorithm) pairs, alternating with the shape, on a
-/// context of its own (tuning is per context). Every pair meets about half of the shapes
-/// below (each test function's shapes alternate), which keeps this file's lavapipe time in
-/// CI's budget; every pair on every shape found nothing the alternation misses.
+/// Runs `check` for (format, algorithm) pairs on a context of its own (tuning is per
+/// context): in the CI tier each algorithm in one format in turns and every format at least
+/// once, the turns starting where the shape says (tier.rs); in the full tier every pair.
 fn for_every_combination(c: &AttentionConfig, amp: f32) -> Errors {
     let ctx = Context::new().expect("context");
     let mut worst = Errors::default();
     let salt = c.seq_q + c.seq_kv + c.head_dim + c.heads_kv;
-    let mut pair = 0;
-    for (dtype, half_storage) in formats(&ctx) {
-        for (algorithm, variant, rows_subgroup) in algorithms(&ctx) {
-            pair += 1;
-            if (pair + salt) % 2 == 1 {
-                continue;
-            }
-            ctx.set_tuning(Tuning {
-                variant,
-                rows_subgroup,
-                half_storage,
-            })
-            .unwrap();
-            let mut c = c.clone();
-            c.algorithm = algorithm;
-            let msg = format!("{half_storage:?} {variant:?} sg={rows_subgroup}");
-            let e = check_dtype_dyn(&ctx, dtype, &c, amp, &msg);
-            eprintln!("{dtype} {msg} {algorithm:?}: {e:?}");
-            worst = worst.max(e);
-        }
+    let mut algorithms = algorithms(&ctx);
+    let n = algorithms.len();
+    algorithms.rotate_left(salt % n);
+    for ((algorithm, variant, rows_subgroup), (dtype, half_storage)) in
+        common::tier::pairs(&algorithms, &formats(&ctx), |_, _| true)
+    {
+        ctx.set_tuning(Tuning {
+            variant,
+            rows_subgroup,
+            half_storage,
+        })
+        .unwrap();
+        let mut c = c.clone();
+        c.algorithm = algorithm;
+        let msg = format!("{half_storage:?} {variant:?} sg={rows_subgroup}");
+        let e = check_dtype_dyn(&ctx, dtype, &c, amp, &msg);
+        eprintln!("{dtype} {msg} {algorithm:?}: {e:?}");
+        worst = worst.max(e);
     }
     worst
 }
