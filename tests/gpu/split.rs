@@ -59,8 +59,10 @@ fn query_and_key_windows_merge_exactly() {
     // Causal, GQA, odd lengths: several query windows, several key windows each (skipped
     // where causal hides them), a resumed online softmax, dK/dV and dQ summed over windows.
     every_dtype_and_variant(&ctx, &cfg(1, 150, 130, 2, 1, 16, true), "rows");
-    // seq_q < seq_kv, not causal, head_dim not a power of two
-    every_dtype_and_variant(&ctx, &cfg(2, 37, 140, 1, 1, 24, false), "rows");
+    // seq_q < seq_kv, not causal, head_dim not a power of two (the full tier; tier.rs)
+    if common::tier::full() {
+        every_dtype_and_variant(&ctx, &cfg(2, 37, 140, 1, 1, 24, false), "rows");
+    }
 }
 
 #[test]
