@@ -26,7 +26,9 @@ pub enum Algorithm {
 /// With `causal`, `right` is at most 0 (causal is the window `(None, Some(0))`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Window {
+    /// How many keys before the query's aligned position a row sees (`None`: all of them).
     pub left: Option<usize>,
+    /// How many keys after it a row sees (`None`: all of them).
     pub right: Option<usize>,
 }
 
@@ -34,6 +36,7 @@ impl Window {
     /// Largest bound a side takes: the kernels compare key offsets in 32-bit integers.
     pub const MAX_SIDE: usize = 1 << 30;
 
+    /// A window of `left` keys before and `right` keys after each row's aligned position.
     pub fn new(left: Option<usize>, right: Option<usize>) -> Window {
         Window { left, right }
     }
@@ -119,6 +122,14 @@ pub struct AttentionConfig {
 pub const MAX_KV_SPLITS: usize = 1024;
 
 impl AttentionConfig {
+    /// A plain call: `batch` sequences of `seq_q` query rows over `seq_kv` keys, `heads_q`
+    /// query heads sharing `heads_kv` key/value heads (GQA/MQA when fewer; `heads_q` must be a
+    /// multiple), `head_dim` elements a head (1..=256), no mask or modifier, the scale
+    /// 1/sqrt(head_dim). Set the public fields for the rest (`causal`, `window`, `softcap`,
+    /// ...). Tensors are row-major `[batch, seq, heads, head_dim]`; the lengths are checked
+    /// against the config when a call runs, so a config whose arguments were swapped fails
+    /// there unless the swapped shape happens to have the same element counts: name the
+    /// arguments where they are not obvious.
     pub fn new(
         batch: usize,
         seq_q: usize,

@@ -36,6 +36,7 @@ enum Storage {
 }
 
 impl Tensor {
+    /// The dimensions, outermost first (row-major).
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
@@ -55,6 +56,7 @@ impl Tensor {
         self.shape.iter().product()
     }
 
+    /// Whether the tensor has no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -115,6 +115,9 @@ impl Context {
         pollster::block_on(Self::new_async())
     }
 
+    /// [`Context::new`] as a future, for callers that already run an executor. Its checks
+    /// still wait for the device inside (the canary's readback), so it is not yet free of
+    /// blocking waits, which a browser needs.
     pub async fn new_async() -> Result<Self> {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
@@ -261,10 +264,12 @@ impl Context {
         &self.info
     }
 
+    /// The wgpu device this context runs on (for buffers and encoders of your own).
     pub fn device(&self) -> &wgpu::Device {
         &self.device
     }
 
+    /// The queue every call submits on.
     pub fn queue(&self) -> &wgpu::Queue {
         &self.queue
     }
