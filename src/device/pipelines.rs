@@ -22,9 +22,9 @@ pub(crate) struct PipelineCache {
 
 /// `FLASH_ATTN_PIPELINE_LOG=DIR`: every pipeline a process creates is appended to
 /// `DIR/pipelines-<pid>.txt` as `<hash of its source>\t<label>\t<milliseconds to create>`,
-/// so that a test
-/// tier can count the distinct compiles it costs (scripts/pipeline-count.sh). On lavapipe a
-/// test's time is those compiles.
+/// so that a test tier can count the distinct compiles it costs (scripts/pipeline-count.sh).
+/// On lavapipe a test's time is those compiles; they happen at a pipeline's first dispatch,
+/// not in the milliseconds logged here (naga's translation and the driver's setup).
 pub const PIPELINE_LOG_ENV: &str = "FLASH_ATTN_PIPELINE_LOG";
 
 fn log_pipeline(label: &str, wgsl: &str, took: std::time::Duration) {

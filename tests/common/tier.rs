@@ -14,6 +14,13 @@ pub fn full() -> bool {
     std::env::var(FULL_ENV).is_ok_and(|v| v == "1")
 }
 
+/// Whether `backend` runs a product whole: in the full tier, and always on CUDA, whose only
+/// correctness suite is tests/gpu/backends.rs (the CI tier samples only wgpu's, which the
+/// other modules cover family by family).
+pub fn whole_on(backend: flash_attn_wgpu::Backend) -> bool {
+    full() || backend != flash_attn_wgpu::Backend::Wgpu
+}
+
 /// Pairs each of `a` with one of `b` in turns (for the `i`-th of `a`, the first of
 /// `b[i], b[i + 1], ...` (cyclic) that `ok` accepts), then each value of `b` no turn reached
 /// with the first of `a` that accepts it: every value of both runs. In the full tier, every

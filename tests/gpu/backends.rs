@@ -64,9 +64,9 @@ macro_rules! on_every_backend {
 fn every_backend_matches_the_reference_at_odd_lengths_causal_and_not() {
     on_every_backend!(|b| {
         // (CI: head dim 64 on wgpu; tier.rs)
-        let dims = match b.backend() {
-            flash_attn_wgpu::Backend::Wgpu => common::tier::sample(&[64, 128], &[0]),
-            _ => vec![64, 128],
+        let dims = match common::tier::whole_on(b.backend()) {
+            true => vec![64, 128],
+            false => vec![64],
         };
         for head_dim in dims {
             for causal in [false, true] {
@@ -278,7 +278,7 @@ fn every_backend_keeps_masked_nan_and_inf_out_of_rows_that_cannot_see_them() {
         // every dtype
         // (every dtype on CUDA and in the full tier; on wgpu in the CI tier f32 at 32 and f16
         // at 40: bf16's poisoned loads run on Dawn, tests/dawn.rs)
-        let all = common::tier::full() || b.backend() != flash_attn_wgpu::Backend::Wgpu;
+        let all = common::tier::whole_on(b.backend());
         for (head_dim, only) in [(32, DType::F32), (40, DType::F16)] {
             let c = cfg(1, 150, 150, 4, 2, head_dim, true);
             let run = |d: DType| all || d == only;
@@ -352,7 +352,7 @@ fn every_backend_appends_to_a_kv_cache_and_attends_aligned_per_batch() {
         let c = cfg(2, 1, 80, 4, 2, 64, true);
         common::kv::append_and_attend::<_, f32>(b, &c, &[0, 50], 4);
         // (on wgpu in the CI tier f32 only: tests/gpu/kvcache.rs appends in every dtype)
-        if common::tier::full() || b.backend() != flash_attn_wgpu::Backend::Wgpu {
+        if common::tier::whole_on(b.backend()) {
             common::kv::append_and_attend::<_, half::f16>(b, &c, &[30, 75], 2);
         }
     });
