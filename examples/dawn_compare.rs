@@ -18,9 +18,9 @@ use std::process::{Command, ExitCode};
 
 use clap::Parser;
 use flash_attn_wgpu::dtype::from_f32_slice;
-use flash_attn_wgpu::kernels::WgslConsumer;
-use flash_attn_wgpu::replay::to_words;
-use flash_attn_wgpu::{plan, AttentionConfig, Context, DType, Element, Tensor};
+use flash_attn_wgpu::unstable::kernels::WgslConsumer;
+use flash_attn_wgpu::unstable::replay::to_words;
+use flash_attn_wgpu::{unstable::plan, AttentionConfig, Context, DType, Element, Tensor};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 #[derive(Parser)]

@@ -288,7 +288,7 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
                     let qb = to_f32_vec(&from_f32_slice::<T>(
                         &q[b * rows * qs..b * rows * qs + n * qs],
                     ));
-                    let want = flash_attn_wgpu::reference::forward(
+                    let want = flash_attn_wgpu::unstable::reference::forward(
                         &full,
                         &qb,
                         &cache.host_k[b],

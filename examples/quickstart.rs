@@ -12,7 +12,7 @@ mod cli;
 use cli::positive;
 
 use clap::Parser;
-use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context};
+use flash_attn_wgpu::{unstable::reference, Algorithm, AttentionConfig, Context};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// Random Q, K, V; the tiled (FlashAttention) and naive forward side by side, each checked

@@ -14,7 +14,7 @@ mod cli;
 mod device;
 
 use clap::Parser;
-use flash_attn_wgpu::{plan, AttentionConfig, Context, Tensor};
+use flash_attn_wgpu::{unstable::plan, AttentionConfig, Context, Tensor};
 
 #[derive(Parser, Debug)]
 #[command(about = "GPU time of calls split into windows against the same call unsplit")]

@@ -15,18 +15,26 @@ use crate::tensor::Tensor;
 /// tensor type.
 #[derive(Debug)]
 pub struct Gradients<X = Tensor> {
+    /// The queries' gradient, shaped like q.
     pub dq: X,
+    /// The keys' gradient, shaped like k (summed over each kv head's query group).
     pub dk: X,
+    /// The values' gradient, shaped like v.
     pub dv: X,
+    /// With sinks: their gradient, `[heads_q]`, f32.
     pub d_sinks: Option<X>,
+    /// With a bias that asks for it (`ScoreBias::grad`): its gradient, the bias's shape and dtype.
     pub d_bias: Option<X>,
 }
 
 /// Host copy of the gradients.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostGradients<T = f32> {
+    /// The queries' gradient, q's layout.
     pub dq: Vec<T>,
+    /// The keys' gradient, k's layout.
     pub dk: Vec<T>,
+    /// The values' gradient, v's layout.
     pub dv: Vec<T>,
     /// With sinks: `[heads_q]`.
     pub d_sinks: Option<Vec<f32>>,
@@ -50,6 +58,21 @@ impl Context {
     /// returned; `d_out` is the gradient of the loss with respect to `out`. q, k, v, out and
     /// d_out share q's dtype; lse is f32 and is refused (`Error::InvalidValue`) where it holds
     /// +inf, which no forward returns.
+    ///
+    /// ```no_run
+    /// use flash_attn_wgpu::{AttentionConfig, Context};
+    /// let ctx = Context::new()?;
+    /// let cfg = AttentionConfig::new(2, 100, 100, 8, 2, 64);
+    /// let (qs, ks) = (cfg.q_shape(), cfg.kv_shape());
+    /// let n = |s: [usize; 4]| s.iter().product::<usize>();
+    /// let q = ctx.upload(&vec![0.1f32; n(qs)], &qs)?;
+    /// let (k, v) = (ctx.upload(&vec![0.2f32; n(ks)], &ks)?, ctx.upload(&vec![0.3f32; n(ks)], &ks)?);
+    /// let f = ctx.forward(&cfg, &q, &k, &v)?;
+    /// let d_out = ctx.upload(&vec![1.0f32; n(qs)], &qs)?;
+    /// let g = ctx.backward(&cfg, &q, &k, &v, &f.out, &f.lse, &d_out)?;
+    /// assert_eq!(g.dk.shape(), &ks[..]);
+    /// # Ok::<(), flash_attn_wgpu::Error>(())
+    /// ```
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &self,
@@ -114,7 +137,7 @@ impl Context {
         }
         let plan = plan::backward(cfg, dtype, &self.plan_env())?;
         let mut g = self
-            .execute_into(&plan, &[q, k, v, out, lse, d_out], into)?
+            .execute_into(&plan, &[q, k, v, out, lse, d_out], into, None)?
             .into_iter();
         match (g.next(), g.next(), g.next()) {
             (Some(dq), Some(dk), Some(dv)) => Ok(Gradients {

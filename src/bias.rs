@@ -16,9 +16,13 @@ use crate::error::{Error, Result};
 /// in a fixed order (deterministic, no atomics).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScoreBias {
+    /// 1 (broadcast over the batch) or the call's batch.
     pub batch: usize,
+    /// 1 (broadcast over the heads) or the call's heads_q.
     pub heads: usize,
+    /// The call's seq_q.
     pub seq_q: usize,
+    /// The call's seq_kv.
     pub seq_kv: usize,
     /// Whether the backward returns `d_bias` (`Gradients::d_bias`).
     pub grad: bool,

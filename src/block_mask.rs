@@ -12,10 +12,15 @@ use crate::error::{Error, Result};
 /// all off is skipped, one that is partly on is masked pair by pair.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BlockMask {
+    /// Query rows per block.
     pub block_q: usize,
+    /// Keys per block.
     pub block_kv: usize,
+    /// 1 (broadcast) or the call's batch.
     pub batch: usize,
+    /// 1 (broadcast) or the call's heads_q.
     pub heads: usize,
+    /// `[batch, heads, ceil(seq_q / block_q), ceil(seq_kv / block_kv)]`, row-major: true visits the block.
     pub blocks: Vec<bool>,
 }
 

@@ -10,9 +10,13 @@ use crate::error::{Error, Result};
 /// varlen call the rows and keys are the packed ones (batch 1, the totals).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BoolMask {
+    /// 1 (broadcast) or the call's batch.
     pub batch: usize,
+    /// 1 (broadcast) or the call's heads_q.
     pub heads: usize,
+    /// The call's seq_q.
     pub seq_q: usize,
+    /// The call's seq_kv.
     pub seq_kv: usize,
     /// Entry k (row-major) at bit k % 32 of word k / 32.
     words: Vec<u32>,

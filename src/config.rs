@@ -53,11 +53,17 @@ impl Window {
 /// `[batch, seq_kv, heads_kv, head_dim]`, lse is `[batch, heads_q, seq_q]` (natural log).
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttentionConfig {
+    /// Sequences in the batch (1 for a packed varlen call).
     pub batch: usize,
+    /// Query rows per sequence (the packed total with varlen).
     pub seq_q: usize,
+    /// Keys per sequence (the packed total with varlen; with `paged`, pages_per_seq * page_size).
     pub seq_kv: usize,
+    /// Query heads.
     pub heads_q: usize,
+    /// Key/value heads: divides heads_q (GQA; 1 is MQA).
     pub heads_kv: usize,
+    /// Elements per head, 1 to [`MAX_HEAD_DIM`].
     pub head_dim: usize,
     /// Bottom-right aligned causal mask: query i sees key j iff `j <= i + seq_kv - seq_q`.
     pub causal: bool,
@@ -110,6 +116,7 @@ pub struct AttentionConfig {
     pub varlen: Option<Varlen>,
     /// `None` means `1 / sqrt(head_dim)`.
     pub softmax_scale: Option<f32>,
+    /// Tiled (FlashAttention, the default) or naive (for comparison).
     pub algorithm: Algorithm,
     /// Decode calls (a few query rows: [`crate::plan::decode::eligible`]) split the keys
     /// into this many parts computed in parallel and merged exactly (split-KV,
@@ -121,15 +128,75 @@ pub struct AttentionConfig {
 /// The most key splits a decode call may ask for ([`AttentionConfig::kv_splits`]).
 pub const MAX_KV_SPLITS: usize = 1024;
 
+/// The six sizes of a call, by name, so that a swap reads wrong in the source:
+///
+/// ```
+/// use flash_attn_wgpu::{AttentionConfig, Shape};
+/// let cfg = AttentionConfig {
+///     causal: true,
+///     ..AttentionConfig::from_shape(Shape {
+///         batch: 2,
+///         seq_q: 128,
+///         seq_kv: 128,
+///         heads_q: 32,
+///         heads_kv: 8,
+///         head_dim: 64,
+///     })
+/// };
+/// assert_eq!(cfg.group(), 4);
+/// assert_eq!(cfg.shape().heads_kv, 8);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shape {
+    /// Sequences in the batch (1 for a packed varlen call).
+    pub batch: usize,
+    /// Query rows per sequence.
+    pub seq_q: usize,
+    /// Keys per sequence.
+    pub seq_kv: usize,
+    /// Query heads.
+    pub heads_q: usize,
+    /// Key/value heads: divides heads_q.
+    pub heads_kv: usize,
+    /// Elements per head, 1 to [`MAX_HEAD_DIM`].
+    pub head_dim: usize,
+}
+
+impl From<Shape> for AttentionConfig {
+    fn from(s: Shape) -> Self {
+        AttentionConfig::from_shape(s)
+    }
+}
+
 impl AttentionConfig {
+    /// A plain call of the named sizes: as [`new`](AttentionConfig::new), with every size
+    /// named (prefer it where the arguments are not obvious).
+    pub fn from_shape(s: Shape) -> Self {
+        Self::new(
+            s.batch, s.seq_q, s.seq_kv, s.heads_q, s.heads_kv, s.head_dim,
+        )
+    }
+
+    /// The call's six sizes.
+    pub fn shape(&self) -> Shape {
+        Shape {
+            batch: self.batch,
+            seq_q: self.seq_q,
+            seq_kv: self.seq_kv,
+            heads_q: self.heads_q,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+        }
+    }
+
     /// A plain call: `batch` sequences of `seq_q` query rows over `seq_kv` keys, `heads_q`
     /// query heads sharing `heads_kv` key/value heads (GQA/MQA when fewer; `heads_q` must be a
     /// multiple), `head_dim` elements a head (1..=256), no mask or modifier, the scale
     /// 1/sqrt(head_dim). Set the public fields for the rest (`causal`, `window`, `softcap`,
     /// ...). Tensors are row-major `[batch, seq, heads, head_dim]`; the lengths are checked
     /// against the config when a call runs, so a config whose arguments were swapped fails
-    /// there unless the swapped shape happens to have the same element counts: name the
-    /// arguments where they are not obvious.
+    /// there unless the swapped shape happens to have the same element counts:
+    /// [`from_shape`](AttentionConfig::from_shape) names them.
     pub fn new(
         batch: usize,
         seq_q: usize,
@@ -192,6 +259,7 @@ impl AttentionConfig {
         cfg
     }
 
+    /// The softmax scale in use: `softmax_scale`, or `1 / sqrt(head_dim)`.
     pub fn scale(&self) -> f32 {
         self.softmax_scale
             .unwrap_or_else(|| 1.0 / (self.head_dim.max(1) as f32).sqrt())
@@ -202,6 +270,7 @@ impl AttentionConfig {
         self.heads_q / self.heads_kv.max(1)
     }
 
+    /// q and out: `[batch, seq_q, heads_q, head_dim]`.
     pub fn q_shape(&self) -> [usize; 4] {
         [self.batch, self.seq_q, self.heads_q, self.head_dim]
     }
@@ -215,6 +284,7 @@ impl AttentionConfig {
         }
     }
 
+    /// lse: `[batch, heads_q, seq_q]`.
     pub fn lse_shape(&self) -> [usize; 3] {
         [self.batch, self.heads_q, self.seq_q]
     }

@@ -21,11 +21,14 @@
 pub struct Dropout {
     /// Probability of dropping a pair, in [0, 1).
     pub p: f32,
+    /// Philox key: one seed gives one mask.
     pub seed: u64,
+    /// Philox counter offset: advance it between calls that must drop differently.
     pub offset: u64,
 }
 
 impl Dropout {
+    /// A dropout of probability `p` with its Philox seed and offset.
     pub fn new(p: f32, seed: u64, offset: u64) -> Dropout {
         Dropout { p, seed, offset }
     }

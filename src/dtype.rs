@@ -9,12 +9,16 @@ use std::fmt;
 /// The element type of a tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// IEEE binary32.
     F32,
+    /// IEEE binary16 (`half::f16`).
     F16,
+    /// bfloat16 (`half::bf16`).
     BF16,
 }
 
 impl DType {
+    /// Every dtype, in the order tests walk them.
     pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
     /// Bytes per element on the host (and on the device, padded to 4 per buffer).
@@ -25,6 +29,7 @@ impl DType {
         }
     }
 
+    /// Its name as errors and logs print it: `f32`, `f16`, `bf16`.
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -79,7 +84,8 @@ pub enum HalfStorage {
     Packed,
 }
 
-/// How one pipeline reads and writes its element-typed bindings.
+/// How one pipeline reads and writes its element-typed bindings (internal).
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ElemFormat {
     F32,
@@ -136,6 +142,7 @@ mod sealed {
 
 /// A host element type the library takes: `f32`, `half::f16` or `half::bf16`.
 pub trait Element: sealed::Sealed + bytemuck::Pod + Copy + Send + Sync + 'static {
+    /// The dtype this host type is.
     const DTYPE: DType;
     /// Round-to-nearest-even conversion from f32.
     fn from_f32(x: f32) -> Self;

@@ -25,14 +25,23 @@ impl fmt::Display for Backend {
 /// Which tensor an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TensorRole {
+    /// The queries.
     Q,
+    /// The keys (or the key cache).
     K,
+    /// The values (or the value cache).
     V,
+    /// The attention output.
     Out,
+    /// The per-row logsumexp the forward saves (`[batch, heads_q, seq_q]`, f32).
     Lse,
+    /// The output's gradient, input of the backward.
     DOut,
+    /// The queries' gradient.
     Dq,
+    /// The keys' gradient.
     Dk,
+    /// The values' gradient.
     Dv,
     /// The sinks' gradient (`[heads_q]`, f32).
     DSinks,
@@ -61,65 +70,99 @@ impl fmt::Display for TensorRole {
     }
 }
 
+/// Everything a call can refuse or fail with. Input errors are found before any GPU work is
+/// recorded; each names what was expected and what was given.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// No adapter (GPU or software Vulkan) could be opened.
     #[error(
         "no GPU adapter found ({detail}). Install a GPU driver with Vulkan, Metal or DX12 \
          support; on a headless Linux machine install Mesa >= 25 lavapipe \
          (`bash scripts/ensure-vulkan.sh` does it on Debian)"
     )]
-    NoAdapter { detail: String },
+    NoAdapter {
+        /// What the adapter search saw.
+        detail: String,
+    },
 
+    /// The adapter refused to create a device with the limits and features asked for.
     #[error("could not create a wgpu device: {0}")]
     RequestDevice(String),
 
+    /// A host slice or tensor has the wrong number of elements for the config.
     #[error("{tensor} has {got} elements, expected {expected} (shape {shape})")]
     SliceLength {
+        /// Which input.
         tensor: TensorRole,
+        /// The element count the config implies.
         expected: usize,
+        /// The element count given.
         got: usize,
+        /// The shape the config implies, written out.
         shape: String,
     },
 
+    /// A tensor has the wrong shape for the config.
     #[error("{tensor} has shape {got:?}, expected {expected:?}")]
     Shape {
+        /// Which input.
         tensor: TensorRole,
+        /// The shape the config implies.
         expected: Vec<usize>,
+        /// The tensor's shape.
         got: Vec<usize>,
     },
 
+    /// A tensor's dtype does not match the call's.
     #[error(
         "{tensor} has dtype {got}, expected {expected}: every tensor of one call shares q's \
          dtype (lse is always f32), and a tensor downloads as its own dtype (Tensor::dtype)"
     )]
     DType {
+        /// Which tensor (a role, or a description such as `download`).
         tensor: String,
+        /// The dtype the call needs.
         expected: DType,
+        /// The dtype given.
         got: DType,
     },
 
+    /// A tensor made by another context was passed in.
     #[error(
         "{tensor} was made by another Context: a tensor can only be used with the Context that \
          created it (download it and upload it to this one)"
     )]
-    ForeignTensor { tensor: String },
+    ForeignTensor {
+        /// Which tensor.
+        tensor: String,
+    },
 
+    /// A feature this backend does not implement (docs/FEATURES.md lists each).
     #[error("{feature} is not supported on the {backend} backend: {reason}")]
     Unsupported {
+        /// The feature asked for.
         feature: String,
+        /// The backend that refused it.
         backend: Backend,
+        /// Why, and what to use instead.
         reason: String,
     },
 
+    /// An input holds a value the call cannot take (a NaN where a finite value is needed).
     #[error("{tensor}[{index}] is {value}, expected {expected}")]
     InvalidValue {
+        /// Which input.
         tensor: TensorRole,
+        /// The flat index of the first bad element.
         index: usize,
+        /// Its value.
         value: f32,
+        /// What values are allowed.
         expected: String,
     },
 
+    /// The config (shape, modifiers, their tensors) is inconsistent; the message says how.
     #[error("invalid attention config: {0}")]
     InvalidConfig(String),
 
@@ -127,42 +170,72 @@ pub enum Error {
     /// `tensor_from_device_ptr`) that cannot hold or serve it.
     #[error("{what}: expected {expected}, got {got}")]
     Buffer {
+        /// The call and the property checked.
         what: String,
+        /// What the call needs.
         expected: String,
+        /// What the buffer has.
         got: String,
     },
 
+    /// The call needs more of a device resource than the device allows.
     #[error("device limit exceeded: {what} needs {needed}, the device allows {limit}. {hint}")]
     DeviceLimit {
+        /// The resource.
         what: String,
+        /// How much the call needs.
         needed: u64,
+        /// How much the device allows.
         limit: u64,
+        /// How to fit (smaller tiles, shorter sequences, another adapter).
         hint: String,
     },
 
+    /// wgpu's validation rejected a command: a bug in this crate, reported rather than a panic.
     #[error("GPU validation error: {0}")]
     Validation(String),
 
+    /// An allocation failed on the device.
     #[error("GPU out of memory: {0}")]
     OutOfMemory(String),
 
+    /// The device was lost, or a submission failed.
     #[error("GPU device lost or failed: {0}")]
     Device(String),
 
+    /// The driver failed the start-up canary: it miscounts long shader loops.
     #[error(
         "driver canary failed: a shader loop of {expected} iterations counted {got}. \
          Mesa lavapipe older than 25 silently truncates long loops; install Mesa >= 25 \
          (`bash scripts/ensure-vulkan.sh`)"
     )]
-    DriverCanary { expected: u32, got: u32 },
+    DriverCanary {
+        /// Iterations the canary ran.
+        expected: u32,
+        /// Iterations the driver counted.
+        got: u32,
+    },
 
+    /// The CUDA path cannot start: no driver, no NVRTC, or too old a GPU.
     #[error("the CUDA path is not available: {missing}. {fix}")]
-    CudaUnavailable { missing: String, fix: String },
+    CudaUnavailable {
+        /// What is missing.
+        missing: String,
+        /// How to provide it.
+        fix: String,
+    },
 
+    /// NVRTC refused a kernel: a bug in this crate's CUDA C, reported with the compiler's log.
     #[error("NVRTC could not compile {kernel}: {log}")]
-    CudaCompile { kernel: String, log: String },
+    CudaCompile {
+        /// The kernel and its defines.
+        kernel: String,
+        /// NVRTC's log.
+        log: String,
+    },
 }
 
+/// This crate's result type.
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {

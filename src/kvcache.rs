@@ -202,6 +202,34 @@ impl Context {
         cache_seqlens: &[usize],
         append: Option<(&Tensor, &Tensor)>,
     ) -> Result<Forward> {
+        self.kvcache_impl(cfg, q, (k_cache, v_cache), cache_seqlens, append, None)
+    }
+
+    /// [`forward_with_kvcache`](Context::forward_with_kvcache) writing into `dst` (out and lse
+    /// of an earlier step's result, or tensors from `zeros_of`) instead of new tensors, as
+    /// [`forward_into`](Context::forward_into): a decode loop allocates nothing per step.
+    pub fn forward_with_kvcache_into(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Tensor,
+        (k_cache, v_cache): (&mut Tensor, &mut Tensor),
+        cache_seqlens: &[usize],
+        append: Option<(&Tensor, &Tensor)>,
+        dst: &Forward,
+    ) -> Result<()> {
+        self.kvcache_impl(cfg, q, (k_cache, v_cache), cache_seqlens, append, Some(dst))
+            .map(drop)
+    }
+
+    fn kvcache_impl(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Tensor,
+        (k_cache, v_cache): (&mut Tensor, &mut Tensor),
+        cache_seqlens: &[usize],
+        append: Option<(&Tensor, &Tensor)>,
+        dst: Option<&Forward>,
+    ) -> Result<Forward> {
         let dtype = q.dtype();
         let new_rows = match append {
             Some((k, v)) => {
@@ -244,7 +272,9 @@ impl Context {
                 )?);
             }
         }
-        Forward::from_outputs(self.execute(&plan, &inputs)?, "forward")
+        let given = dst.map(|d| [&d.out, &d.lse]);
+        let outputs = self.execute_into(&plan, &inputs, None, given.as_ref().map(|g| &g[..]))?;
+        Forward::from_outputs(outputs, "forward")
     }
 }
 

@@ -9,7 +9,7 @@
 //! output and the per-row logsumexp; the backward pass recomputes the probabilities from it.
 //!
 //! How a call flows: host slices -> [`Tensor`] -> validation ([`AttentionConfig::validate`],
-//! `checks`) -> [`plan`] (a pure value: kernels, keys, parameters, grids, scratch) ->
+//! `checks`) -> `plan` (a pure value: kernels, keys, parameters, grids, scratch) ->
 //! `record` (pipelines from the cache, one command encoder, submit, wait) -> tensors -> host.
 //!
 //! ```no_run
@@ -26,6 +26,8 @@
 //! # Ok::<(), flash_attn_wgpu::Error>(())
 //! ```
 
+#![deny(missing_docs)]
+
 pub mod backend;
 pub mod backward;
 pub mod bias;
@@ -39,17 +41,17 @@ pub mod dropout;
 pub mod dtype;
 pub mod error;
 pub mod forward;
-pub mod kernels;
 pub mod kvcache;
 pub mod merge;
 pub mod paged;
-pub mod plan;
 mod record;
-pub mod reference;
-pub mod replay;
-pub mod roofline;
 pub mod tensor;
+#[doc(hidden)]
+pub mod unstable;
 pub mod varlen;
+
+// Internal paths stay `crate::plan` etc. inside the crate.
+use unstable::{kernels, plan, reference, roofline};
 
 /// The wgpu this crate is built on: name `flash_attn_wgpu::wgpu` for the devices, queues and
 /// buffers you pass in, so your code and this crate agree on one wgpu version.
@@ -60,7 +62,7 @@ pub use backward::{Gradients, HostGradients};
 pub use bias::ScoreBias;
 pub use block_mask::BlockMask;
 pub use bool_mask::BoolMask;
-pub use config::{Algorithm, AttentionConfig, Window, MAX_HEAD_DIM};
+pub use config::{Algorithm, AttentionConfig, Shape, Window, MAX_HEAD_DIM};
 pub use device::{AdapterSummary, Context, MemoryStats, Tuning};
 pub use dropout::Dropout;
 pub use dtype::{from_f32_slice, to_f32_vec, DType, Element, HalfStorage};

@@ -94,6 +94,19 @@ impl Context {
     /// tensors must belong to this context (download and upload those computed elsewhere).
     /// Exact up to one rounding to the dtype: the running result is kept in f32. lse values
     /// are taken as a forward returns them (finite, -inf or NaN; `merge_host` refuses +inf).
+    ///
+    /// ```no_run
+    /// use flash_attn_wgpu::{AttentionConfig, Context};
+    /// let ctx = Context::new()?;
+    /// // one query row over 2 x 500 keys, as two calls of 500 (two devices, or two caches)
+    /// let half = AttentionConfig::new(1, 1, 500, 8, 8, 64);
+    /// let q = ctx.zeros(&half.q_shape())?;
+    /// let (k0, k1) = (ctx.zeros(&half.kv_shape())?, ctx.zeros(&half.kv_shape())?);
+    /// let a = ctx.forward(&half, &q, &k0, &k0)?;
+    /// let b = ctx.forward(&half, &q, &k1, &k1)?;
+    /// let all = ctx.merge(&[a, b])?; // attention over all 1,000 keys
+    /// # Ok::<(), flash_attn_wgpu::Error>(())
+    /// ```
     pub fn merge(&self, shards: &[Forward]) -> Result<Forward> {
         let metas: Vec<ShardMeta<'_>> = shards
             .iter()

@@ -18,9 +18,11 @@ pub(crate) struct Dispatch<'a> {
     pub workgroups: u32,
 }
 
-/// A buffer copy to record before the dispatches (a KV cache's append).
+/// A buffer copy to record before the dispatches (a KV cache's append); with no source, a
+/// clear of the destination range (a caller-held output, which a call's own outputs are
+/// born as: zero-filled).
 pub(crate) struct Copy<'a> {
-    pub src: &'a wgpu::Buffer,
+    pub src: Option<&'a wgpu::Buffer>,
     pub src_offset: u64,
     pub dst: &'a wgpu::Buffer,
     pub dst_offset: u64,
@@ -150,7 +152,12 @@ impl Context {
         (params, query): (&wgpu::Buffer, Option<&wgpu::QuerySet>),
     ) {
         for c in copies {
-            enc.copy_buffer_to_buffer(c.src, c.src_offset, c.dst, c.dst_offset, c.size);
+            match c.src {
+                Some(src) => {
+                    enc.copy_buffer_to_buffer(src, c.src_offset, c.dst, c.dst_offset, c.size)
+                }
+                None => enc.clear_buffer(c.dst, c.dst_offset, Some(c.size)),
+            }
         }
         let max_dim = self.limits.max_compute_workgroups_per_dimension;
         let stride = self.params_stride();
@@ -349,15 +356,18 @@ impl Context {
     /// the plan's order, records its copies and every step into one submission and submits it
     /// (`run_with`: waiting only with GPU timing on).
     pub(crate) fn execute(&self, plan: &Plan, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        self.execute_into(plan, inputs, None)
+        self.execute_into(plan, inputs, None, None)
     }
 
-    /// `execute`, recorded into the caller's encoder (`Some`) instead of submitted.
+    /// `execute`, recorded into the caller's encoder (`Some`) instead of submitted, and
+    /// writing into the caller's `given` outputs (cleared first, in the same submission)
+    /// instead of new ones; then the returned tensors are handles on the caller's.
     pub(crate) fn execute_into(
         &self,
         plan: &Plan,
         inputs: &[&Tensor],
         into: Option<&mut wgpu::CommandEncoder>,
+        given: Option<&[&Tensor]>,
     ) -> Result<Vec<Tensor>> {
         if inputs.len() != plan.inputs.len() {
             return Err(Error::Device(format!(
@@ -392,14 +402,17 @@ impl Context {
             None
         };
         let steps = viewed.as_deref().unwrap_or(&plan.steps);
-        let outputs = plan
-            .outputs
-            .iter()
-            .map(|o| {
-                self.zeros_of(&o.shape, o.dtype)
-                    .map(|t| t.with_role(o.role))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let outputs = match given {
+            Some(given) => self.given_outputs(plan, inputs, given)?,
+            None => plan
+                .outputs
+                .iter()
+                .map(|o| {
+                    self.zeros_of(&o.shape, o.dtype)
+                        .map(|t| t.with_role(o.role))
+                })
+                .collect::<Result<Vec<_>>>()?,
+        };
         let scratch: Vec<TrackedBuffer> = plan
             .scratch
             .iter()
@@ -459,22 +472,31 @@ impl Context {
                 })
             })
             .collect::<Result<_>>()?;
-        let copies: Vec<Copy<'_>> = plan
-            .copies
+        let clears = given.map_or(0, |_| outputs.len());
+        let copies: Vec<Copy<'_>> = outputs[..clears]
             .iter()
-            .map(|c| {
+            .map(|t| {
+                Ok(Copy {
+                    src: None,
+                    src_offset: 0,
+                    dst: t.buffer(),
+                    dst_offset: 0,
+                    size: t.buffer().size(),
+                })
+            })
+            .chain(plan.copies.iter().map(|c| {
                 let base = |r: &BufRef| match *r {
                     BufRef::Input(i) => inputs[i].offset(),
                     _ => 0,
                 };
                 Ok(Copy {
-                    src: resolve(&c.src)?,
+                    src: Some(resolve(&c.src)?),
                     src_offset: base(&c.src) + c.src_offset,
                     dst: resolve(&c.dst)?,
                     dst_offset: base(&c.dst) + c.dst_offset,
                     size: c.size,
                 })
-            })
+            }))
             .collect::<Result<_>>()?;
         let recorded = into.is_some();
         match into {

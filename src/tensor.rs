@@ -205,6 +205,110 @@ impl Context {
         }
     }
 
+    /// The caller's tensors as a plan's outputs (`Context::forward_into` and kin): one per
+    /// output, each made by this context (not wrapped: outputs bind whole buffers), of the
+    /// output's shape and dtype, and none of them also an input or another output (a buffer
+    /// bound twice, once writable, fails validation). Returns handles on the same buffers.
+    pub(crate) fn given_outputs(
+        &self,
+        plan: &crate::plan::Plan,
+        inputs: &[&Tensor],
+        given: &[&Tensor],
+    ) -> Result<Vec<Tensor>> {
+        if given.len() != plan.outputs.len() {
+            return Err(Error::Device(format!(
+                "internal: plan makes {} outputs, {} given",
+                plan.outputs.len(),
+                given.len()
+            )));
+        }
+        let mut handles = Vec::with_capacity(given.len());
+        for (n, (o, t)) in plan.outputs.iter().zip(given).enumerate() {
+            crate::checks::check_tensor(self, o.role, t, &o.shape, o.dtype)?;
+            let Storage::Owned(b) = &t.buf else {
+                return Err(Error::Buffer {
+                    what: format!("{} given as an output", o.role),
+                    expected: "a tensor this context made (a call's result, upload or zeros_of)"
+                        .into(),
+                    got: "a wrapped buffer (tensor_from_buffer): pass a tensor of this context \
+                          and copy from it"
+                        .into(),
+                });
+            };
+            let clash = inputs
+                .iter()
+                .map(|i| i.buffer())
+                .chain(given[..n].iter().map(|g| g.buffer()));
+            if clash.into_iter().any(|other| *other == b.buffer) {
+                return Err(Error::InvalidConfig(format!(
+                    "the tensor given as {} is also an input or another output of the call: \
+                     each output needs a tensor of its own",
+                    o.role
+                )));
+            }
+            handles.push(Tensor {
+                buf: Storage::Wrapped {
+                    buffer: b.buffer.clone(),
+                    owner: self.mem.clone(),
+                },
+                offset: 0,
+                bind_offset: 0,
+                shape: t.shape.clone(),
+                strides: t.strides.clone(),
+                dtype: t.dtype,
+                role: Some(o.role),
+            });
+        }
+        Ok(handles)
+    }
+
+    /// Writes host data into an existing tensor of this context, in place (a queue write: no
+    /// allocation on the device, no wait; it runs before any later call's work). `T` must be
+    /// the tensor's dtype and `data` hold its every element; the tensor row-major (not a
+    /// strided view). A decode loop writes each step's query this way instead of uploading a
+    /// new tensor.
+    pub fn write<T: Element>(&self, t: &Tensor, data: &[T]) -> Result<()> {
+        self.check_owned(t, || t.describe())?;
+        if t.dtype != T::DTYPE {
+            return Err(Error::DType {
+                tensor: t.describe(),
+                expected: t.dtype,
+                got: T::DTYPE,
+            });
+        }
+        if data.len() != t.len() {
+            return Err(Error::invalid(format!(
+                "write: {} values given for {} of shape {:?}, which holds {}",
+                data.len(),
+                t.describe(),
+                t.shape,
+                t.len()
+            )));
+        }
+        if t.needs_view() {
+            return Err(strided_unsupported("write", t));
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        // queue writes go in whole words: an odd count of half elements ends mid-word. The
+        // rest of that word is padding in a tensor's own buffer (written as zero); in a
+        // wrapped buffer it may be the caller's, so it is read back and kept (a wait).
+        let whole = bytes.len() / 4 * 4;
+        if whole > 0 {
+            self.queue
+                .write_buffer(t.buffer(), t.offset, &bytes[..whole]);
+        }
+        if whole < bytes.len() {
+            let at = t.offset + whole as u64;
+            let mut word = match t.buf {
+                Storage::Owned(_) => vec![0u8; 4],
+                Storage::Wrapped { .. } => self.read_buffer_at::<u8>(t.buffer(), at, 4)?,
+            };
+            word[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+            self.queue.write_buffer(t.buffer(), at, &word);
+        }
+        Ok(())
+    }
+
     /// Copies host data to a new device tensor of the given shape. `T` is f32, `half::f16`
     /// or `half::bf16`, and the tensor takes that dtype.
     pub fn upload<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<Tensor> {
@@ -333,6 +437,27 @@ impl Context {
     /// their strides; merges, casts, KV-cache appends, paged pools and calls larger than one
     /// binding take row-major tensors (`Unsupported` otherwise). Each is a typed error naming
     /// what was expected and given.
+    ///
+    /// ```no_run
+    /// use flash_attn_wgpu::{wgpu, AttentionConfig, Context, DType};
+    /// let ctx = Context::new()?;
+    /// let cfg = AttentionConfig::new(1, 64, 64, 4, 4, 32);
+    /// // the caller's packed projection: rows of [q | k | v], each heads x head_dim wide
+    /// let width = 3 * 4 * 32;
+    /// let qkv = ctx.device().create_buffer(&wgpu::BufferDescriptor {
+    ///     label: Some("qkv"),
+    ///     size: (64 * width * 4) as u64,
+    ///     usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+    ///     mapped_at_creation: false,
+    /// });
+    /// let strides = [64 * width, width, 32, 1]; // [batch, seq, heads, head_dim]
+    /// let view = |at: usize| {
+    ///     ctx.tensor_from_buffer(&qkv, (at * 4) as u64, &cfg.q_shape(), Some(&strides), DType::F32)
+    /// };
+    /// let (q, k, v) = (view(0)?, view(4 * 32)?, view(2 * 4 * 32)?);
+    /// let f = ctx.forward(&cfg, &q, &k, &v)?; // read in place, no copy
+    /// # Ok::<(), flash_attn_wgpu::Error>(())
+    /// ```
     pub fn tensor_from_buffer(
         &self,
         buffer: &wgpu::Buffer,

@@ -16,7 +16,9 @@ use crate::error::{Error, Result};
 /// sink). The block mask and dropout index the packed rows and keys (batch 0).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Varlen {
+    /// Query row offsets: sequence s is rows `cu_seqlens_q[s]..cu_seqlens_q[s + 1]` (length sequences + 1, from 0).
     pub cu_seqlens_q: Vec<u32>,
+    /// Key offsets, likewise.
     pub cu_seqlens_kv: Vec<u32>,
 }
 

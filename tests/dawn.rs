@@ -13,11 +13,12 @@ use std::process::Command;
 
 use common::{cfg, poisoned_inputs, rel_tol, rounded_inputs, Rounded};
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
-use flash_attn_wgpu::kernels::enumerate::{devices, pipeline_keys};
-use flash_attn_wgpu::kernels::{DeviceCaps, WgslConsumer};
-use flash_attn_wgpu::replay::{to_words, ReplayCase, ReplayCheck};
+use flash_attn_wgpu::unstable::kernels::enumerate::{devices, pipeline_keys};
+use flash_attn_wgpu::unstable::kernels::{DeviceCaps, WgslConsumer};
+use flash_attn_wgpu::unstable::replay::{to_words, ReplayCase, ReplayCheck};
 use flash_attn_wgpu::{
-    plan, reference, Algorithm, AttentionConfig, DType, Element, HalfStorage, Tuning, Variant,
+    unstable::plan, unstable::reference, Algorithm, AttentionConfig, DType, Element, HalfStorage,
+    Tuning, Variant,
 };
 
 fn root() -> &'static Path {
@@ -107,7 +108,7 @@ fn env(variant: Variant, rows_subgroup: u32, half_storage: HalfStorage) -> plan:
         },
         max_binding_bytes: 128 << 20,
         offset_align: 256,
-        compiled_flags: flash_attn_wgpu::kernels::flags::compiled_from_env(),
+        compiled_flags: flash_attn_wgpu::unstable::kernels::flags::compiled_from_env(),
     }
 }
 
@@ -617,7 +618,7 @@ fn merges_and_decode_splits_match_the_f64_reference_on_dawn() {
         let p = plan::forward(&decode, dtype, &e).expect("decode plan");
         assert_eq!(
             p.steps[0].key.kernel,
-            flash_attn_wgpu::kernels::Kernel::FlashDecode
+            flash_attn_wgpu::unstable::kernels::Kernel::FlashDecode
         );
         // the backward from the decode's out and lse in f32 only: its kernels are the usual
         // backward's, which the other Dawn tests run in every format (in every format here
@@ -638,7 +639,7 @@ fn merges_and_decode_splits_match_the_f64_reference_on_dawn() {
         let p = plan::forward(&one, dtype, &e).expect("one-split decode plan");
         assert_eq!(
             p.steps[0].key.kernel,
-            flash_attn_wgpu::kernels::Kernel::FlashDecodeOne
+            flash_attn_wgpu::unstable::kernels::Kernel::FlashDecodeOne
         );
         let [fwd, _] = cases_in(dtype, &one, 2.0, &e, &format!("decode one split {name}"));
         all.push(fwd);

@@ -10,8 +10,8 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use flash_attn_wgpu::kernels::enumerate::{devices, pipeline_keys};
-use flash_attn_wgpu::kernels::{Kernel, KernelKey};
+use flash_attn_wgpu::unstable::kernels::enumerate::{devices, pipeline_keys};
+use flash_attn_wgpu::unstable::kernels::{Kernel, KernelKey};
 
 fn naga_module(key: &KernelKey) -> (naga::Module, naga::valid::ModuleInfo) {
     let src = key.wgsl();

@@ -3,8 +3,8 @@
 
 mod common;
 use flash_attn_wgpu::dtype::ElemFormat;
-use flash_attn_wgpu::kernels::enumerate::{devices, pipeline_keys};
-use flash_attn_wgpu::kernels::{
+use flash_attn_wgpu::unstable::kernels::enumerate::{devices, pipeline_keys};
+use flash_attn_wgpu::unstable::kernels::{
     choose_tiles, flags, Access, DeviceCaps, Kernel, KernelKey, Params,
 };
 

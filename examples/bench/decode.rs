@@ -242,7 +242,8 @@ fn points<T: Element>(
             };
             for &tuning in &a.tunings {
                 ctx.set_tuning(tuning)?;
-                let splits = flash_attn_wgpu::plan::decode::shape(&cfg, &ctx.plan_env())?.splits;
+                let splits =
+                    flash_attn_wgpu::unstable::plan::decode::shape(&cfg, &ctx.plan_env())?.splits;
                 let (split, split_wall) = time(&cfg, (&k, &v))?;
                 let one = AttentionConfig {
                     kv_splits: Some(1),

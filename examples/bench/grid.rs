@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use flash_attn_wgpu::kernels::flags;
+use flash_attn_wgpu::unstable::kernels::flags;
 use flash_attn_wgpu::{
-    plan, Algorithm, AttentionConfig, Context, DType, Error, ScoreBias, Tuning, Variant, Window,
+    unstable::plan, Algorithm, AttentionConfig, Context, DType, Error, ScoreBias, Tuning, Variant,
+    Window,
 };
 
 use crate::args::{AlgArg, Args, PassArg};

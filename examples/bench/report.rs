@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use flash_attn_wgpu::kernels::workgroup_words;
+use flash_attn_wgpu::unstable::kernels::workgroup_words;
 use flash_attn_wgpu::{Context, Error, Roofline, Tuning};
 
 use crate::grid::{Grid, Record};

@@ -15,8 +15,10 @@
 
 #[cfg(feature = "cuda")]
 pub mod device;
+#[doc(hidden)]
 pub mod kernels;
 #[cfg(feature = "cuda")]
+#[doc(hidden)]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
 pub mod tensor;
@@ -26,4 +28,5 @@ pub use device::CudaContext;
 #[cfg(feature = "cuda")]
 pub use tensor::CudaTensor;
 
+#[doc(hidden)]
 pub use kernels::{CudaKernel, CudaKey};

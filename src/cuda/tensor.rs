@@ -59,10 +59,12 @@ impl CudaTensor {
         self.borrowed
     }
 
+    /// The tensor's shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
 
+    /// The tensor's element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
@@ -77,6 +79,7 @@ impl CudaTensor {
         self.shape.iter().product()
     }
 
+    /// Whether it has no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

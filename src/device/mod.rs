@@ -6,6 +6,7 @@
 pub(crate) mod buffers;
 mod canary;
 mod coop;
+#[doc(hidden)]
 pub mod pipelines;
 mod scope;
 
@@ -27,21 +28,37 @@ use pipelines::PipelineCache;
 /// What the library knows about the adapter and the limits it runs under.
 #[derive(Debug, Clone)]
 pub struct AdapterSummary {
+    /// The adapter's name (e.g. `llvmpipe (LLVM 19.1.7, 256 bits)`).
     pub name: String,
+    /// The graphics API in use (Vulkan, Metal, Dx12, BrowserWebGpu).
     pub backend: String,
+    /// Discrete, integrated, virtual or CPU.
     pub device_type: String,
+    /// The driver's name.
     pub driver: String,
+    /// The driver's version string.
     pub driver_info: String,
+    /// Workgroup memory per workgroup the device was opened with.
     pub max_workgroup_storage_bytes: u32,
+    /// Invocations per workgroup allowed.
     pub max_invocations_per_workgroup: u32,
+    /// Largest storage binding.
     pub max_storage_binding_bytes: u64,
+    /// Largest buffer.
     pub max_buffer_bytes: u64,
+    /// Storage buffers one compute stage may bind.
     pub max_storage_buffers_per_stage: u32,
+    /// Workgroups per dispatch dimension.
     pub max_workgroups_per_dimension: u32,
+    /// Smallest subgroup size the adapter reports.
     pub subgroup_min_size: u32,
+    /// Largest subgroup size the adapter reports.
     pub subgroup_max_size: u32,
+    /// Whether `SHADER_F16` is in use (native f16 storage and arithmetic).
     pub shader_f16: bool,
+    /// Whether subgroup operations are in use.
     pub subgroups: bool,
+    /// Whether GPU timestamps are available (`GpuTiming`).
     pub timestamp_query: bool,
     /// Cooperative matrices for the coop variant: "in use", "not offered", or why they are
     /// offered but not used.

@@ -66,7 +66,7 @@ pub fn devices() -> [Device; 3] {
 pub const PIPELINE_BUDGET: usize = 1000;
 
 /// Every pipeline the plans can ask for on `devices`, over [`HEAD_DIMS`] and the samples
-/// [`variants_of`] takes, one key per distinct source.
+/// `variants_of` takes, one key per distinct source.
 pub fn pipeline_keys(devices: &[Device]) -> Vec<KernelKey> {
     let mut keys: Vec<KernelKey> = Vec::new();
     let mut sources = std::collections::HashSet::new();

@@ -6,7 +6,8 @@
 
 use flash_attn_wgpu::dtype::to_f32_vec;
 use flash_attn_wgpu::{
-    reference, Algorithm, AttentionBackend, AttentionConfig, Backend, DType, Element, Error,
+    unstable::reference, Algorithm, AttentionBackend, AttentionConfig, Backend, DType, Element,
+    Error,
 };
 
 use super::{

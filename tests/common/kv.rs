@@ -2,7 +2,7 @@
 
 use super::{assert_close_tol, assert_lse_close, fresh_seed, random, rel_tol};
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
-use flash_attn_wgpu::{reference, AttentionBackend, AttentionConfig, Element, PagedKv};
+use flash_attn_wgpu::{unstable::reference, AttentionBackend, AttentionConfig, Element, PagedKv};
 use rand::seq::SliceRandom;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 

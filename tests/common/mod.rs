@@ -34,7 +34,8 @@ use std::sync::OnceLock;
 
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
 use flash_attn_wgpu::{
-    reference, Algorithm, AttentionBackend, AttentionConfig, Context, DType, Element, Variant,
+    unstable::reference, Algorithm, AttentionBackend, AttentionConfig, Context, DType, Element,
+    Variant,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 

@@ -4,7 +4,9 @@
 
 use super::{assert_close_tol, assert_lse_close, fresh_seed, random, rel_tol};
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
-use flash_attn_wgpu::{reference, AttentionBackend, AttentionConfig, BoolMask, Element, Forward};
+use flash_attn_wgpu::{
+    unstable::reference, AttentionBackend, AttentionConfig, BoolMask, Element, Forward,
+};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// Keys [j0, j1) of every batch of a `[batch, seq_kv, heads_kv, head_dim]` tensor.

@@ -2,7 +2,7 @@
 
 use crate::common;
 use common::{cfg, check_backward, ctx, inputs};
-use flash_attn_wgpu::{reference, Algorithm};
+use flash_attn_wgpu::{unstable::reference, Algorithm};
 
 #[test]
 fn reference_backward_matches_finite_differences() {

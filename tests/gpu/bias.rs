@@ -5,8 +5,8 @@
 use crate::common;
 use common::{cfg, check_backward, check_dtype_dyn};
 use flash_attn_wgpu::{
-    reference, Algorithm, AttentionConfig, Context, DType, Error, ScoreBias, Tuning, Variant,
-    Varlen, Window,
+    unstable::reference, Algorithm, AttentionConfig, Context, DType, Error, ScoreBias, Tuning,
+    Variant, Varlen, Window,
 };
 
 /// Forward and backward (with d_bias where the bias asks for it) of every variant in every

@@ -4,7 +4,7 @@
 use crate::common;
 
 use common::{assert_close, cfg, inputs};
-use flash_attn_wgpu::{reference, Context};
+use flash_attn_wgpu::{unstable::reference, Context};
 
 #[test]
 fn context_is_send_and_sync() {

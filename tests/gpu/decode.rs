@@ -8,8 +8,10 @@ use crate::common;
 use common::backend::{check_case, Gap};
 use common::{assert_close_tol, assert_lse_close, cfg, ctx, rounded_inputs};
 use flash_attn_wgpu::dtype::to_f32_vec;
-use flash_attn_wgpu::kernels::Kernel;
-use flash_attn_wgpu::{plan, reference, AttentionConfig, Context, DType, Element, Window};
+use flash_attn_wgpu::unstable::kernels::Kernel;
+use flash_attn_wgpu::{
+    unstable::plan, unstable::reference, AttentionConfig, Context, DType, Element, Window,
+};
 
 /// The call takes the decode path on this context.
 fn assert_decode(ctx: &Context, c: &AttentionConfig, dtype: DType) {

@@ -247,7 +247,7 @@ fn per_batch_alibi_slopes_past_the_uniform_extras_are_a_device_limit_error() {
     c.alibi_slopes = Some(vec![0.5; 1025 * 16]);
     c.sinks = Some(vec![0.0; 16]);
     let env = ctx().plan_env();
-    match flash_attn_wgpu::plan::forward(&c, flash_attn_wgpu::DType::F32, &env) {
+    match flash_attn_wgpu::unstable::plan::forward(&c, flash_attn_wgpu::DType::F32, &env) {
         Err(Error::DeviceLimit {
             what,
             needed,
@@ -264,7 +264,9 @@ fn per_batch_alibi_slopes_past_the_uniform_extras_are_a_device_limit_error() {
         ),
     }
     c.alibi_slopes = Some(vec![0.5; 16]);
-    assert!(flash_attn_wgpu::plan::forward(&c, flash_attn_wgpu::DType::F32, &env).is_ok());
+    assert!(
+        flash_attn_wgpu::unstable::plan::forward(&c, flash_attn_wgpu::DType::F32, &env).is_ok()
+    );
 }
 
 #[test]
@@ -421,7 +423,7 @@ fn a_block_mask_past_the_uniform_extras_is_a_device_limit_error() {
         |_, _, r, col| r == col,
     ));
     let env = ctx().plan_env();
-    match flash_attn_wgpu::plan::forward(&c, flash_attn_wgpu::DType::F32, &env) {
+    match flash_attn_wgpu::unstable::plan::forward(&c, flash_attn_wgpu::DType::F32, &env) {
         Err(Error::DeviceLimit {
             what, needed, hint, ..
         }) => {
@@ -440,7 +442,9 @@ fn a_block_mask_past_the_uniform_extras_is_a_device_limit_error() {
         (1, 1, 32768, 32768),
         |_, _, r, col| r == col,
     ));
-    assert!(flash_attn_wgpu::plan::forward(&c, flash_attn_wgpu::DType::F32, &env).is_ok());
+    assert!(
+        flash_attn_wgpu::unstable::plan::forward(&c, flash_attn_wgpu::DType::F32, &env).is_ok()
+    );
 }
 
 #[test]
@@ -564,7 +568,7 @@ fn naive_reports_its_memory_limit_and_tiled_has_none() {
     }
     c.algorithm = Algorithm::Tiled;
     let got = ctx().forward_host(&c, &q, &rng_kv, &rng_kv).unwrap();
-    let want = flash_attn_wgpu::reference::forward(&c, &q, &rng_kv, &rng_kv);
+    let want = flash_attn_wgpu::unstable::reference::forward(&c, &q, &rng_kv, &rng_kv);
     // f32 sums over ~8M keys: allow 1e-3 relative (measured ~3e-4; the naive kernels'
     // plain per-thread sums do worse at 1M keys).
     for (i, (g, w)) in got.out.iter().zip(&want.out).enumerate() {
@@ -862,7 +866,7 @@ fn tiles_for_a_head_dim_out_of_range_is_a_typed_error_not_a_panic_or_a_wrap() {
     for d in [0, 257, 1 << 27, 1 << 32] {
         assert!(
             matches!(
-                ctx.tiles_for(flash_attn_wgpu::kernels::Kernel::FlashFwdRows, d),
+                ctx.tiles_for(flash_attn_wgpu::unstable::kernels::Kernel::FlashFwdRows, d),
                 Err(Error::InvalidConfig(m)) if m.contains("head_dim")
             ),
             "{d}"

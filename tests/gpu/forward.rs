@@ -98,7 +98,7 @@ fn explicit_softmax_scale_is_used() {
 /// Inf), which it is, P being capped at 1 (docs/PRECISION.md).
 fn hugely_negative_scores<T: flash_attn_wgpu::Element>(ctx: &flash_attn_wgpu::Context) {
     use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
-    use flash_attn_wgpu::{reference, Tuning};
+    use flash_attn_wgpu::{unstable::reference, Tuning};
     use rand::{rngs::StdRng, Rng, SeedableRng};
     let mut c = cfg(1, 37, 45, 2, 1, 16, true);
     c.softmax_scale = Some(-1.0e31);

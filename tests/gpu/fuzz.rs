@@ -15,7 +15,9 @@ use crate::common;
 
 use common::{ctx, rel_tol};
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
-use flash_attn_wgpu::{reference, AttentionConfig, DType, Element, Error, Tuning, Variant};
+use flash_attn_wgpu::{
+    unstable::reference, AttentionConfig, DType, Element, Error, Tuning, Variant,
+};
 use proptest::prelude::*;
 
 /// A value: mostly ordinary, sometimes one of the extremes.

@@ -75,7 +75,7 @@ fn forward_and_backward_recorded_into_the_callers_encoder_run_when_it_submits() 
         assert_eq!(dq, want_g.dq, "{}", common::describe(&c, d.seed));
         assert_eq!(x.download::<f32>(&f.lse).unwrap(), want_f.lse);
         // and out is out: the reference agrees
-        let r = flash_attn_wgpu::reference::forward(&c, &d.q, &d.k, &d.v);
+        let r = flash_attn_wgpu::unstable::reference::forward(&c, &d.q, &d.k, &d.v);
         common::assert_close("out", &out, &r.out, &common::describe(&c, d.seed));
     }
 }
@@ -198,5 +198,96 @@ fn tensors_wrapping_the_callers_buffer_are_read_in_place() {
     assert!(matches!(
         x.forward(&c, &foreign, &k, &v),
         Err(Error::ForeignTensor { .. })
+    ));
+}
+
+#[test]
+fn calls_write_into_the_callers_tensors_in_place() {
+    use flash_attn_wgpu::{Error, Forward};
+    let x = ctx();
+    for c in [
+        cfg(2, 37, 45, 4, 2, 32, true),
+        cfg(1, 1, 300, 8, 2, 64, true),
+    ] {
+        let d = inputs(&c, 1.5);
+        let (q, k, v) = (
+            x.upload(&d.q, &c.q_shape()).unwrap(),
+            x.upload(&d.k, &c.kv_shape()).unwrap(),
+            x.upload(&d.v, &c.kv_shape()).unwrap(),
+        );
+        // the destination starts as NaN: an element a call left unwritten would show
+        let nan = |n: usize| vec![f32::NAN; n];
+        let dst = Forward {
+            out: x.upload(&nan(d.q.len()), &c.q_shape()).unwrap(),
+            lse: x
+                .upload(&nan(c.lse_shape().iter().product()), &c.lse_shape())
+                .unwrap(),
+        };
+        let msg = common::describe(&c, d.seed);
+        for round in 0..2 {
+            // round 1: a new query written in place, the same destination
+            let qh = if round == 0 {
+                d.q.clone()
+            } else {
+                inputs(&c, 0.7).q
+            };
+            x.write(&q, &qh).unwrap();
+            x.forward_into(&c, &q, &k, &v, &dst).unwrap();
+            let r = flash_attn_wgpu::unstable::reference::forward(&c, &qh, &d.k, &d.v);
+            let m = format!("round {round}: {msg}");
+            common::assert_close("out", &x.download::<f32>(&dst.out).unwrap(), &r.out, &m);
+            common::assert_lse_close(&x.download::<f32>(&dst.lse).unwrap(), &r.lse, &m);
+        }
+        // bad destinations and writes are typed errors, found before any work
+        let short = x.zeros(&[c.batch, c.seq_q, c.heads_q]).unwrap();
+        let bad = Forward {
+            out: short,
+            lse: x.zeros(&c.lse_shape()).unwrap(),
+        };
+        assert!(matches!(
+            x.forward_into(&c, &q, &k, &v, &bad),
+            Err(Error::Shape { .. })
+        ));
+        let aliased = Forward {
+            out: x.upload(&d.q, &c.q_shape()).unwrap(),
+            lse: x.zeros(&c.lse_shape()).unwrap(),
+        };
+        let e = x.forward_into(&c, &aliased.out, &k, &v, &aliased);
+        assert!(
+            matches!(&e, Err(Error::InvalidConfig(m)) if m.contains("out")),
+            "{e:?}"
+        );
+        assert!(matches!(
+            x.write(&q, &d.q[1..]),
+            Err(Error::InvalidConfig(_))
+        ));
+        let half: Vec<half::f16> = flash_attn_wgpu::from_f32_slice(&d.q);
+        assert!(matches!(x.write(&q, &half), Err(Error::DType { .. })));
+    }
+    // a wrapped buffer is refused as a destination: outputs bind whole buffers
+    let c = cfg(1, 1, 300, 8, 2, 64, true);
+    let d = inputs(&c, 1.5);
+    let (q, k, v) = (
+        x.upload(&d.q, &c.q_shape()).unwrap(),
+        x.upload(&d.k, &c.kv_shape()).unwrap(),
+        x.upload(&d.v, &c.kv_shape()).unwrap(),
+    );
+    let f = x.forward(&c, &q, &k, &v).unwrap();
+    let wrapped = x
+        .tensor_from_buffer(
+            f.out.buffer(),
+            0,
+            &c.q_shape(),
+            None,
+            flash_attn_wgpu::DType::F32,
+        )
+        .unwrap();
+    let dst = Forward {
+        out: wrapped,
+        lse: x.zeros(&c.lse_shape()).unwrap(),
+    };
+    assert!(matches!(
+        x.forward_into(&c, &q, &k, &v, &dst),
+        Err(Error::Buffer { .. })
     ));
 }

@@ -122,3 +122,65 @@ fn bad_cache_arguments_are_typed_errors() {
     a.align_to_seqlens = true;
     assert!(matches!(a.validate(), Err(Error::InvalidConfig(_))));
 }
+
+#[test]
+fn a_decode_loop_writes_in_place_and_matches_the_reference_each_step() {
+    // three one-row steps over a dense cache, GQA, lengths 0, partial and nearly full: the
+    // query, the new rows and the results are tensors made once and written in place
+    use flash_attn_wgpu::{unstable::reference, Forward};
+    let x = ctx();
+    let c = cfg(3, 1, 96, 8, 2, 32, true);
+    let seed = common::fresh_seed();
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed);
+    let row = c.heads_kv * c.head_dim;
+    let mut lens = vec![0usize, 40, 90];
+    let mut kc = common::random(&mut rng, c.batch * c.seq_kv * row, 1.5);
+    let mut vc = common::random(&mut rng, c.batch * c.seq_kv * row, 1.0);
+    let (mut kd, mut vd) = (
+        x.upload(&kc, &c.kv_shape()).unwrap(),
+        x.upload(&vc, &c.kv_shape()).unwrap(),
+    );
+    let new_shape = [c.batch, 1, c.heads_kv, c.head_dim];
+    let (qd, knd, vnd) = (
+        x.zeros(&c.q_shape()).unwrap(),
+        x.zeros(&new_shape).unwrap(),
+        x.zeros(&new_shape).unwrap(),
+    );
+    let dst = Forward {
+        out: x.zeros(&c.q_shape()).unwrap(),
+        lse: x.zeros(&c.lse_shape()).unwrap(),
+    };
+    for step in 0..3 {
+        let q = common::random(&mut rng, c.batch * c.heads_q * c.head_dim, 1.5);
+        let kn = common::random(&mut rng, c.batch * row, 1.5);
+        let vn = common::random(&mut rng, c.batch * row, 1.0);
+        x.write(&qd, &q).unwrap();
+        x.write(&knd, &kn).unwrap();
+        x.write(&vnd, &vn).unwrap();
+        x.forward_with_kvcache_into(&c, &qd, (&mut kd, &mut vd), &lens, Some((&knd, &vnd)), &dst)
+            .unwrap();
+        let out = x.download::<f32>(&dst.out).unwrap();
+        let lse = x.download::<f32>(&dst.lse).unwrap();
+        for (bi, n) in lens.iter_mut().enumerate() {
+            let at = (bi * c.seq_kv + *n) * row;
+            kc[at..at + row].copy_from_slice(&kn[bi * row..(bi + 1) * row]);
+            vc[at..at + row].copy_from_slice(&vn[bi * row..(bi + 1) * row]);
+            *n += 1;
+            let mut one = c.clone();
+            one.batch = 1;
+            one.seq_kv = *n;
+            let qs = c.heads_q * c.head_dim;
+            let base = bi * c.seq_kv * row;
+            let want = reference::forward(
+                &one,
+                &q[bi * qs..(bi + 1) * qs],
+                &kc[base..base + *n * row],
+                &vc[base..base + *n * row],
+            );
+            let m = format!("batch {bi} step {step} seed {seed}");
+            common::assert_close("out", &out[bi * qs..(bi + 1) * qs], &want.out, &m);
+            let ls = c.heads_q;
+            common::assert_lse_close(&lse[bi * ls..(bi + 1) * ls], &want.lse, &m);
+        }
+    }
+}

@@ -3,8 +3,10 @@
 
 use crate::common;
 use common::{assert_close, assert_lse_close, cfg, inputs};
-use flash_attn_wgpu::kernels::workgroup_words;
-use flash_attn_wgpu::{reference, Algorithm, AttentionConfig, Context, Error, Tuning, Variant};
+use flash_attn_wgpu::unstable::kernels::workgroup_words;
+use flash_attn_wgpu::{
+    unstable::reference, Algorithm, AttentionConfig, Context, Error, Tuning, Variant,
+};
 
 /// A context over a device created with exactly `limits`, through `Context::from_wgpu`.
 fn context_with_limits(limits: wgpu::Limits) -> Context {

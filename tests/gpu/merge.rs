@@ -7,7 +7,7 @@ use crate::common;
 
 use common::shards::{case, key_range, merged_equals_full};
 use common::{assert_close_tol, assert_lse_close, ctx, fresh_seed, random};
-use flash_attn_wgpu::{reference, AttentionConfig, DType, Error, Forward, HostForward};
+use flash_attn_wgpu::{unstable::reference, AttentionConfig, DType, Error, Forward, HostForward};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 #[test]

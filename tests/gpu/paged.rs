@@ -8,7 +8,9 @@ use crate::common;
 use common::kv::{paged_cfg, random_paged};
 use common::{assert_close_tol, assert_lse_close, cfg, ctx, fresh_seed, random, rel_tol};
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
-use flash_attn_wgpu::{reference, AttentionConfig, Context, Element, Error, PagedKv, Tuning};
+use flash_attn_wgpu::{
+    unstable::reference, AttentionConfig, Context, Element, Error, PagedKv, Tuning,
+};
 use rand::{rngs::StdRng, SeedableRng};
 
 /// The dense keys of a paged call: `[batch, seq_kv, heads_kv, head_dim]` gathered through the

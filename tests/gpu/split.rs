@@ -6,7 +6,7 @@
 use crate::common;
 
 use common::{cfg, check_dtype_dyn};
-use flash_attn_wgpu::plan::{self, split};
+use flash_attn_wgpu::unstable::plan::{self, split};
 use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, DType, Error, Tuning, Variant, Window};
 
 /// A context whose device binds at most `binding` bytes of a buffer at once.

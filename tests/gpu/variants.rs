@@ -5,7 +5,7 @@
 use crate::common;
 use common::{assert_close, assert_lse_close, cfg, inputs};
 use flash_attn_wgpu::{
-    reference, Algorithm, AttentionConfig, Context, Tuning, Variant, Varlen, Window,
+    unstable::reference, Algorithm, AttentionConfig, Context, Tuning, Variant, Varlen, Window,
 };
 
 fn tunings(ctx: &Context) -> Vec<Tuning> {

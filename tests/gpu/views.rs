@@ -9,7 +9,7 @@ use crate::common;
 use common::{assert_close, assert_close_tol, assert_lse_close, cfg, ctx, inputs, rel_tol};
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec, Element};
 use flash_attn_wgpu::{
-    reference, Algorithm, AttentionConfig, Context, DType, Error, Tensor, Tuning, Variant,
+    unstable::reference, Algorithm, AttentionConfig, Context, DType, Error, Tensor, Tuning, Variant,
 };
 
 /// Where a `[batch, seq, heads, head_dim]` tensor lies in the caller's buffer: its first
