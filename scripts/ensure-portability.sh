@@ -51,12 +51,13 @@ PY
     "$spirv_tools/bin/spirv-val" --version | head -n 1 >&2
 fi
 
-want=$(node -p "require('./dawn/package.json').dependencies.webgpu")
-have=$(node -p "try { require('./dawn/node_modules/webgpu/package.json').version } catch (e) { '' }")
+# every pinned package of dawn/package.json (webgpu; playwright-core for the page check)
+want=$(node -p "JSON.stringify(require('./dawn/package.json').dependencies)")
+have=$(node -p "const d = require('./dawn/package.json').dependencies; JSON.stringify(Object.fromEntries(Object.keys(d).map((n) => { try { return [n, require('./dawn/node_modules/' + n + '/package.json').version] } catch (e) { return [n, ''] } })))")
 if [ "$have" = "$want" ]; then
-    log "webgpu $have present: nothing to do"
+    log "dawn/node_modules holds $have: nothing to do"
     exit 0
 fi
-log "installing webgpu $want into dawn/node_modules"
+log "installing $want into dawn/node_modules"
 npm ci --prefix dawn --no-audit --no-fund --loglevel=error
 log "installed webgpu $(node -p "require('./dawn/node_modules/webgpu/package.json').version")"

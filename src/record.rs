@@ -55,7 +55,7 @@ pub(crate) enum LastTiming {
     /// The wall clock from the call's start until its submission finished, taken when
     /// `last_gpu_timing` waits for it.
     Pending {
-        start: std::time::Instant,
+        start: crate::device::clock::Instant,
         submission: wgpu::SubmissionIndex,
     },
 }
@@ -64,11 +64,13 @@ impl Context {
     /// GPU time of the most recent call. With [`set_gpu_timing`](Context::set_gpu_timing)
     /// on (and an adapter with timestamp queries), measured by timestamps around each
     /// dispatch; otherwise the wall clock from the call's start until its work finished,
-    /// waiting for it here (so call it right after the call to time it).
+    /// waiting for it here (so call it right after the call to time it). In a browser
+    /// (wasm32), which cannot wait, calls are never timed and this is `None`.
     pub fn last_gpu_timing(&self) -> Option<GpuTiming> {
         let mut guard = self.timing.lock().ok()?;
         match guard.as_ref()? {
             LastTiming::Measured(t) => Some(t.clone()),
+            LastTiming::Pending { .. } if cfg!(target_arch = "wasm32") => None,
             LastTiming::Pending { start, submission } => {
                 self.device
                     .poll(wgpu::PollType::Wait {
@@ -254,9 +256,11 @@ impl Context {
             .iter()
             .map(|d| self.pipeline(&d.key))
             .collect::<Result<Vec<_>>>()?;
+        // a browser cannot wait for the readback the timing needs
+        let timed = timed && !cfg!(target_arch = "wasm32");
         let use_ts = timed && self.info.timestamp_query && !dispatches.is_empty();
         let n_ts = 2 * dispatches.len() as u32;
-        let start = std::time::Instant::now();
+        let start = crate::device::clock::Instant::now();
         let ts = self.scoped(|| {
             let mut enc = self
                 .device

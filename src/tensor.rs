@@ -382,7 +382,27 @@ impl Context {
 
     /// Copies a device tensor back to the host as `T`, which must be the tensor's dtype;
     /// row-major (a strided view's elements are gathered in its shape's row-major order).
+    /// Waits for the GPU: in a browser, which cannot wait, it is `Unsupported`; use
+    /// [`download_async`](Context::download_async) there.
     pub fn download<T: Element>(&self, t: &Tensor) -> Result<Vec<T>> {
+        self.blocking("download", self.download_async(t))?
+    }
+
+    /// [`download`](Context::download) as a future, for the web: in a browser it waits for
+    /// the mapping on the event loop and never blocks the thread; on native it waits for the
+    /// device when polled.
+    ///
+    /// ```no_run
+    /// # async fn run() -> flash_attn_wgpu::Result<()> {
+    /// use flash_attn_wgpu::{AttentionConfig, Context};
+    /// let ctx = Context::new_async().await?;
+    /// let cfg = AttentionConfig::new(1, 16, 16, 2, 2, 8);
+    /// let q = ctx.upload(&vec![0.5f32; 16 * 2 * 8], &cfg.q_shape())?;
+    /// let f = ctx.forward(&cfg, &q, &q, &q)?; // queued, returns at once
+    /// let out: Vec<f32> = ctx.download_async(&f.out).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn download_async<T: Element>(&self, t: &Tensor) -> Result<Vec<T>> {
         self.check_owned(t, || t.describe())?;
         if t.dtype != T::DTYPE {
             // the tensor has its dtype; the caller asked for T's
@@ -393,16 +413,20 @@ impl Context {
             });
         }
         if !t.needs_view() {
-            return self.read_buffer_at::<T>(t.buffer(), t.offset, t.len());
+            return self
+                .read_buffer_at_async::<T>(t.buffer(), t.offset, t.len())
+                .await;
         }
         // the bound bytes, then the view's elements picked out of them
         let esz = std::mem::size_of::<T>() as u64;
         // whole words, the last one too where the buffer ends mid-word
-        let words = self.read_buffer_at::<u32>(
-            t.buffer(),
-            t.bind_offset,
-            t.view_bytes().div_ceil(4) as usize,
-        )?;
+        let words = self
+            .read_buffer_at_async::<u32>(
+                t.buffer(),
+                t.bind_offset,
+                t.view_bytes().div_ceil(4) as usize,
+            )
+            .await?;
         let bytes: &[u8] = bytemuck::cast_slice(&words);
         let first = (t.offset - t.bind_offset) as usize;
         let mut out = Vec::with_capacity(t.len());

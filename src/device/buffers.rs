@@ -163,8 +163,36 @@ impl Context {
         self.read_buffer_at(src, 0, count)
     }
 
-    /// Reads `count` elements from byte `offset` (a multiple of 4) of a buffer to the host.
+    /// Reads `count` elements from byte `offset` (a multiple of 4) of a buffer to the host,
+    /// waiting for them (native only: `blocking`).
     pub(crate) fn read_buffer_at<T: bytemuck::Pod>(
+        &self,
+        src: &wgpu::Buffer,
+        offset: u64,
+        count: usize,
+    ) -> Result<Vec<T>> {
+        self.blocking("a readback", self.read_buffer_at_async(src, offset, count))?
+    }
+
+    /// Runs a future to its end on this thread, where a thread may wait (native). In a browser
+    /// nothing may: there the blocking calls are `Unsupported` and name their async form.
+    pub(crate) fn blocking<F: std::future::Future>(&self, what: &str, f: F) -> Result<F::Output> {
+        if cfg!(target_arch = "wasm32") {
+            return Err(Error::Unsupported {
+                feature: format!("{what} that waits for the GPU"),
+                backend: crate::Backend::Wgpu,
+                reason: "a browser cannot block its thread: use the async form \
+                         (Context::new_async, download_async)"
+                    .into(),
+            });
+        }
+        Ok(pollster::block_on(f))
+    }
+
+    /// [`read_buffer_at`](Context::read_buffer_at) as a future: on native it waits for the
+    /// device when polled (wgpu finishes a mapping only when the device is polled); in a
+    /// browser it waits for the mapping's promise on the event loop and never blocks.
+    pub(crate) async fn read_buffer_at_async<T: bytemuck::Pod>(
         &self,
         src: &wgpu::Buffer,
         offset: u64,
@@ -195,7 +223,10 @@ impl Context {
             enc.copy_buffer_to_buffer(src, offset, &staging.buffer, 0, bytes);
             self.queue.submit([enc.finish()]);
         })?;
+        #[cfg(not(target_arch = "wasm32"))]
         self.map_read(&staging.buffer)?;
+        #[cfg(target_arch = "wasm32")]
+        mapped(&staging.buffer).await?;
         let out = {
             let view = staging
                 .buffer
@@ -236,4 +267,40 @@ impl Context {
             .map_err(|e| Error::Device(format!("waiting for the GPU: {e}")))?;
         self.check_alive()
     }
+}
+
+/// A buffer's mapping for reading as a future that completes when wgpu calls back: in a
+/// browser the callback runs on the event loop, after the mapping promise resolves.
+#[cfg(target_arch = "wasm32")]
+async fn mapped(buffer: &wgpu::Buffer) -> Result<()> {
+    use std::sync::{Arc, Mutex};
+    use std::task::{Poll, Waker};
+    type Slot = Arc<
+        Mutex<(
+            Option<std::result::Result<(), wgpu::BufferAsyncError>>,
+            Option<Waker>,
+        )>,
+    >;
+    let slot: Slot = Arc::new(Mutex::new((None, None)));
+    let cb = slot.clone();
+    buffer.map_async(wgpu::MapMode::Read, .., move |r| {
+        if let Ok(mut s) = cb.lock() {
+            s.0 = Some(r);
+            if let Some(w) = s.1.take() {
+                w.wake();
+            }
+        }
+    });
+    let r = std::future::poll_fn(|cx| match slot.lock() {
+        Ok(mut s) => match s.0.take() {
+            Some(r) => Poll::Ready(Ok(r)),
+            None => {
+                s.1 = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        },
+        Err(_) => Poll::Ready(Err(Error::Device("buffer mapping state poisoned".into()))),
+    })
+    .await?;
+    r.map_err(|e| Error::Device(format!("mapping a buffer for readback: {e}")))
 }

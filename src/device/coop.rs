@@ -46,10 +46,12 @@ fn is_off(value: Option<&str>) -> bool {
 }
 
 /// The self-check's deadline: `COOP_TIMEOUT_ENV` where it parses, else the default.
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 fn self_check_timeout() -> std::time::Duration {
     timeout_from(std::env::var(COOP_TIMEOUT_ENV).ok().as_deref())
 }
 
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 fn timeout_from(value: Option<&str>) -> std::time::Duration {
     let s = value
         .and_then(|v| v.trim().parse::<u64>().ok())

@@ -5,6 +5,7 @@
 
 pub(crate) mod buffers;
 mod canary;
+pub(crate) mod clock;
 mod coop;
 #[doc(hidden)]
 pub mod pipelines;
@@ -99,6 +100,10 @@ pub struct Context {
     pub(crate) pipelines: PipelineCache,
     pub(crate) mem: Arc<MemTracker>,
     pub(crate) lost: Arc<Mutex<Option<String>>>,
+    /// In a browser: the first GPU error the device reported outside any scope, returned by
+    /// the next call (device/scope.rs).
+    #[cfg(target_arch = "wasm32")]
+    pub(crate) uncaptured: Arc<Mutex<Option<Error>>>,
     pub(crate) timing: Mutex<Option<crate::record::LastTiming>>,
     /// Whether calls measure their GPU time with timestamp queries (`set_gpu_timing`).
     pub(crate) gpu_timing: std::sync::atomic::AtomicBool,
@@ -132,9 +137,9 @@ impl Context {
         pollster::block_on(Self::new_async())
     }
 
-    /// [`Context::new`] as a future, for callers that already run an executor. Its checks
-    /// still wait for the device inside (the canary's readback), so it is not yet free of
-    /// blocking waits, which a browser needs.
+    /// [`Context::new`] as a future: in a browser (wasm32, the WebGPU backend) it never blocks
+    /// (the canary's readback is awaited); on native the canary waits for the device when
+    /// polled.
     pub async fn new_async() -> Result<Self> {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
@@ -167,7 +172,7 @@ impl Context {
         let (device, queue) = request(&adapter, features, &limits, coop_ok).await?;
         check_device_limits(&device.limits())?;
         let mut ctx = Self::build(device, queue, Some(adapter.get_info()), coop_ok);
-        ctx.driver_canary()?;
+        ctx.driver_canary_async().await?;
         match coop_verdict {
             Some(Ok(())) => {
                 ctx.info.cooperative_matrices = "16x16x16 f16/f32, in use (Variant::Coop)".into();
@@ -190,7 +195,11 @@ impl Context {
         check_device_limits(&device.limits())?;
         let info = device.adapter_info();
         let ctx = Self::build(device, queue, Some(info), false);
-        ctx.driver_canary()?;
+        // a browser cannot wait for the canary's readback here; its drivers are not the old
+        // lavapipe the canary guards against (`driver_canary_async` runs it by hand)
+        if !cfg!(target_arch = "wasm32") {
+            ctx.driver_canary()?;
+        }
         Ok(ctx)
     }
 
@@ -256,7 +265,25 @@ impl Context {
                 *l = Some(format!("{reason:?}: {msg}"));
             }
         });
+        #[cfg(target_arch = "wasm32")]
+        let uncaptured = {
+            let slot: Arc<Mutex<Option<Error>>> = Arc::new(Mutex::new(None));
+            let cb = slot.clone();
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                let err = match &e {
+                    wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory(scope::describe(&e)),
+                    wgpu::Error::Validation { .. } => Error::Validation(scope::describe(&e)),
+                    wgpu::Error::Internal { .. } => Error::Device(scope::describe(&e)),
+                };
+                if let Ok(mut s) = cb.lock() {
+                    s.get_or_insert(err);
+                }
+            }));
+            slot
+        };
         Context {
+            #[cfg(target_arch = "wasm32")]
+            uncaptured,
             device,
             queue,
             info: summary,

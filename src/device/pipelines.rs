@@ -80,7 +80,7 @@ impl Context {
         }
         let label = key.label();
         let wgsl = key.wgsl();
-        let started = std::time::Instant::now();
+        let started = super::clock::Instant::now();
         self.pipelines
             .compiled
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

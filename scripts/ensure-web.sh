@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Tools of the wasm check (scripts/web-check.sh): the wasm32-unknown-unknown target (rustup)
+# and the wasm-bindgen CLI at exactly the version of the wasm-bindgen crate that
+# examples/web pins (the CLI writes the JS glue and refuses another version's modules),
+# built from crates.io into .tools/. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+log() { echo "ensure-web: $*" >&2; }
+VERSION=$(sed -n 's/^wasm-bindgen = "=\(.*\)"/\1/p' examples/web/Cargo.toml)
+dir=".tools/wasm-bindgen-$VERSION"
+if ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
+    log "adding the wasm32-unknown-unknown target"
+    rustup target add wasm32-unknown-unknown >&2
+fi
+if [ -x "$dir/bin/wasm-bindgen" ]; then
+    log "wasm-bindgen $VERSION present in $dir"
+else
+    log "building wasm-bindgen-cli $VERSION into $dir (a few minutes)"
+    # not --locked: its lockfile names a webpki-roots the registry here does not offer
+    # only the wasm-bindgen binary, without TLS (its test runner downloads browsers; not here)
+    cargo install --quiet wasm-bindgen-cli --version "$VERSION" --root "$dir" \
+        --no-default-features --bin wasm-bindgen >&2
+fi
+# Chromium for the page (headless, WebGPU on SwiftShader or Vulkan), from the distribution
+if ! command -v chromium >/dev/null; then
+    command -v apt-get >/dev/null || { log "no apt-get: install chromium by hand"; exit 1; }
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+    log "installing chromium from the distribution"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq chromium >/dev/null
+fi
