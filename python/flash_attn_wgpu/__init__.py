@@ -1,0 +1,279 @@
+"""Exact FlashAttention, forward and backward, on any GPU that speaks WebGPU (through wgpu:
+Vulkan, Metal, DX12), with flash-attn's function names and layouts.
+
+    import numpy as np, flash_attn_wgpu as fa
+    q = np.random.randn(2, 128, 8, 64).astype(np.float32)   # [batch, seq, heads, head_dim]
+    k = np.random.randn(2, 128, 2, 64).astype(np.float32)   # 2 kv heads: GQA
+    v = np.random.randn(2, 128, 2, 64).astype(np.float32)
+    out, lse = fa.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = fa.flash_attn_backward(np.ones_like(out), q, k, v, out, lse, causal=True)
+
+Arrays are numpy float32, float16 or bfloat16 (``ml_dtypes.bfloat16``), any layout (made
+C-contiguous on upload). A call given numpy arrays copies them to the GPU and returns numpy
+arrays; a call given :class:`Tensor` s (``fa.tensor(array)``) works on the GPU and returns
+Tensors, so a chain of calls (a decode loop over a cache) copies nothing back until
+``Tensor.numpy()``. Errors are :class:`FlashAttnError` subclasses carrying the library's
+message. The GIL is released while the GPU works.
+
+Where the semantics differ from flash-attn: a row that sees no key returns out 0 and lse
+-inf (flash-attn: +inf); dropout's mask comes from Philox keyed by ``seed`` (not torch's
+generator), so it is reproducible but not flash-attn's; ``return_lse`` stands for
+``return_attn_probs`` (no probabilities are ever returned).
+"""
+
+import numpy as np
+
+from . import _native
+from ._errors import FlashAttnError, InvalidInputError, OutOfMemoryError, UnsupportedError
+
+__all__ = [
+    "Tensor",
+    "tensor",
+    "adapter",
+    "flash_attn_func",
+    "flash_attn_backward",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_backward",
+    "flash_attn_with_kvcache",
+    "FlashAttnError",
+    "InvalidInputError",
+    "UnsupportedError",
+    "OutOfMemoryError",
+]
+
+try:  # bfloat16 arrays exist in numpy only through ml_dtypes
+    import ml_dtypes
+
+    _BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - depends on the environment
+    _BF16 = None
+
+
+def _dtype_name(dtype):
+    dtype = np.dtype(dtype)
+    if dtype == np.float32:
+        return "float32"
+    if dtype == np.float16:
+        return "float16"
+    if _BF16 is not None and dtype == _BF16:
+        return "bfloat16"
+    raise InvalidInputError(
+        f"expected a float32, float16 or bfloat16 array, got dtype {dtype}"
+        + ("" if _BF16 is not None else " (bfloat16 needs the ml_dtypes package)")
+    )
+
+
+class Tensor:
+    """An array in GPU memory: made by :func:`tensor` or returned by a call given Tensors."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, native):
+        self._t = native
+
+    @property
+    def shape(self):
+        """The shape, row-major."""
+        return tuple(self._t.shape)
+
+    @property
+    def dtype(self):
+        """The numpy dtype of the values."""
+        name = self._t.dtype
+        if name == "bfloat16":
+            if _BF16 is None:
+                raise FlashAttnError("a bfloat16 tensor needs the ml_dtypes package on the host")
+            return _BF16
+        return np.dtype(name)
+
+    def numpy(self):
+        """Copies the values to a new numpy array (waits for the GPU)."""
+        bits = self._t.download()
+        return bits if self._t.dtype == "float32" else bits.view(self.dtype)
+
+    def __repr__(self):
+        return f"flash_attn_wgpu.Tensor(shape={self.shape}, dtype={self._t.dtype})"
+
+
+def tensor(array):
+    """Copies a numpy array (float32, float16 or ml_dtypes.bfloat16) to a new GPU tensor; a
+    Tensor is returned as it is."""
+    if isinstance(array, Tensor):
+        return array
+    a = np.asarray(array)
+    name = _dtype_name(a.dtype)
+    a = np.ascontiguousarray(a)
+    return Tensor(_native.upload(a if name == "float32" else a.view(np.uint16), name))
+
+
+def adapter():
+    """The GPU in use: name, backend and driver (the default adapter, chosen on first use)."""
+    return _native.adapter()
+
+
+def _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed,
+             cu_seqlens_q=None, cu_seqlens_k=None, block_table=None, num_splits=0):
+    def ints(x):
+        return None if x is None else [int(n) for n in np.asarray(x).ravel()]
+
+    table = None
+    if block_table is not None:
+        t = np.asarray(block_table)
+        if t.ndim != 2:
+            raise InvalidInputError(
+                f"block_table must be [batch, pages_per_seq], got shape {t.shape}")
+        table = (ints(t), int(t.shape[1]))
+    slopes = None
+    if alibi_slopes is not None:
+        slopes = [float(s) for s in np.asarray(alibi_slopes, dtype=np.float32).ravel()]
+    left, right = window_size
+    return {
+        "causal": bool(causal),
+        "softmax_scale": None if softmax_scale is None else float(softmax_scale),
+        "window_size": (int(left), int(right)),
+        "softcap": float(softcap),
+        "alibi_slopes": slopes,
+        "dropout_p": float(dropout_p),
+        "seed": int(seed),
+        "cu_seqlens_q": ints(cu_seqlens_q),
+        "cu_seqlens_k": ints(cu_seqlens_k),
+        "block_table": table,
+        "num_splits": int(num_splits),
+    }
+
+
+def _out(as_numpy, t):
+    wrapped = Tensor(t)
+    return wrapped.numpy() if as_numpy else wrapped
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_lse=False,
+                    seed=0):
+    """Attention of q ``[batch, seqlen_q, nheads, headdim]`` over k, v ``[batch, seqlen_k,
+    nheads_k, headdim]`` (nheads a multiple of nheads_k: GQA/MQA).
+
+    ``causal``: bottom-right aligned (query i sees keys j <= i + seqlen_k - seqlen_q);
+    ``window_size`` (left, right), -1 unbounded; ``softcap`` > 0 caps the scaled scores with
+    tanh; ``alibi_slopes`` ``[nheads]`` or ``[batch, nheads]`` float32; ``dropout_p`` with
+    ``seed`` drops probabilities. Returns out (q's dtype), or (out, lse) with ``return_lse``
+    (lse ``[batch, nheads, seqlen_q]`` float32).
+    """
+    as_numpy = not isinstance(q, Tensor)
+    opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed)
+    out, lse = _native.forward(tensor(q)._t, tensor(k)._t, tensor(v)._t, opts)
+    out = _out(as_numpy, out)
+    return (out, _out(as_numpy, lse)) if return_lse else out
+
+
+def flash_attn_backward(dout, q, k, v, out, lse, dropout_p=0.0, softmax_scale=None,
+                        causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                        seed=0):
+    """Gradients (dq, dk, dv) of attention from the forward's ``out`` and ``lse`` and the
+    output's gradient ``dout``, with the forward's options (the probabilities are recomputed,
+    never stored). Shapes and dtypes as q, k and v."""
+    as_numpy = not isinstance(q, Tensor)
+    opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed)
+    grads = _native.backward(tensor(dout)._t, tensor(q)._t, tensor(k)._t, tensor(v)._t,
+                             tensor(out)._t, tensor(lse)._t, opts)
+    return tuple(_out(as_numpy, g) for g in grads)
+
+
+def _packed(x, name):
+    """A varlen array ``[total, heads, headdim]`` as the library's batch of one."""
+    if isinstance(x, Tensor):
+        if len(x.shape) != 4 or x.shape[0] != 1:
+            raise InvalidInputError(
+                f"a varlen {name} Tensor must be [1, total, heads, headdim], got {x.shape}")
+        return x
+    a = np.asarray(x)
+    if a.ndim != 3:
+        raise InvalidInputError(
+            f"varlen {name} must be [total, heads, headdim], got shape {a.shape}")
+    return tensor(a[None])
+
+
+def _check_max(cu, given, name):
+    cu = np.asarray(cu)
+    if given is not None and cu.size > 1 and int(np.max(np.diff(cu))) > int(given):
+        raise InvalidInputError(
+            f"{name} is {given}, but the longest sequence in its cu_seqlens has "
+            f"{int(np.max(np.diff(cu)))}")
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
+                           max_seqlen_k=None, dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           return_lse=False, seed=0):
+    """Sequences of different lengths packed end to end: q ``[total_q, nheads, headdim]``, k
+    and v ``[total_k, nheads_k, headdim]``, ``cu_seqlens_q``/``cu_seqlens_k`` the cumulative
+    lengths (batch + 1 entries from 0). Each sequence attends within itself, causal and
+    window aligned per sequence. ``max_seqlen_*`` are checked, not needed. Returns out
+    ``[total_q, nheads, headdim]``, and lse ``[nheads, total_q]`` with ``return_lse``."""
+    _check_max(cu_seqlens_q, max_seqlen_q, "max_seqlen_q")
+    _check_max(cu_seqlens_k, max_seqlen_k, "max_seqlen_k")
+    as_numpy = not isinstance(q, Tensor)
+    opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed,
+                    cu_seqlens_q, cu_seqlens_k)
+    out, lse = _native.forward(_packed(q, "q")._t, _packed(k, "k")._t, _packed(v, "v")._t,
+                               opts)
+    out, lse = _out(as_numpy, out), _out(as_numpy, lse)
+    if as_numpy:
+        out, lse = out[0], lse[0]
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                               dropout_p=0.0, softmax_scale=None, causal=False,
+                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None, seed=0):
+    """Gradients (dq, dk, dv) of a varlen call, in the packed layouts of q, k and v."""
+    as_numpy = not isinstance(q, Tensor)
+    opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed,
+                    cu_seqlens_q, cu_seqlens_k)
+    if not isinstance(lse, Tensor):
+        lse = np.asarray(lse)[None]
+    grads = _native.backward(_packed(dout, "dout")._t, _packed(q, "q")._t, _packed(k, "k")._t,
+                             _packed(v, "v")._t, _packed(out, "out")._t, tensor(lse)._t, opts)
+    grads = tuple(_out(as_numpy, g) for g in grads)
+    return tuple(g[0] for g in grads) if as_numpy else grads
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
+                            block_table=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
+    """Attention of q ``[batch, seqlen_q, nheads, headdim]`` over a KV cache, after appending
+    the new keys and values ``k``, ``v`` ``[batch, seqlen_new, nheads_k, headdim]`` at each
+    batch's length ``cache_seqlens`` (an int or ``[batch]``: the rows each batch held before
+    the call; the caller advances them). The caches are ``[batch, seqlen_cache, nheads_k,
+    headdim]``, or with ``block_table`` ``[batch, pages_per_seq]`` (int32) page pools
+    ``[num_pages, page_size, nheads_k, headdim]``; they are updated in place: on the GPU when
+    they are Tensors (a decode loop then copies nothing but q and the new rows), and copied
+    back into the arrays when they are numpy arrays. Causal, window and ALiBi are aligned to
+    each batch's length. ``num_splits`` 0 picks the split-KV count. Returns out, and lse
+    with ``return_softmax_lse``."""
+    as_numpy = not isinstance(q, Tensor)
+    batch = np.shape(q)[0] if as_numpy else q.shape[0]
+    if cache_seqlens is None:  # every row of the cache holds a key
+        rows = np.shape(k_cache)[1] if not isinstance(k_cache, Tensor) else k_cache.shape[1]
+        if block_table is not None:
+            rows *= np.shape(block_table)[1]
+        cache_seqlens = [rows] * batch
+    elif np.ndim(cache_seqlens) == 0:
+        cache_seqlens = [int(cache_seqlens)] * batch
+    else:
+        cache_seqlens = [int(n) for n in np.asarray(cache_seqlens).ravel()]
+    if (k is None) != (v is None):
+        raise InvalidInputError("k and v are appended together: give both or neither")
+    kc, vc = tensor(k_cache), tensor(v_cache)
+    opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, 0.0, 0,
+                    block_table=block_table, num_splits=num_splits)
+    out, lse = _native.forward_with_kvcache(
+        tensor(q)._t, kc._t, vc._t, cache_seqlens,
+        None if k is None else tensor(k)._t, None if v is None else tensor(v)._t, opts)
+    if k is not None:
+        for given, dev in ((k_cache, kc), (v_cache, vc)):
+            if not isinstance(given, Tensor):
+                given[...] = dev.numpy()
+    out = _out(as_numpy, out)
+    return (out, _out(as_numpy, lse)) if return_softmax_lse else out

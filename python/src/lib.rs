@@ -1,0 +1,320 @@
+//! The native half of the Python package `flash_attn_wgpu` (pyo3): device tensors and the
+//! three calls (forward, backward, attention over a KV cache) on one process-wide
+//! [`Context`]. The Python half (`flash_attn_wgpu/__init__.py`) gives them flash-attn's names
+//! and argument conventions, and converts numpy arrays; this file only maps Python values to
+//! the library's types and back. Every call releases the GIL while the GPU works.
+
+use std::sync::OnceLock;
+
+use flash_attn_wgpu::{
+    AttentionConfig, Context, DType, Dropout, Error, PagedKv, Tensor, Window,
+};
+use numpy::{PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods, ToPyArray};
+use pyo3::prelude::*;
+use pyo3::types::PyType;
+
+/// The process's context, created on first use (the default adapter).
+static CONTEXT: OnceLock<Context> = OnceLock::new();
+
+fn context(py: Python<'_>) -> PyResult<&'static Context> {
+    if let Some(c) = CONTEXT.get() {
+        return Ok(c);
+    }
+    let made = py.detach(Context::new).map_err(|e| to_py(py, e))?;
+    // two threads may race here: the loser's context is dropped, both use the winner's
+    Ok(CONTEXT.get_or_init(|| made))
+}
+
+/// Our error as the Python exception of its kind (classes in `flash_attn_wgpu/_errors.py`),
+/// carrying our message.
+fn to_py(py: Python<'_>, e: Error) -> PyErr {
+    let kind = match &e {
+        Error::SliceLength { .. }
+        | Error::Shape { .. }
+        | Error::DType { .. }
+        | Error::ForeignTensor { .. }
+        | Error::InvalidValue { .. }
+        | Error::InvalidConfig(_)
+        | Error::Buffer { .. } => "InvalidInputError",
+        Error::Unsupported { .. } | Error::DeviceLimit { .. } => "UnsupportedError",
+        Error::OutOfMemory(_) => "OutOfMemoryError",
+        _ => "FlashAttnError",
+    };
+    let class = py
+        .import("flash_attn_wgpu._errors")
+        .and_then(|m| m.getattr(kind))
+        .and_then(|c| Ok(c.cast_into::<PyType>()?));
+    match class {
+        Ok(c) => PyErr::from_type(c, e.to_string()),
+        Err(import_failed) => import_failed,
+    }
+}
+
+fn invalid(py: Python<'_>, msg: String) -> PyErr {
+    to_py(py, Error::InvalidConfig(msg))
+}
+
+/// A tensor in GPU memory: upload once, chain calls, download once.
+#[pyclass(name = "Tensor", module = "flash_attn_wgpu._native")]
+struct PyTensor {
+    inner: Tensor,
+}
+
+fn dtype_name(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float32",
+        DType::F16 => "float16",
+        DType::BF16 => "bfloat16",
+    }
+}
+
+#[pymethods]
+impl PyTensor {
+    /// The shape, row-major.
+    #[getter]
+    fn shape(&self) -> Vec<usize> {
+        self.inner.shape().to_vec()
+    }
+
+    /// "float32", "float16" or "bfloat16".
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        dtype_name(self.inner.dtype())
+    }
+
+    /// The values: a float32 array, or for the half dtypes their bits as uint16 (the Python
+    /// side views them as float16 or bfloat16).
+    fn download<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let ctx = context(py)?;
+        let t = &self.inner;
+        let shape = t.shape().to_vec();
+        let arr = match t.dtype() {
+            DType::F32 => {
+                let v = py.detach(|| ctx.download::<f32>(t)).map_err(|e| to_py(py, e))?;
+                v.to_pyarray(py).reshape(shape)?.into_any()
+            }
+            DType::F16 => {
+                let v = py.detach(|| ctx.download::<half::f16>(t)).map_err(|e| to_py(py, e))?;
+                bits(&v).to_pyarray(py).reshape(shape)?.into_any()
+            }
+            DType::BF16 => {
+                let v = py.detach(|| ctx.download::<half::bf16>(t)).map_err(|e| to_py(py, e))?;
+                bits(&v).to_pyarray(py).reshape(shape)?.into_any()
+            }
+        };
+        Ok(arr)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "flash_attn_wgpu.Tensor(shape={:?}, dtype={})",
+            self.inner.shape(),
+            dtype_name(self.inner.dtype())
+        )
+    }
+}
+
+fn bits<T: bytemuck::Pod>(v: &[T]) -> &[u16] {
+    bytemuck::cast_slice(v)
+}
+
+/// A new device tensor from a C-contiguous array: float32 values, or float16/bfloat16 bits
+/// as uint16 with `dtype` naming which.
+#[pyfunction]
+fn upload(py: Python<'_>, array: &Bound<'_, PyAny>, dtype: &str) -> PyResult<PyTensor> {
+    let ctx = context(py)?;
+    let made = match dtype {
+        "float32" => {
+            let a: PyReadonlyArrayDyn<'_, f32> = array.extract()?;
+            let shape = a.shape().to_vec();
+            let data = a.as_slice()?;
+            py.detach(|| ctx.upload(data, &shape))
+        }
+        "float16" | "bfloat16" => {
+            let a: PyReadonlyArrayDyn<'_, u16> = array.extract()?;
+            let shape = a.shape().to_vec();
+            let data = a.as_slice()?;
+            if dtype == "float16" {
+                let h: &[half::f16] = bytemuck::cast_slice(data);
+                py.detach(|| ctx.upload(h, &shape))
+            } else {
+                let h: &[half::bf16] = bytemuck::cast_slice(data);
+                py.detach(|| ctx.upload(h, &shape))
+            }
+        }
+        other => {
+            return Err(invalid(
+                py,
+                format!("upload: dtype must be float32, float16 or bfloat16, got {other}"),
+            ))
+        }
+    };
+    made.map(|inner| PyTensor { inner }).map_err(|e| to_py(py, e))
+}
+
+/// The name and driver of the adapter in use.
+#[pyfunction]
+fn adapter(py: Python<'_>) -> PyResult<String> {
+    let a = context(py)?.adapter_info();
+    Ok(format!("{} ({}, {} {})", a.name, a.backend, a.driver, a.driver_info))
+}
+
+/// The call's options, as the Python side passes them (every key present).
+#[derive(FromPyObject)]
+struct Options {
+    #[pyo3(item)]
+    causal: bool,
+    #[pyo3(item)]
+    softmax_scale: Option<f32>,
+    #[pyo3(item)]
+    window_size: (i64, i64),
+    #[pyo3(item)]
+    softcap: f32,
+    #[pyo3(item)]
+    alibi_slopes: Option<Vec<f32>>,
+    #[pyo3(item)]
+    dropout_p: f32,
+    #[pyo3(item)]
+    seed: u64,
+    #[pyo3(item)]
+    cu_seqlens_q: Option<Vec<u32>>,
+    #[pyo3(item)]
+    cu_seqlens_k: Option<Vec<u32>>,
+    /// The block table, flattened, and its pages per sequence.
+    #[pyo3(item)]
+    block_table: Option<(Vec<u32>, usize)>,
+    #[pyo3(item)]
+    num_splits: usize,
+}
+
+fn dims4(py: Python<'_>, name: &str, t: &Tensor) -> PyResult<[usize; 4]> {
+    <[usize; 4]>::try_from(t.shape()).map_err(|_| {
+        invalid(
+            py,
+            format!("{name} must have 4 dimensions [batch, seq, heads, head_dim], got shape {:?}", t.shape()),
+        )
+    })
+}
+
+/// The config of a call: sizes from q and k (or the paged pools), the options on top.
+fn config(py: Python<'_>, q: &Tensor, k: &Tensor, o: &Options) -> PyResult<AttentionConfig> {
+    let [b, sq, hq, d] = dims4(py, "q", q)?;
+    let [kb, skv, hkv, _] = dims4(py, "k", k)?;
+    let mut cfg = match (&o.cu_seqlens_q, &o.cu_seqlens_k, &o.block_table) {
+        (Some(cq), Some(ck), None) => AttentionConfig::packed(cq.clone(), ck.clone(), hq, hkv, d),
+        (None, None, Some((table, pages_per_seq))) => {
+            let mut c = AttentionConfig::new(b, sq, pages_per_seq * skv, hq, hkv, d);
+            c.paged = Some(PagedKv {
+                page_size: skv,
+                num_pages: kb,
+                pages_per_seq: *pages_per_seq,
+                block_table: table.clone(),
+            });
+            c
+        }
+        (None, None, None) => AttentionConfig::new(b, sq, skv, hq, hkv, d),
+        _ => {
+            return Err(invalid(
+                py,
+                "cu_seqlens_q and cu_seqlens_k go together, and not with a block table".into(),
+            ))
+        }
+    };
+    cfg.causal = o.causal;
+    cfg.softmax_scale = o.softmax_scale;
+    let side = |n: i64| (n >= 0).then_some(n as usize);
+    cfg.window = Window::new(side(o.window_size.0), side(o.window_size.1));
+    cfg.softcap = (o.softcap != 0.0).then_some(o.softcap);
+    cfg.alibi_slopes = o.alibi_slopes.clone();
+    if o.dropout_p != 0.0 {
+        cfg.dropout = Some(Dropout::new(o.dropout_p, o.seed, 0));
+    }
+    cfg.kv_splits = (o.num_splits > 0).then_some(o.num_splits);
+    Ok(cfg)
+}
+
+/// Forward: (out, lse).
+#[pyfunction]
+fn forward(
+    py: Python<'_>,
+    q: PyRef<'_, PyTensor>,
+    k: PyRef<'_, PyTensor>,
+    v: PyRef<'_, PyTensor>,
+    options: Options,
+) -> PyResult<(PyTensor, PyTensor)> {
+    let ctx = context(py)?;
+    let (q, k, v) = (&q.inner, &k.inner, &v.inner);
+    let cfg = config(py, q, k, &options)?;
+    let f = py
+        .detach(|| ctx.forward(&cfg, q, k, v))
+        .map_err(|e| to_py(py, e))?;
+    Ok((PyTensor { inner: f.out }, PyTensor { inner: f.lse }))
+}
+
+/// Backward from the forward's out and lse: (dq, dk, dv).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    py: Python<'_>,
+    d_out: PyRef<'_, PyTensor>,
+    q: PyRef<'_, PyTensor>,
+    k: PyRef<'_, PyTensor>,
+    v: PyRef<'_, PyTensor>,
+    out: PyRef<'_, PyTensor>,
+    lse: PyRef<'_, PyTensor>,
+    options: Options,
+) -> PyResult<(PyTensor, PyTensor, PyTensor)> {
+    let ctx = context(py)?;
+    let (q, k, v) = (&q.inner, &k.inner, &v.inner);
+    let (out, lse, d_out) = (&out.inner, &lse.inner, &d_out.inner);
+    let cfg = config(py, q, k, &options)?;
+    let g = py
+        .detach(|| ctx.backward(&cfg, q, k, v, out, lse, d_out))
+        .map_err(|e| to_py(py, e))?;
+    Ok((
+        PyTensor { inner: g.dq },
+        PyTensor { inner: g.dk },
+        PyTensor { inner: g.dv },
+    ))
+}
+
+/// Attention over a KV cache after appending (k_new, v_new) at each batch's length; the
+/// caches are written in place: (out, lse).
+#[pyfunction]
+#[pyo3(signature = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, options))]
+#[allow(clippy::too_many_arguments)]
+fn forward_with_kvcache(
+    py: Python<'_>,
+    q: PyRef<'_, PyTensor>,
+    mut k_cache: PyRefMut<'_, PyTensor>,
+    mut v_cache: PyRefMut<'_, PyTensor>,
+    cache_seqlens: Vec<usize>,
+    k_new: Option<PyRef<'_, PyTensor>>,
+    v_new: Option<PyRef<'_, PyTensor>>,
+    options: Options,
+) -> PyResult<(PyTensor, PyTensor)> {
+    let ctx = context(py)?;
+    let q = &q.inner;
+    let cfg = config(py, q, &k_cache.inner, &options)?;
+    let append = match (&k_new, &v_new) {
+        (Some(k), Some(v)) => Some((&k.inner, &v.inner)),
+        (None, None) => None,
+        _ => return Err(invalid(py, "k and v are appended together: give both or neither".into())),
+    };
+    let (kc, vc) = (&mut k_cache.inner, &mut v_cache.inner);
+    let f = py
+        .detach(|| ctx.forward_with_kvcache(&cfg, q, kc, vc, &cache_seqlens, append))
+        .map_err(|e| to_py(py, e))?;
+    Ok((PyTensor { inner: f.out }, PyTensor { inner: f.lse }))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyTensor>()?;
+    m.add_function(wrap_pyfunction!(upload, m)?)?;
+    m.add_function(wrap_pyfunction!(adapter, m)?)?;
+    m.add_function(wrap_pyfunction!(forward, m)?)?;
+    m.add_function(wrap_pyfunction!(backward, m)?)?;
+    m.add_function(wrap_pyfunction!(forward_with_kvcache, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,244 @@
+"""The Python package against the float64 numpy reference (tests/reference.py) on fresh random
+data each run (the seed is printed on failure): forward and backward in every dtype, the
+modifiers, varlen, the KV cache (dense and paged, numpy and device-resident), dropout through
+finite differences, and typed errors."""
+
+import os
+
+import numpy as np
+import pytest
+
+import flash_attn_wgpu as fa
+from reference import attention, varlen
+
+SEED = int(os.environ.get("FA_TEST_SEED", np.random.SeedSequence().entropy % 2**32))
+# tolerances: f32 results to f32 rounding; halves to their rounding of inputs and outputs
+TOL = {np.float32: 2e-5, np.float16: 4e-3, "bfloat16": 3e-2}
+
+
+@pytest.fixture
+def rng(request):
+    """A generator per test, from the run's seed and the test's name."""
+    print(f"FA_TEST_SEED={SEED}")
+    return np.random.default_rng([SEED, abs(hash(request.node.name)) % 2**32])
+
+
+def dtypes():
+    out = [np.float32, np.float16]
+    try:
+        import ml_dtypes
+
+        out.append(ml_dtypes.bfloat16)
+    except ImportError:
+        pass
+    return out
+
+
+def tol(dtype):
+    return TOL.get(dtype, TOL["bfloat16"])
+
+
+def rand(rng, shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(np.float32).astype(dtype)
+
+
+def close(got, want, atol, what):
+    got = np.asarray(got, dtype=np.float64)
+    scale = max(1.0, float(np.max(np.abs(want[np.isfinite(want)]), initial=0.0)))
+    fin = np.isfinite(want)
+    assert np.array_equal(fin, np.isfinite(got)), f"{what}: infinities differ (seed {SEED})"
+    assert np.array_equal(got[~fin], want[~fin]), f"{what}: infinities differ (seed {SEED})"
+    err = float(np.max(np.abs(got[fin] - want[fin]), initial=0.0))
+    assert err <= atol * scale, f"{what}: max error {err:.3e} > {atol * scale:.3e} (seed {SEED})"
+
+
+def test_the_adapter_is_named():
+    assert fa.adapter()
+
+
+@pytest.mark.parametrize("dtype", dtypes(), ids=lambda d: np.dtype(d).name)
+def test_causal_gqa_forward_and_backward_match_the_reference(rng, dtype):
+    b, sq, sk, hq, hk, d = 2, 37, 45, 4, 2, 32
+    q, k, v = rand(rng, (b, sq, hq, d), dtype), rand(rng, (b, sk, hk, d), dtype), \
+        rand(rng, (b, sk, hk, d), dtype)
+    dout = rand(rng, (b, sq, hq, d), dtype)
+    out, lse = fa.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert out.dtype == np.dtype(dtype) and out.shape == q.shape
+    assert lse.dtype == np.float32 and lse.shape == (b, hq, sq)
+    want = attention(q, k, v, dout, causal=True)
+    close(out, want[0], tol(dtype), "out")
+    close(lse, want[1], 2e-5, "lse")
+    dq, dk, dv = fa.flash_attn_backward(dout, q, k, v, out, lse, causal=True)
+    for got, w, name in zip((dq, dk, dv), want[2:], ("dq", "dk", "dv")):
+        assert got.dtype == np.dtype(dtype)
+        close(got, w, 2 * tol(dtype), name)
+
+
+def test_window_softcap_alibi_and_scale_forward_and_backward(rng):
+    b, sq, sk, hq, hk, d = 2, 29, 41, 6, 3, 24
+    q, k, v = rand(rng, (b, sq, hq, d)), rand(rng, (b, sk, hk, d)), rand(rng, (b, sk, hk, d))
+    dout = rand(rng, (b, sq, hq, d))
+    slopes = rng.uniform(0.05, 0.5, (b, hq)).astype(np.float32)
+    opts = dict(causal=True, window_size=(7, 0), softcap=3.0, alibi_slopes=slopes,
+                softmax_scale=0.3)
+    out, lse = fa.flash_attn_func(q, k, v, return_lse=True, **opts)
+    want = attention(q, k, v, dout, causal=True, window=(7, 0), softcap=3.0, alibi=slopes,
+                     scale=0.3)
+    close(out, want[0], 2e-5, "out")
+    close(lse, want[1], 2e-5, "lse")
+    grads = fa.flash_attn_backward(dout, q, k, v, out, lse, **opts)
+    for got, w, name in zip(grads, want[2:], ("dq", "dk", "dv")):
+        close(got, w, 4e-5, name)
+
+
+def test_rows_that_see_no_key_give_zero_and_minus_infinity(rng):
+    # causal, bottom-right aligned, more queries than keys: the first 4 rows see nothing
+    q, k, v = rand(rng, (1, 9, 2, 16)), rand(rng, (1, 5, 2, 16)), rand(rng, (1, 5, 2, 16))
+    out, lse = fa.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    want = attention(q, k, v, causal=True)
+    assert np.all(np.isneginf(want[1][:, :, :4]))
+    close(out, want[0], 2e-5, "out")
+    close(lse, want[1], 2e-5, "lse")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
+def test_varlen_matches_each_sequence_alone(rng, dtype):
+    lens_q, lens_k = [5, 17, 1, 11], [9, 17, 4, 20]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    hq, hk, d = 4, 1, 40
+    q, k, v = rand(rng, (cu_q[-1], hq, d), dtype), rand(rng, (cu_k[-1], hk, d), dtype), \
+        rand(rng, (cu_k[-1], hk, d), dtype)
+    dout = rand(rng, q.shape, dtype)
+    out, lse = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                         causal=True, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (hq, cu_q[-1])
+    want = varlen(q, k, v, cu_q, cu_k, dout, causal=True)
+    close(out, want[0], tol(dtype), "out")
+    close(lse, want[1], 2e-5, "lse")
+    grads = fa.flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, causal=True)
+    for got, w, name in zip(grads, want[2:], ("dq", "dk", "dv")):
+        assert got.shape == w.shape
+        close(got, w, 2 * tol(dtype), name)
+
+
+def test_device_tensors_chain_calls_and_return_tensors(rng):
+    q, k, v = rand(rng, (1, 16, 2, 8)), rand(rng, (1, 20, 2, 8)), rand(rng, (1, 20, 2, 8))
+    tq, tk, tv = fa.tensor(q), fa.tensor(k), fa.tensor(v)
+    assert tq.shape == (1, 16, 2, 8) and tq.dtype == np.float32
+    out = fa.flash_attn_func(tq, tk, tv)
+    assert isinstance(out, fa.Tensor)
+    # out feeds the next call without a copy to the host
+    out2 = fa.flash_attn_func(out, tk, tv)
+    want1 = attention(q, k, v)[0]
+    close(out.numpy(), want1, 2e-5, "out")
+    close(out2.numpy(), attention(want1, k, v)[0], 4e-5, "out2")
+    np.testing.assert_array_equal(tq.numpy(), q)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_a_decode_loop_over_a_device_cache_matches_the_reference(rng, paged):
+    b, hq, hk, d, cap, page = 2, 8, 2, 32, 24, 8
+    lens = np.array([3, 10])
+    keys, vals = rand(rng, (b, cap, hk, d)), rand(rng, (b, cap, hk, d))
+    if paged:
+        pages_per_seq = cap // page
+        table = rng.permutation(b * pages_per_seq).astype(np.int32).reshape(b, pages_per_seq)
+        pool_k = np.zeros((b * pages_per_seq, page, hk, d), np.float32)
+        pool_v = np.zeros_like(pool_k)
+        for bi in range(b):
+            for p in range(pages_per_seq):
+                pool_k[table[bi, p]] = keys[bi, p * page:(p + 1) * page]
+                pool_v[table[bi, p]] = vals[bi, p * page:(p + 1) * page]
+        kc, vc, extra = fa.tensor(pool_k), fa.tensor(pool_v), dict(block_table=table)
+    else:
+        kc, vc, extra = fa.tensor(keys), fa.tensor(vals), {}
+    for step in range(3):
+        q = rand(rng, (b, 1, hq, d))
+        k_new, v_new = rand(rng, (b, 1, hk, d)), rand(rng, (b, 1, hk, d))
+        out, lse = fa.flash_attn_with_kvcache(
+            fa.tensor(q), kc, vc, fa.tensor(k_new), fa.tensor(v_new), cache_seqlens=lens,
+            causal=True, return_softmax_lse=True, **extra)
+        for bi in range(b):
+            keys[bi, lens[bi]], vals[bi, lens[bi]] = k_new[bi, 0], v_new[bi, 0]
+        lens = lens + 1
+        want = attention(q, keys, vals, causal=True, seqlens_k=lens)
+        close(out.numpy(), want[0], 2e-5, f"out, step {step}")
+        close(lse.numpy(), want[1], 2e-5, f"lse, step {step}")
+
+
+def test_numpy_caches_are_updated_in_place(rng):
+    b, hk, d, cap = 1, 2, 16, 12
+    k_cache, v_cache = rand(rng, (b, cap, hk, d)), rand(rng, (b, cap, hk, d))
+    q, k, v = rand(rng, (b, 2, 4, d)), rand(rng, (b, 2, hk, d)), rand(rng, (b, 2, hk, d))
+    keys, vals = k_cache.copy(), v_cache.copy()
+    out = fa.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=5, causal=True)
+    keys[:, 5:7], vals[:, 5:7] = k, v
+    np.testing.assert_array_equal(k_cache, keys)
+    np.testing.assert_array_equal(v_cache, vals)
+    close(out, attention(q, keys, vals, causal=True, seqlens_k=[7])[0], 2e-5, "out")
+
+
+def test_dropout_is_reproducible_and_its_backward_is_the_forward_derivative(rng):
+    q, k, v = (rand(rng, s).astype(np.float32) for s in ((1, 13, 2, 8), (1, 17, 1, 8),
+                                                        (1, 17, 1, 8)))
+    dout = rand(rng, q.shape)
+    opts = dict(dropout_p=0.3, seed=1234, causal=True)
+    out, lse = fa.flash_attn_func(q, k, v, return_lse=True, **opts)
+    np.testing.assert_array_equal(out, fa.flash_attn_func(q, k, v, **opts))
+    assert not np.array_equal(out, fa.flash_attn_func(q, k, v, causal=True, dropout_p=0.3,
+                                                      seed=99))
+    dq, dk, dv = fa.flash_attn_backward(dout, q, k, v, out, lse, **opts)
+
+    # <dout, d out/d x . delta> by central differences in float64 sums of float32 calls
+    def loss(q, k, v):
+        o = fa.flash_attn_func(q, k, v, **opts).astype(np.float64)
+        return float(np.sum(o * dout))
+
+    eps = 1e-2
+    for x, g, name in ((q, dq, "dq"), (k, dk, "dk"), (v, dv, "dv")):
+        delta = rand(rng, x.shape)
+        args = {"q": q, "k": k, "v": v}
+        key = name[1]
+        plus, minus = dict(args), dict(args)
+        plus[key] = (x + eps * delta).astype(np.float32)
+        minus[key] = (x - eps * delta).astype(np.float32)
+        fd = (loss(**plus) - loss(**minus)) / (2 * eps)
+        an = float(np.sum(g.astype(np.float64) * delta))
+        assert abs(fd - an) <= 2e-3 * max(1.0, abs(an)), f"{name}: {fd} vs {an} (seed {SEED})"
+
+
+def test_bad_inputs_raise_typed_errors_with_the_librarys_message(rng):
+    q, k = rand(rng, (1, 8, 4, 16)), rand(rng, (1, 8, 2, 16))
+    with pytest.raises(fa.InvalidInputError, match="v has shape"):
+        fa.flash_attn_func(q, k, rand(rng, (1, 8, 2, 8)))
+    with pytest.raises(fa.InvalidInputError, match="float64"):
+        fa.flash_attn_func(q.astype(np.float64), k, k)
+    with pytest.raises(fa.InvalidInputError, match="4 dimensions"):
+        fa.flash_attn_func(q[0], k, k)
+    with pytest.raises(ValueError):  # InvalidInputError is a ValueError too
+        fa.flash_attn_func(q, k, k, alibi_slopes=np.ones(3, np.float32))
+    with pytest.raises(fa.InvalidInputError, match="max_seqlen_q"):
+        fa.flash_attn_varlen_func(q[0], k[0], k[0], [0, 8], [0, 8], 4, 8)
+    with pytest.raises(fa.InvalidInputError, match="give both"):
+        fa.flash_attn_with_kvcache(q, k, k, k=k)
+
+
+def test_calls_from_several_threads_at_once_are_each_exact(rng):
+    # the GIL is released during GPU work: four threads' calls overlap, each must be exact
+    import threading
+
+    cases = [tuple(rand(rng, s) for s in ((1, 11, 2, 16), (1, 19, 2, 16), (1, 19, 2, 16)))
+             for _ in range(4)]
+    results = [None] * len(cases)
+
+    def run(n):
+        results[n] = fa.flash_attn_func(*cases[n], causal=True)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (q, k, v), got in zip(cases, results):
+        close(got, attention(q, k, v, causal=True)[0], 2e-5, "out")
