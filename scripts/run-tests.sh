@@ -11,6 +11,14 @@ cd "$(dirname "$0")/.."
 # no slower for it (docs/PERFORMANCE.md, "CI time"). Only llvmpipe reads this variable; set it
 # empty to test the optimized code.
 export GALLIVM_PERF=${GALLIVM_PERF-nopt}
+# The CI tier's pipeline budget (issue 27: the suite compiles a bounded set): every wgpu
+# pipeline the tests create is logged, and the distinct ones counted at the end (362 at
+# 2026-12-03, and the property tests draw theirs at random; Dawn's replays compile in
+# Node.js and are not counted here).
+CI_PIPELINE_BUDGET=${CI_PIPELINE_BUDGET:-420}
+plog=$(mktemp -d)
+trap 'rm -rf "$plog"' EXIT
+export FLASH_ATTN_PIPELINE_LOG=$plog
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --no-fail-fast "$@"
 else
@@ -18,5 +26,6 @@ else
     cargo test --tests "$@"
 fi
 cargo test --doc "$@"
+bash scripts/pipeline-count.sh "$plog" "$CI_PIPELINE_BUDGET"
 # The rustdoc builds without a warning (broken links included; lib.rs denies missing docs).
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps "$@"
