@@ -60,11 +60,52 @@ pub(crate) fn kvcache_config(
             }
         }
     }
+    if new_rows > 0 && cfg.paged.is_some() {
+        check_append_targets(cfg, cache_seqlens, new_rows)?;
+    }
     let mut c = cfg.clone();
     c.seqlens_kv = Some(lens);
     c.align_to_seqlens = true;
     c.validate()?;
     Ok(c)
+}
+
+/// A paged append writes each batch's new rows through its block table; batches may share
+/// pages they read (a common prefix), but two batches writing the same cache rows would leave
+/// whichever copy ran last: a typed error instead (a `cache_batch_idx` naming one cache row
+/// twice is such a case).
+fn check_append_targets(
+    cfg: &AttentionConfig,
+    cache_seqlens: &[usize],
+    new_rows: usize,
+) -> Result<()> {
+    // (first pool row, rows, batch) of every run, sorted by where it writes
+    let mut runs: Vec<(usize, usize, usize)> = cache_seqlens
+        .iter()
+        .enumerate()
+        .flat_map(|(b, &len)| {
+            append_runs(cfg, b, len, new_rows)
+                .into_iter()
+                .map(move |(_, dst, n)| (dst, n, b))
+        })
+        .collect();
+    runs.sort_unstable();
+    for w in runs.windows(2) {
+        let ((at, n, b0), (next, _, b1)) = (w[0], w[1]);
+        if next < at + n {
+            let page_size = cfg.paged.as_ref().map_or(1, |p| p.page_size);
+            return Err(Error::invalid(format!(
+                "paged append: batches {} and {} would both write page {}, row {} (their \
+                 block tables share that page past their lengths); give each batch its own \
+                 pages for the rows it appends",
+                b0.min(b1),
+                b0.max(b1),
+                next / page_size,
+                next % page_size
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A tensor's shape and dtype, as the checks see it on every backend.
@@ -301,5 +342,30 @@ mod tests {
         // an overflowing append is refused before any run is made
         let e = kvcache_config(&AttentionConfig::new(2, 1, 12, 2, 1, 8), &[5, 10], 3);
         assert!(matches!(e, Err(Error::InvalidConfig(m)) if m.contains("batch 1 holds 10")));
+    }
+
+    #[test]
+    fn paged_appends_may_share_read_pages_but_not_the_rows_they_write() {
+        let mut c = AttentionConfig::new(2, 1, 8, 2, 1, 8);
+        // both batches read page 0 (a prefix of 4 rows); batch 0 appends into page 1, batch 1
+        // into page 2
+        c.paged = Some(crate::PagedKv {
+            page_size: 4,
+            num_pages: 3,
+            pages_per_seq: 2,
+            block_table: vec![0, 1, 0, 2],
+        });
+        kvcache_config(&c, &[4, 5], 2).unwrap();
+        // an append inside the shared page: batch 0's rows 2..4 and batch 1's 3..5 meet in it
+        let e = kvcache_config(&c, &[2, 3], 2);
+        assert!(
+            matches!(&e, Err(Error::InvalidConfig(m)) if m.contains("batches 0 and 1 would both write page 0, row 3")),
+            "{e:?}"
+        );
+        // one cache row named twice (cache_batch_idx [1, 1]): reading is fine, appending not
+        c.paged = Some(crate::PagedKv::cache_rows(2, 8, vec![1, 1]));
+        kvcache_config(&c, &[3, 3], 0).unwrap();
+        let e = kvcache_config(&c, &[3, 3], 1);
+        assert!(matches!(e, Err(Error::InvalidConfig(_))), "{e:?}");
     }
 }

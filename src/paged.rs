@@ -23,6 +23,31 @@ pub struct PagedKv {
 }
 
 impl PagedKv {
+    /// flash-attn's `cache_batch_idx` on a dense cache: batch entry b reads (and a KV-cache
+    /// call appends to) row `cache_batch_idx[b]` of a cache `[cache_batch, capacity,
+    /// heads_kv, head_dim]`, which is a paged layout of one page per sequence, a page being a
+    /// whole cache row. Set it as the call's `paged` with `seq_kv = capacity`; entries are
+    /// checked against `cache_batch` like any block table, and a call that appends refuses
+    /// an index named twice.
+    ///
+    /// ```
+    /// use flash_attn_wgpu::{AttentionConfig, PagedKv};
+    /// // batch entries 0 and 1 use cache rows 2 and 0 of a 3-row cache of 64 positions
+    /// let mut cfg = AttentionConfig::new(2, 1, 64, 8, 2, 32);
+    /// cfg.paged = Some(PagedKv::cache_rows(3, 64, vec![2, 0]));
+    /// assert_eq!(cfg.kv_shape(), [3, 64, 2, 32]); // the cache itself
+    /// cfg.validate()?;
+    /// # Ok::<(), flash_attn_wgpu::Error>(())
+    /// ```
+    pub fn cache_rows(cache_batch: usize, capacity: usize, cache_batch_idx: Vec<u32>) -> PagedKv {
+        PagedKv {
+            page_size: capacity,
+            num_pages: cache_batch,
+            pages_per_seq: 1,
+            block_table: cache_batch_idx,
+        }
+    }
+
     /// The layout's checks against a call of `batch` sequences of `seq_kv` keys: the table's
     /// size, every entry within the pool, and `seq_kv = pages_per_seq * page_size`.
     pub fn check(&self, batch: usize, seq_kv: usize) -> Result<()> {

@@ -239,7 +239,8 @@ def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
-                            block_table=None, softmax_scale=None, causal=False,
+                            cache_batch_idx=None, block_table=None, softmax_scale=None,
+                            causal=False,
                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None, num_splits=0,
                             return_softmax_lse=False):
     """Attention of q ``[batch, seqlen_q, nheads, headdim]`` over a KV cache, after appending
@@ -249,11 +250,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     headdim]``, or with ``block_table`` ``[batch, pages_per_seq]`` (int32) page pools
     ``[num_pages, page_size, nheads_k, headdim]``; they are updated in place: on the GPU when
     they are Tensors (a decode loop then copies nothing but q and the new rows), and copied
-    back into the arrays when they are numpy arrays. Causal, window and ALiBi are aligned to
+    back into the arrays when they are numpy arrays. ``cache_batch_idx`` ``[batch]`` names the
+    cache row each batch entry uses (a dense cache may then hold more rows than the batch;
+    appending to one row from two entries is an error). Causal, window and ALiBi are aligned to
     each batch's length. ``num_splits`` 0 picks the split-KV count. Returns out, and lse
     with ``return_softmax_lse``."""
     as_numpy = not isinstance(q, Tensor)
     batch = np.shape(q)[0] if as_numpy else q.shape[0]
+    if cache_batch_idx is not None:
+        if block_table is not None:
+            raise InvalidInputError("cache_batch_idx is for a dense cache: not with block_table")
+        # a dense cache row per batch entry is a paged layout of one whole-row page each
+        block_table = np.asarray(cache_batch_idx).reshape(-1, 1)
     if cache_seqlens is None:  # every row of the cache holds a key
         rows = np.shape(k_cache)[1] if not isinstance(k_cache, Tensor) else k_cache.shape[1]
         if block_table is not None:

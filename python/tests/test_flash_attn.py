@@ -179,6 +179,25 @@ def test_numpy_caches_are_updated_in_place(rng):
     close(out, attention(q, keys, vals, causal=True, seqlens_k=[7])[0], 2e-5, "out")
 
 
+def test_cache_batch_idx_picks_the_cache_rows(rng):
+    hk, d, cap = 2, 16, 10
+    k_cache, v_cache = rand(rng, (3, cap, hk, d)), rand(rng, (3, cap, hk, d))
+    keys, vals = k_cache.copy(), v_cache.copy()
+    q, k, v = rand(rng, (2, 1, 4, d)), rand(rng, (2, 1, hk, d)), rand(rng, (2, 1, hk, d))
+    idx, lens = np.array([2, 0], np.int32), np.array([4, 7])
+    out = fa.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens,
+                                     cache_batch_idx=idx, causal=True)
+    for b, row in enumerate(idx):
+        keys[row, lens[b]], vals[row, lens[b]] = k[b, 0], v[b, 0]
+    np.testing.assert_array_equal(k_cache, keys)  # row 1 untouched
+    np.testing.assert_array_equal(v_cache, vals)
+    want = attention(q, keys[idx], vals[idx], causal=True, seqlens_k=lens + 1)
+    close(out, want[0], 2e-5, "out")
+    with pytest.raises(fa.InvalidInputError, match="would both write page 1, row 3"):
+        fa.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=[3, 3],
+                                   cache_batch_idx=[1, 1])
+
+
 def test_dropout_is_reproducible_and_its_backward_is_the_forward_derivative(rng):
     q, k, v = (rand(rng, s).astype(np.float32) for s in ((1, 13, 2, 8), (1, 17, 1, 8),
                                                         (1, 17, 1, 8)))

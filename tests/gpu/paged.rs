@@ -228,3 +228,74 @@ fn bad_block_tables_and_paged_backward_are_typed_errors() {
         other => panic!("expected Unsupported, got {other:?}"),
     }
 }
+
+#[test]
+fn cache_batch_idx_reads_and_appends_the_cache_rows_it_names() {
+    // flash-attn's cache_batch_idx as a one-page-per-sequence table: batch entries 0 and 1
+    // use rows 2 and 0 of a 3-row dense cache; row 1 stays untouched
+    let seed = fresh_seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let x = ctx();
+    let (cap, new) = (20usize, 2usize);
+    let mut c = cfg(2, new, cap, 4, 2, 16, true);
+    c.paged = Some(PagedKv::cache_rows(3, cap, vec![2, 0]));
+    let row = c.heads_kv * c.head_dim;
+    let n: usize = c.kv_shape().iter().product();
+    assert_eq!(c.kv_shape(), [3, cap, 2, 16]);
+    let (mut k, mut v) = (random(&mut rng, n, 1.5), random(&mut rng, n, 1.0));
+    let mut kd = x.upload(&k, &c.kv_shape()).unwrap();
+    let mut vd = x.upload(&v, &c.kv_shape()).unwrap();
+    let lens = [5usize, 17];
+    let q = random(&mut rng, c.q_shape().iter().product(), 1.5);
+    let kn = random(&mut rng, 2 * new * row, 1.5);
+    let vn = random(&mut rng, 2 * new * row, 1.0);
+    let shape = [2, new, c.heads_kv, c.head_dim];
+    let (knd, vnd) = (x.upload(&kn, &shape).unwrap(), x.upload(&vn, &shape).unwrap());
+    let f = x
+        .forward_with_kvcache(
+            &c,
+            &x.upload(&q, &c.q_shape()).unwrap(),
+            &mut kd,
+            &mut vd,
+            &lens,
+            Some((&knd, &vnd)),
+        )
+        .unwrap();
+    let out: Vec<f32> = x.download(&f.out).unwrap();
+    let qs = new * c.heads_q * c.head_dim;
+    for (b, cache_row) in [2usize, 0].into_iter().enumerate() {
+        let at = (cache_row * cap + lens[b]) * row;
+        k[at..at + new * row].copy_from_slice(&kn[b * new * row..(b + 1) * new * row]);
+        v[at..at + new * row].copy_from_slice(&vn[b * new * row..(b + 1) * new * row]);
+        let held = lens[b] + new;
+        let mut one = c.clone();
+        one.batch = 1;
+        one.seq_kv = held;
+        one.paged = None;
+        let base = cache_row * cap * row;
+        let want = reference::forward(
+            &one,
+            &q[b * qs..(b + 1) * qs],
+            &k[base..base + held * row],
+            &v[base..base + held * row],
+        );
+        let msg = format!("batch {b} (cache row {cache_row}) seed {seed}");
+        assert_close_tol("out", &out[b * qs..(b + 1) * qs], &want.out, 1e-4, &msg);
+    }
+    assert_eq!(x.download::<f32>(&kd).unwrap(), k, "k cache, row 1 untouched");
+    assert_eq!(x.download::<f32>(&vd).unwrap(), v, "v cache, row 1 untouched");
+    // an index past the cache, and one row named twice whose appends meet: typed errors
+    let cases = [
+        (vec![3, 0], lens, "past the pool's 3 pages"),
+        (vec![1, 1], [6, 7], "batches 0 and 1 would both write page 1, row 7"),
+    ];
+    for (idx, lens, want) in cases {
+        let mut bad = c.clone();
+        bad.paged = Some(PagedKv::cache_rows(3, cap, idx));
+        let qd = x.upload(&q, &c.q_shape()).unwrap();
+        match x.forward_with_kvcache(&bad, &qd, &mut kd, &mut vd, &lens, Some((&knd, &vnd))) {
+            Err(Error::InvalidConfig(m)) => assert!(m.contains(want), "{m}"),
+            other => panic!("expected InvalidConfig with {want:?}, got {other:?}"),
+        }
+    }
+}
