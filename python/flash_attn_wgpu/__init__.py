@@ -32,6 +32,8 @@ __all__ = [
     "adapter",
     "flash_attn_func",
     "flash_attn_backward",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
     "flash_attn_varlen_func",
     "flash_attn_varlen_backward",
     "flash_attn_with_kvcache",
@@ -177,6 +179,40 @@ def flash_attn_backward(dout, q, k, v, out, lse, dropout_p=0.0, softmax_scale=No
     grads = _native.backward(tensor(dout)._t, tensor(q)._t, tensor(k)._t, tensor(v)._t,
                              tensor(out)._t, tensor(lse)._t, opts)
     return tuple(_out(as_numpy, g) for g in grads)
+
+
+def _unpack(x, parts, name):
+    """Slices a packed numpy array ``[batch, seq, parts, heads, headdim]`` along its third
+    axis."""
+    if isinstance(x, Tensor):
+        raise InvalidInputError(
+            f"{name} must be a numpy array (a packed Tensor cannot be sliced on the device): "
+            "pass the parts to flash_attn_func as Tensors")
+    a = np.asarray(x)
+    if a.ndim != 5 or a.shape[2] != parts:
+        raise InvalidInputError(
+            f"{name} must be [batch, seqlen, {parts}, nheads, headdim], got shape {a.shape}")
+    return [a[:, :, n] for n in range(parts)]
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              return_lse=False, seed=0):
+    """:func:`flash_attn_func` on q, k and v stacked in one array ``[batch, seqlen, 3, nheads,
+    headdim]`` (a fused QKV projection's output), numpy only."""
+    q, k, v = _unpack(qkv, 3, "qkv")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, return_lse, seed)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             return_lse=False, seed=0):
+    """:func:`flash_attn_func` with k and v stacked in one array ``[batch, seqlen_k, 2,
+    nheads_k, headdim]``, numpy only."""
+    k, v = _unpack(kv, 2, "kv")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, return_lse, seed)
 
 
 def _packed(x, name):

@@ -227,6 +227,19 @@ def test_dropout_is_reproducible_and_its_backward_is_the_forward_derivative(rng)
         assert abs(fd - an) <= 2e-3 * max(1.0, abs(an)), f"{name}: {fd} vs {an} (seed {SEED})"
 
 
+def test_packed_qkv_and_kv_equal_the_separate_call(rng):
+    qkv = rand(rng, (2, 21, 3, 4, 16))
+    out, lse = fa.flash_attn_qkvpacked_func(qkv, causal=True, return_lse=True)
+    want = attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=True)
+    close(out, want[0], 2e-5, "out")
+    close(lse, want[1], 2e-5, "lse")
+    q, kv = rand(rng, (2, 5, 4, 16)), rand(rng, (2, 13, 2, 2, 16))
+    out = fa.flash_attn_kvpacked_func(q, kv, softcap=2.0)
+    close(out, attention(q, kv[:, :, 0], kv[:, :, 1], softcap=2.0)[0], 2e-5, "out")
+    with pytest.raises(fa.InvalidInputError, match=r"\[batch, seqlen, 2, nheads, headdim\]"):
+        fa.flash_attn_kvpacked_func(q, qkv)
+
+
 def test_bad_inputs_raise_typed_errors_with_the_librarys_message(rng):
     q, k = rand(rng, (1, 8, 4, 16)), rand(rng, (1, 8, 2, 16))
     with pytest.raises(fa.InvalidInputError, match="v has shape"):
