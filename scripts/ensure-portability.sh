@@ -19,13 +19,7 @@ missing=()
 command -v node >/dev/null && command -v npm >/dev/null || missing+=(nodejs npm)
 command -v spirv-val >/dev/null || missing+=(spirv-tools)
 if [ ${#missing[@]} -gt 0 ]; then
-    command -v apt-get >/dev/null || { log "no apt-get: install ${missing[*]} by hand"; exit 1; }
-    SUDO=""
-    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
-    log "installing ${missing[*]} from the distribution"
-    export DEBIAN_FRONTEND=noninteractive
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+    bash scripts/apt-install.sh ensure-portability "${missing[@]}"
 fi
 
 SPIRV_TOOLS_VERSION=2025.5

@@ -22,12 +22,4 @@ else
         --no-default-features --bin wasm-bindgen >&2
 fi
 # Chromium for the page (headless, WebGPU on SwiftShader or Vulkan), from the distribution
-if ! command -v chromium >/dev/null; then
-    command -v apt-get >/dev/null || { log "no apt-get: install chromium by hand"; exit 1; }
-    SUDO=""
-    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
-    log "installing chromium from the distribution"
-    export DEBIAN_FRONTEND=noninteractive
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq chromium >/dev/null
-fi
+command -v chromium >/dev/null || bash scripts/apt-install.sh ensure-web chromium
