@@ -110,28 +110,35 @@ fn paged_keys_equal_the_same_keys_dense_on_every_path() {
 
 #[test]
 fn appends_write_through_the_block_table() {
-    // prefill of 6 rows then a decode step, pages of 4: appends cross page boundaries
+    // prefill of 6 rows then a decode step, pages of 4: appends cross page boundaries; batch 1
+    // shares batch 0's first page (a common prefix of 4 rows) and appends go past it
     let seed = fresh_seed();
-    let mut rng = StdRng::seed_from_u64(seed);
-    let x = ctx();
     let mut c = cfg(2, 1, 40, 4, 2, 16, true);
-    c.paged = Some(random_paged(&mut rng, 2, 10, 4));
+    c.paged = Some(random_paged(&mut StdRng::seed_from_u64(seed), 2, 10, 4));
+    append_through_the_table(&c, &[4, 4], seed);
+}
+
+/// A prefill of 6 rows then a decode step through `c`'s table from the lengths `lens`: the
+/// pools after each step equal the host's copy with the new rows written at `PagedKv::row`
+/// (every other row untouched), and each batch's out equals the reference over its keys.
+fn append_through_the_table(c: &AttentionConfig, lens: &[usize], seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+    let x = ctx();
     let p = c.paged.clone().unwrap();
-    let row = c.heads_kv * c.head_dim;
+    let (bn, row) = (c.batch, c.heads_kv * c.head_dim);
     let pool_n: usize = c.kv_shape().iter().product();
     let mut k = random(&mut rng, pool_n, 1.5);
     let mut v = random(&mut rng, pool_n, 1.0);
     let mut kd = x.upload(&k, &c.kv_shape()).unwrap();
     let mut vd = x.upload(&v, &c.kv_shape()).unwrap();
-    // batch 1 shares batch 0's first page (a common prefix of 4 rows); appends go past it
-    let mut lens = vec![4usize, 4];
+    let mut lens = lens.to_vec();
     for (step, rows) in [6usize, 1].into_iter().enumerate() {
         let mut sc = c.clone();
         sc.seq_q = rows;
-        let q = random(&mut rng, 2 * rows * c.heads_q * c.head_dim, 1.5);
-        let kn = random(&mut rng, 2 * rows * row, 1.5);
-        let vn = random(&mut rng, 2 * rows * row, 1.0);
-        let shape = [2, rows, c.heads_kv, c.head_dim];
+        let q = random(&mut rng, bn * rows * c.heads_q * c.head_dim, 1.5);
+        let kn = random(&mut rng, bn * rows * row, 1.5);
+        let vn = random(&mut rng, bn * rows * row, 1.0);
+        let shape = [bn, rows, c.heads_kv, c.head_dim];
         let f = x
             .forward_with_kvcache(
                 &sc,
@@ -146,7 +153,7 @@ fn appends_write_through_the_block_table() {
             )
             .unwrap();
         let out: Vec<f32> = x.download(&f.out).unwrap();
-        for b in 0..2 {
+        for b in 0..bn {
             for r in 0..rows {
                 let at = p.row(b, lens[b] + r) * row;
                 k[at..at + row]
@@ -158,12 +165,12 @@ fn appends_write_through_the_block_table() {
         assert_eq!(
             x.download::<f32>(&kd).unwrap(),
             k,
-            "k pool after step {step}"
+            "k pool after step {step} (seed {seed})"
         );
         assert_eq!(
             x.download::<f32>(&vd).unwrap(),
             v,
-            "v pool after step {step}"
+            "v pool after step {step} (seed {seed})"
         );
         for (b, n) in lens.iter_mut().enumerate() {
             *n += rows;
@@ -232,68 +239,25 @@ fn bad_block_tables_and_paged_backward_are_typed_errors() {
 #[test]
 fn cache_batch_idx_reads_and_appends_the_cache_rows_it_names() {
     // flash-attn's cache_batch_idx as a one-page-per-sequence table: batch entries 0 and 1
-    // use rows 2 and 0 of a 3-row dense cache; row 1 stays untouched
-    let seed = fresh_seed();
-    let mut rng = StdRng::seed_from_u64(seed);
-    let x = ctx();
-    let (cap, new) = (20usize, 2usize);
-    let mut c = cfg(2, new, cap, 4, 2, 16, true);
+    // use rows 2 and 0 of a 3-row dense cache; row 1 is never written (the pool checks)
+    let cap = 20;
+    let mut c = cfg(2, 1, cap, 4, 2, 16, true);
     c.paged = Some(PagedKv::cache_rows(3, cap, vec![2, 0]));
-    let row = c.heads_kv * c.head_dim;
-    let n: usize = c.kv_shape().iter().product();
     assert_eq!(c.kv_shape(), [3, cap, 2, 16]);
-    let (mut k, mut v) = (random(&mut rng, n, 1.5), random(&mut rng, n, 1.0));
-    let mut kd = x.upload(&k, &c.kv_shape()).unwrap();
-    let mut vd = x.upload(&v, &c.kv_shape()).unwrap();
-    let lens = [5usize, 17];
-    let q = random(&mut rng, c.q_shape().iter().product(), 1.5);
-    let kn = random(&mut rng, 2 * new * row, 1.5);
-    let vn = random(&mut rng, 2 * new * row, 1.0);
-    let shape = [2, new, c.heads_kv, c.head_dim];
-    let (knd, vnd) = (x.upload(&kn, &shape).unwrap(), x.upload(&vn, &shape).unwrap());
-    let f = x
-        .forward_with_kvcache(
-            &c,
-            &x.upload(&q, &c.q_shape()).unwrap(),
-            &mut kd,
-            &mut vd,
-            &lens,
-            Some((&knd, &vnd)),
-        )
-        .unwrap();
-    let out: Vec<f32> = x.download(&f.out).unwrap();
-    let qs = new * c.heads_q * c.head_dim;
-    for (b, cache_row) in [2usize, 0].into_iter().enumerate() {
-        let at = (cache_row * cap + lens[b]) * row;
-        k[at..at + new * row].copy_from_slice(&kn[b * new * row..(b + 1) * new * row]);
-        v[at..at + new * row].copy_from_slice(&vn[b * new * row..(b + 1) * new * row]);
-        let held = lens[b] + new;
-        let mut one = c.clone();
-        one.batch = 1;
-        one.seq_kv = held;
-        one.paged = None;
-        let base = cache_row * cap * row;
-        let want = reference::forward(
-            &one,
-            &q[b * qs..(b + 1) * qs],
-            &k[base..base + held * row],
-            &v[base..base + held * row],
-        );
-        let msg = format!("batch {b} (cache row {cache_row}) seed {seed}");
-        assert_close_tol("out", &out[b * qs..(b + 1) * qs], &want.out, 1e-4, &msg);
-    }
-    assert_eq!(x.download::<f32>(&kd).unwrap(), k, "k cache, row 1 untouched");
-    assert_eq!(x.download::<f32>(&vd).unwrap(), v, "v cache, row 1 untouched");
+    append_through_the_table(&c, &[5, 12], fresh_seed());
     // an index past the cache, and one row named twice whose appends meet: typed errors
+    let x = ctx();
+    let mut kd = x.zeros(&c.kv_shape()).unwrap();
+    let mut vd = x.zeros(&c.kv_shape()).unwrap();
+    let (q, kn) = (x.zeros(&c.q_shape()).unwrap(), x.zeros(&[2, 1, 2, 16]).unwrap());
     let cases = [
-        (vec![3, 0], lens, "past the pool's 3 pages"),
-        (vec![1, 1], [6, 7], "batches 0 and 1 would both write page 1, row 7"),
+        (vec![3, 0], [5, 12], "past the pool's 3 pages"),
+        (vec![1, 1], [6, 6], "batches 0 and 1 would both write page 1, row 6"),
     ];
     for (idx, lens, want) in cases {
         let mut bad = c.clone();
         bad.paged = Some(PagedKv::cache_rows(3, cap, idx));
-        let qd = x.upload(&q, &c.q_shape()).unwrap();
-        match x.forward_with_kvcache(&bad, &qd, &mut kd, &mut vd, &lens, Some((&knd, &vnd))) {
+        match x.forward_with_kvcache(&bad, &q, &mut kd, &mut vd, &lens, Some((&kn, &kn))) {
             Err(Error::InvalidConfig(m)) => assert!(m.contains(want), "{m}"),
             other => panic!("expected InvalidConfig with {want:?}, got {other:?}"),
         }
