@@ -1,0 +1,115 @@
+//! Flash attention for [burn](https://burn.dev) on its wgpu backend: the fused forward of
+//! `flash-attn-wgpu`, and under autodiff its fused backward (which saves out and the
+//! logsumexp, never the probabilities) as the operation's gradient.
+//!
+//! ```no_run
+//! use burn::tensor::{Distribution, Tensor};
+//! use flash_attn_burn::{flash_attention, Options};
+//! // burn and flash attention on one wgpu device and queue; `.autodiff()` to train
+//! let device = flash_attn_burn::init()?.autodiff();
+//! let q = Tensor::<4>::random([2, 8, 100, 64], Distribution::Default, &device).require_grad();
+//! let k = Tensor::<4>::random([2, 2, 100, 64], Distribution::Default, &device).require_grad();
+//! let v = Tensor::<4>::random([2, 2, 100, 64], Distribution::Default, &device).require_grad();
+//! let out = flash_attention(q.clone(), k, v, &Options { causal: true, ..Options::default() })?;
+//! let grads = out.sum().backward(); // dq, dk, dv from the fused backward
+//! let dq = q.grad(&grads);
+//! # Ok::<(), flash_attn_wgpu::Error>(())
+//! ```
+//!
+//! Layout is burn's: `[batch, heads, seq, head_dim]` (k and v may have fewer heads: GQA).
+//! Inputs are read where burn keeps them (any strides with a contiguous last dimension), and
+//! results land in tensors burn allocated; nothing crosses to the host. How the work is
+//! ordered with burn's own: before recording, burn's pending work is flushed to the shared
+//! queue; ours is submitted to that queue next; burn's later work is submitted after it.
+//!
+//! Requirements and limits: the device comes from [`init`] (or [`register`]), which shares
+//! one wgpu device and queue between burn and the attention kernels; burn's `fusion` feature
+//! must be off (this crate implements the operation for burn's cubecl backend and for
+//! autodiff over it; a fused tensor gets a typed error). Errors in the forward are returned
+//! as [`Error`]; the backward runs inside burn's `backward()`, which has no error channel: a
+//! device failure there panics with the library's message (every input was checked by the
+//! forward that recorded it).
+
+mod ops;
+mod registry;
+
+use burn::tensor::{Device, Tensor};
+pub use flash_attn_wgpu::{Error, Result, Window};
+pub use registry::{init, init_with, register};
+
+/// What the call computes beside plain softmax attention: flash-attn's options, in burn's
+/// layout. `Default` is plain attention with the scale `1 / sqrt(head_dim)`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Options {
+    /// Bottom-right aligned causal mask: query i sees key j iff `j <= i + seq_kv - seq_q`.
+    pub causal: bool,
+    /// Sliding window (local attention), composes with `causal`.
+    pub window: Window,
+    /// `None`: `1 / sqrt(head_dim)`.
+    pub softmax_scale: Option<f32>,
+    /// Softcap c > 0: each scaled score s becomes `c * tanh(s / c)` (Gemma 2).
+    pub softcap: Option<f32>,
+    /// ALiBi slopes, one per query head (`[heads]`) or per batch and head (`[batch * heads]`).
+    pub alibi_slopes: Option<Vec<f32>>,
+    /// Key padding: batch b sees its first `key_lengths[b]` keys only (`[batch]`). A query
+    /// row that sees no key gets out 0.
+    pub key_lengths: Option<Vec<usize>>,
+}
+
+impl Options {
+    /// The library's config for q `[batch, heads_q, seq_q, head_dim]` and k
+    /// `[batch, heads_kv, seq_kv, head_dim]`, checked.
+    fn config(&self, q: [usize; 4], k: [usize; 4]) -> Result<flash_attn_wgpu::AttentionConfig> {
+        let mut cfg = flash_attn_wgpu::AttentionConfig::from_shape(flash_attn_wgpu::Shape {
+            batch: q[0],
+            seq_q: q[2],
+            seq_kv: k[2],
+            heads_q: q[1],
+            heads_kv: k[1],
+            head_dim: q[3],
+        });
+        cfg.causal = self.causal;
+        cfg.window = self.window;
+        cfg.softmax_scale = self.softmax_scale;
+        cfg.softcap = self.softcap;
+        cfg.alibi_slopes = self.alibi_slopes.clone();
+        cfg.seqlens_kv = self.key_lengths.clone();
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// Softmax attention of `q` over `k` and `v` (`[batch, heads, seq, head_dim]`), fused; under
+/// autodiff its gradient is the fused backward. Returns `[batch, heads_q, seq_q, head_dim]`
+/// in q's dtype (f32, f16 or bf16).
+pub fn flash_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    options: &Options,
+) -> Result<Tensor<4>> {
+    flash_attention_with_lse(q, k, v, options).map(|(out, _)| out)
+}
+
+/// [`flash_attention`] and the logsumexp of each row's scaled scores, `[batch, heads_q,
+/// seq_q]` in f32 (natural log; -inf for a row that sees no key). The lse takes no gradient.
+pub fn flash_attention_with_lse(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    options: &Options,
+) -> Result<(Tensor<4>, Tensor<3>)> {
+    let cfg = ops::check(&q, &k, &v, options)?;
+    let (out, lse) = <burn::backend::Dispatch as ops::FlashAttentionOps>::flash_attention(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        cfg,
+    );
+    Ok((Tensor::from_dispatch(out), Tensor::from_dispatch(lse)))
+}
+
+/// The flash-attention context serving `device` (made by [`init`] or [`register`]).
+pub fn context(device: &Device) -> Result<std::sync::Arc<flash_attn_wgpu::Context>> {
+    registry::for_device(&registry::cube_device(device)?)
+}

@@ -1,0 +1,376 @@
+//! The attention operation as a burn backend extension: one implementation on burn's cubecl
+//! backend (our kernels on the tensors' wgpu buffers) and one for autodiff over it (our
+//! backward as the gradient).
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::Autodiff;
+use burn::backend::AutodiffBackend;
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{backend_extension, Backend};
+use burn::tensor::{DType, FloatDType, Shape, Tensor};
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeBackend;
+use cubecl::wgpu::{AutoCompiler, WgpuResource, WgpuServer};
+use cubecl_runtime::storage::ManagedResource;
+use flash_attn_wgpu::{AttentionConfig, Context, Error, Result, TensorRole};
+
+use crate::registry;
+
+/// Fused attention on burn tensors `[batch, heads, seq, head_dim]`. `cfg` is the library's
+/// config for the call, already checked ([`check`]).
+#[backend_extension(Cube, Autodiff)]
+pub trait FlashAttentionOps: Backend {
+    /// out `[batch, heads_q, seq_q, head_dim]` and lse `[batch, heads_q, seq_q]` (f32).
+    fn flash_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        cfg: AttentionConfig,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// dq, dk, dv from the forward's out and lse and the gradient of out.
+    #[allow(clippy::too_many_arguments)]
+    fn flash_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        cfg: AttentionConfig,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// Checks a call before it is dispatched (burn's operations have no error channel): ranks,
+/// shapes, dtypes, the device, and the options as the library's config.
+pub(crate) fn check(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    options: &crate::Options,
+) -> Result<AttentionConfig> {
+    let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
+    if vd != kd {
+        return Err(Error::Shape {
+            tensor: TensorRole::V,
+            expected: kd.to_vec(),
+            got: vd.to_vec(),
+        });
+    }
+    if kd[0] != qd[0] || kd[3] != qd[3] {
+        return Err(Error::Shape {
+            tensor: TensorRole::K,
+            expected: vec![qd[0], kd[1], kd[2], qd[3]],
+            got: kd.to_vec(),
+        });
+    }
+    let dtype = lib_dtype(q.dtype())?;
+    for (role, t) in [(TensorRole::K, k), (TensorRole::V, v)] {
+        if t.dtype() != q.dtype() {
+            return Err(Error::DType {
+                tensor: role.to_string(),
+                expected: dtype,
+                got: lib_dtype(t.dtype())?,
+            });
+        }
+    }
+    let dev = registry::cube_device(&q.device())?;
+    for (role, t) in [(TensorRole::K, k), (TensorRole::V, v)] {
+        if registry::cube_device(&t.device())? != dev {
+            return Err(Error::InvalidConfig(format!(
+                "{role} is on another device than q: {:?} and {dev:?}",
+                t.device()
+            )));
+        }
+    }
+    registry::for_device(&dev)?;
+    options.config(qd, kd)
+}
+
+fn lib_dtype(d: DType) -> Result<flash_attn_wgpu::DType> {
+    match d {
+        DType::F32 => Ok(flash_attn_wgpu::DType::F32),
+        DType::F16 => Ok(flash_attn_wgpu::DType::F16),
+        DType::BF16 => Ok(flash_attn_wgpu::DType::BF16),
+        other => Err(Error::Unsupported {
+            feature: format!("flash attention on {other:?} tensors"),
+            backend: flash_attn_wgpu::Backend::Wgpu,
+            reason: "the kernels take f32, f16 and bf16".into(),
+        }),
+    }
+}
+
+fn burn_dtype(d: flash_attn_wgpu::DType) -> FloatDType {
+    match d {
+        flash_attn_wgpu::DType::F32 => FloatDType::F32,
+        flash_attn_wgpu::DType::F16 => FloatDType::F16,
+        flash_attn_wgpu::DType::BF16 => FloatDType::BF16,
+    }
+}
+
+/// A burn tensor's buffer seen by our context: the library tensor (a view in place) and the
+/// cubecl resource that keeps burn from reusing the memory while we hold it.
+struct Bound {
+    t: flash_attn_wgpu::Tensor,
+    res: ManagedResource<WgpuResource>,
+}
+
+/// What must live until the submission that uses it: burn's allocations (held, burn neither
+/// frees nor reuses them, and its queue writes into reused memory would run before our
+/// submission) and our result tensors (a dropped tensor's buffer is destroyed).
+type Keep = Vec<Box<dyn std::any::Any>>;
+
+impl Bound {
+    fn keep(self, keep: &mut Keep) -> flash_attn_wgpu::Tensor {
+        keep.push(Box::new(self.res));
+        self.t
+    }
+}
+
+fn resource(t: &CubeTensor) -> Result<ManagedResource<WgpuResource>> {
+    t.client
+        .get_resource::<WgpuServer<AutoCompiler>>(t.handle.clone())
+        .map_err(|e| Error::Device(format!("burn tensor's wgpu buffer: {e}")))
+}
+
+/// Reads `t` in place as a library tensor. burn `[batch, heads, seq, d]` (`heads_first`) is
+/// our `[batch, seq, heads, d]` with the middle strides swapped; lse `[batch, heads, seq]`
+/// is ours as is. A tensor burn keeps tiled, or whose last dimension is not contiguous, is
+/// made contiguous first.
+fn bind(ctx: &Context, t: CubeTensor, heads_first: bool) -> Result<Bound> {
+    let plain = !t.meta.is_tiled() && t.meta.strides().last() == Some(&1);
+    let t = if plain {
+        t
+    } else {
+        burn_cubecl::kernel::into_contiguous(t)
+    };
+    let dtype = lib_dtype(t.dtype)?;
+    let (dims, strides): (Vec<usize>, Vec<usize>) =
+        (t.meta.shape().to_vec(), t.meta.strides().to_vec());
+    let (shape, strides) = if heads_first {
+        (
+            vec![dims[0], dims[2], dims[1], dims[3]],
+            vec![strides[0], strides[2], strides[1], strides[3]],
+        )
+    } else {
+        (dims, strides)
+    };
+    let res = resource(&t)?;
+    let r = res.resource();
+    let lib = ctx.tensor_from_buffer(&r.buffer, r.offset, &shape, Some(&strides), dtype)?;
+    Ok(Bound { t: lib, res })
+}
+
+/// A new burn tensor of `shape` filled on the device from our `src` (row-major, same shape):
+/// the copy is recorded into `enc`.
+fn to_burn(
+    enc: &mut flash_attn_wgpu::wgpu::CommandEncoder,
+    like: &CubeTensor,
+    src: &flash_attn_wgpu::Tensor,
+    keep: &mut Keep,
+) -> Result<CubeTensor> {
+    let dst = CubeBackend::float_empty(
+        Shape::from(src.shape().to_vec()),
+        &like.device,
+        burn_dtype(src.dtype()),
+    );
+    let res = resource(&dst)?;
+    let r = res.resource();
+    let bytes = (src.len() * src.dtype().size_bytes()) as u64;
+    let size = bytes.next_multiple_of(4);
+    if size > r.size || size > src.size_bytes() {
+        return Err(Error::Device(format!(
+            "internal: copying {size} bytes into a burn allocation of {} bytes",
+            r.size
+        )));
+    }
+    enc.copy_buffer_to_buffer(src.buffer(), src.offset(), &r.buffer, r.offset, size);
+    keep.push(Box::new(res));
+    Ok(dst)
+}
+
+/// Runs `record` (our passes, then copies into burn's tensors) in one submission on the queue
+/// burn shares with us, after burn's pending work.
+fn submit<R>(
+    ctx: &Context,
+    like: &CubeTensor,
+    record: impl FnOnce(
+        &mut flash_attn_wgpu::wgpu::CommandEncoder,
+        &mut Keep,
+    ) -> Result<R>,
+) -> Result<R> {
+    // burn's kernels that wrote our inputs are in its stream, not yet on the queue
+    like.client
+        .flush()
+        .map_err(|e| Error::Device(format!("flushing burn's queued work: {e}")))?;
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
+    let mut keep = Keep::new();
+    let r = record(&mut enc, &mut keep)?;
+    ctx.queue().submit([enc.finish()]);
+    drop(keep);
+    Ok(r)
+}
+
+fn swap_heads(t: CubeTensor) -> CubeTensor {
+    CubeBackend::float_swap_dims(t, 1, 2)
+}
+
+fn forward(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    cfg: &AttentionConfig,
+) -> Result<(CubeTensor, CubeTensor)> {
+    let ctx = registry::for_device(&q.device)?;
+    let like = q.clone();
+    let (out, lse) = submit(&ctx, &like, |enc, keep| {
+        let q = bind(&ctx, q, true)?.keep(keep);
+        let k = bind(&ctx, k, true)?.keep(keep);
+        let v = bind(&ctx, v, true)?.keep(keep);
+        let f = ctx.record_forward(enc, cfg, &q, &k, &v)?;
+        let r = (
+            to_burn(enc, &like, &f.out, keep)?,
+            to_burn(enc, &like, &f.lse, keep)?,
+        );
+        keep.extend([Box::new(f) as Box<dyn std::any::Any>, Box::new((q, k, v))]);
+        Ok(r)
+    })?;
+    Ok((swap_heads(out), lse))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    out: CubeTensor,
+    lse: CubeTensor,
+    d_out: CubeTensor,
+    cfg: &AttentionConfig,
+) -> Result<(CubeTensor, CubeTensor, CubeTensor)> {
+    let ctx = registry::for_device(&q.device)?;
+    let like = q.clone();
+    let (dq, dk, dv) = submit(&ctx, &like, |enc, keep| {
+        let q = bind(&ctx, q, true)?.keep(keep);
+        let k = bind(&ctx, k, true)?.keep(keep);
+        let v = bind(&ctx, v, true)?.keep(keep);
+        let out = bind(&ctx, out, true)?.keep(keep);
+        let lse = bind(&ctx, lse, false)?.keep(keep);
+        let d_out = bind(&ctx, d_out, true)?.keep(keep);
+        let g = ctx.record_backward(enc, cfg, &q, &k, &v, &out, &lse, &d_out)?;
+        let r = (
+            to_burn(enc, &like, &g.dq, keep)?,
+            to_burn(enc, &like, &g.dk, keep)?,
+            to_burn(enc, &like, &g.dv, keep)?,
+        );
+        keep.extend([
+            Box::new(g) as Box<dyn std::any::Any>,
+            Box::new((q, k, v, out, lse, d_out)),
+        ]);
+        Ok(r)
+    })?;
+    Ok((swap_heads(dq), swap_heads(dk), swap_heads(dv)))
+}
+
+impl FlashAttentionOps for CubeBackend {
+    fn flash_attention(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        cfg: AttentionConfig,
+    ) -> (CubeTensor, CubeTensor) {
+        // the public entry points checked the call; what fails here is the device
+        forward(q, k, v, &cfg).unwrap_or_else(|e| panic!("flash attention forward: {e}"))
+    }
+
+    fn flash_attention_backward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        out: CubeTensor,
+        lse: CubeTensor,
+        d_out: CubeTensor,
+        cfg: AttentionConfig,
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        backward(q, k, v, out, lse, d_out, &cfg)
+            .unwrap_or_else(|e| panic!("flash attention backward: {e}"))
+    }
+}
+
+/// The gradient node: saves q, k, v, out and lse (not the probabilities) and runs the fused
+/// backward when burn's autodiff reaches it.
+#[derive(Debug)]
+struct FlashBackward;
+
+impl<B: Backend + FlashAttentionOps> Backward<B, 3> for FlashBackward {
+    type State = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        AttentionConfig,
+    );
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_q, node_k, node_v] = ops.parents;
+        let d_out = grads.consume::<B>(&ops.node);
+        let (q, k, v, out, lse, cfg) = ops.state;
+        let (dq, dk, dv) = B::flash_attention_backward(q, k, v, out, lse, d_out, cfg);
+        for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+impl<B: Backend + FlashAttentionOps, C: CheckpointStrategy> FlashAttentionOps for Autodiff<B, C> {
+    fn flash_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        cfg: AttentionConfig,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let nodes = [q.node(), k.node(), v.node()];
+        let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
+        let (out, lse) = B::flash_attention(q.clone(), k.clone(), v.clone(), cfg.clone());
+        let out = match FlashBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                prep.finish((q, k, v, out.clone(), lse.clone(), cfg), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        };
+        (out, Self::from_inner(lse))
+    }
+
+    fn flash_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        cfg: AttentionConfig,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        // the gradients as values (no second-order graph through them)
+        let (dq, dk, dv) = B::flash_attention_backward(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            out.into_primitive(),
+            lse.into_primitive(),
+            d_out.into_primitive(),
+            cfg,
+        );
+        (
+            Self::from_inner(dq),
+            Self::from_inner(dk),
+            Self::from_inner(dv),
+        )
+    }
+}
