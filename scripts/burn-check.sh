@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The burn integration in CI (burn/, its own workspace): builds its tests and the training
+# example into target/burn, then runs the tests (forward and gradients against the f64
+# reference and burn's own attention under autodiff, typed errors) on the default adapter.
+# Arguments go to cargo test.
+set -euo pipefail
+cd "$(dirname "$0")/../burn"
+export GALLIVM_PERF=${GALLIVM_PERF-nopt} # as run-tests.sh
+export CARGO_TARGET_DIR="$PWD/../target/burn"
+cargo build --examples --tests
+cargo test "$@"
