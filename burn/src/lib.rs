@@ -109,6 +109,30 @@ pub fn flash_attention_with_lse(
     Ok((Tensor::from_dispatch(out), Tensor::from_dispatch(lse)))
 }
 
+/// [`flash_attention`] with an additive bias on the scaled scores (after the softcap and
+/// ALiBi, before masking and softmax; a -inf entry hides its pair): `[batch or 1, heads_q or
+/// 1, seq_q, seq_kv]` in q's dtype, broadcast over a dimension of 1 (relative-position
+/// biases, PyTorch's float `attn_mask`). Under autodiff the bias gets its gradient, summed
+/// over the dimensions it broadcasts. The kernels take the bias as pair data, so its values
+/// are read to the host once per call: the one host copy of this crate's API.
+pub fn flash_attention_with_bias(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    bias: Tensor<4>,
+    options: &Options,
+) -> Result<(Tensor<4>, Tensor<3>)> {
+    let cfg = ops::check_biased(&q, &k, &v, &bias, options)?;
+    let (out, lse) = <burn::backend::Dispatch as ops::FlashAttentionOps>::flash_attention_biased(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        bias.into_dispatch(),
+        cfg,
+    );
+    Ok((Tensor::from_dispatch(out), Tensor::from_dispatch(lse)))
+}
+
 /// The flash-attention context serving `device` (made by [`init`] or [`register`]).
 pub fn context(device: &Device) -> Result<std::sync::Arc<flash_attn_wgpu::Context>> {
     registry::for_device(&registry::cube_device(device)?)

@@ -32,6 +32,33 @@ pub trait FlashAttentionOps: Backend {
         cfg: AttentionConfig,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
+    /// [`flash_attention`](FlashAttentionOps::flash_attention) with an additive bias: its
+    /// values are in `cfg.bias`; the tensor is the autodiff graph's parent of `d_bias`.
+    fn flash_attention_biased(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        cfg: AttentionConfig,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// dq, dk, dv and d_bias (the bias's shape) of a biased call.
+    #[allow(clippy::too_many_arguments)]
+    fn flash_attention_biased_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        cfg: AttentionConfig,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    );
+
     /// dq, dk, dv from the forward's out and lse and the gradient of out.
     #[allow(clippy::too_many_arguments)]
     fn flash_attention_backward(
@@ -89,6 +116,59 @@ pub(crate) fn check(
     }
     registry::for_device(&dev)?;
     options.config(qd, kd)
+}
+
+/// [`check`] for a biased call: the bias `[1 or batch, 1 or heads_q, seq_q, seq_kv]` in q's
+/// dtype, on q's device, read to the host into the config (with its gradient asked for).
+pub(crate) fn check_biased(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    bias: &Tensor<4>,
+    options: &crate::Options,
+) -> Result<AttentionConfig> {
+    let mut cfg = check(q, k, v, options)?;
+    let [bb, bh, bq, bk] = bias.dims();
+    if !(bb == 1 || bb == cfg.batch)
+        || !(bh == 1 || bh == cfg.heads_q)
+        || bq != cfg.seq_q
+        || bk != cfg.seq_kv
+    {
+        return Err(Error::Shape {
+            tensor: TensorRole::Bias,
+            expected: vec![cfg.batch, cfg.heads_q, cfg.seq_q, cfg.seq_kv],
+            got: vec![bb, bh, bq, bk],
+        });
+    }
+    if bias.dtype() != q.dtype() {
+        return Err(Error::DType {
+            tensor: TensorRole::Bias.to_string(),
+            expected: lib_dtype(q.dtype())?,
+            got: lib_dtype(bias.dtype())?,
+        });
+    }
+    if registry::cube_device(&bias.device())? != registry::cube_device(&q.device())? {
+        return Err(Error::InvalidConfig(format!(
+            "the bias is on another device than q: {:?}",
+            bias.device()
+        )));
+    }
+    // the kernels take the bias as pair data: its values come to the host once per call
+    let values = bias
+        .clone()
+        .cast(DType::F32)
+        .into_data()
+        .try_to_vec::<f32>()
+        .map_err(|e| Error::Device(format!("reading the bias: {e:?}")))?;
+    let f32_bias = flash_attn_wgpu::ScoreBias::new((bb, bh, bq, bk), &values)?;
+    let b = match lib_dtype(q.dtype())? {
+        flash_attn_wgpu::DType::F32 => f32_bias,
+        flash_attn_wgpu::DType::F16 => f32_bias.cast::<half::f16>()?,
+        flash_attn_wgpu::DType::BF16 => f32_bias.cast::<half::bf16>()?,
+    };
+    cfg.bias = Some(b.with_grad());
+    cfg.validate()?;
+    Ok(cfg)
 }
 
 fn lib_dtype(d: DType) -> Result<flash_attn_wgpu::DType> {
@@ -251,10 +331,10 @@ fn backward(
     lse: CubeTensor,
     d_out: CubeTensor,
     cfg: &AttentionConfig,
-) -> Result<(CubeTensor, CubeTensor, CubeTensor)> {
+) -> Result<(CubeTensor, CubeTensor, CubeTensor, Option<CubeTensor>)> {
     let ctx = registry::for_device(&q.device)?;
     let like = q.clone();
-    let (dq, dk, dv) = submit(&ctx, &like, |enc, keep| {
+    let (dq, dk, dv, d_bias) = submit(&ctx, &like, |enc, keep| {
         let q = bind(&ctx, q, true)?.keep(keep);
         let k = bind(&ctx, k, true)?.keep(keep);
         let v = bind(&ctx, v, true)?.keep(keep);
@@ -266,6 +346,11 @@ fn backward(
             to_burn(enc, &like, &g.dq, keep)?,
             to_burn(enc, &like, &g.dk, keep)?,
             to_burn(enc, &like, &g.dv, keep)?,
+            // the bias's own shape and layout: no swap
+            g.d_bias
+                .as_ref()
+                .map(|d| to_burn(enc, &like, d, keep))
+                .transpose()?,
         );
         keep.extend([
             Box::new(g) as Box<dyn std::any::Any>,
@@ -273,7 +358,7 @@ fn backward(
         ]);
         Ok(r)
     })?;
-    Ok((swap_heads(dq), swap_heads(dk), swap_heads(dv)))
+    Ok((swap_heads(dq), swap_heads(dk), swap_heads(dv), d_bias))
 }
 
 impl FlashAttentionOps for CubeBackend {
@@ -296,8 +381,35 @@ impl FlashAttentionOps for CubeBackend {
         d_out: CubeTensor,
         cfg: AttentionConfig,
     ) -> (CubeTensor, CubeTensor, CubeTensor) {
-        backward(q, k, v, out, lse, d_out, &cfg)
-            .unwrap_or_else(|e| panic!("flash attention backward: {e}"))
+        let (dq, dk, dv, _) = backward(q, k, v, out, lse, d_out, &cfg)
+            .unwrap_or_else(|e| panic!("flash attention backward: {e}"));
+        (dq, dk, dv)
+    }
+
+    fn flash_attention_biased(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        _bias: CubeTensor,
+        cfg: AttentionConfig,
+    ) -> (CubeTensor, CubeTensor) {
+        forward(q, k, v, &cfg).unwrap_or_else(|e| panic!("flash attention forward: {e}"))
+    }
+
+    fn flash_attention_biased_backward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        out: CubeTensor,
+        lse: CubeTensor,
+        d_out: CubeTensor,
+        cfg: AttentionConfig,
+    ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
+        match backward(q, k, v, out, lse, d_out, &cfg) {
+            Ok((dq, dk, dv, Some(db))) => (dq, dk, dv, db),
+            Ok(_) => panic!("flash attention backward: internal: a biased call without d_bias"),
+            Err(e) => panic!("flash attention backward: {e}"),
+        }
     }
 }
 
@@ -329,7 +441,83 @@ impl<B: Backend + FlashAttentionOps> Backward<B, 3> for FlashBackward {
     }
 }
 
+/// The gradient node of a biased call: as [`FlashBackward`], with the bias as a fourth parent.
+#[derive(Debug)]
+struct FlashBiasBackward;
+
+impl<B: Backend + FlashAttentionOps> Backward<B, 4> for FlashBiasBackward {
+    type State = <FlashBackward as Backward<B, 3>>::State;
+
+    fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_q, node_k, node_v, node_b] = ops.parents;
+        let d_out = grads.consume::<B>(&ops.node);
+        let (q, k, v, out, lse, cfg) = ops.state;
+        let (dq, dk, dv, db) = B::flash_attention_biased_backward(q, k, v, out, lse, d_out, cfg);
+        for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv), (node_b, db)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
 impl<B: Backend + FlashAttentionOps, C: CheckpointStrategy> FlashAttentionOps for Autodiff<B, C> {
+    fn flash_attention_biased(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        cfg: AttentionConfig,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let nodes = [q.node(), k.node(), v.node(), bias.node()];
+        let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
+        let (out, lse) = B::flash_attention_biased(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            bias.into_primitive(),
+            cfg.clone(),
+        );
+        let out = match FlashBiasBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                prep.finish((q, k, v, out.clone(), lse.clone(), cfg), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        };
+        (out, Self::from_inner(lse))
+    }
+
+    fn flash_attention_biased_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        cfg: AttentionConfig,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let (dq, dk, dv, db) = B::flash_attention_biased_backward(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            out.into_primitive(),
+            lse.into_primitive(),
+            d_out.into_primitive(),
+            cfg,
+        );
+        (
+            Self::from_inner(dq),
+            Self::from_inner(dk),
+            Self::from_inner(dv),
+            Self::from_inner(db),
+        )
+    }
+
     fn flash_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,

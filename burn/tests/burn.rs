@@ -6,9 +6,11 @@
 use burn::tensor::module::attention_fallback;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Device, Tensor, TensorData};
-use flash_attn_burn::{flash_attention, flash_attention_with_lse, Error, Options, Window};
+use flash_attn_burn::{
+    flash_attention, flash_attention_with_bias, flash_attention_with_lse, Error, Options, Window,
+};
 use flash_attn_wgpu::unstable::reference;
-use flash_attn_wgpu::AttentionConfig;
+use flash_attn_wgpu::{AttentionConfig, ScoreBias};
 use rand::{Rng, SeedableRng};
 
 /// Host data in the library's layout `[batch, seq, heads, d]`.
@@ -60,6 +62,8 @@ struct Case {
     tol: f64,
     /// also compare with burn's own unfused attention (masks it can express)
     against_burn: bool,
+    /// an additive bias `[bb, bh, seq_q, seq_kv]` with its gradient: (bb, bh)
+    bias: Option<[usize; 2]>,
 }
 
 fn run(case: &Case, dev: &Device, seed: u64) {
@@ -76,6 +80,12 @@ fn run(case: &Case, dev: &Device, seed: u64) {
     // the reference reads the inputs as the device holds them (rounded to the dtype)
     let round = |x: &[f32], s| host(Tensor::<4>::from_data(TensorData::new(x.to_vec(), s), dev).cast(case.dtype));
     let (qr, kr, vr, wr) = (round(&q, qs), round(&k, ks), round(&v, ks), round(&w, qs));
+    let bias = case.bias.map(|[bb, bh]| {
+        let s = [bb, bh, sq, skv];
+        let x = random(&mut rng, n(s));
+        let xr = round(&x, s);
+        (x, xr, s)
+    });
     let mut cfg = AttentionConfig::new(b, sq, skv, hq, hkv, d);
     let o = &case.options;
     cfg.causal = o.causal;
@@ -84,6 +94,10 @@ fn run(case: &Case, dev: &Device, seed: u64) {
     cfg.softcap = o.softcap;
     cfg.alibi_slopes = o.alibi_slopes.clone();
     cfg.seqlens_kv = o.key_lengths.clone();
+    if let Some((_, xr, s)) = &bias {
+        let b = ScoreBias::new((s[0], s[1], s[2], s[3]), xr).expect("bias");
+        cfg.bias = Some(b.with_grad());
+    }
     let want = reference::forward(&cfg, &qr, &kr, &vr);
     let want_g = reference::backward(&cfg, &qr, &kr, &vr, &wr);
 
@@ -93,8 +107,16 @@ fn run(case: &Case, dev: &Device, seed: u64) {
     let w_t = Tensor::<4>::from_data(TensorData::new(w.clone(), qs), dev)
         .cast(case.dtype)
         .swap_dims(1, 2);
-    let (out, lse) = flash_attention_with_lse(q_t.clone(), k_t.clone(), v_t.clone(), o)
-        .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+    let bias_leaf = bias.as_ref().map(|(x, _, s)| {
+        Tensor::<4>::from_data(TensorData::new(x.clone(), *s), dev)
+            .cast(case.dtype)
+            .require_grad()
+    });
+    let (out, lse) = match &bias_leaf {
+        None => flash_attention_with_lse(q_t.clone(), k_t.clone(), v_t.clone(), o),
+        Some(bl) => flash_attention_with_bias(q_t.clone(), k_t.clone(), v_t.clone(), bl.clone(), o),
+    }
+    .unwrap_or_else(|e| panic!("{}: {e}", case.name));
     assert_eq!(out.dims(), [b, hq, sq, d], "{}: out shape", case.name);
     assert_eq!(out.dtype(), case.dtype, "{}: out dtype", case.name);
     let grads = (out.clone() * w_t.clone()).sum().backward();
@@ -115,6 +137,11 @@ fn run(case: &Case, dev: &Device, seed: u64) {
     max_err(&format!("{name}: dq vs f64"), &dq, &want_g.dq, case.tol);
     max_err(&format!("{name}: dk vs f64"), &dk, &want_g.dk, case.tol);
     max_err(&format!("{name}: dv vs f64"), &dv, &want_g.dv, case.tol);
+    let d_bias = bias_leaf.as_ref().map(|bl| g(bl, "bias"));
+    if let Some(db) = &d_bias {
+        let want_db = want_g.d_bias.as_ref().expect("reference d_bias");
+        max_err(&format!("{name}: d_bias vs f64"), db, want_db, case.tol);
+    }
 
     if case.against_burn {
         // burn's unfused attention on the same leaves: GQA by repeating k and v's heads, the
@@ -145,7 +172,13 @@ fn run(case: &Case, dev: &Device, seed: u64) {
             softcap: o.softcap.map(f64::from),
             is_causal: false,
         };
-        let out2 = attention_fallback(q2_t, rep(k2_t), rep(v2_t), Some(mask), None, opts);
+        let bias2 = bias.as_ref().map(|(x, _, s)| {
+            Tensor::<4>::from_data(TensorData::new(x.clone(), *s), dev)
+                .cast(case.dtype)
+                .require_grad()
+        });
+        let full = bias2.clone().map(|t| t.expand([b, hq, sq, skv]));
+        let out2 = attention_fallback(q2_t, rep(k2_t), rep(v2_t), Some(mask), full, opts);
         let grads2 = (out2.clone() * w_t).sum().backward();
         let g2 = |t: &Tensor<4>| host(t.grad(&grads2).expect("burn's gradient"));
         let f = |x: Vec<f32>| x.into_iter().map(f64::from).collect::<Vec<f64>>();
@@ -154,6 +187,9 @@ fn run(case: &Case, dev: &Device, seed: u64) {
         max_err(&format!("{name}: dq vs burn"), &dq, &f(g2(&q2)), tol);
         max_err(&format!("{name}: dk vs burn"), &dk, &f(g2(&k2)), tol);
         max_err(&format!("{name}: dv vs burn"), &dv, &f(g2(&v2)), tol);
+        if let (Some(db), Some(b2)) = (&d_bias, &bias2) {
+            max_err(&format!("{name}: d_bias vs burn"), db, &f(g2(b2)), tol);
+        }
     }
 }
 
@@ -177,6 +213,16 @@ fn errors(dev: &Device) {
     };
     let e = flash_attention(t([1, 2, 8, 16]), t([1, 2, 8, 16]), t([1, 2, 8, 16]), &bad).unwrap_err();
     assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    // a bias that is not [1 or batch, 1 or heads, seq_q, seq_kv]
+    let e = flash_attention_with_bias(
+        t([1, 2, 8, 16]),
+        t([1, 2, 8, 16]),
+        t([1, 2, 8, 16]),
+        t([1, 2, 8, 7]),
+        &o,
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::Shape { .. }), "{e}");
     // mixed dtypes
     let e = flash_attention(
         t([1, 2, 8, 16]),
@@ -197,7 +243,7 @@ fn burn_attention_matches_the_reference_and_burns_own_under_autodiff() {
     eprintln!("seed {seed}");
     let cases = [
         Case {
-            name: "f32 causal GQA",
+            name: "f32 causal GQA, a bias over heads",
             shape: [2, 4, 2, 37, 45, 32],
             dtype: DType::F32,
             options: Options {
@@ -206,6 +252,7 @@ fn burn_attention_matches_the_reference_and_burns_own_under_autodiff() {
             },
             tol: 2e-5,
             against_burn: true,
+            bias: Some([1, 4]),
         },
         Case {
             name: "f16 window, softcap, ALiBi, key lengths",
@@ -221,6 +268,7 @@ fn burn_attention_matches_the_reference_and_burns_own_under_autodiff() {
             },
             tol: 1e-2,
             against_burn: false,
+            bias: None,
         },
     ];
     for (n, case) in cases.iter().enumerate() {
