@@ -5,7 +5,7 @@
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
 use burn::backend::autodiff::Autodiff;
 use burn::backend::AutodiffBackend;
 use burn::backend::ops::FloatTensorOps;
@@ -413,27 +413,35 @@ impl FlashAttentionOps for CubeBackend {
     }
 }
 
-/// The gradient node: saves q, k, v, out and lse (not the probabilities) and runs the fused
-/// backward when burn's autodiff reaches it.
+/// What the gradient node saves: q, k, v, out and lse (not the probabilities), and the call.
+type Saved<B> = (
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    AttentionConfig,
+);
+
+/// The gradient node of a call with `N` differentiable inputs: q, k, v, and the bias when
+/// `N` is 4. burn's autodiff runs the fused backward through it.
 #[derive(Debug)]
-struct FlashBackward;
+struct FlashNode<const N: usize>;
 
-impl<B: Backend + FlashAttentionOps> Backward<B, 3> for FlashBackward {
-    type State = (
-        FloatTensor<B>,
-        FloatTensor<B>,
-        FloatTensor<B>,
-        FloatTensor<B>,
-        FloatTensor<B>,
-        AttentionConfig,
-    );
+impl<B: Backend + FlashAttentionOps, const N: usize> Backward<B, N> for FlashNode<N> {
+    type State = Saved<B>;
 
-    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_q, node_k, node_v] = ops.parents;
+    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, _: &mut Checkpointer) {
         let d_out = grads.consume::<B>(&ops.node);
         let (q, k, v, out, lse, cfg) = ops.state;
-        let (dq, dk, dv) = B::flash_attention_backward(q, k, v, out, lse, d_out, cfg);
-        for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
+        let g = if N == 4 {
+            let (dq, dk, dv, db) = B::flash_attention_biased_backward(q, k, v, out, lse, d_out, cfg);
+            vec![dq, dk, dv, db]
+        } else {
+            let (dq, dk, dv) = B::flash_attention_backward(q, k, v, out, lse, d_out, cfg);
+            vec![dq, dk, dv]
+        };
+        for (node, grad) in ops.parents.into_iter().zip(g) {
             if let Some(node) = node {
                 grads.register::<B>(node.id, grad);
             }
@@ -441,24 +449,19 @@ impl<B: Backend + FlashAttentionOps> Backward<B, 3> for FlashBackward {
     }
 }
 
-/// The gradient node of a biased call: as [`FlashBackward`], with the bias as a fourth parent.
-#[derive(Debug)]
-struct FlashBiasBackward;
-
-impl<B: Backend + FlashAttentionOps> Backward<B, 4> for FlashBiasBackward {
-    type State = <FlashBackward as Backward<B, 3>>::State;
-
-    fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_q, node_k, node_v, node_b] = ops.parents;
-        let d_out = grads.consume::<B>(&ops.node);
-        let (q, k, v, out, lse, cfg) = ops.state;
-        let (dq, dk, dv, db) = B::flash_attention_biased_backward(q, k, v, out, lse, d_out, cfg);
-        for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv), (node_b, db)] {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, grad);
-            }
-        }
-    }
+/// The autodiff side of a forward: `out` joins the graph through a [`FlashNode`] over
+/// `nodes`; lse is returned without a gradient.
+fn tracked<B: Backend + FlashAttentionOps, C: CheckpointStrategy, const N: usize>(
+    nodes: [NodeGuard; N],
+    (q, k, v): (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>),
+    (out, lse): (FloatTensor<B>, FloatTensor<B>),
+    cfg: AttentionConfig,
+) -> (FloatTensor<Autodiff<B, C>>, FloatTensor<Autodiff<B, C>>) {
+    let out = match FlashNode::<N>.prepare::<C>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((q, k, v, out.clone(), lse.clone(), cfg), out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    };
+    (out, Autodiff::<B, C>::from_inner(lse))
 }
 
 impl<B: Backend + FlashAttentionOps, C: CheckpointStrategy> FlashAttentionOps for Autodiff<B, C> {
@@ -471,20 +474,9 @@ impl<B: Backend + FlashAttentionOps, C: CheckpointStrategy> FlashAttentionOps fo
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let nodes = [q.node(), k.node(), v.node(), bias.node()];
         let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
-        let (out, lse) = B::flash_attention_biased(
-            q.clone(),
-            k.clone(),
-            v.clone(),
-            bias.into_primitive(),
-            cfg.clone(),
-        );
-        let out = match FlashBiasBackward.prepare::<C>(nodes).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                prep.finish((q, k, v, out.clone(), lse.clone(), cfg), out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(out),
-        };
-        (out, Self::from_inner(lse))
+        let b = bias.into_primitive();
+        let res = B::flash_attention_biased(q.clone(), k.clone(), v.clone(), b, cfg.clone());
+        tracked::<B, C, 4>(nodes, (q, k, v), res, cfg)
     }
 
     fn flash_attention_biased_backward(
@@ -526,14 +518,8 @@ impl<B: Backend + FlashAttentionOps, C: CheckpointStrategy> FlashAttentionOps fo
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let nodes = [q.node(), k.node(), v.node()];
         let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
-        let (out, lse) = B::flash_attention(q.clone(), k.clone(), v.clone(), cfg.clone());
-        let out = match FlashBackward.prepare::<C>(nodes).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                prep.finish((q, k, v, out.clone(), lse.clone(), cfg), out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(out),
-        };
-        (out, Self::from_inner(lse))
+        let res = B::flash_attention(q.clone(), k.clone(), v.clone(), cfg.clone());
+        tracked::<B, C, 3>(nodes, (q, k, v), res, cfg)
     }
 
     fn flash_attention_backward(
