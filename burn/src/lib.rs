@@ -133,6 +133,75 @@ pub fn flash_attention_with_bias(
     Ok((Tensor::from_dispatch(out), Tensor::from_dispatch(lse)))
 }
 
+/// Attention of `q` (`[batch, heads_q, new, head_dim]`, a few rows: decode) over a KV cache
+/// kept as burn tensors `[batch, heads_kv, capacity, head_dim]`, after appending `append`
+/// (`[batch, heads_kv, new, head_dim]` each) at each batch's length `cache_seqlens[b]` (the
+/// rows it holds before the call; the caller advances them): flash-attn's
+/// `flash_attn_with_kvcache`. The appends are burn's `slice_assign` on the caches (in place
+/// where burn holds the only reference); the attention reads the caches where they lie, each
+/// batch over its first `cache_seqlens[b] + new` keys, with the causal mask and the window
+/// aligned to that length (query row i sits at key `i + cache_seqlens[b]`). Forward only
+/// (inference); `options.key_lengths` must be `None` (the lengths come from
+/// `cache_seqlens`).
+pub fn flash_attention_with_kvcache(
+    q: Tensor<4>,
+    k_cache: &mut Tensor<4>,
+    v_cache: &mut Tensor<4>,
+    cache_seqlens: &[usize],
+    append: Option<(Tensor<4>, Tensor<4>)>,
+    options: &Options,
+) -> Result<Tensor<4>> {
+    let [b, hkv, cap, d] = k_cache.dims();
+    let new = append.as_ref().map_or(0, |(k, _)| k.dims()[2]);
+    if let Some((k, v)) = &append {
+        for (role, t) in [(flash_attn_wgpu::TensorRole::K, k), (flash_attn_wgpu::TensorRole::V, v)] {
+            if t.dims() != [b, hkv, new, d] {
+                return Err(Error::Shape {
+                    tensor: role,
+                    expected: vec![b, hkv, new, d],
+                    got: t.dims().to_vec(),
+                });
+            }
+        }
+    }
+    if cache_seqlens.len() != b {
+        return Err(Error::InvalidConfig(format!(
+            "cache_seqlens: one length per batch, {b} expected, {} given",
+            cache_seqlens.len()
+        )));
+    }
+    if let Some((i, &l)) = cache_seqlens.iter().enumerate().find(|(_, &l)| l + new > cap) {
+        return Err(Error::InvalidConfig(format!(
+            "KV cache: batch {i} holds {l} rows and appends {new}, past the capacity {cap}"
+        )));
+    }
+    if options.key_lengths.is_some() {
+        return Err(Error::InvalidConfig(
+            "flash_attention_with_kvcache: key_lengths must be None (cache_seqlens gives them)"
+                .into(),
+        ));
+    }
+    let mut cfg = ops::check(&q, k_cache, v_cache, options)?;
+    cfg.seqlens_kv = Some(cache_seqlens.iter().map(|l| l + new).collect());
+    cfg.align_to_seqlens = true;
+    cfg.validate()?;
+    if let Some((k, v)) = append {
+        for (bi, &l) in cache_seqlens.iter().enumerate() {
+            let at = [bi..bi + 1, 0..hkv, l..l + new, 0..d];
+            let row = [bi..bi + 1, 0..hkv, 0..new, 0..d];
+            *k_cache = k_cache.clone().slice_assign(at.clone(), k.clone().slice(row.clone()));
+            *v_cache = v_cache.clone().slice_assign(at, v.clone().slice(row));
+        }
+    }
+    let (out, _) = <burn::backend::Dispatch as ops::FlashAttentionOps>::flash_attention(
+        q.into_dispatch(),
+        k_cache.clone().into_dispatch(),
+        v_cache.clone().into_dispatch(),
+        cfg,
+    );
+    Ok(Tensor::from_dispatch(out))
+}
+
 /// The flash-attention context serving `device` (made by [`init`] or [`register`]).
 pub fn context(device: &Device) -> Result<std::sync::Arc<flash_attn_wgpu::Context>> {
     registry::for_device(&registry::cube_device(device)?)

@@ -7,7 +7,8 @@ use burn::tensor::module::attention_fallback;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, DType, Device, Tensor, TensorData};
 use flash_attn_burn::{
-    flash_attention, flash_attention_with_bias, flash_attention_with_lse, Error, Options, Window,
+    flash_attention, flash_attention_with_bias, flash_attention_with_kvcache,
+    flash_attention_with_lse, Error, Options, Window,
 };
 use flash_attn_wgpu::unstable::reference;
 use flash_attn_wgpu::{AttentionConfig, ScoreBias};
@@ -193,6 +194,76 @@ fn run(case: &Case, dev: &Device, seed: u64) {
     }
 }
 
+/// A decode step over burn-held caches `[batch, heads_kv, capacity, d]`: appends at each
+/// batch's length, then attention over what each holds, against the reference on the
+/// caches as the host expects them after the appends.
+fn kvcache(dev: &Device, seed: u64) {
+    let (b, hq, hkv, cap, d, new) = (2, 4, 2, 40, 32, 2);
+    let lens = [13usize, 30];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let cs = [b, hkv, cap, d];
+    let (mut kc, mut vc) = (random(&mut rng, cap * b * hkv * d), random(&mut rng, cap * b * hkv * d));
+    let (kn, vn) = (random(&mut rng, b * hkv * new * d), random(&mut rng, b * hkv * new * d));
+    let q = random(&mut rng, b * new * hq * d);
+    let t = |x: &[f32], s: [usize; 4]| Tensor::<4>::from_data(TensorData::new(x.to_vec(), s), dev);
+    let (mut k_cache, mut v_cache) = (t(&kc, cs), t(&vc, cs));
+    let append = (t(&kn, [b, hkv, new, d]), t(&vn, [b, hkv, new, d]));
+    let q_t = t(&q, [b, new, hq, d]).swap_dims(1, 2);
+    let opts = Options {
+        causal: true,
+        ..Options::default()
+    };
+    let out = flash_attention_with_kvcache(
+        q_t,
+        &mut k_cache,
+        &mut v_cache,
+        &lens,
+        Some(append),
+        &opts,
+    )
+    .expect("kvcache call");
+    // the host's caches after the appends, and in the library's layout for the reference
+    for (c, n) in [(&mut kc, &kn), (&mut vc, &vn)] {
+        for bi in 0..b {
+            for h in 0..hkv {
+                for r in 0..new {
+                    let dst = ((bi * hkv + h) * cap + lens[bi] + r) * d;
+                    let src = ((bi * hkv + h) * new + r) * d;
+                    c[dst..dst + d].copy_from_slice(&n[src..src + d]);
+                }
+            }
+        }
+    }
+    assert_eq!(host(k_cache), kc, "k cache after the append");
+    assert_eq!(host(v_cache), vc, "v cache after the append");
+    let ours = |c: &[f32]| {
+        let mut o = vec![0.0; c.len()];
+        for bi in 0..b {
+            for h in 0..hkv {
+                for j in 0..cap {
+                    let src = ((bi * hkv + h) * cap + j) * d;
+                    let dst = ((bi * cap + j) * hkv + h) * d;
+                    o[dst..dst + d].copy_from_slice(&c[src..src + d]);
+                }
+            }
+        }
+        o
+    };
+    let mut cfg = AttentionConfig::new(b, new, cap, hq, hkv, d);
+    cfg.causal = true;
+    cfg.seqlens_kv = Some(lens.iter().map(|l| l + new).collect());
+    cfg.align_to_seqlens = true;
+    let want = reference::forward(&cfg, &q, &ours(&kc), &ours(&vc));
+    max_err("kvcache: out vs f64", &host(out.swap_dims(1, 2)), &want.out, 2e-5);
+    // an append past the capacity
+    let (mut k2, mut v2) = (t(&kc, cs), t(&vc, cs));
+    let row = (t(&kn, [b, hkv, new, d]), t(&vn, [b, hkv, new, d]));
+    let q2 = t(&q, [b, new, hq, d]).swap_dims(1, 2);
+    let e = flash_attention_with_kvcache(q2, &mut k2, &mut v2, &[13, 39], Some(row), &opts)
+        .unwrap_err();
+    assert!(e.to_string().contains("past the capacity 40"), "{e}");
+}
+
 fn errors(dev: &Device) {
     let t = |s: [usize; 4]| Tensor::<4>::zeros(s, dev);
     let o = Options::default();
@@ -274,5 +345,6 @@ fn burn_attention_matches_the_reference_and_burns_own_under_autodiff() {
     for (n, case) in cases.iter().enumerate() {
         run(case, &dev, seed + n as u64);
     }
+    kvcache(&dev, seed + 100);
     errors(&dev);
 }
