@@ -54,49 +54,8 @@ __device__ __forceinline__ elem_t from_f32(float x) {
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// a call's scalars; mirrored by AttnShape in src/cuda/kernels.rs (160 bytes, 4-aligned)
-struct AttnShape {
-    unsigned int seq_q;
-    unsigned int seq_kv;
-    unsigned int heads_q;
-    unsigned int heads_kv;
-    int causal;
-    int causal_offset; // key j is visible to row i when j <= i + causal_offset
-    float scale_log2;  // softmax scale * log2(e)
-    int window;        // a sliding window: row i sees key j only when
-    int band_lo;       //   i + band_lo <= j <= i + band_hi (causal folded in; +-2^30 where
-    int band_hi;       //   a side is unbounded), as Params in shaders/common.wgsl
-    float softcap2;    // SOFTCAP: the softcap c times log2(e)
-    unsigned int alibi_b_stride; // ALIBI: extras between batches' slopes (0: one per head)
-    unsigned int sinks_base;     // SINKS: extras index of head 0's sink
-    unsigned int seqlens_base;   // SEQLENS: extras index of batch 0's key length
-    unsigned int kv_len;         // keys [0, kv_len) take part (for_batch: the batch's own)
-    unsigned int drop_threshold; // DROPOUT: Philox words below this drop their pair
-    float drop_scale;            //   what a kept pair's probability is multiplied by, 1 / (1 - p)
-    unsigned int drop_seed_lo;   //   the Philox key: the seed's two halves
-    unsigned int drop_seed_hi;
-    unsigned int drop_offset_lo; //   the stream offset's two halves (counter words 0, 1)
-    unsigned int drop_offset_hi;
-    unsigned int blocks_base;     // BLOCKS: extras index of the block mask's first word
-    unsigned int block_q;         //   query rows and keys per block
-    unsigned int block_kv;
-    unsigned int blocks_cols;     //   block columns of a grid, ceil(seq_kv / block_kv)
-    unsigned int blocks_b_stride; //   bits between batches' grids and heads' grids (0 along a
-    unsigned int blocks_h_stride; //   broadcast dimension)
-    unsigned int varlen_base;     // VARLEN: extras index of cu_seqlens_q[0]; cu_seqlens_kv follows
-    unsigned int sequences;       //   sequences packed in the call (batch 1)
-    unsigned int mask_base;       // MASK: extras index of the boolean mask's first word
-    unsigned int mask_b_stride;   //   bits between batches' grids and heads' grids (0 along
-    unsigned int mask_h_stride;   //   a broadcast dimension)
-    unsigned int mask_cols;       //   bits between rows (seq_kv); the bias's entries too
-    unsigned int bias_base;       // BIAS: extras index of the bias's first word
-    unsigned int bias_b_stride;   //   entries between batches' grids and heads' grids (0
-    unsigned int bias_h_stride;   //   along a broadcast dimension)
-    unsigned int align_kv;        // SEQLENS with per-batch alignment: seq_kv (0: off)
-    unsigned int pages_base;      // PAGED: extras index of the block table's first entry
-    unsigned int page_size;       //   key rows per page
-    unsigned int pages_per_seq;   //   table entries per batch
-};
+// struct AttnShape, a call's scalars, is generated from its Rust definition
+// (src/cuda/kernels.rs, ATTN_SHAPE_C) and put before this file in every program.
 
 // K and V in pages through a block table (-DPAGED=1, AttentionConfig::paged; the forward
 // kernels only: a paged backward is refused by the host).

@@ -5,7 +5,7 @@ mod common;
 use flash_attn_wgpu::dtype::ElemFormat;
 use flash_attn_wgpu::unstable::kernels::enumerate::{devices, pipeline_keys};
 use flash_attn_wgpu::unstable::kernels::{
-    choose_tiles, flags, Access, DeviceCaps, Kernel, KernelKey, Params,
+    choose_tiles, flags, Access, DeviceCaps, Kernel, KernelKey, Params, Pass, Variant,
 };
 
 fn parse_and_validate(key: &KernelKey) -> naga::Module {
@@ -281,7 +281,11 @@ fn every_kernel_fits_the_webgpu_default_of_8_storage_buffers_with_a_mask_and_a_b
 
 #[test]
 fn params_layout_matches_the_shader_struct() {
-    let key = key_of(Kernel::FlashFwdBlocks, ElemFormat::F32, false);
+    let key = key_of(
+        Kernel::Flash(Variant::Blocks, Pass::Forward),
+        ElemFormat::F32,
+        false,
+    );
     let module = parse_and_validate(&key);
     let (_, ty) = module
         .types

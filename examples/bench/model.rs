@@ -1,6 +1,7 @@
 //! What each point should cost by design: FLOPs, global-memory bytes moved, and the tile sizes
 //! the bytes model needs.
 
+use flash_attn_wgpu::unstable::kernels::{Kernel, Pass as KernelPass};
 use flash_attn_wgpu::{Algorithm, AttentionConfig, Context, DType, Error, Roofline, Variant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -159,9 +160,15 @@ impl ModelTiles {
     /// The tiles `variant`'s kernels use at head dimension `head_dim` on this adapter.
     pub fn new(ctx: &Context, variant: Variant, head_dim: usize) -> Result<Self, Error> {
         Ok(ModelTiles {
-            fwd_q: ctx.tiles_for(variant.forward(), head_dim)?.br,
-            dkdv_kv: ctx.tiles_for(variant.backward_dkdv(), head_dim)?.bc,
-            dq_q: ctx.tiles_for(variant.backward_dq(), head_dim)?.br,
+            fwd_q: ctx
+                .tiles_for(Kernel::Flash(variant, KernelPass::Forward), head_dim)?
+                .br,
+            dkdv_kv: ctx
+                .tiles_for(Kernel::Flash(variant, KernelPass::DkDv), head_dim)?
+                .bc,
+            dq_q: ctx
+                .tiles_for(Kernel::Flash(variant, KernelPass::Dq), head_dim)?
+                .br,
         })
     }
 }

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use flash_attn_wgpu::unstable::kernels::workgroup_words;
+use flash_attn_wgpu::unstable::kernels::{workgroup_words, Kernel, Pass};
 use flash_attn_wgpu::{Context, Error, Roofline, Tuning};
 
 use crate::grid::{Grid, Record};
@@ -23,9 +23,9 @@ pub fn print_info(ctx: &Context, default_tuning: Tuning) -> Result<(), Error> {
     for d in [64usize, 128] {
         let v = default_tuning.variant;
         let (f, kv, q) = (
-            ctx.tiles_for(v.forward(), d)?,
-            ctx.tiles_for(v.backward_dkdv(), d)?,
-            ctx.tiles_for(v.backward_dq(), d)?,
+            ctx.tiles_for(Kernel::Flash(v, Pass::Forward), d)?,
+            ctx.tiles_for(Kernel::Flash(v, Pass::DkDv), d)?,
+            ctx.tiles_for(Kernel::Flash(v, Pass::Dq), d)?,
         );
         println!(
             "tiles at D={d}: forward {}x{}, dK/dV {}x{}, dQ {}x{}",
@@ -46,9 +46,9 @@ pub fn print_preamble(
     println!("tuning: {tuning:?}");
     for &variant in &grid.variants {
         let (fwd_kernel, dkdv_kernel, dq_kernel) = (
-            variant.forward(),
-            variant.backward_dkdv(),
-            variant.backward_dq(),
+            Kernel::Flash(variant, Pass::Forward),
+            Kernel::Flash(variant, Pass::DkDv),
+            Kernel::Flash(variant, Pass::Dq),
         );
         for &d in &grid.head_dims {
             let (tq, tkv, tdq) = (

@@ -131,18 +131,54 @@ impl CudaKernel {
         }
     }
 
-    /// The program NVRTC compiles: the shared helpers ([`COMMON`], and [`MMA`] for the
-    /// tensor-core kernels), then the kernel.
+    /// The program NVRTC compiles: the call's scalars ([`ATTN_SHAPE_C`]), the shared
+    /// helpers ([`COMMON`], and [`MMA`] for the tensor-core kernels), then the kernel.
     pub fn program(self) -> String {
         if self.tensor_cores() {
-            format!("{COMMON}\n{MMA}\n{}", self.source())
+            format!("{ATTN_SHAPE_C}\n{COMMON}\n{MMA}\n{}", self.source())
         } else {
-            format!("{COMMON}\n{}", self.source())
+            format!("{ATTN_SHAPE_C}\n{COMMON}\n{}", self.source())
         }
     }
 }
 
-/// A call's scalar argument, as the kernels' `AttnShape` (cuda/common.cuh).
+/// Declares `AttnShape` and [`ATTN_SHAPE_C`], its CUDA C declaration, from one list of
+/// fields, so that the host and the kernels cannot disagree on a name, a type or an order.
+/// Each field's doc comment is carried into the C declaration as a comment.
+macro_rules! attn_shape_struct {
+    ($(#[$meta:meta])* pub struct AttnShape { $($(#[doc = $doc:literal])* pub $f:ident: $t:tt,)* }) => {
+        $(#[$meta])*
+        pub struct AttnShape {
+            $($(#[doc = $doc])* pub $f: $t,)*
+        }
+
+        /// The CUDA C declaration of [`AttnShape`], put before every program ([`COMMON`]
+        /// uses it).
+        pub const ATTN_SHAPE_C: &str = concat!(
+            "// a call's scalars: generated from AttnShape in src/cuda/kernels.rs\n",
+            "struct AttnShape {\n",
+            $($("    //", $doc, "\n",)* "    ", c_type!($t), " ", stringify!($f), ";\n",)*
+            "};\n"
+        );
+    };
+}
+
+/// An `AttnShape` field's C type (every field is 4 bytes: the struct has no padding).
+macro_rules! c_type {
+    (u32) => {
+        "unsigned int"
+    };
+    (i32) => {
+        "int"
+    };
+    (f32) => {
+        "float"
+    };
+}
+
+attn_shape_struct! {
+/// A call's scalar argument, passed by value to every kernel. Defined here once: the kernels'
+/// C declaration is generated from this one ([`ATTN_SHAPE_C`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttnShape {
@@ -150,28 +186,33 @@ pub struct AttnShape {
     pub seq_kv: u32,
     pub heads_q: u32,
     pub heads_kv: u32,
+    /// 1 with a causal mask.
     pub causal: i32,
+    /// Key j is visible to row i when j <= i + causal_offset.
     pub causal_offset: i32,
     /// softmax scale * log2(e): the kernel works in the exp2 domain
     pub scale_log2: f32,
-    /// A sliding window: row i sees key j only when `i + band_lo <= j <= i + band_hi`
+    /// A sliding window (1: on): row i sees key j only when `i + band_lo <= j <= i + band_hi`
     /// (the wgpu `Params` band: causal folded in, +-2^30 on an unbounded side).
     pub window: i32,
     pub band_lo: i32,
     pub band_hi: i32,
     /// With a softcap (compiled in: `CudaKey::softcap`): c * log2(e).
     pub softcap2: f32,
-    /// ALiBi, sinks and key lengths (compiled in): where they lie in the extras
+    /// ALiBi, sinks and key lengths (compiled in): extras words between batches' slopes (0:
+    /// one per head), the extras word of head 0's sink and of batch 0's key length
     /// ([`extras_layout`](crate::kernels::params::extras_layout), as `Params` on wgpu).
     pub alibi_b_stride: u32,
     pub sinks_base: u32,
     pub seqlens_base: u32,
-    /// Keys [0, kv_len) take part: seq_kv here; the kernels set a batch's own length.
+    /// Keys [0, kv_len) take part: seq_kv here; the kernels set a batch's own length
+    /// (`for_batch`).
     pub kv_len: u32,
     /// Dropout (compiled in: `CudaKey::dropout`; 0 and 1 without it): Philox words below
     /// `drop_threshold` drop their pair ([`Dropout::threshold`](crate::Dropout::threshold)),
     /// kept pairs scale by `drop_scale` ([`Dropout::keep_scale`](crate::Dropout::keep_scale)),
-    /// and the seed and offset go in as 32-bit halves (low first).
+    /// 1 / (1 - p), and the seed (the Philox key) and the stream offset (counter words 0, 1)
+    /// go in as 32-bit halves (low first).
     pub drop_threshold: u32,
     pub drop_scale: f32,
     pub drop_seed_lo: u32,
@@ -179,9 +220,9 @@ pub struct AttnShape {
     pub drop_offset_lo: u32,
     pub drop_offset_hi: u32,
     /// A block mask (compiled in: `CudaKey::blocks`): the extras word of its first bit, the
-    /// rows and keys per block, the block columns of a grid, and the bits between batches'
-    /// and heads' grids (0 along a broadcast dimension), as `Params` on wgpu; without one
-    /// blocks of 1 x 1 and nothing to read.
+    /// rows and keys per block, the block columns of a grid (ceil(seq_kv / block_kv)), and
+    /// the bits between batches' and heads' grids (0 along a broadcast dimension), as
+    /// `Params` on wgpu; without one blocks of 1 x 1 and nothing to read.
     pub blocks_base: u32,
     pub block_q: u32,
     pub block_kv: u32,
@@ -214,6 +255,7 @@ pub struct AttnShape {
     pub pages_base: u32,
     pub page_size: u32,
     pub pages_per_seq: u32,
+}
 }
 
 impl AttnShape {
@@ -900,140 +942,25 @@ mod tests {
     }
 
     #[test]
-    fn the_scalar_argument_matches_the_kernels_struct() {
-        // forty 4-byte fields, no padding: the C struct's layout
-        assert_eq!(std::mem::size_of::<AttnShape>(), 160);
-        assert_eq!(std::mem::align_of::<AttnShape>(), 4);
-        let body = &COMMON[COMMON.find("struct AttnShape {").unwrap()..];
-        let body = &body[..body.find("};").unwrap()];
-        let fields: Vec<&str> = body
+    fn the_scalar_argument_is_declared_once_for_the_kernels() {
+        // every field 4 bytes and none padded: the C struct generated from the same list lays
+        // them out as repr(C) does
+        let fields = ATTN_SHAPE_C
             .lines()
-            .skip(1)
-            .filter_map(|l| l.split(';').next())
-            .filter_map(|l| l.split_whitespace().last())
-            .map(|f| f.trim_end_matches(';'))
-            .filter(|f| !f.is_empty())
-            .collect();
-        assert_eq!(
-            fields,
-            [
-                "seq_q",
-                "seq_kv",
-                "heads_q",
-                "heads_kv",
-                "causal",
-                "causal_offset",
-                "scale_log2",
-                "window",
-                "band_lo",
-                "band_hi",
-                "softcap2",
-                "alibi_b_stride",
-                "sinks_base",
-                "seqlens_base",
-                "kv_len",
-                "drop_threshold",
-                "drop_scale",
-                "drop_seed_lo",
-                "drop_seed_hi",
-                "drop_offset_lo",
-                "drop_offset_hi",
-                "blocks_base",
-                "block_q",
-                "block_kv",
-                "blocks_cols",
-                "blocks_b_stride",
-                "blocks_h_stride",
-                "varlen_base",
-                "sequences",
-                "mask_base",
-                "mask_b_stride",
-                "mask_h_stride",
-                "mask_cols",
-                "bias_base",
-                "bias_b_stride",
-                "bias_h_stride",
-                "align_kv",
-                "pages_base",
-                "page_size",
-                "pages_per_seq"
-            ]
-        );
-        let mut cfg = AttentionConfig::new(1, 100, 300, 4, 2, 64);
-        cfg.causal = true;
-        let s = AttnShape::new(&cfg).unwrap();
-        assert_eq!((s.causal, s.causal_offset), (1, 200));
-        assert!((s.scale_log2 - 0.125 * std::f32::consts::LOG2_E).abs() < 1e-7);
-        assert_eq!(s.window, 0);
-        // the window (3 left, 5 right) with causal: band [200 - 3, 200 + 0]
-        cfg.window = crate::Window::new(Some(3), Some(5));
-        let s = AttnShape::new(&cfg).unwrap();
-        assert_eq!((s.window, s.band_lo, s.band_hi), (1, 197, 200));
-        // dropout: nothing dropped without it; with it, the host's threshold and scale, and the
-        // seed and offset split low half first
-        assert_eq!(
-            (s.drop_threshold, s.drop_scale, s.drop_seed_hi),
-            (0, 1.0, 0)
-        );
-        let d = crate::Dropout::new(0.25, 0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210);
-        cfg.dropout = Some(d);
-        let s = AttnShape::new(&cfg).unwrap();
-        assert_eq!((s.drop_threshold, s.drop_scale), (1 << 30, d.keep_scale()));
-        assert_eq!((s.drop_seed_lo, s.drop_seed_hi), (0x89ab_cdef, 0x0123_4567));
-        assert_eq!(
-            (s.drop_offset_lo, s.drop_offset_hi),
-            (0x7654_3210, 0xfedc_ba98)
-        );
-        // without a block mask: blocks of 1 x 1, nothing to read
-        assert_eq!((s.block_q, s.block_kv, s.blocks_cols), (1, 1, 0));
-        // the extras' offsets are extras_layout's: 4 slopes (one per query head), 4 sinks, 1
-        // key length, then the mask's bits
-        cfg.alibi_slopes = Some(vec![0.5; 4]);
-        cfg.sinks = Some(vec![0.0; 4]);
-        cfg.seqlens_kv = Some(vec![300]);
-        // heads broadcast, 100 x 300 in blocks of 32 x 64: a 4 x 5 grid
-        let mask = crate::BlockMask::from_fn(32, 64, (1, 1, 100, 300), |_, _, r, c| r != c);
-        cfg.block_mask = Some(mask);
-        let s = AttnShape::new(&cfg).unwrap();
-        let x = crate::kernels::params::extras_layout(&cfg);
-        let offsets = [
-            s.alibi_b_stride,
-            s.sinks_base,
-            s.seqlens_base,
-            s.blocks_base,
-        ];
-        assert_eq!(offsets, [0, 4, 8, 9]);
-        assert_eq!(
-            offsets,
-            [
-                x.alibi_b_stride,
-                x.sinks_base,
-                x.seqlens_base,
-                x.blocks_base
-            ]
-        );
-        assert_eq!((s.block_q, s.block_kv, s.blocks_cols), (32, 64, 5));
-        assert_eq!((s.blocks_b_stride, s.blocks_h_stride), (0, 0));
-        assert_eq!(x.words.len(), 10);
-        assert_eq!((s.varlen_base, s.sequences), (x.varlen_base, 0));
-        // packed sequences: their boundaries after the other extras (here 4 slopes), q's then
-        // kv's
-        let mut cfg = AttentionConfig::packed(vec![0, 3, 3, 10], vec![0, 5, 9, 9], 4, 2, 64);
-        cfg.causal = true;
-        cfg.alibi_slopes = Some(vec![0.5; 4]);
-        let s = AttnShape::new(&cfg).unwrap();
-        let x = crate::kernels::params::extras_layout(&cfg);
-        assert_eq!((s.seq_q, s.seq_kv, s.causal_offset), (10, 9, -1));
-        assert_eq!((s.varlen_base, s.sequences), (4, 3));
-        assert_eq!(s.varlen_base, x.varlen_base);
-        let words: Vec<u32> = x.words[4..].to_vec();
-        assert_eq!(words, [0, 3, 3, 10, 0, 5, 9, 9]);
-        // a boolean mask: its words after every other extra (here 12), strides of the
-        // wgpu parameter block, rows of seq_kv bits
-        cfg.mask = Some(crate::BoolMask::filled((1, 4, 10, 9), true));
-        let s = AttnShape::new(&cfg).unwrap();
-        assert_eq!(s.mask_base, 12);
-        assert_eq!((s.mask_b_stride, s.mask_h_stride, s.mask_cols), (0, 90, 9));
+            .filter(|l| l.starts_with("    ") && !l.trim_start().starts_with("//"))
+            .count();
+        assert_eq!(fields, 40, "{ATTN_SHAPE_C}");
+        assert_eq!(std::mem::size_of::<AttnShape>(), 4 * fields);
+        assert_eq!(std::mem::align_of::<AttnShape>(), 4);
+        assert!(ATTN_SHAPE_C.contains("    unsigned int pages_per_seq;\n};"));
+        assert!(ATTN_SHAPE_C.contains("    float softcap2;"));
+        assert!(ATTN_SHAPE_C.contains("    int band_lo;"));
+        // no second, hand-kept declaration in the shared source, and every program starts
+        // with the generated one
+        assert!(!COMMON.contains("struct AttnShape {"));
+        for kernel in CudaKernel::ALL {
+            assert!(kernel.program().starts_with(ATTN_SHAPE_C));
+        }
     }
 
     #[test]

@@ -23,16 +23,10 @@ pub use wgsl::{KernelKey, WgslConsumer};
 /// Every compute kernel of the crate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
+    /// A tiled FlashAttention kernel: a family (how a tile is spread over invocations) and
+    /// the pass it runs.
+    Flash(Variant, Pass),
     FlashBwdPreprocess,
-    FlashFwdRows,
-    FlashBwdDkDvRows,
-    FlashBwdDqRows,
-    FlashFwdBlocks,
-    FlashBwdDkDvBlocks,
-    FlashBwdDqBlocks,
-    FlashFwdCoop,
-    FlashBwdDkDvCoop,
-    FlashBwdDqCoop,
     FlashBwdSinks,
     FlashBwdBias,
     Merge,
@@ -53,6 +47,30 @@ pub enum Kernel {
     RooflineFmaF16,
     RooflineCoop,
     RooflineCopy,
+}
+
+/// A pass of the tiled algorithm, named by what it produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pass {
+    /// out and lse, Q resident, K and V streamed.
+    Forward,
+    /// The backward's dK and dV, K and V resident, Q and dO streamed.
+    DkDv,
+    /// The backward's dQ, Q and dO resident, K and V streamed.
+    Dq,
+}
+
+impl Pass {
+    pub const ALL: [Pass; 3] = [Pass::Forward, Pass::DkDv, Pass::Dq];
+
+    /// The pass's part of kernel names (`flash_fwd_rows`, `flash_bwd_dkdv_blocks`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Pass::Forward => "fwd",
+            Pass::DkDv => "bwd_dkdv",
+            Pass::Dq => "bwd_dq",
+        }
+    }
 }
 
 /// How a kernel uses binding slot i+1 (slot 0 is always the `Params` uniform).
@@ -96,15 +114,15 @@ use BindType::{Elem as E, Vec2F32 as V2, Vec4F32 as V4, F32, U32};
 impl Kernel {
     pub const ALL: [Kernel; 30] = [
         Kernel::FlashBwdPreprocess,
-        Kernel::FlashFwdRows,
-        Kernel::FlashBwdDkDvRows,
-        Kernel::FlashBwdDqRows,
-        Kernel::FlashFwdBlocks,
-        Kernel::FlashBwdDkDvBlocks,
-        Kernel::FlashBwdDqBlocks,
-        Kernel::FlashFwdCoop,
-        Kernel::FlashBwdDkDvCoop,
-        Kernel::FlashBwdDqCoop,
+        Kernel::Flash(Variant::Rows, Pass::Forward),
+        Kernel::Flash(Variant::Rows, Pass::DkDv),
+        Kernel::Flash(Variant::Rows, Pass::Dq),
+        Kernel::Flash(Variant::Blocks, Pass::Forward),
+        Kernel::Flash(Variant::Blocks, Pass::DkDv),
+        Kernel::Flash(Variant::Blocks, Pass::Dq),
+        Kernel::Flash(Variant::Coop, Pass::Forward),
+        Kernel::Flash(Variant::Coop, Pass::DkDv),
+        Kernel::Flash(Variant::Coop, Pass::Dq),
         Kernel::FlashBwdSinks,
         Kernel::FlashBwdBias,
         Kernel::Merge,
@@ -130,15 +148,15 @@ impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
             Kernel::FlashBwdPreprocess => "flash_bwd_preprocess",
-            Kernel::FlashFwdRows => "flash_fwd_rows",
-            Kernel::FlashBwdDkDvRows => "flash_bwd_dkdv_rows",
-            Kernel::FlashBwdDqRows => "flash_bwd_dq_rows",
-            Kernel::FlashFwdBlocks => "flash_fwd_blocks",
-            Kernel::FlashBwdDkDvBlocks => "flash_bwd_dkdv_blocks",
-            Kernel::FlashBwdDqBlocks => "flash_bwd_dq_blocks",
-            Kernel::FlashFwdCoop => "flash_fwd_coop",
-            Kernel::FlashBwdDkDvCoop => "flash_bwd_dkdv_coop",
-            Kernel::FlashBwdDqCoop => "flash_bwd_dq_coop",
+            Kernel::Flash(Variant::Rows, Pass::Forward) => "flash_fwd_rows",
+            Kernel::Flash(Variant::Rows, Pass::DkDv) => "flash_bwd_dkdv_rows",
+            Kernel::Flash(Variant::Rows, Pass::Dq) => "flash_bwd_dq_rows",
+            Kernel::Flash(Variant::Blocks, Pass::Forward) => "flash_fwd_blocks",
+            Kernel::Flash(Variant::Blocks, Pass::DkDv) => "flash_bwd_dkdv_blocks",
+            Kernel::Flash(Variant::Blocks, Pass::Dq) => "flash_bwd_dq_blocks",
+            Kernel::Flash(Variant::Coop, Pass::Forward) => "flash_fwd_coop",
+            Kernel::Flash(Variant::Coop, Pass::DkDv) => "flash_bwd_dkdv_coop",
+            Kernel::Flash(Variant::Coop, Pass::Dq) => "flash_bwd_dq_coop",
             Kernel::FlashBwdSinks => "flash_bwd_sinks",
             Kernel::FlashBwdBias => "flash_bwd_bias",
             Kernel::Merge => "merge",
@@ -165,17 +183,33 @@ impl Kernel {
     pub fn source(self) -> &'static str {
         match self {
             Kernel::FlashBwdPreprocess => include_str!("../../shaders/flash_bwd_preprocess.wgsl"),
-            Kernel::FlashFwdRows => include_str!("../../shaders/flash_fwd_rows.wgsl"),
-            Kernel::FlashBwdDkDvRows => include_str!("../../shaders/flash_bwd_dkdv_rows.wgsl"),
-            Kernel::FlashBwdDqRows => include_str!("../../shaders/flash_bwd_dq_rows.wgsl"),
-            Kernel::FlashFwdBlocks => include_str!("../../shaders/flash_fwd_blocks.wgsl"),
-            Kernel::FlashBwdDkDvBlocks => {
+            Kernel::Flash(Variant::Rows, Pass::Forward) => {
+                include_str!("../../shaders/flash_fwd_rows.wgsl")
+            }
+            Kernel::Flash(Variant::Rows, Pass::DkDv) => {
+                include_str!("../../shaders/flash_bwd_dkdv_rows.wgsl")
+            }
+            Kernel::Flash(Variant::Rows, Pass::Dq) => {
+                include_str!("../../shaders/flash_bwd_dq_rows.wgsl")
+            }
+            Kernel::Flash(Variant::Blocks, Pass::Forward) => {
+                include_str!("../../shaders/flash_fwd_blocks.wgsl")
+            }
+            Kernel::Flash(Variant::Blocks, Pass::DkDv) => {
                 include_str!("../../shaders/flash_bwd_dkdv_blocks.wgsl")
             }
-            Kernel::FlashBwdDqBlocks => include_str!("../../shaders/flash_bwd_dq_blocks.wgsl"),
-            Kernel::FlashFwdCoop => include_str!("../../shaders/flash_fwd_coop.wgsl"),
-            Kernel::FlashBwdDkDvCoop => include_str!("../../shaders/flash_bwd_dkdv_coop.wgsl"),
-            Kernel::FlashBwdDqCoop => include_str!("../../shaders/flash_bwd_dq_coop.wgsl"),
+            Kernel::Flash(Variant::Blocks, Pass::Dq) => {
+                include_str!("../../shaders/flash_bwd_dq_blocks.wgsl")
+            }
+            Kernel::Flash(Variant::Coop, Pass::Forward) => {
+                include_str!("../../shaders/flash_fwd_coop.wgsl")
+            }
+            Kernel::Flash(Variant::Coop, Pass::DkDv) => {
+                include_str!("../../shaders/flash_bwd_dkdv_coop.wgsl")
+            }
+            Kernel::Flash(Variant::Coop, Pass::Dq) => {
+                include_str!("../../shaders/flash_bwd_dq_coop.wgsl")
+            }
             Kernel::FlashBwdSinks => include_str!("../../shaders/flash_bwd_sinks.wgsl"),
             Kernel::FlashBwdBias => include_str!("../../shaders/flash_bwd_bias.wgsl"),
             Kernel::Merge => include_str!("../../shaders/merge.wgsl"),
@@ -217,18 +251,16 @@ impl Kernel {
         // the WebGPU default for a score tensor
         const LSE_DELTA: Binding = b("lse_delta", V2, R);
         match self {
-            Kernel::FlashFwdRows | Kernel::FlashFwdBlocks | Kernel::FlashFwdCoop => {
+            Kernel::Flash(_, Pass::Forward) => {
                 const { &[Q, K, V, b("out", E, W), b("lse", F32, W)] }
             }
             Kernel::FlashBwdPreprocess => {
                 const { &[b("out", E, R), D_OUT, LSE, b("lse_delta", V2, W)] }
             }
-            Kernel::FlashBwdDkDvRows | Kernel::FlashBwdDkDvBlocks | Kernel::FlashBwdDkDvCoop => {
+            Kernel::Flash(_, Pass::DkDv) => {
                 const { &[Q, K, V, D_OUT, LSE_DELTA, b("dk", E, W), b("dv", E, W)] }
             }
-            Kernel::FlashBwdDqRows | Kernel::FlashBwdDqBlocks | Kernel::FlashBwdDqCoop => {
-                const { &[Q, K, V, D_OUT, LSE_DELTA, b("dq", E, W)] }
-            }
+            Kernel::Flash(_, Pass::Dq) => const { &[Q, K, V, D_OUT, LSE_DELTA, b("dq", E, W)] },
             Kernel::FlashBwdSinks => const { &[LSE_DELTA, b("d_sinks", F32, W)] },
             Kernel::FlashBwdBias => const { &[b("kept_grads", F32, R), b("d_bias", E, W)] },
             // one shard folded into the running merge: lse ping-pongs between two scratch
@@ -331,13 +363,7 @@ impl Kernel {
     /// True when the kernel meets the gradient at every visited pair's finished score where
     /// the bias's gradient can be kept (`keep_bias_grad`: the dQ kernels, the naive dS kernel).
     pub fn keeps_bias_grads(self) -> bool {
-        matches!(
-            self,
-            Kernel::FlashBwdDqRows
-                | Kernel::FlashBwdDqBlocks
-                | Kernel::FlashBwdDqCoop
-                | Kernel::NaiveBwdDs
-        )
+        matches!(self, Kernel::Flash(_, Pass::Dq) | Kernel::NaiveBwdDs)
     }
 
     /// The modifier bits ([`flags`]) this kernel's code reads, when a pipeline is planned for
@@ -438,18 +464,7 @@ impl Kernel {
     }
 
     pub fn is_tiled(self) -> bool {
-        matches!(
-            self,
-            Kernel::FlashFwdRows
-                | Kernel::FlashBwdDkDvRows
-                | Kernel::FlashBwdDqRows
-                | Kernel::FlashFwdBlocks
-                | Kernel::FlashBwdDkDvBlocks
-                | Kernel::FlashBwdDqBlocks
-                | Kernel::FlashFwdCoop
-                | Kernel::FlashBwdDkDvCoop
-                | Kernel::FlashBwdDqCoop
-        )
+        matches!(self, Kernel::Flash(..))
     }
 
     /// Tiled kernels that can run a windowed call's passes (`KernelKey::accumulate`): their
@@ -462,47 +477,28 @@ impl Kernel {
     /// resumed pass adds to what earlier passes stored. (The forward overwrites its output and
     /// reads it back itself to resume the running softmax.)
     pub fn sums_outputs(self) -> bool {
-        self.is_tiled()
-            && !matches!(
-                self,
-                Kernel::FlashFwdRows | Kernel::FlashFwdBlocks | Kernel::FlashFwdCoop
-            )
+        matches!(self, Kernel::Flash(_, Pass::DkDv | Pass::Dq))
     }
 
     /// Kernels whose workgroup rows are keys (BC of them) rather than queries.
     pub fn rows_are_keys(self) -> bool {
-        matches!(
-            self,
-            Kernel::FlashBwdDkDvRows | Kernel::FlashBwdDkDvBlocks | Kernel::FlashBwdDkDvCoop
-        )
+        matches!(self, Kernel::Flash(_, Pass::DkDv))
     }
 
     pub fn is_rows_variant(self) -> bool {
-        matches!(
-            self,
-            Kernel::FlashFwdRows | Kernel::FlashBwdDkDvRows | Kernel::FlashBwdDqRows
-        )
+        matches!(self, Kernel::Flash(Variant::Rows, _))
     }
 
     /// Kernels that multiply on cooperative matrices: they need an adapter with
     /// `EXPERIMENTAL_COOPERATIVE_MATRIX` (16x16x16, f16 operands, f32 accumulators), `SHADER_F16`
     /// and `SUBGROUP`, and run on wgpu only (Tint has no cooperative matrices).
     pub fn is_coop(self) -> bool {
-        matches!(
-            self,
-            Kernel::FlashFwdCoop
-                | Kernel::FlashBwdDkDvCoop
-                | Kernel::FlashBwdDqCoop
-                | Kernel::RooflineCoop
-        )
+        matches!(self, Kernel::Flash(Variant::Coop, _) | Kernel::RooflineCoop)
     }
 
     /// Kernels built from the register micro-tiles of `shaders/blocks.wgsl`.
     pub fn is_blocks_variant(self) -> bool {
-        matches!(
-            self,
-            Kernel::FlashFwdBlocks | Kernel::FlashBwdDkDvBlocks | Kernel::FlashBwdDqBlocks
-        )
+        matches!(self, Kernel::Flash(Variant::Blocks, _))
     }
 }
 
@@ -551,7 +547,7 @@ impl Variant {
         }
     }
 
-    /// The kernel `self` runs for `kernel_of(self)` (its forward, dK/dV or dQ kernel) on
+    /// The kernel `self` runs for `pass` on
     /// tensors in element format `elem` at `head_dim` on a device with `caps`: a coop kernel
     /// only for f16 in native storage (its operands are f16, so f32 and bf16 values would be
     /// rounded; packed f16 stores are atomics, which naga's SPIR-V for cooperative matrices
@@ -559,12 +555,12 @@ impl Variant {
     /// memory; the blocks kernel of the same pass otherwise.
     pub fn kernel_for(
         self,
-        kernel_of: fn(Variant) -> Kernel,
+        pass: Pass,
         elem: crate::dtype::ElemFormat,
         head_dim: u32,
         caps: DeviceCaps,
     ) -> Kernel {
-        let kernel = kernel_of(self);
+        let kernel = Kernel::Flash(self, pass);
         if !kernel.is_coop() {
             return kernel;
         }
@@ -575,7 +571,7 @@ impl Variant {
         if elem == crate::dtype::ElemFormat::F16Native && fits {
             kernel
         } else {
-            kernel_of(Variant::Blocks)
+            Kernel::Flash(Variant::Blocks, pass)
         }
     }
 
@@ -585,30 +581,6 @@ impl Variant {
         match device_type {
             wgpu::DeviceType::Cpu => Variant::Rows,
             _ => Variant::Blocks,
-        }
-    }
-
-    pub fn forward(self) -> Kernel {
-        match self {
-            Variant::Rows => Kernel::FlashFwdRows,
-            Variant::Blocks => Kernel::FlashFwdBlocks,
-            Variant::Coop => Kernel::FlashFwdCoop,
-        }
-    }
-
-    pub fn backward_dkdv(self) -> Kernel {
-        match self {
-            Variant::Rows => Kernel::FlashBwdDkDvRows,
-            Variant::Blocks => Kernel::FlashBwdDkDvBlocks,
-            Variant::Coop => Kernel::FlashBwdDkDvCoop,
-        }
-    }
-
-    pub fn backward_dq(self) -> Kernel {
-        match self {
-            Variant::Rows => Kernel::FlashBwdDqRows,
-            Variant::Blocks => Kernel::FlashBwdDqBlocks,
-            Variant::Coop => Kernel::FlashBwdDqCoop,
         }
     }
 }

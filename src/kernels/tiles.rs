@@ -1,7 +1,7 @@
 //! The pure tile chooser: the largest tiles that fit the device's workgroup memory and
 //! invocation limits, and the workgroup memory each tiled kernel needs for a tile shape.
 
-use super::Kernel;
+use super::{Kernel, Pass, Variant};
 use crate::error::{Error, Result};
 
 /// Tile shape of a tiled kernel: BR query rows and BC keys per tile; RPT rows per thread (rows
@@ -118,37 +118,47 @@ pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
         // rows variants keep their own row in private arrays: only the streamed tiles
         // (head_dim padded to a subgroup multiple: up to 7 more words a row at SG = 8), and
         // the prelude's `pins` (PIN_WORDS) that hand the tile coordinates to every invocation
-        Kernel::FlashFwdRows | Kernel::FlashBwdDqRows => 2 * bc * d.next_multiple_of(8) + PIN_WORDS,
-        Kernel::FlashBwdDkDvRows => 2 * br * d.next_multiple_of(8) + 2 * br + PIN_WORDS,
+        Kernel::Flash(Variant::Rows, Pass::Forward) | Kernel::Flash(Variant::Rows, Pass::Dq) => {
+            2 * bc * d.next_multiple_of(8) + PIN_WORDS
+        }
+        Kernel::Flash(Variant::Rows, Pass::DkDv) => {
+            2 * br * d.next_multiple_of(8) + 2 * br + PIN_WORDS
+        }
         // blocks: rows of RS vec4s (odd), weight tiles of WS vec4s per resident row
         // Q, K, V, P as f16 (rows padded to 16 dims); S, then O_tile, as f32; row partials
-        Kernel::FlashFwdCoop => {
+        Kernel::Flash(Variant::Coop, Pass::Forward) => {
             let dp = d.next_multiple_of(16);
             (br * dp + 2 * bc * dp + br * bc).div_ceil(2) + br * bc.max(dp) + br * t.tpr
         }
         // Q, dO, K, V, dS as f16; S and dP, then dQ_tile, as f32
-        Kernel::FlashBwdDqCoop => {
+        Kernel::Flash(Variant::Coop, Pass::Dq) => {
             let dp = d.next_multiple_of(16);
             (2 * br * dp + 2 * bc * dp + br * bc).div_ceil(2) + br * (2 * bc).max(dp)
         }
         // K, V, Q, dO, P^T, dS^T as f16; S^T and dP^T, then dV_tile and dK_tile, as f32;
         // lse and delta of the Q tile
-        Kernel::FlashBwdDkDvCoop => {
+        Kernel::Flash(Variant::Coop, Pass::DkDv) => {
             let dp = d.next_multiple_of(16);
             (2 * bc * dp + 2 * br * dp + 2 * bc * br).div_ceil(2) + bc * (2 * br).max(dp) + 2 * br
         }
-        Kernel::FlashFwdBlocks | Kernel::FlashBwdDqBlocks | Kernel::FlashBwdDkDvBlocks => {
+        Kernel::Flash(Variant::Blocks, Pass::Forward)
+        | Kernel::Flash(Variant::Blocks, Pass::Dq)
+        | Kernel::Flash(Variant::Blocks, Pass::DkDv) => {
             let rs = d.div_ceil(4) | 1;
             let (resident, streamed) = (t.rows(kernel), t.br + t.bc - t.rows(kernel));
             let ws = streamed.div_ceil(4);
             4 * match kernel {
                 // Q; K then V; P; plus the row maxima (words)
-                Kernel::FlashFwdBlocks => (resident + streamed) * rs + resident * ws,
+                Kernel::Flash(Variant::Blocks, Pass::Forward) => {
+                    (resident + streamed) * rs + resident * ws
+                }
                 // Q, dO; K, V; dS
-                Kernel::FlashBwdDqBlocks => 2 * (resident + streamed) * rs + resident * ws,
+                Kernel::Flash(Variant::Blocks, Pass::Dq) => {
+                    2 * (resident + streamed) * rs + resident * ws
+                }
                 // K, V; Q, dO; P^T, dS^T
                 _ => 2 * (resident + streamed) * rs + 2 * resident * ws,
-            } + if kernel == Kernel::FlashFwdBlocks {
+            } + if kernel == Kernel::Flash(Variant::Blocks, Pass::Forward) {
                 resident * t.tpr
             } else {
                 0
@@ -271,8 +281,8 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
         // 322-335 ms with four, 262-289 with two)
         let max_rpt = match kernel {
             _ if head_dim > 128 => 1,
-            Kernel::FlashBwdDqRows if head_dim > 64 => 2,
-            Kernel::FlashBwdDkDvRows => 2,
+            Kernel::Flash(Variant::Rows, Pass::Dq) if head_dim > 64 => 2,
+            Kernel::Flash(Variant::Rows, Pass::DkDv) => 2,
             _ => 4,
         };
         ROWS.iter()
@@ -364,16 +374,18 @@ mod tests {
     fn rows_threads_own_four_rows_or_two_keys_up_to_head_dim_128() {
         let caps = DeviceCaps::WEBGPU_DEFAULT;
         let rpt = |kernel, d| choose_tiles(kernel, d, caps).unwrap().rpt;
-        assert_eq!(rpt(Kernel::FlashFwdRows, 64), 4);
-        assert_eq!(rpt(Kernel::FlashFwdRows, 128), 4);
-        assert_eq!(rpt(Kernel::FlashFwdRows, 256), 1);
-        assert_eq!(rpt(Kernel::FlashBwdDqRows, 64), 4);
-        assert_eq!(rpt(Kernel::FlashBwdDqRows, 128), 2);
-        assert_eq!(rpt(Kernel::FlashBwdDkDvRows, 64), 2);
-        assert_eq!(rpt(Kernel::FlashBwdDkDvRows, 128), 2);
-        assert_eq!(rpt(Kernel::FlashBwdDkDvRows, 256), 1);
+        assert_eq!(rpt(Kernel::Flash(Variant::Rows, Pass::Forward), 64), 4);
+        assert_eq!(rpt(Kernel::Flash(Variant::Rows, Pass::Forward), 128), 4);
+        assert_eq!(rpt(Kernel::Flash(Variant::Rows, Pass::Forward), 256), 1);
+        assert_eq!(rpt(Kernel::Flash(Variant::Rows, Pass::Dq), 64), 4);
+        assert_eq!(rpt(Kernel::Flash(Variant::Rows, Pass::Dq), 128), 2);
+        assert_eq!(rpt(Kernel::Flash(Variant::Rows, Pass::DkDv), 64), 2);
+        assert_eq!(rpt(Kernel::Flash(Variant::Rows, Pass::DkDv), 128), 2);
+        assert_eq!(rpt(Kernel::Flash(Variant::Rows, Pass::DkDv), 256), 1);
         assert_eq!(
-            choose_tiles(Kernel::FlashBwdDkDvRows, 64, caps).unwrap().bc,
+            choose_tiles(Kernel::Flash(Variant::Rows, Pass::DkDv), 64, caps)
+                .unwrap()
+                .bc,
             128
         );
     }
@@ -381,12 +393,12 @@ mod tests {
     #[test]
     fn tiles_fit_webgpu_defaults_for_every_head_dim() {
         for kernel in [
-            Kernel::FlashFwdRows,
-            Kernel::FlashBwdDkDvRows,
-            Kernel::FlashBwdDqRows,
-            Kernel::FlashFwdBlocks,
-            Kernel::FlashBwdDkDvBlocks,
-            Kernel::FlashBwdDqBlocks,
+            Kernel::Flash(Variant::Rows, Pass::Forward),
+            Kernel::Flash(Variant::Rows, Pass::DkDv),
+            Kernel::Flash(Variant::Rows, Pass::Dq),
+            Kernel::Flash(Variant::Blocks, Pass::Forward),
+            Kernel::Flash(Variant::Blocks, Pass::DkDv),
+            Kernel::Flash(Variant::Blocks, Pass::Dq),
         ] {
             for d in 1..=256u32 {
                 let t = choose_tiles(kernel, d, DeviceCaps::WEBGPU_DEFAULT).unwrap();
@@ -408,16 +420,23 @@ mod tests {
             ..DeviceCaps::WEBGPU_DEFAULT
         };
         for d in 1..=256u32 {
-            let t = choose_tiles(Kernel::FlashFwdCoop, d, caps).unwrap();
+            let t = choose_tiles(Kernel::Flash(Variant::Coop, Pass::Forward), d, caps).unwrap();
             assert_eq!((t.br % 16, t.bc % 16), (0, 0), "d={d} {t:?}");
-            assert_eq!(t.threads(Kernel::FlashFwdCoop), COOP_THREADS, "d={d} {t:?}");
+            assert_eq!(
+                t.threads(Kernel::Flash(Variant::Coop, Pass::Forward)),
+                COOP_THREADS,
+                "d={d} {t:?}"
+            );
             assert!(
-                workgroup_words(Kernel::FlashFwdCoop, d, t) * 4 <= 49152,
+                workgroup_words(Kernel::Flash(Variant::Coop, Pass::Forward), d, t) * 4 <= 49152,
                 "d={d} {t:?}"
             );
         }
         // the backward's coop kernels fit up to head_dim 128 (at 256 the blocks kernels run)
-        for kernel in [Kernel::FlashBwdDkDvCoop, Kernel::FlashBwdDqCoop] {
+        for kernel in [
+            Kernel::Flash(Variant::Coop, Pass::DkDv),
+            Kernel::Flash(Variant::Coop, Pass::Dq),
+        ] {
             for d in 1..=128u32 {
                 let t = choose_tiles(kernel, d, caps).unwrap();
                 assert_eq!((t.br % 16, t.bc % 16), (0, 0), "{kernel:?} d={d} {t:?}");
@@ -428,15 +447,20 @@ mod tests {
                 );
             }
         }
-        let t = choose_tiles(Kernel::FlashFwdCoop, 64, caps).unwrap();
+        let t = choose_tiles(Kernel::Flash(Variant::Coop, Pass::Forward), 64, caps).unwrap();
         assert_eq!((t.br, t.bc), (64, 32));
     }
 
     #[test]
     fn more_workgroup_memory_gives_larger_forward_tiles() {
-        let small = choose_tiles(Kernel::FlashFwdBlocks, 128, DeviceCaps::WEBGPU_DEFAULT).unwrap();
+        let small = choose_tiles(
+            Kernel::Flash(Variant::Blocks, Pass::Forward),
+            128,
+            DeviceCaps::WEBGPU_DEFAULT,
+        )
+        .unwrap();
         let big = choose_tiles(
-            Kernel::FlashFwdBlocks,
+            Kernel::Flash(Variant::Blocks, Pass::Forward),
             128,
             DeviceCaps {
                 max_workgroup_storage_bytes: 32768,
@@ -460,7 +484,7 @@ mod tests {
             coop_f16: false,
             ..DeviceCaps::WEBGPU_DEFAULT
         };
-        match choose_tiles(Kernel::FlashFwdBlocks, 256, caps) {
+        match choose_tiles(Kernel::Flash(Variant::Blocks, Pass::Forward), 256, caps) {
             Err(Error::DeviceLimit { needed, limit, .. }) => {
                 assert_eq!(limit, 1024);
                 assert!(needed > limit);
@@ -477,7 +501,10 @@ mod tests {
             coop_f16: false,
             ..DeviceCaps::WEBGPU_DEFAULT
         };
-        for kernel in [Kernel::FlashFwdBlocks, Kernel::FlashFwdRows] {
+        for kernel in [
+            Kernel::Flash(Variant::Blocks, Pass::Forward),
+            Kernel::Flash(Variant::Rows, Pass::Forward),
+        ] {
             let t = choose_tiles(kernel, 64, caps).unwrap();
             assert!(t.threads(kernel) <= 64, "{kernel:?} {t:?}");
         }

@@ -13,7 +13,7 @@
 use std::fmt::Write as _;
 
 use super::tiles::PIN_WORDS;
-use super::{Access, BindType, Binding, Kernel, Tiles};
+use super::{Access, BindType, Binding, Kernel, Pass, Tiles, Variant};
 use crate::dtype::{DType, ElemFormat};
 
 const COMMON: &str = include_str!("../../shaders/common.wgsl");
@@ -237,17 +237,17 @@ impl KernelKey {
             ));
         }
         match self.kernel {
-            Kernel::FlashFwdRows => s.push_str(&super::rows::forward_rows(
+            Kernel::Flash(Variant::Rows, Pass::Forward) => s.push_str(&super::rows::forward_rows(
                 self.subgroup,
                 self.head_dim,
                 self.tiles.rpt,
             )),
-            Kernel::FlashBwdDkDvRows => s.push_str(&super::rows::dkdv_rows(
+            Kernel::Flash(Variant::Rows, Pass::DkDv) => s.push_str(&super::rows::dkdv_rows(
                 self.subgroup,
                 self.head_dim,
                 self.tiles.rpt,
             )),
-            Kernel::FlashBwdDqRows => s.push_str(&super::rows::dq_rows(
+            Kernel::Flash(Variant::Rows, Pass::Dq) => s.push_str(&super::rows::dq_rows(
                 self.subgroup,
                 self.head_dim,
                 self.tiles.rpt,

@@ -9,7 +9,7 @@ use crate::config::{Algorithm, AttentionConfig};
 use crate::dtype::DType;
 use crate::error::{Result, TensorRole};
 use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
-use crate::kernels::{Kernel, Params, Tiles, Variant};
+use crate::kernels::{Kernel, Params, Pass, Tiles};
 
 use BufRef::{Input, Output, Scratch};
 
@@ -161,11 +161,11 @@ fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
 }
 
 fn tiled(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan) -> Result<()> {
-    let dkdv_kernel = pass_kernel(Variant::backward_dkdv, cfg, dtype, env);
+    let dkdv_kernel = pass_kernel(Pass::DkDv, cfg, dtype, env);
     let dkdv = vec![Q, K, V, D_OUT, LSE_DELTA, DK, DV];
     plan.steps
         .push(tiled_step(dkdv_kernel, (cfg, cfg), dtype, env, dkdv)?);
-    let dq_kernel = pass_kernel(Variant::backward_dq, cfg, dtype, env);
+    let dq_kernel = pass_kernel(Pass::Dq, cfg, dtype, env);
     let dq = vec![Q, K, V, D_OUT, LSE_DELTA, DQ];
     plan.steps
         .push(tiled_step(dq_kernel, (cfg, cfg), dtype, env, dq)?);

@@ -8,7 +8,7 @@ use crate::config::{Algorithm, AttentionConfig};
 use crate::dtype::DType;
 use crate::error::{Result, TensorRole};
 use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
-use crate::kernels::{Kernel, Params, Tiles, Variant};
+use crate::kernels::{Kernel, Params, Pass, Tiles};
 
 use BufRef::{Input, Output, Scratch};
 
@@ -42,7 +42,7 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
         }
         Algorithm::Tiled => match split::choose(cfg, dtype, env)? {
             None => plan.steps.push(tiled_step(
-                pass_kernel(Variant::forward, cfg, dtype, env),
+                pass_kernel(Pass::Forward, cfg, dtype, env),
                 (cfg, cfg),
                 dtype,
                 env,

@@ -290,16 +290,16 @@ pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
     }
 }
 
-/// The kernel the tuning's variant runs for one pass (`Variant::forward`, `backward_dkdv` or
-/// `backward_dq`) on this call: `Variant::kernel_for` with the call's element format.
+/// The kernel the tuning's variant runs for one pass on this call: `Variant::kernel_for`
+/// with the call's element format.
 pub(crate) fn pass_kernel(
-    kernel_of: fn(crate::kernels::Variant) -> Kernel,
+    pass: crate::kernels::Pass,
     cfg: &AttentionConfig,
     dtype: DType,
     env: &PlanEnv,
 ) -> Kernel {
     env.tuning.variant.kernel_for(
-        kernel_of,
+        pass,
         ElemFormat::new(dtype, env.tuning.half_storage),
         cfg.head_dim as u32,
         env.caps,
@@ -437,7 +437,7 @@ pub(crate) fn test_env(
 mod tests {
     use super::*;
     use crate::dtype::HalfStorage;
-    use crate::kernels::Variant;
+    use crate::kernels::{Pass, Variant};
 
     fn env(variant: Variant, half: HalfStorage) -> PlanEnv {
         test_env(variant, half)
@@ -454,7 +454,7 @@ mod tests {
         let p = forward(&c, DType::F32, &e).unwrap();
         assert_eq!(p.steps.len(), 1);
         let s = &p.steps[0];
-        assert_eq!(s.key.kernel, Kernel::FlashFwdBlocks);
+        assert_eq!(s.key.kernel, Kernel::Flash(Variant::Blocks, Pass::Forward));
         let br = s.key.tiles.br as usize;
         assert_eq!(s.workgroups as usize, 100usize.div_ceil(br) * 4 * 2);
         assert_eq!(s.params.total_wg, s.workgroups);
@@ -484,9 +484,9 @@ mod tests {
             ..DeviceCaps::WEBGPU_DEFAULT
         };
         for (dtype, want) in [
-            (DType::F16, Kernel::FlashFwdCoop),
-            (DType::F32, Kernel::FlashFwdBlocks),
-            (DType::BF16, Kernel::FlashFwdBlocks),
+            (DType::F16, Kernel::Flash(Variant::Coop, Pass::Forward)),
+            (DType::F32, Kernel::Flash(Variant::Blocks, Pass::Forward)),
+            (DType::BF16, Kernel::Flash(Variant::Blocks, Pass::Forward)),
         ] {
             let p = forward(&c, dtype, &e).unwrap();
             assert_eq!(p.steps[0].key.kernel, want, "{dtype}");
@@ -500,16 +500,31 @@ mod tests {
             ..e
         };
         let p = forward(&c, DType::F16, &packed).unwrap();
-        assert_eq!(p.steps[0].key.kernel, Kernel::FlashFwdBlocks);
+        assert_eq!(
+            p.steps[0].key.kernel,
+            Kernel::Flash(Variant::Blocks, Pass::Forward)
+        );
         let kernels = |p: Plan| p.steps.iter().map(|s| s.key.kernel).collect::<Vec<_>>();
         let coop_bwd = kernels(backward(&c, DType::F16, &e).unwrap());
-        assert!(coop_bwd.contains(&Kernel::FlashBwdDkDvCoop), "{coop_bwd:?}");
-        assert!(coop_bwd.contains(&Kernel::FlashBwdDqCoop), "{coop_bwd:?}");
+        assert!(
+            coop_bwd.contains(&Kernel::Flash(Variant::Coop, Pass::DkDv)),
+            "{coop_bwd:?}"
+        );
+        assert!(
+            coop_bwd.contains(&Kernel::Flash(Variant::Coop, Pass::Dq)),
+            "{coop_bwd:?}"
+        );
         let f32_bwd = kernels(backward(&c, DType::F32, &e).unwrap());
-        assert!(f32_bwd.contains(&Kernel::FlashBwdDkDvBlocks), "{f32_bwd:?}");
+        assert!(
+            f32_bwd.contains(&Kernel::Flash(Variant::Blocks, Pass::DkDv)),
+            "{f32_bwd:?}"
+        );
         // head_dim 256 does not fit the backward's coop tiles in 48 KiB: blocks
         let big = kernels(backward(&cfg(1, 40, 40, 2, 2, 256), DType::F16, &e).unwrap());
-        assert!(big.contains(&Kernel::FlashBwdDqBlocks), "{big:?}");
+        assert!(
+            big.contains(&Kernel::Flash(Variant::Blocks, Pass::Dq)),
+            "{big:?}"
+        );
         // without cooperative matrices the chooser refuses the coop kernel by name
         e.caps.coop_f16 = false;
         match forward(&c, DType::F16, &e) {
@@ -583,8 +598,8 @@ mod tests {
             kernels,
             vec![
                 Kernel::FlashBwdPreprocess,
-                Kernel::FlashBwdDkDvRows,
-                Kernel::FlashBwdDqRows
+                Kernel::Flash(Variant::Rows, Pass::DkDv),
+                Kernel::Flash(Variant::Rows, Pass::Dq)
             ]
         );
         assert_eq!(p.scratch.len(), 1);

@@ -24,7 +24,7 @@ use crate::config::AttentionConfig;
 use crate::dtype::{DType, ElemFormat};
 use crate::error::{Error, Result};
 use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
-use crate::kernels::{Kernel, KernelKey, Params, Tiles, Variant};
+use crate::kernels::{Kernel, KernelKey, Params, Pass, Tiles};
 
 use BufRef::{Input, Output, Scratch};
 
@@ -613,7 +613,7 @@ pub fn forward_steps(
     let bld = Builder::new(cfg, dtype, env, split);
     let q_row = cfg.heads_q * cfg.head_dim;
     let out = bld.scratch_slot(plan, Output(0), "out accumulator", split.q_rows * q_row);
-    let kernel = super::pass_kernel(Variant::forward, cfg, dtype, env);
+    let kernel = super::pass_kernel(Pass::Forward, cfg, dtype, env);
     for block in q_blocks(cfg, &split) {
         let parts = key_parts(cfg, &split, block);
         let n = block.1 * block.3 * q_row;
@@ -676,7 +676,7 @@ pub fn backward_steps(
     }
 
     // dK, dV: each key window sums over the query windows that see it
-    let dkdv = super::pass_kernel(Variant::backward_dkdv, cfg, dtype, env);
+    let dkdv = super::pass_kernel(Pass::DkDv, cfg, dtype, env);
     for (b, nb) in ranges(cfg.batch, split.batches) {
         for (k0, kn) in ranges(cfg.seq_kv, split.kv_rows) {
             let parts = query_parts(cfg, &split, b, nb, k0, kn);
@@ -691,7 +691,7 @@ pub fn backward_steps(
     }
 
     // dQ: each query window sums over the key windows it sees
-    let dq_kernel = super::pass_kernel(Variant::backward_dq, cfg, dtype, env);
+    let dq_kernel = super::pass_kernel(Pass::Dq, cfg, dtype, env);
     for &block in &blocks {
         let parts = key_parts(cfg, &split, block);
         let n = block.1 * block.3 * q_row;

@@ -2,7 +2,8 @@
 
 use crate::common;
 use common::{cfg, ctx};
-use flash_attn_wgpu::{Algorithm, AttentionConfig, DType, Error, TensorRole};
+use flash_attn_wgpu::unstable::kernels::{Kernel, Pass};
+use flash_attn_wgpu::{Algorithm, AttentionConfig, DType, Error, TensorRole, Variant};
 use proptest::prelude::*;
 
 fn data(c: &AttentionConfig) -> (Vec<f32>, Vec<f32>) {
@@ -866,7 +867,7 @@ fn tiles_for_a_head_dim_out_of_range_is_a_typed_error_not_a_panic_or_a_wrap() {
     for d in [0, 257, 1 << 27, 1 << 32] {
         assert!(
             matches!(
-                ctx.tiles_for(flash_attn_wgpu::unstable::kernels::Kernel::FlashFwdRows, d),
+                ctx.tiles_for(Kernel::Flash(Variant::Rows, Pass::Forward), d),
                 Err(Error::InvalidConfig(m)) if m.contains("head_dim")
             ),
             "{d}"

@@ -3,7 +3,7 @@
 
 use crate::common;
 use common::{assert_close, assert_lse_close, cfg, inputs};
-use flash_attn_wgpu::unstable::kernels::workgroup_words;
+use flash_attn_wgpu::unstable::kernels::{workgroup_words, Kernel, Pass};
 use flash_attn_wgpu::{
     unstable::reference, Algorithm, AttentionConfig, Context, Error, Tuning, Variant,
 };
@@ -48,9 +48,9 @@ fn webgpu_default_limits_run_every_head_dim_with_16k_tiles() {
         ctx.set_tuning(Tuning { variant, ..default }).unwrap();
         for d in [16, 64, 80, 128, 256] {
             for kernel in [
-                variant.forward(),
-                variant.backward_dq(),
-                variant.backward_dkdv(),
+                Kernel::Flash(variant, Pass::Forward),
+                Kernel::Flash(variant, Pass::Dq),
+                Kernel::Flash(variant, Pass::DkDv),
             ] {
                 let t = ctx.tiles_for(kernel, d).unwrap();
                 assert!(

@@ -249,10 +249,17 @@ fn cache_batch_idx_reads_and_appends_the_cache_rows_it_names() {
     let x = ctx();
     let mut kd = x.zeros(&c.kv_shape()).unwrap();
     let mut vd = x.zeros(&c.kv_shape()).unwrap();
-    let (q, kn) = (x.zeros(&c.q_shape()).unwrap(), x.zeros(&[2, 1, 2, 16]).unwrap());
+    let (q, kn) = (
+        x.zeros(&c.q_shape()).unwrap(),
+        x.zeros(&[2, 1, 2, 16]).unwrap(),
+    );
     let cases = [
         (vec![3, 0], [5, 12], "past the pool's 3 pages"),
-        (vec![1, 1], [6, 6], "batches 0 and 1 would both write page 1, row 6"),
+        (
+            vec![1, 1],
+            [6, 6],
+            "batches 0 and 1 would both write page 1, row 6",
+        ),
     ];
     for (idx, lens, want) in cases {
         let mut bad = c.clone();

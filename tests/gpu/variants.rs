@@ -4,6 +4,7 @@
 
 use crate::common;
 use common::{assert_close, assert_lse_close, cfg, inputs};
+use flash_attn_wgpu::unstable::kernels::{Kernel, Pass};
 use flash_attn_wgpu::{
     unstable::reference, Algorithm, AttentionConfig, Context, Tuning, Variant, Varlen, Window,
 };
@@ -293,7 +294,11 @@ fn sparse_masks_of_blocks_smaller_than_the_tiles_run_on_tiles_fitted_to_the_bloc
     for tuning in tunings(&ctx) {
         ctx.set_tuning(tuning).unwrap();
         let v = tuning.variant;
-        for kernel in [v.forward(), v.backward_dkdv(), v.backward_dq()] {
+        for kernel in [
+            Kernel::Flash(v, Pass::Forward),
+            Kernel::Flash(v, Pass::DkDv),
+            Kernel::Flash(v, Pass::Dq),
+        ] {
             let fitted = ctx.tiles_for_call(kernel, &c).unwrap();
             assert!(
                 fitted.br <= 32 && fitted.bc <= 16,
@@ -306,7 +311,7 @@ fn sparse_masks_of_blocks_smaller_than_the_tiles_run_on_tiles_fitted_to_the_bloc
     // the same mask dense enough that fitting does not pay: the chooser's tiles stay
     c.block_mask = Some(common::random_block_mask(&c, (32, 16), false, true, 0.9));
     ctx.set_tuning(tunings(&ctx)[0]).unwrap();
-    let kernel = ctx.tuning().variant.forward();
+    let kernel = Kernel::Flash(ctx.tuning().variant, Pass::Forward);
     assert_eq!(
         ctx.tiles_for_call(kernel, &c).unwrap(),
         ctx.tiles_for(kernel, c.head_dim).unwrap()
