@@ -23,6 +23,7 @@ use crate::dtype::Element;
 use crate::error::Result;
 use crate::forward::{Forward, HostForward};
 use crate::record::GpuTiming;
+use crate::rotary::Rotary;
 use crate::{Gradients, HostGradients};
 
 pub use crate::error::Backend;
@@ -85,6 +86,21 @@ pub trait AttentionBackend {
         v_cache: &mut Self::Tensor,
         cache_seqlens: &[usize],
         append: Option<(&Self::Tensor, &Self::Tensor)>,
+    ) -> Result<Forward<Self::Tensor>>;
+
+    /// [`forward_with_kvcache`](AttentionBackend::forward_with_kvcache) with a rotary
+    /// embedding fused in (module [`rotary`](crate::rotary)): q rotated at its positions, the
+    /// new keys before they are appended.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_with_kvcache_rotary(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Self::Tensor,
+        k_cache: &mut Self::Tensor,
+        v_cache: &mut Self::Tensor,
+        cache_seqlens: &[usize],
+        append: Option<(&Self::Tensor, &Self::Tensor)>,
+        rotary: Rotary<'_, Self::Tensor>,
     ) -> Result<Forward<Self::Tensor>>;
 
     /// GPU time of the most recent forward or backward call, where the backend measures it.
@@ -241,6 +257,28 @@ impl AttentionBackend for crate::Context {
         append: Option<(&crate::Tensor, &crate::Tensor)>,
     ) -> Result<Forward> {
         crate::Context::forward_with_kvcache(self, cfg, q, k_cache, v_cache, cache_seqlens, append)
+    }
+
+    fn forward_with_kvcache_rotary(
+        &self,
+        cfg: &AttentionConfig,
+        q: &crate::Tensor,
+        k_cache: &mut crate::Tensor,
+        v_cache: &mut crate::Tensor,
+        cache_seqlens: &[usize],
+        append: Option<(&crate::Tensor, &crate::Tensor)>,
+        rotary: Rotary<'_, crate::Tensor>,
+    ) -> Result<Forward> {
+        crate::Context::forward_with_kvcache_rotary(
+            self,
+            cfg,
+            q,
+            k_cache,
+            v_cache,
+            cache_seqlens,
+            append,
+            rotary,
+        )
     }
 
     fn last_gpu_timing(&self) -> Option<GpuTiming> {

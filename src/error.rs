@@ -49,6 +49,10 @@ pub enum TensorRole {
     Bias,
     /// The bias's gradient (the bias's shape and dtype).
     DBias,
+    /// A rotary embedding's cosine table (`[table_rows, rotary_dim / 2]`, q's dtype).
+    RotaryCos,
+    /// A rotary embedding's sine table (the cosine table's shape and dtype).
+    RotarySin,
 }
 
 impl fmt::Display for TensorRole {
@@ -66,6 +70,8 @@ impl fmt::Display for TensorRole {
             TensorRole::DSinks => "d_sinks",
             TensorRole::Bias => "bias",
             TensorRole::DBias => "d_bias",
+            TensorRole::RotaryCos => "rotary_cos",
+            TensorRole::RotarySin => "rotary_sin",
         })
     }
 }

@@ -15,6 +15,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result, TensorRole};
 use crate::forward::Forward;
 use crate::plan::{BufRef, BufferCopy};
+use crate::rotary::{check_positions, check_tables, Positions, Rotary};
 use crate::tensor::Tensor;
 
 /// The attention config of a KV-cache call, on every backend: `cfg` (its `seq_kv` the cache's
@@ -243,7 +244,15 @@ impl Context {
         cache_seqlens: &[usize],
         append: Option<(&Tensor, &Tensor)>,
     ) -> Result<Forward> {
-        self.kvcache_impl(cfg, q, (k_cache, v_cache), cache_seqlens, append, None)
+        self.kvcache_impl(
+            cfg,
+            q,
+            (k_cache, v_cache),
+            cache_seqlens,
+            append,
+            None,
+            None,
+        )
     }
 
     /// [`forward_with_kvcache`](Context::forward_with_kvcache) writing into `dst` (out and lse
@@ -258,10 +267,149 @@ impl Context {
         append: Option<(&Tensor, &Tensor)>,
         dst: &Forward,
     ) -> Result<()> {
-        self.kvcache_impl(cfg, q, (k_cache, v_cache), cache_seqlens, append, Some(dst))
-            .map(drop)
+        self.kvcache_impl(
+            cfg,
+            q,
+            (k_cache, v_cache),
+            cache_seqlens,
+            append,
+            Some(dst),
+            None,
+        )
+        .map(drop)
     }
 
+    /// Attention of q over a KV cache as
+    /// [`forward_with_kvcache`](Context::forward_with_kvcache), with a rotary embedding
+    /// (module [`rotary`](crate::rotary)) fused in as flash-attn's `rotary_cos`, `rotary_sin`
+    /// and `rotary_interleaved` do: q is rotated at its positions and the new keys before
+    /// they are appended (the values are not), in the same submission as the append and the
+    /// attention. The caches hold rotated keys afterwards, as flash-attn's do. The tables are
+    /// `[table_rows, rotary_dim / 2]` in q's dtype, `rotary_dim <= head_dim`, and must hold
+    /// every position the call reaches (a typed error otherwise, before any GPU work).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_with_kvcache_rotary(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Tensor,
+        k_cache: &mut Tensor,
+        v_cache: &mut Tensor,
+        cache_seqlens: &[usize],
+        append: Option<(&Tensor, &Tensor)>,
+        rotary: Rotary<'_, Tensor>,
+    ) -> Result<Forward> {
+        let dtype = q.dtype();
+        let new_rows = match append {
+            Some((k, v)) => {
+                append_rows(cfg, ((k.shape(), k.dtype()), (v.shape(), v.dtype())), dtype)?
+            }
+            None => 0,
+        };
+        let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
+        crate::checks::check_tensor(self, TensorRole::Q, q, &c.q_shape(), dtype)?;
+        let (q_pos, k_pos) = Positions::for_kvcache(cfg, cache_seqlens);
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("rotary + kvcache"),
+            });
+        let q_rot = self.rotary_into(&mut enc, (TensorRole::Q, q), rotary, &q_pos)?;
+        let k_rot = match append {
+            Some((k, _)) => Some(self.rotary_into(&mut enc, (TensorRole::K, k), rotary, &k_pos)?),
+            None => None,
+        };
+        let append = append.zip(k_rot.as_ref()).map(|((_, v), k)| (k, v));
+        let f = self.kvcache_impl(
+            cfg,
+            &q_rot,
+            (k_cache, v_cache),
+            cache_seqlens,
+            append,
+            None,
+            Some(&mut enc),
+        )?;
+        self.scoped(|| self.queue.submit([enc.finish()]))?;
+        Ok(f)
+    }
+
+    /// Rotary embedding (module [`rotary`](crate::rotary)) of `x`, a `[batch, rows, heads,
+    /// head_dim]` tensor in the tables' dtype, row i of batch b at `positions.at(b, i)`: a new
+    /// tensor of `x`'s shape (for a prefill, rotate q and k before
+    /// [`forward`](Context::forward); a KV-cache step takes the tables itself,
+    /// [`forward_with_kvcache_rotary`](Context::forward_with_kvcache_rotary)). One
+    /// submission, no wait.
+    pub fn apply_rotary(
+        &self,
+        x: &Tensor,
+        rotary: Rotary<'_, Tensor>,
+        positions: &Positions,
+    ) -> Result<Tensor> {
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("rotary"),
+            });
+        let out = self.rotary_into(&mut enc, (TensorRole::Q, x), rotary, positions)?;
+        self.scoped(|| self.queue.submit([enc.finish()]))?;
+        Ok(out)
+    }
+
+    /// Checks `x` (`role` names it in errors) and the tables, and records the rotation into
+    /// `enc`.
+    fn rotary_into(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        (role, x): (TensorRole, &Tensor),
+        rotary: Rotary<'_, Tensor>,
+        positions: &Positions,
+    ) -> Result<Tensor> {
+        self.check_owned(x, || role.to_string())?;
+        self.check_owned(rotary.cos, || TensorRole::RotaryCos.to_string())?;
+        self.check_owned(rotary.sin, || TensorRole::RotarySin.to_string())?;
+        let shape = <[usize; 4]>::try_from(x.shape()).map_err(|_| {
+            Error::invalid(format!(
+                "{role} must be [batch, rows, heads, head_dim] to be rotated, got shape {:?}",
+                x.shape()
+            ))
+        })?;
+        if positions.start.len() != shape[0] {
+            return Err(Error::invalid(format!(
+                "rotary positions must hold one start per batch ([batch] = [{}]), got {}",
+                shape[0],
+                positions.start.len()
+            )));
+        }
+        let dims = check_tables(
+            (rotary.cos.shape(), rotary.cos.dtype()),
+            (rotary.sin.shape(), rotary.sin.dtype()),
+            shape[3],
+            x.dtype(),
+        )?;
+        check_positions(dims, positions, shape[1])?;
+        for (what, t) in [
+            (role.to_string(), x),
+            ("rotary_cos".into(), rotary.cos),
+            ("rotary_sin".into(), rotary.sin),
+        ] {
+            if t.needs_view() {
+                return Err(crate::tensor::strided_unsupported(
+                    &format!("a rotary embedding ({what})"),
+                    t,
+                ));
+            }
+        }
+        let plan = crate::plan::rotary(
+            (role, shape, x.dtype()),
+            dims,
+            rotary.interleaved,
+            positions,
+            &self.plan_env(),
+        )?;
+        let mut out = self.execute_into(&plan, &[x, rotary.cos, rotary.sin], Some(enc), None)?;
+        Ok(out.remove(0))
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn kvcache_impl(
         &self,
         cfg: &AttentionConfig,
@@ -270,6 +418,7 @@ impl Context {
         cache_seqlens: &[usize],
         append: Option<(&Tensor, &Tensor)>,
         dst: Option<&Forward>,
+        enc: Option<&mut wgpu::CommandEncoder>,
     ) -> Result<Forward> {
         let dtype = q.dtype();
         let new_rows = match append {
@@ -314,7 +463,7 @@ impl Context {
             }
         }
         let given = dst.map(|d| [&d.out, &d.lse]);
-        let outputs = self.execute_into(&plan, &inputs, None, given.as_ref().map(|g| &g[..]))?;
+        let outputs = self.execute_into(&plan, &inputs, enc, given.as_ref().map(|g| &g[..]))?;
         Forward::from_outputs(outputs, "forward")
     }
 }

@@ -45,6 +45,7 @@ pub mod kvcache;
 pub mod merge;
 pub mod paged;
 mod record;
+pub mod rotary;
 pub mod tensor;
 #[doc(hidden)]
 pub mod unstable;
@@ -72,6 +73,7 @@ pub use kernels::Variant;
 pub use paged::PagedKv;
 pub use record::GpuTiming;
 pub use roofline::Roofline;
+pub use rotary::{Positions, Rotary};
 pub use tensor::Tensor;
 pub use varlen::Varlen;
 

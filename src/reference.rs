@@ -215,6 +215,40 @@ pub fn forward(cfg: &AttentionConfig, q: &[f32], k: &[f32], v: &[f32]) -> RefFor
     RefForward { out, lse }
 }
 
+/// Rotary embedding (module [`rotary`](crate::rotary)) of `x`, `[batch, rows, heads,
+/// head_dim]` (`shape`), from its definition in f64: each pair of the first `2 * cols` dims
+/// (`cos`, `sin`: `[table_rows, cols]`) turned by the angle at its row's position.
+pub fn rotary(
+    x: &[f32],
+    shape: [usize; 4],
+    (cos, sin, cols): (&[f32], &[f32], usize),
+    interleaved: bool,
+    positions: &crate::rotary::Positions,
+) -> Vec<f64> {
+    let [batch, rows, heads, d] = shape;
+    let mut out: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    for b in 0..batch {
+        for i in 0..rows {
+            let p = positions.at(b, i);
+            for h in 0..heads {
+                let base = ((b * rows + i) * heads + h) * d;
+                for f in 0..cols {
+                    let (a, z) = if interleaved {
+                        (base + 2 * f, base + 2 * f + 1)
+                    } else {
+                        (base + f, base + f + cols)
+                    };
+                    let (c, s) = (cos[p * cols + f] as f64, sin[p * cols + f] as f64);
+                    let (x0, x1) = (x[a] as f64, x[z] as f64);
+                    out[a] = x0 * c - x1 * s;
+                    out[z] = x1 * c + x0 * s;
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The exact merge of partial results over disjoint key shards (module
 /// [`merge`](crate::merge)), in f64: each shard's out laid out `out_shape` (`[batch, seq_q,
 /// heads_q, head_dim]`), its lse `[batch, heads_q, seq_q]`. A row whose every shard has lse

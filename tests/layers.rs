@@ -7,7 +7,7 @@
 use std::path::Path;
 
 /// The spec layer: files and folders under src/.
-const SPEC: [&str; 12] = [
+const SPEC: [&str; 13] = [
     "config.rs",
     "dtype.rs",
     "error.rs",
@@ -17,6 +17,7 @@ const SPEC: [&str; 12] = [
     "bias.rs",
     "varlen.rs",
     "paged.rs",
+    "rotary.rs",
     "reference.rs",
     "kernels",
     "plan",

@@ -358,6 +358,10 @@ fn params_layout_matches_the_shader_struct() {
         pages_base,
         page_size,
         pages_per_seq,
+        rotary_dim,
+        rotary_interleaved,
+        rotary_step,
+        rotary_pad,
         flags,
         views
     );

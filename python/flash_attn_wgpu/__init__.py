@@ -274,11 +274,11 @@ def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     return tuple(g[0] for g in grads) if as_numpy else grads
 
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
-                            cache_batch_idx=None, block_table=None, softmax_scale=None,
-                            causal=False,
-                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False):
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            block_table=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                            alibi_slopes=None, num_splits=0, return_softmax_lse=False):
     """Attention of q ``[batch, seqlen_q, nheads, headdim]`` over a KV cache, after appending
     the new keys and values ``k``, ``v`` ``[batch, seqlen_new, nheads_k, headdim]`` at each
     batch's length ``cache_seqlens`` (an int or ``[batch]``: the rows each batch held before
@@ -289,8 +289,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     back into the arrays when they are numpy arrays. ``cache_batch_idx`` ``[batch]`` names the
     cache row each batch entry uses (a dense cache may then hold more rows than the batch;
     appending to one row from two entries is an error). Causal, window and ALiBi are aligned to
-    each batch's length. ``num_splits`` 0 picks the split-KV count. Returns out, and lse
-    with ``return_softmax_lse``."""
+    each batch's length. ``rotary_cos``, ``rotary_sin`` ``[seqlen_ro, rotary_dim / 2]`` (q's
+    dtype) rotate q and the new keys first, as flash-attn does: the new keys at positions
+    ``cache_seqlens + i``, q there too when causal or windowed, else every query at
+    ``cache_seqlens``; pairs ``(2f, 2f + 1)`` with ``rotary_interleaved`` (the default), else
+    ``(f, f + rotary_dim / 2)``; the cache keeps the rotated keys. ``num_splits`` 0 picks the
+    split-KV count. Returns out, and lse with ``return_softmax_lse``."""
     as_numpy = not isinstance(q, Tensor)
     batch = np.shape(q)[0] if as_numpy else q.shape[0]
     if cache_batch_idx is not None:
@@ -309,12 +313,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         cache_seqlens = [int(n) for n in np.asarray(cache_seqlens).ravel()]
     if (k is None) != (v is None):
         raise InvalidInputError("k and v are appended together: give both or neither")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise InvalidInputError("rotary_cos and rotary_sin go together: give both or neither")
+    rotary = None
+    if rotary_cos is not None:
+        rotary = (tensor(rotary_cos)._t, tensor(rotary_sin)._t, bool(rotary_interleaved))
     kc, vc = tensor(k_cache), tensor(v_cache)
     opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, 0.0, 0,
                     block_table=block_table, num_splits=num_splits)
     out, lse = _native.forward_with_kvcache(
         tensor(q)._t, kc._t, vc._t, cache_seqlens,
-        None if k is None else tensor(k)._t, None if v is None else tensor(v)._t, opts)
+        None if k is None else tensor(k)._t, None if v is None else tensor(v)._t, opts, rotary)
     if k is not None:
         for given, dev in ((k_cache, kc), (v_cache, vc)):
             if not isinstance(given, Tensor):

@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 
 use flash_attn_wgpu::{
-    AttentionConfig, Context, DType, Dropout, Error, PagedKv, Tensor, Window,
+    AttentionConfig, Context, DType, Dropout, Error, PagedKv, Rotary, Tensor, Window,
 };
 use numpy::{PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods, ToPyArray};
 use pyo3::prelude::*;
@@ -279,9 +279,10 @@ fn backward(
 }
 
 /// Attention over a KV cache after appending (k_new, v_new) at each batch's length; the
-/// caches are written in place: (out, lse).
+/// caches are written in place: (out, lse). `rotary`: (cos, sin, interleaved) tables that
+/// rotate q and the new keys first.
 #[pyfunction]
-#[pyo3(signature = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, options))]
+#[pyo3(signature = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, options, rotary=None))]
 #[allow(clippy::too_many_arguments)]
 fn forward_with_kvcache(
     py: Python<'_>,
@@ -292,10 +293,16 @@ fn forward_with_kvcache(
     k_new: Option<PyRef<'_, PyTensor>>,
     v_new: Option<PyRef<'_, PyTensor>>,
     options: Options,
+    rotary: Option<(PyRef<'_, PyTensor>, PyRef<'_, PyTensor>, bool)>,
 ) -> PyResult<(PyTensor, PyTensor)> {
     let ctx = context(py)?;
     let q = &q.inner;
     let cfg = config(py, q, &k_cache.inner, &options)?;
+    let rotary = rotary.as_ref().map(|(cos, sin, interleaved)| Rotary {
+        cos: &cos.inner,
+        sin: &sin.inner,
+        interleaved: *interleaved,
+    });
     let append = match (&k_new, &v_new) {
         (Some(k), Some(v)) => Some((&k.inner, &v.inner)),
         (None, None) => None,
@@ -303,7 +310,10 @@ fn forward_with_kvcache(
     };
     let (kc, vc) = (&mut k_cache.inner, &mut v_cache.inner);
     let f = py
-        .detach(|| ctx.forward_with_kvcache(&cfg, q, kc, vc, &cache_seqlens, append))
+        .detach(|| match rotary {
+            Some(r) => ctx.forward_with_kvcache_rotary(&cfg, q, kc, vc, &cache_seqlens, append, r),
+            None => ctx.forward_with_kvcache(&cfg, q, kc, vc, &cache_seqlens, append),
+        })
         .map_err(|e| to_py(py, e))?;
     Ok((PyTensor { inner: f.out }, PyTensor { inner: f.lse }))
 }

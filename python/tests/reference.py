@@ -97,3 +97,24 @@ def varlen(q, k, v, cu_q, cu_k, dout=None, **opts):
         return out, lse
     return (out, lse) + tuple(np.concatenate([p[n][0] for p in parts], axis=0)
                               for n in (2, 3, 4))
+
+
+def rotary(x, cos, sin, start, step, interleaved):
+    """Rotary embedding of x [b, s, h, d], float64: row i of batch b at start[b] + i * step;
+    the first 2 * cols dims turn in pairs ((2f, 2f + 1) interleaved, else (f, f + cols)) by
+    the angle whose cosine and sine are cos[p, f], sin[p, f]."""
+    x = np.asarray(x, dtype=np.float64).copy()
+    cos, sin = np.asarray(cos, np.float64), np.asarray(sin, np.float64)
+    cols = cos.shape[1]
+    for bi in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            p = start[bi] + i * step
+            c, s = cos[p][None, :], sin[p][None, :]
+            row = x[bi, i]
+            if interleaved:
+                x0, x1 = row[:, 0:2 * cols:2].copy(), row[:, 1:2 * cols:2].copy()
+                row[:, 0:2 * cols:2], row[:, 1:2 * cols:2] = x0 * c - x1 * s, x1 * c + x0 * s
+            else:
+                x0, x1 = row[:, :cols].copy(), row[:, cols:2 * cols].copy()
+                row[:, :cols], row[:, cols:2 * cols] = x0 * c - x1 * s, x1 * c + x0 * s
+    return x

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import flash_attn_wgpu as fa
-from reference import attention, varlen
+from reference import attention, rotary, varlen
 
 SEED = int(os.environ.get("FA_TEST_SEED", np.random.SeedSequence().entropy % 2**32))
 # tolerances: f32 results to f32 rounding; halves to their rounding of inputs and outputs
@@ -196,6 +196,36 @@ def test_cache_batch_idx_picks_the_cache_rows(rng):
     with pytest.raises(fa.InvalidInputError, match="would both write page 1, row 3"):
         fa.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=[3, 3],
                                    cache_batch_idx=[1, 1])
+
+
+@pytest.mark.parametrize("interleaved, causal", [(True, True), (False, False)])
+def test_rotary_tables_rotate_q_and_the_new_keys(rng, interleaved, causal):
+    b, hq, hk, d, cap, rd = 2, 4, 2, 16, 12, 8
+    k_cache, v_cache = rand(rng, (b, cap, hk, d)), rand(rng, (b, cap, hk, d))
+    keys, vals = k_cache.copy(), v_cache.copy()
+    q, k, v = rand(rng, (b, 2, hq, d)), rand(rng, (b, 2, hk, d)), rand(rng, (b, 2, hk, d))
+    theta = np.arange(cap)[:, None] * 10000.0 ** (-np.arange(rd // 2) * 2.0 / rd)
+    cos, sin = np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+    lens = np.array([3, 9])
+    out = fa.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
+                                     cache_seqlens=lens, causal=causal,
+                                     rotary_interleaved=interleaved)
+    # flash-attn's positions: new keys at lens + i; queries there too when causal, else at lens
+    k_rot = rotary(k, cos, sin, lens, 1, interleaved)
+    q_rot = rotary(q, cos, sin, lens, 1 if causal else 0, interleaved)
+    for bi in range(b):
+        keys[bi, lens[bi]:lens[bi] + 2], vals[bi, lens[bi]:lens[bi] + 2] = k_rot[bi], v[bi]
+    close(k_cache, keys, 1e-6, "rotated keys in the cache")
+    np.testing.assert_array_equal(v_cache, vals)
+    want = attention(q_rot, keys, vals, causal=causal, seqlens_k=lens + 2)
+    close(out, want[0], 2e-5, "out")
+    # not causal: the queries at 10, the new keys at 10 and 11
+    with pytest.raises(fa.InvalidInputError, match="rotary tables hold positions 0..10, but "
+                       "batch 1's rows reach position 10 .2 rows at one position"):
+        fa.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos=cos[:10],
+                                   rotary_sin=sin[:10], cache_seqlens=[3, 10])
+    with pytest.raises(fa.InvalidInputError, match="give both or neither"):
+        fa.flash_attn_with_kvcache(q, k_cache, v_cache, rotary_cos=cos)
 
 
 def test_dropout_is_reproducible_and_its_backward_is_the_forward_derivative(rng):

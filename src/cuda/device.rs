@@ -912,6 +912,26 @@ impl AttentionBackend for CudaContext {
         CudaContext::forward_with_kvcache(self, cfg, q, k_cache, v_cache, cache_seqlens, append)
     }
 
+    /// Not on CUDA yet: a typed `Unsupported` (docs/CUDA.md lists it).
+    fn forward_with_kvcache_rotary(
+        &self,
+        _cfg: &AttentionConfig,
+        _q: &CudaTensor,
+        _k_cache: &mut CudaTensor,
+        _v_cache: &mut CudaTensor,
+        _cache_seqlens: &[usize],
+        _append: Option<(&CudaTensor, &CudaTensor)>,
+        _rotary: crate::Rotary<'_, CudaTensor>,
+    ) -> Result<Forward<CudaTensor>> {
+        Err(Error::Unsupported {
+            feature: "a rotary embedding fused into the KV-cache call".into(),
+            backend: crate::Backend::Cuda,
+            reason: "the CUDA path has no rotary kernel yet; rotate q and the new keys \
+                     yourself before forward_with_kvcache, or use the wgpu path"
+                .into(),
+        })
+    }
+
     fn last_gpu_timing(&self) -> Option<GpuTiming> {
         CudaContext::last_gpu_timing(self)
     }

@@ -42,6 +42,9 @@ pub enum Kernel {
     NaiveBwdDkDv,
     NaiveBwdDq,
     Cast,
+    /// Rotary position embedding of q or the new keys of a KV-cache call
+    /// (`shaders/rotary.wgsl`).
+    Rotary,
     Canary,
     RooflineFma,
     RooflineFmaF16,
@@ -112,7 +115,7 @@ use Access::{Read as R, ReadWrite as W};
 use BindType::{Elem as E, Vec2F32 as V2, Vec4F32 as V4, F32, U32};
 
 impl Kernel {
-    pub const ALL: [Kernel; 30] = [
+    pub const ALL: [Kernel; 31] = [
         Kernel::FlashBwdPreprocess,
         Kernel::Flash(Variant::Rows, Pass::Forward),
         Kernel::Flash(Variant::Rows, Pass::DkDv),
@@ -138,6 +141,7 @@ impl Kernel {
         Kernel::NaiveBwdDkDv,
         Kernel::NaiveBwdDq,
         Kernel::Cast,
+        Kernel::Rotary,
         Kernel::Canary,
         Kernel::RooflineFma,
         Kernel::RooflineFmaF16,
@@ -172,6 +176,7 @@ impl Kernel {
             Kernel::NaiveBwdDkDv => "naive_bwd_dkdv",
             Kernel::NaiveBwdDq => "naive_bwd_dq",
             Kernel::Cast => "cast",
+            Kernel::Rotary => "rotary",
             Kernel::Canary => "canary",
             Kernel::RooflineFma => "roofline_fma",
             Kernel::RooflineFmaF16 => "roofline_fma_f16",
@@ -228,6 +233,7 @@ impl Kernel {
             Kernel::NaiveBwdDkDv => include_str!("../../shaders/naive_bwd_dkdv.wgsl"),
             Kernel::NaiveBwdDq => include_str!("../../shaders/naive_bwd_dq.wgsl"),
             Kernel::Cast => include_str!("../../shaders/cast.wgsl"),
+            Kernel::Rotary => include_str!("../../shaders/rotary.wgsl"),
             Kernel::Canary => include_str!("../../shaders/canary.wgsl"),
             // one probe in two types: the prelude defines FT
             Kernel::RooflineFma | Kernel::RooflineFmaF16 => {
@@ -315,6 +321,19 @@ impl Kernel {
             }
             Kernel::NaiveBwdDq => const { &[b("ds", F32, R), K, b("dq", E, W)] },
             Kernel::Cast => const { &[b("src", F32, R), b("dst", E, W)] },
+            // the tables are [table_rows, rotary_dim / 2] in the tensor's format; positions
+            // holds each batch's first position (the plan's pair data)
+            Kernel::Rotary => {
+                const {
+                    &[
+                        b("src", E, R),
+                        b("rot_cos", E, R),
+                        b("rot_sin", E, R),
+                        b("positions", U32, R),
+                        b("dst", E, W),
+                    ]
+                }
+            }
             Kernel::Canary => const { &[b("counter", U32, W)] },
             Kernel::RooflineFma | Kernel::RooflineFmaF16 | Kernel::RooflineCoop => {
                 const { &[b("sink", F32, W)] }
@@ -415,6 +434,7 @@ impl Kernel {
                 | Kernel::NaiveSoftmax
                 | Kernel::NaiveBwdDs
                 | Kernel::Cast
+                | Kernel::Rotary
                 | Kernel::Canary
                 | Kernel::RooflineFma
                 | Kernel::RooflineFmaF16
@@ -449,6 +469,7 @@ impl Kernel {
         matches!(
             self,
             Kernel::Cast
+                | Kernel::Rotary
                 | Kernel::FlashBwdPreprocess
                 | Kernel::FlashBwdBias
                 | Kernel::Merge

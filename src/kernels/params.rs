@@ -146,6 +146,14 @@ pub struct Params {
     pub pages_base: u32,
     pub page_size: u32,
     pub pages_per_seq: u32,
+    /// Rotary embedding (`shaders/rotary.wgsl`): the dims turned (even, at most head_dim),
+    /// 1 for pairs (2f, 2f + 1) (else (f, f + rotary_dim / 2)), and the positions between
+    /// consecutive rows (1, or 0: a batch's rows at one position). The fourth word keeps
+    /// `flags` and `views` where WGSL lays them out.
+    pub rotary_dim: u32,
+    pub rotary_interleaved: u32,
+    pub rotary_step: u32,
+    pub rotary_pad: u32,
     /// The call's modifiers, a bit each ([`super::flags`]; VIEWS set per step at record
     /// time). Also keeps `views` at a 16-byte boundary, as WGSL lays a uniform's array of
     /// vec4s out.

@@ -9,11 +9,13 @@ pub mod decode;
 mod forward;
 pub mod merge;
 mod naive;
+mod rotary;
 pub mod split;
 
 pub use backward::backward;
 pub use forward::forward;
 pub use merge::merge;
+pub use rotary::rotary;
 
 use crate::config::AttentionConfig;
 use crate::dtype::{DType, ElemFormat};

@@ -17,12 +17,54 @@ pub fn append_and_attend<B: AttentionBackend, T: Element>(
     lens: &[usize],
     new: usize,
 ) {
+    append_and_attend_with::<B, T>(b, base, lens, new, None)
+}
+
+/// A rotary embedding for [`append_and_attend_with`]: the dims it turns and how it pairs them.
+#[derive(Debug, Clone, Copy)]
+pub struct Rope {
+    pub rotary_dim: usize,
+    pub interleaved: bool,
+}
+
+/// RoPE tables `[rows, rotary_dim / 2]` in `T` (as f32 values): angle `p * 10000^(-2f / rd)`.
+pub fn rope_tables<T: Element>(rows: usize, rotary_dim: usize) -> (Vec<f32>, Vec<f32>) {
+    let cols = rotary_dim / 2;
+    let angle = |p: usize, f: usize| p as f64 * 10000f64.powf(-2.0 * f as f64 / rotary_dim as f64);
+    let table = |g: fn(f64) -> f64| -> Vec<f32> {
+        let t: Vec<f32> = (0..rows * cols)
+            .map(|e| g(angle(e / cols, e % cols)) as f32)
+            .collect();
+        to_f32_vec(&from_f32_slice::<T>(&t))
+    };
+    (table(f64::cos), table(f64::sin))
+}
+
+/// [`append_and_attend`], optionally with a rotary embedding fused into the call
+/// (`forward_with_kvcache_rotary`): the reference rotates q and the new keys on the host
+/// (`reference::rotary`, rounded to `T` as the call stores them), and the appended cache rows
+/// must be the rotated keys to `T`'s rounding.
+pub fn append_and_attend_with<B: AttentionBackend, T: Element>(
+    b: &B,
+    base: &AttentionConfig,
+    lens: &[usize],
+    new: usize,
+    rope: Option<Rope>,
+) {
     let seed = fresh_seed();
     let mut rng = StdRng::seed_from_u64(seed);
     let c = base;
     let row = c.heads_kv * c.head_dim;
     let cap = c.seq_kv;
-    let msg = format!("{} lens {lens:?} new {new} seed {seed}", T::DTYPE);
+    let msg = format!("{} lens {lens:?} new {new} {rope:?} seed {seed}", T::DTYPE);
+    // tables for every position of the cache, on the device once
+    let tables = rope.map(|r| {
+        let (cos, sin) = rope_tables::<T>(cap, r.rotary_dim);
+        let shape = [cap, r.rotary_dim / 2];
+        let up = |t: &[f32]| b.upload(&from_f32_slice::<T>(t), &shape).unwrap();
+        let (cd, sd) = (up(&cos), up(&sin));
+        (r, cos, sin, cd, sd)
+    });
     // the caches: random rows below each length, NaN above
     let mut kc = random(&mut rng, c.batch * cap * row, 1.5);
     let mut vc = random(&mut rng, c.batch * cap * row, 1.0);
@@ -63,9 +105,53 @@ pub fn append_and_attend<B: AttentionBackend, T: Element>(
             b.upload(&from_f32_slice::<T>(&kn), &new_shape).unwrap(),
             b.upload(&from_f32_slice::<T>(&vn), &new_shape).unwrap(),
         );
-        let f = b
-            .forward_with_kvcache(&sc, &qd, &mut kd, &mut vd, &lens, Some((&knd, &vnd)))
-            .unwrap_or_else(|e| panic!("step {step}: {e} ({msg})"));
+        let f = match &tables {
+            None => b.forward_with_kvcache(&sc, &qd, &mut kd, &mut vd, &lens, Some((&knd, &vnd))),
+            Some((r, _, _, cd, sd)) => b.forward_with_kvcache_rotary(
+                &sc,
+                &qd,
+                &mut kd,
+                &mut vd,
+                &lens,
+                Some((&knd, &vnd)),
+                flash_attn_wgpu::Rotary {
+                    cos: cd,
+                    sin: sd,
+                    interleaved: r.interleaved,
+                },
+            ),
+        }
+        .unwrap_or_else(|e| panic!("step {step}: {e} ({msg})"));
+        // what the call attends with: q and the new keys rotated on the host, in T
+        let (q, kn) = match &tables {
+            None => (q, kn),
+            Some((r, cos, sin, _, _)) => {
+                // flash-attn's rule, written out here: new key i of batch b at lens[b] + i;
+                // query i there too with a causal mask or a window, else at lens[b]
+                let turns = sc.causal || sc.window != flash_attn_wgpu::Window::default();
+                let at = |step| flash_attn_wgpu::Positions {
+                    start: lens.clone(),
+                    step,
+                };
+                let (qp, kp) = (at(usize::from(turns)), at(1));
+                let turn = |x: &[f32], heads: usize, p: &flash_attn_wgpu::Positions| {
+                    let y = reference::rotary(
+                        x,
+                        [c.batch, rows, heads, c.head_dim],
+                        (cos, sin, r.rotary_dim / 2),
+                        r.interleaved,
+                        p,
+                    );
+                    let y: Vec<f32> = y.iter().map(|&v| v as f32).collect();
+                    to_f32_vec(&from_f32_slice::<T>(&y))
+                };
+                let (qr, kr) = (turn(&q, c.heads_q, &qp), turn(&kn, c.heads_kv, &kp));
+                // the rotation changed what it turns (a test that rotates nothing proves
+                // nothing) and kept the other dims
+                assert!(kr.iter().zip(&kn).any(|(a, b)| a != b), "{msg}");
+                (qr, kr)
+            }
+        };
         let out = to_f32_vec(&b.download::<T>(&f.out).unwrap());
         let lse = b.download::<f32>(&f.lse).unwrap();
         // the caches now: the new rows at each length
@@ -74,11 +160,19 @@ pub fn append_and_attend<B: AttentionBackend, T: Element>(
             kc[at..at + rows * row].copy_from_slice(&kn[bi * rows * row..(bi + 1) * rows * row]);
             vc[at..at + rows * row].copy_from_slice(&vn[bi * rows * row..(bi + 1) * rows * row]);
         }
+        // exact, but for rotated keys, which the device turns in f32 and the host in f64:
+        // one rounding of T apart, or f32's cancellation in `x c - y s` (inputs of size ~1)
+        let ulp = match T::DTYPE {
+            flash_attn_wgpu::DType::F32 => 1e-6,
+            flash_attn_wgpu::DType::F16 => 1.0 / 1024.0,
+            flash_attn_wgpu::DType::BF16 => 1.0 / 128.0,
+        };
+        let slack = if rope.is_some() { ulp } else { 0.0 };
         let same = |got: Vec<f32>, want: &[f32], what: &str| {
             assert!(
-                got.iter()
-                    .zip(want)
-                    .all(|(g, w)| g == w || (g.is_nan() && w.is_nan())),
+                got.iter().zip(want).all(|(g, w)| g == w
+                    || (g.is_nan() && w.is_nan())
+                    || (g - w).abs() as f64 <= slack * (1.0 + w.abs() as f64)),
                 "{what} after step {step} ({msg})"
             )
         };

@@ -184,3 +184,107 @@ fn a_decode_loop_writes_in_place_and_matches_the_reference_each_step() {
         }
     }
 }
+
+#[test]
+fn a_rotary_embedding_fused_into_the_kvcache_call_matches_the_host_rotation() {
+    use common::kv::{append_and_attend_with, rope_tables, Rope};
+    use flash_attn_wgpu::{Positions, Rotary};
+    // GPT-NeoX halves over part of the head, causal (queries at their own positions), GQA
+    let c = cfg(3, 1, 96, 8, 2, 32, true);
+    let neox = Rope {
+        rotary_dim: 16,
+        interleaved: false,
+    };
+    append_and_attend_with::<_, f32>(ctx(), &c, &[0, 40, 90], 5, Some(neox));
+    // GPT-J pairs over the whole head, not causal (a batch's queries all at its length)
+    let c = cfg(2, 1, 64, 4, 4, 16, false);
+    let gptj = Rope {
+        rotary_dim: 16,
+        interleaved: true,
+    };
+    append_and_attend_with::<_, half::f16>(ctx(), &c, &[10, 33], 3, Some(gptj));
+    // bf16, a quarter of the head turned (the shape of the plain bf16 case above)
+    let c = cfg(2, 1, 200, 4, 4, 16, true);
+    let quarter = Rope {
+        rotary_dim: 4,
+        interleaved: true,
+    };
+    append_and_attend_with::<_, half::bf16>(ctx(), &c, &[150, 1], 2, Some(quarter));
+
+    // bad tables and positions: typed errors before any GPU work, the caches untouched
+    let x = ctx();
+    let c = cfg(2, 1, 10, 2, 1, 8, true);
+    let q = x.upload(&[0.5f32; 2 * 2 * 8], &c.q_shape()).unwrap();
+    let mut k = x.zeros(&c.kv_shape()).unwrap();
+    let mut v = x.zeros(&c.kv_shape()).unwrap();
+    let k1 = x.upload(&[0.25f32; 2 * 8], &[2, 1, 1, 8]).unwrap();
+    let (cos, sin) = rope_tables::<f32>(10, 8);
+    let table =
+        |t: &[f32], rows: usize, cols: usize| x.upload(&t[..rows * cols], &[rows, cols]).unwrap();
+    let rot = |cos, sin| Rotary {
+        cos,
+        sin,
+        interleaved: false,
+    };
+    let (c10, s10) = (table(&cos, 10, 4), table(&sin, 10, 4));
+    // batch 1 holds 9 keys: its new key sits at position 9, the last the tables hold; its
+    // query too (causal)
+    x.forward_with_kvcache_rotary(
+        &c,
+        &q,
+        &mut k,
+        &mut v,
+        &[3, 9],
+        Some((&k1, &k1)),
+        rot(&c10, &s10),
+    )
+    .unwrap();
+    let (c9, s9) = (table(&cos, 9, 4), table(&sin, 9, 4));
+    let before = x.download::<f32>(&k).unwrap();
+    match x.forward_with_kvcache_rotary(
+        &c,
+        &q,
+        &mut k,
+        &mut v,
+        &[3, 9],
+        Some((&k1, &k1)),
+        rot(&c9, &s9),
+    ) {
+        Err(Error::InvalidConfig(m)) => {
+            assert!(m.contains("batch 1") && m.contains("position 9"), "{m}")
+        }
+        other => panic!("expected InvalidConfig, got {other:?}"),
+    }
+    assert_eq!(x.download::<f32>(&k).unwrap(), before);
+    // tables wider than half the head, sin shaped otherwise, another dtype
+    let wide = x.zeros(&[10, 5]).unwrap();
+    assert!(matches!(
+        x.forward_with_kvcache_rotary(&c, &q, &mut k, &mut v, &[1, 1], None, rot(&wide, &wide)),
+        Err(Error::InvalidConfig(m)) if m.contains("rotary_cos")
+    ));
+    assert!(matches!(
+        x.forward_with_kvcache_rotary(&c, &q, &mut k, &mut v, &[1, 1], None, rot(&c10, &s9)),
+        Err(Error::Shape {
+            tensor: flash_attn_wgpu::TensorRole::RotarySin,
+            ..
+        })
+    ));
+    let half_cos = x.zeros_of(&[10, 4], DType::F16).unwrap();
+    assert!(matches!(
+        x.forward_with_kvcache_rotary(
+            &c,
+            &q,
+            &mut k,
+            &mut v,
+            &[1, 1],
+            None,
+            rot(&half_cos, &half_cos)
+        ),
+        Err(Error::DType { .. })
+    ));
+    // apply_rotary alone: one start per batch
+    assert!(matches!(
+        x.apply_rotary(&q, rot(&c10, &s10), &Positions::from_starts(vec![0])),
+        Err(Error::InvalidConfig(m)) if m.contains("one start per batch")
+    ));
+}
