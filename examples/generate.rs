@@ -1,5 +1,6 @@
 //! Token-by-token generation with a paged KV cache: a small decoder-only transformer with
-//! fixed random weights (RMSNorm, GQA attention, a ReLU MLP; sinusoidal positions) runs a
+//! fixed random weights (RMSNorm, GQA attention, a ReLU MLP; sinusoidal positions, or with
+//! `--rope` rotary embeddings that the KV-cache call applies to q and the new keys) runs a
 //! prefill of each prompt, then greedy decode steps, its attention on the GPU through
 //! `forward_with_kvcache` over per-layer paged caches (pages interleaved between the
 //! sequences). The matrix products around attention run on the CPU (this example is about the
@@ -8,7 +9,7 @@
 //! prints tokens/s and the largest difference.
 //!
 //! cargo run --release --example generate -- [--steps 32] [--batch 2] [--layers 2]
-//!     [--dtype f32|f16|bf16] [--page-size 16] [--seed N]
+//!     [--dtype f32|f16|bf16] [--page-size 16] [--rope] [--seed N]
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -19,7 +20,10 @@ use cli::positive;
 
 use clap::Parser;
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
-use flash_attn_wgpu::{AttentionConfig, Context, DType, Element, PagedKv, Tensor};
+use flash_attn_wgpu::unstable::reference;
+use flash_attn_wgpu::{
+    AttentionConfig, Context, DType, Element, PagedKv, Positions, Rotary, Tensor,
+};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// Prefill then greedy decode of a small random transformer with a paged KV cache on the GPU.
@@ -41,6 +45,10 @@ struct Args {
     /// Keys per page of the KV cache
     #[arg(long, default_value_t = 16, value_parser = positive)]
     page_size: usize,
+    /// Rotary position embeddings (GPT-NeoX pairs over the whole head), fused into the
+    /// KV-cache call, instead of sinusoidal positions added to the embeddings
+    #[arg(long)]
+    rope: bool,
     /// Seed of the weights and prompts [default: a fresh random seed, printed]
     #[arg(long)]
     seed: Option<u64>,
@@ -131,8 +139,9 @@ impl Model {
         }
     }
 
-    /// Token embeddings plus sinusoidal positions, `[tokens, D_MODEL]`.
-    fn embed(&self, tokens: &[usize], first_pos: usize) -> Vec<f32> {
+    /// Token embeddings plus sinusoidal positions (none with rotary embeddings),
+    /// `[tokens, D_MODEL]`.
+    fn embed(&self, tokens: &[usize], first_pos: usize, rope: bool) -> Vec<f32> {
         tokens
             .iter()
             .enumerate()
@@ -140,7 +149,12 @@ impl Model {
                 let pos = (first_pos + i) as f32;
                 (0..D_MODEL).map(move |d| {
                     let f = pos / 10000f32.powf((d / 2 * 2) as f32 / D_MODEL as f32);
-                    self.embed[t * D_MODEL + d] + if d % 2 == 0 { f.sin() } else { f.cos() }
+                    let p = match (rope, d % 2) {
+                        (true, _) => 0.0,
+                        (false, 0) => f.sin(),
+                        (false, _) => f.cos(),
+                    };
+                    self.embed[t * D_MODEL + d] + p
                 })
             })
             .collect()
@@ -193,6 +207,35 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     cfg.causal = true;
     cfg.paged = Some(paged);
     let pool: usize = cfg.kv_shape().iter().product();
+    // rotary tables for every position a row can take (padded prefill rows included),
+    // `[positions, HEAD_DIM / 2]`: angle p / 10000^(2f / HEAD_DIM), rounded to T
+    let positions = capacity + prompts.iter().map(Vec::len).max().unwrap_or(1);
+    let cols = HEAD_DIM / 2;
+    let table = |g: fn(f32) -> f32| -> Vec<f32> {
+        let t: Vec<f32> = (0..positions * cols)
+            .map(
+                |e| g((e / cols) as f32 / 10000f32.powf((2 * (e % cols)) as f32 / HEAD_DIM as f32)),
+            )
+            .collect();
+        to_f32_vec(&from_f32_slice::<T>(&t))
+    };
+    let (cos, sin) = (table(f32::cos), table(f32::sin));
+    let cos_d = ctx.upload(&from_f32_slice::<T>(&cos), &[positions, cols])?;
+    let sin_d = ctx.upload(&from_f32_slice::<T>(&sin), &[positions, cols])?;
+    // the host's rotation of `x` (`[1, n, heads, HEAD_DIM]` at positions first..), rounded
+    // to T as the device stores it
+    let rotate = |x: &[f32], heads: usize, first: usize| -> Vec<f32> {
+        let y = reference::rotary(
+            x,
+            [1, x.len() / (heads * HEAD_DIM), heads, HEAD_DIM],
+            (&cos, &sin, cols),
+            false,
+            &Positions::from_starts(vec![first]),
+        );
+        to_f32_vec(&from_f32_slice::<T>(
+            &y.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+        ))
+    };
     let mut caches: Vec<LayerCache> = (0..a.layers)
         .map(|_| {
             Ok(LayerCache {
@@ -206,14 +249,15 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     println!(
         "model: {} layers, d_model {D_MODEL}, heads {HEADS_Q}/{HEADS_KV}, head_dim {HEAD_DIM}, \
          vocab {VOCAB}; {} sequences, prompts of {:?} tokens, {} steps, paged cache of {} pages \
-         x {} keys, {}, seed {seed}",
+         x {} keys, {}, {} positions, seed {seed}",
         a.layers,
         a.batch,
         prompts.iter().map(Vec::len).collect::<Vec<_>>(),
         a.steps,
         cfg.paged.as_ref().map_or(0, |p| p.num_pages),
         a.page_size,
-        T::DTYPE
+        T::DTYPE,
+        if a.rope { "rotary" } else { "sinusoidal" }
     );
 
     // one step for every sequence: `tokens[b]` new tokens at positions lens[b].. (a prefill
@@ -231,7 +275,7 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         let mut h: Vec<Vec<f32>> = tokens
             .iter()
             .zip(lens.iter())
-            .map(|(t, &l)| model.embed(t, l))
+            .map(|(t, &l)| model.embed(t, l, a.rope))
             .collect();
         for (layer, cache) in model.layers.iter().zip(caches.iter_mut()) {
             // q, k, v of every new row, padded to `rows` per sequence
@@ -248,7 +292,13 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
                 let vb = to_f32_vec(&from_f32_slice::<T>(&matmul(&x, &layer.wv, D_MODEL, ks)));
                 kn[b * rows * ks..b * rows * ks + n * ks].copy_from_slice(&kb);
                 vn[b * rows * ks..b * rows * ks + n * ks].copy_from_slice(&vb);
-                cache.host_k[b].extend_from_slice(&kb);
+                // the cache holds rotated keys with rotary embeddings
+                let kb_cached = if a.rope {
+                    rotate(&kb, HEADS_KV, lens[b])
+                } else {
+                    kb
+                };
+                cache.host_k[b].extend_from_slice(&kb_cached);
                 cache.host_v[b].extend_from_slice(&vb);
             }
             let mut c = cfg.clone();
@@ -257,43 +307,60 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
             let qd = ctx.upload(&from_f32_slice::<T>(&q), &c.q_shape())?;
             let knd = ctx.upload(&from_f32_slice::<T>(&kn), &new_shape)?;
             let vnd = ctx.upload(&from_f32_slice::<T>(&vn), &new_shape)?;
-            let f = ctx.forward_with_kvcache(
-                &c,
-                &qd,
-                &mut cache.k,
-                &mut cache.v,
-                lens,
-                Some((&knd, &vnd)),
-            )?;
+            let f = if a.rope {
+                let rope = Rotary {
+                    cos: &cos_d,
+                    sin: &sin_d,
+                    interleaved: false,
+                };
+                let append = Some((&knd, &vnd));
+                ctx.forward_with_kvcache_rotary(
+                    &c,
+                    &qd,
+                    &mut cache.k,
+                    &mut cache.v,
+                    lens,
+                    append,
+                    rope,
+                )?
+            } else {
+                ctx.forward_with_kvcache(
+                    &c,
+                    &qd,
+                    &mut cache.k,
+                    &mut cache.v,
+                    lens,
+                    Some((&knd, &vnd)),
+                )?
+            };
             let att = to_f32_vec(&ctx.download::<T>(&f.out)?);
             for (b, hb) in h.iter_mut().enumerate() {
                 let n = hb.len() / D_MODEL;
                 let qs = HEADS_Q * HEAD_DIM;
                 let mine = &att[b * rows * qs..b * rows * qs + n * qs];
                 if check {
-                    // the recompute: this sequence's new rows against all its keys so far,
-                    // dense, without the cache (rows aligned to the end of the keys)
+                    // the recompute: this sequence's new rows (rotated on the host with
+                    // rotary embeddings) against all its keys so far, dense, without the
+                    // cache (rows aligned to the end of the keys)
                     let keys = lens[b] + tokens[b].len();
+                    let q_own = &q[b * rows * qs..b * rows * qs + n * qs];
+                    let qb = if a.rope {
+                        rotate(q_own, HEADS_Q, lens[b])
+                    } else {
+                        to_f32_vec(&from_f32_slice::<T>(q_own))
+                    };
                     let full = AttentionConfig {
                         causal: true,
                         ..AttentionConfig::new(1, n, keys, HEADS_Q, HEADS_KV, HEAD_DIM)
                     };
                     let r = ctx.forward_host(
                         &full,
-                        &from_f32_slice::<T>(&q[b * rows * qs..b * rows * qs + n * qs]),
+                        &from_f32_slice::<T>(&qb),
                         &from_f32_slice::<T>(&cache.host_k[b]),
                         &from_f32_slice::<T>(&cache.host_v[b]),
                     )?;
                     // and the f64 reference over the same (rounded) values
-                    let qb = to_f32_vec(&from_f32_slice::<T>(
-                        &q[b * rows * qs..b * rows * qs + n * qs],
-                    ));
-                    let want = flash_attn_wgpu::unstable::reference::forward(
-                        &full,
-                        &qb,
-                        &cache.host_k[b],
-                        &cache.host_v[b],
-                    );
+                    let want = reference::forward(&full, &qb, &cache.host_k[b], &cache.host_v[b]);
                     let scale = want.out.iter().fold(1e-30f64, |m, x| m.max(x.abs()));
                     for ((x, y), w) in mine.iter().zip(to_f32_vec(&r.out)).zip(&want.out) {
                         worst.0 = worst.0.max((x - y).abs() as f64 / scale);
@@ -356,9 +423,11 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     for (b, g) in generated.iter().enumerate() {
         println!("sequence {b}: prompt {:?} -> {:?}", prompts[b], g);
     }
+    // rotary embeddings add a rounding on each side: the device rotates q and the new keys
+    // in f32 and the host in f64, each rounds to T, and the two may land an ulp apart
     let tol = match T::DTYPE {
         DType::F32 => 1e-4,
-        d => 1e-4 + 2.0 * d.unit_roundoff(),
+        d => 1e-4 + if a.rope { 4.0 } else { 2.0 } * d.unit_roundoff(),
     };
     let ok = worst.0 <= tol && worst.1 <= tol;
     println!(
