@@ -819,3 +819,41 @@ extern "C" __global__ void __launch_bounds__(256) flash_merge(
         lse_out[r] = l;
     }
 }
+
+// Rotary embedding (shaders/rotary.wgsl, module `rotary`): dst is src, [batch, rows, heads,
+// head_dim], with the first rotary_dim dims of every head turned in pairs by the angle at the
+// row's position (row i of batch b at positions[b] + i * step), read as cos and sin from
+// tables [table_rows, rotary_dim / 2]: pairs (2f, 2f + 1) when interleaved, else
+// (f, f + rotary_dim / 2). One thread per element; each reads its pair's partner.
+extern "C" __global__ void __launch_bounds__(256) flash_rotary(
+    const elem_t* __restrict__ src, const elem_t* __restrict__ cos_t,
+    const elem_t* __restrict__ sin_t, const unsigned int* __restrict__ positions,
+    elem_t* __restrict__ dst, unsigned int elements, unsigned int rows, unsigned int heads,
+    unsigned int head_dim, unsigned int rotary_dim, unsigned int interleaved,
+    unsigned int step) {
+    const unsigned int e = blockIdx.x * 256 + threadIdx.x;
+    if (e >= elements) {
+        return;
+    }
+    const unsigned int d = e % head_dim;
+    if (d >= rotary_dim) {
+        dst[e] = src[e];
+        return;
+    }
+    const unsigned int half = rotary_dim / 2;
+    const unsigned int row = e / (head_dim * heads);
+    const unsigned int b = row / rows, i = row % rows;
+    unsigned int f = d % half;
+    bool first = d < half;
+    unsigned int partner = first ? e + half : e - half;
+    if (interleaved != 0) {
+        f = d / 2;
+        first = (d & 1u) == 0;
+        partner = first ? e + 1 : e - 1;
+    }
+    const unsigned int at = (positions[b] + i * step) * half + f;
+    const float c = to_f32(cos_t[at]), s = to_f32(sin_t[at]);
+    const float x = to_f32(src[e]), y = to_f32(src[partner]);
+    // (x0, x1) -> (x0 c - x1 s, x1 c + x0 s)
+    dst[e] = from_f32(first ? x * c - y * s : x * c + y * s);
+}

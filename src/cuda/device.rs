@@ -13,13 +13,16 @@ use cudarc::driver::{
     LaunchArgs, LaunchConfig, PushKernelArg,
 };
 
-use super::kernels::{decode_geometry, AttnShape, CudaKernel, CudaKey, Launch, Pass, MIN_ARCH};
+use super::kernels::{
+    decode_geometry, index_fits, AttnShape, CudaKernel, CudaKey, Launch, Pass, MIN_ARCH,
+};
 use super::nvrtc::Nvrtc;
 use super::tensor::{next_owner, CudaTensor};
 use crate::backend::{AttentionBackend, Backend};
 use crate::checks::{check_lse_values, check_meta};
 use crate::kvcache::{append_rows, append_runs, kvcache_config};
 use crate::merge::{check_shards, ShardMeta};
+use crate::rotary::{check_positions, check_tables, Positions, Rotary};
 use crate::tensor::shape_elements;
 use crate::{
     Algorithm, AttentionConfig, DType, Element, Error, Forward, GpuTiming, Gradients, Result,
@@ -854,6 +857,135 @@ impl CudaContext {
     }
 }
 
+impl CudaContext {
+    /// Attention over a KV cache with a rotary embedding fused in: the same semantics, checks
+    /// and positions as
+    /// [`Context::forward_with_kvcache_rotary`](crate::Context::forward_with_kvcache_rotary);
+    /// q and the new keys are rotated by `flash_rotary` (cuda/common.cuh) on the stream before
+    /// the append and the attention.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_with_kvcache_rotary(
+        &self,
+        cfg: &AttentionConfig,
+        q: &CudaTensor,
+        k_cache: &mut CudaTensor,
+        v_cache: &mut CudaTensor,
+        cache_seqlens: &[usize],
+        append: Option<(&CudaTensor, &CudaTensor)>,
+        rotary: Rotary<'_, CudaTensor>,
+    ) -> Result<Forward<CudaTensor>> {
+        let dtype = q.dtype;
+        let new_rows = match append {
+            Some((k, v)) => append_rows(cfg, ((&k.shape, k.dtype), (&v.shape, v.dtype)), dtype)?,
+            None => 0,
+        };
+        let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
+        self.check(TensorRole::Q, q, &c.q_shape(), dtype)?;
+        let (q_pos, k_pos) = Positions::for_kvcache(cfg, cache_seqlens);
+        let q_rot = self.rotary_of((TensorRole::Q, q), rotary, &q_pos)?;
+        let k_rot = match append {
+            Some((k, _)) => Some(self.rotary_of((TensorRole::K, k), rotary, &k_pos)?),
+            None => None,
+        };
+        let append = append.zip(k_rot.as_ref()).map(|((_, v), k)| (k, v));
+        self.forward_with_kvcache(cfg, &q_rot, k_cache, v_cache, cache_seqlens, append)
+    }
+
+    /// Rotary embedding (module [`rotary`](crate::rotary)) of `x`, `[batch, rows, heads,
+    /// head_dim]` in the tables' dtype, row i of batch b at `positions.at(b, i)`: a new tensor
+    /// of `x`'s shape, as [`Context::apply_rotary`](crate::Context::apply_rotary).
+    pub fn apply_rotary(
+        &self,
+        x: &CudaTensor,
+        rotary: Rotary<'_, CudaTensor>,
+        positions: &Positions,
+    ) -> Result<CudaTensor> {
+        self.rotary_of((TensorRole::Q, x), rotary, positions)
+    }
+
+    /// Checks `x` (`role` names it in errors) and the tables, and queues the rotation.
+    fn rotary_of(
+        &self,
+        (role, x): (TensorRole, &CudaTensor),
+        rotary: Rotary<'_, CudaTensor>,
+        positions: &Positions,
+    ) -> Result<CudaTensor> {
+        x.check_owner(self.owner, || role.to_string())?;
+        rotary
+            .cos
+            .check_owner(self.owner, || TensorRole::RotaryCos.to_string())?;
+        rotary
+            .sin
+            .check_owner(self.owner, || TensorRole::RotarySin.to_string())?;
+        let shape = <[usize; 4]>::try_from(&x.shape[..]).map_err(|_| {
+            Error::invalid(format!(
+                "{role} must be [batch, rows, heads, head_dim] to be rotated, got shape {:?}",
+                x.shape
+            ))
+        })?;
+        if positions.start.len() != shape[0] {
+            return Err(Error::invalid(format!(
+                "rotary positions must hold one start per batch ([batch] = [{}]), got {}",
+                shape[0],
+                positions.start.len()
+            )));
+        }
+        let dims = check_tables(
+            (&rotary.cos.shape, rotary.cos.dtype),
+            (&rotary.sin.shape, rotary.sin.dtype),
+            shape[3],
+            x.dtype,
+        )?;
+        check_positions(dims, positions, shape[1])?;
+        let elements = shape_elements(&shape)?;
+        index_fits(&format!("{role}'s elements to rotate"), elements as u64)?;
+        let elements = elements as u32;
+        let mut out = self.result(role, &shape, x.dtype)?;
+        if elements == 0 {
+            return Ok(out);
+        }
+        // flash_rotary is in every program (cuda/common.cuh): the forward's for this dtype
+        // and head dim, which the call loads next anyway
+        let head_dim = shape[3] as u32;
+        let kernel = CudaKernel::for_pass(Pass::Forward, x.dtype, head_dim);
+        let key = CudaKey::new(kernel, x.dtype, head_dim, self.arch)?;
+        let launch = Launch {
+            entry: "flash_rotary",
+            grid: (elements.div_ceil(256), 1, 1),
+            threads: 256,
+            shared_bytes: 0,
+        };
+        let f = self.function(&key, &launch)?;
+        let starts: Vec<u32> = positions.start.iter().map(|&p| p as u32).collect();
+        let starts = self
+            .stream
+            .clone_htod(&starts)
+            .map_err(driver_error("upload rotary positions"))?;
+        let [_, rows, heads, _] = shape.map(|n| n as u32);
+        let (rotary_dim, interleaved, step) = (
+            dims.rotary_dim as u32,
+            u32::from(rotary.interleaved),
+            positions.step as u32,
+        );
+        let mut timeline = self.timeline()?;
+        let mut a = self.stream.launch_builder(&f);
+        a.arg(&*x.data)
+            .arg(&*rotary.cos.data)
+            .arg(&*rotary.sin.data)
+            .arg(&starts)
+            .arg(&mut *out.data)
+            .arg(&elements)
+            .arg(&rows)
+            .arg(&heads)
+            .arg(&head_dim)
+            .arg(&rotary_dim)
+            .arg(&interleaved)
+            .arg(&step);
+        self.launch(&mut timeline, &launch, a)?;
+        Ok(out)
+    }
+}
+
 impl AttentionBackend for CudaContext {
     type Tensor = CudaTensor;
 
@@ -912,24 +1044,26 @@ impl AttentionBackend for CudaContext {
         CudaContext::forward_with_kvcache(self, cfg, q, k_cache, v_cache, cache_seqlens, append)
     }
 
-    /// Not on CUDA yet: a typed `Unsupported` (docs/CUDA.md lists it).
     fn forward_with_kvcache_rotary(
         &self,
-        _cfg: &AttentionConfig,
-        _q: &CudaTensor,
-        _k_cache: &mut CudaTensor,
-        _v_cache: &mut CudaTensor,
-        _cache_seqlens: &[usize],
-        _append: Option<(&CudaTensor, &CudaTensor)>,
-        _rotary: crate::Rotary<'_, CudaTensor>,
+        cfg: &AttentionConfig,
+        q: &CudaTensor,
+        k_cache: &mut CudaTensor,
+        v_cache: &mut CudaTensor,
+        cache_seqlens: &[usize],
+        append: Option<(&CudaTensor, &CudaTensor)>,
+        rotary: Rotary<'_, CudaTensor>,
     ) -> Result<Forward<CudaTensor>> {
-        Err(Error::Unsupported {
-            feature: "a rotary embedding fused into the KV-cache call".into(),
-            backend: crate::Backend::Cuda,
-            reason: "the CUDA path has no rotary kernel yet; rotate q and the new keys \
-                     yourself before forward_with_kvcache, or use the wgpu path"
-                .into(),
-        })
+        CudaContext::forward_with_kvcache_rotary(
+            self,
+            cfg,
+            q,
+            k_cache,
+            v_cache,
+            cache_seqlens,
+            append,
+            rotary,
+        )
     }
 
     fn last_gpu_timing(&self) -> Option<GpuTiming> {

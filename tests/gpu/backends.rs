@@ -351,6 +351,12 @@ fn every_backend_appends_to_a_kv_cache_and_attends_aligned_per_batch() {
     on_every_backend!(|b| {
         let c = cfg(2, 1, 80, 4, 2, 64, true);
         common::kv::append_and_attend::<_, f32>(b, &c, &[0, 50], 4);
+        // with a rotary embedding fused in (q and the new keys rotated first)
+        let rope = common::kv::Rope {
+            rotary_dim: 32,
+            interleaved: false,
+        };
+        common::kv::append_and_attend_with::<_, f32>(b, &c, &[7, 40], 3, Some(rope));
         // (on wgpu in the CI tier f32 only: tests/gpu/kvcache.rs appends in every dtype)
         if common::tier::whole_on(b.backend()) {
             common::kv::append_and_attend::<_, half::f16>(b, &c, &[30, 75], 2);
