@@ -92,7 +92,7 @@ fn main() -> ExitCode {
 }
 
 fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     if !root.join("dawn/node_modules/webgpu/package.json").exists() {
         return Err(
             "dawn/node_modules/webgpu is missing: run `bash scripts/ensure-portability.sh`".into(),

@@ -22,7 +22,7 @@ use flash_attn_wgpu::{
 };
 
 fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
 /// The runner script, if node and the webgpu package are there.

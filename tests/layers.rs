@@ -53,7 +53,7 @@ fn rust_files(path: &Path, out: &mut Vec<std::path::PathBuf>) {
 
 #[test]
 fn the_spec_layer_names_no_backend() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join("src");
     let mut files = Vec::new();
     for s in SPEC {
         let p = src.join(s);

@@ -2,7 +2,7 @@
 
 fn readme_commands() -> Vec<String> {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
     readme
         .lines()
         .filter(|l| l.starts_with("bash scripts/ensure-vulkan.sh && "))
@@ -17,7 +17,7 @@ fn ci_runs_the_readme_test_command_verbatim() {
         .iter()
         .find(|c| c.contains("scripts/run-tests.sh"))
         .expect("a test command in README");
-    let ci = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/run")).unwrap();
+    let ci = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../.ci/run")).unwrap();
     assert!(
         ci.lines().any(|l| l == test_cmd),
         "CI must run `{test_cmd}`"
