@@ -143,8 +143,9 @@ struct CallShape : AttnShape {
 #endif
 };
 
-// The call's scalars for batch b: with per-batch key lengths (-DSEQLENS=1), kv_len is the
-// batch's (keys past it are hidden, as kv_len in shaders/common.wgsl); else unchanged.
+// The call's scalars for batch b: with per-batch key ranges (-DSEQLENS=1), kv_start and kv_len
+// are the batch's (keys outside them are hidden, as kv_start and kv_len in
+// shaders/common.wgsl); else unchanged.
 __device__ __forceinline__ CallShape for_batch(const AttnShape& p, const float* __restrict__ extras,
                                                unsigned int b) {
 #if VARLEN
@@ -153,7 +154,8 @@ __device__ __forceinline__ CallShape for_batch(const AttnShape& p, const float* 
     CallShape q{p};
 #endif
 #if SEQLENS
-    q.kv_len = min(__float_as_uint(extras[p.seqlens_base + b]), p.seq_kv);
+    q.kv_len = min(__float_as_uint(extras[p.seqlens_base + 2 * b]), p.seq_kv);
+    q.kv_start = min(__float_as_uint(extras[p.seqlens_base + 2 * b + 1]), q.kv_len);
     // per-batch alignment (a KV cache): the batch's diagonal, window and ALiBi positions
     // follow its own key length, seqlens_kv[b] - seq_kv keys left of the padded alignment
     if (p.align_kv != 0) {
@@ -397,12 +399,13 @@ __device__ __forceinline__ bool visible(const CallShape& p, unsigned int i, unsi
     }
     const unsigned int s = sequence_of(p, i, false);
     const int ii = i, jj = j, shift = band_shift(p, s);
-    return j >= cu_kv(p, s) && j < cu_kv(p, s + 1) && j < p.kv_len &&
+    return j >= cu_kv(p, s) && j < cu_kv(p, s + 1) && j < p.kv_len && j >= p.kv_start &&
            (!p.causal || jj <= ii + p.causal_offset + shift) &&
            (!p.window || (jj >= ii + p.band_lo + shift && jj <= ii + p.band_hi + shift));
 #else
     const long long ii = i, jj = j;
-    return i < p.seq_q && j < p.kv_len && (!p.causal || jj <= ii + p.causal_offset) &&
+    return i < p.seq_q && j < p.kv_len && j >= p.kv_start &&
+           (!p.causal || jj <= ii + p.causal_offset) &&
            (!p.window || (jj >= ii + p.band_lo && jj <= ii + p.band_hi));
 #endif
 }
@@ -574,17 +577,17 @@ __device__ __forceinline__ unsigned int kv_end_for_rows(const CallShape& p, unsi
 #endif
 }
 
-// keys before the result are hidden from rows q0.. (a window's left edge; 0 without one;
-// with VARLEN the start of row q0's sequence)
+// keys before the result are hidden from rows q0.. (a window's left edge, the batch's first
+// key; 0 without either; with VARLEN the start of row q0's sequence)
 __device__ __forceinline__ unsigned int kv_begin_for_rows(const CallShape& p, unsigned int q0) {
 #if VARLEN
     return cu_kv(p, sequence_of(p, min(q0, p.seq_q - 1), false));
 #else
     if (!p.window) {
-        return 0;
+        return p.kv_start;
     }
     long long first = (long long)q0 + p.band_lo;
-    return first <= 0 ? 0u : (unsigned int)min((long long)p.seq_kv, first);
+    return max(p.kv_start, first <= 0 ? 0u : (unsigned int)min((long long)p.seq_kv, first));
 #endif
 }
 
@@ -606,7 +609,7 @@ __device__ __forceinline__ unsigned int q_begin_for_key(const CallShape& p, unsi
 // sequence)
 __device__ __forceinline__ unsigned int q_end_for_keys(const CallShape& p, unsigned int j0,
                                                        unsigned int j_last) {
-    if (j0 >= p.kv_len) {
+    if (j0 >= p.kv_len || j_last < p.kv_start) {
         return 0;
     }
 #if VARLEN
@@ -626,7 +629,7 @@ __device__ __forceinline__ unsigned int q_end_for_keys(const CallShape& p, unsig
 __device__ __forceinline__ bool tile_needs_mask(const CallShape& p, unsigned int q0,
                                                 unsigned int rows, unsigned int kv0,
                                                 unsigned int keys) {
-    if (kv0 + keys > p.kv_len) {
+    if (kv0 + keys > p.kv_len || kv0 < p.kv_start) {
         return true;
     }
 #if VARLEN

@@ -161,15 +161,28 @@ fn pair_index(b: u32, h: u32, i: u32) -> u32 {
     return (b * params.heads_q + h) * params.row_stride + i + params.pair_shift;
 }
 
-// Keys [0, kv_len(b)) of batch b take part: all seq_kv, or with SEQLENS the batch's length
-// (counted from the whole call's key 0: a windowed call's part starts at params.kv_base).
-// A pure function of uniform values, so loop bounds that use it stay uniform.
+// Keys [kv_start(b), kv_len(b)) of batch b take part: all seq_kv, or with SEQLENS the batch's
+// range, a (length, first key) pair of extras words (counted from the whole call's key 0: a
+// windowed call's part starts at params.kv_base). Pure functions of uniform values, so loop
+// bounds that use them stay uniform.
+fn batch_key(b: u32, word: u32) -> u32 {
+    let n = i32(extra_u32(params.seqlens_base + 2u * (params.batch_base + b) + word));
+    return u32(clamp(n - i32(params.kv_base), 0, i32(params.seq_kv)));
+}
+
 fn kv_len(b: u32) -> u32 {
     if (!SEQLENS()) {
         return params.seq_kv;
     }
-    let n = i32(extra_u32(params.seqlens_base + params.batch_base + b)) - i32(params.kv_base);
-    return u32(clamp(n, 0, i32(params.seq_kv)));
+    return batch_key(b, 0u);
+}
+
+// Keys before it are hidden from batch b (AttentionConfig::leftpad_kv); 0 without SEQLENS.
+fn kv_start(b: u32) -> u32 {
+    if (!SEQLENS()) {
+        return 0u;
+    }
+    return batch_key(b, 1u);
 }
 
 // With per-batch alignment (AttentionConfig::align_to_seqlens, a KV cache), batch b's causal
@@ -180,7 +193,7 @@ fn align_shift(b: u32) -> i32 {
     if (!SEQLENS() || params.align_kv == 0u) {
         return 0;
     }
-    return i32(extra_u32(params.seqlens_base + params.batch_base + b)) - i32(params.align_kv);
+    return i32(extra_u32(params.seqlens_base + 2u * (params.batch_base + b))) - i32(params.align_kv);
 }
 
 // ---- Varlen: packed sequences (batch 1). Sequence s holds the whole call's rows
@@ -294,9 +307,10 @@ fn kv_end_for_rows(b: u32, q_begin: u32, q_end: u32) -> u32 {
     return u32(clamp(last, 0, i32(kv_len(b))));
 }
 
-// Keys before the result are hidden from every query row at or after `q_begin` (the window's
-// left edge; 0 without a window). Tiled kernels start their key loop at its tile.
-fn kv_begin_for_rows(q_begin: u32) -> u32 {
+// Keys before the result are hidden from every query row of batch b at or after `q_begin`
+// (the window's left edge, the batch's first key; 0 without either). Tiled kernels start
+// their key loop at its tile.
+fn kv_begin_for_rows(b: u32, q_begin: u32) -> u32 {
     if (VARLEN()) {
         // the start of the first row's sequence, or of its band (rows of later sequences
         // start at the next sequence's first key at the earliest)
@@ -309,11 +323,11 @@ fn kv_begin_for_rows(q_begin: u32) -> u32 {
         return u32(clamp(begin, 0, i32(params.seq_kv)));
     }
     if (!WINDOW()) {
-        return 0u;
+        return kv_start(b);
     }
     // with per-batch alignment, the leftmost batch's edge (visible() masks the rest)
     let shift = select(0, params.align_min_shift, SEQLENS());
-    return u32(clamp(i32(q_begin) + params.band_lo + shift, 0, i32(params.seq_kv)));
+    return max(kv_start(b), u32(clamp(i32(q_begin) + params.band_lo + shift, 0, i32(params.seq_kv))));
 }
 
 // First query row that can see key `j0` (rows before it are fully masked for keys >= j0).
@@ -336,10 +350,10 @@ fn q_begin_for_key(j0: u32) -> u32 {
 }
 
 // Rows at or after the result see none of the keys [j0, j_last] of batch b (the window's left
-// edge; seq_q without a window; 0 when no key of them exists: past the batch's length). The
-// dK/dV kernels end their query loop there.
+// edge; seq_q without a window; 0 when no key of them takes part: past the batch's length or
+// before its first key). The dK/dV kernels end their query loop there.
 fn q_end_for_keys(b: u32, j0: u32, j_last: u32) -> u32 {
-    if (SEQLENS() && j0 >= kv_len(b)) {
+    if (SEQLENS() && (j0 >= kv_len(b) || j_last < kv_start(b))) {
         return 0u;
     }
     if (VARLEN()) {
@@ -446,7 +460,7 @@ fn varlen_tile_empty(q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> 
 // tile's rows span two sequences or its keys leave the rows' sequence. MASK: always (the
 // boolean mask is read pair by pair).
 fn tile_needs_mask(b: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> bool {
-    if (MASK() || kv_begin + kv_count > kv_len(b)) {
+    if (MASK() || kv_begin + kv_count > kv_len(b) || kv_begin < kv_start(b)) {
         return true;
     }
     var shift = align_shift(b);
@@ -471,6 +485,7 @@ fn tile_needs_mask(b: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u3
 var<private> head_slope2: f32;
 var<private> head_sink2: f32;
 var<private> head_kv_len: u32;
+var<private> head_kv_start: u32;
 var<private> head_stream: u32;
 var<private> head_blocks: u32;
 var<private> head_mask: u32;
@@ -497,6 +512,7 @@ fn begin_head(b: u32, h: u32) {
     }
     if (SEQLENS()) {
         head_kv_len = kv_len(b);
+        head_kv_start = kv_start(b);
         head_shift = align_shift(b);
     }
     if (ALIBI()) {
@@ -533,10 +549,11 @@ fn sink_on() -> bool {
 // Bounds, the bottom-right aligned causal mask and the window. Non-short-circuit `&` and `|`
 // keep this free of branches, so that loops calling it stay simple enough for drivers to
 // unroll.
-// With SEQLENS, keys past the batch's length are hidden (`begin_head` read it); with BLOCKS,
+// With SEQLENS, keys outside the batch's range are hidden (`begin_head` read it); with BLOCKS,
 // pairs whose block is off; with MASK, pairs whose boolean mask entry is false.
 fn visible(i: u32, j: u32) -> bool {
-    let in_range = (i < params.seq_q) & (j < select(params.seq_kv, head_kv_len, SEQLENS()));
+    let in_range = (i < params.seq_q) & (j < select(params.seq_kv, head_kv_len, SEQLENS()))
+        & (j >= select(0u, head_kv_start, SEQLENS()));
     var in_sequence = true;
     var shift = select(0, head_shift, SEQLENS());
     if (VARLEN()) {

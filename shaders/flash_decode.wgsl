@@ -108,7 +108,7 @@ fn main(
     let i_first = p0 / params.group;
     let i_last = (p_end - 1u) / params.group;
     let split_lo = split * params.split_keys;
-    let lo = max(kv_begin_for_rows(i_first), split_lo);
+    let lo = max(kv_begin_for_rows(b, i_first), split_lo);
     let hi = min(kv_end_for_rows(b, i_first, i_last + 1u), split_lo + params.split_keys);
     for (var kv0 = lo; kv0 < hi; kv0 += BC) {
         // the tile as its rows see it: skipped when every row's head skips it (block mask),

@@ -69,7 +69,7 @@ fn main(
     }
 
     let kv_end = kv_end_for_rows(b, q0, q0 + BR);
-    for (var kv0 = (kv_begin_for_rows(q0) / BC) * BC; kv0 < kv_end; kv0 += BC) {
+    for (var kv0 = (kv_begin_for_rows(b, q0) / BC) * BC; kv0 < kv_end; kv0 += BC) {
         let visit = tile_visit(b, h, q0, BR, kv0, BC);
         if (visit.skip) {
             continue;

@@ -92,6 +92,12 @@ pub struct AttentionConfig {
     /// own key length (query i sits at position `i + seqlens_kv[b] - seq_q`), as a KV cache
     /// holds its keys (flash-attn's `flash_attn_with_kvcache`); false: to `seq_kv`.
     pub align_to_seqlens: bool,
+    /// Per-batch left padding of the keys (`[batch]`; flash-attn's `cache_leftpad`): keys
+    /// before `leftpad_kv[b]` are hidden from every row of batch b, as keys at or past its
+    /// length are. Positions do not move: the causal diagonal, window and ALiBi stay where
+    /// they were (aligned to the end of the keys), as in flash-attn. Each entry at most the
+    /// batch's key length (`seqlens_kv[b]`, or `seq_kv`). Not with varlen. `None`: no padding.
+    pub leftpad_kv: Option<Vec<usize>>,
     /// K and V in pages through a block table ([`crate::PagedKv`]): k and v are the page
     /// pools `[num_pages, page_size, heads_kv, head_dim]` and `seq_kv` is `pages_per_seq x
     /// page_size`. Forward only (wgpu); `None`: k and v are `[batch, seq_kv, heads_kv,
@@ -219,6 +225,7 @@ impl AttentionConfig {
             sinks: None,
             seqlens_kv: None,
             align_to_seqlens: false,
+            leftpad_kv: None,
             paged: None,
             dropout: None,
             block_mask: None,
@@ -339,6 +346,17 @@ impl AttentionConfig {
         self.seqlens_kv.as_ref().map_or(self.seq_kv, |s| s[b])
     }
 
+    /// Keys before the result are hidden from batch b: `leftpad_kv[b]`, or 0.
+    pub fn kv_start(&self, b: usize) -> usize {
+        self.leftpad_kv.as_ref().map_or(0, |s| s[b])
+    }
+
+    /// True when a key range is set per batch (`seqlens_kv` or `leftpad_kv`): the kernels
+    /// read each batch's [start, length) at run time.
+    pub(crate) fn per_batch_keys(&self) -> bool {
+        self.seqlens_kv.is_some() || self.leftpad_kv.is_some()
+    }
+
     /// The sink of query head h, if sinks are on.
     pub fn sink(&self, h: usize) -> Option<f32> {
         self.sinks.as_ref().map(|s| s[h])
@@ -426,6 +444,21 @@ impl AttentionConfig {
                 )));
             }
         }
+        if let Some(s) = &self.leftpad_kv {
+            if s.len() != self.batch {
+                return Err(Error::invalid(format!(
+                    "leftpad_kv must hold one start per batch ([batch] = [{}]), got {}",
+                    self.batch,
+                    s.len()
+                )));
+            }
+            if let Some((b, &n)) = s.iter().enumerate().find(|&(b, &n)| n > self.kv_len(b)) {
+                return Err(Error::invalid(format!(
+                    "leftpad_kv[{b}] must be at most batch {b}'s key length {}, got {n}",
+                    self.kv_len(b)
+                )));
+            }
+        }
         if let Some(p) = &self.paged {
             p.check(self.batch, self.seq_kv)?;
             if self.varlen.is_some() {
@@ -458,10 +491,10 @@ impl AttentionConfig {
         }
         if let Some(v) = &self.varlen {
             v.validate(self.batch, self.seq_q, self.seq_kv)?;
-            if self.seqlens_kv.is_some() {
+            if self.per_batch_keys() {
                 return Err(Error::invalid(
-                    "seqlens_kv must be None in a varlen call (cu_seqlens_kv gives each \
-                     sequence's keys), got both"
+                    "seqlens_kv and leftpad_kv must be None in a varlen call (cu_seqlens_kv \
+                     gives each sequence's keys), got one of them"
                         .to_string(),
                 ));
             }

@@ -6,7 +6,8 @@
 //! position `i + cache_seqlens[b] + new - seq_q`): `AttentionConfig::seqlens_kv` with
 //! `align_to_seqlens`. The append and the attention are recorded into one submission. A paged
 //! cache (`AttentionConfig::paged`: page pools and a block table) works the same way; the
-//! append writes through the table.
+//! append writes through the table. A left-padded cache (flash-attn's `cache_leftpad`) sets
+//! `AttentionConfig::leftpad_kv`: batch b's keys before it are hidden.
 
 use crate::checks::check_meta;
 use crate::config::AttentionConfig;

@@ -103,7 +103,8 @@ fn every_variant_translates_to_spirv_msl_and_hlsl() {
         "spirv-val (Debian's spirv-tools)",
     );
     let modern = validator(
-        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join(".tools/spirv-tools-2025.5/bin/spirv-val"),
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .join(".tools/spirv-tools-2025.5/bin/spirv-val"),
         "spirv-val 2025.5 (.tools/)",
     );
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("spirv");

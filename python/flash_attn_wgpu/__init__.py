@@ -114,7 +114,8 @@ def adapter():
 
 
 def _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed,
-             cu_seqlens_q=None, cu_seqlens_k=None, block_table=None, num_splits=0):
+             cu_seqlens_q=None, cu_seqlens_k=None, block_table=None, num_splits=0,
+             leftpad_k=None):
     def ints(x):
         return None if x is None else [int(n) for n in np.asarray(x).ravel()]
 
@@ -125,6 +126,9 @@ def _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_
             raise InvalidInputError(
                 f"block_table must be [batch, pages_per_seq], got shape {t.shape}")
         table = (ints(t), int(t.shape[1]))
+    leftpad = ints(leftpad_k)
+    if leftpad is not None and any(n < 0 for n in leftpad):
+        raise InvalidInputError(f"cache_leftpad must hold starts >= 0, got {leftpad}")
     slopes = None
     if alibi_slopes is not None:
         slopes = [float(s) for s in np.asarray(alibi_slopes, dtype=np.float32).ravel()]
@@ -141,6 +145,7 @@ def _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_
         "cu_seqlens_k": ints(cu_seqlens_k),
         "block_table": table,
         "num_splits": int(num_splits),
+        "leftpad_k": leftpad,
     }
 
 
@@ -276,8 +281,9 @@ def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
                             rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
-                            block_table=None, softmax_scale=None, causal=False,
-                            window_size=(-1, -1), softcap=0.0, rotary_interleaved=True,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True,
                             alibi_slopes=None, num_splits=0, return_softmax_lse=False):
     """Attention of q ``[batch, seqlen_q, nheads, headdim]`` over a KV cache, after appending
     the new keys and values ``k``, ``v`` ``[batch, seqlen_new, nheads_k, headdim]`` at each
@@ -288,7 +294,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     they are Tensors (a decode loop then copies nothing but q and the new rows), and copied
     back into the arrays when they are numpy arrays. ``cache_batch_idx`` ``[batch]`` names the
     cache row each batch entry uses (a dense cache may then hold more rows than the batch;
-    appending to one row from two entries is an error). Causal, window and ALiBi are aligned to
+    appending to one row from two entries is an error). ``cache_leftpad`` ``[batch]`` hides
+    each batch's keys before that index (left-padded prompts; positions are not renumbered).
+    Causal, window and ALiBi are aligned to
     each batch's length. ``rotary_cos``, ``rotary_sin`` ``[seqlen_ro, rotary_dim / 2]`` (q's
     dtype) rotate q and the new keys first, as flash-attn does: the new keys at positions
     ``cache_seqlens + i``, q there too when causal or windowed, else every query at
@@ -320,7 +328,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         rotary = (tensor(rotary_cos)._t, tensor(rotary_sin)._t, bool(rotary_interleaved))
     kc, vc = tensor(k_cache), tensor(v_cache)
     opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, 0.0, 0,
-                    block_table=block_table, num_splits=num_splits)
+                    block_table=block_table, num_splits=num_splits,
+                    leftpad_k=cache_leftpad)
     out, lse = _native.forward_with_kvcache(
         tensor(q)._t, kc._t, vc._t, cache_seqlens,
         None if k is None else tensor(k)._t, None if v is None else tensor(v)._t, opts, rotary)

@@ -185,6 +185,9 @@ struct Options {
     block_table: Option<(Vec<u32>, usize)>,
     #[pyo3(item)]
     num_splits: usize,
+    /// Per-batch left padding of the keys (flash-attn's `cache_leftpad`).
+    #[pyo3(item)]
+    leftpad_k: Option<Vec<usize>>,
 }
 
 fn dims4(py: Python<'_>, name: &str, t: &Tensor) -> PyResult<[usize; 4]> {
@@ -230,6 +233,7 @@ fn config(py: Python<'_>, q: &Tensor, k: &Tensor, o: &Options) -> PyResult<Atten
         cfg.dropout = Some(Dropout::new(o.dropout_p, o.seed, 0));
     }
     cfg.kv_splits = (o.num_splits > 0).then_some(o.num_splits);
+    cfg.leftpad_kv = o.leftpad_k.clone();
     Ok(cfg)
 }
 

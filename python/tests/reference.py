@@ -20,9 +20,9 @@ def _visible(sq, sk, causal, window, offset):
     return ok
 
 
-def _one(q, k, v, dout, scale, causal, window, softcap, slopes, seqlen_k=None):
+def _one(q, k, v, dout, scale, causal, window, softcap, slopes, seqlen_k=None, leftpad=0):
     """One sequence: q [sq, hq, d], k and v [sk, hk, d]; keys at or past seqlen_k hidden and
-    the alignment taken from seqlen_k. Returns out, lse [hq, sq] and, with dout, the grads."""
+    the alignment taken from seqlen_k; keys before leftpad hidden (positions unchanged). Returns out, lse [hq, sq] and, with dout, the grads."""
     sq, hq, d = q.shape
     sk, hk, _ = k.shape
     n = sk if seqlen_k is None else seqlen_k
@@ -40,6 +40,7 @@ def _one(q, k, v, dout, scale, causal, window, softcap, slopes, seqlen_k=None):
         t = t - slopes[:, None, None] * np.abs(i - j)[None]
     ok = _visible(sq, sk, causal, window, offset)
     ok[:, n:] = False
+    ok[:, :leftpad] = False
     t = np.where(ok[None], t, -np.inf)
     m = t.max(axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
@@ -64,9 +65,10 @@ def _one(q, k, v, dout, scale, causal, window, softcap, slopes, seqlen_k=None):
 
 
 def attention(q, k, v, dout=None, causal=False, window=(-1, -1), softcap=0.0, alibi=None,
-              scale=None, seqlens_k=None):
+              scale=None, seqlens_k=None, leftpad_k=None):
     """Padded batches: q [b, sq, hq, d], k and v [b, sk, hk, d]; alibi [hq] or [b, hq];
-    seqlens_k [b] hides keys past each batch's length and aligns to it (a KV cache)."""
+    seqlens_k [b] hides keys past each batch's length and aligns to it (a KV cache);
+    leftpad_k [b] hides each batch's keys before it."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     b, _, hq, d = q.shape
     scale = 1.0 / np.sqrt(d) if scale is None else scale
@@ -78,7 +80,8 @@ def attention(q, k, v, dout=None, causal=False, window=(-1, -1), softcap=0.0, al
             slopes = a if a.ndim == 1 else a[bi]
         res.append(_one(q[bi], k[bi], v[bi], None if dout is None else
                         np.asarray(dout[bi], np.float64), scale, causal, window, softcap,
-                        slopes, None if seqlens_k is None else int(seqlens_k[bi])))
+                        slopes, None if seqlens_k is None else int(seqlens_k[bi]),
+                        0 if leftpad_k is None else int(leftpad_k[bi])))
     outs = [np.stack([r[n] for r in res]) for n in range(len(res[0]))]
     return tuple(outs)
 

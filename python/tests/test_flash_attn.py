@@ -198,6 +198,29 @@ def test_cache_batch_idx_picks_the_cache_rows(rng):
                                    cache_batch_idx=[1, 1])
 
 
+def test_cache_leftpad_hides_the_padding(rng):
+    b, hq, hk, d, cap = 3, 4, 2, 16, 12
+    k_cache, v_cache = rand(rng, (b, cap, hk, d)), rand(rng, (b, cap, hk, d))
+    keys, vals = k_cache.copy(), v_cache.copy()
+    q, k, v = rand(rng, (b, 2, hq, d)), rand(rng, (b, 2, hk, d)), rand(rng, (b, 2, hk, d))
+    # batch 2's padding covers every cached key: only its new keys take part
+    lens, pad = np.array([5, 8, 3]), np.array([2, 0, 3], np.int32)
+    slopes = rng.uniform(0.1, 0.5, hq).astype(np.float32)
+    out, lse = fa.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens,
+                                          cache_leftpad=pad, causal=True, alibi_slopes=slopes,
+                                          return_softmax_lse=True)
+    for bi in range(b):
+        keys[bi, lens[bi]:lens[bi] + 2], vals[bi, lens[bi]:lens[bi] + 2] = k[bi], v[bi]
+    np.testing.assert_array_equal(k_cache, keys)
+    want = attention(q, keys, vals, causal=True, alibi=slopes, seqlens_k=lens + 2,
+                     leftpad_k=pad)
+    close(out, want[0], 2e-5, "out")
+    close(lse, want[1], 2e-5, "lse")
+    with pytest.raises(fa.InvalidInputError, match="leftpad_kv"):
+        fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens,
+                                   cache_leftpad=[6, 0, 0])
+
+
 @pytest.mark.parametrize("interleaved, causal", [(True, True), (False, False)])
 def test_rotary_tables_rotate_q_and_the_new_keys(rng, interleaved, causal):
     b, hq, hk, d, cap, rd = 2, 4, 2, 16, 12, 8

@@ -234,7 +234,7 @@ impl CudaContext {
         key.softcap = cfg.softcap.is_some();
         key.alibi = cfg.alibi_slopes.is_some();
         key.sinks = cfg.sinks.is_some();
-        key.seqlens = cfg.seqlens_kv.is_some();
+        key.seqlens = cfg.per_batch_keys();
         key.dropout = cfg.dropout.is_some();
         key.blocks = cfg.block_mask.is_some();
         key.varlen = cfg.varlen.is_some();

@@ -200,14 +200,17 @@ pub struct AttnShape {
     /// With a softcap (compiled in: `CudaKey::softcap`): c * log2(e).
     pub softcap2: f32,
     /// ALiBi, sinks and key lengths (compiled in): extras words between batches' slopes (0:
-    /// one per head), the extras word of head 0's sink and of batch 0's key length
-    /// ([`extras_layout`](crate::kernels::params::extras_layout), as `Params` on wgpu).
+    /// one per head), the extras word of head 0's sink and of batch 0's key range (length,
+    /// first key) ([`extras_layout`](crate::kernels::params::extras_layout), as `Params` on wgpu).
     pub alibi_b_stride: u32,
     pub sinks_base: u32,
     pub seqlens_base: u32,
     /// Keys [0, kv_len) take part: seq_kv here; the kernels set a batch's own length
     /// (`for_batch`).
     pub kv_len: u32,
+    /// Keys before it are hidden: 0 here; the kernels set a batch's own first key
+    /// (`for_batch`, `AttentionConfig::leftpad_kv`).
+    pub kv_start: u32,
     /// Dropout (compiled in: `CudaKey::dropout`; 0 and 1 without it): Philox words below
     /// `drop_threshold` drop their pair ([`Dropout::threshold`](crate::Dropout::threshold)),
     /// kept pairs scale by `drop_scale` ([`Dropout::keep_scale`](crate::Dropout::keep_scale)),
@@ -323,6 +326,7 @@ impl AttnShape {
             sinks_base: p.sinks_base,
             seqlens_base: p.seqlens_base,
             kv_len: fits("seq_kv", cfg.seq_kv)?,
+            kv_start: 0,
             drop_threshold: p.drop_threshold,
             drop_scale: p.drop_scale,
             drop_seed_lo: p.seed_lo,

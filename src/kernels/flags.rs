@@ -107,7 +107,7 @@ pub fn of(cfg: &AttentionConfig) -> u32 {
         (cfg.softcap.is_some(), SOFTCAP),
         (cfg.alibi_slopes.is_some(), ALIBI),
         (cfg.sinks.is_some(), SINKS),
-        (cfg.seqlens_kv.is_some(), SEQLENS),
+        (cfg.per_batch_keys(), SEQLENS),
         (cfg.dropout.is_some(), DROPOUT),
         (cfg.block_mask.is_some(), BLOCKS),
         (cfg.varlen.is_some(), VARLEN),

@@ -83,7 +83,7 @@ pub struct Params {
     pub alibi_b_stride: u32,
     /// Sinks: the extras word of query head 0's sink.
     pub sinks_base: u32,
-    /// Per-batch key lengths: the extras word of batch 0's length.
+    /// Per-batch key ranges: the extras word of batch 0's (length, first key) pair.
     pub seqlens_base: u32,
     /// Windowed calls: the whole call's index of this part's first key (a batch's length is
     /// counted from the whole call's key 0).
@@ -263,7 +263,7 @@ impl Params {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ExtrasLayout {
     /// The ALiBi slopes (`[heads_q]` or `[batch, heads_q]`, f32 bits), the sinks (`[heads_q]`,
-    /// f32 bits), the per-batch key lengths (`[batch]`, u32), the block mask's bits
+    /// f32 bits), the per-batch key ranges (`[batch]` pairs of u32: length, first key), the block mask's bits
     /// ([`crate::BlockMask::bits`]), the varlen boundaries (u32). Empty when none is on.
     pub words: Vec<u32>,
     /// Words between one batch's slopes and the next (0: one slope per head).
@@ -283,7 +283,10 @@ pub fn extras_layout(cfg: &crate::AttentionConfig) -> ExtrasLayout {
     let sinks_base = words.len() as u32;
     words.extend(bits(&cfg.sinks));
     let seqlens_base = words.len() as u32;
-    words.extend(cfg.seqlens_kv.iter().flatten().map(|&n| n as u32));
+    // per batch: its key length, then its first key (the kernels read both or neither)
+    if cfg.per_batch_keys() {
+        words.extend((0..cfg.batch).flat_map(|b| [cfg.kv_len(b) as u32, cfg.kv_start(b) as u32]));
+    }
     let blocks_base = words.len() as u32;
     words.extend(cfg.block_mask.iter().flat_map(|m| m.bits()));
     let varlen_base = words.len() as u32;

@@ -10,7 +10,9 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 /// queries, then a decode step of one row; after each, every batch's out and lse equal the
 /// reference over exactly its keys (cache rows then new rows, standard bottom-right
 /// alignment), the appended rows sit at each batch's length and no other cache row changed.
-/// Cache rows past each batch's length hold NaN, which must never reach a result.
+/// Cache rows past each batch's length hold NaN, which must never reach a result; so do the
+/// rows before each batch's left padding (`base.leftpad_kv`), and the reference attends over
+/// the keys after it alone (the padding is as if it were not there).
 pub fn append_and_attend<B: AttentionBackend, T: Element>(
     b: &B,
     base: &AttentionConfig,
@@ -65,15 +67,17 @@ pub fn append_and_attend_with<B: AttentionBackend, T: Element>(
         let (cd, sd) = (up(&cos), up(&sin));
         (r, cos, sin, cd, sd)
     });
-    // the caches: random rows below each length, NaN above
+    // the caches: random rows from each left padding to each length, NaN elsewhere
     let mut kc = random(&mut rng, c.batch * cap * row, 1.5);
     let mut vc = random(&mut rng, c.batch * cap * row, 1.0);
     for (bi, &n) in lens.iter().enumerate() {
-        for x in &mut kc[(bi * cap + n) * row..(bi + 1) * cap * row] {
-            *x = f32::NAN;
-        }
-        for x in &mut vc[(bi * cap + n) * row..(bi + 1) * cap * row] {
-            *x = f32::NAN;
+        let hidden = [
+            bi * cap..bi * cap + c.kv_start(bi),
+            bi * cap + n..(bi + 1) * cap,
+        ];
+        for r in hidden.into_iter().flatten() {
+            kc[r * row..(r + 1) * row].fill(f32::NAN);
+            vc[r * row..(r + 1) * row].fill(f32::NAN);
         }
     }
     let mut kc: Vec<f32> = to_f32_vec(&from_f32_slice::<T>(&kc));
@@ -180,10 +184,12 @@ pub fn append_and_attend_with<B: AttentionBackend, T: Element>(
         same(to_f32_vec(&b.download::<T>(&vd).unwrap()), &vc, "v_cache");
         for (bi, n) in lens.iter_mut().enumerate() {
             *n += rows;
-            // batch bi alone, over exactly its n keys
+            // batch bi alone, over exactly its keys: from its left padding to its length
+            let pad = sc.kv_start(bi);
             let mut one = sc.clone();
             one.batch = 1;
-            one.seq_kv = *n;
+            one.seq_kv = *n - pad;
+            one.leftpad_kv = None;
             if let Some(s) = &sc.alibi_slopes {
                 if s.len() != sc.heads_q {
                     one.alibi_slopes = Some(s[bi * sc.heads_q..(bi + 1) * sc.heads_q].to_vec());
@@ -193,8 +199,8 @@ pub fn append_and_attend_with<B: AttentionBackend, T: Element>(
             let want = reference::forward(
                 &one,
                 &q[bi * qs..(bi + 1) * qs],
-                &kc[bi * cap * row..(bi * cap + *n) * row],
-                &vc[bi * cap * row..(bi * cap + *n) * row],
+                &kc[(bi * cap + pad) * row..(bi * cap + *n) * row],
+                &vc[(bi * cap + pad) * row..(bi * cap + *n) * row],
             );
             let m = format!("batch {bi} step {step} ({msg})");
             assert_close_tol(

@@ -191,6 +191,9 @@ pub fn describe(cfg: &AttentionConfig, seed: u64) -> String {
     if let Some(n) = &cfg.seqlens_kv {
         mods += &format!(" seqlens_kv={n:?}");
     }
+    if let Some(n) = &cfg.leftpad_kv {
+        mods += &format!(" leftpad_kv={n:?}");
+    }
     if let Some(v) = &cfg.varlen {
         mods += &format!(
             " varlen(cu_q={:?}, cu_kv={:?})",
@@ -261,6 +264,15 @@ pub fn random_seqlens(cfg: &AttentionConfig) -> Vec<usize> {
             1 if cfg.batch >= 3 => 0,
             _ => rng.random_range(0..=cfg.seq_kv),
         })
+        .collect()
+}
+
+/// Fresh random left paddings (`leftpad_kv`) for `cfg`'s key lengths: each batch's in
+/// [0, its length], so a batch may lose every key (its rows then see none).
+pub fn random_leftpad(cfg: &AttentionConfig) -> Vec<usize> {
+    let mut rng = StdRng::seed_from_u64(fresh_seed());
+    (0..cfg.batch)
+        .map(|b| rng.random_range(0..=cfg.kv_len(b)))
         .collect()
 }
 

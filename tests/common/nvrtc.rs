@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 pub fn nvrtc_dir() -> PathBuf {
-    flash_attn_wgpu::cuda::nvrtc::dir_from_env()
-        .unwrap_or_else(|| Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join(".tools/cuda-13.0/lib"))
+    flash_attn_wgpu::cuda::nvrtc::dir_from_env().unwrap_or_else(|| {
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join(".tools/cuda-13.0/lib")
+    })
 }

@@ -164,6 +164,7 @@ fn every_backend_matches_the_reference_with_alibi_sinks_key_lengths_dropout_and_
             }
             if causal {
                 c.seqlens_kv = Some(common::random_seqlens(&c));
+                c.leftpad_kv = Some(common::random_leftpad(&c));
             }
             if sinks {
                 c.dropout = Some(common::random_dropout(0.2));

@@ -85,6 +85,11 @@ fn case() -> impl Strategy<Value = Case> {
                 cfg.sinks = sinks.then(|| common::random_sinks(&cfg));
                 cfg.seqlens_kv =
                     (seqlens && cfg.varlen.is_none()).then(|| common::random_seqlens(&cfg));
+                // left padding with the lengths (the same run-time bit, no other pipeline)
+                cfg.leftpad_kv = cfg
+                    .seqlens_kv
+                    .is_some()
+                    .then(|| common::random_leftpad(&cfg));
                 cfg.dropout = dropout.map(common::random_dropout);
                 cfg.block_mask = blocks.map(|(bq, bkv, per_batch, per_head)| {
                     common::random_block_mask(&cfg, (bq, bkv), per_batch, per_head, 0.7)

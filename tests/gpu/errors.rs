@@ -231,6 +231,30 @@ fn alibi_slopes_sinks_and_key_lengths_that_do_not_fit_are_invalid_and_named() {
         let msg = c.validate().unwrap_err().to_string();
         assert!(msg.contains(want), "{msg}");
     }
+    // left paddings: one per batch, none past the batch's key length
+    for (lens, pad, want) in [
+        (
+            None,
+            vec![0],
+            "leftpad_kv must hold one start per batch ([batch] = [2]), got 1",
+        ),
+        (
+            None,
+            vec![4, 5],
+            "leftpad_kv[1] must be at most batch 1's key length 4, got 5",
+        ),
+        (
+            Some(vec![4, 2]),
+            vec![1, 3],
+            "leftpad_kv[1] must be at most batch 1's key length 2, got 3",
+        ),
+    ] {
+        let mut c = base.clone();
+        c.seqlens_kv = lens;
+        c.leftpad_kv = Some(pad);
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(msg.contains(want), "{msg}");
+    }
     // both layouts of slopes are accepted
     for n in [4, 8] {
         let mut c = base.clone();
@@ -401,7 +425,7 @@ fn varlen_boundaries_that_do_not_fit_the_call_are_invalid_and_named() {
         (packed(vec![0, 3, 7], vec![0, 5, 4]), "varlen.cu_seqlens_kv must not decrease, got cu_seqlens_kv[2] = 4 after cu_seqlens_kv[1] = 5"),
         (short, "varlen.cu_seqlens_kv must end at the packed total (seq_kv = 9), got 7"),
         (batched, "a varlen call packs its sequences into batch 1 (seq_q and seq_kv the totals), got batch = 2"),
-        (padded, "seqlens_kv must be None in a varlen call"),
+        (padded, "seqlens_kv and leftpad_kv must be None in a varlen call"),
     ] {
         match cf.validate() {
             Err(Error::InvalidConfig(msg)) => assert!(msg.contains(want), "{msg}"),

@@ -59,6 +59,18 @@ fn appending_then_attending_equals_attention_over_each_batch_keys() {
 }
 
 #[test]
+fn left_padded_caches_attend_past_their_padding() {
+    // flash-attn's cache_leftpad: rows before each batch's padding hold NaN and are never
+    // read into a result; a padding that covers every cached row leaves the new rows alone
+    let mut c = cfg(3, 1, 96, 8, 2, 32, true);
+    c.leftpad_kv = Some(vec![17, 0, 40]);
+    c.alibi_slopes = Some(common::random_alibi(&c, true));
+    append_and_attend::<_, f32>(ctx(), &c, &[60, 33, 40], 5);
+    c.window = Window::new(Some(30), None);
+    append_and_attend::<_, half::f16>(ctx(), &c, &[70, 0, 41], 3);
+}
+
+#[test]
 fn bad_cache_arguments_are_typed_errors() {
     let x = ctx();
     let c = cfg(2, 1, 10, 2, 1, 8, true);
