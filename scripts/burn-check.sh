@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The burn integration in CI (burn/, its own workspace): builds its tests and the training
-# example into target/burn, then runs the tests (forward and gradients against the f64
-# reference and burn's own attention under autodiff, typed errors) on the default adapter.
-# Arguments go to cargo test.
+# The burn integration (burn/, its own workspace): builds its tests and the training example
+# into target/burn, then runs the tests (forward and gradients against the f64 reference and
+# burn's own attention under autodiff, typed errors) on the default adapter, twice: on burn's
+# fused backend (feature `fusion`, the default, as burn's) and on its unfused cubecl backend
+# (a second build of burn). Arguments go to cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/../burn"
 export GALLIVM_PERF=${GALLIVM_PERF-nopt} # as run-tests.sh
 export CARGO_TARGET_DIR="$PWD/../target/burn"
 cargo build --examples --tests
 cargo test "$@"
+cargo test --no-default-features "$@"

@@ -41,7 +41,10 @@ impl Init {
     fn new(seq: usize, rng: &mut rand::rngs::StdRng) -> Init {
         let mut w = |r: usize, c: usize| {
             let s = (1.0 / r as f32).sqrt();
-            ((0..r * c).map(|_| rng.random_range(-s..s)).collect(), [r, c])
+            (
+                (0..r * c).map(|_| rng.random_range(-s..s)).collect(),
+                [r, c],
+            )
         };
         // embedding, positions, q, k, v, o, ffn in, ffn out, head
         Init(vec![
@@ -60,7 +63,9 @@ impl Init {
     fn params(&self, dev: &Device) -> Vec<Tensor<2>> {
         self.0
             .iter()
-            .map(|(d, s)| Tensor::<2>::from_data(TensorData::new(d.clone(), *s), dev).require_grad())
+            .map(|(d, s)| {
+                Tensor::<2>::from_data(TensorData::new(d.clone(), *s), dev).require_grad()
+            })
             .collect()
     }
 }
@@ -89,7 +94,12 @@ fn attend(kind: Attention, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4
 }
 
 /// Mean cross-entropy of next-token logits for `tokens` `[batch, seq]`.
-fn loss(kind: Attention, p: &[Tensor<2>], tokens: &Tensor<2, Int>, targets: &Tensor<3>) -> Tensor<1> {
+fn loss(
+    kind: Attention,
+    p: &[Tensor<2>],
+    tokens: &Tensor<2, Int>,
+    targets: &Tensor<3>,
+) -> Tensor<1> {
     let [b, s] = tokens.dims();
     let onehot = tokens.clone().one_hot::<3>(VOCAB).float();
     let x = onehot.matmul(p[0].clone().unsqueeze()) + p[1].clone().unsqueeze();
@@ -153,7 +163,10 @@ fn arg(name: &str, default: usize) -> usize {
     a.iter()
         .position(|x| x == name)
         .and_then(|i| a.get(i + 1))
-        .map_or(default, |v| v.parse().unwrap_or_else(|_| panic!("{name} takes a number")))
+        .map_or(default, |v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name} takes a number"))
+        })
 }
 
 fn median(x: &[f64]) -> f64 {
@@ -204,7 +217,10 @@ fn main() -> flash_attn_burn::Result<()> {
     let burn = want("burn").then(|| train(Attention::Burn, &init, &data, &dev));
     println!("step  loss(flash)  loss(burn)");
     for s in 0..steps {
-        let l = |r: &Option<Run>| r.as_ref().map_or("-".into(), |r| format!("{:.5}", r.losses[s]));
+        let l = |r: &Option<Run>| {
+            r.as_ref()
+                .map_or("-".into(), |r| format!("{:.5}", r.losses[s]))
+        };
         println!("{s:4}  {:>11}  {:>10}", l(&flash), l(&burn));
     }
     for (name, r) in [("flash", &flash), ("burn", &burn)] {

@@ -23,9 +23,11 @@
 //! queue; ours is submitted to that queue next; burn's later work is submitted after it.
 //!
 //! Requirements and limits: the device comes from [`init`] (or [`register`]), which shares
-//! one wgpu device and queue between burn and the attention kernels; burn's `fusion` feature
-//! must be off (this crate implements the operation for burn's cubecl backend and for
-//! autodiff over it; a fused tensor gets a typed error). Errors in the forward are returned
+//! one wgpu device and queue between burn and the attention kernels. The operation is
+//! implemented for burn's cubecl backend, for autodiff over it and (feature `fusion`, on by
+//! default as in burn) for burn's Fusion backend, whose default wgpu backend it is: there the
+//! call is a lazy operation in burn's stream, run in order with burn's own work. A burn built
+//! without fusion takes this crate with `default-features = false`. Errors in the forward are returned
 //! as [`Error`]; the backward runs inside burn's `backward()`, which has no error channel: a
 //! device failure there panics with the library's message (every input was checked by the
 //! forward that recorded it).
@@ -154,7 +156,10 @@ pub fn flash_attention_with_kvcache(
     let [b, hkv, cap, d] = k_cache.dims();
     let new = append.as_ref().map_or(0, |(k, _)| k.dims()[2]);
     if let Some((k, v)) = &append {
-        for (role, t) in [(flash_attn_wgpu::TensorRole::K, k), (flash_attn_wgpu::TensorRole::V, v)] {
+        for (role, t) in [
+            (flash_attn_wgpu::TensorRole::K, k),
+            (flash_attn_wgpu::TensorRole::V, v),
+        ] {
             if t.dims() != [b, hkv, new, d] {
                 return Err(Error::Shape {
                     tensor: role,
@@ -170,7 +175,11 @@ pub fn flash_attention_with_kvcache(
             cache_seqlens.len()
         )));
     }
-    if let Some((i, &l)) = cache_seqlens.iter().enumerate().find(|(_, &l)| l + new > cap) {
+    if let Some((i, &l)) = cache_seqlens
+        .iter()
+        .enumerate()
+        .find(|(_, &l)| l + new > cap)
+    {
         return Err(Error::InvalidConfig(format!(
             "KV cache: batch {i} holds {l} rows and appends {new}, past the capacity {cap}"
         )));
@@ -189,7 +198,9 @@ pub fn flash_attention_with_kvcache(
         for (bi, &l) in cache_seqlens.iter().enumerate() {
             let at = [bi..bi + 1, 0..hkv, l..l + new, 0..d];
             let row = [bi..bi + 1, 0..hkv, 0..new, 0..d];
-            *k_cache = k_cache.clone().slice_assign(at.clone(), k.clone().slice(row.clone()));
+            *k_cache = k_cache
+                .clone()
+                .slice_assign(at.clone(), k.clone().slice(row.clone()));
             *v_cache = v_cache.clone().slice_assign(at, v.clone().slice(row));
         }
     }

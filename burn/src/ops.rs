@@ -7,9 +7,9 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, NodeGuard, Ops, OpsKind};
 use burn::backend::autodiff::Autodiff;
-use burn::backend::AutodiffBackend;
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
+use burn::backend::AutodiffBackend;
 use burn::backend::{backend_extension, Backend};
 use burn::tensor::{DType, FloatDType, Shape, Tensor};
 use burn_cubecl::tensor::CubeTensor;
@@ -21,10 +21,14 @@ use flash_attn_wgpu::{AttentionConfig, Context, Error, Result, TensorRole};
 use crate::registry;
 
 /// Fused attention on burn tensors `[batch, heads, seq, head_dim]`. `cfg` is the library's
-/// config for the call, already checked ([`check`]).
-#[backend_extension(Cube, Autodiff)]
+/// config for the call, already checked ([`check`]). With the `fusion` feature each method is
+/// also a lazy operation of burn's Fusion backend: the `fusion(meta)` functions ([`specs`])
+/// give its outputs' shapes and dtypes up front, and the cubecl implementation runs when
+/// burn's stream reaches it.
+#[backend_extension(Cube, Autodiff, Fusion: cfg(feature = "fusion"))]
 pub trait FlashAttentionOps: Backend {
     /// out `[batch, heads_q, seq_q, head_dim]` and lse `[batch, heads_q, seq_q]` (f32).
+    #[fusion(meta = specs::forward)]
     fn flash_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -34,6 +38,7 @@ pub trait FlashAttentionOps: Backend {
 
     /// [`flash_attention`](FlashAttentionOps::flash_attention) with an additive bias: its
     /// values are in `cfg.bias`; the tensor is the autodiff graph's parent of `d_bias`.
+    #[fusion(meta = specs::forward_biased)]
     fn flash_attention_biased(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -44,6 +49,7 @@ pub trait FlashAttentionOps: Backend {
 
     /// dq, dk, dv and d_bias (the bias's shape) of a biased call.
     #[allow(clippy::too_many_arguments)]
+    #[fusion(meta = specs::backward_biased)]
     fn flash_attention_biased_backward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -61,6 +67,7 @@ pub trait FlashAttentionOps: Backend {
 
     /// dq, dk, dv from the forward's out and lse and the gradient of out.
     #[allow(clippy::too_many_arguments)]
+    #[fusion(meta = specs::backward)]
     fn flash_attention_backward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -70,6 +77,68 @@ pub trait FlashAttentionOps: Backend {
         d_out: FloatTensor<Self>,
         cfg: AttentionConfig,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// The outputs of each operation as burn's Fusion backend records them before it runs: the
+/// shapes and dtypes the cubecl implementation returns (out and the gradients take their
+/// input's, lse is f32 `[batch, heads_q, seq_q]`, d_bias the bias's shape in q's dtype).
+#[cfg(feature = "fusion")]
+mod specs {
+    use burn::backend::fusion::custom::TensorSpec;
+    use burn::tensor::{DType, Shape};
+    use flash_attn_wgpu::AttentionConfig;
+
+    fn lse(q: &TensorSpec) -> TensorSpec {
+        let d = q.shape.to_vec();
+        TensorSpec::new(Shape::from(vec![d[0], d[1], d[2]]), DType::F32)
+    }
+
+    pub fn forward(
+        q: &TensorSpec,
+        _: &TensorSpec,
+        _: &TensorSpec,
+        _: &AttentionConfig,
+    ) -> (TensorSpec, TensorSpec) {
+        (q.clone(), lse(q))
+    }
+
+    pub fn forward_biased(
+        q: &TensorSpec,
+        _: &TensorSpec,
+        _: &TensorSpec,
+        _: &TensorSpec,
+        _: &AttentionConfig,
+    ) -> (TensorSpec, TensorSpec) {
+        (q.clone(), lse(q))
+    }
+
+    pub fn backward(
+        q: &TensorSpec,
+        k: &TensorSpec,
+        v: &TensorSpec,
+        _: &TensorSpec,
+        _: &TensorSpec,
+        _: &TensorSpec,
+        _: &AttentionConfig,
+    ) -> (TensorSpec, TensorSpec, TensorSpec) {
+        // the gradients in q's dtype (k and v share it: checked)
+        let like = |t: &TensorSpec| TensorSpec::new(t.shape.clone(), q.dtype);
+        (q.clone(), like(k), like(v))
+    }
+
+    pub fn backward_biased(
+        q: &TensorSpec,
+        k: &TensorSpec,
+        v: &TensorSpec,
+        out: &TensorSpec,
+        lse: &TensorSpec,
+        d_out: &TensorSpec,
+        cfg: &AttentionConfig,
+    ) -> (TensorSpec, TensorSpec, TensorSpec, TensorSpec) {
+        let (dq, dk, dv) = backward(q, k, v, out, lse, d_out, cfg);
+        let shape = cfg.bias.as_ref().map_or(vec![0; 4], |b| b.shape().to_vec());
+        (dq, dk, dv, TensorSpec::new(Shape::from(shape), q.dtype))
+    }
 }
 
 /// Checks a call before it is dispatched (burn's operations have no error channel): ranks,
@@ -278,10 +347,7 @@ fn to_burn(
 fn submit<R>(
     ctx: &Context,
     like: &CubeTensor,
-    record: impl FnOnce(
-        &mut flash_attn_wgpu::wgpu::CommandEncoder,
-        &mut Keep,
-    ) -> Result<R>,
+    record: impl FnOnce(&mut flash_attn_wgpu::wgpu::CommandEncoder, &mut Keep) -> Result<R>,
 ) -> Result<R> {
     // burn's kernels that wrote our inputs are in its stream, not yet on the queue
     like.client
@@ -435,7 +501,8 @@ impl<B: Backend + FlashAttentionOps, const N: usize> Backward<B, N> for FlashNod
         let d_out = grads.consume::<B>(&ops.node);
         let (q, k, v, out, lse, cfg) = ops.state;
         let g = if N == 4 {
-            let (dq, dk, dv, db) = B::flash_attention_biased_backward(q, k, v, out, lse, d_out, cfg);
+            let (dq, dk, dv, db) =
+                B::flash_attention_biased_backward(q, k, v, out, lse, d_out, cfg);
             vec![dq, dk, dv, db]
         } else {
             let (dq, dk, dv) = B::flash_attention_backward(q, k, v, out, lse, d_out, cfg);
@@ -457,7 +524,11 @@ fn tracked<B: Backend + FlashAttentionOps, C: CheckpointStrategy, const N: usize
     (out, lse): (FloatTensor<B>, FloatTensor<B>),
     cfg: AttentionConfig,
 ) -> (FloatTensor<Autodiff<B, C>>, FloatTensor<Autodiff<B, C>>) {
-    let out = match FlashNode::<N>.prepare::<C>(nodes).compute_bound().stateful() {
+    let out = match FlashNode::<N>
+        .prepare::<C>(nodes)
+        .compute_bound()
+        .stateful()
+    {
         OpsKind::Tracked(prep) => prep.finish((q, k, v, out.clone(), lse.clone(), cfg), out),
         OpsKind::UnTracked(prep) => prep.finish(out),
     };

@@ -44,7 +44,10 @@ fn max_err(what: &str, got: &[f32], want: &[f64], tol: f64) {
         .zip(want)
         .map(|(&g, &w)| (g as f64 - w).abs())
         .enumerate()
-        .fold((0, 0.0f64), |(bi, be), (i, e)| if e > be { (i, e) } else { (bi, be) });
+        .fold(
+            (0, 0.0f64),
+            |(bi, be), (i, e)| if e > be { (i, e) } else { (bi, be) },
+        );
     assert!(
         err <= tol * scale,
         "{what}: max error {err:.3e} at {i} (got {}, want {}), tolerance {:.3e}",
@@ -79,7 +82,9 @@ fn run(case: &Case, dev: &Device, seed: u64) {
         random(&mut rng, n(qs)),
     );
     // the reference reads the inputs as the device holds them (rounded to the dtype)
-    let round = |x: &[f32], s| host(Tensor::<4>::from_data(TensorData::new(x.to_vec(), s), dev).cast(case.dtype));
+    let round = |x: &[f32], s| {
+        host(Tensor::<4>::from_data(TensorData::new(x.to_vec(), s), dev).cast(case.dtype))
+    };
     let (qr, kr, vr, wr) = (round(&q, qs), round(&k, ks), round(&v, ks), round(&w, qs));
     let bias = case.bias.map(|[bb, bh]| {
         let s = [bb, bh, sq, skv];
@@ -131,10 +136,27 @@ fn run(case: &Case, dev: &Device, seed: u64) {
     };
     let (dq, dk, dv) = (g(&q_leaf, "q"), g(&k_leaf, "k"), g(&v_leaf, "v"));
     let name = case.name;
-    max_err(&format!("{name}: out vs f64"), &got_out, &want.out, case.tol);
-    let lse_want: Vec<f64> = want.lse.iter().map(|x| if x.is_finite() { *x } else { 0.0 }).collect();
-    let lse_got: Vec<f32> = got_lse.iter().map(|x| if x.is_finite() { *x } else { 0.0 }).collect();
-    max_err(&format!("{name}: lse vs f64"), &lse_got, &lse_want, case.tol);
+    max_err(
+        &format!("{name}: out vs f64"),
+        &got_out,
+        &want.out,
+        case.tol,
+    );
+    let lse_want: Vec<f64> = want
+        .lse
+        .iter()
+        .map(|x| if x.is_finite() { *x } else { 0.0 })
+        .collect();
+    let lse_got: Vec<f32> = got_lse
+        .iter()
+        .map(|x| if x.is_finite() { *x } else { 0.0 })
+        .collect();
+    max_err(
+        &format!("{name}: lse vs f64"),
+        &lse_got,
+        &lse_want,
+        case.tol,
+    );
     max_err(&format!("{name}: dq vs f64"), &dq, &want_g.dq, case.tol);
     max_err(&format!("{name}: dk vs f64"), &dk, &want_g.dk, case.tol);
     max_err(&format!("{name}: dv vs f64"), &dv, &want_g.dv, case.tol);
@@ -184,7 +206,12 @@ fn run(case: &Case, dev: &Device, seed: u64) {
         let g2 = |t: &Tensor<4>| host(t.grad(&grads2).expect("burn's gradient"));
         let f = |x: Vec<f32>| x.into_iter().map(f64::from).collect::<Vec<f64>>();
         let tol = 2.0 * case.tol;
-        max_err(&format!("{name}: out vs burn"), &got_out, &f(host(out2.swap_dims(1, 2))), tol);
+        max_err(
+            &format!("{name}: out vs burn"),
+            &got_out,
+            &f(host(out2.swap_dims(1, 2))),
+            tol,
+        );
         max_err(&format!("{name}: dq vs burn"), &dq, &f(g2(&q2)), tol);
         max_err(&format!("{name}: dk vs burn"), &dk, &f(g2(&k2)), tol);
         max_err(&format!("{name}: dv vs burn"), &dv, &f(g2(&v2)), tol);
@@ -202,8 +229,14 @@ fn kvcache(dev: &Device, seed: u64) {
     let lens = [13usize, 30];
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let cs = [b, hkv, cap, d];
-    let (mut kc, mut vc) = (random(&mut rng, cap * b * hkv * d), random(&mut rng, cap * b * hkv * d));
-    let (kn, vn) = (random(&mut rng, b * hkv * new * d), random(&mut rng, b * hkv * new * d));
+    let (mut kc, mut vc) = (
+        random(&mut rng, cap * b * hkv * d),
+        random(&mut rng, cap * b * hkv * d),
+    );
+    let (kn, vn) = (
+        random(&mut rng, b * hkv * new * d),
+        random(&mut rng, b * hkv * new * d),
+    );
     let q = random(&mut rng, b * new * hq * d);
     let t = |x: &[f32], s: [usize; 4]| Tensor::<4>::from_data(TensorData::new(x.to_vec(), s), dev);
     let (mut k_cache, mut v_cache) = (t(&kc, cs), t(&vc, cs));
@@ -213,15 +246,9 @@ fn kvcache(dev: &Device, seed: u64) {
         causal: true,
         ..Options::default()
     };
-    let out = flash_attention_with_kvcache(
-        q_t,
-        &mut k_cache,
-        &mut v_cache,
-        &lens,
-        Some(append),
-        &opts,
-    )
-    .expect("kvcache call");
+    let out =
+        flash_attention_with_kvcache(q_t, &mut k_cache, &mut v_cache, &lens, Some(append), &opts)
+            .expect("kvcache call");
     // the host's caches after the appends, and in the library's layout for the reference
     for (c, n) in [(&mut kc, &kn), (&mut vc, &vn)] {
         for bi in 0..b {
@@ -254,7 +281,12 @@ fn kvcache(dev: &Device, seed: u64) {
     cfg.seqlens_kv = Some(lens.iter().map(|l| l + new).collect());
     cfg.align_to_seqlens = true;
     let want = reference::forward(&cfg, &q, &ours(&kc), &ours(&vc));
-    max_err("kvcache: out vs f64", &host(out.swap_dims(1, 2)), &want.out, 2e-5);
+    max_err(
+        "kvcache: out vs f64",
+        &host(out.swap_dims(1, 2)),
+        &want.out,
+        2e-5,
+    );
     // an append past the capacity
     let (mut k2, mut v2) = (t(&kc, cs), t(&vc, cs));
     let row = (t(&kn, [b, hkv, new, d]), t(&vn, [b, hkv, new, d]));
@@ -282,7 +314,8 @@ fn errors(dev: &Device) {
         key_lengths: Some(vec![4, 4]),
         ..Options::default()
     };
-    let e = flash_attention(t([1, 2, 8, 16]), t([1, 2, 8, 16]), t([1, 2, 8, 16]), &bad).unwrap_err();
+    let e =
+        flash_attention(t([1, 2, 8, 16]), t([1, 2, 8, 16]), t([1, 2, 8, 16]), &bad).unwrap_err();
     assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
     // a bias that is not [1 or batch, 1 or heads, seq_q, seq_kv]
     let e = flash_attention_with_bias(
@@ -305,9 +338,25 @@ fn errors(dev: &Device) {
     assert!(matches!(e, Error::DType { .. }), "{e}");
 }
 
+/// The type of the primitive under a (non-autodiff) float tensor: burn's Fusion tensor when
+/// its wgpu backend is fused (feature `fusion`), cubecl's tensor otherwise.
+fn primitive_type(t: Tensor<4>) -> &'static str {
+    use burn::backend::{BackendTensor, DispatchTensorKind};
+    #[allow(unreachable_patterns)]
+    match t.into_dispatch().kind {
+        DispatchTensorKind::Cube(BackendTensor::Float(f)) => std::any::type_name_of_val(&f),
+        _ => "not a float tensor of burn's cubecl backend",
+    }
+}
+
 #[test]
 fn burn_attention_matches_the_reference_and_burns_own_under_autodiff() {
-    let dev = flash_attn_burn::init().expect("burn + flash attention on the default adapter").autodiff();
+    let plain = flash_attn_burn::init().expect("burn + flash attention on the default adapter");
+    // the cases run on the backend this build selects: fused with the feature, else cubecl's
+    let ty = primitive_type(Tensor::<4>::zeros([1, 1, 1, 1], &plain));
+    eprintln!("burn's float tensors: {ty}");
+    assert_eq!(ty.contains("Fusion"), cfg!(feature = "fusion"), "{ty}");
+    let dev = plain.autodiff();
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |t| t.as_nanos() as u64);
