@@ -16,7 +16,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result, TensorRole};
 use crate::forward::Forward;
 use crate::plan::{BufRef, BufferCopy};
-use crate::rotary::{check_positions, check_tables, Positions, Rotary};
+use crate::rotary::{check_rotation, Positions, Rotary};
 use crate::tensor::Tensor;
 
 /// The attention config of a KV-cache call, on every backend: `cfg` (its `seq_kv` the cache's
@@ -367,26 +367,12 @@ impl Context {
         self.check_owned(x, || role.to_string())?;
         self.check_owned(rotary.cos, || TensorRole::RotaryCos.to_string())?;
         self.check_owned(rotary.sin, || TensorRole::RotarySin.to_string())?;
-        let shape = <[usize; 4]>::try_from(x.shape()).map_err(|_| {
-            Error::invalid(format!(
-                "{role} must be [batch, rows, heads, head_dim] to be rotated, got shape {:?}",
-                x.shape()
-            ))
-        })?;
-        if positions.start.len() != shape[0] {
-            return Err(Error::invalid(format!(
-                "rotary positions must hold one start per batch ([batch] = [{}]), got {}",
-                shape[0],
-                positions.start.len()
-            )));
-        }
-        let dims = check_tables(
+        let (shape, dims) = check_rotation(
+            (role, x.shape(), x.dtype()),
             (rotary.cos.shape(), rotary.cos.dtype()),
             (rotary.sin.shape(), rotary.sin.dtype()),
-            shape[3],
-            x.dtype(),
+            positions,
         )?;
-        check_positions(dims, positions, shape[1])?;
         for (what, t) in [
             (role.to_string(), x),
             ("rotary_cos".into(), rotary.cos),

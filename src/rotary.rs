@@ -154,6 +154,33 @@ pub fn check_positions(dims: RotaryDims, positions: &Positions, rows: usize) -> 
     Ok(())
 }
 
+/// Every check of a rotation on any backend: `x` (`role` names it) is `[batch, rows, heads,
+/// head_dim]`, `positions` holds one start per batch, the tables fit `x` ([`check_tables`])
+/// and hold every position it reaches ([`check_positions`]). Returns `x`'s shape and the
+/// tables' dims.
+pub(crate) fn check_rotation(
+    (role, shape, dtype): (TensorRole, &[usize], DType),
+    cos: (&[usize], DType),
+    sin: (&[usize], DType),
+    positions: &Positions,
+) -> Result<([usize; 4], RotaryDims)> {
+    let shape = <[usize; 4]>::try_from(shape).map_err(|_| {
+        Error::invalid(format!(
+            "{role} must be [batch, rows, heads, head_dim] to be rotated, got shape {shape:?}"
+        ))
+    })?;
+    if positions.start.len() != shape[0] {
+        return Err(Error::invalid(format!(
+            "rotary positions must hold one start per batch ([batch] = [{}]), got {}",
+            shape[0],
+            positions.start.len()
+        )));
+    }
+    let dims = check_tables(cos, sin, shape[3], dtype)?;
+    check_positions(dims, positions, shape[1])?;
+    Ok((shape, dims))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

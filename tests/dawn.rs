@@ -361,16 +361,18 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
     let dawn = dawn_adapter(&script);
     let formats = formats(&dawn);
     let mut all = Vec::new();
-    // A sliding window with the score modifiers, key lengths, dropout, a block mask, a
-    // boolean mask and a bias (the WINDOW, SOFTCAP, ALIBI, SINKS, SEQLENS, DROPOUT, BLOCKS,
-    // MASK and BIAS pipeline constants, the extras' uniform binding and the pair data's
-    // storage one, the sinks' and the bias's gradient kernels, Philox under Tint): f32 on
-    // every algorithm and variant, the softcap and ALiBi (per batch and head) in turns.
+    // A sliding window with the score modifiers, key ranges (lengths and left padding),
+    // dropout, a block mask, a boolean mask and a bias (the WINDOW, SOFTCAP, ALIBI, SINKS,
+    // SEQLENS, DROPOUT, BLOCKS, MASK and BIAS pipeline constants, the extras' uniform binding
+    // and the pair data's storage one, the sinks' and the bias's gradient kernels, Philox
+    // under Tint): f32 on every algorithm and variant, the softcap and ALiBi (per batch and
+    // head) in turns.
     {
         let mut c = cfg(2, 70, 90, 2, 1, 32, false);
         c.window = flash_attn_wgpu::Window::new(Some(12), Some(3));
         c.sinks = Some(common::random_sinks(&c));
         c.seqlens_kv = Some(vec![90, 41]);
+        c.leftpad_kv = Some(vec![17, 0]);
         c.dropout = Some(common::random_dropout(0.25));
         c.block_mask = Some(common::random_block_mask(&c, (16, 24), true, false, 0.6));
         c.mask = Some(common::random_bool_mask(&c, true, false, 0.8, 1));
@@ -589,7 +591,7 @@ fn merge_case<T: Element>(e: &plan::PlanEnv, name: &str) -> ReplayCase {
 fn merges_and_decode_splits_match_the_f64_reference_on_dawn() {
     // the public merge of random shards in every format, and decode calls (split-KV with GQA
     // packing, then, in f32, the backward from their out and lse; and in one split) with
-    // sinks, ALiBi, a window and key lengths, in f32 and a half format
+    // sinks, ALiBi, a window, key lengths and left padding, in f32 and a half format
     let Some(script) = runner() else { return };
     let dawn = dawn_adapter(&script);
     let mut decode = cfg(2, 2, 300, 8, 2, 32, true);
@@ -597,6 +599,7 @@ fn merges_and_decode_splits_match_the_f64_reference_on_dawn() {
     decode.alibi_slopes = Some(common::random_alibi(&decode, false));
     decode.window = flash_attn_wgpu::Window::new(Some(200), Some(0));
     decode.seqlens_kv = Some(vec![300, 41]);
+    decode.leftpad_kv = Some(vec![110, 9]);
     decode.kv_splits = Some(5);
     let mut all = Vec::new();
     for (n, (dtype, half)) in formats(&dawn).into_iter().enumerate() {

@@ -22,7 +22,7 @@ use crate::backend::{AttentionBackend, Backend};
 use crate::checks::{check_lse_values, check_meta};
 use crate::kvcache::{append_rows, append_runs, kvcache_config};
 use crate::merge::{check_shards, ShardMeta};
-use crate::rotary::{check_positions, check_tables, Positions, Rotary};
+use crate::rotary::{check_rotation, Positions, Rotary};
 use crate::tensor::shape_elements;
 use crate::{
     Algorithm, AttentionConfig, DType, Element, Error, Forward, GpuTiming, Gradients, Result,
@@ -917,26 +917,12 @@ impl CudaContext {
         rotary
             .sin
             .check_owner(self.owner, || TensorRole::RotarySin.to_string())?;
-        let shape = <[usize; 4]>::try_from(&x.shape[..]).map_err(|_| {
-            Error::invalid(format!(
-                "{role} must be [batch, rows, heads, head_dim] to be rotated, got shape {:?}",
-                x.shape
-            ))
-        })?;
-        if positions.start.len() != shape[0] {
-            return Err(Error::invalid(format!(
-                "rotary positions must hold one start per batch ([batch] = [{}]), got {}",
-                shape[0],
-                positions.start.len()
-            )));
-        }
-        let dims = check_tables(
+        let (shape, dims) = check_rotation(
+            (role, &x.shape, x.dtype),
             (&rotary.cos.shape, rotary.cos.dtype),
             (&rotary.sin.shape, rotary.sin.dtype),
-            shape[3],
-            x.dtype,
+            positions,
         )?;
-        check_positions(dims, positions, shape[1])?;
         let elements = shape_elements(&shape)?;
         index_fits(&format!("{role}'s elements to rotate"), elements as u64)?;
         let elements = elements as u32;

@@ -953,7 +953,7 @@ mod tests {
             .lines()
             .filter(|l| l.starts_with("    ") && !l.trim_start().starts_with("//"))
             .count();
-        assert_eq!(fields, 40, "{ATTN_SHAPE_C}");
+        assert_eq!(fields, 41, "{ATTN_SHAPE_C}");
         assert_eq!(std::mem::size_of::<AttnShape>(), 4 * fields);
         assert_eq!(std::mem::align_of::<AttnShape>(), 4);
         assert!(ATTN_SHAPE_C.contains("    unsigned int pages_per_seq;\n};"));
