@@ -56,6 +56,11 @@ pub struct Options {
     /// Key padding: batch b sees its first `key_lengths[b]` keys only (`[batch]`). A query
     /// row that sees no key gets out 0.
     pub key_lengths: Option<Vec<usize>>,
+    /// Left padding: batch b's keys before `key_starts[b]` are hidden too (`[batch]`, each at
+    /// most the batch's key length; left-padded batches, flash-attn's `cache_leftpad`).
+    /// Positions are not renumbered: the causal diagonal, window and ALiBi stay aligned to
+    /// the end of the keys.
+    pub key_starts: Option<Vec<usize>>,
 }
 
 impl Options {
@@ -76,6 +81,7 @@ impl Options {
         cfg.softcap = self.softcap;
         cfg.alibi_slopes = self.alibi_slopes.clone();
         cfg.seqlens_kv = self.key_lengths.clone();
+        cfg.leftpad_kv = self.key_starts.clone();
         cfg.validate()?;
         Ok(cfg)
     }
@@ -144,7 +150,7 @@ pub fn flash_attention_with_bias(
 /// batch over its first `cache_seqlens[b] + new` keys, with the causal mask and the window
 /// aligned to that length (query row i sits at key `i + cache_seqlens[b]`). Forward only
 /// (inference); `options.key_lengths` must be `None` (the lengths come from
-/// `cache_seqlens`).
+/// `cache_seqlens`); `options.key_starts` is flash-attn's `cache_leftpad`.
 pub fn flash_attention_with_kvcache(
     q: Tensor<4>,
     k_cache: &mut Tensor<4>,

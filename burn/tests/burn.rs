@@ -100,6 +100,7 @@ fn run(case: &Case, dev: &Device, seed: u64) {
     cfg.softcap = o.softcap;
     cfg.alibi_slopes = o.alibi_slopes.clone();
     cfg.seqlens_kv = o.key_lengths.clone();
+    cfg.leftpad_kv = o.key_starts.clone();
     if let Some((_, xr, s)) = &bias {
         let b = ScoreBias::new((s[0], s[1], s[2], s[3]), xr).expect("bias");
         cfg.bias = Some(b.with_grad());
@@ -242,8 +243,11 @@ fn kvcache(dev: &Device, seed: u64) {
     let (mut k_cache, mut v_cache) = (t(&kc, cs), t(&vc, cs));
     let append = (t(&kn, [b, hkv, new, d]), t(&vn, [b, hkv, new, d]));
     let q_t = t(&q, [b, new, hq, d]).swap_dims(1, 2);
+    // batch 0 left-padded (flash-attn's cache_leftpad)
+    let starts = vec![4usize, 0];
     let opts = Options {
         causal: true,
+        key_starts: Some(starts.clone()),
         ..Options::default()
     };
     let out =
@@ -280,6 +284,7 @@ fn kvcache(dev: &Device, seed: u64) {
     cfg.causal = true;
     cfg.seqlens_kv = Some(lens.iter().map(|l| l + new).collect());
     cfg.align_to_seqlens = true;
+    cfg.leftpad_kv = Some(starts);
     let want = reference::forward(&cfg, &q, &ours(&kc), &ours(&vc));
     max_err(
         "kvcache: out vs f64",
@@ -375,7 +380,7 @@ fn burn_attention_matches_the_reference_and_burns_own_under_autodiff() {
             bias: Some([1, 4]),
         },
         Case {
-            name: "f16 window, softcap, ALiBi, key lengths",
+            name: "f16 window, softcap, ALiBi, key lengths and left padding",
             shape: [2, 2, 1, 33, 29, 64],
             dtype: DType::F16,
             options: Options {
@@ -383,6 +388,7 @@ fn burn_attention_matches_the_reference_and_burns_own_under_autodiff() {
                 softcap: Some(5.0),
                 alibi_slopes: Some(vec![0.25, 0.0625]),
                 key_lengths: Some(vec![29, 17]),
+                key_starts: Some(vec![6, 0]),
                 softmax_scale: Some(0.2),
                 ..Options::default()
             },
