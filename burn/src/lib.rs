@@ -36,7 +36,7 @@ mod ops;
 mod registry;
 
 use burn::tensor::{Device, Tensor};
-pub use flash_attn_wgpu::{Error, Result, Window};
+pub use flash_attn_wgpu::{Dropout, Error, Result, Window};
 pub use registry::{init, init_with, register};
 
 /// What the call computes beside plain softmax attention: flash-attn's options, in burn's
@@ -61,6 +61,11 @@ pub struct Options {
     /// Positions are not renumbered: the causal diagonal, window and ALiBi stay aligned to
     /// the end of the keys.
     pub key_starts: Option<Vec<usize>>,
+    /// Dropout on the attention probabilities (probability, Philox seed and offset), drawn
+    /// in the forward and drawn again, identically, by the fused backward: nothing is saved
+    /// for it. One seed and offset give one mask: advance the offset (or change the seed)
+    /// every step. Not in the KV-cache call (inference).
+    pub dropout: Option<Dropout>,
 }
 
 impl Options {
@@ -82,6 +87,7 @@ impl Options {
         cfg.alibi_slopes = self.alibi_slopes.clone();
         cfg.seqlens_kv = self.key_lengths.clone();
         cfg.leftpad_kv = self.key_starts.clone();
+        cfg.dropout = self.dropout;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -193,6 +199,12 @@ pub fn flash_attention_with_kvcache(
     if options.key_lengths.is_some() {
         return Err(Error::InvalidConfig(
             "flash_attention_with_kvcache: key_lengths must be None (cache_seqlens gives them)"
+                .into(),
+        ));
+    }
+    if options.dropout.is_some() {
+        return Err(Error::InvalidConfig(
+            "flash_attention_with_kvcache: dropout must be None (a KV-cache call is inference)"
                 .into(),
         ));
     }

@@ -101,6 +101,7 @@ fn run(case: &Case, dev: &Device, seed: u64) {
     cfg.alibi_slopes = o.alibi_slopes.clone();
     cfg.seqlens_kv = o.key_lengths.clone();
     cfg.leftpad_kv = o.key_starts.clone();
+    cfg.dropout = o.dropout;
     if let Some((_, xr, s)) = &bias {
         let b = ScoreBias::new((s[0], s[1], s[2], s[3]), xr).expect("bias");
         cfg.bias = Some(b.with_grad());
@@ -322,6 +323,14 @@ fn errors(dev: &Device) {
     let e =
         flash_attention(t([1, 2, 8, 16]), t([1, 2, 8, 16]), t([1, 2, 8, 16]), &bad).unwrap_err();
     assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+    // a dropout probability of 1
+    let bad = Options {
+        dropout: Some(flash_attn_burn::Dropout::new(1.0, 1, 0)),
+        ..Options::default()
+    };
+    let e =
+        flash_attention(t([1, 2, 8, 16]), t([1, 2, 8, 16]), t([1, 2, 8, 16]), &bad).unwrap_err();
+    assert!(e.to_string().contains("dropout.p must be in [0, 1)"), "{e}");
     // a bias that is not [1 or batch, 1 or heads, seq_q, seq_kv]
     let e = flash_attention_with_bias(
         t([1, 2, 8, 16]),
@@ -397,6 +406,24 @@ fn burn_attention_matches_the_reference_and_burns_own_under_autodiff() {
             bias: None,
         },
     ];
+    // dropout: its mask drawn by the forward and again by the backward (the reference draws
+    // the same Philox words); a seed from this run's
+    let cases = cases
+        .into_iter()
+        .chain([Case {
+            name: "f32 causal GQA with dropout",
+            shape: [2, 4, 2, 21, 26, 32],
+            dtype: DType::F32,
+            options: Options {
+                causal: true,
+                dropout: Some(flash_attn_burn::Dropout::new(0.25, seed, 3 << 30)),
+                ..Options::default()
+            },
+            tol: 2e-5,
+            against_burn: false,
+            bias: None,
+        }])
+        .collect::<Vec<_>>();
     for (n, case) in cases.iter().enumerate() {
         run(case, &dev, seed + n as u64);
     }
