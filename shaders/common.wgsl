@@ -165,9 +165,15 @@ fn pair_index(b: u32, h: u32, i: u32) -> u32 {
 // range, a (length, first key) pair of extras words (counted from the whole call's key 0: a
 // windowed call's part starts at params.kv_base). Pure functions of uniform values, so loop
 // bounds that use them stay uniform.
+// Word 0 (length) or 1 (first key) of batch b's pair, as the host wrote it.
+fn key_range_word(b: u32, word: u32) -> u32 {
+    return extra_u32(params.seqlens_base + 2u * (params.batch_base + b) + word);
+}
+
+// key_range_word in this part's key numbering, clamped to it.
 fn batch_key(b: u32, word: u32) -> u32 {
-    let n = i32(extra_u32(params.seqlens_base + 2u * (params.batch_base + b) + word));
-    return u32(clamp(n - i32(params.kv_base), 0, i32(params.seq_kv)));
+    let n = i32(key_range_word(b, word)) - i32(params.kv_base);
+    return u32(clamp(n, 0, i32(params.seq_kv)));
 }
 
 fn kv_len(b: u32) -> u32 {
@@ -193,7 +199,7 @@ fn align_shift(b: u32) -> i32 {
     if (!SEQLENS() || params.align_kv == 0u) {
         return 0;
     }
-    return i32(extra_u32(params.seqlens_base + 2u * (params.batch_base + b))) - i32(params.align_kv);
+    return i32(key_range_word(b, 0u)) - i32(params.align_kv);
 }
 
 // ---- Varlen: packed sequences (batch 1). Sequence s holds the whole call's rows
@@ -327,7 +333,8 @@ fn kv_begin_for_rows(b: u32, q_begin: u32) -> u32 {
     }
     // with per-batch alignment, the leftmost batch's edge (visible() masks the rest)
     let shift = select(0, params.align_min_shift, SEQLENS());
-    return max(kv_start(b), u32(clamp(i32(q_begin) + params.band_lo + shift, 0, i32(params.seq_kv))));
+    let edge = clamp(i32(q_begin) + params.band_lo + shift, 0, i32(params.seq_kv));
+    return max(kv_start(b), u32(edge));
 }
 
 // First query row that can see key `j0` (rows before it are fully masked for keys >= j0).

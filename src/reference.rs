@@ -53,8 +53,8 @@ fn aligned(cfg: &AttentionConfig, b: usize, i: usize, j: usize) -> Option<(i64, 
 /// Straight from the definitions (not `AttentionConfig::band`, which the kernels' host code
 /// uses): i' = i + seq_kv - seq_q (per sequence with varlen, where pairs of different
 /// sequences are hidden); causal: j <= i'; window: i' - left <= j <= i' + right; key padding:
-/// leftpad_kv[b] <= j < seqlens_kv[b]; block mask: the block of (i, j) is on for (b, h); boolean mask: its
-/// entry for (b, h, i, j) is true.
+/// leftpad_kv[b] <= j < seqlens_kv[b]; block mask: the block of (i, j) is on for (b, h);
+/// boolean mask: its entry for (b, h, i, j) is true.
 fn visible(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) -> bool {
     if let Some(n) = &cfg.seqlens_kv {
         if j >= n[b] {

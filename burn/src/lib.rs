@@ -27,10 +27,10 @@
 //! implemented for burn's cubecl backend, for autodiff over it and (feature `fusion`, on by
 //! default as in burn) for burn's Fusion backend, whose default wgpu backend it is: there the
 //! call is a lazy operation in burn's stream, run in order with burn's own work. A burn built
-//! without fusion takes this crate with `default-features = false`. Errors in the forward are returned
-//! as [`Error`]; the backward runs inside burn's `backward()`, which has no error channel: a
-//! device failure there panics with the library's message (every input was checked by the
-//! forward that recorded it).
+//! without fusion takes this crate with `default-features = false`. Errors in the forward are
+//! returned as [`Error`]; the backward runs inside burn's `backward()`, which has no error
+//! channel: a device failure there panics with the library's message (every input was checked
+//! by the forward that recorded it).
 
 mod ops;
 mod registry;

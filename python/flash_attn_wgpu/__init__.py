@@ -283,8 +283,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True,
-                            alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
     """Attention of q ``[batch, seqlen_q, nheads, headdim]`` over a KV cache, after appending
     the new keys and values ``k``, ``v`` ``[batch, seqlen_new, nheads_k, headdim]`` at each
     batch's length ``cache_seqlens`` (an int or ``[batch]``: the rows each batch held before
@@ -296,13 +296,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache row each batch entry uses (a dense cache may then hold more rows than the batch;
     appending to one row from two entries is an error). ``cache_leftpad`` ``[batch]`` hides
     each batch's keys before that index (left-padded prompts; positions are not renumbered).
-    Causal, window and ALiBi are aligned to
-    each batch's length. ``rotary_cos``, ``rotary_sin`` ``[seqlen_ro, rotary_dim / 2]`` (q's
-    dtype) rotate q and the new keys first, as flash-attn does: the new keys at positions
-    ``cache_seqlens + i``, q there too when causal or windowed, else every query at
-    ``cache_seqlens``; pairs ``(2f, 2f + 1)`` with ``rotary_interleaved`` (the default), else
-    ``(f, f + rotary_dim / 2)``; the cache keeps the rotated keys. ``num_splits`` 0 picks the
-    split-KV count. Returns out, and lse with ``return_softmax_lse``."""
+    Causal, window and ALiBi are aligned to each batch's length. ``rotary_cos``,
+    ``rotary_sin`` ``[seqlen_ro, rotary_dim / 2]`` (q's dtype) rotate q and the new keys
+    first, as flash-attn does: the new keys at positions ``cache_seqlens + i``, q there too
+    when causal or windowed, else every query at ``cache_seqlens``; pairs ``(2f, 2f + 1)``
+    with ``rotary_interleaved`` (the default), else ``(f, f + rotary_dim / 2)``; the cache
+    keeps the rotated keys. ``num_splits`` 0 picks the split-KV count. Returns out, and lse
+    with ``return_softmax_lse``."""
     as_numpy = not isinstance(q, Tensor)
     batch = np.shape(q)[0] if as_numpy else q.shape[0]
     if cache_batch_idx is not None:

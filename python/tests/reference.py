@@ -22,7 +22,8 @@ def _visible(sq, sk, causal, window, offset):
 
 def _one(q, k, v, dout, scale, causal, window, softcap, slopes, seqlen_k=None, leftpad=0):
     """One sequence: q [sq, hq, d], k and v [sk, hk, d]; keys at or past seqlen_k hidden and
-    the alignment taken from seqlen_k; keys before leftpad hidden (positions unchanged). Returns out, lse [hq, sq] and, with dout, the grads."""
+    the alignment taken from seqlen_k; keys before leftpad hidden (positions unchanged).
+    Returns out, lse [hq, sq] and, with dout, the grads."""
     sq, hq, d = q.shape
     sk, hk, _ = k.shape
     n = sk if seqlen_k is None else seqlen_k

@@ -201,7 +201,8 @@ pub struct AttnShape {
     pub softcap2: f32,
     /// ALiBi, sinks and key lengths (compiled in): extras words between batches' slopes (0:
     /// one per head), the extras word of head 0's sink and of batch 0's key range (length,
-    /// first key) ([`extras_layout`](crate::kernels::params::extras_layout), as `Params` on wgpu).
+    /// first key) ([`extras_layout`](crate::kernels::params::extras_layout), as `Params` on
+    /// wgpu).
     pub alibi_b_stride: u32,
     pub sinks_base: u32,
     pub seqlens_base: u32,

@@ -263,8 +263,9 @@ impl Params {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ExtrasLayout {
     /// The ALiBi slopes (`[heads_q]` or `[batch, heads_q]`, f32 bits), the sinks (`[heads_q]`,
-    /// f32 bits), the per-batch key ranges (`[batch]` pairs of u32: length, first key), the block mask's bits
-    /// ([`crate::BlockMask::bits`]), the varlen boundaries (u32). Empty when none is on.
+    /// f32 bits), the per-batch key ranges (`[batch]` pairs of u32: length, first key), the
+    /// block mask's bits ([`crate::BlockMask::bits`]), the varlen boundaries (u32). Empty when
+    /// none is on.
     pub words: Vec<u32>,
     /// Words between one batch's slopes and the next (0: one slope per head).
     pub alibi_b_stride: u32,
