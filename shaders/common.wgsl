@@ -35,6 +35,16 @@ fn neg_inf() -> f32 {
     return bitcast<f32>(runtime_bits(0xff800000u));
 }
 
+// The head dim as the bound of a loop over a row's elements in global memory. Mesa's NIR
+// unrolls every loop whose constant trip count is at most 32, and each element's load or
+// store (views, half formats) is dozens of instructions: on lavapipe a rows kernel at
+// head_dim 32 took 13 s of LLVM against 0.7 s with this bound, which no compiler can fold
+// (docs/PERFORMANCE.md, "Head dims that compile for seconds"). For loops whose body loads or
+// stores elements; loops over private arrays alone keep their constant bound.
+fn row_dims() -> u32 {
+    return select(HEAD_DIM, 0u, params.total_wg == 0u);
+}
+
 // NaN test on the bits, which no float optimization may fold away.
 fn is_nan(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;

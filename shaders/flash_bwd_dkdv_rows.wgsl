@@ -91,7 +91,7 @@ fn main(
         if (key < params.seq_kv) {
             let base_k = k_at(b, key, hk, 0u);
             let base_v = v_at(b, key, hk, 0u);
-            for (var d = 0u; d < HEAD_DIM; d++) {
+            for (var d = 0u; d < row_dims(); d++) {
                 kr[kk][d] = load_k(base_k + d);
                 vr[kk][d] = load_v(base_v + d);
             }
@@ -159,7 +159,7 @@ fn main(
         if (key < params.seq_kv) {
             let base = kv_index(b, key, hk, 0u);
             // sq held scale * log2(e) * q and dK needs scale * q: multiply log2(e) back out
-            for (var d = 0u; d < HEAD_DIM; d++) {
+            for (var d = 0u; d < row_dims(); d++) {
                 store_dk(base + d, acc_dk[kk][d] * LN2);
                 store_dv(base + d, acc_dv[kk][d]);
             }

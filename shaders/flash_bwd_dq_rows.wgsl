@@ -81,7 +81,7 @@ fn main(
         if (i < params.seq_q) {
             let base_q = q_at(b, i, h, 0u);
             let base_do = dout_at(b, i, h, 0u);
-            for (var d = 0u; d < HEAD_DIM; d++) {
+            for (var d = 0u; d < row_dims(); d++) {
                 qr[rr][d] = load_q(base_q + d) * params.scale_log2;
                 dor[rr][d] = load_d_out(base_do + d);
             }
@@ -121,7 +121,7 @@ fn main(
         let i = q0 + t + rr * NT;
         if (i < params.seq_q) {
             let base = q_index(b, i, h, 0u);
-            for (var d = 0u; d < HEAD_DIM; d++) {
+            for (var d = 0u; d < row_dims(); d++) {
                 store_dq(base + d, acc[rr][d] * params.scale);
             }
         }

@@ -44,7 +44,7 @@ fn main(
         let i = q0 + t + rr * NT;
         if (i < params.seq_q) {
             let base_q = q_at(b, i, h, 0u);
-            for (var d = 0u; d < HEAD_DIM; d++) {
+            for (var d = 0u; d < row_dims(); d++) {
                 qr[rr][d] = load_q(base_q + d) * params.scale_log2;
             }
         }
@@ -62,7 +62,7 @@ fn main(
             m_i[rr] = st.m;
             l_i[rr] = st.l;
             let base = q_index(b, i, h, 0u);
-            for (var d = 0u; d < HEAD_DIM; d++) {
+            for (var d = 0u; d < row_dims(); d++) {
                 acc[rr][d] = load_out(base + d);
             }
         }
@@ -126,7 +126,7 @@ fn main(
         if (i < params.seq_q) {
             let inv_l = row_normalizer(m_i[rr], l_i[rr]);
             let base = q_index(b, i, h, 0u);
-            for (var d = 0u; d < HEAD_DIM; d++) {
+            for (var d = 0u; d < row_dims(); d++) {
                 store_out(base + d, acc[rr][d] * inv_l);
             }
             lse[row_index(b, h, i)] = finish_lse(m_i[rr], l_i[rr]);
