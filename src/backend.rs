@@ -69,6 +69,24 @@ pub trait AttentionBackend {
         d_out: &Self::Tensor,
     ) -> Result<Gradients<Self::Tensor>>;
 
+    /// [`backward`](AttentionBackend::backward) for [`backward_host`](AttentionBackend::backward_host),
+    /// whose lse values were checked on the host already: a backend that reads lse back to
+    /// check it on the device skips that read here. The default is `backward`.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn backward_lse_checked(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        out: &Self::Tensor,
+        lse: &Self::Tensor,
+        d_out: &Self::Tensor,
+    ) -> Result<Gradients<Self::Tensor>> {
+        self.backward(cfg, q, k, v, out, lse, d_out)
+    }
+
     /// Merges partial results over disjoint key shards, `(out_i, lse_i)`, into the exact
     /// result over all their keys (module [`merge`](crate::merge)).
     fn merge(&self, shards: &[Forward<Self::Tensor>]) -> Result<Forward<Self::Tensor>>;
@@ -182,7 +200,7 @@ pub trait AttentionBackend {
     ) -> Result<HostGradients<T>> {
         check_backward_host(cfg, (q, k, v), out, lse, d_out)?;
         let (qs, kvs) = (cfg.q_shape(), cfg.kv_shape());
-        let g = self.backward(
+        let g = self.backward_lse_checked(
             cfg,
             &self.upload(q, &qs)?,
             &self.upload(k, &kvs)?,
@@ -285,17 +303,17 @@ impl AttentionBackend for crate::Context {
         crate::Context::last_gpu_timing(self)
     }
 
-    /// The inherent call: lse is checked on the host only, not read back again.
-    fn backward_host<T: Element>(
+    /// lse was checked on the host: not read back again.
+    fn backward_lse_checked(
         &self,
         cfg: &AttentionConfig,
-        q: &[T],
-        k: &[T],
-        v: &[T],
-        out: &[T],
-        lse: &[f32],
-        d_out: &[T],
-    ) -> Result<HostGradients<T>> {
-        crate::Context::backward_host(self, cfg, q, k, v, out, lse, d_out)
+        q: &crate::Tensor,
+        k: &crate::Tensor,
+        v: &crate::Tensor,
+        out: &crate::Tensor,
+        lse: &crate::Tensor,
+        d_out: &crate::Tensor,
+    ) -> Result<Gradients> {
+        self.backward_lse_checked_on_host(cfg, (q, k, v), (out, lse, d_out))
     }
 }

@@ -1,7 +1,7 @@
 //! The backward pass: gradients of q, k, v from the forward's out and lse (recomputed, not
 //! stored).
 
-use crate::checks::{check_backward_host, check_lse_values, check_tensor};
+use crate::checks::{check_lse_values, check_tensor};
 use crate::config::AttentionConfig;
 use crate::device::Context;
 use crate::dtype::{DType, Element};
@@ -157,7 +157,7 @@ impl Context {
     }
 
     /// Backward pass on host slices of f32, `half::f16` or `half::bf16` (lse in f32);
-    /// uploads, runs, downloads.
+    /// uploads, runs, downloads ([`AttentionBackend::backward_host`](crate::AttentionBackend::backward_host)).
     #[allow(clippy::too_many_arguments)]
     pub fn backward_host<T: Element>(
         &self,
@@ -169,29 +169,17 @@ impl Context {
         lse: &[f32],
         d_out: &[T],
     ) -> Result<HostGradients<T>> {
-        check_backward_host(cfg, (q, k, v), out, lse, d_out)?;
-        let (qs, kvs) = (cfg.q_shape(), cfg.kv_shape());
-        let g = self.backward_checked(
-            cfg,
-            (
-                &self.upload(q, &qs)?,
-                &self.upload(k, &kvs)?,
-                &self.upload(v, &kvs)?,
-            ),
-            (
-                &self.upload(out, &qs)?,
-                &self.upload(lse, &cfg.lse_shape())?,
-                &self.upload(d_out, &qs)?,
-            ),
-            LseValues::Checked,
-            None,
-        )?;
-        Ok(HostGradients {
-            dq: self.download(&g.dq)?,
-            dk: self.download(&g.dk)?,
-            dv: self.download(&g.dv)?,
-            d_sinks: g.d_sinks.as_ref().map(|t| self.download(t)).transpose()?,
-            d_bias: g.d_bias.as_ref().map(|t| self.download(t)).transpose()?,
-        })
+        crate::AttentionBackend::backward_host(self, cfg, q, k, v, out, lse, d_out)
+    }
+
+    /// The device backward of [`backward_host`](Self::backward_host), whose lse values the
+    /// host checked: not read back again.
+    pub(crate) fn backward_lse_checked_on_host(
+        &self,
+        cfg: &AttentionConfig,
+        (q, k, v): (&Tensor, &Tensor, &Tensor),
+        (out, lse, d_out): (&Tensor, &Tensor, &Tensor),
+    ) -> Result<Gradients> {
+        self.backward_checked(cfg, (q, k, v), (out, lse, d_out), LseValues::Checked, None)
     }
 }
