@@ -20,7 +20,7 @@ else
     # only the wasm-bindgen binary, without TLS (its test runner downloads browsers; not here).
     # Unoptimized and without debug info: 52 s to build against 165 s optimized on 2 cores, and
     # it writes the same glue and module, in 0.6 s a run against 0.1 s (docs/PERFORMANCE.md,
-    # "CI time: the README command's fixed costs").
+    # "CI time: the README command at 22, then 20 minutes").
     CARGO_PROFILE_DEV_DEBUG=0 cargo install --quiet wasm-bindgen-cli --version "$VERSION" \
         --root "$dir" --no-default-features --bin wasm-bindgen --debug >&2
 fi
