@@ -81,28 +81,6 @@ __device__ __forceinline__ size_t kv_row(const AttnShape& p, const float* __rest
 #endif
 }
 
-// A softcap (-DSOFTCAP=1): a score x in the exp2 domain becomes C tanh(x / C), C = c log2(e),
-// before masking and softmax, as finish_score in shaders/common.wgsl; softcap_slope is its
-// derivative at the finished score s, which dS takes. Without it both are the identity.
-#ifndef SOFTCAP
-#define SOFTCAP 0
-#endif
-__device__ __forceinline__ float softcap_score(const AttnShape& p, float x) {
-#if SOFTCAP
-    return p.softcap2 * tanhf(x / p.softcap2);
-#else
-    return x;
-#endif
-}
-__device__ __forceinline__ float softcap_slope(const AttnShape& p, float s) {
-#if SOFTCAP
-    const float t = s / p.softcap2;
-    return 1.f - t * t;
-#else
-    return 1.f;
-#endif
-}
-
 // ALiBi (-DALIBI=1) and attention sinks (-DSINKS=1): per-head values from the call's extras
 // (ALiBi slopes, then sinks, as `plan::Extras` on wgpu), read once per (batch, head) by
 // head_mods, as begin_head in shaders/common.wgsl. Without them nothing is read.
@@ -129,7 +107,7 @@ __device__ __forceinline__ float softcap_slope(const AttnShape& p, float s) {
 // An additive bias over pairs (-DBIAS=1): its entries, in the element type, in the extras from
 // bias_base (after the boolean mask's words), one grid of seq_q x seq_kv per (batch, query
 // head) or shared along a broadcast dimension, added to finished scores, as pair_bias in
-// shaders/common.wgsl.
+// shaders/modifiers/bias.wgsl.
 #ifndef BIAS
 #define BIAS 0
 #endif
@@ -250,50 +228,19 @@ __device__ __forceinline__ HeadMods head_mods(const AttnShape& p, const float* _
     return m;
 }
 
-// ALiBi's term for row i and key j in the exp2 domain: -slope * |i + causal_offset - j|
-// (with VARLEN the offset of row i's sequence)
-__device__ __forceinline__ float alibi_term(const CallShape& p, const HeadMods& hm, unsigned int i,
-                                            unsigned int j) {
-#if ALIBI
-#if VARLEN
-    const int shift = band_shift(p, sequence_of(p, min(i, p.seq_q - 1), false));
-    return -hm.slope2 * fabsf((float)((int)i + p.causal_offset + shift - (int)j));
-#else
-    return -hm.slope2 * fabsf((float)((long long)i + p.causal_offset - (long long)j));
-#endif
-#else
-    return 0.f;
-#endif
-}
+// @modifiers: each modifier's CUDA functions (cuda/modifiers/, from the registry in
+// src/modifiers/) are put here by the host; the functions below compose them.
 
-// the bias's entry for row i and key j in the exp2 domain (rows and keys past the end read
-// their last one: the mask hides them); 0 without a bias
-__device__ __forceinline__ float bias_term(const CallShape& p, const HeadMods& hm, unsigned int i,
-                                           unsigned int j) {
-#if BIAS
-    const unsigned int e = hm.bias_grid + min(i, p.seq_q - 1) * p.mask_cols + min(j, p.seq_kv - 1);
-    return to_f32(hm.bias[e]) * LOG2E;
-#else
-    return 0.f;
-#endif
-}
-
-// the score softmax sees, from x = q.k * scale * log2(e): softcapped, then ALiBi's term and the
-// bias added (finish_score in shaders/common.wgsl, without the mask, which callers apply)
+// the score softmax sees, from x = q.k * scale * log2(e): the generated score chain (the
+// softcap, then ALiBi's term and the bias; finish_score in shaders/common.wgsl, without the
+// mask, which callers apply)
 __device__ __forceinline__ float finish_score(const CallShape& p, const HeadMods& hm, float x,
                                               unsigned int i, unsigned int j) {
-    return softcap_score(p, x) + alibi_term(p, hm, i, j) + bias_term(p, hm, i, j);
-}
-
-// d(finished score) / dx at finished score s of pair (i, j): the softcap's slope at the
-// capped score (ALiBi's term and the bias taken out); 1 without a softcap
-__device__ __forceinline__ float score_slope(const CallShape& p, const HeadMods& hm, float s,
-                                             unsigned int i, unsigned int j) {
-    return softcap_slope(p, s - alibi_term(p, hm, i, j) - bias_term(p, hm, i, j));
+    return score_chain(p, hm, x, i, j);
 }
 
 // The backward's three rules for a recomputed pair, as shaders/common.wgsl (lse_to_log2,
-// recompute_p, through_softcap) and the f64 reference:
+// recompute_p, through_score) and the f64 reference:
 // - a row whose lse is -inf (every visible score -inf) is staged as +inf, so each P it
 //   recomputes is 0 rather than exp2(-inf - -inf) = NaN;
 // - P is 0 where the finished score is -inf, and at most 1 (s above lse2 by rounding alone);
@@ -305,84 +252,9 @@ __device__ __forceinline__ float recompute_p(float s, float lse2) {
     const float x = s - lse2;
     return s == NEG_INF ? 0.f : (x > 0.f ? 1.f : exp2f(x));
 }
-__device__ __forceinline__ float through_softcap(const CallShape& p, const HeadMods& hm, float g,
-                                                 float pr, float s, unsigned int i,
-                                                 unsigned int j) {
-    return pr == 0.f ? 0.f : g * score_slope(p, hm, s, i, j);
-}
-
-// Dropout (-DDROPOUT=1) on the attention probabilities, as Dropout::keeps in src/dropout.rs
-// (the f64 reference's): pair (row i, key j) of head bh = b * heads_q + h (the query head) is
-// word j % 4 of the Philox 4x32-10 block at counter (offset + j / 4 as a 64-bit add, i, bh)
-// under key (seed lo, seed hi), kept iff that word is at least drop_threshold. i, j and b are
-// the whole call's. The kernels draw one block per 4 keys and share its flags across lanes
-// (dropout_bits and the kernels' helpers). Without dropout (the default) none of it reaches
-// the kernels' code (IF_DROPOUT and the helpers below).
-#ifndef DROPOUT
-#define DROPOUT 0
-#endif
-struct Words4 {
-    unsigned int x, y, z, w;
-};
-// the four 32-bit words of Philox 4x32 (Salmon et al., SC 2011), 10 rounds, at counter c
-// under key (k0, k1)
-__device__ __forceinline__ Words4 philox4x32_10(Words4 c, unsigned int k0, unsigned int k1) {
-#pragma unroll
-    for (int r = 0; r < 10; r++) {
-        const unsigned int hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
-        const unsigned int hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
-        c = Words4{hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0};
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    return c;
-}
-// the keep flags of keys 4g..4g+3 in row i of head bh: bit k set when key 4g + k is kept
-__device__ __forceinline__ unsigned int dropout_bits(const AttnShape& p, unsigned int bh,
-                                                     unsigned int i, unsigned int g) {
-    Words4 c;
-    c.x = p.drop_offset_lo + g;
-    c.y = p.drop_offset_hi + (c.x < g ? 1u : 0u); // the carry of the 64-bit add
-    c.z = i;
-    c.w = bh;
-    const Words4 w = philox4x32_10(c, p.drop_seed_lo, p.drop_seed_hi);
-    return (w.x >= p.drop_threshold ? 1u : 0u) | (w.y >= p.drop_threshold ? 2u : 0u) |
-           (w.z >= p.drop_threshold ? 4u : 0u) | (w.w >= p.drop_threshold ? 8u : 0u);
-}
-// The kernels take the pairs' keep flags (bits of a mask) and a kept pair's 1 / (1 - p)
-// apart: P V and dV take the kept pairs' P, 1 / (1 - p) joins the forward's normalization and
-// dV's store, and dP takes both. Without dropout each helper below returns x, and the masks
-// come through IF_DROPOUT, so the kernels compile to what they were without it (even an
-// unused reference to the call's scalars, passed to an inlined helper, changes NVVM's code).
-#if DROPOUT
-#define IF_DROPOUT(expr, otherwise) (expr)
-#else
-#define IF_DROPOUT(expr, otherwise) (otherwise)
-#endif
-// x where bit n of `keep` is set, else 0
-__device__ __forceinline__ float dropout_keep(float x, unsigned long long keep, unsigned int n) {
-#if DROPOUT
-    return (keep >> n) & 1ull ? x : 0.f;
-#else
-    return x;
-#endif
-}
-// x * scale (1 / (1 - p)) where bit n of `keep` is set, else 0: Z dP
-__device__ __forceinline__ float dropout_keep_scaled(float x, unsigned long long keep,
-                                                     unsigned int n, float scale) {
-#if DROPOUT
-    return (keep >> n) & 1ull ? x * scale : 0.f;
-#else
-    return x;
-#endif
-}
-// x * scale (1 / (1 - p))
-__device__ __forceinline__ float dropout_rescale(float x, float scale) {
-#if DROPOUT
-    return x * scale;
-#else
-    return x;
-#endif
+// dS from the gradient g at the finished score and d(score)/dx (Finished::slope)
+__device__ __forceinline__ float through_score(float g, float pr, float slope) {
+    return pr == 0.f ? 0.f : g * slope;
 }
 
 // the highest key offset j - i a row sees (with causal or a window)

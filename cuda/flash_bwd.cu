@@ -137,13 +137,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
                     const unsigned int j = key_lo + (e / 2) * 8;
                     const bool vis = IF_BLOCKS(pair_visible(p, hm, tb.partial, q0 + r, j),
                                                visible(p, q0 + r, j));
-                    const float sc = finish_score(p, hm, s[nt][e] * p.scale_log2, q0 + r, j);
-                    const float pr = vis ? recompute_p(sc, slse[r]) : 0.f;
+                    const Finished sc = score_chain_slope(p, hm, s[nt][e] * p.scale_log2, q0 + r, j);
+                    const float pr = vis ? recompute_p(sc.s, slse[r]) : 0.f;
                     const float g =
                         vis ? pr * (dropout_keep_scaled(dp[nt][e], keep, e, p.drop_scale) -
                                     sdelta[r])
                             : 0.f;
-                    dp[nt][e] = through_softcap(p, hm, g, pr, sc, q0 + r, j);
+                    dp[nt][e] = through_score(g, pr, sc.slope);
                     s[nt][e] = dropout_keep(pr, keep, e);
                 }
             }
@@ -261,15 +261,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
                 const unsigned int j = kv0 + nt * 8 + (lane % 4) * 2 + (e % 2);
                 const bool vis =
                     IF_BLOCKS(pair_visible(p, hm, tb.partial, i, j), visible(p, i, j));
-                const float sc = finish_score(p, hm, s[nt][e] * p.scale_log2, i, j);
-                const float pr = vis ? recompute_p(sc, e < 2 ? lse_lo : lse_hi) : 0.f;
+                const Finished sc = score_chain_slope(p, hm, s[nt][e] * p.scale_log2, i, j);
+                const float pr = vis ? recompute_p(sc.s, e < 2 ? lse_lo : lse_hi) : 0.f;
                 // the gradient at the finished score (kept for d_bias), then through the
-                // softcap
+                // score transforms (the softcap)
                 const float g = vis ? pr * (dropout_keep_scaled(dp[nt][e], keep, e, p.drop_scale) -
                                             (e < 2 ? delta_lo : delta_hi))
                                     : 0.f;
                 keep_bias_grad(bias_grads, p, b, h, i, j, g);
-                dp[nt][e] = through_softcap(p, hm, g, pr, sc, i, j);
+                dp[nt][e] = through_score(g, pr, sc.slope);
             }
         }
         // dQ += dS K: k runs over the tile's keys

@@ -300,16 +300,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
             for (int ii = 0; ii < n; ii++) {
                 const float* qi = sq + ii * HEAD_DIM;
                 const float* doi = sdo + ii * HEAD_DIM;
-                const float s = finish_score(p, hm, dot_row(kv, qi, lane) * p.scale_log2, qt + ii, j);
+                const Finished f =
+                    score_chain_slope(p, hm, dot_row(kv, qi, lane) * p.scale_log2, qt + ii, j);
                 const float dp = dot_row(vv, doi, lane);
                 const bool vis = IF_BLOCKS(pair_visible(p, hm, tb.partial, qt + ii, j),
                                            visible(p, qt + ii, j));
                 if (!vis) {
                     continue;
                 }
-                const float pr = recompute_p(s, slse[ii]);
+                const float pr = recompute_p(f.s, slse[ii]);
                 const float zdp = dropout_keep_scaled(dp, kept, ii, p.drop_scale);
-                const float ds = through_softcap(p, hm, pr * (zdp - sdelta[ii]), pr, s, qt + ii, j);
+                const float ds = through_score(pr * (zdp - sdelta[ii]), pr, f.slope);
                 axpy_row(dv_acc, dropout_keep(pr, kept, ii), doi, lane);
                 axpy_row(dk_acc, ds, qi, lane);
             }
@@ -367,7 +368,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
         const int n = min((unsigned int)BLOCK_N, kv_end - kt);
         for (int jj = 0; jj < n; jj++) {
             const float* kj = sk + jj * HEAD_DIM;
-            const float s = finish_score(p, hm, dot_row(qv, kj, lane), i, kt + jj);
+            const Finished f = score_chain_slope(p, hm, dot_row(qv, kj, lane), i, kt + jj);
             const float dp = dot_row(dov, sv + jj * HEAD_DIM, lane);
             const bool vis = IF_BLOCKS(pair_visible(p, hm, tb.partial, i, kt + jj),
                                        visible(p, i, kt + jj));
@@ -377,12 +378,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
             const float zdp = dropout_keep_scaled(dp, kept, jj, p.drop_scale);
             // the gradient at the finished score (kept for d_bias by one lane of the row),
             // then through the softcap
-            const float pr = recompute_p(s, lse2);
+            const float pr = recompute_p(f.s, lse2);
             const float g = pr * (zdp - delta_i);
             if (lane == 0) {
                 keep_bias_grad(bias_grads, p, b, h, i, kt + jj, g);
             }
-            const float ds = through_softcap(p, hm, g, pr, s, i, kt + jj);
+            const float ds = through_score(g, pr, f.slope);
             axpy_row(dq_acc, ds, kj, lane);
         }
     }

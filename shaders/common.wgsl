@@ -1,6 +1,8 @@
 // Shared by every kernel: the runtime parameters, indexing, the score path (masking, score
 // finishing, online softmax, the backward's recomputed probabilities), sentinels and element
 // conversions. Functions and declarations only; each kernel file holds its entry point.
+// Each modifier's own functions are in shaders/modifiers/ (one file per modifier, its home
+// src/modifiers/); the functions here compose them at the hooks where modifiers act.
 // The Rust side (src/kernels/wgsl.rs) prepends a prelude generated per pipeline: shape
 // constants (HEAD_DIM and, for tiled kernels, BR, BC, TPR, NT, RPT, CPT), the kernel's
 // bindings 1.., and `load_<name>(i) -> f32` / `store_<name>(i, x)` for its element-typed
@@ -40,7 +42,8 @@ fn neg_inf() -> f32 {
 // store (views, half formats) is dozens of instructions: on lavapipe a rows kernel at
 // head_dim 32 took 13 s of LLVM against 0.7 s with this bound, which no compiler can fold
 // (docs/PERFORMANCE.md, "Head dims that compile for seconds"). For loops whose body loads or
-// stores elements; loops over private arrays alone keep their constant bound.
+// stores elements; loops over private arrays alone keep their constant bound. Tiled and
+// decode kernels only: it reads 0 where params.total_wg is 0 (the elementwise kernels).
 fn row_dims() -> u32 {
     return select(HEAD_DIM, 0u, params.total_wg == 0u);
 }
@@ -171,118 +174,6 @@ fn pair_index(b: u32, h: u32, i: u32) -> u32 {
     return (b * params.heads_q + h) * params.row_stride + i + params.pair_shift;
 }
 
-// Keys [kv_start(b), kv_len(b)) of batch b take part: all seq_kv, or with SEQLENS the batch's
-// range, a (length, first key) pair of extras words (counted from the whole call's key 0: a
-// windowed call's part starts at params.kv_base). Pure functions of uniform values, so loop
-// bounds that use them stay uniform.
-// Word 0 (length) or 1 (first key) of batch b's pair, as the host wrote it.
-fn key_range_word(b: u32, word: u32) -> u32 {
-    return extra_u32(params.seqlens_base + 2u * (params.batch_base + b) + word);
-}
-
-// key_range_word in this part's key numbering, clamped to it.
-fn batch_key(b: u32, word: u32) -> u32 {
-    let n = i32(key_range_word(b, word)) - i32(params.kv_base);
-    return u32(clamp(n, 0, i32(params.seq_kv)));
-}
-
-fn kv_len(b: u32) -> u32 {
-    if (!SEQLENS()) {
-        return params.seq_kv;
-    }
-    return batch_key(b, 0u);
-}
-
-// Keys before it are hidden from batch b (AttentionConfig::leftpad_kv); 0 without SEQLENS.
-fn kv_start(b: u32) -> u32 {
-    if (!SEQLENS()) {
-        return 0u;
-    }
-    return batch_key(b, 1u);
-}
-
-// With per-batch alignment (AttentionConfig::align_to_seqlens, a KV cache), batch b's causal
-// diagonal, window and ALiBi positions sit seqlens_kv[b] - seq_kv keys left of the padded
-// alignment (counted from the whole call's seq_kv, params.align_kv); 0 otherwise. A pure
-// function of uniform values (loop bounds may use it).
-fn align_shift(b: u32) -> i32 {
-    if (!SEQLENS() || params.align_kv == 0u) {
-        return 0;
-    }
-    return i32(key_range_word(b, 0u)) - i32(params.align_kv);
-}
-
-// ---- Varlen: packed sequences (batch 1). Sequence s holds the whole call's rows
-// [cu_q(s), cu_q(s + 1)) and keys [cu_kv(s), cu_kv(s + 1)); a part of a windowed call adds
-// q_base / kv_base to its own indices. Pure functions of their arguments and uniform values,
-// so bounds computed from uniform rows stay uniform.
-
-fn cu_q(s: u32) -> u32 {
-    return extra_u32(params.varlen_base + s);
-}
-
-fn cu_kv(s: u32) -> u32 {
-    return extra_u32(params.varlen_base + params.sequences + 1u + s);
-}
-
-// The sequence holding whole-call row (or key, `keys`) r: the last s with start(s) <= r, so
-// empty sequences are passed over. A binary search of the boundaries.
-fn sequence_of(r: u32, keys: bool) -> u32 {
-    var lo = 0u;
-    var hi = params.sequences - 1u;
-    while (lo < hi) {
-        let mid = (lo + hi + 1u) / 2u;
-        let start = select(cu_q(mid), cu_kv(mid), keys);
-        if (start <= r) {
-            lo = mid;
-        } else {
-            hi = mid - 1u;
-        }
-    }
-    return lo;
-}
-
-// The sequence of this part's query row i.
-fn row_sequence(i: u32) -> u32 {
-    return sequence_of(params.q_base + i, false);
-}
-
-// How far sequence s moves the causal diagonal and the window from the whole call's
-// (params.causal_offset, band_lo, band_hi): row i of s is aligned bottom-right in s, i' =
-// i - cu_q(s) + len_kv(s) - len_q(s), so its diagonal is j = i + cu_kv(s + 1) - cu_q(s + 1)
-// in whole-call indices; 0 without VARLEN.
-fn band_shift(s: u32) -> i32 {
-    if (!VARLEN()) {
-        return 0;
-    }
-    let whole = params.causal_offset - i32(params.q_base) + i32(params.kv_base);
-    return i32(cu_kv(s + 1u)) - i32(cu_q(s + 1u)) - whole;
-}
-
-// The sequence context of a row: its sequence's keys [kv_lo, kv_hi) (whole-call indices) and
-// band_shift. tile_visit caches it for a tile whose rows lie in one sequence (the common
-// case), so that per-pair code reads private values; other rows search the boundaries.
-struct RowSequence {
-    kv_lo: u32,
-    kv_hi: u32,
-    shift: i32,
-}
-
-const NO_SEQUENCE: u32 = 0xffffffffu;
-var<private> tile_sequence: u32 = NO_SEQUENCE;
-var<private> tile_context: RowSequence;
-
-fn sequence_context(s: u32) -> RowSequence {
-    return RowSequence(cu_kv(s), cu_kv(s + 1u), band_shift(s));
-}
-
-fn row_context(i: u32) -> RowSequence {
-    if (tile_sequence != NO_SEQUENCE) {
-        return tile_context;
-    }
-    return sequence_context(row_sequence(min(i, params.seq_q - 1u)));
-}
-
 // A whole-call boundary as this part's index on the key (or row) axis, clamped to the part.
 fn part_key(k: u32) -> u32 {
     return u32(clamp(i32(k) - i32(params.kv_base), 0, i32(params.seq_kv)));
@@ -389,31 +280,6 @@ fn q_end_for_keys(b: u32, j0: u32, j_last: u32) -> u32 {
         return params.seq_q;
     }
     return u32(clamp(i32(j_last) - params.band_lo - align_shift(b) + 1, 0, i32(params.seq_q)));
-}
-
-// ---- Block-sparse: the block mask's bits (extras from params.blocks_base), one grid of
-// ceil(seq_q / block_q) x blocks_cols bits per (batch, query head), indexed by the whole
-// call's rows and keys (a windowed call's part adds q_base / kv_base).
-
-// The first bit of (batch b, query head h)'s grid: a pure function of uniform values.
-fn blocks_grid(b: u32, h: u32) -> u32 {
-    return (params.batch_base + b) * params.blocks_b_stride + h * params.blocks_h_stride;
-}
-
-// Set bits among bits [first, last] of the block mask, a word at a time.
-fn blocks_on(first: u32, last: u32) -> u32 {
-    var n = 0u;
-    for (var w = first / 32u; w <= last / 32u; w++) {
-        var word = extra_u32(params.blocks_base + w);
-        if (w == first / 32u) {
-            word &= 0xffffffffu << (first % 32u);
-        }
-        if (w == last / 32u) {
-            word &= 0xffffffffu >> (31u - last % 32u);
-        }
-        n += countOneBits(word);
-    }
-    return n;
 }
 
 // How a tiled kernel treats a tile of (batch b, query head h): rows [q_begin, q_begin + q_len),
@@ -540,25 +406,6 @@ fn begin_head(b: u32, h: u32) {
     }
 }
 
-// ALiBi's term for query i and key j (exp2 domain): -slope * |i' - j|, i' = i + causal_offset
-// (bottom-right aligned, as the mask); 0 without ALiBi.
-fn alibi_term(i: u32, j: u32) -> f32 {
-    if (!ALIBI()) {
-        return 0.0;
-    }
-    var shift = select(0, head_shift, SEQLENS());
-    if (VARLEN()) {
-        shift = row_context(i).shift;
-    }
-    return -head_slope2 * abs(f32(i32(i) + params.causal_offset + shift - i32(j)));
-}
-
-// The sink takes part in this row's softmax: on, and not a windowed call's later pass (its
-// stored row already holds the sink's share).
-fn sink_on() -> bool {
-    return SINKS() && params.resume == 0u;
-}
-
 // ---- The score path. Every kernel, tiled or naive, forward or backward, decides masking and
 // finishes scores through these functions: they are the hooks where window, bias, softcap,
 // ALiBi, sinks and dropout enter, once.
@@ -584,40 +431,6 @@ fn visible(i: u32, j: u32) -> bool {
     return in_range & in_sequence & causal_ok & band_ok & block_on(i, j) & pair_on(i, j);
 }
 
-// With MASK, the boolean mask's entry for pair (i, j) of the current head (`begin_head`),
-// indexed by the whole call's rows and keys; true without. Out-of-range pairs read their
-// row's and key's last entry (`visible` hides them anyway).
-fn pair_on(i: u32, j: u32) -> bool {
-    if (!MASK()) {
-        return true;
-    }
-    let row = params.q_base + min(i, params.seq_q - 1u);
-    let col = params.kv_base + min(j, params.seq_kv - 1u);
-    return mask_bit(head_mask + row * params.mask_cols + col);
-}
-
-// With BIAS, the bias's entry for pair (i, j) of the current head (`begin_head`) in the exp2
-// domain, indexed as the boolean mask; 0 without.
-fn pair_bias(i: u32, j: u32) -> f32 {
-    if (!BIAS()) {
-        return 0.0;
-    }
-    let row = params.q_base + min(i, params.seq_q - 1u);
-    let col = params.kv_base + min(j, params.seq_kv - 1u);
-    return bias_entry(head_bias + row * params.mask_cols + col) * LOG2E;
-}
-
-// With BLOCKS, true when the block of pair (i, j) of the current head (`begin_head`) is on;
-// true without.
-fn block_on(i: u32, j: u32) -> bool {
-    if (!BLOCKS()) {
-        return true;
-    }
-    let bit = head_blocks + ((params.q_base + i) / params.block_q) * params.blocks_cols
-        + (params.kv_base + j) / params.block_kv;
-    return ((extra_u32(params.blocks_base + bit / 32u) >> (bit % 32u)) & 1u) == 1u;
-}
-
 // A hidden pair's score: -inf, so that any finite score, however negative, outweighs it.
 fn masked_score() -> f32 {
     return neg_inf();
@@ -632,24 +445,19 @@ fn running_max_start() -> f32 {
 }
 
 // The score softmax sees, from x = q.k * scale * log2(e) (scores live in the exp2 domain):
-// masked_score() where the pair is hidden. `check` false skips the mask for tiles known to be
-// fully visible (tile_needs_mask), so unmasked tiles pay nothing for it.
-// With SOFTCAP, x first becomes c tanh(x / c) (in the exp2 domain: C tanh(x / C), C = c
-// log2(e)); then ALiBi's term (alibi_term) and the bias (pair_bias) are added; through_softcap
-// takes the softcap's slope from the finished score. `begin_head` must have run for the row's
-// head.
+// the score modifiers in turn (`score_chain`, generated from src/modifiers/: the softcap,
+// then ALiBi's term and the bias), or masked_score() where the pair is hidden. `check` false
+// skips the mask for tiles known to be fully visible (tile_needs_mask), so unmasked tiles pay
+// nothing for it. `begin_head` must have run for the row's head.
 fn finish_score(x: f32, i: u32, j: u32, check: bool) -> f32 {
-    var s = x;
-    if (SOFTCAP()) {
-        s = params.softcap2 * tanh(x / params.softcap2);
-    }
-    if (ALIBI()) {
-        s += alibi_term(i, j);
-    }
-    if (BIAS()) {
-        s += pair_bias(i, j);
-    }
-    return select(masked_score(), s, !check | visible(i, j));
+    return select(masked_score(), score_chain(x, i, j), !check | visible(i, j));
+}
+
+// finish_score for the backward: with d(score)/dx, which dS takes (`pair_grads`).
+fn finish_pair(x: f32, i: u32, j: u32, check: bool) -> Finished {
+    var f = score_chain_slope(x, i, j);
+    f.s = select(masked_score(), f.s, !check | visible(i, j));
+    return f;
 }
 
 // Online softmax: the running max after a tile whose max is m_tile, and the factor alpha that
@@ -777,51 +585,6 @@ fn recompute_p(s: f32, lse2: f32) -> f32 {
     return select(select(exp2(x), 1.0, x > 0.0), 0.0, s == neg_inf());
 }
 
-// ---- Dropout: the RNG and the factor each pair's probability takes. The same function
-// decides in the forward and in the backward (which so regenerates the forward's mask), and
-// src/dropout.rs (`Dropout::keeps`) defines it for the reference and the CUDA kernels.
-
-// The high 32 bits of the 64-bit product a * b (WGSL has no wide multiply): from 16-bit halves.
-fn mul_hi(a: u32, b: u32) -> u32 {
-    let a0 = a & 0xffffu;
-    let a1 = a >> 16u;
-    let b0 = b & 0xffffu;
-    let b1 = b >> 16u;
-    let mid1 = a1 * b0;
-    let mid2 = a0 * b1;
-    let carry = (((a0 * b0) >> 16u) + (mid1 & 0xffffu) + (mid2 & 0xffffu)) >> 16u;
-    return a1 * b1 + (mid1 >> 16u) + (mid2 >> 16u) + carry;
-}
-
-// Philox 4x32-10: four random words at counter `ctr` under `key`.
-fn philox4x32_10(ctr: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
-    var c = ctr;
-    var k = key;
-    for (var round = 0u; round < 10u; round++) {
-        let m0 = 0xD2511F53u;
-        let m1 = 0xCD9E8D57u;
-        c = vec4<u32>(mul_hi(m1, c.z) ^ c.y ^ k.x, m1 * c.z, mul_hi(m0, c.x) ^ c.w ^ k.y, m0 * c.x);
-        k += vec2<u32>(0x9E3779B9u, 0xBB67AE85u);
-    }
-    return c;
-}
-
-// The factor pair (query row i, key j) of the current head (`begin_head`) takes with DROPOUT:
-// 0 when dropped, 1 / (1 - p) when kept; 1 without DROPOUT, which folds away. The pair takes
-// word j % 4 of the block at counter (offset + j / 4 as 64 bits, i, batch * heads_q + h) under
-// the seed, with the whole call's indices (a windowed call's part adds its bases).
-fn dropout_scale(i: u32, j: u32) -> f32 {
-    if (!DROPOUT()) {
-        return 1.0;
-    }
-    let gi = params.q_base + i;
-    let gj = params.kv_base + j;
-    let lo = params.offset_lo + (gj >> 2u);
-    let hi = params.offset_hi + select(0u, 1u, lo < params.offset_lo);
-    var r = philox4x32_10(vec4<u32>(lo, hi, gi, head_stream), vec2<u32>(params.seed_lo, params.seed_hi));
-    return select(0.0, params.drop_scale, r[gj & 3u] >= params.drop_threshold);
-}
-
 // Backward: P * (dP - delta), the gradient at the finished score (delta = rowsum(dO * O)), which
 // is the bias's gradient. A hidden pair (P exactly 0) gets exactly 0, whatever dP holds
 // (dP = dO . v sees the pair's v).
@@ -829,22 +592,15 @@ fn finished_grad(p: f32, dp: f32, delta: f32) -> f32 {
     return select(p * (dp - delta), 0.0, p == 0.0);
 }
 
-// Backward: dS, the gradient at the scaled score q.k * scale, from g = finished_grad: through
-// the softcap where there is one. (i, j): the pair, whose ALiBi term and bias the softcap's
-// slope takes out of its finished score s.
-fn through_softcap(finished: f32, p: f32, s: f32, i: u32, j: u32) -> f32 {
-    var g = finished;
-    if (SOFTCAP()) {
-        // through the softcap: d(C tanh(x / C)) / dx = 1 - (t / C)^2 at the capped score t
-        let t = (s - alibi_term(i, j) - pair_bias(i, j)) / params.softcap2;
-        g = g * (1.0 - t * t);
-    }
-    // a hidden pair's s is -inf, whose slope would turn its 0 into NaN
-    return select(g, 0.0, p == 0.0);
+// Backward: dS, the gradient at the scaled score q.k * scale, from g = finished_grad and
+// d(score)/dx (`Finished::slope`: the softcap's, 1 without a score transform).
+fn through_score(g: f32, p: f32, slope: f32) -> f32 {
+    // a hidden pair's slope may be NaN (an -inf score), which would turn its 0 into NaN
+    return select(g * slope, 0.0, p == 0.0);
 }
 
-// Backward, one pair from its finished score s, the row's lse (exp2 domain), dP = dO . v and
-// delta: the weight of the row's dO in dV (P, times the dropout factor Z) and dS, whose dP
+// Backward, one pair from its finished score and slope (`finish_pair`), the row's lse (exp2
+// domain), dP = dO . v and delta: the weight of the row's dO in dV (P, times the dropout factor Z) and dS, whose dP
 // takes Z too (out used P Z). Every tiled backward kernel goes through this; the dQ kernels
 // of a call that asks for d_bias also keep the gradient at the finished score there
 // (`keep_bias_grad`, from the generated prelude; nothing elsewhere).
@@ -853,12 +609,12 @@ struct PairGrads {
     ds: f32,
 }
 
-fn pair_grads(s: f32, lse2: f32, dp: f32, delta: f32, i: u32, j: u32) -> PairGrads {
-    let p = recompute_p(s, lse2);
+fn pair_grads(f: Finished, lse2: f32, dp: f32, delta: f32, i: u32, j: u32) -> PairGrads {
+    let p = recompute_p(f.s, lse2);
     let z = dropout_scale(i, j);
     let g = finished_grad(p, dp * z, delta);
     keep_bias_grad(i, j, g);
-    return PairGrads(p * z, through_softcap(g, p, s, i, j));
+    return PairGrads(p * z, through_score(g, p, f.slope));
 }
 
 fn pos_inf() -> f32 {

@@ -92,7 +92,7 @@ fn main(
             var ds = dot_tile(OV, ODO, ty, tx);
             for (var i = 0u; i < TM; i++) {
                 for (var j = 0u; j < TN; j++) {
-                    let sc = finish_score(p[i][j], q0 + tx + j * NTX, kv0 + ty * TM + i, masked);
+                    let sc = finish_pair(p[i][j], q0 + tx + j * NTX, kv0 + ty * TM + i, masked);
                     let g = pair_grads(sc, lse2[j], ds[i][j], dl[j], q0 + tx + j * NTX, kv0 + ty * TM + i);
                     p[i][j] = g.pz;
                     ds[i][j] = g.ds;

@@ -95,7 +95,7 @@ fn main(
 
             for (var k = 0u; k < RPR; k++) {
                 let r = part + k * TPR;
-                let sc = finish_score(fs[c * BR + r] * params.scale_log2, q0 + r, key, masked);
+                let sc = finish_pair(fs[c * BR + r] * params.scale_log2, q0 + r, key, masked);
                 let g = pair_grads(sc, rows[r], fs[FDP + c * BR + r], rows[BR + r], q0 + r, key);
                 hs[OP + c * BR + r] = f16(g.pz);
                 hs[ODS + c * BR + r] = f16(g.ds);

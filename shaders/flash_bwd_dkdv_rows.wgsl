@@ -53,7 +53,7 @@ fn visit_tile(guard: bool, lane: u32, q0: u32, key0: u32) {
             var pr = array<f32, RPT>();
             var dsr = array<f32, RPT>();
             for (var kk = 0u; kk < RPT; kk++) {
-                let sc = finish_score(x[kk], q0 + r, key0 + kk * NT, guard);
+                let sc = finish_pair(x[kk], q0 + r, key0 + kk * NT, guard);
                 let g = pair_grads(sc, lse_r, x[RPT + kk], delta_r, q0 + r, key0 + kk * NT);
                 pr[kk] = g.pz;
                 dsr[kk] = g.ds;

@@ -80,7 +80,7 @@ fn main(
         let dp = dot_tile(ODO, OV, ty, tx);
         for (var i = 0u; i < TM; i++) {
             for (var j = 0u; j < TN; j++) {
-                let sc = finish_score(ds[i][j], q0 + ty * TM + i, kv0 + tx + j * NTX, masked);
+                let sc = finish_pair(ds[i][j], q0 + ty * TM + i, kv0 + tx + j * NTX, masked);
                 ds[i][j] = pair_grads(sc, lse2[i], dp[i][j], dl[i], q0 + ty * TM + i, kv0 + tx + j * NTX).ds;
             }
         }

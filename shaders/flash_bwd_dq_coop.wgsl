@@ -83,7 +83,7 @@ fn main(
 
         for (var k = 0u; k < CPR; k++) {
             let c = part + k * TPR;
-            let sc = finish_score(fs[r * BC + c] * params.scale_log2, i, kv0 + c, masked);
+            let sc = finish_pair(fs[r * BC + c] * params.scale_log2, i, kv0 + c, masked);
             hs[ODS + r * BC + c] = f16(pair_grads(sc, lse2, fs[FDP + r * BC + c], dl, i, kv0 + c).ds);
         }
         workgroupBarrier(); // dS is in; S and dP are dead

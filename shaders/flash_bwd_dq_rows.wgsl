@@ -43,7 +43,7 @@ fn visit_tile(guard: bool, lane: u32, row0: u32, kv0: u32) {
         let x = dots_rows(c, lane);
         var dsc = array<f32, RPT>();
         for (var rr = 0u; rr < RPT; rr++) {
-            let sc = finish_score(x[rr], row0 + rr * NT, kv0 + c, guard);
+            let sc = finish_pair(x[rr], row0 + rr * NT, kv0 + c, guard);
             dsc[rr] = pair_grads(sc, lse2[rr], x[RPT + rr], delta_i[rr], row0 + rr * NT, kv0 + c).ds;
         }
         add_dq_rows(dsc, guard);

@@ -1,6 +1,7 @@
-// Standard attention backward, step 3: dS = P * (dP - delta), written over dP (times the
-// softcap's slope, at the score P gives back: s = log2(P) + lse2, less ALiBi's term and the
-// bias); P * (dP - delta) itself is kept for d_bias where the call asks for it.
+// Standard attention backward, step 3: dS = P * (dP - delta), written over dP (times
+// d(score)/dx where a score transform such as the softcap is on, at the raw score x, which
+// this recomputes: the naive path keeps P alone); P * (dP - delta) itself is kept for d_bias
+// where the call asks for it.
 // One thread per element.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
@@ -14,5 +15,16 @@ fn item(e: u32) {
     let j = e % params.seq_kv;
     let g = finished_grad(p, ds[e] * dropout_scale(at.i, j), pair.y);
     keep_bias_grad(at.i, j, g);
-    ds[e] = through_softcap(g, p, log2(p) + pair.x, at.i, j);
+    var slope = 1.0;
+    if (SCORE_TRANSFORMED() && p != 0.0) {
+        let qb = q_at(at.b, at.i, at.h, 0u);
+        let kb = k_at(at.b, j, at.h / params.group, 0u);
+        // as naive_bwd_probs, so that x is the score it finished
+        var x = 0.0;
+        for (var d = 0u; d < HEAD_DIM; d++) {
+            x = fma(load_q(qb + d), load_k(kb + d), x);
+        }
+        slope = score_chain_slope(x * params.scale_log2, at.i, j).slope;
+    }
+    ds[e] = through_score(g, p, slope);
 }

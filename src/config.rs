@@ -396,109 +396,7 @@ impl AttentionConfig {
                 self.heads_q, self.heads_kv
             )));
         }
-        for (side, v) in [("left", self.window.left), ("right", self.window.right)] {
-            if let Some(v) = v {
-                if v > Window::MAX_SIDE {
-                    return Err(Error::invalid(format!(
-                        "window.{side} must be at most {} (or None: unbounded), got {v}",
-                        Window::MAX_SIDE
-                    )));
-                }
-            }
-        }
-        if let Some(c) = self.softcap {
-            if !(c.is_finite() && c > 0.0) {
-                return Err(Error::invalid(format!(
-                    "softcap must be a finite number above 0 (or None: off), got {c}"
-                )));
-            }
-        }
-        let (per_head, per_batch) = (self.heads_q, self.batch.saturating_mul(self.heads_q));
-        check_values(
-            "alibi_slopes",
-            &self.alibi_slopes,
-            &[per_head, per_batch],
-            &format!(
-                "heads_q = {per_head} slopes ([heads_q]) or batch x heads_q = {per_batch} \
-                 ([batch, heads_q])"
-            ),
-        )?;
-        check_values(
-            "sinks",
-            &self.sinks,
-            &[per_head],
-            &format!("one logit per query head ([heads_q] = [{per_head}])"),
-        )?;
-        if let Some(s) = &self.seqlens_kv {
-            if s.len() != self.batch {
-                return Err(Error::invalid(format!(
-                    "seqlens_kv must hold one key length per batch ([batch] = [{}]), got {}",
-                    self.batch,
-                    s.len()
-                )));
-            }
-            if let Some((b, n)) = s.iter().enumerate().find(|(_, &n)| n > self.seq_kv) {
-                return Err(Error::invalid(format!(
-                    "seqlens_kv[{b}] must be at most seq_kv = {}, got {n}",
-                    self.seq_kv
-                )));
-            }
-        }
-        if let Some(s) = &self.leftpad_kv {
-            if s.len() != self.batch {
-                return Err(Error::invalid(format!(
-                    "leftpad_kv must hold one start per batch ([batch] = [{}]), got {}",
-                    self.batch,
-                    s.len()
-                )));
-            }
-            if let Some((b, &n)) = s.iter().enumerate().find(|&(b, &n)| n > self.kv_len(b)) {
-                return Err(Error::invalid(format!(
-                    "leftpad_kv[{b}] must be at most batch {b}'s key length {}, got {n}",
-                    self.kv_len(b)
-                )));
-            }
-        }
-        if let Some(p) = &self.paged {
-            p.check(self.batch, self.seq_kv)?;
-            if self.varlen.is_some() {
-                return Err(Error::invalid(
-                    "paged: a paged call is a padded batch of sequences; varlen must be None",
-                ));
-            }
-        }
-        if self.align_to_seqlens && self.seqlens_kv.is_none() {
-            return Err(Error::invalid(
-                "align_to_seqlens needs seqlens_kv (the key lengths to align to), got None",
-            ));
-        }
-        if let Some(d) = &self.dropout {
-            if !(d.p >= 0.0 && d.p < 1.0) {
-                return Err(Error::invalid(format!(
-                    "dropout.p must be in [0, 1) (or dropout None: off), got {}",
-                    d.p
-                )));
-            }
-        }
-        if let Some(m) = &self.block_mask {
-            m.validate(self.batch, self.heads_q, self.seq_q, self.seq_kv)?;
-        }
-        if let Some(m) = &self.mask {
-            m.validate(self.batch, self.heads_q, self.seq_q, self.seq_kv)?;
-        }
-        if let Some(b) = &self.bias {
-            b.validate(self.batch, self.heads_q, self.seq_q, self.seq_kv)?;
-        }
-        if let Some(v) = &self.varlen {
-            v.validate(self.batch, self.seq_q, self.seq_kv)?;
-            if self.per_batch_keys() {
-                return Err(Error::invalid(
-                    "seqlens_kv and leftpad_kv must be None in a varlen call (cu_seqlens_kv \
-                     gives each sequence's keys), got one of them"
-                        .to_string(),
-                ));
-            }
-        }
+        crate::modifiers::check_all(self)?;
         if let Some(s) = self.softmax_scale {
             if !s.is_finite() {
                 return Err(Error::invalid(format!(
@@ -619,7 +517,7 @@ pub(crate) fn check_pair_tensor(
 }
 
 /// Per-head f32 values (`name`): one of the `lengths` (described by `expected`) and finite.
-fn check_values(
+pub(crate) fn check_values(
     name: &str,
     values: &Option<Vec<f32>>,
     lengths: &[usize],

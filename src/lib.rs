@@ -30,26 +30,24 @@
 
 pub mod backend;
 pub mod backward;
-pub mod bias;
-pub mod block_mask;
-pub mod bool_mask;
 mod checks;
 pub mod config;
 pub mod cuda;
 pub mod device;
-pub mod dropout;
 pub mod dtype;
 pub mod error;
 pub mod forward;
 pub mod kvcache;
 pub mod merge;
-pub mod paged;
+pub mod modifiers;
 mod record;
 pub mod rotary;
 pub mod tensor;
 #[doc(hidden)]
 pub mod unstable;
-pub mod varlen;
+
+// The modifiers' public types keep their paths (`flash_attn_wgpu::bias::ScoreBias`, ...).
+pub use modifiers::{bias, block_mask, bool_mask, dropout, paged, varlen};
 
 // Internal paths stay `crate::plan` etc. inside the crate.
 use unstable::{kernels, plan, reference, roofline};

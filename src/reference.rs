@@ -30,7 +30,7 @@ pub struct RefGradients {
 /// seq_q, or i + seqlens_kv[b] - seq_q with align_to_seqlens) and j; `None` when they lie in different sequences of a varlen call. Varlen: row i
 /// of sequence s is i - cu_q[s] of a call of len_q(s) rows and len_kv(s) keys, key j is
 /// j - cu_kv[s].
-fn aligned(cfg: &AttentionConfig, b: usize, i: usize, j: usize) -> Option<(i64, i64)> {
+pub(crate) fn aligned(cfg: &AttentionConfig, b: usize, i: usize, j: usize) -> Option<(i64, i64)> {
     let Some(v) = &cfg.varlen else {
         // with align_to_seqlens, batch b's keys end at seqlens_kv[b]
         let keys = match (&cfg.seqlens_kv, cfg.align_to_seqlens) {
@@ -111,44 +111,20 @@ fn raw_score(
     dot * cfg.scale() as f64
 }
 
-/// The score after the softcap (c tanh(s / c)), or `s` without one.
-fn softcapped(cfg: &AttentionConfig, s: f64) -> f64 {
-    match cfg.softcap {
-        Some(c) => c as f64 * (s / c as f64).tanh(),
-        None => s,
-    }
+/// The score softmax sees for a visible pair: scaled, then each score modifier in turn
+/// (softcap, ALiBi, the bias: `modifiers::reference_chain`).
+fn score(cfg: &AttentionConfig, q: &[f32], k: &[f32], at: (usize, usize, usize, usize)) -> f64 {
+    crate::modifiers::reference_chain(cfg, at, raw_score(cfg, q, k, at)).0
 }
 
-/// d softcapped(s) / ds = 1 - tanh^2(s / c), at the raw score of pair (i, j).
-fn softcap_slope(
+/// d(score) / d(raw score) of pair (i, j): the score modifiers' slopes (the softcap's).
+fn score_slope(
     cfg: &AttentionConfig,
     q: &[f32],
     k: &[f32],
     at: (usize, usize, usize, usize),
 ) -> f64 {
-    let Some(c) = cfg.softcap else { return 1.0 };
-    let t = (raw_score(cfg, q, k, at) / c as f64).tanh();
-    1.0 - t * t
-}
-
-/// ALiBi's bias for pair (i, j) of (batch b, head h): -slope * |i' - j|, i' = i + seq_kv -
-/// seq_q (per sequence with varlen); 0 without ALiBi or for a pair of two sequences (hidden).
-fn alibi_bias(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) -> f64 {
-    let (Some(slope), Some((ip, j))) = (cfg.alibi_slope(b, h), aligned(cfg, b, i, j)) else {
-        return 0.0;
-    };
-    -(slope as f64) * (ip - j).abs() as f64
-}
-
-/// The additive bias's entry for pair (i, j) of (batch b, head h); 0 without a bias.
-fn added_bias(cfg: &AttentionConfig, at: (usize, usize, usize, usize)) -> f64 {
-    cfg.bias.as_ref().map_or(0.0, |b| b.value(at) as f64)
-}
-
-/// The score softmax sees for a visible pair: scaled, softcapped, plus ALiBi's bias and the
-/// additive bias.
-fn score(cfg: &AttentionConfig, q: &[f32], k: &[f32], at: (usize, usize, usize, usize)) -> f64 {
-    softcapped(cfg, raw_score(cfg, q, k, at)) + alibi_bias(cfg, at) + added_bias(cfg, at)
+    crate::modifiers::reference_chain(cfg, at, raw_score(cfg, q, k, at)).1
 }
 
 /// Probabilities of one query row (zeros where masked; all zero when no key is visible),
@@ -383,7 +359,7 @@ fn backward_impl(
                         let (bb, bh) = (b.min(bias.batch - 1), h.min(bias.heads - 1));
                         db[((bb * bias.heads + bh) * cfg.seq_q + i) * cfg.seq_kv + j] += finished;
                     }
-                    let ds = finished * softcap_slope(cfg, q, k, (b, h, i, j));
+                    let ds = finished * score_slope(cfg, q, k, (b, h, i, j));
                     let ko = ki(cfg, b, j, hk);
                     for x in 0..d {
                         dv[ko + x] += p[j] * z[j] * d_out[oo + x] as f64;

@@ -82,16 +82,7 @@ fn a_compile_error_is_a_typed_error_with_the_log() {
         dtype: DType::BF16,
         head_dim: 64,
         arch: 75,
-        softcap: false,
-        alibi: false,
-        sinks: false,
-        seqlens: false,
-        dropout: false,
-        blocks: false,
-        varlen: false,
-        mask: false,
-        bias: false,
-        paged: false,
+        flags: 0,
         decode_rows: 0,
     };
     match nvrtc.compile(&key) {

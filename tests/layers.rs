@@ -7,16 +7,11 @@
 use std::path::Path;
 
 /// The spec layer: files and folders under src/.
-const SPEC: [&str; 13] = [
+const SPEC: [&str; 8] = [
     "config.rs",
     "dtype.rs",
     "error.rs",
-    "dropout.rs",
-    "block_mask.rs",
-    "bool_mask.rs",
-    "bias.rs",
-    "varlen.rs",
-    "paged.rs",
+    "modifiers",
     "rotary.rs",
     "reference.rs",
     "kernels",

@@ -191,6 +191,9 @@ fn sources() -> Vec<(String, String)> {
         .iter()
         .map(|k| (format!("{}.wgsl", k.name()), k.source().to_string()))
         .collect();
+    v.extend(
+        flash_attn_wgpu::modifiers::wgsl_snippets().map(|(name, text)| (name, text.to_string())),
+    );
     v.push((
         "common.wgsl".into(),
         include_str!("../shaders/common.wgsl").into(),

@@ -231,16 +231,7 @@ impl CudaContext {
         if kernel == CudaKernel::Decode {
             key.decode_rows = decode_geometry(cfg).rows;
         }
-        key.softcap = cfg.softcap.is_some();
-        key.alibi = cfg.alibi_slopes.is_some();
-        key.sinks = cfg.sinks.is_some();
-        key.seqlens = cfg.per_batch_keys();
-        key.dropout = cfg.dropout.is_some();
-        key.blocks = cfg.block_mask.is_some();
-        key.varlen = cfg.varlen.is_some();
-        key.mask = cfg.mask.is_some();
-        key.bias = cfg.bias.is_some();
-        key.paged = cfg.paged.is_some();
+        key.flags = crate::kernels::flags::of(cfg) & super::kernels::CUDA_COMPILED;
         let shape = AttnShape::new(cfg)?;
         for l in key.launches(cfg) {
             if l.grid.1 > 65_535 || l.grid.2 > 65_535 {

@@ -4,13 +4,32 @@
 //! The geometry lives here only: it reaches the CUDA C as `-D` defines, so the host and the
 //! kernel cannot disagree about block sizes or shared memory.
 
+use crate::kernels::flags;
 use crate::{AttentionConfig, DType, Error, Result};
 
 /// What every kernel shares (cuda/common.cuh: element types, the call's scalars, masking),
-/// put before each program's source.
+/// put before each program's source, with the modifiers' functions at its `@modifiers` line
+/// ([`common`]).
 pub const COMMON: &str = include_str!("../../cuda/common.cuh");
 
-/// The tensor-core kernels' helpers (cuda/mma.cuh), put after [`COMMON`] in their programs.
+/// Where [`COMMON`] takes the modifiers' CUDA functions (cuda/modifiers/).
+const MODIFIERS_AT: &str = "// @modifiers:";
+
+/// [`COMMON`] with the modifiers' CUDA functions (src/modifiers/, cuda/modifiers/) in place.
+pub fn common() -> String {
+    let at = COMMON
+        .find(MODIFIERS_AT)
+        .expect("cuda/common.cuh has its @modifiers line");
+    format!(
+        "{}{}
+{}",
+        &COMMON[..at],
+        crate::modifiers::cuda_snippets(),
+        &COMMON[at..]
+    )
+}
+
+/// The tensor-core kernels' helpers (cuda/mma.cuh), put after [`common`] in their programs.
 pub const MMA: &str = include_str!("../../cuda/mma.cuh");
 
 /// Warps per block of the tensor-core kernels, 16 resident rows (query rows, or keys in
@@ -132,12 +151,13 @@ impl CudaKernel {
     }
 
     /// The program NVRTC compiles: the call's scalars ([`ATTN_SHAPE_C`]), the shared
-    /// helpers ([`COMMON`], and [`MMA`] for the tensor-core kernels), then the kernel.
+    /// helpers ([`common`], and [`MMA`] for the tensor-core kernels), then the kernel.
     pub fn program(self) -> String {
+        let common = common();
         if self.tensor_cores() {
-            format!("{ATTN_SHAPE_C}\n{COMMON}\n{MMA}\n{}", self.source())
+            format!("{ATTN_SHAPE_C}\n{common}\n{MMA}\n{}", self.source())
         } else {
-            format!("{ATTN_SHAPE_C}\n{COMMON}\n{}", self.source())
+            format!("{ATTN_SHAPE_C}\n{common}\n{}", self.source())
         }
     }
 }
@@ -197,7 +217,7 @@ pub struct AttnShape {
     pub window: i32,
     pub band_lo: i32,
     pub band_hi: i32,
-    /// With a softcap (compiled in: `CudaKey::softcap`): c * log2(e).
+    /// With a softcap (compiled in: SOFTCAP in `CudaKey::flags`): c * log2(e).
     pub softcap2: f32,
     /// ALiBi, sinks and key lengths (compiled in): extras words between batches' slopes (0:
     /// one per head), the extras word of head 0's sink and of batch 0's key range (length,
@@ -212,7 +232,7 @@ pub struct AttnShape {
     /// Keys before it are hidden: 0 here; the kernels set a batch's own first key
     /// (`for_batch`, `AttentionConfig::leftpad_kv`).
     pub kv_start: u32,
-    /// Dropout (compiled in: `CudaKey::dropout`; 0 and 1 without it): Philox words below
+    /// Dropout (compiled in: DROPOUT in `CudaKey::flags`; 0 and 1 without it): Philox words below
     /// `drop_threshold` drop their pair ([`Dropout::threshold`](crate::Dropout::threshold)),
     /// kept pairs scale by `drop_scale` ([`Dropout::keep_scale`](crate::Dropout::keep_scale)),
     /// 1 / (1 - p), and the seed (the Philox key) and the stream offset (counter words 0, 1)
@@ -223,7 +243,7 @@ pub struct AttnShape {
     pub drop_seed_hi: u32,
     pub drop_offset_lo: u32,
     pub drop_offset_hi: u32,
-    /// A block mask (compiled in: `CudaKey::blocks`): the extras word of its first bit, the
+    /// A block mask (compiled in: BLOCKS in `CudaKey::flags`): the extras word of its first bit, the
     /// rows and keys per block, the block columns of a grid (ceil(seq_kv / block_kv)), and
     /// the bits between batches' and heads' grids (0 along a broadcast dimension), as
     /// `Params` on wgpu; without one blocks of 1 x 1 and nothing to read.
@@ -233,28 +253,28 @@ pub struct AttnShape {
     pub blocks_cols: u32,
     pub blocks_b_stride: u32,
     pub blocks_h_stride: u32,
-    /// Packed sequences (compiled in: `CudaKey::varlen`): the extras word of
+    /// Packed sequences (compiled in: VARLEN in `CudaKey::flags`): the extras word of
     /// `cu_seqlens_q[0]` (`cu_seqlens_kv` follows it) and the number of sequences, as
     /// `Params` on wgpu; 0 without them.
     pub varlen_base: u32,
     pub sequences: u32,
-    /// A boolean mask (compiled in: `CudaKey::mask`): the extras word of its first bit (the
+    /// A boolean mask (compiled in: MASK in `CudaKey::flags`): the extras word of its first bit (the
     /// mask's words follow every other extra on CUDA), the bits between batches'
     /// and heads' grids (0 along a broadcast dimension), and between rows (seq_kv).
     pub mask_base: u32,
     pub mask_b_stride: u32,
     pub mask_h_stride: u32,
     pub mask_cols: u32,
-    /// An additive bias (compiled in: `CudaKey::bias`): the extras word of its first entry
+    /// An additive bias (compiled in: BIAS in `CudaKey::flags`): the extras word of its first entry
     /// (after the boolean mask's words), and the entries between batches' and heads' grids
     /// (0 along a broadcast dimension); its rows are `mask_cols` entries apart.
     pub bias_base: u32,
     pub bias_b_stride: u32,
     pub bias_h_stride: u32,
-    /// Per-batch alignment (compiled in with `CudaKey::seqlens`): the call's seq_kv, from
+    /// Per-batch alignment (compiled in with SEQLENS in `CudaKey::flags`): the call's seq_kv, from
     /// which a batch's shift `seqlens_kv[b] - align_kv` is counted (`for_batch`); 0: off.
     pub align_kv: u32,
-    /// Paged K/V (compiled in with `CudaKey::paged`): the extras index of the block table's
+    /// Paged K/V (compiled in with PAGED in `CudaKey::flags`): the extras index of the block table's
     /// first entry, key rows per page, table entries per batch.
     pub pages_base: u32,
     pub page_size: u32,
@@ -372,6 +392,13 @@ pub fn index_fits(what: &str, n: u64) -> Result<()> {
     })
 }
 
+/// The modifier bits the CUDA kernels read at run time (`AttnShape::causal`, `window`; views
+/// are the wgpu path's); every other bit is compiled in ([`CudaKey::flags`]).
+pub const CUDA_RUNTIME: u32 = flags::CAUSAL | flags::WINDOW | flags::VIEWS;
+
+/// Every bit the CUDA kernels compile in.
+pub const CUDA_COMPILED: u32 = flags::every() & !CUDA_RUNTIME;
+
 /// One compiled variant: a kernel for one storage dtype, head dimension and GPU architecture
 /// (compute capability x 10 + y, e.g. 80 for sm_80, 90 for sm_90).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -380,32 +407,10 @@ pub struct CudaKey {
     pub dtype: DType,
     pub head_dim: u32,
     pub arch: u32,
-    /// A softcap, compiled in (`-DSOFTCAP=1`) so that calls without one pay nothing for it.
-    pub softcap: bool,
-    /// ALiBi slopes and attention sinks, compiled in (`-DALIBI=1`, `-DSINKS=1`) likewise.
-    pub alibi: bool,
-    pub sinks: bool,
-    /// Per-batch key lengths, compiled in (`-DSEQLENS=1`).
-    pub seqlens: bool,
-    /// Dropout on the probabilities, compiled in (`-DDROPOUT=1`): its Philox draws and the
-    /// lanes' exchanges of the flags are absent from the other variants.
-    pub dropout: bool,
-    /// A block mask (block-sparse attention), compiled in (`-DBLOCKS=1`): the tile skipping
-    /// and the per-pair block test are absent from the other variants.
-    pub blocks: bool,
-    /// Packed variable-length sequences, compiled in (`-DVARLEN=1`): the sequences'
-    /// boundaries, their tile skipping and the per-sequence masks are absent from the other
-    /// variants.
-    pub varlen: bool,
-    /// A boolean mask over pairs, compiled in (`-DMASK=1`): every visited tile tests each
-    /// pair's bit; absent from the other variants.
-    pub mask: bool,
-    /// An additive bias over pairs, compiled in (`-DBIAS=1`): every finished score reads its
-    /// entry, and the backward program has the bias's gradient kernel.
-    pub bias: bool,
-    /// K and V in pages through a block table, compiled in (`-DPAGED=1`): the forward kernels
-    /// read each key's row through the table (`kv_row`).
-    pub paged: bool,
+    /// The call's modifiers (`kernels::flags` bits, from src/modifiers/), each compiled in
+    /// as `-D{NAME}=1` (the others `=0`), so that calls without one pay nothing for it:
+    /// every bit but [`CUDA_RUNTIME`], which the kernels read from `AttnShape`.
+    pub flags: u32,
     /// The decode kernel's packed rows per block (`-DDECODE_ROWS`; [`decode_geometry`]
     /// picks them per call); 0 for the other kernels.
     pub decode_rows: u32,
@@ -503,16 +508,7 @@ impl CudaKey {
             dtype,
             head_dim,
             arch,
-            softcap: false,
-            alibi: false,
-            sinks: false,
-            seqlens: false,
-            dropout: false,
-            blocks: false,
-            varlen: false,
-            mask: false,
-            bias: false,
-            paged: false,
+            flags: 0,
             decode_rows: if kernel == CudaKernel::Decode {
                 DECODE_ROWS
             } else {
@@ -601,7 +597,7 @@ impl CudaKey {
         let mut launches = self.pass_launches(cfg, per_head);
         let backward = matches!(self.kernel, CudaKernel::Backward | CudaKernel::SimtBackward);
         // with sinks, the backward ends with their gradient: one block per query head
-        if self.sinks && backward {
+        if self.flags & flags::SINKS != 0 && backward {
             launches.push(Launch {
                 entry: "flash_sinks_grad",
                 grid: (cfg.heads_q as u32, 1, 1),
@@ -614,7 +610,7 @@ impl CudaKey {
         if let Some(b) = cfg
             .bias
             .as_ref()
-            .filter(|b| self.bias && b.grad && backward)
+            .filter(|b| self.flags & flags::BIAS != 0 && b.grad && backward)
         {
             launches.push(Launch {
                 entry: "flash_bias_reduce",
@@ -740,17 +736,12 @@ impl CudaKey {
             format!("-DHEAD_DIM={}", self.head_dim),
             format!("-DELEM_KIND={elem_kind}"),
             format!("-DBLOCK_N={}", self.block_keys()),
-            format!("-DSOFTCAP={}", u32::from(self.softcap)),
-            format!("-DALIBI={}", u32::from(self.alibi)),
-            format!("-DSINKS={}", u32::from(self.sinks)),
-            format!("-DSEQLENS={}", u32::from(self.seqlens)),
-            format!("-DDROPOUT={}", u32::from(self.dropout)),
-            format!("-DBLOCKS={}", u32::from(self.blocks)),
-            format!("-DVARLEN={}", u32::from(self.varlen)),
-            format!("-DMASK={}", u32::from(self.mask)),
-            format!("-DBIAS={}", u32::from(self.bias)),
-            format!("-DPAGED={}", u32::from(self.paged)),
         ];
+        for (bit, name) in flags::ALL {
+            if bit & CUDA_RUNTIME == 0 {
+                opts.push(format!("-D{name}={}", u32::from(self.flags & bit != 0)));
+            }
+        }
         if self.kernel.tensor_cores() {
             opts.push(format!("-DWARPS={WARPS}"));
             opts.push(format!("-DBLOCK_Q={}", self.block_queries()));
@@ -767,7 +758,7 @@ impl CudaKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {:?} head_dim {} sm_{}{}{}{}{}{}{}{}{}{}{}{}",
+            "{} {:?} head_dim {} sm_{}{}{}",
             self.kernel.name(),
             self.dtype,
             self.head_dim,
@@ -777,16 +768,11 @@ impl CudaKey {
             } else {
                 String::new()
             },
-            if self.softcap { " softcap" } else { "" },
-            if self.alibi { " alibi" } else { "" },
-            if self.sinks { " sinks" } else { "" },
-            if self.seqlens { " seqlens" } else { "" },
-            if self.dropout { " dropout" } else { "" },
-            if self.blocks { " blocks" } else { "" },
-            if self.varlen { " varlen" } else { "" },
-            if self.mask { " mask" } else { "" },
-            if self.bias { " bias" } else { "" },
-            if self.paged { " paged" } else { "" }
+            flags::ALL
+                .iter()
+                .filter(|(bit, _)| self.flags & bit != 0)
+                .map(|(_, name)| format!(" {}", name.to_ascii_lowercase()))
+                .collect::<String>()
         )
     }
 
@@ -839,16 +825,13 @@ impl CudaKey {
                 };
                 for &on in mods {
                     keys.push(CudaKey {
-                        softcap: on,
-                        alibi: on,
-                        sinks: on,
-                        seqlens: on,
-                        dropout: on,
-                        blocks: on,
-                        varlen: on && kernel != CudaKernel::Decode,
-                        mask: on,
-                        bias: on,
-                        paged: on,
+                        flags: if !on {
+                            0
+                        } else if kernel == CudaKernel::Decode {
+                            CUDA_COMPILED & !flags::VARLEN
+                        } else {
+                            CUDA_COMPILED
+                        },
                         ..base
                     });
                 }

@@ -7,56 +7,57 @@
 //! A bit a kernel never reads is compiled in as false; a call whose bits are all compiled or
 //! [`SPECIALIZED`] gets a lean pipeline that reads only the [`SPECIALIZED`] bits at run time.
 
+use crate::modifiers::{self as m, Data};
 use crate::AttentionConfig;
 
+// Each bit is its modifier's (src/modifiers/), named here for the kernels' catalogue.
 /// The causal mask (bottom-right aligned).
-pub const CAUSAL: u32 = 1 << 0;
+pub const CAUSAL: u32 = m::band::CAUSAL.bit;
 /// A sliding window (`Params::band_lo`, `band_hi`).
-pub const WINDOW: u32 = 1 << 1;
+pub const WINDOW: u32 = m::band::WINDOW.bit;
 /// A softcap (`Params::softcap2`): a tanh per score.
-pub const SOFTCAP: u32 = 1 << 2;
+pub const SOFTCAP: u32 = m::softcap::MODIFIER.bit;
 /// ALiBi slopes (the extras).
-pub const ALIBI: u32 = 1 << 3;
+pub const ALIBI: u32 = m::alibi::MODIFIER.bit;
 /// Attention sinks (the extras).
-pub const SINKS: u32 = 1 << 4;
+pub const SINKS: u32 = m::sinks::MODIFIER.bit;
 /// Per-batch key lengths (the extras).
-pub const SEQLENS: u32 = 1 << 5;
+pub const SEQLENS: u32 = m::seqlens::MODIFIER.bit;
 /// Dropout: a Philox block per four pairs.
-pub const DROPOUT: u32 = 1 << 6;
+pub const DROPOUT: u32 = m::dropout::MODIFIER.bit;
 /// A block mask (the extras).
-pub const BLOCKS: u32 = 1 << 7;
+pub const BLOCKS: u32 = m::block_mask::MODIFIER.bit;
 /// Packed variable-length sequences (the extras).
-pub const VARLEN: u32 = 1 << 8;
+pub const VARLEN: u32 = m::varlen::MODIFIER.bit;
 /// A boolean mask over pairs (the pair data).
-pub const MASK: u32 = 1 << 9;
+pub const MASK: u32 = m::bool_mask::MODIFIER.bit;
 /// An additive bias over pairs (the pair data): a load per score.
-pub const BIAS: u32 = 1 << 10;
+pub const BIAS: u32 = m::bias::MODIFIER.bit;
 /// K and V in pages through a block table (the pair data).
-pub const PAGED: u32 = 1 << 11;
+pub const PAGED: u32 = m::paged::MODIFIER.bit;
 /// Inputs read through strided views (`Params::views`), set per step at record time.
 pub const VIEWS: u32 = 1 << 12;
 
 /// Every bit with its WGSL name, in bit order.
-pub const ALL: [(u32, &str); 13] = [
-    (CAUSAL, "CAUSAL"),
-    (WINDOW, "WINDOW"),
-    (SOFTCAP, "SOFTCAP"),
-    (ALIBI, "ALIBI"),
-    (SINKS, "SINKS"),
-    (SEQLENS, "SEQLENS"),
-    (DROPOUT, "DROPOUT"),
-    (BLOCKS, "BLOCKS"),
-    (VARLEN, "VARLEN"),
-    (MASK, "MASK"),
-    (BIAS, "BIAS"),
-    (PAGED, "PAGED"),
-    (VIEWS, "VIEWS"),
-];
+pub const ALL: [(u32, &str); m::ALL.len()] = {
+    let mut all = [(0, ""); m::ALL.len()];
+    let mut i = 0;
+    while i < all.len() {
+        all[i] = (m::ALL[i].bit, m::ALL[i].name);
+        i += 1;
+    }
+    all
+};
+
+/// Every bit.
+pub const fn every() -> u32 {
+    (1 << ALL.len()) - 1
+}
 
 /// The bits compiled into pipelines by default: those whose work sits in the per-score path
 /// (softcap's tanh, dropout's Philox, the bias's load), and the boolean mask, whose run-time
 /// test cost more than 2% switched off on lavapipe (docs/PERFORMANCE.md).
-pub const COMPILED: u32 = SOFTCAP | DROPOUT | BIAS | MASK;
+pub const COMPILED: u32 = m::compiled_bits();
 
 /// The bits a call may have and still get the lean pipeline, which reads only these at run
 /// time (each costs nothing measurable when off) and compiles every other bit in: a call whose
@@ -68,9 +69,9 @@ pub const COMPILED: u32 = SOFTCAP | DROPOUT | BIAS | MASK;
 pub const SPECIALIZED: u32 = CAUSAL;
 
 /// The bits whose values live in the extras (a uniform array the pipeline binds).
-pub const IN_EXTRAS: u32 = ALIBI | SINKS | SEQLENS | BLOCKS | VARLEN;
+pub const IN_EXTRAS: u32 = m::bits_in(Data::Extras);
 /// The bits whose values live in the pair data (a storage array the pipeline binds).
-pub const IN_PAIRS: u32 = MASK | BIAS | PAGED;
+pub const IN_PAIRS: u32 = m::bits_in(Data::Pairs);
 
 /// `FLASH_ATTN_COMPILED_FLAGS`: which bits to compile in instead of [`COMPILED`], as a comma
 /// list of names (`all`, `none`), for measuring what a run-time bit costs (the bench and
@@ -101,23 +102,10 @@ pub fn parse(list: &str) -> u32 {
 
 /// The bits of a call (VIEWS, which belongs to tensors, is added at record time).
 pub fn of(cfg: &AttentionConfig) -> u32 {
-    [
-        (cfg.causal, CAUSAL),
-        (cfg.window.is_active(), WINDOW),
-        (cfg.softcap.is_some(), SOFTCAP),
-        (cfg.alibi_slopes.is_some(), ALIBI),
-        (cfg.sinks.is_some(), SINKS),
-        (cfg.per_batch_keys(), SEQLENS),
-        (cfg.dropout.is_some(), DROPOUT),
-        (cfg.block_mask.is_some(), BLOCKS),
-        (cfg.varlen.is_some(), VARLEN),
-        (cfg.mask.is_some(), MASK),
-        (cfg.bias.is_some(), BIAS),
-        (cfg.paged.is_some(), PAGED),
-    ]
-    .into_iter()
-    .filter(|(on, _)| *on)
-    .fold(0, |m, (_, b)| m | b)
+    m::ALL
+        .iter()
+        .filter(|m| (m.active)(cfg))
+        .fold(0, |bits, m| bits | m.bit)
 }
 
 /// Names of the set bits, for labels.
@@ -147,6 +135,14 @@ pub fn wgsl(runtime: u32, compiled_on: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_registry_gives_the_measured_sets() {
+        assert_eq!(COMPILED, SOFTCAP | DROPOUT | BIAS | MASK);
+        assert_eq!(IN_EXTRAS, ALIBI | SINKS | SEQLENS | BLOCKS | VARLEN);
+        assert_eq!(IN_PAIRS, MASK | BIAS | PAGED);
+        assert_eq!(ALL[12], (VIEWS, "VIEWS"));
+    }
 
     #[test]
     fn names_parse_back_to_their_bits() {

@@ -306,7 +306,8 @@ impl Kernel {
             Kernel::NaiveBwdProbs => const { &[Q, K, LSE, b("probs", F32, W)] },
             Kernel::NaiveBwdDp => const { &[D_OUT, V, b("dp", F32, W)] },
             // dS is written over dP; lse gives back the score a softcap differentiates at
-            Kernel::NaiveBwdDs => const { &[b("probs", F32, R), LSE_DELTA, b("ds", F32, W)] },
+            // q and k: the raw score where a score transform is on
+            Kernel::NaiveBwdDs => const { &[b("probs", F32, R), LSE_DELTA, b("ds", F32, W), Q, K] },
             Kernel::NaiveBwdDkDv => {
                 const {
                     &[
@@ -359,7 +360,7 @@ impl Kernel {
     }
 
     /// True when the kernel weighs values by probabilities (P V, P^T dO) or takes dP into dS:
-    /// those take the dropout factor (`dropout_scale` in common.wgsl).
+    /// those take the dropout factor (`dropout_scale` in shaders/modifiers/dropout.wgsl).
     pub fn applies_dropout(self) -> bool {
         self.is_tiled()
             || matches!(
@@ -432,7 +433,6 @@ impl Kernel {
                 | Kernel::FlashBwdBias
                 | Kernel::Merge
                 | Kernel::NaiveSoftmax
-                | Kernel::NaiveBwdDs
                 | Kernel::Cast
                 | Kernel::Rotary
                 | Kernel::Canary

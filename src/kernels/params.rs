@@ -172,7 +172,7 @@ impl Params {
     pub fn from_config(cfg: &crate::AttentionConfig) -> Params {
         let scale = cfg.scale();
         let x = extras_layout(cfg);
-        Params {
+        let mut p = Params {
             batch: cfg.batch as u32,
             seq_q: cfg.seq_q as u32,
             seq_kv: cfg.seq_kv as u32,
@@ -184,47 +184,20 @@ impl Params {
             scale,
             scale_log2: scale * std::f32::consts::LOG2_E,
             row_stride: cfg.seq_q as u32,
-            band_lo: band_offset(cfg.causal_offset(), cfg.band().0, -1),
-            band_hi: band_offset(cfg.causal_offset(), cfg.band().1, 1),
-            softcap2: cfg.softcap.map_or(0.0, |c| c * std::f32::consts::LOG2_E),
             alibi_b_stride: x.alibi_b_stride,
             sinks_base: x.sinks_base,
             seqlens_base: x.seqlens_base,
             blocks_base: x.blocks_base,
             varlen_base: x.varlen_base,
-            sequences: cfg.varlen.as_ref().map_or(0, |v| v.sequences() as u32),
-            mask_b_stride: cfg.mask.as_ref().map_or(0, |m| m.strides().0 as u32),
-            mask_h_stride: cfg.mask.as_ref().map_or(0, |m| m.strides().1 as u32),
-            bias_base: cfg.mask.as_ref().map_or(0, |m| m.words().len() as u32),
-            bias_b_stride: cfg.bias.as_ref().map_or(0, |b| b.strides().0 as u32),
-            bias_h_stride: cfg.bias.as_ref().map_or(0, |b| b.strides().1 as u32),
-            align_kv: if cfg.align_to_seqlens && cfg.seqlens_kv.is_some() {
-                cfg.seq_kv as u32
-            } else {
-                0
-            },
-            align_min_shift: (0..cfg.batch)
-                .map(|b| cfg.align_shift(b))
-                .min()
-                .unwrap_or(0)
-                .clamp(i32::MIN as i64, 0) as i32,
-            pages_base: (cfg.mask.as_ref().map_or(0, |m| m.words().len())
-                + cfg.bias.as_ref().map_or(0, |b| b.words().len())) as u32,
-            page_size: cfg.paged.as_ref().map_or(1, |p| p.page_size as u32),
-            pages_per_seq: cfg.paged.as_ref().map_or(1, |p| p.pages_per_seq as u32),
             // blocks of 1 x 1 until a mask says otherwise (never a division by zero)
             block_q: 1,
             block_kv: 1,
-            drop_threshold: cfg.dropout.map_or(0, |d| d.threshold()),
-            drop_scale: cfg.dropout.map_or(1.0, |d| d.keep_scale()),
-            seed_lo: cfg.dropout.map_or(0, |d| d.seed as u32),
-            seed_hi: cfg.dropout.map_or(0, |d| (d.seed >> 32) as u32),
-            offset_lo: cfg.dropout.map_or(0, |d| d.offset as u32),
-            offset_hi: cfg.dropout.map_or(0, |d| (d.offset >> 32) as u32),
             flags: super::flags::of(cfg),
             ..Default::default()
-        }
-        .with_block_grid(cfg)
+        };
+        // each modifier's own scalars (src/modifiers/)
+        crate::modifiers::encode_all(cfg, &mut p);
+        p.with_block_grid(cfg)
     }
 
     /// The block mask's geometry (block sizes, grid columns, strides between grids) and the
@@ -330,7 +303,7 @@ pub const BAND_UNBOUNDED: i64 = 1 << 30;
 
 /// A band side as the kernels compare it: causal_offset + side, or the unbounded stand-in
 /// (`sign` -1 for the low side, +1 for the high side).
-fn band_offset(causal_offset: i64, side: Option<i64>, sign: i64) -> i32 {
+pub(crate) fn band_offset(causal_offset: i64, side: Option<i64>, sign: i64) -> i32 {
     match side {
         Some(x) => (causal_offset + x).clamp(-BAND_UNBOUNDED, BAND_UNBOUNDED) as i32,
         None => (sign * BAND_UNBOUNDED) as i32,

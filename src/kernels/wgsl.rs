@@ -1,5 +1,5 @@
-//! WGSL assembly: a pipeline's source is a generated prelude, then `common.wgsl`, then the
-//! kernel body. The prelude is where everything that varies per pipeline enters:
+//! WGSL assembly: a pipeline's source is a generated prelude, then `common.wgsl` and the
+//! modifiers' snippets (shaders/modifiers/), then the kernel body. The prelude is where everything that varies per pipeline enters:
 //!
 //! - `struct Params`, from its one definition in `params.rs`;
 //! - shape constants (HEAD_DIM, BR, BC, ...) that size register and workgroup arrays;
@@ -278,6 +278,11 @@ impl KernelKey {
         }
         s.push_str(COMMON);
         s.push('\n');
+        for (_, snippet) in crate::modifiers::wgsl_snippets() {
+            s.push_str(snippet);
+            s.push('\n');
+        }
+        s.push_str(&crate::modifiers::wgsl_score_chain());
         if self.kernel.is_blocks_variant() {
             s.push_str(BLOCKS);
             s.push('\n');

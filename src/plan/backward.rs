@@ -207,7 +207,11 @@ fn naive_steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Pl
         };
         push(Kernel::NaiveBwdProbs, n_scores, vec![Q, K, LSE, probs]);
         push(Kernel::NaiveBwdDp, n_scores, vec![D_OUT, V, ds]);
-        push(Kernel::NaiveBwdDs, n_scores, vec![probs, LSE_DELTA, ds]);
+        push(
+            Kernel::NaiveBwdDs,
+            n_scores,
+            vec![probs, LSE_DELTA, ds, Q, K],
+        );
         push(
             Kernel::NaiveBwdDkDv,
             (count / group) * cfg.seq_kv * cfg.head_dim,

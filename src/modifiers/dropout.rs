@@ -1,7 +1,7 @@
 //! Dropout on the attention probabilities, and the counter-based RNG that decides it.
 //!
-//! Every kernel (WGSL: `dropout_scale` in shaders/common.wgsl; CUDA: `dropout_scale` in
-//! cuda/common.cuh) and the f64 reference decide each pair with the same function,
+//! Every kernel (WGSL: `dropout_scale` in shaders/modifiers/dropout.wgsl; CUDA: `dropout_bits`
+//! in cuda/modifiers/dropout.cuh) and the f64 reference decide each pair with the same function,
 //! [`Dropout::keeps`], so the backward regenerates exactly the forward's mask without storing it
 //! and tests can require the kernels' dropped set to equal the reference's.
 //!
@@ -13,6 +13,34 @@
 //! kept iff that word is at least `threshold = min(round(p * 2^32), 2^32 - 1)`, so each pair is
 //! dropped with probability p (to within 2^-32). A caller that draws fresh masks for repeated
 //! calls with one seed advances `offset` by at least `ceil(seq_kv / 4)` per call.
+
+/// A Philox block per four pairs: compiled in (docs/PERFORMANCE.md).
+pub(crate) const MODIFIER: super::Modifier = super::Modifier {
+    name: "DROPOUT",
+    bit: 1 << 6,
+    compiled: true,
+    data: super::Data::Params,
+    active: |cfg| cfg.dropout.is_some(),
+    check: |cfg| match &cfg.dropout {
+        Some(d) if !(d.p >= 0.0 && d.p < 1.0) => Err(crate::Error::invalid(format!(
+            "dropout.p must be in [0, 1) (or dropout None: off), got {}",
+            d.p
+        ))),
+        _ => Ok(()),
+    },
+    encode: |cfg, p| {
+        let d = cfg.dropout;
+        p.drop_threshold = d.map_or(0, |d| d.threshold());
+        p.drop_scale = d.map_or(1.0, |d| d.keep_scale());
+        p.seed_lo = d.map_or(0, |d| d.seed as u32);
+        p.seed_hi = d.map_or(0, |d| (d.seed >> 32) as u32);
+        p.offset_lo = d.map_or(0, |d| d.offset as u32);
+        p.offset_hi = d.map_or(0, |d| (d.offset >> 32) as u32);
+    },
+    score: super::Score::None,
+    wgsl: include_str!("../../shaders/modifiers/dropout.wgsl"),
+    cuda: include_str!("../../cuda/modifiers/dropout.cuh"),
+};
 
 /// Dropout of attention probabilities: each (row, key) pair of the softmax is dropped with
 /// probability `p`; kept ones scale by `1 / (1 - p)`. The lse returned is that of the
