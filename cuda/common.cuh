@@ -186,9 +186,15 @@ __device__ __forceinline__ int band_shift(const CallShape& p, unsigned int s) {
 }
 #endif
 
+#ifndef SCORE_MOD
+#define SCORE_MOD 0
+#endif
 struct HeadMods {
     float slope2; // the ALiBi slope times log2(e)
     float sink2;  // the sink times log2(e)
+#if SCORE_MOD
+    unsigned int b, h; // the batch and query head, which a user's score_mod takes
+#endif
 #if BLOCKS
     const float* blocks; // the block mask's words (the extras from blocks_base)
     unsigned int grid;   // the bit of block (0, 0) of this (batch, query head)'s grid
@@ -207,6 +213,10 @@ __device__ __forceinline__ HeadMods head_mods(const AttnShape& p, const float* _
     HeadMods m;
     m.slope2 = 0.f;
     m.sink2 = 0.f;
+#if SCORE_MOD
+    m.b = b;
+    m.h = h;
+#endif
 #if ALIBI
     m.slope2 = extras[b * p.alibi_b_stride + h] * LOG2E;
 #endif

@@ -378,6 +378,9 @@ var<private> head_grads: u32;
 var<private> head_shift: i32;
 
 fn begin_head(b: u32, h: u32) {
+    // for a user's score_mod (its arguments); a dead store elsewhere
+    head_b = params.batch_base + b;
+    head_h = h;
     if (BLOCKS()) {
         head_blocks = blocks_grid(b, h);
     }

@@ -120,6 +120,10 @@ pub struct AttentionConfig {
     /// sequence attends only within itself, with causal, window and ALiBi aligned per
     /// sequence. [`AttentionConfig::packed`] builds such a call. `None`: padded batches.
     pub varlen: Option<Varlen>,
+    /// A user-defined score modifier (FlexAttention's `score_mod`): WGSL (and CUDA C) that
+    /// every kernel applies to each visible pair's score after the built-in modifiers, with
+    /// its derivative in the backward ([`crate::ScoreMod`]). None: off.
+    pub score_mod: Option<crate::ScoreMod>,
     /// `None` means `1 / sqrt(head_dim)`.
     pub softmax_scale: Option<f32>,
     /// Tiled (FlashAttention, the default) or naive (for comparison).
@@ -232,6 +236,7 @@ impl AttentionConfig {
             mask: None,
             bias: None,
             varlen: None,
+            score_mod: None,
             softmax_scale: None,
             algorithm: Algorithm::default(),
             kv_splits: None,

@@ -144,6 +144,21 @@ pub enum Error {
         tensor: String,
     },
 
+    /// User-written kernel code (a [`crate::ScoreMod`]) that breaks a rule or that the shader
+    /// compiler refuses: the compiler's message, and the line in the user's snippet.
+    #[error(
+        "{what}{}: {message}",
+        line.map_or(String::new(), |l| format!(", line {l} of the snippet"))
+    )]
+    UserCode {
+        /// Which snippet (`score_mod WGSL`, `score_mod CUDA`).
+        what: String,
+        /// The line in the snippet (1-based), where the compiler gives one.
+        line: Option<usize>,
+        /// What is wrong.
+        message: String,
+    },
+
     /// A feature this backend does not implement (docs/FEATURES.md lists each).
     #[error("{feature} is not supported on the {backend} backend: {reason}")]
     Unsupported {

@@ -47,6 +47,7 @@ pub mod tensor;
 pub mod unstable;
 
 // The modifiers' public types keep their paths (`flash_attn_wgpu::bias::ScoreBias`, ...).
+pub use modifiers::score_mod::ScoreMod;
 pub use modifiers::{bias, block_mask, bool_mask, dropout, paged, varlen};
 
 // Internal paths stay `crate::plan` etc. inside the crate.

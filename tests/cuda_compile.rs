@@ -73,6 +73,56 @@ fn every_cuda_kernel_compiles_for_sm90_without_spills() {
 }
 
 #[test]
+fn user_score_modifiers_compile_into_every_kernel() {
+    // the tests' two modifiers (tests/common/score_mods.rs) in each kernel, with every other
+    // modifier on (the score chain's whole CUDA), for both architectures
+    use flash_attn_wgpu::unstable::kernels::flags;
+    let nvrtc = nvrtc();
+    for (arch, m) in [
+        (80, common::score_mods::softcap()),
+        (90, common::score_mods::rational()),
+    ] {
+        for (kernel, dtype, head_dim) in [
+            (CudaKernel::Forward, DType::F16, 64),
+            (CudaKernel::Backward, DType::BF16, 64),
+            (CudaKernel::SimtForward, DType::F32, 40),
+            (CudaKernel::SimtBackward, DType::F32, 40),
+            (CudaKernel::Decode, DType::F16, 128),
+        ] {
+            let mut key = CudaKey::new(kernel, dtype, head_dim, arch).unwrap();
+            key.flags = flags::every() & !(flags::CAUSAL | flags::WINDOW | flags::VIEWS);
+            if kernel == CudaKernel::Decode {
+                key.flags &= !flags::VARLEN;
+            }
+            key.score_mod = m.cuda_source();
+            let c = nvrtc
+                .compile(&key)
+                .unwrap_or_else(|e| panic!("{}: {e}", key.label()));
+            // user code may cost registers (the decode kernel with every modifier and the
+            // rational one spills 12 bytes on sm_90): compiled is the check, spills reported
+            assert_eq!(&c.cubin[..4], b"\x7fELF", "{}", key.label());
+            eprintln!(
+                "{}: {:?} registers, {} bytes spilled",
+                key.label(),
+                c.registers,
+                c.spill_bytes
+            );
+        }
+    }
+    // code that does not compile comes back with NVRTC's log
+    let mut key = CudaKey::new(CudaKernel::SimtForward, DType::F32, 40, 80).unwrap();
+    key.flags = flags::SCORE_MOD;
+    key.score_mod = Some("__device__ float score_mod(float s) { return s + ; }");
+    match nvrtc.compile(&key) {
+        Err(Error::CudaCompile { log, .. }) => assert!(log.contains("error"), "{log}"),
+        other => panic!(
+            "expected a compile error, got {:?}",
+            other.map(|c| c.log.clone())
+        ),
+    }
+}
+
+#[test]
 fn a_compile_error_is_a_typed_error_with_the_log() {
     let nvrtc = nvrtc();
     // sm_75 (Turing) has no bf16 mma or cp.async: the kernel cannot compile for it.
@@ -83,6 +133,7 @@ fn a_compile_error_is_a_typed_error_with_the_log() {
         head_dim: 64,
         arch: 75,
         flags: 0,
+        score_mod: None,
         decode_rows: 0,
     };
     match nvrtc.compile(&key) {

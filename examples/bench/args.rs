@@ -88,6 +88,10 @@ pub struct Args {
     /// Softcap c > 0 on every point (scores become c * tanh(score / c))
     #[arg(long, value_parser = positive_f32)]
     pub softcap: Option<f32>,
+    /// With --softcap: measure every point also with the same softcap written as a user score
+    /// modifier (`ScoreMod`, FlexAttention's score_mod), side by side with the built-in one
+    #[arg(long, requires = "softcap")]
+    pub score_mod_both: bool,
     /// ALiBi on every point, with the usual slopes (2^(-8 (h + 1) / heads) for head h)
     #[arg(long)]
     pub alibi: bool,

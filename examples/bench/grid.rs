@@ -50,6 +50,29 @@ impl Shape {
         cfg.causal = causal;
         cfg.window = window;
         cfg.softcap = mods.softcap;
+        if mods.user_softcap {
+            // the same function as the built-in softcap, as user code (natural-log scores)
+            let c = cfg
+                .softcap
+                .take()
+                .expect("--score-mod-both requires --softcap");
+            let m = flash_attn_wgpu::ScoreMod::wgsl(&format!(
+                "fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {{ \
+                 return {c:?} * tanh(s / {c:?}); }}
+fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {{ \
+                 let t = tanh(s / {c:?}); return 1.0 - t * t; }}"
+            ))
+            .and_then(|m| {
+                m.with_cuda(&format!(
+                    "__device__ float score_mod(float s, unsigned int b, unsigned int h, \
+                     unsigned int i, unsigned int j) {{ return {c:?}f * tanhf(s / {c:?}f); }}
+__device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned int i, \
+                     unsigned int j) {{ const float t = tanhf(s / {c:?}f); return 1.f - t * t; }}"
+                ))
+            })
+            .expect("the bench's softcap snippet is valid");
+            cfg.score_mod = Some(m);
+        }
         cfg.alibi_slopes = mods.alibi.then(|| {
             let h = self.heads as f32;
             (0..self.heads)
@@ -134,6 +157,8 @@ pub struct Mods {
     pub mask: Option<f32>,
     /// --bias
     pub bias: bool,
+    /// --score-mod-both: the softcap as a user score modifier
+    pub user_softcap: bool,
 }
 
 /// What to measure, resolved from the flags and checked before the GPU is touched.
@@ -209,8 +234,17 @@ impl Grid {
             varlen: a.varlen,
             mask: a.mask_density,
             bias: a.bias,
+            user_softcap: false,
         };
-        let mods = if a.mods_both {
+        let mods = if a.score_mod_both {
+            vec![
+                mods,
+                Mods {
+                    user_softcap: true,
+                    ..mods
+                },
+            ]
+        } else if a.mods_both {
             vec![Mods::default(), mods]
         } else {
             vec![mods]

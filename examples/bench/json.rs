@@ -28,6 +28,8 @@ struct JsonRecord<'a> {
     window_left: Option<usize>,
     window_right: Option<usize>,
     softcap: Option<f32>,
+    /// a user score modifier (`ScoreMod`) on the point
+    score_mod: bool,
     alibi: bool,
     sinks: bool,
     /// the dropout probability (null: off)
@@ -79,6 +81,7 @@ impl<'a> JsonRecord<'a> {
             window_left: c.window.left,
             window_right: c.window.right,
             softcap: c.softcap,
+            score_mod: c.score_mod.is_some(),
             alibi: c.alibi_slopes.is_some(),
             sinks: c.sinks.is_some(),
             dropout: c.dropout.map(|d| d.p),

@@ -123,6 +123,9 @@ pub fn mask_label(cfg: &AttentionConfig) -> String {
     if let Some(c) = cfg.softcap {
         label += &format!(" softcap {c}");
     }
+    if cfg.score_mod.is_some() {
+        label += " score_mod";
+    }
     if cfg.alibi_slopes.is_some() {
         label += " alibi";
     }

@@ -116,6 +116,9 @@ fn cells(r: &Record, roof: &Roofline) -> [String; 18] {
             if let Some(cap) = c.softcap {
                 cell += &format!(" sc{cap}");
             }
+            if c.score_mod.is_some() {
+                cell += " score_mod";
+            }
             if c.alibi_slopes.is_some() {
                 cell += " alibi";
             }

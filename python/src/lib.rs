@@ -35,7 +35,8 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
         | Error::ForeignTensor { .. }
         | Error::InvalidValue { .. }
         | Error::InvalidConfig(_)
-        | Error::Buffer { .. } => "InvalidInputError",
+        | Error::Buffer { .. }
+        | Error::UserCode { .. } => "InvalidInputError",
         Error::Unsupported { .. } | Error::DeviceLimit { .. } => "UnsupportedError",
         Error::OutOfMemory(_) => "OutOfMemoryError",
         _ => "FlashAttnError",

@@ -232,6 +232,13 @@ impl CudaContext {
             key.decode_rows = decode_geometry(cfg).rows;
         }
         key.flags = crate::kernels::flags::of(cfg) & super::kernels::CUDA_COMPILED;
+        if let Some(m) = &cfg.score_mod {
+            key.score_mod = Some(m.cuda_source().ok_or_else(|| Error::Unsupported {
+                feature: "a score_mod given as WGSL alone".into(),
+                backend: Backend::Cuda,
+                reason: "the CUDA kernels need its CUDA C: ScoreMod::with_cuda".into(),
+            })?);
+        }
         let shape = AttnShape::new(cfg)?;
         for l in key.launches(cfg) {
             if l.grid.1 > 65_535 || l.grid.2 > 65_535 {

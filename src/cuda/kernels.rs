@@ -17,17 +17,29 @@ const MODIFIERS_AT: &str = "// @modifiers:";
 
 /// [`COMMON`] with the modifiers' CUDA functions (src/modifiers/, cuda/modifiers/) in place.
 pub fn common() -> String {
+    common_with("")
+}
+
+/// [`common`] with a user's score modifier (its CUDA C) before the modifiers' functions.
+fn common_with(user: &str) -> String {
     let at = COMMON
         .find(MODIFIERS_AT)
         .expect("cuda/common.cuh has its @modifiers line");
     format!(
-        "{}{}
-{}",
+        "{}{user}\n{}\n{}",
         &COMMON[..at],
         crate::modifiers::cuda_snippets(),
         &COMMON[at..]
     )
 }
+
+/// What a key with SCORE_MOD but no user code (the compile checks) takes in its place.
+const SCORE_MOD_STUB: &str = "
+__device__ float score_mod(float s, unsigned int b, unsigned int h, unsigned int i,
+                           unsigned int j) { return s; }
+__device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned int i,
+                              unsigned int j) { return 1.f; }
+";
 
 /// The tensor-core kernels' helpers (cuda/mma.cuh), put after [`common`] in their programs.
 pub const MMA: &str = include_str!("../../cuda/mma.cuh");
@@ -153,7 +165,12 @@ impl CudaKernel {
     /// The program NVRTC compiles: the call's scalars ([`ATTN_SHAPE_C`]), the shared
     /// helpers ([`common`], and [`MMA`] for the tensor-core kernels), then the kernel.
     pub fn program(self) -> String {
-        let common = common();
+        self.program_with("")
+    }
+
+    /// [`CudaKernel::program`] with a user's score modifier (its CUDA C) in place.
+    pub fn program_with(self, user: &str) -> String {
+        let common = common_with(user);
         if self.tensor_cores() {
             format!("{ATTN_SHAPE_C}\n{common}\n{MMA}\n{}", self.source())
         } else {
@@ -411,6 +428,9 @@ pub struct CudaKey {
     /// as `-D{NAME}=1` (the others `=0`), so that calls without one pay nothing for it:
     /// every bit but [`CUDA_RUNTIME`], which the kernels read from `AttnShape`.
     pub flags: u32,
+    /// A user's score modifier (`AttentionConfig::score_mod`): its CUDA C, put before the
+    /// modifiers' functions (with SCORE_MOD in `flags`).
+    pub score_mod: Option<&'static str>,
     /// The decode kernel's packed rows per block (`-DDECODE_ROWS`; [`decode_geometry`]
     /// picks them per call); 0 for the other kernels.
     pub decode_rows: u32,
@@ -468,6 +488,17 @@ pub struct Launch {
 }
 
 impl CudaKey {
+    /// The program NVRTC compiles for this key: the kernel's, with the user's score modifier
+    /// where the key has one (a stand-in where SCORE_MOD is on without it: the checks).
+    pub fn program(&self) -> String {
+        self.kernel
+            .program_with(match (self.flags & flags::SCORE_MOD != 0, self.score_mod) {
+                (true, Some(user)) => user,
+                (true, None) => SCORE_MOD_STUB,
+                (false, _) => "",
+            })
+    }
+
     /// A key, or a typed error for what the kernels cannot do.
     pub fn new(kernel: CudaKernel, dtype: DType, head_dim: u32, arch: u32) -> Result<CudaKey> {
         if kernel.tensor_cores() && dtype == DType::F32 {
@@ -509,6 +540,7 @@ impl CudaKey {
             head_dim,
             arch,
             flags: 0,
+            score_mod: None,
             decode_rows: if kernel == CudaKernel::Decode {
                 DECODE_ROWS
             } else {
@@ -994,7 +1026,7 @@ mod tests {
         // every define a source requires is passed
         for kernel in CudaKernel::ALL {
             let key = CudaKey::new(kernel, DType::BF16, 64, 90).unwrap();
-            let program = key.kernel.program();
+            let program = key.program();
             for name in [
                 "HEAD_DIM",
                 "ELEM_KIND",

@@ -138,7 +138,7 @@ fn compile_uncached(key: &CudaKey) -> Result<Compiled> {
         kernel: key.label(),
         log: format!("{what}: {e:?}"),
     };
-    let src = CString::new(key.kernel.program()).expect("kernel sources have no NUL");
+    let src = CString::new(key.program()).expect("kernel sources have no NUL");
     let name = CString::new(format!("{}.cu", key.kernel.name())).expect("no NUL");
     let prog = result::create_program(&src, Some(&name)).map_err(|e| failed("create", e))?;
     let mut options = key.options();

@@ -16,7 +16,9 @@ use super::tiles::PIN_WORDS;
 use super::{Access, BindType, Binding, Kernel, Pass, Tiles, Variant};
 use crate::dtype::{DType, ElemFormat};
 
-const COMMON: &str = include_str!("../../shaders/common.wgsl");
+/// The shared WGSL every kernel includes (shaders/common.wgsl).
+pub const SHARED_WGSL: &str = include_str!("../../shaders/common.wgsl");
+const COMMON: &str = SHARED_WGSL;
 const BLOCKS: &str = include_str!("../../shaders/blocks.wgsl");
 const COOP: &str = include_str!("../../shaders/coop.wgsl");
 
@@ -82,6 +84,9 @@ pub struct KernelKey {
     /// (`keep_bias_grad`: the dQ kernels and the naive dS kernel of a call whose bias asks for
     /// `d_bias`), into an f32 scratch bound after the pair data (`bias_grads_slot`).
     pub bias_grad: bool,
+    /// A user's score modifier (`AttentionConfig::score_mod`): its WGSL, appended to the
+    /// source, where the kernel reads the SCORE_MOD bit and the call has one.
+    pub score_mod: Option<&'static str>,
     /// Rows kernels: the fixed subgroup size they share tile reads across, or 0 for none.
     pub subgroup: u32,
     /// A windowed call's pass (tiled kernels only): the element outputs are f32 buffers that
@@ -103,12 +108,13 @@ impl KernelKey {
             bias_grad: false,
             subgroup: 0,
             accumulate: false,
+            score_mod: None,
         }
     }
 
     pub fn label(&self) -> String {
         format!(
-            "{} {} d={} br={} bc={} tpr={} rpt={} runtime=[{}] compiled=[{}]{}{} sg={}{}",
+            "{} {} d={} br={} bc={} tpr={} rpt={} runtime=[{}] compiled=[{}]{}{} sg={}{}{}",
             self.kernel.name(),
             self.elem.name(),
             self.head_dim,
@@ -121,7 +127,14 @@ impl KernelKey {
             if self.wide > 0 { " wide" } else { "" },
             if self.bias_grad { " bias_grad" } else { "" },
             self.subgroup,
-            if self.accumulate { " accumulate" } else { "" }
+            if self.accumulate { " accumulate" } else { "" },
+            self.score_mod
+                .map_or(String::new(), |t| format!(" score_mod={:016x}", {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    t.hash(&mut h);
+                    h.finish()
+                }))
         )
     }
 
@@ -295,6 +308,12 @@ impl KernelKey {
         if self.kernel.is_elementwise() {
             s.push_str(&elementwise_entry());
         }
+        // last, so that the user's line n is the source's line (lines before) + n
+        s.push_str("\n// user score_mod (AttentionConfig::score_mod), or its stand-in\n");
+        s.push_str(
+            self.score_mod
+                .unwrap_or(crate::modifiers::score_mod::WGSL_STUB),
+        );
         s
     }
 

@@ -1,6 +1,6 @@
 //! The modifiers a call can have: masks (causal, window, key ranges, block-sparse, boolean,
-//! varlen), score terms (softcap, ALiBi, bias), sinks, dropout, and K/V layouts (paged,
-//! strided views). Each lives in one module here, which owns what the rest of the crate needs
+//! varlen), score terms (softcap, ALiBi, bias, a user's `score_mod`), sinks, dropout, and K/V
+//! layouts (paged, strided views). Each lives in one module here, which owns what the rest of the crate needs
 //! of it: its public types and their validation, its bit in `Params::flags`, its encoding into
 //! the parameters, and its WGSL and CUDA snippets (shaders/modifiers/, cuda/modifiers/), which
 //! every kernel source includes. The kernels' shared code (shaders/common.wgsl,
@@ -18,6 +18,7 @@ pub mod block_mask;
 pub mod bool_mask;
 pub mod dropout;
 pub mod paged;
+pub mod score_mod;
 pub(crate) mod seqlens;
 pub(crate) mod sinks;
 pub(crate) mod softcap;
@@ -115,7 +116,7 @@ const VIEWS: Modifier = Modifier {
 };
 
 /// Every modifier, in bit order (bit i is `1 << i`).
-pub(crate) const ALL: [&Modifier; 13] = [
+pub(crate) const ALL: [&Modifier; 14] = [
     &band::CAUSAL,
     &band::WINDOW,
     &softcap::MODIFIER,
@@ -129,6 +130,7 @@ pub(crate) const ALL: [&Modifier; 13] = [
     &bias::MODIFIER,
     &paged::MODIFIER,
     &VIEWS,
+    &score_mod::MODIFIER,
 ];
 
 /// The bits of the modifiers compiled into pipelines by default.

@@ -413,6 +413,11 @@ pub(crate) fn key(
             0
         },
         accumulate: false,
+        score_mod: if reads & crate::kernels::flags::SCORE_MOD != 0 {
+            cfg.score_mod.as_ref().map(|m| m.wgsl_source())
+        } else {
+            None
+        },
     }
 }
 

@@ -5,6 +5,7 @@ pub mod backend;
 pub mod kv;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
+pub mod score_mods;
 pub mod shards;
 pub mod tier;
 
@@ -181,6 +182,9 @@ pub fn describe(cfg: &AttentionConfig, seed: u64) -> String {
     }
     if let Some(c) = cfg.softcap {
         mods += &format!(" softcap={c}");
+    }
+    if cfg.score_mod.is_some() {
+        mods += " score_mod";
     }
     if let Some(s) = &cfg.alibi_slopes {
         mods += &format!(" alibi[{}]", s.len());

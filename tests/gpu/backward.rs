@@ -30,9 +30,16 @@ fn reference_backward_matches_finite_differences() {
         true,
         0.6,
     ));
+    // a user's score modifier after the softcap and ALiBi: its host derivative against
+    // differences of its host function
+    let mut user = cfg(2, 6, 7, 2, 1, 3, false);
+    user.softcap = Some(1.1);
+    user.alibi_slopes = Some(common::random_alibi(&user, false));
+    user.score_mod = Some(common::score_mods::rational());
     for c in [
         cfg(1, 5, 7, 2, 1, 4, false),
         cfg(1, 7, 5, 2, 2, 3, true),
+        user,
         capped,
         windowed,
         modded,

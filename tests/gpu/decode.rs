@@ -108,8 +108,8 @@ fn decode_runs_every_dtype_storage_and_gqa_shape() {
 
 #[test]
 fn decode_takes_every_mask_and_score_modifier() {
-    // with every modifier on (and with each group alone), split and unsplit, forward and the
-    // backward from the decode forward's out and lse
+    // with every modifier on (a user's score_mod too; and with each group alone), split and
+    // unsplit, forward and the backward from the decode forward's out and lse
     let base = cfg(2, 3, 400, 8, 2, 32, true);
     let mut cases: Vec<AttentionConfig> = Vec::new();
     let mut all = base.clone();
@@ -122,6 +122,7 @@ fn decode_takes_every_mask_and_score_modifier() {
     all.block_mask = Some(common::random_block_mask(&all, (1, 40), true, true, 0.7));
     all.mask = Some(common::random_bool_mask(&all, true, true, 0.7, 1));
     all.bias = Some(common::random_bias(&all, true, false, 0.05, 0));
+    all.score_mod = Some(common::score_mods::rational());
     cases.push(all);
     // key lengths with empty splits and a batch that sees no key (out 0, lse the sink's)
     let mut lens = base.clone();

@@ -25,6 +25,7 @@ mod limits;
 mod merge;
 mod nonfinite;
 mod paged;
+mod score_mod;
 mod split;
 mod variants;
 mod views;

@@ -115,8 +115,8 @@ fn every_variant_and_the_naive_path_match_the_reference_with_a_softcap() {
 fn every_variant_and_the_naive_path_match_the_reference_with_alibi_sinks_and_key_lengths() {
     // ALiBi alone (one slope per head); per-(batch, head) slopes with sinks, causal and
     // per-batch key lengths (three batches: every key, none, a random length; rows that see
-    // no key get the sink's lse); and everything at once: window, softcap, ALiBi, sinks and
-    // key lengths. (CI: everything at once; tier.rs)
+    // no key get the sink's lse); and everything at once: window, softcap, ALiBi, sinks, key
+    // lengths and a user's score_mod. (CI: everything at once; tier.rs)
     let cases = [
         (false, false, false, false, Window::default(), None, 70, 90),
         (true, true, true, true, Window::default(), None, 90, 60),
@@ -137,6 +137,8 @@ fn every_variant_and_the_naive_path_match_the_reference_with_alibi_sinks_and_key
         let mut c = cfg(3, sq, skv, 4, 2, 32, causal);
         c.window = window;
         c.softcap = softcap;
+        // with everything, a user's score modifier after the built-in ones
+        c.score_mod = softcap.map(|_| common::score_mods::rational());
         c.alibi_slopes = Some(common::random_alibi(&c, per_batch));
         c.sinks = sinks.then(|| common::random_sinks(&c));
         c.seqlens_kv = seqlens.then(|| common::random_seqlens(&c));

@@ -1,0 +1,87 @@
+//! User score modifiers (`ScoreMod`) the tests share: each as WGSL, CUDA C and host functions
+//! for the f64 reference, written three times so that each backend is checked against an
+//! independent definition.
+
+use flash_attn_wgpu::ScoreMod;
+
+/// The softcap c tanh(s / c), re-expressed as a user modifier (c = 1.5): must give the
+/// built-in softcap's results.
+pub fn softcap() -> ScoreMod {
+    ScoreMod::wgsl(
+        "
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    return 1.5 * tanh(s / 1.5);
+}
+fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    let t = tanh(s / 1.5);
+    return 1.0 - t * t;
+}
+",
+    )
+    .unwrap()
+    .with_cuda(
+        "
+__device__ float score_mod(float s, unsigned int b, unsigned int h, unsigned int i,
+                           unsigned int j) {
+    return 1.5f * tanhf(s / 1.5f);
+}
+__device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned int i,
+                              unsigned int j) {
+    const float t = tanhf(s / 1.5f);
+    return 1.f - t * t;
+}
+",
+    )
+    .unwrap()
+    .with_reference(
+        |s, _, _, _, _| 1.5 * (s / 1.5).tanh(),
+        |s, _, _, _, _| 1.0 - (s / 1.5).tanh().powi(2),
+    )
+}
+
+/// One no built-in expresses: a rational cap s / (1 + |s| / 3) scaled per (batch, head),
+/// plus a term by row and key, so that every argument reaches the function.
+pub fn rational() -> ScoreMod {
+    ScoreMod::wgsl(
+        "
+fn my_scale(b: u32, h: u32) -> f32 {
+    return 1.0 + 0.1 * f32(h) + 0.05 * f32(b);
+}
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    return my_scale(b, h) * s / (1.0 + abs(s) / 3.0) + 0.05 * f32((i + 2u * j) % 5u);
+}
+fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    let d = 1.0 + abs(s) / 3.0;
+    return my_scale(b, h) / (d * d);
+}
+",
+    )
+    .unwrap()
+    .with_cuda(
+        "
+__device__ __forceinline__ float my_scale(unsigned int b, unsigned int h) {
+    return 1.f + 0.1f * h + 0.05f * b;
+}
+__device__ float score_mod(float s, unsigned int b, unsigned int h, unsigned int i,
+                           unsigned int j) {
+    return my_scale(b, h) * s / (1.f + fabsf(s) / 3.f) + 0.05f * ((i + 2u * j) % 5u);
+}
+__device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned int i,
+                              unsigned int j) {
+    const float d = 1.f + fabsf(s) / 3.f;
+    return my_scale(b, h) / (d * d);
+}
+",
+    )
+    .unwrap()
+    .with_reference(
+        |s, b, h, i, j| {
+            let c = 1.0 + 0.1 * h as f64 + 0.05 * b as f64;
+            c * s / (1.0 + s.abs() / 3.0) + 0.05 * ((i + 2 * j) % 5) as f64
+        },
+        |s, b, h, _, _| {
+            let c = 1.0 + 0.1 * h as f64 + 0.05 * b as f64;
+            c / (1.0 + s.abs() / 3.0).powi(2)
+        },
+    )
+}
