@@ -361,7 +361,7 @@ fn params_layout_matches_the_shader_struct() {
         rotary_dim,
         rotary_interleaved,
         rotary_step,
-        rotary_pad,
+        captured_base,
         flags,
         views
     );

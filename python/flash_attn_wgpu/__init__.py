@@ -115,7 +115,7 @@ def adapter():
 
 def _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed,
              cu_seqlens_q=None, cu_seqlens_k=None, block_table=None, num_splits=0,
-             leftpad_k=None):
+             leftpad_k=None, score_mod=None, score_mod_tensors=None):
     def ints(x):
         return None if x is None else [int(n) for n in np.asarray(x).ravel()]
 
@@ -146,6 +146,11 @@ def _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_
         "block_table": table,
         "num_splits": int(num_splits),
         "leftpad_k": leftpad,
+        "score_mod": None if score_mod is None else str(score_mod),
+        "score_mod_tensors": [
+            (str(name), [float(x) for x in np.asarray(t, dtype=np.float32).ravel()])
+            for name, t in (score_mod_tensors or {}).items()
+        ],
     }
 
 
@@ -156,18 +161,22 @@ def _out(as_numpy, t):
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_lse=False,
-                    seed=0):
+                    seed=0, score_mod=None, score_mod_tensors=None):
     """Attention of q ``[batch, seqlen_q, nheads, headdim]`` over k, v ``[batch, seqlen_k,
     nheads_k, headdim]`` (nheads a multiple of nheads_k: GQA/MQA).
 
     ``causal``: bottom-right aligned (query i sees keys j <= i + seqlen_k - seqlen_q);
     ``window_size`` (left, right), -1 unbounded; ``softcap`` > 0 caps the scaled scores with
     tanh; ``alibi_slopes`` ``[nheads]`` or ``[batch, nheads]`` float32; ``dropout_p`` with
-    ``seed`` drops probabilities. Returns out (q's dtype), or (out, lse) with ``return_lse``
-    (lse ``[batch, nheads, seqlen_q]`` float32).
+    ``seed`` drops probabilities. ``score_mod``: WGSL defining ``score_mod(s, b, h, i, j)`` and
+    its derivative ``score_mod_ds`` (FlexAttention's score_mod, applied after the built-in
+    modifiers; the crate's docs/SEMANTICS.md), reading the float32 arrays of
+    ``score_mod_tensors`` (a dict) by name. Returns out (q's dtype), or (out, lse) with
+    ``return_lse`` (lse ``[batch, nheads, seqlen_q]`` float32).
     """
     as_numpy = not isinstance(q, Tensor)
-    opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed)
+    opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed,
+                    score_mod=score_mod, score_mod_tensors=score_mod_tensors)
     out, lse = _native.forward(tensor(q)._t, tensor(k)._t, tensor(v)._t, opts)
     out = _out(as_numpy, out)
     return (out, _out(as_numpy, lse)) if return_lse else out
@@ -175,12 +184,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
 def flash_attn_backward(dout, q, k, v, out, lse, dropout_p=0.0, softmax_scale=None,
                         causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                        seed=0):
+                        seed=0, score_mod=None, score_mod_tensors=None):
     """Gradients (dq, dk, dv) of attention from the forward's ``out`` and ``lse`` and the
     output's gradient ``dout``, with the forward's options (the probabilities are recomputed,
     never stored). Shapes and dtypes as q, k and v."""
     as_numpy = not isinstance(q, Tensor)
-    opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed)
+    opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed,
+                    score_mod=score_mod, score_mod_tensors=score_mod_tensors)
     grads = _native.backward(tensor(dout)._t, tensor(q)._t, tensor(k)._t, tensor(v)._t,
                              tensor(out)._t, tensor(lse)._t, opts)
     return tuple(_out(as_numpy, g) for g in grads)

@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 
 use flash_attn_wgpu::{
-    AttentionConfig, Context, DType, Dropout, Error, PagedKv, Rotary, Tensor, Window,
+    AttentionConfig, Context, DType, Dropout, Error, PagedKv, Rotary, ScoreMod, Tensor, Window,
 };
 use numpy::{PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods, ToPyArray};
 use pyo3::prelude::*;
@@ -189,6 +189,11 @@ struct Options {
     /// Per-batch left padding of the keys (flash-attn's `cache_leftpad`).
     #[pyo3(item)]
     leftpad_k: Option<Vec<usize>>,
+    /// A user score modifier's WGSL (`ScoreMod`), and its captured tensors by name.
+    #[pyo3(item)]
+    score_mod: Option<String>,
+    #[pyo3(item)]
+    score_mod_tensors: Vec<(String, Vec<f32>)>,
 }
 
 fn dims4(py: Python<'_>, name: &str, t: &Tensor) -> PyResult<[usize; 4]> {
@@ -235,6 +240,10 @@ fn config(py: Python<'_>, q: &Tensor, k: &Tensor, o: &Options) -> PyResult<Atten
     }
     cfg.kv_splits = (o.num_splits > 0).then_some(o.num_splits);
     cfg.leftpad_kv = o.leftpad_k.clone();
+    if let Some(src) = &o.score_mod {
+        let captured = o.score_mod_tensors.iter().cloned();
+        cfg.score_mod = Some(ScoreMod::wgsl_with(src, captured).map_err(|e| to_py(py, e))?);
+    }
     Ok(cfg)
 }
 

@@ -327,3 +327,50 @@ def test_calls_from_several_threads_at_once_are_each_exact(rng):
         t.join()
     for (q, k, v), got in zip(cases, results):
         close(got, attention(q, k, v, causal=True)[0], 2e-5, "out")
+
+
+SOFTCAP_WGSL = """
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    return 2.5 * tanh(s / 2.5);
+}
+fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    let t = tanh(s / 2.5);
+    return 1.0 - t * t;
+}
+"""
+
+
+def test_a_score_mod_string_is_the_softcap_it_re_expresses(rng):
+    b, sq, sk, hq, hk, d = 2, 23, 37, 4, 2, 16
+    q, k, v = rand(rng, (b, sq, hq, d)), rand(rng, (b, sk, hk, d)), rand(rng, (b, sk, hk, d))
+    dout = rand(rng, (b, sq, hq, d))
+    out, lse = fa.flash_attn_func(q, k, v, causal=True, return_lse=True, score_mod=SOFTCAP_WGSL)
+    want = attention(q, k, v, dout, causal=True, softcap=2.5)
+    close(out, want[0], 2e-5, "out")
+    close(lse, want[1], 2e-5, "lse")
+    grads = fa.flash_attn_backward(dout, q, k, v, out, lse, causal=True, score_mod=SOFTCAP_WGSL)
+    for got, w, name in zip(grads, want[2:], ("dq", "dk", "dv")):
+        close(got, w, 4e-5, name)
+
+
+def test_score_mod_tensors_are_read_by_name_and_bad_snippets_name_their_line(rng):
+    q, k, v = rand(rng, (1, 9, 2, 16)), rand(rng, (1, 11, 2, 16)), rand(rng, (1, 11, 2, 16))
+    bias = "fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s + t(j); }\n" \
+           "fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return 1.0; }"
+    plain = fa.flash_attn_func(q, k, v)
+    zero = fa.flash_attn_func(q, k, v, score_mod=bias, score_mod_tensors={"t": np.zeros(11)})
+    close(zero, plain.astype(np.float64), 2e-6, "a zero table")
+    # a bias per key, against float64 numpy: softmax(q k^T / 4 + t[j]) v per head
+    t = rng.uniform(-1, 1, 11).astype(np.float32)
+    got = fa.flash_attn_func(q, k, v, score_mod=bias, score_mod_tensors={"t": t})
+    want = np.empty((1, 9, 2, 16))
+    for h in range(2):
+        s = q[0, :, h].astype(np.float64) @ k[0, :, h].astype(np.float64).T / 4.0 + t
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        want[0, :, h] = (p / p.sum(axis=1, keepdims=True)) @ v[0, :, h].astype(np.float64)
+    close(got, want, 2e-5, "a bias per key")
+    with pytest.raises(fa.InvalidInputError, match="line 1"):
+        fa.flash_attn_func(q, k, v, score_mod=bias.replace("s + t(j)", "s +"),
+                           score_mod_tensors={"t": t})
+    with pytest.raises(fa.InvalidInputError, match="score_mod"):
+        fa.flash_attn_func(q, k, v, score_mod=bias)  # t not captured

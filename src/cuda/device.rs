@@ -233,6 +233,13 @@ impl CudaContext {
         }
         key.flags = crate::kernels::flags::of(cfg) & super::kernels::CUDA_COMPILED;
         if let Some(m) = &cfg.score_mod {
+            if !m.captured().is_empty() {
+                return Err(Error::Unsupported {
+                    feature: "a score_mod's captured tensors".into(),
+                    backend: Backend::Cuda,
+                    reason: "the CUDA kernels do not read them yet; use the wgpu path".into(),
+                });
+            }
             key.score_mod = Some(m.cuda_source().ok_or_else(|| Error::Unsupported {
                 feature: "a score_mod given as WGSL alone".into(),
                 backend: Backend::Cuda,

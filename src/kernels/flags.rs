@@ -141,7 +141,10 @@ mod tests {
     #[test]
     fn the_registry_gives_the_measured_sets() {
         assert_eq!(COMPILED, SOFTCAP | DROPOUT | BIAS | MASK | SCORE_MOD);
-        assert_eq!(IN_EXTRAS, ALIBI | SINKS | SEQLENS | BLOCKS | VARLEN);
+        assert_eq!(
+            IN_EXTRAS,
+            ALIBI | SINKS | SEQLENS | BLOCKS | VARLEN | SCORE_MOD
+        );
         assert_eq!(IN_PAIRS, MASK | BIAS | PAGED);
         assert_eq!(ALL[12], (VIEWS, "VIEWS"));
     }

@@ -148,12 +148,14 @@ pub struct Params {
     pub pages_per_seq: u32,
     /// Rotary embedding (`shaders/rotary.wgsl`): the dims turned (even, at most head_dim),
     /// 1 for pairs (2f, 2f + 1) (else (f, f + rotary_dim / 2)), and the positions between
-    /// consecutive rows (1, or 0: a batch's rows at one position). The fourth word keeps
-    /// `flags` and `views` where WGSL lays them out.
+    /// consecutive rows (1, or 0: a batch's rows at one position).
     pub rotary_dim: u32,
     pub rotary_interleaved: u32,
     pub rotary_step: u32,
-    pub rotary_pad: u32,
+    /// A user score modifier's captured tensors (`ScoreMod::wgsl_with`): the extras word
+    /// where the first starts (the others follow it). Also keeps `flags` and `views` where
+    /// WGSL lays them out.
+    pub captured_base: u32,
     /// The call's modifiers, a bit each ([`super::flags`]; VIEWS set per step at record
     /// time). Also keeps `views` at a 16-byte boundary, as WGSL lays a uniform's array of
     /// vec4s out.
@@ -189,6 +191,7 @@ impl Params {
             seqlens_base: x.seqlens_base,
             blocks_base: x.blocks_base,
             varlen_base: x.varlen_base,
+            captured_base: x.captured_base,
             // blocks of 1 x 1 until a mask says otherwise (never a division by zero)
             block_q: 1,
             block_kv: 1,
@@ -237,8 +240,8 @@ impl Params {
 pub struct ExtrasLayout {
     /// The ALiBi slopes (`[heads_q]` or `[batch, heads_q]`, f32 bits), the sinks (`[heads_q]`,
     /// f32 bits), the per-batch key ranges (`[batch]` pairs of u32: length, first key), the
-    /// block mask's bits ([`crate::BlockMask::bits`]), the varlen boundaries (u32). Empty when
-    /// none is on.
+    /// block mask's bits ([`crate::BlockMask::bits`]), the varlen boundaries (u32), a user
+    /// score modifier's captured tensors (f32 bits). Empty when none is on.
     pub words: Vec<u32>,
     /// Words between one batch's slopes and the next (0: one slope per head).
     pub alibi_b_stride: u32,
@@ -248,6 +251,8 @@ pub struct ExtrasLayout {
     pub seqlens_base: u32,
     pub blocks_base: u32,
     pub varlen_base: u32,
+    /// The first word of a user score modifier's captured tensors.
+    pub captured_base: u32,
 }
 
 /// The one place the extras' layout is decided (`Params` and the CUDA shape read the offsets).
@@ -267,6 +272,10 @@ pub fn extras_layout(cfg: &crate::AttentionConfig) -> ExtrasLayout {
     if let Some(v) = &cfg.varlen {
         words.extend(v.cu_seqlens_q.iter().chain(&v.cu_seqlens_kv));
     }
+    let captured_base = words.len() as u32;
+    if let Some(m) = &cfg.score_mod {
+        words.extend(m.captured_words());
+    }
     ExtrasLayout {
         words,
         alibi_b_stride: match &cfg.alibi_slopes {
@@ -277,6 +286,7 @@ pub fn extras_layout(cfg: &crate::AttentionConfig) -> ExtrasLayout {
         seqlens_base,
         blocks_base,
         varlen_base,
+        captured_base,
     }
 }
 

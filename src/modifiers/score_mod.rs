@@ -32,12 +32,16 @@ use crate::AttentionConfig;
 /// A host function of (score, batch, query head, query row, key), for the f64 reference.
 pub type HostScoreFn = Arc<dyn Fn(f64, usize, usize, usize, usize) -> f64 + Send + Sync>;
 
-/// A user-defined score modifier: its WGSL (checked), optionally its CUDA C, optionally host
-/// functions for the f64 reference (see the module).
+/// A user-defined score modifier: its WGSL (checked), its captured tensors, optionally its
+/// CUDA C, optionally host functions for the f64 reference (see the module).
 #[derive(Clone)]
 pub struct ScoreMod {
-    wgsl: &'static str,
+    /// The user's WGSL, as given.
+    source: &'static str,
+    /// What the kernels include: the source, then its captured tensors' accessors.
+    kernel_wgsl: &'static str,
     cuda: Option<&'static str>,
+    captured: Arc<Vec<(String, Vec<f32>)>>,
     host: Option<(HostScoreFn, HostScoreFn)>,
 }
 
@@ -45,10 +49,40 @@ impl ScoreMod {
     /// A modifier from its WGSL (the module's two functions and any helpers), checked: a
     /// typed [`Error::UserCode`] names what is wrong and where.
     pub fn wgsl(source: &str) -> Result<ScoreMod> {
-        check_wgsl(source)?;
+        ScoreMod::wgsl_with(source, Vec::<(String, Vec<f32>)>::new())
+    }
+
+    /// A modifier whose WGSL reads captured tensors: small f32 arrays (a relative-position
+    /// table, T5's buckets) that the snippet reads by name as `name(index: u32) -> f32`
+    /// (an index past the end reads the last entry). They travel in the call's extras (a
+    /// uniform array of 16,384 words shared with ALiBi slopes, sinks, key lengths, block-mask
+    /// bits and varlen boundaries; more is `Error::DeviceLimit` at the call). A name must be
+    /// an identifier the kernels do not use, each tensor non-empty and finite.
+    pub fn wgsl_with<N: Into<String>>(
+        source: &str,
+        captured: impl IntoIterator<Item = (N, Vec<f32>)>,
+    ) -> Result<ScoreMod> {
+        let captured: Vec<(String, Vec<f32>)> =
+            captured.into_iter().map(|(n, v)| (n.into(), v)).collect();
+        check_captured(&captured)?;
+        let mut accessors = String::new();
+        let mut stubs = String::new();
+        let mut offset = 0usize;
+        for (name, values) in &captured {
+            accessors.push_str(&format!(
+                "fn {name}(i: u32) -> f32 {{ return extra(params.captured_base + {offset}u + \
+                 min(i, {}u)); }}\n",
+                values.len() - 1
+            ));
+            stubs.push_str(&format!("fn {name}(i: u32) -> f32 {{ return 0.0; }}\n"));
+            offset += values.len();
+        }
+        check_wgsl(source, &stubs)?;
         Ok(ScoreMod {
-            wgsl: intern(source),
+            source: intern(source),
+            kernel_wgsl: intern(&format!("{source}\n{accessors}")),
             cuda: None,
+            captured: Arc::new(captured),
             host: None,
         })
     }
@@ -100,38 +134,67 @@ impl ScoreMod {
 
     /// The WGSL, as given.
     pub fn wgsl_source(&self) -> &'static str {
-        self.wgsl
+        self.source
     }
 
     /// The CUDA C, if given.
     pub fn cuda_source(&self) -> Option<&'static str> {
         self.cuda
     }
+
+    /// The captured tensors' names and values, in order.
+    pub fn captured(&self) -> &[(String, Vec<f32>)] {
+        &self.captured
+    }
+
+    /// What the kernels include: the source and its captured tensors' accessors.
+    pub(crate) fn kernel_wgsl(&self) -> &'static str {
+        self.kernel_wgsl
+    }
+
+    /// The captured tensors as the extras hold them (f32 bits, in order).
+    pub(crate) fn captured_words(&self) -> impl Iterator<Item = u32> + '_ {
+        self.captured
+            .iter()
+            .flat_map(|(_, v)| v.iter().map(|x| x.to_bits()))
+    }
 }
 
 impl PartialEq for ScoreMod {
-    /// Two modifiers are equal when their code is (the host functions are not compared).
+    /// Two modifiers are equal when their code and captured tensors are (the host functions
+    /// are not compared).
     fn eq(&self, other: &ScoreMod) -> bool {
-        self.wgsl == other.wgsl && self.cuda == other.cuda
+        self.kernel_wgsl == other.kernel_wgsl
+            && self.cuda == other.cuda
+            && self.captured == other.captured
     }
 }
 
 impl fmt::Debug for ScoreMod {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ScoreMod")
-            .field("wgsl", &self.wgsl)
+            .field("wgsl", &self.source)
             .field("cuda", &self.cuda)
+            .field(
+                "captured",
+                &self
+                    .captured
+                    .iter()
+                    .map(|(n, v)| (n, v.len()))
+                    .collect::<Vec<_>>(),
+            )
             .field("host", &self.host.is_some())
             .finish()
     }
 }
 
-/// Compiled in: a call without one pays nothing; each snippet is its own pipelines.
+/// Compiled in: a call without one pays nothing; each snippet is its own pipelines. Its
+/// captured tensors live in the extras.
 pub(crate) const MODIFIER: Modifier = Modifier {
     name: "SCORE_MOD",
     bit: 1 << 13,
     compiled: true,
-    data: Data::Params,
+    data: Data::Extras,
     active: |cfg| cfg.score_mod.is_some(),
     check: super::no_check,
     encode: super::no_params,
@@ -241,7 +304,56 @@ fn reserved(name: &str) -> bool {
         .contains(name)
 }
 
-fn check_wgsl(source: &str) -> Result<()> {
+/// The captured tensors' names and values.
+fn check_captured(captured: &[(String, Vec<f32>)]) -> Result<()> {
+    for (k, (name, values)) in captured.iter().enumerate() {
+        let what = format!("score_mod captured tensor `{name}`");
+        let ident = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !name.starts_with("__");
+        if !ident || name == "score_mod" || name == "score_mod_ds" {
+            return Err(user_error(
+                &what,
+                None,
+                "expected a WGSL identifier other than score_mod and score_mod_ds".into(),
+            ));
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        if reserved(name) {
+            return Err(user_error(
+                &what,
+                None,
+                format!("`{name}` is a name the kernels define; rename it"),
+            ));
+        }
+        if captured[..k].iter().any(|(n, _)| n == name) {
+            return Err(user_error(
+                &what,
+                None,
+                "a name may be captured once".into(),
+            ));
+        }
+        if values.is_empty() {
+            return Err(user_error(
+                &what,
+                None,
+                "expected at least one value, got none".into(),
+            ));
+        }
+        if let Some((i, x)) = values.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            return Err(user_error(
+                &what,
+                None,
+                format!("expected finite values, got {x} at index {i}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The snippet's rules, then (off the web) naga on the snippet with `stubs` (its captured
+/// tensors' accessors) after it, so that the snippet's lines keep their numbers.
+fn check_wgsl(source: &str, stubs: &str) -> Result<()> {
     const WHAT: &str = "score_mod WGSL";
     check_tokens(
         WHAT,
@@ -262,7 +374,9 @@ fn check_wgsl(source: &str) -> Result<()> {
         ],
     )?;
     #[cfg(not(target_arch = "wasm32"))]
-    check_compiles(source)?;
+    check_compiles(source, stubs)?;
+    #[cfg(target_arch = "wasm32")]
+    let _ = stubs;
     #[cfg(target_arch = "wasm32")]
     for name in ["score_mod", "score_mod_ds"] {
         if !source.contains(&format!("fn {name}(")) {
@@ -282,12 +396,16 @@ fn check_wgsl(source: &str) -> Result<()> {
 /// naga parses and validates the snippet alone, and its two functions have their signatures
 /// and no name it defines is the kernels'.
 #[cfg(not(target_arch = "wasm32"))]
-fn check_compiles(source: &str) -> Result<()> {
+fn check_compiles(source: &str, stubs: &str) -> Result<()> {
     const WHAT: &str = "score_mod WGSL";
-    let module = naga::front::wgsl::parse_str(source).map_err(|e| {
+    let whole = format!("{source}\n{stubs}");
+    let lines = source.lines().count();
+    // a line of the snippet, or none where the compiler points into the accessors
+    let line = |l: u32| Some(l as usize).filter(|&l| l <= lines);
+    let module = naga::front::wgsl::parse_str(&whole).map_err(|e| {
         user_error(
             WHAT,
-            e.location(source).map(|l| l.line_number as usize),
+            e.location(&whole).and_then(|l| line(l.line_number)),
             e.message().to_string(),
         )
     })?;
@@ -299,7 +417,7 @@ fn check_compiles(source: &str) -> Result<()> {
     .map_err(|e| {
         user_error(
             WHAT,
-            e.location(source).map(|l| l.line_number as usize),
+            e.location(&whole).and_then(|l| line(l.line_number)),
             e.as_inner().to_string(),
         )
     })?;
@@ -350,7 +468,8 @@ fn check_compiles(source: &str) -> Result<()> {
     let mut defined: Vec<(String, Option<usize>)> = Vec::new();
     for (_, f) in module.functions.iter() {
         if let Some(n) = &f.name {
-            if n != "score_mod" && n != "score_mod_ds" {
+            let accessor = stubs.contains(&format!("fn {n}(i: u32)"));
+            if n != "score_mod" && n != "score_mod_ds" && !accessor {
                 defined.push((n.clone(), None));
             }
         }

@@ -140,8 +140,8 @@ impl Plan {
         let limit = crate::kernels::wgsl::EXTRAS_WORDS as u64;
         if self.extras.len() as u64 > limit {
             return Err(crate::Error::DeviceLimit {
-                what: "ALiBi slopes, sinks, key lengths, block-mask bits and varlen boundaries \
-                       (one uniform array of 32-bit words)"
+                what: "ALiBi slopes, sinks, key lengths, block-mask bits, varlen boundaries and \
+                       a score_mod's captured tensors (one uniform array of 32-bit words)"
                     .into(),
                 needed: self.extras.len() as u64 * 4,
                 limit: limit * 4,
@@ -414,7 +414,7 @@ pub(crate) fn key(
         },
         accumulate: false,
         score_mod: if reads & crate::kernels::flags::SCORE_MOD != 0 {
-            cfg.score_mod.as_ref().map(|m| m.wgsl_source())
+            cfg.score_mod.as_ref().map(|m| m.kernel_wgsl())
         } else {
             None
         },

@@ -85,3 +85,49 @@ __device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned 
         },
     )
 }
+
+/// T5's bucketed relative positions: a learned bias per (query head, bucket of j - i), read
+/// from a captured table `t5_bias` of `heads * 16` values (8 buckets each side: distances
+/// 0-3 exact, then 4-7, 8-15, 16-31, 32 and more).
+pub fn t5(heads: usize, table: Vec<f32>) -> ScoreMod {
+    assert_eq!(table.len(), heads * 16);
+    let host_table = table.clone();
+    ScoreMod::wgsl_with(
+        "
+fn my_bucket(i: u32, j: u32) -> u32 {
+    let rel = i32(j) - i32(i);
+    let side = select(0u, 8u, rel > 0);
+    let n = u32(abs(rel));
+    if (n < 4u) {
+        return side + n;
+    }
+    return side + select(select(select(7u, 6u, n < 32u), 5u, n < 16u), 4u, n < 8u);
+}
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    return s + t5_bias(h * 16u + my_bucket(i, j));
+}
+fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    return 1.0;
+}
+",
+        [("t5_bias", table)],
+    )
+    .unwrap()
+    .with_reference(
+        move |s, _, h, i, j| {
+            let rel = j as i64 - i as i64;
+            let side = if rel > 0 { 8 } else { 0 };
+            let n = rel.unsigned_abs() as usize;
+            let bucket = side
+                + match n {
+                    0..=3 => n,
+                    4..=7 => 4,
+                    8..=15 => 5,
+                    16..=31 => 6,
+                    _ => 7,
+                };
+            s + host_table[h * 16 + bucket] as f64
+        },
+        |_, _, _, _, _| 1.0,
+    )
+}

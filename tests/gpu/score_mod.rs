@@ -62,3 +62,51 @@ fn a_modifier_no_built_in_expresses_matches_the_reference_in_every_dtype() {
     c.algorithm = Algorithm::Naive;
     common::check_dtype_dyn(ctx(), DType::F32, &c, 1.5, "score_mod naive");
 }
+
+#[test]
+fn a_t5_relative_position_table_is_read_from_captured_tensors() {
+    // a learned bias per (head, bucket of j - i) in a captured table, the buckets computed in
+    // the snippet; with GQA and causal, tiled and naive, forward and backward
+    let c0 = cfg(2, 75, 90, 4, 2, 32, true);
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(common::fresh_seed());
+    let table = common::random(&mut rng, c0.heads_q * 16, 1.0);
+    let mut c = c0.clone();
+    c.score_mod = Some(score_mods::t5(c.heads_q, table.clone()));
+    check_backward(&c, 1.0);
+    // the table reaches the kernels: another table, another result
+    let other: Vec<f32> = table.iter().map(|x| x + 0.5 * (x * 7.0).sin()).collect();
+    let mut d = c0.clone();
+    d.score_mod = Some(score_mods::t5(d.heads_q, other));
+    let data = inputs(&c, 1.0);
+    let a = ctx().forward_host(&c, &data.q, &data.k, &data.v).unwrap();
+    let b = ctx().forward_host(&d, &data.q, &data.k, &data.v).unwrap();
+    assert!(a.out.iter().zip(&b.out).any(|(x, y)| (x - y).abs() > 1e-3));
+}
+
+#[test]
+fn bad_captured_tensors_are_user_code_errors() {
+    use flash_attn_wgpu::{Error, ScoreMod};
+    let src = "
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s + t(i); }
+fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return 1.0; }";
+    for (name, values, expect) in [
+        ("t", vec![], "at least one value"),
+        ("t", vec![1.0, f32::NAN], "finite"),
+        ("2t", vec![1.0], "identifier"),
+        ("visible", vec![1.0], "kernels define"),
+    ] {
+        match ScoreMod::wgsl_with(src, [(name, values)]) {
+            Err(Error::UserCode { what, message, .. }) => {
+                assert!(what.contains(name), "{what}");
+                assert!(message.contains(expect), "{message}");
+            }
+            other => panic!("{name}: expected UserCode, got {other:?}"),
+        }
+    }
+    // a snippet that reads a tensor it did not capture
+    assert!(matches!(
+        ScoreMod::wgsl(src),
+        Err(Error::UserCode { line: Some(2), .. })
+    ));
+    assert!(ScoreMod::wgsl_with(src, [("t", vec![0.5; 8])]).is_ok());
+}
