@@ -343,7 +343,7 @@ fn varlen_tile_empty(q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> 
 // tile's rows span two sequences or its keys leave the rows' sequence. MASK: always (the
 // boolean mask is read pair by pair).
 fn tile_needs_mask(b: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> bool {
-    if (MASK() || kv_begin + kv_count > kv_len(b) || kv_begin < kv_start(b)) {
+    if (MASK() || MASK_MOD() || kv_begin + kv_count > kv_len(b) || kv_begin < kv_start(b)) {
         return true;
     }
     var shift = align_shift(b);
@@ -431,7 +431,8 @@ fn visible(i: u32, j: u32) -> bool {
     }
     let causal_ok = !CAUSAL() | (i32(j) <= i32(i) + params.causal_offset + shift);
     let band_ok = !WINDOW() | ((i32(j) >= i32(i) + params.band_lo + shift) & (i32(j) <= i32(i) + params.band_hi + shift));
-    return in_range & in_sequence & causal_ok & band_ok & block_on(i, j) & pair_on(i, j);
+    return in_range & in_sequence & causal_ok & band_ok & block_on(i, j) & pair_on(i, j)
+        & mask_mod_on(i, j);
 }
 
 // A hidden pair's score: -inf, so that any finite score, however negative, outweighs it.

@@ -124,6 +124,10 @@ pub struct AttentionConfig {
     /// every kernel applies to each visible pair's score after the built-in modifiers, with
     /// its derivative in the backward ([`crate::ScoreMod`]). None: off.
     pub score_mod: Option<crate::ScoreMod>,
+    /// A user-defined mask (FlexAttention's `mask_mod`): WGSL that every kernel applies with
+    /// the other masks ([`crate::MaskMod`]); with the block mask `Context::create_block_mask`
+    /// gives from it, blocks it hides are skipped. None: off.
+    pub mask_mod: Option<crate::MaskMod>,
     /// `None` means `1 / sqrt(head_dim)`.
     pub softmax_scale: Option<f32>,
     /// Tiled (FlashAttention, the default) or naive (for comparison).
@@ -237,6 +241,7 @@ impl AttentionConfig {
             bias: None,
             varlen: None,
             score_mod: None,
+            mask_mod: None,
             softmax_scale: None,
             algorithm: Algorithm::default(),
             kv_splits: None,

@@ -30,6 +30,7 @@
 
 pub mod backend;
 pub mod backward;
+mod block_masks;
 mod checks;
 pub mod config;
 pub mod cuda;
@@ -47,6 +48,7 @@ pub mod tensor;
 pub mod unstable;
 
 // The modifiers' public types keep their paths (`flash_attn_wgpu::bias::ScoreBias`, ...).
+pub use modifiers::mask_mod::MaskMod;
 pub use modifiers::score_mod::ScoreMod;
 pub use modifiers::{bias, block_mask, bool_mask, dropout, paged, varlen};
 

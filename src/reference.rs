@@ -54,7 +54,7 @@ pub(crate) fn aligned(cfg: &AttentionConfig, b: usize, i: usize, j: usize) -> Op
 /// uses): i' = i + seq_kv - seq_q (per sequence with varlen, where pairs of different
 /// sequences are hidden); causal: j <= i'; window: i' - left <= j <= i' + right; key padding:
 /// leftpad_kv[b] <= j < seqlens_kv[b]; block mask: the block of (i, j) is on for (b, h);
-/// boolean mask: its entry for (b, h, i, j) is true.
+/// boolean mask: its entry for (b, h, i, j) is true; a user's mask_mod: its host predicate.
 fn visible(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) -> bool {
     if let Some(n) = &cfg.seqlens_kv {
         if j >= n[b] {
@@ -75,6 +75,9 @@ fn visible(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) ->
         if !m.allows((b, h, i, j)) {
             return false;
         }
+    }
+    if !crate::modifiers::mask_mod::reference(cfg, b, h, i, j) {
+        return false;
     }
     let Some((ip, j)) = aligned(cfg, b, i, j) else {
         return false;

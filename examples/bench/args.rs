@@ -92,6 +92,16 @@ pub struct Args {
     /// modifier (`ScoreMod`, FlexAttention's score_mod), side by side with the built-in one
     #[arg(long, requires = "softcap")]
     pub score_mod_both: bool,
+    /// A document mask written as a user mask (`MaskMod`, FlexAttention's mask_mod) on every
+    /// point: K equal documents per sequence, causal within each when --causal, with its block
+    /// mask (64 x 64 blocks) so that blocks across documents are skipped (the FLOPs count only
+    /// the visible pairs)
+    #[arg(long, value_name = "K", conflicts_with_all = ["varlen", "block_density"])]
+    pub doc_mask: Option<usize>,
+    /// --causal written as a user mask (`j <= i + seq_kv - seq_q`) with its block mask
+    /// instead of the built-in causal mask
+    #[arg(long, requires = "causal")]
+    pub causal_mask_mod: bool,
     /// ALiBi on every point, with the usual slopes (2^(-8 (h + 1) / heads) for head h)
     #[arg(long)]
     pub alibi: bool,

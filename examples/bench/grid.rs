@@ -100,6 +100,53 @@ __device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned 
                 (w[0] as u64) < cut
             })
         });
+        if let Some(docs) = mods.doc_mask {
+            // K equal documents (the last takes the remainder) as a user mask over captured
+            // document ids, causal within each with --causal, and its block mask
+            let (n, len) = (self.seq, self.seq.div_ceil(docs.max(1)));
+            let ids: Vec<f32> = (0..n).map(|i| (i / len) as f32).collect();
+            let src = if causal {
+                "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool {
+    return doc_id(i) == doc_id(j) && j <= i;
+}"
+            } else {
+                "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool {
+    return doc_id(i) == doc_id(j);
+}"
+            };
+            let m = flash_attn_wgpu::MaskMod::wgsl_with(src, [("doc_id", ids)])
+                .expect("the bench's document mask is valid");
+            cfg.block_mask = Some(flash_attn_wgpu::BlockMask::from_fn(
+                64,
+                64,
+                (1, 1, n, n),
+                |_, _, r, c| {
+                    let (i0, j0) = (r * 64, c * 64);
+                    let (i1, j1) = ((i0 + 63).min(n - 1), (j0 + 63).min(n - 1));
+                    // some pair of the block in one document (and causal: j <= i)
+                    i0 / len <= j1 / len && j0 / len <= i1 / len && (!causal || j0 <= i1)
+                },
+            ));
+            cfg.mask_mod = Some(m);
+            cfg.causal = false;
+        }
+        if mods.causal_mask_mod && cfg.causal {
+            let shift = cfg.seq_kv as i64 - cfg.seq_q as i64;
+            let m = flash_attn_wgpu::MaskMod::wgsl(&format!(
+                "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool {{ \
+                 return i32(j) <= i32(i) + {shift}; }}"
+            ))
+            .expect("the bench's causal mask is valid");
+            let (sq, skv) = (cfg.seq_q, cfg.seq_kv);
+            cfg.block_mask = Some(flash_attn_wgpu::BlockMask::from_fn(
+                64,
+                64,
+                (1, 1, sq, skv),
+                |_, _, r, c| (c * 64) as i64 <= ((r * 64 + 63).min(sq - 1)) as i64 + shift,
+            ));
+            cfg.mask_mod = Some(m);
+            cfg.causal = false;
+        }
         cfg.mask = mods.mask.map(|density| {
             // one fixed pseudo-random mask shared by the batches and heads: pair (i, j) is on
             // when a Philox word of (i, j) falls under the density
@@ -159,6 +206,10 @@ pub struct Mods {
     pub bias: bool,
     /// --score-mod-both: the softcap as a user score modifier
     pub user_softcap: bool,
+    /// --doc-mask
+    pub doc_mask: Option<usize>,
+    /// --causal-mask-mod
+    pub causal_mask_mod: bool,
 }
 
 /// What to measure, resolved from the flags and checked before the GPU is touched.
@@ -235,6 +286,8 @@ impl Grid {
             mask: a.mask_density,
             bias: a.bias,
             user_softcap: false,
+            doc_mask: a.doc_mask,
+            causal_mask_mod: a.causal_mask_mod,
         };
         let mods = if a.score_mod_both {
             vec![

@@ -126,6 +126,9 @@ pub fn mask_label(cfg: &AttentionConfig) -> String {
     if cfg.score_mod.is_some() {
         label += " score_mod";
     }
+    if cfg.mask_mod.is_some() {
+        label += " mask_mod";
+    }
     if cfg.alibi_slopes.is_some() {
         label += " alibi";
     }

@@ -119,6 +119,9 @@ fn cells(r: &Record, roof: &Roofline) -> [String; 18] {
             if c.score_mod.is_some() {
                 cell += " score_mod";
             }
+            if c.mask_mod.is_some() {
+                cell += " mask_mod";
+            }
             if c.alibi_slopes.is_some() {
                 cell += " alibi";
             }

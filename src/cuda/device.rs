@@ -232,6 +232,13 @@ impl CudaContext {
             key.decode_rows = decode_geometry(cfg).rows;
         }
         key.flags = crate::kernels::flags::of(cfg) & super::kernels::CUDA_COMPILED;
+        if cfg.mask_mod.is_some() {
+            return Err(Error::Unsupported {
+                feature: "a user mask (mask_mod)".into(),
+                backend: Backend::Cuda,
+                reason: "the CUDA kernels do not take it yet; use the wgpu path".into(),
+            });
+        }
         if let Some(m) = &cfg.score_mod {
             if !m.captured().is_empty() {
                 return Err(Error::Unsupported {

@@ -39,6 +39,8 @@ pub const PAGED: u32 = m::paged::MODIFIER.bit;
 pub const VIEWS: u32 = 1 << 12;
 /// A user's score modifier (`AttentionConfig::score_mod`): compiled in, its code in the key.
 pub const SCORE_MOD: u32 = m::score_mod::MODIFIER.bit;
+/// A user's mask (`AttentionConfig::mask_mod`): compiled in, its code in the key.
+pub const MASK_MOD: u32 = m::mask_mod::MODIFIER.bit;
 
 /// Every bit with its WGSL name, in bit order.
 pub const ALL: [(u32, &str); m::ALL.len()] = {
@@ -140,10 +142,13 @@ mod tests {
 
     #[test]
     fn the_registry_gives_the_measured_sets() {
-        assert_eq!(COMPILED, SOFTCAP | DROPOUT | BIAS | MASK | SCORE_MOD);
+        assert_eq!(
+            COMPILED,
+            SOFTCAP | DROPOUT | BIAS | MASK | SCORE_MOD | MASK_MOD
+        );
         assert_eq!(
             IN_EXTRAS,
-            ALIBI | SINKS | SEQLENS | BLOCKS | VARLEN | SCORE_MOD
+            ALIBI | SINKS | SEQLENS | BLOCKS | VARLEN | SCORE_MOD | MASK_MOD
         );
         assert_eq!(IN_PAIRS, MASK | BIAS | PAGED);
         assert_eq!(ALL[12], (VIEWS, "VIEWS"));
@@ -151,7 +156,10 @@ mod tests {
 
     #[test]
     fn names_parse_back_to_their_bits() {
-        assert_eq!(parse("softcap,DROPOUT, bias,mask,score_mod"), COMPILED);
+        assert_eq!(
+            parse("softcap,DROPOUT, bias,mask,score_mod,mask_mod"),
+            COMPILED
+        );
         assert_eq!(parse("none"), 0);
         assert_eq!(parse("all"), (1 << ALL.len()) - 1);
         assert_eq!(parse("causal,nonsense"), CAUSAL);

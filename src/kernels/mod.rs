@@ -45,6 +45,8 @@ pub enum Kernel {
     /// Rotary position embedding of q or the new keys of a KV-cache call
     /// (`shaders/rotary.wgsl`).
     Rotary,
+    /// A user mask's block mask (`Context::create_block_mask`, `shaders/mask_blocks.wgsl`).
+    MaskBlocks,
     Canary,
     RooflineFma,
     RooflineFmaF16,
@@ -115,7 +117,7 @@ use Access::{Read as R, ReadWrite as W};
 use BindType::{Elem as E, Vec2F32 as V2, Vec4F32 as V4, F32, U32};
 
 impl Kernel {
-    pub const ALL: [Kernel; 31] = [
+    pub const ALL: [Kernel; 32] = [
         Kernel::FlashBwdPreprocess,
         Kernel::Flash(Variant::Rows, Pass::Forward),
         Kernel::Flash(Variant::Rows, Pass::DkDv),
@@ -142,6 +144,7 @@ impl Kernel {
         Kernel::NaiveBwdDq,
         Kernel::Cast,
         Kernel::Rotary,
+        Kernel::MaskBlocks,
         Kernel::Canary,
         Kernel::RooflineFma,
         Kernel::RooflineFmaF16,
@@ -177,6 +180,7 @@ impl Kernel {
             Kernel::NaiveBwdDq => "naive_bwd_dq",
             Kernel::Cast => "cast",
             Kernel::Rotary => "rotary",
+            Kernel::MaskBlocks => "mask_blocks",
             Kernel::Canary => "canary",
             Kernel::RooflineFma => "roofline_fma",
             Kernel::RooflineFmaF16 => "roofline_fma_f16",
@@ -234,6 +238,7 @@ impl Kernel {
             Kernel::NaiveBwdDq => include_str!("../../shaders/naive_bwd_dq.wgsl"),
             Kernel::Cast => include_str!("../../shaders/cast.wgsl"),
             Kernel::Rotary => include_str!("../../shaders/rotary.wgsl"),
+            Kernel::MaskBlocks => include_str!("../../shaders/mask_blocks.wgsl"),
             Kernel::Canary => include_str!("../../shaders/canary.wgsl"),
             // one probe in two types: the prelude defines FT
             Kernel::RooflineFma | Kernel::RooflineFmaF16 => {
@@ -336,6 +341,8 @@ impl Kernel {
                 }
             }
             Kernel::Canary => const { &[b("counter", U32, W)] },
+            // 1.0 where the block has a pair the mask lets through
+            Kernel::MaskBlocks => const { &[b("blocks", F32, W)] },
             Kernel::RooflineFma | Kernel::RooflineFmaF16 | Kernel::RooflineCoop => {
                 const { &[b("sink", F32, W)] }
             }
@@ -404,11 +411,14 @@ impl Kernel {
             Kernel::FlashBwdSinks | Kernel::FlashDecodeCombine => {
                 CAUSAL | WINDOW | ALIBI | SINKS | SEQLENS | BLOCKS | VARLEN | MASK
             }
-            k if k.finishes_scores() => !(DROPOUT | PAGED | VIEWS) & ((1 << ALL.len()) - 1),
+            // the naive dS kernel finishes scores of pairs P already masked
+            Kernel::NaiveBwdDs => !(DROPOUT | PAGED | VIEWS | MASK_MOD) & every(),
+            k if k.finishes_scores() => !(DROPOUT | PAGED | VIEWS) & every(),
             // the naive kernels that bound their loops by the band, and the naive dK/dV's
             // per-head state (begin_head)
             Kernel::NaivePv | Kernel::NaiveBwdDq => CAUSAL | WINDOW,
             Kernel::NaiveBwdDkDv => CAUSAL | WINDOW | ALIBI | SINKS | SEQLENS | BLOCKS | MASK,
+            Kernel::MaskBlocks => MASK_MOD,
             _ => 0,
         };
         if self.applies_dropout() {
@@ -435,6 +445,7 @@ impl Kernel {
                 | Kernel::NaiveSoftmax
                 | Kernel::Cast
                 | Kernel::Rotary
+                | Kernel::MaskBlocks
                 | Kernel::Canary
                 | Kernel::RooflineFma
                 | Kernel::RooflineFmaF16
@@ -470,6 +481,7 @@ impl Kernel {
             self,
             Kernel::Cast
                 | Kernel::Rotary
+                | Kernel::MaskBlocks
                 | Kernel::FlashBwdPreprocess
                 | Kernel::FlashBwdBias
                 | Kernel::Merge

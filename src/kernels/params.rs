@@ -273,9 +273,7 @@ pub fn extras_layout(cfg: &crate::AttentionConfig) -> ExtrasLayout {
         words.extend(v.cu_seqlens_q.iter().chain(&v.cu_seqlens_kv));
     }
     let captured_base = words.len() as u32;
-    if let Some(m) = &cfg.score_mod {
-        words.extend(m.captured_words());
-    }
+    words.extend(crate::modifiers::user_code::captured_words(cfg));
     ExtrasLayout {
         words,
         alibi_b_stride: match &cfg.alibi_slopes {

@@ -84,8 +84,8 @@ pub struct KernelKey {
     /// (`keep_bias_grad`: the dQ kernels and the naive dS kernel of a call whose bias asks for
     /// `d_bias`), into an f32 scratch bound after the pair data (`bias_grads_slot`).
     pub bias_grad: bool,
-    /// A user's score modifier (`AttentionConfig::score_mod`): its WGSL, appended to the
-    /// source, where the kernel reads the SCORE_MOD bit and the call has one.
+    /// A user's score modifier and mask (`AttentionConfig::score_mod`, `mask_mod`): their
+    /// WGSL, appended to the source, where the kernel reads their bits and the call has one.
     pub score_mod: Option<&'static str>,
     /// Rows kernels: the fixed subgroup size they share tile reads across, or 0 for none.
     pub subgroup: u32,
@@ -309,10 +309,10 @@ impl KernelKey {
             s.push_str(&elementwise_entry());
         }
         // last, so that the user's line n is the source's line (lines before) + n
-        s.push_str("\n// user score_mod (AttentionConfig::score_mod), or its stand-in\n");
+        s.push_str("\n// user code (AttentionConfig::score_mod, mask_mod), or stand-ins\n");
         s.push_str(
             self.score_mod
-                .unwrap_or(crate::modifiers::score_mod::WGSL_STUB),
+                .unwrap_or_else(crate::modifiers::user_code::stubs),
         );
         s
     }

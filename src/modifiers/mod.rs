@@ -17,11 +17,13 @@ pub mod bias;
 pub mod block_mask;
 pub mod bool_mask;
 pub mod dropout;
+pub mod mask_mod;
 pub mod paged;
 pub mod score_mod;
 pub(crate) mod seqlens;
 pub(crate) mod sinks;
 pub(crate) mod softcap;
+pub(crate) mod user_code;
 pub mod varlen;
 
 use crate::error::Result;
@@ -116,7 +118,7 @@ const VIEWS: Modifier = Modifier {
 };
 
 /// Every modifier, in bit order (bit i is `1 << i`).
-pub(crate) const ALL: [&Modifier; 14] = [
+pub(crate) const ALL: [&Modifier; 15] = [
     &band::CAUSAL,
     &band::WINDOW,
     &softcap::MODIFIER,
@@ -131,6 +133,7 @@ pub(crate) const ALL: [&Modifier; 14] = [
     &paged::MODIFIER,
     &VIEWS,
     &score_mod::MODIFIER,
+    &mask_mod::MODIFIER,
 ];
 
 /// The bits of the modifiers compiled into pipelines by default.

@@ -21,13 +21,29 @@
 //! applied to it. Masking stays with the masks (a score of -inf from `score_mod` hides a pair
 //! too, but its tile is still visited).
 
-use std::collections::HashSet;
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
+use super::user_code::{
+    self, check_captured, check_tokens, check_wgsl, intern, user_error, Required,
+};
 use super::{Data, Modifier, Pair, Score};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::AttentionConfig;
+
+/// The functions a score modifier's WGSL defines.
+const REQUIRED: [Required; 2] = [
+    Required {
+        name: "score_mod",
+        args: &["f32", "u32", "u32", "u32", "u32"],
+        ret: "f32",
+    },
+    Required {
+        name: "score_mod_ds",
+        args: &["f32", "u32", "u32", "u32", "u32"],
+        ret: "f32",
+    },
+];
 
 /// A host function of (score, batch, query head, query row, key), for the f64 reference.
 pub type HostScoreFn = Arc<dyn Fn(f64, usize, usize, usize, usize) -> f64 + Send + Sync>;
@@ -38,8 +54,6 @@ pub type HostScoreFn = Arc<dyn Fn(f64, usize, usize, usize, usize) -> f64 + Send
 pub struct ScoreMod {
     /// The user's WGSL, as given.
     source: &'static str,
-    /// What the kernels include: the source, then its captured tensors' accessors.
-    kernel_wgsl: &'static str,
     cuda: Option<&'static str>,
     captured: Arc<Vec<(String, Vec<f32>)>>,
     host: Option<(HostScoreFn, HostScoreFn)>,
@@ -64,23 +78,11 @@ impl ScoreMod {
     ) -> Result<ScoreMod> {
         let captured: Vec<(String, Vec<f32>)> =
             captured.into_iter().map(|(n, v)| (n.into(), v)).collect();
-        check_captured(&captured)?;
-        let mut accessors = String::new();
-        let mut stubs = String::new();
-        let mut offset = 0usize;
-        for (name, values) in &captured {
-            accessors.push_str(&format!(
-                "fn {name}(i: u32) -> f32 {{ return extra(params.captured_base + {offset}u + \
-                 min(i, {}u)); }}\n",
-                values.len() - 1
-            ));
-            stubs.push_str(&format!("fn {name}(i: u32) -> f32 {{ return 0.0; }}\n"));
-            offset += values.len();
-        }
-        check_wgsl(source, &stubs)?;
+        check_captured("score_mod", &captured)?;
+        let (_, stubs) = user_code::accessors(&captured, 0);
+        check_wgsl("score_mod WGSL", source, &stubs, &REQUIRED)?;
         Ok(ScoreMod {
             source: intern(source),
-            kernel_wgsl: intern(&format!("{source}\n{accessors}")),
             cuda: None,
             captured: Arc::new(captured),
             host: None,
@@ -146,27 +148,13 @@ impl ScoreMod {
     pub fn captured(&self) -> &[(String, Vec<f32>)] {
         &self.captured
     }
-
-    /// What the kernels include: the source and its captured tensors' accessors.
-    pub(crate) fn kernel_wgsl(&self) -> &'static str {
-        self.kernel_wgsl
-    }
-
-    /// The captured tensors as the extras hold them (f32 bits, in order).
-    pub(crate) fn captured_words(&self) -> impl Iterator<Item = u32> + '_ {
-        self.captured
-            .iter()
-            .flat_map(|(_, v)| v.iter().map(|x| x.to_bits()))
-    }
 }
 
 impl PartialEq for ScoreMod {
     /// Two modifiers are equal when their code and captured tensors are (the host functions
     /// are not compared).
     fn eq(&self, other: &ScoreMod) -> bool {
-        self.kernel_wgsl == other.kernel_wgsl
-            && self.cuda == other.cuda
-            && self.captured == other.captured
+        self.source == other.source && self.cuda == other.cuda && self.captured == other.captured
     }
 }
 
@@ -226,280 +214,10 @@ fn host(cfg: &AttentionConfig, (b, h, i, j): Pair, s: f64, which: usize) -> f64 
     }
 }
 
-/// One copy of each snippet's text for the life of the process, so that pipeline keys (which
-/// are `Copy`) can hold it; bounded by the distinct snippets a program makes.
-fn intern(source: &str) -> &'static str {
-    static TEXTS: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
-    let mut texts = TEXTS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    if let Some(t) = texts.get(source) {
-        return t;
-    }
-    let t: &'static str = Box::leak(source.to_owned().into_boxed_str());
-    texts.insert(t);
-    t
-}
-
-fn user_error(what: &str, line: Option<usize>, message: String) -> Error {
-    Error::UserCode {
-        what: what.into(),
-        line,
-        message,
-    }
-}
-
-/// Refuses source that holds any of `banned` (by line).
-fn check_tokens(what: &str, source: &str, banned: &[&str]) -> Result<()> {
-    for (n, line) in source.lines().enumerate() {
-        let code = line.split("//").next().unwrap_or("");
-        if let Some(b) = banned.iter().find(|b| code.contains(**b)) {
-            return Err(user_error(
-                what,
-                Some(n + 1),
-                format!(
-                    "`{b}` is not allowed: a score modifier is a pure function of its \
-                     arguments (no bindings, shared memory, barriers or entry points)"
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The names the kernels' own WGSL defines, which a snippet may not redefine.
-#[cfg(not(target_arch = "wasm32"))]
-fn reserved(name: &str) -> bool {
-    static NAMES: OnceLock<HashSet<String>> = OnceLock::new();
-    NAMES
-        .get_or_init(|| {
-            // every kernel's whole source, its generated prelude with every modifier included
-            let mut text = String::new();
-            for k in crate::kernels::Kernel::ALL {
-                let key = crate::kernels::KernelKey {
-                    runtime: crate::kernels::flags::every(),
-                    elem: crate::dtype::ElemFormat::F16Native,
-                    ..crate::kernels::KernelKey::plain(k)
-                };
-                text.push_str(&key.wgsl());
-            }
-            let mut names = HashSet::new();
-            for word in ["fn", "struct", "const", "var<private>", "alias", "override"] {
-                for part in text.split(&format!("{word} ")).skip(1) {
-                    let name: String = part
-                        .chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
-                        .collect();
-                    names.insert(name);
-                }
-            }
-            for n in [
-                "params", "LN2", "LOG2E", "HEAD_DIM", "BR", "BC", "main", "item",
-            ] {
-                names.insert(n.to_string());
-            }
-            names
-        })
-        .contains(name)
-}
-
-/// The captured tensors' names and values.
-fn check_captured(captured: &[(String, Vec<f32>)]) -> Result<()> {
-    for (k, (name, values)) in captured.iter().enumerate() {
-        let what = format!("score_mod captured tensor `{name}`");
-        let ident = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            && !name.starts_with("__");
-        if !ident || name == "score_mod" || name == "score_mod_ds" {
-            return Err(user_error(
-                &what,
-                None,
-                "expected a WGSL identifier other than score_mod and score_mod_ds".into(),
-            ));
-        }
-        #[cfg(not(target_arch = "wasm32"))]
-        if reserved(name) {
-            return Err(user_error(
-                &what,
-                None,
-                format!("`{name}` is a name the kernels define; rename it"),
-            ));
-        }
-        if captured[..k].iter().any(|(n, _)| n == name) {
-            return Err(user_error(
-                &what,
-                None,
-                "a name may be captured once".into(),
-            ));
-        }
-        if values.is_empty() {
-            return Err(user_error(
-                &what,
-                None,
-                "expected at least one value, got none".into(),
-            ));
-        }
-        if let Some((i, x)) = values.iter().enumerate().find(|(_, x)| !x.is_finite()) {
-            return Err(user_error(
-                &what,
-                None,
-                format!("expected finite values, got {x} at index {i}"),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The snippet's rules, then (off the web) naga on the snippet with `stubs` (its captured
-/// tensors' accessors) after it, so that the snippet's lines keep their numbers.
-fn check_wgsl(source: &str, stubs: &str) -> Result<()> {
-    const WHAT: &str = "score_mod WGSL";
-    check_tokens(
-        WHAT,
-        source,
-        &[
-            "@group",
-            "@binding",
-            "@compute",
-            "@workgroup_size",
-            "var<storage",
-            "var<uniform",
-            "var<workgroup",
-            "workgroupBarrier",
-            "storageBarrier",
-            "textureBarrier",
-            "workgroupUniformLoad",
-            "enable ",
-        ],
-    )?;
-    #[cfg(not(target_arch = "wasm32"))]
-    check_compiles(source, stubs)?;
-    #[cfg(target_arch = "wasm32")]
-    let _ = stubs;
-    #[cfg(target_arch = "wasm32")]
-    for name in ["score_mod", "score_mod_ds"] {
-        if !source.contains(&format!("fn {name}(")) {
-            return Err(user_error(
-                WHAT,
-                None,
-                format!(
-                    "expected `fn {name}(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32`, \
-                     found no `{name}`"
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// naga parses and validates the snippet alone, and its two functions have their signatures
-/// and no name it defines is the kernels'.
-#[cfg(not(target_arch = "wasm32"))]
-fn check_compiles(source: &str, stubs: &str) -> Result<()> {
-    const WHAT: &str = "score_mod WGSL";
-    let whole = format!("{source}\n{stubs}");
-    let lines = source.lines().count();
-    // a line of the snippet, or none where the compiler points into the accessors
-    let line = |l: u32| Some(l as usize).filter(|&l| l <= lines);
-    let module = naga::front::wgsl::parse_str(&whole).map_err(|e| {
-        user_error(
-            WHAT,
-            e.location(&whole).and_then(|l| line(l.line_number)),
-            e.message().to_string(),
-        )
-    })?;
-    naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::empty(),
-    )
-    .validate(&module)
-    .map_err(|e| {
-        user_error(
-            WHAT,
-            e.location(&whole).and_then(|l| line(l.line_number)),
-            e.as_inner().to_string(),
-        )
-    })?;
-    use naga::{Scalar, TypeInner};
-    let scalar = |ty: naga::Handle<naga::Type>| match module.types[ty].inner {
-        TypeInner::Scalar(s) => Some(s),
-        _ => None,
-    };
-    for name in ["score_mod", "score_mod_ds"] {
-        let Some((_, f)) = module
-            .functions
-            .iter()
-            .find(|(_, f)| f.name.as_deref() == Some(name))
-        else {
-            return Err(user_error(
-                WHAT,
-                None,
-                format!(
-                    "expected `fn {name}(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32`, \
-                     found no `{name}`"
-                ),
-            ));
-        };
-        let args: Vec<_> = f.arguments.iter().map(|a| scalar(a.ty)).collect();
-        let want = [
-            Some(Scalar::F32),
-            Some(Scalar::U32),
-            Some(Scalar::U32),
-            Some(Scalar::U32),
-            Some(Scalar::U32),
-        ];
-        let ret = f.result.as_ref().and_then(|r| scalar(r.ty));
-        if args != want || ret != Some(Scalar::F32) {
-            let line = source
-                .lines()
-                .position(|l| l.contains(&format!("fn {name}(")))
-                .map(|n| n + 1);
-            return Err(user_error(
-                WHAT,
-                line,
-                format!(
-                    "`{name}` must be `fn {name}(s: f32, b: u32, h: u32, i: u32, j: u32) -> \
-                     f32`"
-                ),
-            ));
-        }
-    }
-    let mut defined: Vec<(String, Option<usize>)> = Vec::new();
-    for (_, f) in module.functions.iter() {
-        if let Some(n) = &f.name {
-            let accessor = stubs.contains(&format!("fn {n}(i: u32)"));
-            if n != "score_mod" && n != "score_mod_ds" && !accessor {
-                defined.push((n.clone(), None));
-            }
-        }
-    }
-    for (_, c) in module.constants.iter() {
-        defined.extend(c.name.clone().map(|n| (n, None)));
-    }
-    for (_, g) in module.global_variables.iter() {
-        defined.extend(g.name.clone().map(|n| (n, None)));
-    }
-    for (_, t) in module.types.iter() {
-        defined.extend(t.name.clone().map(|n| (n, None)));
-    }
-    if let Some((name, _)) = defined.iter().find(|(n, _)| reserved(n)) {
-        let line = source
-            .lines()
-            .position(|l| l.contains(name.as_str()))
-            .map(|n| n + 1);
-        return Err(user_error(
-            WHAT,
-            line,
-            format!("`{name}` is a name the kernels define; rename it"),
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Error;
 
     const CAP: &str = "
 fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {

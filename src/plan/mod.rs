@@ -7,6 +7,7 @@
 mod backward;
 pub mod decode;
 mod forward;
+mod mask_blocks;
 pub mod merge;
 mod naive;
 mod rotary;
@@ -14,6 +15,7 @@ pub mod split;
 
 pub use backward::backward;
 pub use forward::forward;
+pub use mask_blocks::mask_blocks;
 pub use merge::merge;
 pub use rotary::rotary;
 
@@ -413,8 +415,10 @@ pub(crate) fn key(
             0
         },
         accumulate: false,
-        score_mod: if reads & crate::kernels::flags::SCORE_MOD != 0 {
-            cfg.score_mod.as_ref().map(|m| m.kernel_wgsl())
+        score_mod: if reads & (crate::kernels::flags::SCORE_MOD | crate::kernels::flags::MASK_MOD)
+            != 0
+        {
+            crate::modifiers::user_code::kernel_wgsl(cfg)
         } else {
             None
         },

@@ -186,6 +186,9 @@ pub fn describe(cfg: &AttentionConfig, seed: u64) -> String {
     if cfg.score_mod.is_some() {
         mods += " score_mod";
     }
+    if cfg.mask_mod.is_some() {
+        mods += " mask_mod";
+    }
     if let Some(s) = &cfg.alibi_slopes {
         mods += &format!(" alibi[{}]", s.len());
     }

@@ -131,3 +131,36 @@ fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
         |_, _, _, _, _| 1.0,
     )
 }
+
+/// A document mask: pair (i, j) takes part when row i and key j lie in the same document, the
+/// documents given as one id per position in a captured tensor `doc_id`.
+pub fn documents(doc_id: Vec<f32>) -> flash_attn_wgpu::MaskMod {
+    let host = doc_id.clone();
+    flash_attn_wgpu::MaskMod::wgsl_with(
+        "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return doc_id(i) == doc_id(j); }",
+        [("doc_id", doc_id)],
+    )
+    .unwrap()
+    .with_reference(move |_, _, i, j| host[i] == host[j])
+}
+
+/// Prefix-LM: every row sees the first `prefix` keys, and the others causally.
+pub fn prefix_lm(prefix: u32) -> flash_attn_wgpu::MaskMod {
+    flash_attn_wgpu::MaskMod::wgsl(&format!(
+        "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool {{ return j < {prefix}u || j <= i; }}"
+    ))
+    .unwrap()
+    .with_reference(move |_, _, i, j| j < prefix as usize || j <= i)
+}
+
+/// A dilated (strided) mask, a different stride per head: key j is seen from row i when
+/// i - j is a multiple of h + 2, or j is the row itself.
+pub fn dilated() -> flash_attn_wgpu::MaskMod {
+    flash_attn_wgpu::MaskMod::wgsl(
+        "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool {
+    return ((i + 1000u - j) % (h + 2u)) == 0u;
+}",
+    )
+    .unwrap()
+    .with_reference(|_, h, i, j| (i + 1000 - j) % (h + 2) == 0)
+}

@@ -1,0 +1,142 @@
+//! User-defined masks (PyTorch FlexAttention's `mask_mod`): a predicate over (batch, query
+//! head, row, key) written as WGSL, which every kernel applies with the other masks, and a
+//! block mask computed from it on the GPU (`Context::create_block_mask`, FlexAttention's
+//! `create_block_mask`) so that blocks it hides entirely are never visited.
+//!
+//! The user's WGSL defines, beside any helpers:
+//!
+//! ```wgsl
+//! fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { ... } // true: the pair takes part
+//! ```
+//!
+//! with the indices of `score_mod` (the call's batch, query head, row and key). The checks,
+//! the captured tensors (`MaskMod::wgsl_with`) and the errors are `ScoreMod`'s. A call with a
+//! `mask_mod` and no block mask evaluates it at every pair of every tile; with the block mask
+//! `create_block_mask` gives, only in the blocks it leaves on.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::user_code::{self, check_captured, check_wgsl, intern, Required};
+use super::{Data, Modifier, Score};
+use crate::error::Result;
+use crate::AttentionConfig;
+
+/// A host predicate of (batch, query head, row, key), for the f64 reference.
+pub type HostMaskFn = Arc<dyn Fn(usize, usize, usize, usize) -> bool + Send + Sync>;
+
+/// The function a mask modifier's WGSL defines.
+const REQUIRED: [Required; 1] = [Required {
+    name: "mask_mod",
+    args: &["u32", "u32", "u32", "u32"],
+    ret: "bool",
+}];
+
+/// A user-defined mask: its WGSL (checked), its captured tensors, optionally a host predicate
+/// for the f64 reference (see the module).
+#[derive(Clone)]
+pub struct MaskMod {
+    source: &'static str,
+    captured: Arc<Vec<(String, Vec<f32>)>>,
+    host: Option<HostMaskFn>,
+}
+
+impl MaskMod {
+    /// A mask from its WGSL, checked: a typed [`crate::Error::UserCode`] names what is wrong
+    /// and where.
+    pub fn wgsl(source: &str) -> Result<MaskMod> {
+        MaskMod::wgsl_with(source, Vec::<(String, Vec<f32>)>::new())
+    }
+
+    /// A mask whose WGSL reads captured tensors by name (as `ScoreMod::wgsl_with`; a call's
+    /// score and mask modifiers capture different names).
+    pub fn wgsl_with<N: Into<String>>(
+        source: &str,
+        captured: impl IntoIterator<Item = (N, Vec<f32>)>,
+    ) -> Result<MaskMod> {
+        let captured: Vec<(String, Vec<f32>)> =
+            captured.into_iter().map(|(n, v)| (n.into(), v)).collect();
+        check_captured("mask_mod", &captured)?;
+        let (_, stubs) = user_code::accessors(&captured, 0);
+        check_wgsl("mask_mod WGSL", source, &stubs, &REQUIRED)?;
+        Ok(MaskMod {
+            source: intern(source),
+            captured: Arc::new(captured),
+            host: None,
+        })
+    }
+
+    /// The host predicate equal to `mask_mod`, which the f64 reference applies; without it
+    /// the reference treats every pair as masked by it (NaN rows).
+    pub fn with_reference(
+        mut self,
+        mask: impl Fn(usize, usize, usize, usize) -> bool + Send + Sync + 'static,
+    ) -> MaskMod {
+        self.host = Some(Arc::new(mask));
+        self
+    }
+
+    /// The WGSL, as given.
+    pub fn wgsl_source(&self) -> &'static str {
+        self.source
+    }
+
+    /// The captured tensors' names and values, in order.
+    pub fn captured(&self) -> &[(String, Vec<f32>)] {
+        &self.captured
+    }
+
+    /// The host predicate at (b, h, i, j): false without one.
+    pub(crate) fn host(&self, b: usize, h: usize, i: usize, j: usize) -> bool {
+        self.host.as_ref().is_some_and(|f| f(b, h, i, j))
+    }
+}
+
+impl PartialEq for MaskMod {
+    /// Two masks are equal when their code and captured tensors are.
+    fn eq(&self, other: &MaskMod) -> bool {
+        self.source == other.source && self.captured == other.captured
+    }
+}
+
+impl fmt::Debug for MaskMod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MaskMod")
+            .field("wgsl", &self.source)
+            .field(
+                "captured",
+                &self
+                    .captured
+                    .iter()
+                    .map(|(n, v)| (n, v.len()))
+                    .collect::<Vec<_>>(),
+            )
+            .field("host", &self.host.is_some())
+            .finish()
+    }
+}
+
+/// Compiled in: a call without one pays nothing; each snippet is its own pipelines. Its
+/// captured tensors live in the extras.
+pub(crate) const MODIFIER: Modifier = Modifier {
+    name: "MASK_MOD",
+    bit: 1 << 14,
+    compiled: true,
+    data: Data::Extras,
+    active: |cfg| cfg.mask_mod.is_some(),
+    check: user_code::check_names,
+    encode: super::no_params,
+    score: Score::None,
+    wgsl: include_str!("../../shaders/modifiers/mask_mod.wgsl"),
+    cuda: "",
+};
+
+/// What pipelines without a user mask take in its place (never called).
+pub(crate) const WGSL_STUB: &str = "
+fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return true; }
+";
+
+/// The f64 reference: pair (b, h, i, j) takes part by the call's mask_mod (true without one).
+pub(crate) fn reference(cfg: &AttentionConfig, b: usize, h: usize, i: usize, j: usize) -> bool {
+    cfg.mask_mod.as_ref().is_none_or(|m| m.host(b, h, i, j))
+}
