@@ -297,7 +297,8 @@ fn tile_visit(b: u32, h: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count:
         return TileVisit(true, true);
     }
     if (!BLOCKS()) {
-        return TileVisit(false, masked);
+        // a user mask without its block mask: evaluated at every pair
+        return TileVisit(false, masked || MASK_MOD());
     }
     let grid = blocks_grid(b, h);
     let r0 = (params.q_base + q_begin) / params.block_q;
@@ -305,10 +306,19 @@ fn tile_visit(b: u32, h: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count:
     let c0 = (params.kv_base + kv_begin) / params.block_kv;
     let c1 = (params.kv_base + min(kv_begin + kv_count, params.seq_kv) - 1u) / params.block_kv;
     var on = 0u;
+    // a user mask needs no evaluation in a tile of full blocks (blocks_full: its block mask
+    // says every pair passes it)
+    var full = 0u;
+    let read_full = MASK_MOD() && params.blocks_full != 0u;
     for (var r = r0; r <= r1; r++) {
-        on += blocks_on(grid + r * params.blocks_cols + c0, grid + r * params.blocks_cols + c1);
+        let row = grid + r * params.blocks_cols;
+        on += blocks_on(params.blocks_base, row + c0, row + c1);
+        if (read_full) {
+            full += blocks_on(params.blocks_full, row + c0, row + c1);
+        }
     }
-    return TileVisit(on == 0u, masked || on < (r1 - r0 + 1u) * (c1 - c0 + 1u));
+    let n = (r1 - r0 + 1u) * (c1 - c0 + 1u);
+    return TileVisit(on == 0u, masked || on < n || (MASK_MOD() && full < n));
 }
 
 // VARLEN: true when no pair of the tile lies within one sequence and its band: the rows'
@@ -343,7 +353,7 @@ fn varlen_tile_empty(q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> 
 // tile's rows span two sequences or its keys leave the rows' sequence. MASK: always (the
 // boolean mask is read pair by pair).
 fn tile_needs_mask(b: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count: u32) -> bool {
-    if (MASK() || MASK_MOD() || kv_begin + kv_count > kv_len(b) || kv_begin < kv_start(b)) {
+    if (MASK() || kv_begin + kv_count > kv_len(b) || kv_begin < kv_start(b)) {
         return true;
     }
     var shift = align_shift(b);

@@ -1,7 +1,8 @@
 // A user mask's block mask (Context::create_block_mask, FlexAttention's create_block_mask):
 // item e is block (b, h, r, c) of [batch, heads, rows, cols] (params.batch, heads_q; blocks
-// of params.block_q x block_kv over seq_q x seq_kv, params.blocks_cols a row); 1.0 where some
-// pair of it passes `mask_mod`, else 0.0 (a block it hides entirely is never visited).
+// of params.block_q x block_kv over seq_q x seq_kv, params.blocks_cols a row); 2.0 where every
+// pair of it passes `mask_mod` (a full block: the kernels skip evaluating it there), 1.0
+// where some pair does, else 0.0 (a block it hides entirely is never visited).
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 fn item(e: u32) {
@@ -15,14 +16,18 @@ fn item(e: u32) {
     head_h = bh % params.heads_q;
     let i_end = min((r + 1u) * params.block_q, params.seq_q);
     let j_end = min((c + 1u) * params.block_kv, params.seq_kv);
-    var on = false;
+    var any = false;
+    var all = true;
     for (var i = r * params.block_q; i < i_end; i++) {
         for (var j = c * params.block_kv; j < j_end; j++) {
-            on = on || mask_mod_on(i, j);
+            let seen = mask_mod_on(i, j);
+            any = any || seen;
+            all = all && seen;
         }
-        if (on) {
+        // decided: partly on
+        if (any && !all) {
             break;
         }
     }
-    blocks[e] = select(0.0, 1.0, on);
+    blocks[e] = select(select(0.0, 1.0, any), 2.0, all);
 }

@@ -7,7 +7,8 @@ use crate::{BlockMask, Context, MaskMod};
 impl Context {
     /// The block mask of a user mask (FlexAttention's `create_block_mask`): block
     /// `(b, h, r, c)` of `block_q x block_kv` pairs is on when `mask` lets some pair of it
-    /// through, evaluated on the GPU (each block's pairs in turn, until one passes). `batch`
+    /// through, and full when it lets every pair through (where the kernels skip evaluating
+    /// it), evaluated on the GPU (each block's pairs in turn, until both are decided). `batch`
     /// and `heads` are the call's, or 1 for a mask that does not depend on them (evaluated at
     /// 0, the block mask broadcasts). It depends only on the mask, the shape and the block
     /// sizes: make it once and reuse it across calls and layers. With it in
@@ -29,6 +30,7 @@ impl Context {
             batch,
             heads,
             blocks: flags.iter().map(|&x| x != 0.0).collect(),
+            full: Some(flags.iter().map(|&x| x == 2.0).collect()),
         })
     }
 }

@@ -116,17 +116,25 @@ __device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned 
             };
             let m = flash_attn_wgpu::MaskMod::wgsl_with(src, [("doc_id", ids)])
                 .expect("the bench's document mask is valid");
-            cfg.block_mask = Some(flash_attn_wgpu::BlockMask::from_fn(
-                64,
-                64,
-                (1, 1, n, n),
-                |_, _, r, c| {
-                    let (i0, j0) = (r * 64, c * 64);
-                    let (i1, j1) = ((i0 + 63).min(n - 1), (j0 + 63).min(n - 1));
-                    // some pair of the block in one document (and causal: j <= i)
-                    i0 / len <= j1 / len && j0 / len <= i1 / len && (!causal || j0 <= i1)
-                },
-            ));
+            // on: some pair of the block in one document (and causal: j <= i); full: all
+            let corners = |r: usize, c: usize| {
+                let (i0, j0) = (r * 64, c * 64);
+                (i0, (i0 + 63).min(n - 1), j0, (j0 + 63).min(n - 1))
+            };
+            let on = |r, c| {
+                let (i0, i1, j0, j1) = corners(r, c);
+                i0 / len <= j1 / len && j0 / len <= i1 / len && (!causal || j0 <= i1)
+            };
+            let full = |r, c| {
+                let (i0, i1, j0, j1) = corners(r, c);
+                let one = i0 / len == i1 / len && j0 / len == j1 / len && i0 / len == j0 / len;
+                one && (!causal || j1 <= i0)
+            };
+            let dims = (1, 1, n, n);
+            let mut bm = flash_attn_wgpu::BlockMask::from_fn(64, 64, dims, |_, _, r, c| on(r, c));
+            let full = flash_attn_wgpu::BlockMask::from_fn(64, 64, dims, |_, _, r, c| full(r, c));
+            bm.full = Some(full.blocks);
+            cfg.block_mask = Some(bm);
             cfg.mask_mod = Some(m);
             cfg.causal = false;
         }
@@ -138,12 +146,16 @@ __device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned 
             ))
             .expect("the bench's causal mask is valid");
             let (sq, skv) = (cfg.seq_q, cfg.seq_kv);
-            cfg.block_mask = Some(flash_attn_wgpu::BlockMask::from_fn(
-                64,
-                64,
-                (1, 1, sq, skv),
-                |_, _, r, c| (c * 64) as i64 <= ((r * 64 + 63).min(sq - 1)) as i64 + shift,
-            ));
+            // on: some pair with j <= i + shift; full: every pair
+            let dims = (1, 1, sq, skv);
+            let mut bm = flash_attn_wgpu::BlockMask::from_fn(64, 64, dims, |_, _, r, c| {
+                (c * 64) as i64 <= ((r * 64 + 63).min(sq - 1)) as i64 + shift
+            });
+            let full = flash_attn_wgpu::BlockMask::from_fn(64, 64, dims, |_, _, r, c| {
+                ((c * 64 + 63).min(skv - 1)) as i64 <= (r * 64) as i64 + shift
+            });
+            bm.full = Some(full.blocks);
+            cfg.block_mask = Some(bm);
             cfg.mask_mod = Some(m);
             cfg.causal = false;
         }

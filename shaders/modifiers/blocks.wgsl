@@ -7,11 +7,12 @@ fn blocks_grid(b: u32, h: u32) -> u32 {
     return (params.batch_base + b) * params.blocks_b_stride + h * params.blocks_h_stride;
 }
 
-// Set bits among bits [first, last] of the block mask, a word at a time.
-fn blocks_on(first: u32, last: u32) -> u32 {
+// Set bits among bits [first, last] of the bit plane at extras word `base` (the block mask's
+// on bits, params.blocks_base, or its full ones, params.blocks_full), a word at a time.
+fn blocks_on(base: u32, first: u32, last: u32) -> u32 {
     var n = 0u;
     for (var w = first / 32u; w <= last / 32u; w++) {
-        var word = extra_u32(params.blocks_base + w);
+        var word = extra_u32(base + w);
         if (w == first / 32u) {
             word &= 0xffffffffu << (first % 32u);
         }

@@ -109,6 +109,13 @@ pub struct Params {
     pub blocks_cols: u32,
     pub blocks_b_stride: u32,
     pub blocks_h_stride: u32,
+    /// The block mask's full blocks (`BlockMask::full`, a user mask's): the extras word of
+    /// their first bit (after the on bits), 0 without them; the three words after it keep
+    /// `views` at a 16-byte boundary.
+    pub blocks_full: u32,
+    pub pad0: u32,
+    pub pad1: u32,
+    pub pad2: u32,
     /// Varlen: the extras word of `cu_seqlens_q[0]` (`cu_seqlens_kv` follows it), and the
     /// number of sequences.
     pub varlen_base: u32,
@@ -191,6 +198,7 @@ impl Params {
             seqlens_base: x.seqlens_base,
             blocks_base: x.blocks_base,
             varlen_base: x.varlen_base,
+            blocks_full: x.blocks_full,
             captured_base: x.captured_base,
             // blocks of 1 x 1 until a mask says otherwise (never a division by zero)
             block_q: 1,
@@ -250,6 +258,8 @@ pub struct ExtrasLayout {
     pub sinks_base: u32,
     pub seqlens_base: u32,
     pub blocks_base: u32,
+    /// The first word of the block mask's full blocks (0: none).
+    pub blocks_full: u32,
     pub varlen_base: u32,
     /// The first word of a user score modifier's captured tensors.
     pub captured_base: u32,
@@ -268,6 +278,14 @@ pub fn extras_layout(cfg: &crate::AttentionConfig) -> ExtrasLayout {
     }
     let blocks_base = words.len() as u32;
     words.extend(cfg.block_mask.iter().flat_map(|m| m.bits()));
+    let blocks_full = match cfg.block_mask.as_ref().map(|m| m.full_bits()) {
+        Some(full) if !full.is_empty() && cfg.mask_mod.is_some() => {
+            let at = words.len() as u32;
+            words.extend(full);
+            at
+        }
+        _ => 0,
+    };
     let varlen_base = words.len() as u32;
     if let Some(v) = &cfg.varlen {
         words.extend(v.cu_seqlens_q.iter().chain(&v.cu_seqlens_kv));
@@ -283,6 +301,7 @@ pub fn extras_layout(cfg: &crate::AttentionConfig) -> ExtrasLayout {
         sinks_base,
         seqlens_base,
         blocks_base,
+        blocks_full,
         varlen_base,
         captured_base,
     }

@@ -39,6 +39,11 @@ pub struct BlockMask {
     pub heads: usize,
     /// `[batch, heads, ceil(seq_q / block_q), ceil(seq_kv / block_kv)]`, row-major: true visits the block.
     pub blocks: Vec<bool>,
+    /// With a user mask (`AttentionConfig::mask_mod`): the blocks every pair of which it lets
+    /// through, in `blocks`' layout, where the kernels skip evaluating it
+    /// (`Context::create_block_mask` fills it; FlexAttention's full blocks). Each must be on.
+    /// None: the mask is evaluated in every visited block.
+    pub full: Option<Vec<bool>>,
 }
 
 impl BlockMask {
@@ -70,6 +75,7 @@ impl BlockMask {
             batch,
             heads,
             blocks,
+            full: None,
         }
     }
 
@@ -105,11 +111,12 @@ impl BlockMask {
 
     /// The blocks packed 32 to a word, block k at bit k % 32 of word k / 32.
     pub fn bits(&self) -> Vec<u32> {
-        let mut words = vec![0u32; self.blocks.len().div_ceil(32)];
-        for (k, _) in self.blocks.iter().enumerate().filter(|(_, &on)| on) {
-            words[k / 32] |= 1 << (k % 32);
-        }
-        words
+        pack(&self.blocks)
+    }
+
+    /// The full blocks (`full`) packed as [`BlockMask::bits`]; empty without them.
+    pub fn full_bits(&self) -> Vec<u32> {
+        self.full.as_deref().map_or(Vec::new(), pack)
     }
 
     /// Fraction of blocks on.
@@ -174,8 +181,31 @@ impl BlockMask {
                 self.blocks.len()
             )));
         }
+        if let Some(full) = &self.full {
+            if full.len() != self.blocks.len() {
+                return Err(Error::invalid(format!(
+                    "block_mask.full must hold one flag per block ({}), got {}",
+                    self.blocks.len(),
+                    full.len()
+                )));
+            }
+            if let Some(k) = (0..full.len()).find(|&k| full[k] && !self.blocks[k]) {
+                return Err(Error::invalid(format!(
+                    "block_mask.full[{k}] is set but block {k} is off: a full block must be on"
+                )));
+            }
+        }
         Ok(())
     }
+}
+
+/// Flags packed 32 to a word, flag k at bit k % 32 of word k / 32.
+fn pack(flags: &[bool]) -> Vec<u32> {
+    let mut words = vec![0u32; flags.len().div_ceil(32)];
+    for (k, _) in flags.iter().enumerate().filter(|(_, &on)| on) {
+        words[k / 32] |= 1 << (k % 32);
+    }
+    words
 }
 
 #[cfg(test)]

@@ -304,6 +304,7 @@ fn block_masks_that_do_not_fit_the_call_are_invalid_and_named() {
         batch: b,
         heads: h,
         blocks: vec![true; n],
+        full: None,
     };
     for (m, want) in [
         (mask(0, 3, 1, 1, 9), "block_mask.block_q must be in 1..=2^32-1 (rows or keys per block), got 0"),

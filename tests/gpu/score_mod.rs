@@ -145,12 +145,21 @@ fn a_document_mask_with_its_block_mask_is_the_varlen_call() {
     let blocks = ctx()
         .create_block_mask(&mask, (1, 1, total, total), (16, 32))
         .unwrap();
-    // the GPU's block mask is the host predicate's
-    let want = flash_attn_wgpu::BlockMask::from_fn(16, 32, (1, 1, total, total), |_, _, r, c| {
+    // the GPU's block mask is the host predicate's: on where a pair passes, full where all do
+    let pairs = |r: usize, c: usize| {
         (r * 16..((r + 1) * 16).min(total))
-            .any(|i| (c * 32..((c + 1) * 32).min(total)).any(|j| mask_allows(&lens, i, j)))
+            .flat_map(move |i| (c * 32..((c + 1) * 32).min(total)).map(move |j| (i, j)))
+    };
+    let dims = (1, 1, total, total);
+    let on = flash_attn_wgpu::BlockMask::from_fn(16, 32, dims, |_, _, r, c| {
+        pairs(r, c).any(|(i, j)| mask_allows(&lens, i, j))
     });
-    assert_eq!(blocks, want);
+    let full = flash_attn_wgpu::BlockMask::from_fn(16, 32, dims, |_, _, r, c| {
+        pairs(r, c).all(|(i, j)| mask_allows(&lens, i, j))
+    });
+    assert_eq!(blocks.blocks, on.blocks);
+    assert_eq!(blocks.full, Some(full.blocks.clone()));
+    assert!(full.blocks.iter().any(|&f| f));
     assert!(blocks.blocks.iter().filter(|&&b| !b).count() > blocks.blocks.len() / 3);
     let mut c = cfg(1, total, total, 4, 2, 32, true);
     c.mask_mod = Some(mask);
@@ -205,6 +214,49 @@ fn prefix_lm_and_dilated_masks_the_built_ins_cannot_express() {
     c.mask_mod = Some(score_mods::dilated());
     c.score_mod = Some(score_mods::rational());
     check_backward(&c, 1.5);
+}
+
+#[test]
+fn the_kernels_skip_the_user_mask_in_full_blocks() {
+    // a block mask that calls every on block full: the kernels must take its word and not
+    // evaluate the mask there, giving the call without the mask (a wrong answer, on purpose)
+    // (one block holds the whole call, whose lengths the tiles divide: every tile lies in
+    // it and needs no bounds check)
+    let m = score_mods::prefix_lm(9);
+    let mut lying = ctx()
+        .create_block_mask(&m, (1, 1, 256, 256), (256, 256))
+        .unwrap();
+    assert_eq!(
+        (&lying.blocks, &lying.full),
+        (&vec![true], &Some(vec![false]))
+    );
+    lying.full = Some(vec![true]);
+    let mut with = cfg(1, 256, 256, 2, 2, 16, false);
+    with.block_mask = Some(lying.clone());
+    with.mask_mod = Some(m);
+    let mut without = with.clone();
+    without.mask_mod = None;
+    let data = inputs(&with, 1.0);
+    let a = ctx()
+        .forward_host(&with, &data.q, &data.k, &data.v)
+        .unwrap();
+    let b = ctx()
+        .forward_host(&without, &data.q, &data.k, &data.v)
+        .unwrap();
+    let msg = common::describe(&with, data.seed);
+    let f64s = |x: &[f32]| x.iter().map(|&y| y as f64).collect::<Vec<_>>();
+    assert_close_tol("out", &a.out, &f64s(&b.out), 1e-6, &msg);
+    // and a full flag on an off block is refused
+    let mut bad = ctx()
+        .create_block_mask(&score_mods::prefix_lm(9), (1, 1, 256, 256), (32, 32))
+        .unwrap();
+    let off = bad.blocks.iter().position(|&x| !x).unwrap();
+    bad.full.as_mut().unwrap()[off] = true;
+    with.block_mask = Some(bad);
+    assert!(matches!(
+        ctx().forward_host(&with, &data.q, &data.k, &data.v),
+        Err(flash_attn_wgpu::Error::InvalidConfig(m)) if m.contains("full")
+    ));
 }
 
 #[test]
