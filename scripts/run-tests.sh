@@ -13,9 +13,10 @@ cd "$(dirname "$0")/.."
 export GALLIVM_PERF=${GALLIVM_PERF-nopt}
 # The CI tier's pipeline budget (issue 27: the suite compiles a bounded set): every wgpu
 # pipeline the tests create is logged, and the distinct ones counted at the end (362 at
-# 2026-12-03, and the property tests draw theirs at random; Dawn's replays compile in
-# Node.js and are not counted here).
-CI_PIPELINE_BUDGET=${CI_PIPELINE_BUDGET:-420}
+# 2026-12-03; 413 at 2026-12-04 with the user modifiers' tests, each snippet its own
+# pipelines; the property tests draw theirs at random; Dawn's replays compile in Node.js and
+# are not counted here). Issue 27's bound for the whole suite is 500.
+CI_PIPELINE_BUDGET=${CI_PIPELINE_BUDGET:-450}
 plog=$(mktemp -d)
 trap 'rm -rf "$plog"' EXIT
 export FLASH_ATTN_PIPELINE_LOG=$plog

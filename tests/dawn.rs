@@ -363,7 +363,7 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
     let mut all = Vec::new();
     // A sliding window with the score modifiers, key ranges (lengths and left padding),
     // dropout, a block mask, a boolean mask and a bias (the WINDOW, SOFTCAP, ALIBI, SINKS,
-    // SEQLENS, DROPOUT, BLOCKS, MASK, BIAS and SCORE_MOD pipeline constants, the extras' uniform binding
+    // SEQLENS, DROPOUT, BLOCKS, MASK, BIAS, SCORE_MOD and MASK_MOD pipeline constants, the extras' uniform binding
     // and the pair data's storage one, the sinks' and the bias's gradient kernels, Philox
     // under Tint): f32 on every algorithm and variant, the softcap and ALiBi (per batch and
     // head) in turns.
@@ -377,8 +377,9 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
         c.block_mask = Some(common::random_block_mask(&c, (16, 24), true, false, 0.6));
         c.mask = Some(common::random_bool_mask(&c, true, false, 0.8, 1));
         c.bias = Some(common::random_bias(&c, false, true, 0.05, 1));
-        // and a user's score modifier (its WGSL, and the score chain's, under Tint)
+        // and a user's score modifier and mask (their WGSL, and the score chain's, under Tint)
         c.score_mod = Some(common::score_mods::rational());
+        c.mask_mod = Some(common::score_mods::dilated());
         // (the rows kernels sharing tiles across a subgroup run in the test above: the
         // sharing is in how tiles are read, which the modifiers do not touch)
         // (CI: the rows kernels; the blocks kernels, 5-10x slower for lavapipe to compile

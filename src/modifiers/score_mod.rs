@@ -15,7 +15,7 @@
 //! query row and `j` the key, the call's indices (packed rows and keys in a varlen call). The
 //! snippet is checked when the [`ScoreMod`] is made: it must parse and validate on its own
 //! (naga), define both functions with these signatures, declare no bindings, workgroup
-//! variables or entry points and call no barrier; an error is [`Error::UserCode`] with the
+//! variables or entry points and call no barrier; an error is [`crate::Error::UserCode`] with the
 //! compiler's message and the line in the snippet. Its pipelines are cached by its text.
 //! A pair whose score is already -inf (an -inf bias entry) stays hidden: the modifier is not
 //! applied to it. Masking stays with the masks (a score of -inf from `score_mod` hides a pair
@@ -61,7 +61,7 @@ pub struct ScoreMod {
 
 impl ScoreMod {
     /// A modifier from its WGSL (the module's two functions and any helpers), checked: a
-    /// typed [`Error::UserCode`] names what is wrong and where.
+    /// typed [`crate::Error::UserCode`] names what is wrong and where.
     pub fn wgsl(source: &str) -> Result<ScoreMod> {
         ScoreMod::wgsl_with(source, Vec::<(String, Vec<f32>)>::new())
     }
