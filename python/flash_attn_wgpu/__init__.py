@@ -115,7 +115,12 @@ def adapter():
 
 def _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed,
              cu_seqlens_q=None, cu_seqlens_k=None, block_table=None, num_splits=0,
-             leftpad_k=None, score_mod=None, score_mod_tensors=None):
+             leftpad_k=None, score_mod=None, score_mod_tensors=None, mask_mod=None,
+             mask_mod_tensors=None):
+    def captured(tensors):
+        return [(str(name), [float(x) for x in np.asarray(t, dtype=np.float32).ravel()])
+                for name, t in (tensors or {}).items()]
+
     def ints(x):
         return None if x is None else [int(n) for n in np.asarray(x).ravel()]
 
@@ -147,10 +152,9 @@ def _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_
         "num_splits": int(num_splits),
         "leftpad_k": leftpad,
         "score_mod": None if score_mod is None else str(score_mod),
-        "score_mod_tensors": [
-            (str(name), [float(x) for x in np.asarray(t, dtype=np.float32).ravel()])
-            for name, t in (score_mod_tensors or {}).items()
-        ],
+        "score_mod_tensors": captured(score_mod_tensors),
+        "mask_mod": None if mask_mod is None else str(mask_mod),
+        "mask_mod_tensors": captured(mask_mod_tensors),
     }
 
 
@@ -161,7 +165,8 @@ def _out(as_numpy, t):
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_lse=False,
-                    seed=0, score_mod=None, score_mod_tensors=None):
+                    seed=0, score_mod=None, score_mod_tensors=None, mask_mod=None,
+                    mask_mod_tensors=None):
     """Attention of q ``[batch, seqlen_q, nheads, headdim]`` over k, v ``[batch, seqlen_k,
     nheads_k, headdim]`` (nheads a multiple of nheads_k: GQA/MQA).
 
@@ -171,12 +176,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     ``seed`` drops probabilities. ``score_mod``: WGSL defining ``score_mod(s, b, h, i, j)`` and
     its derivative ``score_mod_ds`` (FlexAttention's score_mod, applied after the built-in
     modifiers; the crate's docs/SEMANTICS.md), reading the float32 arrays of
-    ``score_mod_tensors`` (a dict) by name. Returns out (q's dtype), or (out, lse) with
-    ``return_lse`` (lse ``[batch, nheads, seqlen_q]`` float32).
+    ``score_mod_tensors`` (a dict) by name. ``mask_mod``: WGSL defining ``mask_mod(b, h, i, j)
+    -> bool`` (FlexAttention's mask_mod; pairs where it is false are hidden), reading
+    ``mask_mod_tensors`` by name. Returns out (q's dtype), or (out, lse) with ``return_lse``
+    (lse ``[batch, nheads, seqlen_q]`` float32).
     """
     as_numpy = not isinstance(q, Tensor)
     opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed,
-                    score_mod=score_mod, score_mod_tensors=score_mod_tensors)
+                    score_mod=score_mod, score_mod_tensors=score_mod_tensors,
+                    mask_mod=mask_mod, mask_mod_tensors=mask_mod_tensors)
     out, lse = _native.forward(tensor(q)._t, tensor(k)._t, tensor(v)._t, opts)
     out = _out(as_numpy, out)
     return (out, _out(as_numpy, lse)) if return_lse else out
@@ -184,13 +192,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
 def flash_attn_backward(dout, q, k, v, out, lse, dropout_p=0.0, softmax_scale=None,
                         causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                        seed=0, score_mod=None, score_mod_tensors=None):
+                        seed=0, score_mod=None, score_mod_tensors=None, mask_mod=None,
+                        mask_mod_tensors=None):
     """Gradients (dq, dk, dv) of attention from the forward's ``out`` and ``lse`` and the
     output's gradient ``dout``, with the forward's options (the probabilities are recomputed,
     never stored). Shapes and dtypes as q, k and v."""
     as_numpy = not isinstance(q, Tensor)
     opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed,
-                    score_mod=score_mod, score_mod_tensors=score_mod_tensors)
+                    score_mod=score_mod, score_mod_tensors=score_mod_tensors,
+                    mask_mod=mask_mod, mask_mod_tensors=mask_mod_tensors)
     grads = _native.backward(tensor(dout)._t, tensor(q)._t, tensor(k)._t, tensor(v)._t,
                              tensor(out)._t, tensor(lse)._t, opts)
     return tuple(_out(as_numpy, g) for g in grads)

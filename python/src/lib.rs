@@ -7,7 +7,8 @@
 use std::sync::OnceLock;
 
 use flash_attn_wgpu::{
-    AttentionConfig, Context, DType, Dropout, Error, PagedKv, Rotary, ScoreMod, Tensor, Window,
+    AttentionConfig, Context, DType, Dropout, Error, MaskMod, PagedKv, Rotary, ScoreMod, Tensor,
+    Window,
 };
 use numpy::{PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods, ToPyArray};
 use pyo3::prelude::*;
@@ -194,6 +195,11 @@ struct Options {
     score_mod: Option<String>,
     #[pyo3(item)]
     score_mod_tensors: Vec<(String, Vec<f32>)>,
+    /// A user mask's WGSL (`MaskMod`), and its captured tensors by name.
+    #[pyo3(item)]
+    mask_mod: Option<String>,
+    #[pyo3(item)]
+    mask_mod_tensors: Vec<(String, Vec<f32>)>,
 }
 
 fn dims4(py: Python<'_>, name: &str, t: &Tensor) -> PyResult<[usize; 4]> {
@@ -243,6 +249,10 @@ fn config(py: Python<'_>, q: &Tensor, k: &Tensor, o: &Options) -> PyResult<Atten
     if let Some(src) = &o.score_mod {
         let captured = o.score_mod_tensors.iter().cloned();
         cfg.score_mod = Some(ScoreMod::wgsl_with(src, captured).map_err(|e| to_py(py, e))?);
+    }
+    if let Some(src) = &o.mask_mod {
+        let captured = o.mask_mod_tensors.iter().cloned();
+        cfg.mask_mod = Some(MaskMod::wgsl_with(src, captured).map_err(|e| to_py(py, e))?);
     }
     Ok(cfg)
 }

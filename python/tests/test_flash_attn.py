@@ -374,3 +374,24 @@ def test_score_mod_tensors_are_read_by_name_and_bad_snippets_name_their_line(rng
                            score_mod_tensors={"t": t})
     with pytest.raises(fa.InvalidInputError, match="score_mod"):
         fa.flash_attn_func(q, k, v, score_mod=bias)  # t not captured
+
+
+def test_a_mask_mod_string_is_the_causal_mask_it_re_expresses(rng):
+    # bottom-right aligned causal over 19 queries and 31 keys, written as a user mask
+    b, sq, sk, hq, hk, d = 2, 19, 31, 4, 2, 16
+    q, k, v = rand(rng, (b, sq, hq, d)), rand(rng, (b, sk, hk, d)), rand(rng, (b, sk, hk, d))
+    dout = rand(rng, (b, sq, hq, d))
+    causal = "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return j <= i + off(0u); }"
+    extra = {"mask_mod": causal.replace("off(0u)", "12u")}
+    out, lse = fa.flash_attn_func(q, k, v, return_lse=True, **extra)
+    want = attention(q, k, v, dout, causal=True)
+    close(out, want[0], 2e-5, "out")
+    close(lse, want[1], 2e-5, "lse")
+    grads = fa.flash_attn_backward(dout, q, k, v, out, lse, **extra)
+    for got, w, name in zip(grads, want[2:], ("dq", "dk", "dv")):
+        close(got, w, 4e-5, name)
+    # the offset from a captured tensor (an f32 read as a whole number)
+    with_table = fa.flash_attn_func(
+        q, k, v, mask_mod=causal.replace("off(0u)", "u32(off(0u))"),
+        mask_mod_tensors={"off": np.array([12.0])})
+    close(with_table, want[0], 2e-5, "out, offset captured")
