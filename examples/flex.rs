@@ -108,7 +108,13 @@ fn run(a: &Args, seed: u64) -> flash_attn_wgpu::Result<bool> {
     c.block_mask = Some(ctx.create_block_mask(&docs, (1, 1, n, n), (64, 64))?);
     let skipped = c.block_mask.as_ref().map_or(0.0, |m| 1.0 - m.density());
     c.mask_mod = Some(docs);
-    cases.push((format!("{doc} documents ({:.0}% of blocks skipped)", 100.0 * skipped), c));
+    cases.push((
+        format!(
+            "{doc} documents ({:.0}% of blocks skipped)",
+            100.0 * skipped
+        ),
+        c,
+    ));
 
     // 2. prefix-LM
     let prefix = n / 4;
@@ -144,7 +150,11 @@ fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {{ return 1.0; }}
     cases.push(("T5 relative positions, causal".into(), c));
 
     let numel = n * h * a.head_dim;
-    let mut random = |k: usize| (0..k).map(|_| rng.random_range(-1.0f32..1.0)).collect::<Vec<_>>();
+    let mut random = |k: usize| {
+        (0..k)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect::<Vec<_>>()
+    };
     let (q, k, v, d_out) = (random(numel), random(numel), random(numel), random(numel));
     let mut ok = true;
     for (name, c) in &cases {

@@ -17,7 +17,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::user_code::{self, check_captured, check_wgsl, intern, Required};
+use super::user_code::{self, Required, Snippet};
 use super::{Data, Modifier, Score};
 use crate::error::Result;
 use crate::AttentionConfig;
@@ -36,8 +36,7 @@ const REQUIRED: [Required; 1] = [Required {
 /// for the f64 reference (see the module).
 #[derive(Clone)]
 pub struct MaskMod {
-    source: &'static str,
-    captured: Arc<Vec<(String, Vec<f32>)>>,
+    code: Snippet,
     host: Option<HostMaskFn>,
 }
 
@@ -54,14 +53,8 @@ impl MaskMod {
         source: &str,
         captured: impl IntoIterator<Item = (N, Vec<f32>)>,
     ) -> Result<MaskMod> {
-        let captured: Vec<(String, Vec<f32>)> =
-            captured.into_iter().map(|(n, v)| (n.into(), v)).collect();
-        check_captured("mask_mod", &captured)?;
-        let (_, stubs) = user_code::accessors(&captured, 0);
-        check_wgsl("mask_mod WGSL", source, &stubs, &REQUIRED)?;
         Ok(MaskMod {
-            source: intern(source),
-            captured: Arc::new(captured),
+            code: Snippet::new("mask_mod", source, captured, &REQUIRED)?,
             host: None,
         })
     }
@@ -78,12 +71,12 @@ impl MaskMod {
 
     /// The WGSL, as given.
     pub fn wgsl_source(&self) -> &'static str {
-        self.source
+        self.code.source
     }
 
     /// The captured tensors' names and values, in order.
     pub fn captured(&self) -> &[(String, Vec<f32>)] {
-        &self.captured
+        &self.code.captured
     }
 
     /// The host predicate at (b, h, i, j): false without one.
@@ -95,22 +88,14 @@ impl MaskMod {
 impl PartialEq for MaskMod {
     /// Two masks are equal when their code and captured tensors are.
     fn eq(&self, other: &MaskMod) -> bool {
-        self.source == other.source && self.captured == other.captured
+        self.code == other.code
     }
 }
 
 impl fmt::Debug for MaskMod {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MaskMod")
-            .field("wgsl", &self.source)
-            .field(
-                "captured",
-                &self
-                    .captured
-                    .iter()
-                    .map(|(n, v)| (n, v.len()))
-                    .collect::<Vec<_>>(),
-            )
+            .field("code", &self.code)
             .field("host", &self.host.is_some())
             .finish()
     }

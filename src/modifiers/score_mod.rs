@@ -24,9 +24,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::user_code::{
-    self, check_captured, check_tokens, check_wgsl, intern, user_error, Required,
-};
+use super::user_code::{check_tokens, intern, user_error, Required, Snippet};
 use super::{Data, Modifier, Pair, Score};
 use crate::error::Result;
 use crate::AttentionConfig;
@@ -52,10 +50,8 @@ pub type HostScoreFn = Arc<dyn Fn(f64, usize, usize, usize, usize) -> f64 + Send
 /// CUDA C, optionally host functions for the f64 reference (see the module).
 #[derive(Clone)]
 pub struct ScoreMod {
-    /// The user's WGSL, as given.
-    source: &'static str,
+    code: Snippet,
     cuda: Option<&'static str>,
-    captured: Arc<Vec<(String, Vec<f32>)>>,
     host: Option<(HostScoreFn, HostScoreFn)>,
 }
 
@@ -76,15 +72,9 @@ impl ScoreMod {
         source: &str,
         captured: impl IntoIterator<Item = (N, Vec<f32>)>,
     ) -> Result<ScoreMod> {
-        let captured: Vec<(String, Vec<f32>)> =
-            captured.into_iter().map(|(n, v)| (n.into(), v)).collect();
-        check_captured("score_mod", &captured)?;
-        let (_, stubs) = user_code::accessors(&captured, 0);
-        check_wgsl("score_mod WGSL", source, &stubs, &REQUIRED)?;
         Ok(ScoreMod {
-            source: intern(source),
+            code: Snippet::new("score_mod", source, captured, &REQUIRED)?,
             cuda: None,
-            captured: Arc::new(captured),
             host: None,
         })
     }
@@ -136,7 +126,7 @@ impl ScoreMod {
 
     /// The WGSL, as given.
     pub fn wgsl_source(&self) -> &'static str {
-        self.source
+        self.code.source
     }
 
     /// The CUDA C, if given.
@@ -146,7 +136,7 @@ impl ScoreMod {
 
     /// The captured tensors' names and values, in order.
     pub fn captured(&self) -> &[(String, Vec<f32>)] {
-        &self.captured
+        &self.code.captured
     }
 }
 
@@ -154,23 +144,15 @@ impl PartialEq for ScoreMod {
     /// Two modifiers are equal when their code and captured tensors are (the host functions
     /// are not compared).
     fn eq(&self, other: &ScoreMod) -> bool {
-        self.source == other.source && self.cuda == other.cuda && self.captured == other.captured
+        self.code == other.code && self.cuda == other.cuda
     }
 }
 
 impl fmt::Debug for ScoreMod {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ScoreMod")
-            .field("wgsl", &self.source)
+            .field("code", &self.code)
             .field("cuda", &self.cuda)
-            .field(
-                "captured",
-                &self
-                    .captured
-                    .iter()
-                    .map(|(n, v)| (n, v.len()))
-                    .collect::<Vec<_>>(),
-            )
             .field("host", &self.host.is_some())
             .finish()
     }

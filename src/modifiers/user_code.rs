@@ -3,10 +3,49 @@
 //! the kernels include, interned so that `Copy` pipeline keys can hold it.
 
 use std::collections::HashSet;
-use std::sync::{Mutex, OnceLock};
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::AttentionConfig;
+
+/// A user snippet, checked: its WGSL (interned) and its captured tensors. Equal when both are.
+#[derive(Clone, PartialEq)]
+pub(crate) struct Snippet {
+    pub source: &'static str,
+    pub captured: Arc<Vec<(String, Vec<f32>)>>,
+}
+
+impl Snippet {
+    /// Checks `source` (`kind`: score_mod, mask_mod) with its captured tensors, which it must
+    /// define `required` beside.
+    pub(crate) fn new<N: Into<String>>(
+        kind: &str,
+        source: &str,
+        captured: impl IntoIterator<Item = (N, Vec<f32>)>,
+        required: &[Required],
+    ) -> Result<Snippet> {
+        let captured: Vec<(String, Vec<f32>)> =
+            captured.into_iter().map(|(n, v)| (n.into(), v)).collect();
+        check_captured(kind, &captured)?;
+        let (_, stubs) = accessors(&captured, 0);
+        check_wgsl(&format!("{kind} WGSL"), source, &stubs, required)?;
+        Ok(Snippet {
+            source: intern(source),
+            captured: Arc::new(captured),
+        })
+    }
+}
+
+impl fmt::Debug for Snippet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sizes: Vec<_> = self.captured.iter().map(|(n, v)| (n, v.len())).collect();
+        f.debug_struct("Snippet")
+            .field("wgsl", &self.source)
+            .field("captured", &sizes)
+            .finish()
+    }
+}
 
 /// The user code a call's kernels include: the score modifier's WGSL, the mask modifier's,
 /// their captured tensors' accessors (the score modifier's first in the extras), and a
