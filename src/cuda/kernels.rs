@@ -800,11 +800,11 @@ impl CudaKey {
             } else {
                 String::new()
             },
-            flags::ALL
-                .iter()
-                .filter(|(bit, _)| self.flags & bit != 0)
-                .map(|(_, name)| format!(" {}", name.to_ascii_lowercase()))
-                .collect::<String>()
+            if self.flags == 0 {
+                String::new()
+            } else {
+                format!(" {}", flags::names(self.flags))
+            }
         )
     }
 

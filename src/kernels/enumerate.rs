@@ -152,7 +152,7 @@ fn variants_of(
         bias_grad: false,
         subgroup,
         accumulate: false,
-        score_mod: None,
+        user_code: None,
     };
     let mut out = Vec::new();
     let formats_first = formats[0];

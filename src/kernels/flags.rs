@@ -36,7 +36,7 @@ pub const BIAS: u32 = m::bias::MODIFIER.bit;
 /// K and V in pages through a block table (the pair data).
 pub const PAGED: u32 = m::paged::MODIFIER.bit;
 /// Inputs read through strided views (`Params::views`), set per step at record time.
-pub const VIEWS: u32 = 1 << 12;
+pub const VIEWS: u32 = m::VIEWS.bit;
 /// A user's score modifier (`AttentionConfig::score_mod`): compiled in, its code in the key.
 pub const SCORE_MOD: u32 = m::score_mod::MODIFIER.bit;
 /// A user's mask (`AttentionConfig::mask_mod`): compiled in, its code in the key.

@@ -86,7 +86,7 @@ pub struct KernelKey {
     pub bias_grad: bool,
     /// A user's score modifier and mask (`AttentionConfig::score_mod`, `mask_mod`): their
     /// WGSL, appended to the source, where the kernel reads their bits and the call has one.
-    pub score_mod: Option<&'static str>,
+    pub user_code: Option<&'static str>,
     /// Rows kernels: the fixed subgroup size they share tile reads across, or 0 for none.
     pub subgroup: u32,
     /// A windowed call's pass (tiled kernels only): the element outputs are f32 buffers that
@@ -108,7 +108,7 @@ impl KernelKey {
             bias_grad: false,
             subgroup: 0,
             accumulate: false,
-            score_mod: None,
+            user_code: None,
         }
     }
 
@@ -128,8 +128,8 @@ impl KernelKey {
             if self.bias_grad { " bias_grad" } else { "" },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" },
-            self.score_mod
-                .map_or(String::new(), |t| format!(" score_mod={:016x}", {
+            self.user_code
+                .map_or(String::new(), |t| format!(" user_code={:016x}", {
                     use std::hash::{Hash, Hasher};
                     let mut h = std::collections::hash_map::DefaultHasher::new();
                     t.hash(&mut h);
@@ -311,7 +311,7 @@ impl KernelKey {
         // last, so that the user's line n is the source's line (lines before) + n
         s.push_str("\n// user code (AttentionConfig::score_mod, mask_mod), or stand-ins\n");
         s.push_str(
-            self.score_mod
+            self.user_code
                 .unwrap_or_else(crate::modifiers::user_code::stubs),
         );
         s

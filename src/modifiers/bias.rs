@@ -175,14 +175,7 @@ impl ScoreBias {
     /// Entries between one batch's grid and the next, and one head's and the next: 0 along a
     /// broadcast dimension.
     pub fn strides(&self) -> (u64, u64) {
-        let grid = (self.seq_q * self.seq_kv) as u64;
-        let h = if self.heads > 1 { grid } else { 0 };
-        let b = if self.batch > 1 {
-            self.heads as u64 * grid
-        } else {
-            0
-        };
-        (b, h)
+        super::broadcast_strides(self.batch, self.heads, (self.seq_q * self.seq_kv) as u64)
     }
 
     /// The entries in their dtype's storage, as 32-bit words (what the kernels read).

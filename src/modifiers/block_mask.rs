@@ -100,13 +100,8 @@ impl BlockMask {
     /// the next: 0 along a broadcast dimension.
     pub fn strides(&self, seq_q: usize, seq_kv: usize) -> (usize, usize) {
         let (rows, cols) = self.grid(seq_q, seq_kv);
-        let h = if self.heads > 1 { rows * cols } else { 0 };
-        let b = if self.batch > 1 {
-            self.heads * rows * cols
-        } else {
-            0
-        };
-        (b, h)
+        let (b, h) = super::broadcast_strides(self.batch, self.heads, (rows * cols) as u64);
+        (b as usize, h as usize)
     }
 
     /// The blocks packed 32 to a word, block k at bit k % 32 of word k / 32.

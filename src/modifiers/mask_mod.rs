@@ -60,7 +60,7 @@ impl MaskMod {
     }
 
     /// The host predicate equal to `mask_mod`, which the f64 reference applies; without it
-    /// the reference treats every pair as masked by it (NaN rows).
+    /// the reference hides every pair (out 0, lse -inf).
     pub fn with_reference(
         mut self,
         mask: impl Fn(usize, usize, usize, usize) -> bool + Send + Sync + 'static,

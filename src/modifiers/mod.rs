@@ -104,9 +104,9 @@ fn no_params(_: &AttentionConfig, _: &mut Params) {}
 
 /// Strided input views: a property of the tensors a call runs on, not of its config (the bit
 /// is set per step at record time).
-const VIEWS: Modifier = Modifier {
+pub(crate) const VIEWS: Modifier = Modifier {
     name: "VIEWS",
-    bit: crate::kernels::flags::VIEWS,
+    bit: 1 << 12,
     compiled: false,
     data: Data::Params,
     active: never,
@@ -183,7 +183,7 @@ pub(crate) fn cuda_snippets() -> String {
 /// softmax sees for a visible pair from x = q.k * scale * log2(e); `score_chain_slope`, the
 /// same with d(score)/dx, which the backward takes (so that each transform's derivative is
 /// its own, at its own input); `SCORE_TRANSFORMED()`, true when a transform is on.
-pub fn wgsl_score_chain() -> String {
+pub(crate) fn wgsl_score_chain() -> String {
     let (mut chain, mut slope, mut any) = (String::new(), String::new(), Vec::new());
     for m in ALL {
         let on = format!("{}()", m.name);
@@ -300,6 +300,15 @@ pub(crate) fn reference_chain(cfg: &AttentionConfig, at: Pair, x: f64) -> (f64, 
         }
     }
     (s, slope)
+}
+
+/// Entries between one grid of a `[batch, heads, ...]` tensor of `grid`-entry grids and the
+/// next batch's, and the next head's: 0 along a broadcast dimension (a size of 1). The masks'
+/// and the bias's strides.
+pub(crate) fn broadcast_strides(batch: usize, heads: usize, grid: u64) -> (u64, u64) {
+    let h = if heads > 1 { grid } else { 0 };
+    let b = if batch > 1 { heads as u64 * grid } else { 0 };
+    (b, h)
 }
 
 /// Runs every modifier's validation, in bit order.

@@ -415,7 +415,7 @@ pub(crate) fn key(
             0
         },
         accumulate: false,
-        score_mod: if reads & (crate::kernels::flags::SCORE_MOD | crate::kernels::flags::MASK_MOD)
+        user_code: if reads & (crate::kernels::flags::SCORE_MOD | crate::kernels::flags::MASK_MOD)
             != 0
         {
             crate::modifiers::user_code::kernel_wgsl(cfg)
