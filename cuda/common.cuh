@@ -54,8 +54,9 @@ __device__ __forceinline__ elem_t from_f32(float x) {
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// struct AttnShape, a call's scalars, is generated from its Rust definition
-// (src/cuda/kernels.rs, ATTN_SHAPE_C) and put before this file in every program.
+// struct Params, a call's scalars (the wgpu kernels' parameter block), is generated from its
+// Rust definition (src/kernels/params.rs, PARAMS_C) and put before this file in every
+// program, with FLAG_CAUSAL and FLAG_WINDOW, its flags' bits the kernels read at run time.
 
 // K and V in pages through a block table (-DPAGED=1, AttentionConfig::paged; the forward
 // kernels only: a paged backward is refused by the host).
@@ -67,10 +68,10 @@ __device__ __forceinline__ elem_t from_f32(float x) {
 // [batch, seq_kv, heads_kv, head_dim], or with PAGED page pools [pages, page_size, heads_kv,
 // head_dim] through the block table (u32 entries in the extras; a key past the table's pages
 // reads the batch's last page), as kv_index in shaders/common.wgsl.
-__device__ __forceinline__ size_t kv_row(const AttnShape& p, const float* __restrict__ extras,
+__device__ __forceinline__ size_t kv_row(const Params& p, const float* __restrict__ extras,
                                          unsigned int b, unsigned int j, unsigned int hk) {
 #if PAGED
-    const unsigned int* table = reinterpret_cast<const unsigned int*>(extras) + p.pages_base;
+    const unsigned int* table = reinterpret_cast<const unsigned int*>(extras) + p.pairs_base + p.pages_base;
     const unsigned int entry = min(j / p.page_size, p.pages_per_seq - 1u);
     const size_t row =
         (size_t)table[b * p.pages_per_seq + entry] * p.page_size + j % p.page_size;
@@ -99,13 +100,14 @@ __device__ __forceinline__ size_t kv_row(const AttnShape& p, const float* __rest
 #ifndef VARLEN
 #define VARLEN 0
 #endif
-// A boolean mask over pairs (-DMASK=1): its bits in the extras from mask_base, one grid of
+// A boolean mask over pairs (-DMASK=1): its bits in the extras from pairs_base (the pair data follows
+// the extras on CUDA), one grid of
 // seq_q x seq_kv bits per (batch, query head), as pair_on in shaders/common.wgsl.
 #ifndef MASK
 #define MASK 0
 #endif
 // An additive bias over pairs (-DBIAS=1): its entries, in the element type, in the extras from
-// bias_base (after the boolean mask's words), one grid of seq_q x seq_kv per (batch, query
+// pairs_base + bias_base (after the boolean mask's words), one grid of seq_q x seq_kv per (batch, query
 // head) or shared along a broadcast dimension, added to finished scores, as pair_bias in
 // shaders/modifiers/bias.wgsl.
 #ifndef BIAS
@@ -113,9 +115,14 @@ __device__ __forceinline__ size_t kv_row(const AttnShape& p, const float* __rest
 #endif
 
 // The call's scalars as the kernels and the masking helpers below see them (for_batch builds
-// it): AttnShape, and with packed sequences (-DVARLEN=1) the extras too, where the helpers
-// read the sequences' boundaries. Without VARLEN it adds nothing: the same bytes as AttnShape.
-struct CallShape : AttnShape {
+// it): Params, the batch's key range, the run-time bits of Params::flags as bools, and with
+// packed sequences (-DVARLEN=1) the extras, where the helpers read the sequences' boundaries.
+struct CallShape : Params {
+    // keys [kv_start, kv_len) take part: the batch's own with SEQLENS, else [0, seq_kv)
+    unsigned int kv_len;
+    unsigned int kv_start;
+    bool causal;
+    bool window;
 #if VARLEN
     const float* extras;
 #endif
@@ -123,13 +130,17 @@ struct CallShape : AttnShape {
 
 // The call's scalars for batch b: with per-batch key ranges (-DSEQLENS=1), kv_start and kv_len
 // are the batch's (keys outside them are hidden, as kv_start and kv_len in
-// shaders/common.wgsl); else unchanged.
-__device__ __forceinline__ CallShape for_batch(const AttnShape& p, const float* __restrict__ extras,
+// shaders/common.wgsl); else all keys.
+__device__ __forceinline__ CallShape for_batch(const Params& p, const float* __restrict__ extras,
                                                unsigned int b) {
+    CallShape q;
+    static_cast<Params&>(q) = p;
+    q.kv_len = p.seq_kv;
+    q.kv_start = 0;
+    q.causal = (p.flags & FLAG_CAUSAL) != 0;
+    q.window = (p.flags & FLAG_WINDOW) != 0;
 #if VARLEN
-    CallShape q{p, extras};
-#else
-    CallShape q{p};
+    q.extras = extras;
 #endif
 #if SEQLENS
     q.kv_len = min(__float_as_uint(extras[p.seqlens_base + 2 * b]), p.seq_kv);
@@ -142,6 +153,8 @@ __device__ __forceinline__ CallShape for_batch(const AttnShape& p, const float* 
         q.band_lo += shift;
         q.band_hi += shift;
     }
+#else
+    (void)b;
 #endif
     return q;
 }
@@ -200,15 +213,15 @@ struct HeadMods {
     unsigned int grid;   // the bit of block (0, 0) of this (batch, query head)'s grid
 #endif
 #if MASK
-    const float* mask;      // the boolean mask's words (the extras from mask_base)
+    const float* mask;      // the boolean mask's words (the extras from pairs_base)
     unsigned int mask_grid; // the bit of pair (0, 0) of this (batch, query head)'s grid
 #endif
 #if BIAS
-    const elem_t* bias;     // the bias's entries (the extras from bias_base)
+    const elem_t* bias;     // the bias's entries (from pairs_base + bias_base)
     unsigned int bias_grid; // the entry of pair (0, 0) of this (batch, query head)'s grid
 #endif
 };
-__device__ __forceinline__ HeadMods head_mods(const AttnShape& p, const float* __restrict__ extras,
+__device__ __forceinline__ HeadMods head_mods(const Params& p, const float* __restrict__ extras,
                                               unsigned int b, unsigned int h) {
     HeadMods m;
     m.slope2 = 0.f;
@@ -228,11 +241,11 @@ __device__ __forceinline__ HeadMods head_mods(const AttnShape& p, const float* _
     m.grid = b * p.blocks_b_stride + h * p.blocks_h_stride;
 #endif
 #if MASK
-    m.mask = extras + p.mask_base;
+    m.mask = extras + p.pairs_base;
     m.mask_grid = b * p.mask_b_stride + h * p.mask_h_stride;
 #endif
 #if BIAS
-    m.bias = reinterpret_cast<const elem_t*>(extras + p.bias_base);
+    m.bias = reinterpret_cast<const elem_t*>(extras + p.pairs_base + p.bias_base);
     m.bias_grid = b * p.bias_b_stride + h * p.bias_h_stride;
 #endif
     return m;
@@ -268,7 +281,7 @@ __device__ __forceinline__ float through_score(float g, float pr, float slope) {
 }
 
 // the highest key offset j - i a row sees (with causal or a window)
-__device__ __forceinline__ long long band_hi(const AttnShape& p) {
+__device__ __forceinline__ long long band_hi(const CallShape& p) {
     return p.window ? p.band_hi : p.causal_offset;
 }
 
@@ -535,7 +548,7 @@ __device__ __forceinline__ bool tile_needs_mask(const CallShape& p, unsigned int
 // in f32 (one thread a row; rows past the end do nothing).
 __device__ __forceinline__ void preprocess_row(const elem_t* __restrict__ out,
                                                const elem_t* __restrict__ d_out,
-                                               float* __restrict__ delta, const AttnShape& p,
+                                               float* __restrict__ delta, const Params& p,
                                                unsigned int batch, size_t r) {
     const size_t rows = (size_t)batch * p.heads_q * p.seq_q;
     if (r >= rows) {
@@ -581,7 +594,7 @@ __device__ __forceinline__ float row_lse(float l, float m, const HeadMods& hm) {
 // deterministic.
 extern "C" __global__ void __launch_bounds__(256) flash_sinks_grad(
     const float* __restrict__ lse, const float* __restrict__ delta, float* __restrict__ d_sinks,
-    const AttnShape p, unsigned int batch, const float* __restrict__ extras) {
+    const Params p, unsigned int batch, const float* __restrict__ extras) {
     __shared__ float red[256];
     const unsigned int h = blockIdx.x, t = threadIdx.x;
     const HeadMods hm = head_mods(p, extras, 0, h);
@@ -608,7 +621,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_sinks_grad(
 // keep each visited pair's gradient at its finished score, g = P * (Z dP - delta), in an f32
 // scratch [batch, heads_q, seq_q, seq_kv] (`bias_grads`, zero-filled; null where d_bias is
 // not asked for), and flash_bias_reduce sums the slices each bias entry reaches.
-__device__ __forceinline__ void keep_bias_grad(float* __restrict__ bias_grads, const AttnShape& p,
+__device__ __forceinline__ void keep_bias_grad(float* __restrict__ bias_grads, const Params& p,
                                                unsigned int b, unsigned int h, unsigned int i,
                                                unsigned int j, float g) {
 #if BIAS
@@ -623,7 +636,7 @@ __device__ __forceinline__ void keep_bias_grad(float* __restrict__ bias_grads, c
 // query head) slices it reaches (its own, or all along a broadcast dimension, in a fixed
 // order), the kept gradients of pair (i, j). One thread per entry: deterministic, no atomics.
 extern "C" __global__ void __launch_bounds__(256) flash_bias_reduce(
-    const float* __restrict__ bias_grads, elem_t* __restrict__ d_bias, const AttnShape p,
+    const float* __restrict__ bias_grads, elem_t* __restrict__ d_bias, const Params p,
     unsigned int batch, unsigned int entries) {
     const unsigned int e = blockIdx.x * 256 + threadIdx.x;
     if (e >= entries) {

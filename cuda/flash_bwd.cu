@@ -34,7 +34,7 @@
 // delta[b, h, i] = sum_d dO * out over the row, in f32: one thread a row.
 extern "C" __global__ void __launch_bounds__(THREADS) flash_bwd_preprocess(
     const elem_t* __restrict__ out, const elem_t* __restrict__ d_out,
-    float* __restrict__ delta, const AttnShape p, unsigned int batch) {
+    float* __restrict__ delta, const Params p, unsigned int batch) {
     preprocess_row(out, d_out, delta, p, batch, (size_t)blockIdx.x * THREADS + threadIdx.x);
 }
 
@@ -47,7 +47,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dkdv(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
     const float* __restrict__ delta, elem_t* __restrict__ dk, elem_t* __restrict__ dv,
-    const AttnShape p_call, const float* __restrict__ extras) {
+    const Params p_call, const float* __restrict__ extras) {
     const CallShape p = for_batch(p_call, extras, blockIdx.z);
     // K, V: BLOCK_RES rows each; Q, dO: BLOCK_Q rows each; then lse2 and delta per Q row
     extern __shared__ __align__(16) elem_t smem[];
@@ -181,7 +181,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_bwd_dq(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
     const float* __restrict__ delta, elem_t* __restrict__ dq, float* __restrict__ bias_grads,
-    const AttnShape p_call, const float* __restrict__ extras) {
+    const Params p_call, const float* __restrict__ extras) {
     const CallShape p = for_batch(p_call, extras, blockIdx.z);
     // Q and dO staged first (BLOCK_RES rows each), then the K and V tiles in the same space
     extern __shared__ __align__(16) elem_t smem[];

@@ -113,7 +113,7 @@ __shared__ float s_acc[WARPS_D][DECODE_ROWS][KEY_LANES * PER];
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_decode(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     float* __restrict__ part_out, float* __restrict__ part_lse, elem_t* __restrict__ out,
-    float* __restrict__ lse, const AttnShape p_call, unsigned int splits,
+    float* __restrict__ lse, const Params p_call, unsigned int splits,
     unsigned int split_keys, unsigned int direct, const float* __restrict__ extras) {
     const unsigned int b = blockIdx.z, hk = blockIdx.y;
     const unsigned int split = blockIdx.x % splits, chunk = blockIdx.x / splits;
@@ -343,7 +343,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_decode(
 // (or the sink's lse). One thread per element of out [batch, seq_q, heads_q, HEAD_DIM].
 extern "C" __global__ void __launch_bounds__(256) flash_decode_combine(
     const float* __restrict__ part_out, const float* __restrict__ part_lse,
-    elem_t* __restrict__ out, float* __restrict__ lse, const AttnShape p, unsigned int splits,
+    elem_t* __restrict__ out, float* __restrict__ lse, const Params p, unsigned int splits,
     unsigned int batch, const float* __restrict__ extras) {
     const size_t elements = (size_t)batch * p.seq_q * p.heads_q * HEAD_DIM;
     const size_t e = (size_t)blockIdx.x * 256 + threadIdx.x;

@@ -37,7 +37,7 @@
 // spilled (head_dim 48: 8 bytes); occupancy against registers is to be tuned on a GPU.
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_fwd(const elem_t* __restrict__ q, const elem_t* __restrict__ k,
               const elem_t* __restrict__ v, elem_t* __restrict__ out, float* __restrict__ lse,
-              const AttnShape p_call, const float* __restrict__ extras) {
+              const Params p_call, const float* __restrict__ extras) {
     const CallShape p = for_batch(p_call, extras, blockIdx.z);
     // Q staged here first, then read into registers; then the two K/V stages. Dynamic, as
     // it passes the 48 KiB of static shared memory at head_dim 128 (size: the host's

@@ -49,7 +49,7 @@ __device__ __forceinline__ float row_sum8(float x) {
 // multiple of 4): bit jj for key kt + jj; all ones without dropout. The row's 8 lanes draw
 // its BLOCK_N / 4 Philox blocks between them (lane l the key groups l, l + 8) and gather the
 // flags, so no lane draws more than two a tile.
-__device__ __forceinline__ unsigned long long dropout_row_mask(const AttnShape& p,
+__device__ __forceinline__ unsigned long long dropout_row_mask(const Params& p,
                                                                unsigned int bh, unsigned int i,
                                                                unsigned int kt, int lane) {
 #if DROPOUT
@@ -72,7 +72,7 @@ __device__ __forceinline__ unsigned long long dropout_row_mask(const AttnShape& 
 // first key, a multiple of ROWS) are one key group, whose pairs with a row share one Philox
 // block: the warp's lanes draw the tile's BLOCK_N blocks between them (lane l rows l, l + 32),
 // and each key takes its word's flags by ballot.
-__device__ __forceinline__ unsigned long long dropout_key_mask(const AttnShape& p,
+__device__ __forceinline__ unsigned long long dropout_key_mask(const Params& p,
                                                                unsigned int bh, unsigned int j,
                                                                unsigned int qt) {
 #if DROPOUT
@@ -154,7 +154,7 @@ __device__ __forceinline__ void stage_f32(float* tile, const elem_t* base, unsig
 
 // A K or V tile of BLOCK_N keys from key row0 of kv head hk, in f32 (keys past seq_kv as
 // zeros); each row found by kv_row (dense, or through a paged call's block table).
-__device__ __forceinline__ void stage_kv_f32(float* tile, const elem_t* kv, const AttnShape& p,
+__device__ __forceinline__ void stage_kv_f32(float* tile, const elem_t* kv, const Params& p,
                                              const float* __restrict__ extras, unsigned int b,
                                              unsigned int hk, unsigned int row0) {
     for (int e = threadIdx.x; e < BLOCK_N * HEAD_DIM; e += THREADS) {
@@ -169,7 +169,7 @@ __device__ __forceinline__ void stage_kv_f32(float* tile, const elem_t* kv, cons
 // registers (dK/dV at head_dim 13) while far more are free.
 extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_fwd(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
-    elem_t* __restrict__ out, float* __restrict__ lse, const AttnShape p_call,
+    elem_t* __restrict__ out, float* __restrict__ lse, const Params p_call,
     const float* __restrict__ extras) {
     const CallShape p = for_batch(p_call, extras, blockIdx.z);
     extern __shared__ float smem_f[];
@@ -239,7 +239,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_fwd(
 // delta[b, h, i] = sum_d dO * out over the row, in f32: one thread a row.
 extern "C" __global__ void __launch_bounds__(THREADS) flash_simt_bwd_preprocess(
     const elem_t* __restrict__ out, const elem_t* __restrict__ d_out,
-    float* __restrict__ delta, const AttnShape p, unsigned int batch) {
+    float* __restrict__ delta, const Params p, unsigned int batch) {
     preprocess_row(out, d_out, delta, p, batch, (size_t)blockIdx.x * THREADS + threadIdx.x);
 }
 
@@ -249,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dkdv(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
     const float* __restrict__ delta, elem_t* __restrict__ dk, elem_t* __restrict__ dv,
-    const AttnShape p_call, const float* __restrict__ extras) {
+    const Params p_call, const float* __restrict__ extras) {
     const CallShape p = for_batch(p_call, extras, blockIdx.z);
     extern __shared__ float smem_f[];
     float* sq = smem_f;
@@ -327,7 +327,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
     const elem_t* __restrict__ q, const elem_t* __restrict__ k, const elem_t* __restrict__ v,
     const elem_t* __restrict__ d_out, const float* __restrict__ lse,
     const float* __restrict__ delta, elem_t* __restrict__ dq, float* __restrict__ bias_grads,
-    const AttnShape p_call, const float* __restrict__ extras) {
+    const Params p_call, const float* __restrict__ extras) {
     const CallShape p = for_batch(p_call, extras, blockIdx.z);
     extern __shared__ float smem_f[];
     float* sk = smem_f;

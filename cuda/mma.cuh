@@ -66,7 +66,7 @@ __device__ __forceinline__ void stage_rows(elem_t* tile, const elem_t* base, uns
 
 // A K or V tile of `rows` keys from key row0 of kv head hk (keys past seq_kv as zeros): one
 // strided stage_rows, or with PAGED each row found through the block table (kv_row).
-__device__ __forceinline__ void stage_kv(elem_t* tile, const elem_t* kv, const AttnShape& p,
+__device__ __forceinline__ void stage_kv(elem_t* tile, const elem_t* kv, const Params& p,
                                          const float* __restrict__ extras, unsigned int b,
                                          unsigned int hk, unsigned int row0, int rows) {
 #if PAGED
@@ -188,7 +188,7 @@ __device__ __forceinline__ void store_rows(elem_t* base, unsigned int row_pitch,
 // even, so both keys lie in one Philox block (4 keys), and lanes lane and lane ^ 1 hold the
 // same key group: each draws the block of one row (even lanes row_lo, odd ones row_lo + 8)
 // and they swap its flags, one Philox per lane instead of two.
-__device__ __forceinline__ unsigned int dropout_keep_rows(const AttnShape& p, unsigned int bh,
+__device__ __forceinline__ unsigned int dropout_keep_rows(const Params& p, unsigned int bh,
                                                           unsigned int row_lo, unsigned int j) {
 #if DROPOUT
     const unsigned int odd = threadIdx.x & 1;
@@ -208,7 +208,7 @@ __device__ __forceinline__ unsigned int dropout_keep_rows(const AttnShape& p, un
 // of the lane id hold the 4 keys of one Philox block (and of the one 8 keys on) for the same
 // rows: each draws one of the 4 blocks they need, element e's for e = its key's word, and
 // they gather the 16 flags, one Philox per lane instead of four.
-__device__ __forceinline__ unsigned int dropout_keep_keys(const AttnShape& p, unsigned int bh,
+__device__ __forceinline__ unsigned int dropout_keep_keys(const Params& p, unsigned int bh,
                                                           unsigned int j_lo, unsigned int i) {
 #if DROPOUT
     const unsigned int m = j_lo % 4; // = (lane / 4) % 4

@@ -342,7 +342,7 @@ fn params_layout_matches_the_shader_struct() {
         blocks_b_stride,
         blocks_h_stride,
         blocks_full,
-        pad0,
+        pairs_base,
         pad1,
         pad2,
         varlen_base,

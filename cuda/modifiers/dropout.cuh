@@ -25,14 +25,14 @@ __device__ __forceinline__ Words4 philox4x32_10(Words4 c, unsigned int k0, unsig
     return c;
 }
 // the keep flags of keys 4g..4g+3 in row i of head bh: bit k set when key 4g + k is kept
-__device__ __forceinline__ unsigned int dropout_bits(const AttnShape& p, unsigned int bh,
+__device__ __forceinline__ unsigned int dropout_bits(const Params& p, unsigned int bh,
                                                      unsigned int i, unsigned int g) {
     Words4 c;
-    c.x = p.drop_offset_lo + g;
-    c.y = p.drop_offset_hi + (c.x < g ? 1u : 0u); // the carry of the 64-bit add
+    c.x = p.offset_lo + g;
+    c.y = p.offset_hi + (c.x < g ? 1u : 0u); // the carry of the 64-bit add
     c.z = i;
     c.w = bh;
-    const Words4 w = philox4x32_10(c, p.drop_seed_lo, p.drop_seed_hi);
+    const Words4 w = philox4x32_10(c, p.seed_lo, p.seed_hi);
     return (w.x >= p.drop_threshold ? 1u : 0u) | (w.y >= p.drop_threshold ? 2u : 0u) |
            (w.z >= p.drop_threshold ? 4u : 0u) | (w.w >= p.drop_threshold ? 8u : 0u);
 }

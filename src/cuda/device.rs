@@ -14,7 +14,7 @@ use cudarc::driver::{
 };
 
 use super::kernels::{
-    decode_geometry, index_fits, AttnShape, CudaKernel, CudaKey, Launch, Pass, MIN_ARCH,
+    cuda_params, decode_geometry, index_fits, CudaKernel, CudaKey, Launch, Pass, MIN_ARCH,
 };
 use super::nvrtc::Nvrtc;
 use super::tensor::{next_owner, CudaTensor};
@@ -24,6 +24,7 @@ use crate::kvcache::{append_rows, append_runs, kvcache_config};
 use crate::merge::{check_shards, ShardMeta};
 use crate::rotary::{check_rotation, Positions, Rotary};
 use crate::tensor::shape_elements;
+use crate::kernels::params::Params;
 use crate::{
     Algorithm, AttentionConfig, DType, Element, Error, Forward, GpuTiming, Gradients, Result,
     TensorRole,
@@ -31,7 +32,7 @@ use crate::{
 
 // SAFETY: #[repr(C)], plain 4-byte fields, the layout of the kernel's struct (tested in
 // kernels.rs).
-unsafe impl DeviceRepr for AttnShape {}
+unsafe impl DeviceRepr for Params {}
 
 fn driver_error(what: &str) -> impl Fn(drv::DriverError) -> Error + '_ {
     move |e| Error::Device(format!("CUDA {what}: {e:?}"))
@@ -205,7 +206,7 @@ impl CudaContext {
         pass: Pass,
         cfg: &AttentionConfig,
         dtype: DType,
-    ) -> Result<(CudaKey, AttnShape)> {
+    ) -> Result<(CudaKey, Params)> {
         if cfg.algorithm == Algorithm::Naive {
             return Err(Error::Unsupported {
                 feature: "Algorithm::Naive".into(),
@@ -253,7 +254,7 @@ impl CudaContext {
                 reason: "the CUDA kernels need its CUDA C: ScoreMod::with_cuda".into(),
             })?);
         }
-        let shape = AttnShape::new(cfg)?;
+        let shape = cuda_params(cfg)?;
         for l in key.launches(cfg) {
             if l.grid.1 > 65_535 || l.grid.2 > 65_535 {
                 return Err(Error::DeviceLimit {
@@ -270,7 +271,7 @@ impl CudaContext {
     /// The call's extras (ALiBi slopes, sinks, key lengths, the block mask's bits, the varlen
     /// boundaries: `kernels::params::extras`, the layout the wgpu kernels read, then the
     /// boolean mask's words and the bias's entries, which the wgpu path binds apart:
-    /// `AttnShape::mask_base`, `bias_base`) on the device, or `None` without any of them. A
+    /// `Params::pairs_base`) on the device, or `None` without any of them. A
     /// block mask always has a word (every grid has a block), varlen at least four, a boolean
     /// mask and a bias one, so the kernels compiled with BLOCKS, VARLEN, MASK or BIAS always
     /// get a buffer.
@@ -691,7 +692,7 @@ impl CudaContext {
         &self,
         cfg: &AttentionConfig,
         key: &CudaKey,
-        shape: &AttnShape,
+        shape: &Params,
         [q, k, v]: [&CudaTensor; 3],
         (out, lse): (&mut CudaTensor, &mut CudaTensor),
         extras: &Option<CudaSlice<u8>>,

@@ -5,6 +5,7 @@
 //! kernel cannot disagree about block sizes or shared memory.
 
 use crate::kernels::flags;
+use crate::kernels::params::{Params, PARAMS_C};
 use crate::{AttentionConfig, DType, Error, Result};
 
 /// What every kernel shares (cuda/common.cuh: element types, the call's scalars, masking),
@@ -30,6 +31,17 @@ fn common_with(user: &str) -> String {
         &COMMON[..at],
         crate::modifiers::cuda_snippets(),
         &COMMON[at..]
+    )
+}
+
+/// What every program starts with: the call's scalars ([`PARAMS_C`]) and the bits of
+/// `Params::flags` the kernels read at run time ([`CUDA_RUNTIME`]: `FLAG_CAUSAL`,
+/// `FLAG_WINDOW`).
+pub fn prelude() -> String {
+    format!(
+        "{PARAMS_C}#define FLAG_CAUSAL {}u\n#define FLAG_WINDOW {}u\n",
+        flags::CAUSAL,
+        flags::WINDOW
     )
 }
 
@@ -162,7 +174,7 @@ impl CudaKernel {
         }
     }
 
-    /// The program NVRTC compiles: the call's scalars ([`ATTN_SHAPE_C`]), the shared
+    /// The program NVRTC compiles: the call's scalars ([`prelude`]), the shared
     /// helpers ([`common`], and [`MMA`] for the tensor-core kernels), then the kernel.
     pub fn program(self) -> String {
         self.program_with("")
@@ -172,226 +184,72 @@ impl CudaKernel {
     pub fn program_with(self, user: &str) -> String {
         let common = common_with(user);
         if self.tensor_cores() {
-            format!("{ATTN_SHAPE_C}\n{common}\n{MMA}\n{}", self.source())
+            format!("{}\n{common}\n{MMA}\n{}", prelude(), self.source())
         } else {
-            format!("{ATTN_SHAPE_C}\n{common}\n{}", self.source())
+            format!("{}\n{common}\n{}", prelude(), self.source())
         }
     }
 }
 
-/// Declares `AttnShape` and [`ATTN_SHAPE_C`], its CUDA C declaration, from one list of
-/// fields, so that the host and the kernels cannot disagree on a name, a type or an order.
-/// Each field's doc comment is carried into the C declaration as a comment.
-macro_rules! attn_shape_struct {
-    ($(#[$meta:meta])* pub struct AttnShape { $($(#[doc = $doc:literal])* pub $f:ident: $t:tt,)* }) => {
-        $(#[$meta])*
-        pub struct AttnShape {
-            $($(#[doc = $doc])* pub $f: $t,)*
-        }
-
-        /// The CUDA C declaration of [`AttnShape`], put before every program ([`COMMON`]
-        /// uses it).
-        pub const ATTN_SHAPE_C: &str = concat!(
-            "// a call's scalars: generated from AttnShape in src/cuda/kernels.rs\n",
-            "struct AttnShape {\n",
-            $($("    //", $doc, "\n",)* "    ", c_type!($t), " ", stringify!($f), ";\n",)*
-            "};\n"
-        );
-    };
-}
-
-/// An `AttnShape` field's C type (every field is 4 bytes: the struct has no padding).
-macro_rules! c_type {
-    (u32) => {
-        "unsigned int"
-    };
-    (i32) => {
-        "int"
-    };
-    (f32) => {
-        "float"
-    };
-}
-
-attn_shape_struct! {
-/// A call's scalar argument, passed by value to every kernel. Defined here once: the kernels'
-/// C declaration is generated from this one ([`ATTN_SHAPE_C`]).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AttnShape {
-    pub seq_q: u32,
-    pub seq_kv: u32,
-    pub heads_q: u32,
-    pub heads_kv: u32,
-    /// 1 with a causal mask.
-    pub causal: i32,
-    /// Key j is visible to row i when j <= i + causal_offset.
-    pub causal_offset: i32,
-    /// softmax scale * log2(e): the kernel works in the exp2 domain
-    pub scale_log2: f32,
-    /// A sliding window (1: on): row i sees key j only when `i + band_lo <= j <= i + band_hi`
-    /// (the wgpu `Params` band: causal folded in, +-2^30 on an unbounded side).
-    pub window: i32,
-    pub band_lo: i32,
-    pub band_hi: i32,
-    /// With a softcap (compiled in: SOFTCAP in `CudaKey::flags`): c * log2(e).
-    pub softcap2: f32,
-    /// ALiBi, sinks and key lengths (compiled in): extras words between batches' slopes (0:
-    /// one per head), the extras word of head 0's sink and of batch 0's key range (length,
-    /// first key) ([`extras_layout`](crate::kernels::params::extras_layout), as `Params` on
-    /// wgpu).
-    pub alibi_b_stride: u32,
-    pub sinks_base: u32,
-    pub seqlens_base: u32,
-    /// Keys [0, kv_len) take part: seq_kv here; the kernels set a batch's own length
-    /// (`for_batch`).
-    pub kv_len: u32,
-    /// Keys before it are hidden: 0 here; the kernels set a batch's own first key
-    /// (`for_batch`, `AttentionConfig::leftpad_kv`).
-    pub kv_start: u32,
-    /// Dropout (compiled in: DROPOUT in `CudaKey::flags`; 0 and 1 without it): Philox words below
-    /// `drop_threshold` drop their pair ([`Dropout::threshold`](crate::Dropout::threshold)),
-    /// kept pairs scale by `drop_scale` ([`Dropout::keep_scale`](crate::Dropout::keep_scale)),
-    /// 1 / (1 - p), and the seed (the Philox key) and the stream offset (counter words 0, 1)
-    /// go in as 32-bit halves (low first).
-    pub drop_threshold: u32,
-    pub drop_scale: f32,
-    pub drop_seed_lo: u32,
-    pub drop_seed_hi: u32,
-    pub drop_offset_lo: u32,
-    pub drop_offset_hi: u32,
-    /// A block mask (compiled in: BLOCKS in `CudaKey::flags`): the extras word of its first bit, the
-    /// rows and keys per block, the block columns of a grid (ceil(seq_kv / block_kv)), and
-    /// the bits between batches' and heads' grids (0 along a broadcast dimension), as
-    /// `Params` on wgpu; without one blocks of 1 x 1 and nothing to read.
-    pub blocks_base: u32,
-    pub block_q: u32,
-    pub block_kv: u32,
-    pub blocks_cols: u32,
-    pub blocks_b_stride: u32,
-    pub blocks_h_stride: u32,
-    /// Packed sequences (compiled in: VARLEN in `CudaKey::flags`): the extras word of
-    /// `cu_seqlens_q[0]` (`cu_seqlens_kv` follows it) and the number of sequences, as
-    /// `Params` on wgpu; 0 without them.
-    pub varlen_base: u32,
-    pub sequences: u32,
-    /// A boolean mask (compiled in: MASK in `CudaKey::flags`): the extras word of its first bit (the
-    /// mask's words follow every other extra on CUDA), the bits between batches'
-    /// and heads' grids (0 along a broadcast dimension), and between rows (seq_kv).
-    pub mask_base: u32,
-    pub mask_b_stride: u32,
-    pub mask_h_stride: u32,
-    pub mask_cols: u32,
-    /// An additive bias (compiled in: BIAS in `CudaKey::flags`): the extras word of its first entry
-    /// (after the boolean mask's words), and the entries between batches' and heads' grids
-    /// (0 along a broadcast dimension); its rows are `mask_cols` entries apart.
-    pub bias_base: u32,
-    pub bias_b_stride: u32,
-    pub bias_h_stride: u32,
-    /// Per-batch alignment (compiled in with SEQLENS in `CudaKey::flags`): the call's seq_kv, from
-    /// which a batch's shift `seqlens_kv[b] - align_kv` is counted (`for_batch`); 0: off.
-    pub align_kv: u32,
-    /// Paged K/V (compiled in with PAGED in `CudaKey::flags`): the extras index of the block table's
-    /// first entry, key rows per page, table entries per batch.
-    pub pages_base: u32,
-    pub page_size: u32,
-    pub pages_per_seq: u32,
-}
-}
-
-impl AttnShape {
-    /// The scalars of a validated config, or a typed error where they do not fit the kernel's
-    /// 32-bit indices.
-    pub fn new(cfg: &AttentionConfig) -> Result<AttnShape> {
-        let fits = |what: &str, x: usize| {
-            u32::try_from(x)
-                .ok()
-                .filter(|&x| x < i32::MAX as u32)
-                .ok_or_else(|| {
-                    Error::InvalidConfig(format!(
-                        "{what} = {x} does not fit the CUDA kernels' 31-bit sizes"
-                    ))
-                })
-        };
-        // the wgpu parameter block: band, softcap, extras offsets, dropout and the block
-        // grid, decided in one place for both paths
-        let p = crate::kernels::params::Params::from_config(cfg);
-        // the mask's words, then the bias's, follow the other extras on CUDA
-        let mask_base = crate::kernels::params::extras_layout(cfg).words.len();
-        // the kernels index the mask's bits with u32
-        if let Some(m) = &cfg.block_mask {
-            u32::try_from(m.blocks.len()).map_err(|_| {
+/// The call's scalars as the CUDA kernels take them: the wgpu parameter block ([`Params`]:
+/// band, softcap, extras offsets, dropout and the block grid, decided in one place for both
+/// paths) with the pair data placed after the extras, or a typed error where a size does not
+/// fit the kernels' 32-bit indices.
+pub fn cuda_params(cfg: &AttentionConfig) -> Result<Params> {
+    let fits = |what: &str, x: usize| {
+        u32::try_from(x)
+            .ok()
+            .filter(|&x| x < i32::MAX as u32)
+            .ok_or_else(|| {
                 Error::InvalidConfig(format!(
-                    "block_mask holds {} blocks; the CUDA kernels index at most 2^32 - 1",
-                    m.blocks.len()
+                    "{what} = {x} does not fit the CUDA kernels' 31-bit sizes"
                 ))
-            })?;
-        }
-        // the kernels form every other index in 32 bits too: the extras words (the pair data
-        // after them), the boolean mask's bits, the bias's entries, the backward's rows
-        let pair_words = cfg.mask.as_ref().map_or(0, |m| m.words().len())
-            + cfg.bias.as_ref().map_or(0, |b| b.words().len())
-            + cfg.paged.as_ref().map_or(0, |p| p.block_table.len());
-        index_fits(
-            "the extras and pair-data words",
-            (mask_base + pair_words) as u64,
-        )?;
-        index_fits(
-            "the boolean mask's bits",
-            cfg.mask.as_ref().map_or(0, |m| m.words().len() as u64 * 32),
-        )?;
-        index_fits(
-            "the bias's entries",
-            cfg.bias.as_ref().map_or(0, |b| b.len() as u64),
-        )?;
-        index_fits(
-            "the backward's rows (batch x heads_q x seq_q)",
-            (cfg.batch * cfg.heads_q * cfg.seq_q) as u64,
-        )?;
-        Ok(AttnShape {
-            seq_q: fits("seq_q", cfg.seq_q)?,
-            seq_kv: fits("seq_kv", cfg.seq_kv)?,
-            heads_q: fits("heads_q", cfg.heads_q)?,
-            heads_kv: fits("heads_kv", cfg.heads_kv)?,
-            causal: i32::from(cfg.causal),
-            causal_offset: cfg.causal_offset() as i32,
-            scale_log2: cfg.scale() * std::f32::consts::LOG2_E,
-            window: i32::from(cfg.window.is_active()),
-            band_lo: p.band_lo,
-            band_hi: p.band_hi,
-            softcap2: p.softcap2,
-            alibi_b_stride: p.alibi_b_stride,
-            sinks_base: p.sinks_base,
-            seqlens_base: p.seqlens_base,
-            kv_len: fits("seq_kv", cfg.seq_kv)?,
-            kv_start: 0,
-            drop_threshold: p.drop_threshold,
-            drop_scale: p.drop_scale,
-            drop_seed_lo: p.seed_lo,
-            drop_seed_hi: p.seed_hi,
-            drop_offset_lo: p.offset_lo,
-            drop_offset_hi: p.offset_hi,
-            blocks_base: p.blocks_base,
-            block_q: p.block_q,
-            block_kv: p.block_kv,
-            blocks_cols: p.blocks_cols,
-            blocks_b_stride: p.blocks_b_stride,
-            blocks_h_stride: p.blocks_h_stride,
-            varlen_base: p.varlen_base,
-            sequences: p.sequences,
-            mask_base: mask_base as u32,
-            mask_b_stride: p.mask_b_stride,
-            mask_h_stride: p.mask_h_stride,
-            mask_cols: p.mask_cols,
-            bias_base: (mask_base + p.bias_base as usize) as u32,
-            bias_b_stride: p.bias_b_stride,
-            bias_h_stride: p.bias_h_stride,
-            align_kv: p.align_kv,
-            pages_base: (mask_base + p.pages_base as usize) as u32,
-            page_size: p.page_size,
-            pages_per_seq: p.pages_per_seq,
-        })
+            })
+    };
+    // the pair data (the mask's words, the bias's entries, the block table) follows the
+    // extras on CUDA
+    let mask_base = crate::kernels::params::extras_layout(cfg).words.len();
+    // the kernels index the mask's bits with u32
+    if let Some(m) = &cfg.block_mask {
+        u32::try_from(m.blocks.len()).map_err(|_| {
+            Error::InvalidConfig(format!(
+                "block_mask holds {} blocks; the CUDA kernels index at most 2^32 - 1",
+                m.blocks.len()
+            ))
+        })?;
     }
+    // the kernels form every other index in 32 bits too: the extras words (the pair data
+    // after them), the boolean mask's bits, the bias's entries, the backward's rows
+    let pair_words = cfg.mask.as_ref().map_or(0, |m| m.words().len())
+        + cfg.bias.as_ref().map_or(0, |b| b.words().len())
+        + cfg.paged.as_ref().map_or(0, |p| p.block_table.len());
+    index_fits(
+        "the extras and pair-data words",
+        (mask_base + pair_words) as u64,
+    )?;
+    index_fits(
+        "the boolean mask's bits",
+        cfg.mask.as_ref().map_or(0, |m| m.words().len() as u64 * 32),
+    )?;
+    index_fits(
+        "the bias's entries",
+        cfg.bias.as_ref().map_or(0, |b| b.len() as u64),
+    )?;
+    index_fits(
+        "the backward's rows (batch x heads_q x seq_q)",
+        (cfg.batch * cfg.heads_q * cfg.seq_q) as u64,
+    )?;
+    for (what, x) in [
+        ("seq_q", cfg.seq_q),
+        ("seq_kv", cfg.seq_kv),
+        ("heads_q", cfg.heads_q),
+        ("heads_kv", cfg.heads_kv),
+    ] {
+        fits(what, x)?;
+    }
+    let mut p = Params::from_config(cfg);
+    p.pairs_base = mask_base as u32;
+    Ok(p)
 }
 
 /// `Ok` where `n` fits the CUDA kernels' 32-bit indices, else a typed `Unsupported` naming
@@ -409,7 +267,7 @@ pub fn index_fits(what: &str, n: u64) -> Result<()> {
     })
 }
 
-/// The modifier bits the CUDA kernels read at run time (`AttnShape::causal`, `window`; views
+/// The modifier bits the CUDA kernels read at run time (from `Params::flags`; views
 /// are the wgpu path's); every other bit is compiled in ([`CudaKey::flags`]).
 pub const CUDA_RUNTIME: u32 = flags::CAUSAL | flags::WINDOW | flags::VIEWS;
 
@@ -426,7 +284,7 @@ pub struct CudaKey {
     pub arch: u32,
     /// The call's modifiers (`kernels::flags` bits, from src/modifiers/), each compiled in
     /// as `-D{NAME}=1` (the others `=0`), so that calls without one pay nothing for it:
-    /// every bit but [`CUDA_RUNTIME`], which the kernels read from `AttnShape`.
+    /// every bit but [`CUDA_RUNTIME`], which the kernels read from `Params::flags`.
     pub flags: u32,
     /// A user's score modifier (`AttentionConfig::score_mod`): its CUDA C, put before the
     /// modifiers' functions (with SCORE_MOD in `flags`).
@@ -903,7 +761,7 @@ mod tests {
         }
         // the backward's rows are checked from the config alone (no data is needed)
         let cfg = AttentionConfig::new(1 << 12, 1 << 11, 1 << 11, 1 << 10, 1 << 10, 64);
-        match AttnShape::new(&cfg) {
+        match cuda_params(&cfg) {
             Err(Error::Unsupported { feature, .. }) => {
                 assert!(feature.contains("rows"), "{feature}")
             }
@@ -962,25 +820,29 @@ mod tests {
     }
 
     #[test]
-    fn the_scalar_argument_is_declared_once_for_the_kernels() {
-        // every field 4 bytes and none padded: the C struct generated from the same list lays
-        // them out as repr(C) does
-        let fields = ATTN_SHAPE_C
+    fn the_scalar_argument_is_declared_once_for_both_backends() {
+        // every field 4-byte words and none padded: the C struct generated from the same list
+        // lays them out as repr(C) does
+        let words: usize = PARAMS_C
             .lines()
             .filter(|l| l.starts_with("    ") && !l.trim_start().starts_with("//"))
-            .count();
-        assert_eq!(fields, 41, "{ATTN_SHAPE_C}");
-        assert_eq!(std::mem::size_of::<AttnShape>(), 4 * fields);
-        assert_eq!(std::mem::align_of::<AttnShape>(), 4);
-        assert!(ATTN_SHAPE_C.contains("    unsigned int pages_per_seq;\n};"));
-        assert!(ATTN_SHAPE_C.contains("    float softcap2;"));
-        assert!(ATTN_SHAPE_C.contains("    int band_lo;"));
+            .map(|l| if l.contains("[5][4]") { 20 } else { 1 })
+            .sum();
+        assert_eq!(std::mem::size_of::<Params>(), 4 * words);
+        assert_eq!(std::mem::align_of::<Params>(), 4);
+        assert!(PARAMS_C.contains("    unsigned int views[5][4];\n};"));
+        assert!(PARAMS_C.contains("    float softcap2;"));
+        assert!(PARAMS_C.contains("    int band_lo;"));
         // no second, hand-kept declaration in the shared source, and every program starts
         // with the generated one
-        assert!(!COMMON.contains("struct AttnShape {"));
+        assert!(!COMMON.contains("struct Params {"));
         for kernel in CudaKernel::ALL {
-            assert!(kernel.program().starts_with(ATTN_SHAPE_C));
+            assert!(kernel.program().starts_with(PARAMS_C));
         }
+        // the pair data follows the extras on CUDA
+        let mut cfg = AttentionConfig::new(1, 4, 4, 2, 2, 8);
+        cfg.sinks = Some(vec![0.5, -0.5]);
+        assert_eq!(cuda_params(&cfg).unwrap().pairs_base, 2);
     }
 
     #[test]

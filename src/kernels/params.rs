@@ -1,8 +1,9 @@
 //! The runtime parameter block, bound at slot 0 of every kernel, and grid folding.
 
-/// Declares `Params` and [`PARAMS_WGSL`], its WGSL declaration, from one list of fields, so
-/// that the host and the kernels cannot disagree on a name, a type or an order
-/// (tests/shaders.rs checks the offsets naga lays out against the host's).
+/// Declares `Params`, [`PARAMS_WGSL`], its WGSL declaration, and [`PARAMS_C`], its CUDA C
+/// declaration, from one list of fields, so that the host and the kernels of both backends
+/// cannot disagree on a name, a type or an order (tests/shaders.rs checks the offsets naga
+/// lays out against the host's; every field is 4-byte words, so C lays them out as repr(C)).
 macro_rules! params_struct {
     ($(#[$meta:meta])* pub struct Params { $($(#[doc = $doc:literal])* pub $f:ident: $t:tt,)* }) => {
         $(#[$meta])*
@@ -17,6 +18,31 @@ macro_rules! params_struct {
             $("    ", stringify!($f), ": ", wgsl_type!($t), ",\n",)*
             "}\n"
         );
+
+        /// The CUDA C declaration of [`Params`], put before every CUDA program (each field's
+        /// doc comment carried as a comment).
+        pub const PARAMS_C: &str = concat!(
+            "// a call's scalars: generated from Params in src/kernels/params.rs\n",
+            "struct Params {\n",
+            $($("    //", $doc, "\n",)* "    ", c_field!($t, $f), ";\n",)*
+            "};\n"
+        );
+    };
+}
+
+/// A `Params` field's CUDA C declaration.
+macro_rules! c_field {
+    (u32, $f:ident) => {
+        concat!("unsigned int ", stringify!($f))
+    };
+    (i32, $f:ident) => {
+        concat!("int ", stringify!($f))
+    };
+    (f32, $f:ident) => {
+        concat!("float ", stringify!($f))
+    };
+    ([[u32; 4]; 5], $f:ident) => {
+        concat!("unsigned int ", stringify!($f), "[5][4]")
     };
 }
 
@@ -37,8 +63,9 @@ macro_rules! wgsl_type {
 }
 
 params_struct! {
-/// Runtime parameters, bound at slot 0 of every kernel. Defined here once: the kernels' WGSL
-/// declaration is generated from this one ([`PARAMS_WGSL`]).
+/// Runtime parameters, bound at slot 0 of every wgpu kernel and passed by value to every CUDA
+/// kernel. Defined here once: the kernels' WGSL and C declarations are generated from this
+/// one ([`PARAMS_WGSL`], [`PARAMS_C`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Params {
@@ -110,10 +137,12 @@ pub struct Params {
     pub blocks_b_stride: u32,
     pub blocks_h_stride: u32,
     /// The block mask's full blocks (`BlockMask::full`, a user mask's): the extras word of
-    /// their first bit (after the on bits), 0 without them; the three words after it keep
-    /// `views` at a 16-byte boundary.
+    /// their first bit (after the on bits), 0 without them.
     pub blocks_full: u32,
-    pub pad0: u32,
+    /// Where the pair data ([`pair_words`]) starts in the buffer a kernel reads it from: 0 on
+    /// wgpu (its own binding); on CUDA the extras' length (the pair words follow the extras).
+    /// The two words after it keep `views` at a 16-byte boundary.
+    pub pairs_base: u32,
     pub pad1: u32,
     pub pad2: u32,
     /// Varlen: the extras word of `cu_seqlens_q[0]` (`cu_seqlens_kv` follows it), and the
