@@ -405,7 +405,6 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
     // variant on each shape, in a format that rotates. The second shape takes dropout and a
     // block mask and a boolean mask too (its parts index them by the whole call's rows and
     // keys), the third is a packed varlen call.
-    let mut turn = 0;
     let mut dropped = cfg(1, 150, 130, 2, 1, 16, true);
     dropped.dropout = Some(common::random_dropout(0.3));
     dropped.block_mask = Some(common::random_block_mask(
@@ -433,7 +432,10 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
         true => Variant::ALL.to_vec(),
         false => vec![Variant::Blocks, Variant::Rows, Variant::Rows],
     };
-    for ((c, limit), variant) in common::tier::pairs(&shapes, &variants, |_, _| true) {
+    for (turn, ((c, limit), variant)) in common::tier::pairs(&shapes, &variants, |_, _| true)
+        .into_iter()
+        .enumerate()
+    {
         let usable: Vec<_> = formats
             .iter()
             .filter(|&&(dtype, half)| {
@@ -441,7 +443,6 @@ fn windows_and_split_calls_match_the_f64_reference_on_dawn() {
             })
             .collect();
         let &(dtype, half) = usable[turn % usable.len()];
-        turn += 1;
         let mut e = env(variant, 0, half);
         e.max_binding_bytes = limit;
         let name = format!(

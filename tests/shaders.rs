@@ -140,11 +140,9 @@ fn shader_bindings_match_the_host_layout() {
 fn calls(module: &naga::Module, block: &naga::Block, out: &mut Vec<naga::Handle<naga::Function>>) {
     for st in block.iter() {
         match st {
-            naga::Statement::Call { function, .. } => {
-                if !out.contains(function) {
-                    out.push(*function);
-                    calls(module, &module.functions[*function].body, out);
-                }
+            naga::Statement::Call { function, .. } if !out.contains(function) => {
+                out.push(*function);
+                calls(module, &module.functions[*function].body, out);
             }
             naga::Statement::Block(b) => calls(module, b, out),
             naga::Statement::If { accept, reject, .. } => {

@@ -94,6 +94,18 @@ pub fn merge(out_shape: [usize; 4], shards: usize, dtype: DType, env: &PlanEnv) 
     })
 }
 
+/// The elements of a merge's out, which its kernels count in 32 bits: a `DeviceLimit` past
+/// that, on every backend.
+pub fn merge_elements(out_shape: [usize; 4]) -> Result<u32> {
+    let elements = out_shape.iter().product::<usize>();
+    u32::try_from(elements).map_err(|_| Error::DeviceLimit {
+        what: "merge: elements of out".into(),
+        needed: elements as u64,
+        limit: u32::MAX as u64,
+        hint: "merge the batch (or the heads) in parts".into(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,16 +142,4 @@ mod tests {
         assert_eq!(one.steps[0].buffers[4], BufRef::Output(1));
         assert!(merge([1, 1, 1, 4], 0, DType::F32, &env()).is_err());
     }
-}
-
-/// The elements of a merge's out, which its kernels count in 32 bits: a `DeviceLimit` past
-/// that, on every backend.
-pub fn merge_elements(out_shape: [usize; 4]) -> Result<u32> {
-    let elements = out_shape.iter().product::<usize>();
-    u32::try_from(elements).map_err(|_| Error::DeviceLimit {
-        what: "merge: elements of out".into(),
-        needed: elements as u64,
-        limit: u32::MAX as u64,
-        hint: "merge the batch (or the heads) in parts".into(),
-    })
 }

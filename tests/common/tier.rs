@@ -28,9 +28,9 @@ pub fn whole_on(backend: flash_attn_wgpu::Backend) -> bool {
 pub fn pairs<A: Clone, B: Clone>(a: &[A], b: &[B], ok: impl Fn(&A, &B) -> bool) -> Vec<(A, B)> {
     let mut taken = Vec::new();
     if full() {
-        for i in 0..a.len() {
-            for j in 0..b.len() {
-                if ok(&a[i], &b[j]) {
+        for (i, x) in a.iter().enumerate() {
+            for (j, y) in b.iter().enumerate() {
+                if ok(x, y) {
                     taken.push((i, j));
                 }
             }
@@ -44,9 +44,9 @@ pub fn pairs<A: Clone, B: Clone>(a: &[A], b: &[B], ok: impl Fn(&A, &B) -> bool) 
                 taken.push((i, j));
             }
         }
-        for j in 0..b.len() {
+        for (j, y) in b.iter().enumerate() {
             if !taken.iter().any(|&(_, t)| t == j) {
-                if let Some(i) = (0..a.len()).find(|&i| ok(&a[i], &b[j])) {
+                if let Some(i) = a.iter().position(|x| ok(x, y)) {
                     taken.push((i, j));
                 }
             }
