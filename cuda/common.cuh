@@ -205,12 +205,15 @@ __device__ __forceinline__ int band_shift(const CallShape& p, unsigned int s) {
 struct HeadMods {
     float slope2; // the ALiBi slope times log2(e)
     float sink2;  // the sink times log2(e)
-#if SCORE_MOD
-    unsigned int b, h; // the batch and query head, which a user's score_mod takes
+#if SCORE_MOD || MASK_MOD
+    unsigned int b, h; // the batch and query head, which a user's score_mod and mask_mod take
 #endif
 #if BLOCKS
     const float* blocks; // the block mask's words (the extras from blocks_base)
     unsigned int grid;   // the bit of block (0, 0) of this (batch, query head)'s grid
+#endif
+#if BLOCKS && MASK_MOD
+    const float* full; // its full blocks' words (extras from blocks_full), or null without
 #endif
 #if MASK
     const float* mask;      // the boolean mask's words (the extras from pairs_base)
@@ -226,7 +229,7 @@ __device__ __forceinline__ HeadMods head_mods(const Params& p, const float* __re
     HeadMods m;
     m.slope2 = 0.f;
     m.sink2 = 0.f;
-#if SCORE_MOD
+#if SCORE_MOD || MASK_MOD
     m.b = b;
     m.h = h;
 #endif
@@ -239,6 +242,9 @@ __device__ __forceinline__ HeadMods head_mods(const Params& p, const float* __re
 #if BLOCKS
     m.blocks = extras + p.blocks_base;
     m.grid = b * p.blocks_b_stride + h * p.blocks_h_stride;
+#endif
+#if BLOCKS && MASK_MOD
+    m.full = p.blocks_full != 0 ? extras + p.blocks_full : nullptr;
 #endif
 #if MASK
     m.mask = extras + p.pairs_base;
@@ -339,8 +345,10 @@ __device__ __forceinline__ bool varlen_tile_empty(const CallShape& p, unsigned i
 // Packed sequences (-DVARLEN=1) skip tiles through the same helpers (a tile with no pair of
 // one sequence inside its band: varlen_tile_empty), so IF_BLOCKS takes them in with VARLEN
 // too; with VARLEN alone pair_visible is visible(). A boolean mask (-DMASK=1) makes every
-// visited tile partial, and pair_visible reads its bit for every pair.
-#if BLOCKS || VARLEN || MASK
+// visited tile partial, and pair_visible reads its bit for every pair; a user mask
+// (-DMASK_MOD=1) every visited tile whose blocks are not all full, and pair_visible asks it
+// for the pairs of those.
+#if BLOCKS || VARLEN || MASK || MASK_MOD
 #define IF_BLOCKS(expr, otherwise) (expr)
 #else
 #define IF_BLOCKS(expr, otherwise) (otherwise)
@@ -359,12 +367,13 @@ __device__ __forceinline__ unsigned int blocks_word(const HeadMods& hm, unsigned
     return __float_as_uint(__ldg(hm.blocks + w));
 }
 
-// set bits among bits [first, last] of the block mask, a word at a time
-__device__ __forceinline__ unsigned int blocks_on(const HeadMods& hm, unsigned int first,
+// set bits among bits [first, last] of a bit plane (the block mask's on bits, hm.blocks, or
+// its full ones), a word at a time
+__device__ __forceinline__ unsigned int blocks_on(const float* plane, unsigned int first,
                                                   unsigned int last) {
     unsigned int n = 0;
     for (unsigned int w = first / 32; w <= last / 32; w++) {
-        unsigned int x = blocks_word(hm, w);
+        unsigned int x = __float_as_uint(__ldg(plane + w));
         if (w == first / 32) {
             x &= 0xffffffffu << (first % 32);
         }
@@ -377,7 +386,7 @@ __device__ __forceinline__ unsigned int blocks_on(const HeadMods& hm, unsigned i
 }
 #endif
 
-#if BLOCKS || VARLEN || MASK
+#if BLOCKS || VARLEN || MASK || MASK_MOD
 
 // How the block mask treats the tile of rows [q0, q0 + rows) x keys [k0, k0 + keys) of the
 // head of hm, clipped to the call (rows to seq_q, keys to kv_len; an empty tile is skipped).
@@ -398,19 +407,27 @@ __device__ __forceinline__ TileBlocks tile_blocks(const CallShape& p, const Head
 #if BLOCKS
     const unsigned int r0 = q0 / p.block_q, r1 = (q_end - 1) / p.block_q;
     const unsigned int c0 = k0 / p.block_kv, c1 = (k_end - 1) / p.block_kv;
-    unsigned int on = 0;
+    unsigned int on = 0, full = 0;
     for (unsigned int r = r0; r <= r1; r++) {
         const unsigned int row = hm.grid + r * p.blocks_cols;
-        on += blocks_on(hm, row + c0, row + c1);
+        on += blocks_on(hm.blocks, row + c0, row + c1);
+#if MASK_MOD
+        if (hm.full != nullptr) {
+            full += blocks_on(hm.full, row + c0, row + c1);
+        }
+#endif
     }
-    return TileBlocks{on == 0, MASK || on < (r1 - r0 + 1) * (c1 - c0 + 1)};
+    // a user mask needs evaluating in a tile unless its blocks are all full
+    const unsigned int n = (r1 - r0 + 1) * (c1 - c0 + 1);
+    return TileBlocks{on == 0, MASK || on < n || (MASK_MOD && full < n)};
 #else
-    return TileBlocks{false, MASK != 0};
+    return TileBlocks{false, MASK || MASK_MOD};
 #endif
 }
 
-// visible(), and in a tile with some block off (`partial`) the pair's block on. The bounds
-// come first: no bit past the grid is read.
+// visible(), and in a tile with some block off (`partial`) the pair's block on (and the
+// user's mask, which `partial` also asks for). The bounds come first: no bit past the grid
+// is read.
 __device__ __forceinline__ bool pair_visible(const CallShape& p, const HeadMods& hm,
                                              bool partial, unsigned int i, unsigned int j) {
     if (!visible(p, i, j)) {
@@ -427,6 +444,11 @@ __device__ __forceinline__ bool pair_visible(const CallShape& p, const HeadMods&
 #if MASK
     const unsigned int bit = hm.mask_grid + i * p.mask_cols + j;
     if (!((__float_as_uint(__ldg(hm.mask + bit / 32)) >> (bit % 32)) & 1u)) {
+        return false;
+    }
+#endif
+#if MASK_MOD
+    if (partial && !mask_mod_on(hm, i, j)) {
         return false;
     }
 #endif

@@ -391,3 +391,32 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) flash_simt_dq(
         store_row(dq + q_row, dq_acc, lane, p.scale_log2 * LN2);
     }
 }
+
+#if MASK_MOD
+// A user mask's block mask (CudaContext::create_block_mask, FlexAttention's create_block_mask),
+// as shaders/mask_blocks.wgsl: thread e takes block (b, h, r, c) of [batch, heads, rows, cols]
+// (blocks of p.block_q x p.block_kv over p.seq_q x p.seq_kv, p.blocks_cols a row, heads in
+// p.heads_q) and writes 2 where mask_mod passes every pair of it, 1 where it passes some,
+// else 0, evaluating its pairs in turn until both are decided.
+extern "C" __global__ void __launch_bounds__(256)
+    flash_mask_blocks(float* __restrict__ blocks, const Params p, unsigned int n) {
+    const unsigned int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) {
+        return;
+    }
+    const unsigned int cols = p.blocks_cols, rows = (p.seq_q + p.block_q - 1) / p.block_q;
+    const unsigned int c = e % cols, r = (e / cols) % rows, bh = e / (cols * rows);
+    const unsigned int b = bh / p.heads_q, h = bh % p.heads_q;
+    const unsigned int i_end = min((r + 1) * p.block_q, p.seq_q);
+    const unsigned int j_end = min((c + 1) * p.block_kv, p.seq_kv);
+    bool any = false, all = true;
+    for (unsigned int i = r * p.block_q; i < i_end && !(any && !all); i++) {
+        for (unsigned int j = c * p.block_kv; j < j_end; j++) {
+            const bool seen = mask_mod(b, h, i, j);
+            any = any || seen;
+            all = all && seen;
+        }
+    }
+    blocks[e] = all ? 2.f : (any ? 1.f : 0.f);
+}
+#endif

@@ -24,13 +24,10 @@ impl Context {
             crate::plan::mask_blocks(mask, (batch, heads, seq_q, seq_kv), (block_q, block_kv))?;
         let out = self.execute(&plan, &[])?;
         let flags: Vec<f32> = self.download(&out[0])?;
-        Ok(BlockMask {
-            block_q,
-            block_kv,
-            batch,
-            heads,
-            blocks: flags.iter().map(|&x| x != 0.0).collect(),
-            full: Some(flags.iter().map(|&x| x == 2.0).collect()),
-        })
+        Ok(crate::plan::mask_blocks::block_mask(
+            &flags,
+            (batch, heads),
+            (block_q, block_kv),
+        ))
     }
 }

@@ -123,6 +123,42 @@ fn user_score_modifiers_compile_into_every_kernel() {
 }
 
 #[test]
+fn user_masks_compile_into_every_kernel() {
+    // the tests' two CUDA masks (tests/common/score_mods.rs) in each kernel, with a block mask
+    // (its full blocks read) and a score modifier beside them, for both architectures
+    use flash_attn_wgpu::unstable::kernels::flags;
+    let nvrtc = nvrtc();
+    let score = common::score_mods::softcap();
+    for (arch, m) in [
+        (80, common::score_mods::prefix_lm(9)),
+        (90, common::score_mods::dilated()),
+    ] {
+        for (kernel, dtype, head_dim) in [
+            (CudaKernel::Forward, DType::BF16, 64),
+            (CudaKernel::Backward, DType::F16, 64),
+            (CudaKernel::SimtForward, DType::F32, 40),
+            (CudaKernel::SimtBackward, DType::F32, 40),
+            (CudaKernel::Decode, DType::F16, 128),
+        ] {
+            for bits in [
+                flags::MASK_MOD,
+                flags::MASK_MOD | flags::BLOCKS | flags::SCORE_MOD,
+            ] {
+                let mut key = CudaKey::new(kernel, dtype, head_dim, arch).unwrap();
+                key.flags = bits;
+                key.mask_mod = m.cuda_source();
+                key.score_mod = score.cuda_source();
+                let c = nvrtc
+                    .compile(&key)
+                    .unwrap_or_else(|e| panic!("{}: {e}", key.label()));
+                assert_eq!(&c.cubin[..4], b"\x7fELF", "{}", key.label());
+                assert_eq!(c.spill_bytes, 0, "{}", key.label());
+            }
+        }
+    }
+}
+
+#[test]
 fn a_compile_error_is_a_typed_error_with_the_log() {
     let nvrtc = nvrtc();
     // sm_75 (Turing) has no bf16 mma or cp.async: the kernel cannot compile for it.
@@ -134,6 +170,7 @@ fn a_compile_error_is_a_typed_error_with_the_log() {
         arch: 75,
         flags: 0,
         score_mod: None,
+        mask_mod: None,
         decode_rows: 0,
     };
     match nvrtc.compile(&key) {

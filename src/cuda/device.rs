@@ -20,11 +20,11 @@ use super::nvrtc::Nvrtc;
 use super::tensor::{next_owner, CudaTensor};
 use crate::backend::{AttentionBackend, Backend};
 use crate::checks::{check_lse_values, check_meta};
+use crate::kernels::params::Params;
 use crate::kvcache::{append_rows, append_runs, kvcache_config};
 use crate::merge::{check_shards, ShardMeta};
 use crate::rotary::{check_rotation, Positions, Rotary};
 use crate::tensor::shape_elements;
-use crate::kernels::params::Params;
 use crate::{
     Algorithm, AttentionConfig, DType, Element, Error, Forward, GpuTiming, Gradients, Result,
     TensorRole,
@@ -233,12 +233,19 @@ impl CudaContext {
             key.decode_rows = decode_geometry(cfg).rows;
         }
         key.flags = crate::kernels::flags::of(cfg) & super::kernels::CUDA_COMPILED;
-        if cfg.mask_mod.is_some() {
-            return Err(Error::Unsupported {
-                feature: "a user mask (mask_mod)".into(),
+        if let Some(m) = &cfg.mask_mod {
+            if !m.captured().is_empty() {
+                return Err(Error::Unsupported {
+                    feature: "a mask_mod's captured tensors".into(),
+                    backend: Backend::Cuda,
+                    reason: "the CUDA kernels do not read them yet; use the wgpu path".into(),
+                });
+            }
+            key.mask_mod = Some(m.cuda_source().ok_or_else(|| Error::Unsupported {
+                feature: "a mask_mod given as WGSL alone".into(),
                 backend: Backend::Cuda,
-                reason: "the CUDA kernels do not take it yet; use the wgpu path".into(),
-            });
+                reason: "the CUDA kernels need its CUDA C: MaskMod::with_cuda".into(),
+            })?);
         }
         if let Some(m) = &cfg.score_mod {
             if !m.captured().is_empty() {
@@ -745,6 +752,59 @@ impl CudaContext {
             self.launch(timeline, combine, a)?;
         }
         Ok(())
+    }
+
+    /// The block mask of a user mask, as [`Context::create_block_mask`](crate::Context::create_block_mask)
+    /// (the same arguments, semantics and errors), evaluated on this device from the mask's
+    /// CUDA C ([`MaskMod::with_cuda`](crate::MaskMod::with_cuda)); a typed `Unsupported`
+    /// without it or with captured tensors. Waits for the result.
+    pub fn create_block_mask(
+        &self,
+        mask: &crate::MaskMod,
+        (batch, heads, seq_q, seq_kv): (usize, usize, usize, usize),
+        (block_q, block_kv): (usize, usize),
+    ) -> Result<crate::BlockMask> {
+        use crate::plan::mask_blocks::{block_grid, block_mask};
+        let (_, cols, n) = block_grid((batch, heads, seq_q, seq_kv), (block_q, block_kv))?;
+        if !mask.captured().is_empty() {
+            return Err(Error::Unsupported {
+                feature: "a mask_mod's captured tensors".into(),
+                backend: Backend::Cuda,
+                reason: "the CUDA kernels do not read them yet; use the wgpu path".into(),
+            });
+        }
+        // the SIMT program holds the entry (compiled with the user's mask)
+        let mut key = CudaKey::new(CudaKernel::SimtForward, DType::F32, 8, self.arch)?;
+        key.flags = crate::kernels::flags::MASK_MOD;
+        key.mask_mod = Some(mask.cuda_source().ok_or_else(|| Error::Unsupported {
+            feature: "a mask_mod given as WGSL alone".into(),
+            backend: Backend::Cuda,
+            reason: "the CUDA kernels need its CUDA C: MaskMod::with_cuda".into(),
+        })?);
+        let launch = Launch {
+            entry: "flash_mask_blocks",
+            grid: ((n as u32).div_ceil(256), 1, 1),
+            threads: 256,
+            shared_bytes: 0,
+        };
+        let params = Params {
+            seq_q: seq_q as u32,
+            seq_kv: seq_kv as u32,
+            heads_q: heads as u32,
+            block_q: block_q as u32,
+            block_kv: block_kv as u32,
+            blocks_cols: cols as u32,
+            ..Params::default()
+        };
+        let f = self.function(&key, &launch)?;
+        let mut flags = self.result(TensorRole::Out, &[n as usize], DType::F32)?;
+        let mut timeline = self.timeline()?;
+        let items = n as u32;
+        let mut a = self.stream.launch_builder(&f);
+        a.arg(&mut *flags.data).arg(&params).arg(&items);
+        self.launch(&mut timeline, &launch, a)?;
+        let flags: Vec<f32> = self.download(&flags)?;
+        Ok(block_mask(&flags, (batch, heads), (block_q, block_kv)))
     }
 
     /// Merges partial results over disjoint key shards into the exact result over all their

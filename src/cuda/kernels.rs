@@ -45,6 +45,13 @@ pub fn prelude() -> String {
     )
 }
 
+/// What a key with MASK_MOD but no user code (the compile checks) takes in its place.
+const MASK_MOD_STUB: &str = "
+__device__ bool mask_mod(unsigned int b, unsigned int h, unsigned int i, unsigned int j) {
+    return true;
+}
+";
+
 /// What a key with SCORE_MOD but no user code (the compile checks) takes in its place.
 const SCORE_MOD_STUB: &str = "
 __device__ float score_mod(float s, unsigned int b, unsigned int h, unsigned int i,
@@ -289,6 +296,9 @@ pub struct CudaKey {
     /// A user's score modifier (`AttentionConfig::score_mod`): its CUDA C, put before the
     /// modifiers' functions (with SCORE_MOD in `flags`).
     pub score_mod: Option<&'static str>,
+    /// A user's mask (`AttentionConfig::mask_mod`): its CUDA C, after the score modifier's
+    /// (with MASK_MOD in `flags`).
+    pub mask_mod: Option<&'static str>,
     /// The decode kernel's packed rows per block (`-DDECODE_ROWS`; [`decode_geometry`]
     /// picks them per call); 0 for the other kernels.
     pub decode_rows: u32,
@@ -347,14 +357,22 @@ pub struct Launch {
 
 impl CudaKey {
     /// The program NVRTC compiles for this key: the kernel's, with the user's score modifier
-    /// where the key has one (a stand-in where SCORE_MOD is on without it: the checks).
+    /// and mask where the key has them (stand-ins where SCORE_MOD or MASK_MOD is on without
+    /// them: the checks).
     pub fn program(&self) -> String {
-        self.kernel
-            .program_with(match (self.flags & flags::SCORE_MOD != 0, self.score_mod) {
-                (true, Some(user)) => user,
-                (true, None) => SCORE_MOD_STUB,
-                (false, _) => "",
-            })
+        let user = |bit: u32, code: Option<&'static str>, stub: &'static str| match (
+            self.flags & bit != 0,
+            code,
+        ) {
+            (true, Some(user)) => user,
+            (true, None) => stub,
+            (false, _) => "",
+        };
+        self.kernel.program_with(&format!(
+            "{}\n{}",
+            user(flags::SCORE_MOD, self.score_mod, SCORE_MOD_STUB),
+            user(flags::MASK_MOD, self.mask_mod, MASK_MOD_STUB)
+        ))
     }
 
     /// A key, or a typed error for what the kernels cannot do.
@@ -399,6 +417,7 @@ impl CudaKey {
             arch,
             flags: 0,
             score_mod: None,
+            mask_mod: None,
             decode_rows: if kernel == CudaKernel::Decode {
                 DECODE_ROWS
             } else {

@@ -10,7 +10,9 @@
 //! ```
 //!
 //! with the indices of `score_mod` (the call's batch, query head, row and key). The checks,
-//! the captured tensors (`MaskMod::wgsl_with`) and the errors are `ScoreMod`'s. A call with a
+//! the captured tensors (`MaskMod::wgsl_with`) and the errors are `ScoreMod`'s. The CUDA
+//! backend takes the same predicate as CUDA C ([`MaskMod::with_cuda`]; captured tensors are
+//! the wgpu path's). A call with a
 //! `mask_mod` and no block mask evaluates it at every pair of every tile; with the block mask
 //! `create_block_mask` gives, only in the blocks it leaves on.
 
@@ -37,6 +39,7 @@ const REQUIRED: [Required; 1] = [Required {
 #[derive(Clone)]
 pub struct MaskMod {
     code: Snippet,
+    cuda: Option<&'static str>,
     host: Option<HostMaskFn>,
 }
 
@@ -55,8 +58,27 @@ impl MaskMod {
     ) -> Result<MaskMod> {
         Ok(MaskMod {
             code: Snippet::new("mask_mod", source, captured, &REQUIRED)?,
+            cuda: None,
             host: None,
         })
+    }
+
+    /// The same predicate as CUDA C, for the CUDA backend: `__device__ bool
+    /// mask_mod(unsigned int b, unsigned int h, unsigned int i, unsigned int j)`. Without it
+    /// the CUDA backend refuses the call with a typed `Unsupported`. Checked as
+    /// [`ScoreMod::with_cuda`](crate::ScoreMod::with_cuda)'s.
+    pub fn with_cuda(mut self, source: &str) -> Result<MaskMod> {
+        self.cuda = Some(user_code::check_cuda(
+            "mask_mod CUDA",
+            source,
+            &["mask_mod"],
+        )?);
+        Ok(self)
+    }
+
+    /// The CUDA C, if given.
+    pub fn cuda_source(&self) -> Option<&'static str> {
+        self.cuda
     }
 
     /// The host predicate equal to `mask_mod`, which the f64 reference applies; without it
@@ -86,9 +108,9 @@ impl MaskMod {
 }
 
 impl PartialEq for MaskMod {
-    /// Two masks are equal when their code and captured tensors are.
+    /// Two masks are equal when their code (WGSL and CUDA C) and captured tensors are.
     fn eq(&self, other: &MaskMod) -> bool {
-        self.code == other.code
+        self.code == other.code && self.cuda == other.cuda
     }
 }
 
@@ -96,6 +118,7 @@ impl fmt::Debug for MaskMod {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MaskMod")
             .field("code", &self.code)
+            .field("cuda", &self.cuda)
             .field("host", &self.host.is_some())
             .finish()
     }
@@ -113,7 +136,7 @@ pub(crate) const MODIFIER: Modifier = Modifier {
     encode: super::no_params,
     score: Score::None,
     wgsl: include_str!("../../shaders/modifiers/mask_mod.wgsl"),
-    cuda: "",
+    cuda: include_str!("../../cuda/modifiers/mask_mod.cuh"),
 };
 
 /// What pipelines without a user mask take in its place (never called).

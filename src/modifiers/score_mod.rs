@@ -24,7 +24,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::user_code::{check_tokens, intern, user_error, Required, Snippet};
+use super::user_code::{check_cuda, Required, Snippet};
 use super::{Data, Modifier, Pair, Score};
 use crate::error::Result;
 use crate::AttentionConfig;
@@ -86,29 +86,11 @@ impl ScoreMod {
     /// `Error::CudaCompile`); here only the rules are checked (no shared memory, barriers,
     /// inline assembly or includes).
     pub fn with_cuda(mut self, source: &str) -> Result<ScoreMod> {
-        check_tokens(
+        self.cuda = Some(check_cuda(
             "score_mod CUDA",
             source,
-            &[
-                "__shared__",
-                "__syncthreads",
-                "__syncwarp",
-                "asm",
-                "#include",
-                "__global__",
-                "extern",
-            ],
-        )?;
-        for f in ["score_mod(", "score_mod_ds("] {
-            if !source.contains(f) {
-                return Err(user_error(
-                    "score_mod CUDA",
-                    None,
-                    format!("expected a definition of `{f}..)`, found none"),
-                ));
-            }
-        }
-        self.cuda = Some(intern(source));
+            &["score_mod", "score_mod_ds"],
+        )?);
         Ok(self)
     }
 

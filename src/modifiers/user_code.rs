@@ -151,6 +151,36 @@ pub(crate) fn check_tokens(what: &str, source: &str, banned: &[&str]) -> Result<
     Ok(())
 }
 
+/// A user modifier's CUDA C (`ScoreMod::with_cuda`, `MaskMod::with_cuda`), checked by the
+/// rules NVRTC cannot see (no shared memory, barriers, inline assembly, includes, kernels or
+/// extern declarations; each of `functions` defined) and interned. NVRTC compiles it with the
+/// kernels; its errors are `Error::CudaCompile`.
+pub(crate) fn check_cuda(what: &str, source: &str, functions: &[&str]) -> Result<&'static str> {
+    check_tokens(
+        what,
+        source,
+        &[
+            "__shared__",
+            "__syncthreads",
+            "__syncwarp",
+            "asm",
+            "#include",
+            "__global__",
+            "extern",
+        ],
+    )?;
+    for f in functions {
+        if !source.contains(&format!("{f}(")) {
+            return Err(user_error(
+                what,
+                None,
+                format!("expected a definition of `{f}(..)`, found none"),
+            ));
+        }
+    }
+    Ok(intern(source))
+}
+
 /// The names the kernels' own WGSL defines, which a snippet may not redefine.
 #[cfg(not(target_arch = "wasm32"))]
 fn reserved(name: &str) -> bool {

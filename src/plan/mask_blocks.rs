@@ -16,31 +16,7 @@ pub fn mask_blocks(
     (batch, heads, seq_q, seq_kv): (usize, usize, usize, usize),
     (block_q, block_kv): (usize, usize),
 ) -> Result<Plan> {
-    for (name, v) in [
-        ("batch", batch),
-        ("heads", heads),
-        ("seq_q", seq_q),
-        ("seq_kv", seq_kv),
-        ("block_q", block_q),
-        ("block_kv", block_kv),
-    ] {
-        if v == 0 {
-            return Err(Error::invalid(format!(
-                "create_block_mask: {name} must be at least 1, got 0"
-            )));
-        }
-    }
-    let (rows, cols) = (seq_q.div_ceil(block_q), seq_kv.div_ceil(block_kv));
-    let n = [batch, heads, rows, cols]
-        .iter()
-        .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
-        .filter(|&n| n < u32::MAX as u64)
-        .ok_or_else(|| {
-            Error::invalid(format!(
-                "create_block_mask: {batch} x {heads} grids of {rows} x {cols} blocks do not fit \
-                 32-bit indices; take larger blocks"
-            ))
-        })?;
+    let (rows, cols, n) = block_grid((batch, heads, seq_q, seq_kv), (block_q, block_kv))?;
     // a config that carries the mask (its captured tensors are the extras), one head dim
     let mut cfg = AttentionConfig::new(1, seq_q, seq_kv, heads, heads, 1);
     cfg.mask_mod = Some(mask.clone());
@@ -79,4 +55,54 @@ pub fn mask_blocks(
     };
     plan.attach_extras(&cfg)?;
     Ok(plan)
+}
+
+/// The block grid of `create_block_mask` on every backend: (rows, cols, blocks of all grids),
+/// or a typed error for a zero size or more blocks than 32-bit indices reach.
+pub(crate) fn block_grid(
+    (batch, heads, seq_q, seq_kv): (usize, usize, usize, usize),
+    (block_q, block_kv): (usize, usize),
+) -> Result<(usize, usize, u64)> {
+    for (name, v) in [
+        ("batch", batch),
+        ("heads", heads),
+        ("seq_q", seq_q),
+        ("seq_kv", seq_kv),
+        ("block_q", block_q),
+        ("block_kv", block_kv),
+    ] {
+        if v == 0 {
+            return Err(Error::invalid(format!(
+                "create_block_mask: {name} must be at least 1, got 0"
+            )));
+        }
+    }
+    let (rows, cols) = (seq_q.div_ceil(block_q), seq_kv.div_ceil(block_kv));
+    let n = [batch, heads, rows, cols]
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+        .filter(|&n| n < u32::MAX as u64)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "create_block_mask: {batch} x {heads} grids of {rows} x {cols} blocks do not fit \
+                 32-bit indices; take larger blocks"
+            ))
+        })?;
+    Ok((rows, cols, n))
+}
+
+/// The block mask from the kernels' flags (0 off, 1 partly on, 2 full), on every backend.
+pub(crate) fn block_mask(
+    flags: &[f32],
+    (batch, heads): (usize, usize),
+    (block_q, block_kv): (usize, usize),
+) -> crate::BlockMask {
+    crate::BlockMask {
+        block_q,
+        block_kv,
+        batch,
+        heads,
+        blocks: flags.iter().map(|&x| x != 0.0).collect(),
+        full: Some(flags.iter().map(|&x| x == 2.0).collect()),
+    }
 }

@@ -7,7 +7,7 @@
 mod backward;
 pub mod decode;
 mod forward;
-mod mask_blocks;
+pub(crate) mod mask_blocks;
 pub mod merge;
 mod naive;
 mod rotary;

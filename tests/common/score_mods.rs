@@ -150,6 +150,11 @@ pub fn prefix_lm(prefix: u32) -> flash_attn_wgpu::MaskMod {
         "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool {{ return j < {prefix}u || j <= i; }}"
     ))
     .unwrap()
+    .with_cuda(&format!(
+        "__device__ bool mask_mod(unsigned int b, unsigned int h, unsigned int i, unsigned int j) \
+         {{ return j < {prefix}u || j <= i; }}"
+    ))
+    .unwrap()
     .with_reference(move |_, _, i, j| j < prefix as usize || j <= i)
 }
 
@@ -158,6 +163,13 @@ pub fn prefix_lm(prefix: u32) -> flash_attn_wgpu::MaskMod {
 pub fn dilated() -> flash_attn_wgpu::MaskMod {
     flash_attn_wgpu::MaskMod::wgsl(
         "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool {
+    return ((i + 1000u - j) % (h + 2u)) == 0u;
+}",
+    )
+    .unwrap()
+    .with_cuda(
+        "__device__ bool mask_mod(unsigned int b, unsigned int h, unsigned int i,
+                         unsigned int j) {
     return ((i + 1000u - j) % (h + 2u)) == 0u;
 }",
     )

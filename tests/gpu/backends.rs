@@ -384,6 +384,45 @@ fn every_backend_chains_device_tensors_and_types_its_errors() {
     });
 }
 
+/// User masks on CUDA (where a device is; skipped without): the masks as CUDA C with the block
+/// mask the CUDA device makes from them, which must be the wgpu one bit for bit, forward and
+/// backward against the reference in every dtype; a mask with WGSL alone or captured tensors
+/// refused as `Unsupported`.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_takes_user_masks_and_makes_their_block_masks() {
+    let Some(b) = cuda() else { return };
+    for (mask, causal, d, blocks) in [
+        (common::score_mods::prefix_lm(23), false, 64, (16, 32)),
+        (common::score_mods::dilated(), true, 40, (7, 9)),
+    ] {
+        let mut c = cfg(2, 97, 131, 4, 2, d, causal);
+        let grid = (1, c.heads_q, c.seq_q, c.seq_kv);
+        let bm = b.create_block_mask(&mask, grid, blocks).unwrap();
+        assert_eq!(
+            bm,
+            common::ctx()
+                .create_block_mask(&mask, grid, blocks)
+                .unwrap()
+        );
+        c.block_mask = Some(bm);
+        c.mask_mod = Some(mask);
+        let e = check_all_dtypes(b, &c, 2.0);
+        eprintln!("{} {}: {e:?}", b.backend(), common::describe(&c, 0));
+    }
+    let wgsl_only = flash_attn_wgpu::MaskMod::wgsl(
+        "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return j <= i; }",
+    )
+    .unwrap();
+    let captured = common::score_mods::documents(vec![0.0; 131]);
+    for m in [wgsl_only, captured] {
+        assert!(matches!(
+            b.create_block_mask(&m, (1, 1, 97, 131), (16, 16)),
+            Err(Error::Unsupported { .. })
+        ));
+    }
+}
+
 /// CUDA interop (runs where a CUDA device is; skipped with the reason printed elsewhere): a
 /// context on the caller's own stream, tensors wrapping the caller's device memory read in
 /// place (a decode step and a tiled call give the bits of the same call on uploaded copies), a
