@@ -159,6 +159,52 @@ fn user_masks_compile_into_every_kernel() {
 }
 
 #[test]
+fn captured_tensors_reach_the_cuda_user_code() {
+    // a score modifier reading a table and a mask reading document ids, both captured, in
+    // each kernel family: their accessors come before the user code
+    use flash_attn_wgpu::unstable::kernels::flags;
+    let nvrtc = nvrtc();
+    let mut cfg = flash_attn_wgpu::AttentionConfig::new(1, 40, 40, 2, 2, 64);
+    cfg.score_mod = Some(common::score_mods::t5(2, vec![0.5; 32]));
+    cfg.mask_mod = Some(common::score_mods::documents(vec![0.0; 40]));
+    for (kernel, dtype, head_dim, arch) in [
+        (CudaKernel::Forward, DType::F16, 64, 90),
+        (CudaKernel::Backward, DType::BF16, 64, 80),
+        (CudaKernel::SimtForward, DType::F32, 40, 80),
+        (CudaKernel::Decode, DType::F16, 64, 90),
+    ] {
+        let mut key = CudaKey::new(kernel, dtype, head_dim, arch).unwrap();
+        key.flags = flags::SCORE_MOD | flags::MASK_MOD;
+        key.set_user_code(&cfg).unwrap();
+        let captured = key.captured.expect("accessors for the captured tensors");
+        assert!(
+            captured.contains("float t5_bias(unsigned int i)"),
+            "{captured}"
+        );
+        assert!(
+            captured.contains("flash_captured + 32u + min(i, 39u)"),
+            "{captured}"
+        );
+        let c = nvrtc
+            .compile(&key)
+            .unwrap_or_else(|e| panic!("{}: {e}", key.label()));
+        assert_eq!(&c.cubin[..4], b"\x7fELF", "{}", key.label());
+    }
+    // WGSL alone: refused, naming the modifier
+    cfg.mask_mod = Some(
+        flash_attn_wgpu::MaskMod::wgsl(
+            "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return true; }",
+        )
+        .unwrap(),
+    );
+    let mut key = CudaKey::new(CudaKernel::SimtForward, DType::F32, 40, 80).unwrap();
+    match key.set_user_code(&cfg) {
+        Err(Error::Unsupported { feature, .. }) => assert!(feature.contains("mask_mod")),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+}
+
+#[test]
 fn a_compile_error_is_a_typed_error_with_the_log() {
     let nvrtc = nvrtc();
     // sm_75 (Turing) has no bf16 mma or cp.async: the kernel cannot compile for it.
@@ -171,6 +217,7 @@ fn a_compile_error_is_a_typed_error_with_the_log() {
         flags: 0,
         score_mod: None,
         mask_mod: None,
+        captured: None,
         decode_rows: 0,
     };
     match nvrtc.compile(&key) {

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    self as drv, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr,
+    self as drv, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
     LaunchArgs, LaunchConfig, PushKernelArg,
 };
 
@@ -173,22 +173,8 @@ impl CudaContext {
                 hint: "use a smaller head_dim, or the wgpu path".into(),
             });
         }
-        let module = {
-            let mut modules = self.modules.lock().unwrap();
-            match modules.get(key) {
-                Some(m) => m.clone(),
-                None => {
-                    let compiled = self.nvrtc.compile(key)?;
-                    let m = self
-                        .ctx
-                        .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))
-                        .map_err(driver_error("module load"))?;
-                    modules.insert(*key, m.clone());
-                    m
-                }
-            }
-        };
-        let f = module
+        let f = self
+            .module(key)?
             .load_function(launch.entry)
             .map_err(driver_error("function"))?;
         f.set_attribute(
@@ -198,6 +184,49 @@ impl CudaContext {
         .map_err(driver_error("shared memory attribute"))?;
         self.functions.lock().unwrap().insert(id, f.clone());
         Ok(f)
+    }
+
+    /// The key's program, compiled and loaded once per context.
+    fn module(&self, key: &CudaKey) -> Result<Arc<CudaModule>> {
+        let mut modules = self.modules.lock().unwrap();
+        if let Some(m) = modules.get(key) {
+            return Ok(m.clone());
+        }
+        let compiled = self.nvrtc.compile(key)?;
+        let m = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))
+            .map_err(driver_error("module load"))?;
+        modules.insert(*key, m.clone());
+        Ok(m)
+    }
+
+    /// Points the program's `flash_captured` at the call's captured tensors (the extras from
+    /// `captured_base`), queued on the stream before the call's launches; nothing for a key
+    /// without them.
+    fn bind_captured(
+        &self,
+        key: &CudaKey,
+        shape: &Params,
+        extras: &Option<CudaSlice<u8>>,
+    ) -> Result<()> {
+        let (Some(_), Some(x)) = (key.captured, extras) else {
+            return Ok(());
+        };
+        let module = self.module(key)?;
+        let at = {
+            let (ptr, _sync) = x.device_ptr(&self.stream);
+            ptr + 4 * shape.captured_base as u64
+        };
+        let mut symbol = module
+            .get_global("flash_captured", &self.stream)
+            .map_err(driver_error("captured tensors' symbol"))?;
+        // SAFETY: the symbol is one device pointer (8 bytes), written as a u64
+        let mut word = unsafe { symbol.transmute_mut::<u64>(1) }
+            .ok_or_else(|| Error::Device("CUDA captured tensors' symbol: not 8 bytes".into()))?;
+        self.stream
+            .memcpy_htod(&[at], &mut word)
+            .map_err(driver_error("captured tensors' pointer"))
     }
 
     /// The checks every call shares, and its program's key and scalars.
@@ -233,34 +262,7 @@ impl CudaContext {
             key.decode_rows = decode_geometry(cfg).rows;
         }
         key.flags = crate::kernels::flags::of(cfg) & super::kernels::CUDA_COMPILED;
-        if let Some(m) = &cfg.mask_mod {
-            if !m.captured().is_empty() {
-                return Err(Error::Unsupported {
-                    feature: "a mask_mod's captured tensors".into(),
-                    backend: Backend::Cuda,
-                    reason: "the CUDA kernels do not read them yet; use the wgpu path".into(),
-                });
-            }
-            key.mask_mod = Some(m.cuda_source().ok_or_else(|| Error::Unsupported {
-                feature: "a mask_mod given as WGSL alone".into(),
-                backend: Backend::Cuda,
-                reason: "the CUDA kernels need its CUDA C: MaskMod::with_cuda".into(),
-            })?);
-        }
-        if let Some(m) = &cfg.score_mod {
-            if !m.captured().is_empty() {
-                return Err(Error::Unsupported {
-                    feature: "a score_mod's captured tensors".into(),
-                    backend: Backend::Cuda,
-                    reason: "the CUDA kernels do not read them yet; use the wgpu path".into(),
-                });
-            }
-            key.score_mod = Some(m.cuda_source().ok_or_else(|| Error::Unsupported {
-                feature: "a score_mod given as WGSL alone".into(),
-                backend: Backend::Cuda,
-                reason: "the CUDA kernels need its CUDA C: ScoreMod::with_cuda".into(),
-            })?);
-        }
+        key.set_user_code(cfg)?;
         let shape = cuda_params(cfg)?;
         for l in key.launches(cfg) {
             if l.grid.1 > 65_535 || l.grid.2 > 65_535 {
@@ -528,6 +530,7 @@ impl CudaContext {
         let (key, shape) = self.prepare(Pass::Forward, cfg, dtype)?;
         let mut out = self.result(TensorRole::Out, &cfg.q_shape(), dtype)?;
         let extras = self.extras(cfg)?;
+        self.bind_captured(&key, &shape, &extras)?;
         let mut lse = self.result(TensorRole::Lse, &cfg.lse_shape(), DType::F32)?;
         let mut timeline = self.timeline()?;
         if key.kernel == CudaKernel::Decode {
@@ -597,6 +600,7 @@ impl CudaContext {
         let mut dk = self.result(TensorRole::Dk, &cfg.kv_shape(), dtype)?;
         let mut dv = self.result(TensorRole::Dv, &cfg.kv_shape(), dtype)?;
         let extras = self.extras(cfg)?;
+        self.bind_captured(&key, &shape, &extras)?;
         let batch = cfg.batch as u32;
         // with a bias that asks for d_bias: the f32 scratch where the dQ kernel keeps each
         // pair's gradient [batch, heads_q, seq_q, seq_kv], zero-filled
@@ -756,8 +760,8 @@ impl CudaContext {
 
     /// The block mask of a user mask, as [`Context::create_block_mask`](crate::Context::create_block_mask)
     /// (the same arguments, semantics and errors), evaluated on this device from the mask's
-    /// CUDA C ([`MaskMod::with_cuda`](crate::MaskMod::with_cuda)); a typed `Unsupported`
-    /// without it or with captured tensors. Waits for the result.
+    /// CUDA C ([`MaskMod::with_cuda`](crate::MaskMod::with_cuda)), captured tensors
+    /// included; a typed `Unsupported` without it. Waits for the result.
     pub fn create_block_mask(
         &self,
         mask: &crate::MaskMod,
@@ -766,21 +770,13 @@ impl CudaContext {
     ) -> Result<crate::BlockMask> {
         use crate::plan::mask_blocks::{block_grid, block_mask};
         let (_, cols, n) = block_grid((batch, heads, seq_q, seq_kv), (block_q, block_kv))?;
-        if !mask.captured().is_empty() {
-            return Err(Error::Unsupported {
-                feature: "a mask_mod's captured tensors".into(),
-                backend: Backend::Cuda,
-                reason: "the CUDA kernels do not read them yet; use the wgpu path".into(),
-            });
-        }
+        // a config that carries the mask (its captured tensors are the extras)
+        let mut cfg = AttentionConfig::new(1, seq_q, seq_kv, heads, heads, 1);
+        cfg.mask_mod = Some(mask.clone());
         // the SIMT program holds the entry (compiled with the user's mask)
         let mut key = CudaKey::new(CudaKernel::SimtForward, DType::F32, 8, self.arch)?;
         key.flags = crate::kernels::flags::MASK_MOD;
-        key.mask_mod = Some(mask.cuda_source().ok_or_else(|| Error::Unsupported {
-            feature: "a mask_mod given as WGSL alone".into(),
-            backend: Backend::Cuda,
-            reason: "the CUDA kernels need its CUDA C: MaskMod::with_cuda".into(),
-        })?);
+        key.set_user_code(&cfg)?;
         let launch = Launch {
             entry: "flash_mask_blocks",
             grid: ((n as u32).div_ceil(256), 1, 1),
@@ -794,9 +790,11 @@ impl CudaContext {
             block_q: block_q as u32,
             block_kv: block_kv as u32,
             blocks_cols: cols as u32,
-            ..Params::default()
+            ..cuda_params(&cfg)?
         };
         let f = self.function(&key, &launch)?;
+        let extras = self.extras(&cfg)?;
+        self.bind_captured(&key, &params, &extras)?;
         let mut flags = self.result(TensorRole::Out, &[n as usize], DType::F32)?;
         let mut timeline = self.timeline()?;
         let items = n as u32;

@@ -299,6 +299,9 @@ pub struct CudaKey {
     /// A user's mask (`AttentionConfig::mask_mod`): its CUDA C, after the score modifier's
     /// (with MASK_MOD in `flags`).
     pub mask_mod: Option<&'static str>,
+    /// The accessors of the user code's captured tensors (`flash_captured` and one function a
+    /// tensor), put before it; the host sets `flash_captured` for each call.
+    pub captured: Option<&'static str>,
     /// The decode kernel's packed rows per block (`-DDECODE_ROWS`; [`decode_geometry`]
     /// picks them per call); 0 for the other kernels.
     pub decode_rows: u32,
@@ -369,10 +372,32 @@ impl CudaKey {
             (false, _) => "",
         };
         self.kernel.program_with(&format!(
-            "{}\n{}",
+            "{}\n{}\n{}",
+            self.captured.unwrap_or(""),
             user(flags::SCORE_MOD, self.score_mod, SCORE_MOD_STUB),
             user(flags::MASK_MOD, self.mask_mod, MASK_MOD_STUB)
         ))
+    }
+
+    /// The call's user code (`AttentionConfig::score_mod`, `mask_mod`: their CUDA C, and
+    /// their captured tensors' accessors), or a typed `Unsupported` for a modifier given as
+    /// WGSL alone.
+    pub fn set_user_code(&mut self, cfg: &AttentionConfig) -> Result<()> {
+        let missing = |what: &str, with: &str| Error::Unsupported {
+            feature: format!("a {what} given as WGSL alone"),
+            backend: crate::Backend::Cuda,
+            reason: format!("the CUDA kernels need its CUDA C: {with}"),
+        };
+        if let Some(m) = &cfg.score_mod {
+            let code = m.cuda_source();
+            self.score_mod = Some(code.ok_or_else(|| missing("score_mod", "ScoreMod::with_cuda"))?);
+        }
+        if let Some(m) = &cfg.mask_mod {
+            let code = m.cuda_source();
+            self.mask_mod = Some(code.ok_or_else(|| missing("mask_mod", "MaskMod::with_cuda"))?);
+        }
+        self.captured = crate::modifiers::user_code::kernel_cuda_captured(cfg);
+        Ok(())
     }
 
     /// A key, or a typed error for what the kernels cannot do.
@@ -418,6 +443,7 @@ impl CudaKey {
             flags: 0,
             score_mod: None,
             mask_mod: None,
+            captured: None,
             decode_rows: if kernel == CudaKernel::Decode {
                 DECODE_ROWS
             } else {

@@ -11,8 +11,8 @@
 //!
 //! with the indices of `score_mod` (the call's batch, query head, row and key). The checks,
 //! the captured tensors (`MaskMod::wgsl_with`) and the errors are `ScoreMod`'s. The CUDA
-//! backend takes the same predicate as CUDA C ([`MaskMod::with_cuda`]; captured tensors are
-//! the wgpu path's). A call with a
+//! backend takes the same predicate as CUDA C ([`MaskMod::with_cuda`]), which reads the
+//! captured tensors by the same names. A call with a
 //! `mask_mod` and no block mask evaluates it at every pair of every tile; with the block mask
 //! `create_block_mask` gives, only in the blocks it leaves on.
 

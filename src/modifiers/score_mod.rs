@@ -84,7 +84,8 @@ impl ScoreMod {
     /// unsigned int j)` and `score_mod_ds` alike. Without it the CUDA backend refuses the
     /// call with a typed `Unsupported`. NVRTC compiles it with the kernels (its errors are
     /// `Error::CudaCompile`); here only the rules are checked (no shared memory, barriers,
-    /// inline assembly or includes).
+    /// inline assembly or includes). Captured tensors are read by name as in the WGSL:
+    /// `float name(unsigned int i)`.
     pub fn with_cuda(mut self, source: &str) -> Result<ScoreMod> {
         self.cuda = Some(check_cuda(
             "score_mod CUDA",

@@ -79,6 +79,33 @@ pub(crate) fn stubs() -> &'static str {
     })
 }
 
+/// The CUDA C accessors of a call's captured tensors (the score modifier's, then the mask
+/// modifier's, as [`kernel_wgsl`] lays them out), put before the user's CUDA C:
+/// `float NAME(unsigned int i)` reads entry i (clamped to the tensor) through
+/// `flash_captured`, a constant pointer the host sets to the call's first captured word before
+/// it launches. `None` without captured tensors.
+pub(crate) fn kernel_cuda_captured(cfg: &AttentionConfig) -> Option<&'static str> {
+    let score = cfg.score_mod.iter().flat_map(|m| m.captured());
+    let mask = cfg.mask_mod.iter().flat_map(|m| m.captured());
+    let mut text = String::new();
+    let mut offset = 0;
+    for (name, values) in score.chain(mask) {
+        text.push_str(&format!(
+            "__device__ __forceinline__ float {name}(unsigned int i) {{ \
+             return __ldg(flash_captured + {offset}u + min(i, {}u)); }}\n",
+            values.len() - 1
+        ));
+        offset += values.len();
+    }
+    if text.is_empty() {
+        return None;
+    }
+    Some(intern(&format!(
+        "// the call's captured tensors (extras from Params::captured_base), set by the host\n\
+         __constant__ const float* flash_captured;\n{text}"
+    )))
+}
+
 /// The captured tensors of a call's user code, as the extras hold them (f32 bits; the score
 /// modifier's, then the mask modifier's).
 pub(crate) fn captured_words(cfg: &AttentionConfig) -> Vec<u32> {

@@ -113,6 +113,28 @@ fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
         [("t5_bias", table)],
     )
     .unwrap()
+    .with_cuda(
+        "
+__device__ unsigned int my_bucket(unsigned int i, unsigned int j) {
+    const int rel = (int)j - (int)i;
+    const unsigned int side = rel > 0 ? 8u : 0u;
+    const unsigned int n = (unsigned int)abs(rel);
+    if (n < 4u) {
+        return side + n;
+    }
+    return side + (n < 8u ? 4u : (n < 16u ? 5u : (n < 32u ? 6u : 7u)));
+}
+__device__ float score_mod(float s, unsigned int b, unsigned int h, unsigned int i,
+                           unsigned int j) {
+    return s + t5_bias(h * 16u + my_bucket(i, j));
+}
+__device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned int i,
+                              unsigned int j) {
+    return 1.f;
+}
+",
+    )
+    .unwrap()
     .with_reference(
         move |s, _, h, i, j| {
             let rel = j as i64 - i as i64;
@@ -139,6 +161,11 @@ pub fn documents(doc_id: Vec<f32>) -> flash_attn_wgpu::MaskMod {
     flash_attn_wgpu::MaskMod::wgsl_with(
         "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return doc_id(i) == doc_id(j); }",
         [("doc_id", doc_id)],
+    )
+    .unwrap()
+    .with_cuda(
+        "__device__ bool mask_mod(unsigned int b, unsigned int h, unsigned int i, unsigned int j) \
+         { return doc_id(i) == doc_id(j); }",
     )
     .unwrap()
     .with_reference(move |_, _, i, j| host[i] == host[j])

@@ -384,19 +384,22 @@ fn every_backend_chains_device_tensors_and_types_its_errors() {
     });
 }
 
-/// User masks on CUDA (where a device is; skipped without): the masks as CUDA C with the block
-/// mask the CUDA device makes from them, which must be the wgpu one bit for bit, forward and
-/// backward against the reference in every dtype; a mask with WGSL alone or captured tensors
-/// refused as `Unsupported`.
+/// User modifiers on CUDA (where a device is; skipped without): masks as CUDA C with the
+/// block masks the CUDA device makes from them (the wgpu ones bit for bit), a document mask
+/// and a T5 table read from captured tensors, forward and backward against the reference in
+/// every dtype; a mask with WGSL alone refused as `Unsupported`.
 #[cfg(feature = "cuda")]
 #[test]
-fn cuda_takes_user_masks_and_makes_their_block_masks() {
+fn cuda_takes_user_masks_captured_tensors_and_makes_block_masks() {
     let Some(b) = cuda() else { return };
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(common::fresh_seed());
+    let docs: Vec<f32> = (0..131).map(|j| (j / 29) as f32).collect();
     for (mask, causal, d, blocks) in [
         (common::score_mods::prefix_lm(23), false, 64, (16, 32)),
         (common::score_mods::dilated(), true, 40, (7, 9)),
+        (common::score_mods::documents(docs), false, 64, (32, 32)),
     ] {
-        let mut c = cfg(2, 97, 131, 4, 2, d, causal);
+        let mut c = cfg(2, 131, 131, 4, 2, d, causal);
         let grid = (1, c.heads_q, c.seq_q, c.seq_kv);
         let bm = b.create_block_mask(&mask, grid, blocks).unwrap();
         assert_eq!(
@@ -407,6 +410,10 @@ fn cuda_takes_user_masks_and_makes_their_block_masks() {
         );
         c.block_mask = Some(bm);
         c.mask_mod = Some(mask);
+        if d == 40 {
+            let table = common::random(&mut rng, c.heads_q * 16, 1.0);
+            c.score_mod = Some(common::score_mods::t5(c.heads_q, table));
+        }
         let e = check_all_dtypes(b, &c, 2.0);
         eprintln!("{} {}: {e:?}", b.backend(), common::describe(&c, 0));
     }
@@ -414,13 +421,10 @@ fn cuda_takes_user_masks_and_makes_their_block_masks() {
         "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return j <= i; }",
     )
     .unwrap();
-    let captured = common::score_mods::documents(vec![0.0; 131]);
-    for m in [wgsl_only, captured] {
-        assert!(matches!(
-            b.create_block_mask(&m, (1, 1, 97, 131), (16, 16)),
-            Err(Error::Unsupported { .. })
-        ));
-    }
+    assert!(matches!(
+        b.create_block_mask(&wgsl_only, (1, 1, 97, 131), (16, 16)),
+        Err(Error::Unsupported { .. })
+    ));
 }
 
 /// CUDA interop (runs where a CUDA device is; skipped with the reason printed elsewhere): a
