@@ -301,10 +301,10 @@ fn tile_visit(b: u32, h: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count:
         return TileVisit(false, masked || MASK_MOD());
     }
     let grid = blocks_grid(b, h);
-    let r0 = (params.q_base + q_begin) / params.block_q;
-    let r1 = (params.q_base + min(q_begin + q_len, params.seq_q) - 1u) / params.block_q;
-    let c0 = (params.kv_base + kv_begin) / params.block_kv;
-    let c1 = (params.kv_base + min(kv_begin + kv_count, params.seq_kv) - 1u) / params.block_kv;
+    let r0 = block_row(params.q_base + q_begin);
+    let r1 = block_row(params.q_base + min(q_begin + q_len, params.seq_q) - 1u);
+    let c0 = block_col(params.kv_base + kv_begin);
+    let c1 = block_col(params.kv_base + min(kv_begin + kv_count, params.seq_kv) - 1u);
     var on = 0u;
     // a user mask needs no evaluation in a tile of full blocks (blocks_full: its block mask
     // says every pair passes it)
@@ -318,6 +318,7 @@ fn tile_visit(b: u32, h: u32, q_begin: u32, q_len: u32, kv_begin: u32, kv_count:
         }
     }
     let n = (r1 - r0 + 1u) * (c1 - c0 + 1u);
+    tile_blocks_on = on == n;
     return TileVisit(on == 0u, masked || on < n || (MASK_MOD() && full < n));
 }
 

@@ -115,12 +115,15 @@ fn main(
         // masked when any row needs the mask, or the tile crosses the split's end
         var skip = true;
         var masked = kv0 + BC > hi;
+        var all_on = true;
         for (var p = p0; p < p_end; p++) {
             let pr = packed_row(hk, p);
             let visit = tile_visit(b, pr.h, pr.i, 1u, kv0, BC);
             skip = skip && visit.skip;
             masked = masked || visit.masked;
+            all_on = all_on && tile_blocks_on;
         }
+        tile_blocks_on = all_on;
         if (skip) {
             continue;
         }

@@ -141,10 +141,12 @@ pub struct Params {
     pub blocks_full: u32,
     /// Where the pair data ([`pair_words`]) starts in the buffer a kernel reads it from: 0 on
     /// wgpu (its own binding); on CUDA the extras' length (the pair words follow the extras).
-    /// The two words after it keep `views` at a 16-byte boundary.
     pub pairs_base: u32,
-    pub pad1: u32,
-    pub pad2: u32,
+    /// The block mask's block sizes as shifts, where they are powers of two ([`NO_SHIFT`]
+    /// where not): a pair's block is found by a shift, not a division, which CPU drivers
+    /// cannot vectorize (one scalar division per lane, per pair).
+    pub block_q_shift: u32,
+    pub block_kv_shift: u32,
     /// Varlen: the extras word of `cu_seqlens_q[0]` (`cu_seqlens_kv` follows it), and the
     /// number of sequences.
     pub varlen_base: u32,
@@ -232,6 +234,8 @@ impl Params {
             // blocks of 1 x 1 until a mask says otherwise (never a division by zero)
             block_q: 1,
             block_kv: 1,
+            block_q_shift: 0,
+            block_kv_shift: 0,
             flags: super::flags::of(cfg),
             ..Default::default()
         };
@@ -251,6 +255,8 @@ impl Params {
         let (b_stride, h_stride) = m.strides(whole.seq_q, whole.seq_kv);
         self.block_q = m.block_q as u32;
         self.block_kv = m.block_kv as u32;
+        self.block_q_shift = block_shift(m.block_q);
+        self.block_kv_shift = block_shift(m.block_kv);
         self.blocks_cols = m.grid(whole.seq_q, whole.seq_kv).1 as u32;
         self.blocks_b_stride = b_stride as u32;
         self.blocks_h_stride = h_stride as u32;
@@ -351,6 +357,19 @@ pub fn pair_words(cfg: &crate::AttentionConfig) -> Vec<u32> {
 /// The call's extras words ([`ExtrasLayout::words`]).
 pub fn extras(cfg: &crate::AttentionConfig) -> Vec<u32> {
     extras_layout(cfg).words
+}
+
+/// `Params::block_q_shift` and `block_kv_shift` for a block size that is no power of two:
+/// the kernels divide.
+pub const NO_SHIFT: u32 = 32;
+
+/// log2 of a power-of-two block size, else [`NO_SHIFT`].
+pub(crate) fn block_shift(size: usize) -> u32 {
+    if size.is_power_of_two() {
+        size.trailing_zeros()
+    } else {
+        NO_SHIFT
+    }
 }
 
 /// What stands for an unbounded side of the band: no key offset reaches it (sequences are

@@ -385,6 +385,25 @@ pub(crate) fn key(
     let reads = kernel.reads_flags();
     let call = reads & crate::kernels::flags::of(cfg);
     let specialized = call & !(env.compiled_flags | crate::kernels::flags::SPECIALIZED) == 0;
+    let user_code = if reads & (crate::kernels::flags::SCORE_MOD | crate::kernels::flags::MASK_MOD)
+        != 0
+    {
+        crate::modifiers::user_code::kernel_wgsl(cfg)
+    } else {
+        None
+    };
+    // a user's snippet is its own pipelines anyway: they compile the call's every bit in (no
+    // run-time tests; views stay the record's to set), as a specialized built-in call is
+    let (runtime, compiled) = if user_code.is_some() {
+        (0, call)
+    } else if specialized {
+        (
+            reads & crate::kernels::flags::SPECIALIZED & !env.compiled_flags,
+            call & env.compiled_flags,
+        )
+    } else {
+        (reads & !env.compiled_flags, call & env.compiled_flags)
+    };
     KernelKey {
         kernel,
         // the bias is read in the call's dtype, also by kernels without element tensors
@@ -399,12 +418,8 @@ pub(crate) fn key(
             1
         },
         tiles,
-        runtime: if specialized {
-            reads & crate::kernels::flags::SPECIALIZED & !env.compiled_flags
-        } else {
-            reads & !env.compiled_flags
-        },
-        flags: call & env.compiled_flags,
+        runtime,
+        flags: compiled,
         // set by the decode plan where K/V rows start on whole words
         wide: 0,
         // set by the backward plan where d_bias is asked for
@@ -415,13 +430,7 @@ pub(crate) fn key(
             0
         },
         accumulate: false,
-        user_code: if reads & (crate::kernels::flags::SCORE_MOD | crate::kernels::flags::MASK_MOD)
-            != 0
-        {
-            crate::modifiers::user_code::kernel_wgsl(cfg)
-        } else {
-            None
-        },
+        user_code,
     }
 }
 
