@@ -37,6 +37,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_backward",
     "flash_attn_with_kvcache",
+    "create_block_mask",
     "FlashAttnError",
     "InvalidInputError",
     "UnsupportedError",
@@ -116,11 +117,7 @@ def adapter():
 def _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed,
              cu_seqlens_q=None, cu_seqlens_k=None, block_table=None, num_splits=0,
              leftpad_k=None, score_mod=None, score_mod_tensors=None, mask_mod=None,
-             mask_mod_tensors=None):
-    def captured(tensors):
-        return [(str(name), [float(x) for x in np.asarray(t, dtype=np.float32).ravel()])
-                for name, t in (tensors or {}).items()]
-
+             mask_mod_tensors=None, block_mask=None):
     def ints(x):
         return None if x is None else [int(n) for n in np.asarray(x).ravel()]
 
@@ -152,10 +149,41 @@ def _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_
         "num_splits": int(num_splits),
         "leftpad_k": leftpad,
         "score_mod": None if score_mod is None else str(score_mod),
-        "score_mod_tensors": captured(score_mod_tensors),
+        "score_mod_tensors": _captured(score_mod_tensors),
         "mask_mod": None if mask_mod is None else str(mask_mod),
-        "mask_mod_tensors": captured(mask_mod_tensors),
+        "mask_mod_tensors": _captured(mask_mod_tensors),
+        "block_mask": _block_mask(block_mask, mask_mod),
     }
+
+
+def _captured(tensors):
+    return [(str(name), [float(x) for x in np.asarray(t, dtype=np.float32).ravel()])
+            for name, t in (tensors or {}).items()]
+
+
+def _block_mask(block_mask, mask_mod):
+    if block_mask is None:
+        return None
+    if not isinstance(block_mask, _native.BlockMask):
+        raise InvalidInputError(
+            f"block_mask must come from create_block_mask, got {type(block_mask).__name__}")
+    if mask_mod is None:
+        raise InvalidInputError("block_mask goes with the mask_mod it was made from: give both")
+    return block_mask
+
+
+def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128, mask_mod_tensors=None):
+    """The block mask of a user mask (FlexAttention's ``create_block_mask``), evaluated on the
+    GPU: ``mask_mod`` the WGSL given to :func:`flash_attn_func` (with its ``mask_mod_tensors``),
+    over ``B x H`` grids (``None`` or 1: the mask does not depend on the batch or the head, and
+    the block mask is shared) of ``Q_LEN x KV_LEN`` pairs, in blocks of ``BLOCK_SIZE`` (an int,
+    or (rows, keys)). Pass it as ``block_mask=`` beside the same ``mask_mod``: blocks the mask
+    hides are never visited, and blocks it keeps whole skip its evaluation. Make it once and
+    reuse it across calls and layers (it depends on the mask and the shape only)."""
+    bq, bkv = (BLOCK_SIZE, BLOCK_SIZE) if np.isscalar(BLOCK_SIZE) else BLOCK_SIZE
+    grid = (int(B or 1), int(H or 1), int(Q_LEN), int(KV_LEN))
+    return _native.create_block_mask(str(mask_mod), _captured(mask_mod_tensors), grid,
+                                     (int(bq), int(bkv)))
 
 
 def _out(as_numpy, t):
@@ -166,7 +194,7 @@ def _out(as_numpy, t):
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, return_lse=False,
                     seed=0, score_mod=None, score_mod_tensors=None, mask_mod=None,
-                    mask_mod_tensors=None):
+                    mask_mod_tensors=None, block_mask=None):
     """Attention of q ``[batch, seqlen_q, nheads, headdim]`` over k, v ``[batch, seqlen_k,
     nheads_k, headdim]`` (nheads a multiple of nheads_k: GQA/MQA).
 
@@ -178,13 +206,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     modifiers; the crate's docs/SEMANTICS.md), reading the float32 arrays of
     ``score_mod_tensors`` (a dict) by name. ``mask_mod``: WGSL defining ``mask_mod(b, h, i, j)
     -> bool`` (FlexAttention's mask_mod; pairs where it is false are hidden), reading
-    ``mask_mod_tensors`` by name. Returns out (q's dtype), or (out, lse) with ``return_lse``
+    ``mask_mod_tensors`` by name, with ``block_mask`` from :func:`create_block_mask` where
+    given. Returns out (q's dtype), or (out, lse) with ``return_lse``
     (lse ``[batch, nheads, seqlen_q]`` float32).
     """
     as_numpy = not isinstance(q, Tensor)
     opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed,
                     score_mod=score_mod, score_mod_tensors=score_mod_tensors,
-                    mask_mod=mask_mod, mask_mod_tensors=mask_mod_tensors)
+                    mask_mod=mask_mod, mask_mod_tensors=mask_mod_tensors,
+                    block_mask=block_mask)
     out, lse = _native.forward(tensor(q)._t, tensor(k)._t, tensor(v)._t, opts)
     out = _out(as_numpy, out)
     return (out, _out(as_numpy, lse)) if return_lse else out
@@ -193,14 +223,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 def flash_attn_backward(dout, q, k, v, out, lse, dropout_p=0.0, softmax_scale=None,
                         causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                         seed=0, score_mod=None, score_mod_tensors=None, mask_mod=None,
-                        mask_mod_tensors=None):
+                        mask_mod_tensors=None, block_mask=None):
     """Gradients (dq, dk, dv) of attention from the forward's ``out`` and ``lse`` and the
     output's gradient ``dout``, with the forward's options (the probabilities are recomputed,
     never stored). Shapes and dtypes as q, k and v."""
     as_numpy = not isinstance(q, Tensor)
     opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, dropout_p, seed,
                     score_mod=score_mod, score_mod_tensors=score_mod_tensors,
-                    mask_mod=mask_mod, mask_mod_tensors=mask_mod_tensors)
+                    mask_mod=mask_mod, mask_mod_tensors=mask_mod_tensors,
+                    block_mask=block_mask)
     grads = _native.backward(tensor(dout)._t, tensor(q)._t, tensor(k)._t, tensor(v)._t,
                              tensor(out)._t, tensor(lse)._t, opts)
     return tuple(_out(as_numpy, g) for g in grads)

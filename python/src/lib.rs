@@ -7,8 +7,8 @@
 use std::sync::OnceLock;
 
 use flash_attn_wgpu::{
-    AttentionConfig, Context, DType, Dropout, Error, MaskMod, PagedKv, Rotary, ScoreMod, Tensor,
-    Window,
+    AttentionConfig, BlockMask, Context, DType, Dropout, Error, MaskMod, PagedKv, Rotary, ScoreMod,
+    Tensor, Window,
 };
 use numpy::{PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods, ToPyArray};
 use pyo3::prelude::*;
@@ -92,15 +92,21 @@ impl PyTensor {
         let shape = t.shape().to_vec();
         let arr = match t.dtype() {
             DType::F32 => {
-                let v = py.detach(|| ctx.download::<f32>(t)).map_err(|e| to_py(py, e))?;
+                let v = py
+                    .detach(|| ctx.download::<f32>(t))
+                    .map_err(|e| to_py(py, e))?;
                 v.to_pyarray(py).reshape(shape)?.into_any()
             }
             DType::F16 => {
-                let v = py.detach(|| ctx.download::<half::f16>(t)).map_err(|e| to_py(py, e))?;
+                let v = py
+                    .detach(|| ctx.download::<half::f16>(t))
+                    .map_err(|e| to_py(py, e))?;
                 bits(&v).to_pyarray(py).reshape(shape)?.into_any()
             }
             DType::BF16 => {
-                let v = py.detach(|| ctx.download::<half::bf16>(t)).map_err(|e| to_py(py, e))?;
+                let v = py
+                    .detach(|| ctx.download::<half::bf16>(t))
+                    .map_err(|e| to_py(py, e))?;
                 bits(&v).to_pyarray(py).reshape(shape)?.into_any()
             }
         };
@@ -151,14 +157,18 @@ fn upload(py: Python<'_>, array: &Bound<'_, PyAny>, dtype: &str) -> PyResult<PyT
             ))
         }
     };
-    made.map(|inner| PyTensor { inner }).map_err(|e| to_py(py, e))
+    made.map(|inner| PyTensor { inner })
+        .map_err(|e| to_py(py, e))
 }
 
 /// The name and driver of the adapter in use.
 #[pyfunction]
 fn adapter(py: Python<'_>) -> PyResult<String> {
     let a = context(py)?.adapter_info();
-    Ok(format!("{} ({}, {} {})", a.name, a.backend, a.driver, a.driver_info))
+    Ok(format!(
+        "{} ({}, {} {})",
+        a.name, a.backend, a.driver, a.driver_info
+    ))
 }
 
 /// The call's options, as the Python side passes them (every key present).
@@ -200,13 +210,64 @@ struct Options {
     mask_mod: Option<String>,
     #[pyo3(item)]
     mask_mod_tensors: Vec<(String, Vec<f32>)>,
+    /// The mask's block mask (`create_block_mask`).
+    #[pyo3(item)]
+    block_mask: Option<Py<PyBlockMask>>,
+}
+
+/// A user mask's block mask (`Context::create_block_mask`): the blocks the mask hides are
+/// never visited, those it keeps whole skip its evaluation.
+#[pyclass(name = "BlockMask", module = "flash_attn_wgpu._native", frozen)]
+struct PyBlockMask {
+    inner: BlockMask,
+}
+
+#[pymethods]
+impl PyBlockMask {
+    /// (block_q, block_kv): query rows and keys per block.
+    #[getter]
+    fn block_size(&self) -> (usize, usize) {
+        (self.inner.block_q, self.inner.block_kv)
+    }
+
+    /// (blocks on, blocks full, blocks in all) over every grid: the visited fraction is the
+    /// first over the last, the fraction that skips the mask's evaluation the second.
+    #[getter]
+    fn counts(&self) -> (usize, usize, usize) {
+        let m = &self.inner;
+        let on = m.blocks.iter().filter(|&&b| b).count();
+        let full = m.full.iter().flatten().filter(|&&b| b).count();
+        (on, full, m.blocks.len())
+    }
+}
+
+/// The block mask of a user mask (FlexAttention's create_block_mask): `mask_mod` WGSL with its
+/// captured tensors, over `batch x heads` grids (1: the mask does not depend on it) of
+/// `seq_q x seq_kv`, in blocks of `block_q x block_kv`.
+#[pyfunction]
+fn create_block_mask(
+    py: Python<'_>,
+    mask_mod: String,
+    mask_mod_tensors: Vec<(String, Vec<f32>)>,
+    grid: (usize, usize, usize, usize),
+    blocks: (usize, usize),
+) -> PyResult<PyBlockMask> {
+    let ctx = context(py)?;
+    let mask = MaskMod::wgsl_with(&mask_mod, mask_mod_tensors).map_err(|e| to_py(py, e))?;
+    let inner = py
+        .detach(|| ctx.create_block_mask(&mask, grid, blocks))
+        .map_err(|e| to_py(py, e))?;
+    Ok(PyBlockMask { inner })
 }
 
 fn dims4(py: Python<'_>, name: &str, t: &Tensor) -> PyResult<[usize; 4]> {
     <[usize; 4]>::try_from(t.shape()).map_err(|_| {
         invalid(
             py,
-            format!("{name} must have 4 dimensions [batch, seq, heads, head_dim], got shape {:?}", t.shape()),
+            format!(
+                "{name} must have 4 dimensions [batch, seq, heads, head_dim], got shape {:?}",
+                t.shape()
+            ),
         )
     })
 }
@@ -254,6 +315,7 @@ fn config(py: Python<'_>, q: &Tensor, k: &Tensor, o: &Options) -> PyResult<Atten
         let captured = o.mask_mod_tensors.iter().cloned();
         cfg.mask_mod = Some(MaskMod::wgsl_with(src, captured).map_err(|e| to_py(py, e))?);
     }
+    cfg.block_mask = o.block_mask.as_ref().map(|m| m.get().inner.clone());
     Ok(cfg)
 }
 
@@ -330,7 +392,12 @@ fn forward_with_kvcache(
     let append = match (&k_new, &v_new) {
         (Some(k), Some(v)) => Some((&k.inner, &v.inner)),
         (None, None) => None,
-        _ => return Err(invalid(py, "k and v are appended together: give both or neither".into())),
+        _ => {
+            return Err(invalid(
+                py,
+                "k and v are appended together: give both or neither".into(),
+            ))
+        }
     };
     let (kc, vc) = (&mut k_cache.inner, &mut v_cache.inner);
     let f = py
@@ -345,6 +412,8 @@ fn forward_with_kvcache(
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTensor>()?;
+    m.add_class::<PyBlockMask>()?;
+    m.add_function(wrap_pyfunction!(create_block_mask, m)?)?;
     m.add_function(wrap_pyfunction!(upload, m)?)?;
     m.add_function(wrap_pyfunction!(adapter, m)?)?;
     m.add_function(wrap_pyfunction!(forward, m)?)?;

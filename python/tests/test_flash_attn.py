@@ -395,3 +395,34 @@ def test_a_mask_mod_string_is_the_causal_mask_it_re_expresses(rng):
         q, k, v, mask_mod=causal.replace("off(0u)", "u32(off(0u))"),
         mask_mod_tensors={"off": np.array([12.0])})
     close(with_table, want[0], 2e-5, "out, offset captured")
+
+
+def test_a_document_mask_with_its_block_mask_is_the_varlen_call(rng):
+    # three documents of uneven lengths packed in one sequence, as a user mask over captured
+    # document ids, with the block mask made on the GPU: the packed varlen call's results
+    cu = [0, 17, 41, 70]
+    ids = np.repeat(np.arange(3), np.diff(cu)).astype(np.float32)
+    n, hq, hk, d = cu[-1], 4, 2, 16
+    q, k, v = rand(rng, (1, n, hq, d)), rand(rng, (1, n, hk, d)), rand(rng, (1, n, hk, d))
+    dout = rand(rng, (1, n, hq, d))
+    docs = "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return doc(i) == doc(j); }"
+    tensors = {"doc": ids}
+    bm = fa.create_block_mask(docs, None, None, n, n, BLOCK_SIZE=8, mask_mod_tensors=tensors)
+    on, full, total = bm.counts
+    assert bm.block_size == (8, 8) and total == 9 * 9
+    assert full < on < total, bm.counts  # blocks across documents off, inside them full
+    opts = {"causal": True, "mask_mod": docs, "mask_mod_tensors": tensors, "block_mask": bm}
+    out, lse = fa.flash_attn_func(q, k, v, return_lse=True, **opts)
+    want = varlen(q[0], k[0], v[0], cu, cu, dout[0], causal=True)
+    close(out[0], want[0], 2e-5, "out")
+    close(lse[0], want[1], 2e-5, "lse")
+    grads = fa.flash_attn_backward(dout, q, k, v, out, lse, **opts)
+    for got, w, name in zip(grads, want[2:], ("dq", "dk", "dv")):
+        close(got[0], w, 4e-5, name)
+    # a block mask needs its mask, and comes from create_block_mask
+    with pytest.raises(fa.InvalidInputError, match="mask_mod"):
+        fa.flash_attn_func(q, k, v, block_mask=bm)
+    with pytest.raises(fa.InvalidInputError, match="create_block_mask"):
+        fa.flash_attn_func(q, k, v, mask_mod=docs, mask_mod_tensors=tensors, block_mask="dense")
+    with pytest.raises(fa.InvalidInputError, match="block_q"):
+        fa.create_block_mask(docs, 1, 1, n, n, BLOCK_SIZE=(0, 8), mask_mod_tensors=tensors)
