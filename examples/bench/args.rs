@@ -102,6 +102,10 @@ pub struct Args {
     /// instead of the built-in causal mask
     #[arg(long, requires = "causal")]
     pub causal_mask_mod: bool,
+    /// --window written as a user mask (`i + shift - left <= j <= i + shift + right`, shift =
+    /// seq_kv - seq_q) with its block mask instead of the built-in window
+    #[arg(long, requires = "window")]
+    pub window_mask_mod: bool,
     /// ALiBi on every point, with the usual slopes (2^(-8 (h + 1) / heads) for head h)
     #[arg(long)]
     pub alibi: bool,

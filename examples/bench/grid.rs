@@ -159,6 +159,41 @@ __device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned 
             cfg.mask_mod = Some(m);
             cfg.causal = false;
         }
+        if mods.window_mask_mod && cfg.window.is_active() && !cfg.causal {
+            let shift = cfg.seq_kv as i64 - cfg.seq_q as i64;
+            let (lo, hi) = (
+                cfg.window.left.map_or(i64::MIN / 4, |l| shift - l as i64),
+                cfg.window.right.map_or(i64::MAX / 4, |r| shift + r as i64),
+            );
+            // the band as the user writes it: i + lo <= j <= i + hi (an unbounded side a
+            // number no index difference reaches)
+            let m = flash_attn_wgpu::MaskMod::wgsl(&format!(
+                "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool {{ \
+                 let d = i32(j) - i32(i); return d >= {} && d <= {}; }}",
+                lo.max(-(1 << 30)),
+                hi.min(1 << 30)
+            ))
+            .expect("the bench's window mask is valid");
+            let (sq, skv) = (cfg.seq_q, cfg.seq_kv);
+            let span = |r: usize, c: usize| {
+                let (i0, i1) = ((r * 64) as i64, ((r * 64 + 63).min(sq - 1)) as i64);
+                let (j0, j1) = ((c * 64) as i64, ((c * 64 + 63).min(skv - 1)) as i64);
+                (j0 - i1, j1 - i0) // the least and the most j - i of the block
+            };
+            let dims = (1, 1, sq, skv);
+            let mut bm = flash_attn_wgpu::BlockMask::from_fn(64, 64, dims, |_, _, r, c| {
+                let (dmin, dmax) = span(r, c);
+                dmax >= lo && dmin <= hi
+            });
+            let full = flash_attn_wgpu::BlockMask::from_fn(64, 64, dims, |_, _, r, c| {
+                let (dmin, dmax) = span(r, c);
+                dmin >= lo && dmax <= hi
+            });
+            bm.full = Some(full.blocks);
+            cfg.block_mask = Some(bm);
+            cfg.mask_mod = Some(m);
+            cfg.window = flash_attn_wgpu::Window::new(None, None);
+        }
         cfg.mask = mods.mask.map(|density| {
             // one fixed pseudo-random mask shared by the batches and heads: pair (i, j) is on
             // when a Philox word of (i, j) falls under the density
@@ -222,6 +257,8 @@ pub struct Mods {
     pub doc_mask: Option<usize>,
     /// --causal-mask-mod
     pub causal_mask_mod: bool,
+    /// --window-mask-mod
+    pub window_mask_mod: bool,
 }
 
 /// What to measure, resolved from the flags and checked before the GPU is touched.
@@ -300,6 +337,7 @@ impl Grid {
             user_softcap: false,
             doc_mask: a.doc_mask,
             causal_mask_mod: a.causal_mask_mod,
+            window_mask_mod: a.window_mask_mod,
         };
         let mods = if a.score_mod_both {
             vec![
