@@ -362,6 +362,15 @@ struct TileBlocks {
 #define TILE_WHOLE (TileBlocks{false, false})
 
 #if BLOCKS
+// the block row of row i and the block column of key j: a shift where the block sizes are
+// powers of two (Params::block_q_shift, block_kv_shift), else a division
+__device__ __forceinline__ unsigned int block_row(const Params& p, unsigned int i) {
+    return p.block_q_shift < 32 ? i >> p.block_q_shift : i / p.block_q;
+}
+__device__ __forceinline__ unsigned int block_col(const Params& p, unsigned int j) {
+    return p.block_kv_shift < 32 ? j >> p.block_kv_shift : j / p.block_kv;
+}
+
 // word w of the block mask
 __device__ __forceinline__ unsigned int blocks_word(const HeadMods& hm, unsigned int w) {
     return __float_as_uint(__ldg(hm.blocks + w));
@@ -405,8 +414,8 @@ __device__ __forceinline__ TileBlocks tile_blocks(const CallShape& p, const Head
     }
 #endif
 #if BLOCKS
-    const unsigned int r0 = q0 / p.block_q, r1 = (q_end - 1) / p.block_q;
-    const unsigned int c0 = k0 / p.block_kv, c1 = (k_end - 1) / p.block_kv;
+    const unsigned int r0 = block_row(p, q0), r1 = block_row(p, q_end - 1);
+    const unsigned int c0 = block_col(p, k0), c1 = block_col(p, k_end - 1);
     unsigned int on = 0, full = 0;
     for (unsigned int r = r0; r <= r1; r++) {
         const unsigned int row = hm.grid + r * p.blocks_cols;
@@ -435,7 +444,7 @@ __device__ __forceinline__ bool pair_visible(const CallShape& p, const HeadMods&
     }
 #if BLOCKS
     if (partial) {
-        const unsigned int bit = hm.grid + (i / p.block_q) * p.blocks_cols + j / p.block_kv;
+        const unsigned int bit = hm.grid + block_row(p, i) * p.blocks_cols + block_col(p, j);
         if (!((blocks_word(hm, bit / 32) >> (bit % 32)) & 1u)) {
             return false;
         }

@@ -789,6 +789,8 @@ impl CudaContext {
             heads_q: heads as u32,
             block_q: block_q as u32,
             block_kv: block_kv as u32,
+            block_q_shift: crate::kernels::params::block_shift(block_q),
+            block_kv_shift: crate::kernels::params::block_shift(block_kv),
             blocks_cols: cols as u32,
             ..cuda_params(&cfg)?
         };
