@@ -783,17 +783,10 @@ impl CudaContext {
             threads: 256,
             shared_bytes: 0,
         };
-        let params = Params {
-            seq_q: seq_q as u32,
-            seq_kv: seq_kv as u32,
-            heads_q: heads as u32,
-            block_q: block_q as u32,
-            block_kv: block_kv as u32,
-            block_q_shift: crate::kernels::params::block_shift(block_q),
-            block_kv_shift: crate::kernels::params::block_shift(block_kv),
-            blocks_cols: cols as u32,
-            ..cuda_params(&cfg)?
-        };
+        // seq_q, seq_kv and heads_q are the config's
+        let mut params = cuda_params(&cfg)?;
+        params.set_block_size(block_q, block_kv);
+        params.blocks_cols = cols as u32;
         let f = self.function(&key, &launch)?;
         let extras = self.extras(&cfg)?;
         self.bind_captured(&key, &params, &extras)?;

@@ -231,14 +231,11 @@ impl Params {
             varlen_base: x.varlen_base,
             blocks_full: x.blocks_full,
             captured_base: x.captured_base,
-            // blocks of 1 x 1 until a mask says otherwise (never a division by zero)
-            block_q: 1,
-            block_kv: 1,
-            block_q_shift: 0,
-            block_kv_shift: 0,
             flags: super::flags::of(cfg),
             ..Default::default()
         };
+        // blocks of 1 x 1 until a mask says otherwise (never a division by zero)
+        p.set_block_size(1, 1);
         // each modifier's own scalars (src/modifiers/)
         crate::modifiers::encode_all(cfg, &mut p);
         p.with_block_grid(cfg)
@@ -253,14 +250,19 @@ impl Params {
             return self;
         };
         let (b_stride, h_stride) = m.strides(whole.seq_q, whole.seq_kv);
-        self.block_q = m.block_q as u32;
-        self.block_kv = m.block_kv as u32;
-        self.block_q_shift = block_shift(m.block_q);
-        self.block_kv_shift = block_shift(m.block_kv);
+        self.set_block_size(m.block_q, m.block_kv);
         self.blocks_cols = m.grid(whole.seq_q, whole.seq_kv).1 as u32;
         self.blocks_b_stride = b_stride as u32;
         self.blocks_h_stride = h_stride as u32;
         self
+    }
+
+    /// The block mask's block sizes, with the shifts the kernels find a pair's block by.
+    pub fn set_block_size(&mut self, block_q: usize, block_kv: usize) {
+        self.block_q = block_q as u32;
+        self.block_kv = block_kv as u32;
+        self.block_q_shift = block_shift(block_q);
+        self.block_kv_shift = block_shift(block_kv);
     }
 
     /// The band shifted for a window of a split call whose rows start at `q0` and keys at
@@ -364,7 +366,7 @@ pub fn extras(cfg: &crate::AttentionConfig) -> Vec<u32> {
 pub const NO_SHIFT: u32 = 32;
 
 /// log2 of a power-of-two block size, else [`NO_SHIFT`].
-pub(crate) fn block_shift(size: usize) -> u32 {
+fn block_shift(size: usize) -> u32 {
     if size.is_power_of_two() {
         size.trailing_zeros()
     } else {

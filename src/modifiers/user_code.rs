@@ -85,11 +85,9 @@ pub(crate) fn stubs() -> &'static str {
 /// `flash_captured`, a constant pointer the host sets to the call's first captured word before
 /// it launches. `None` without captured tensors.
 pub(crate) fn kernel_cuda_captured(cfg: &AttentionConfig) -> Option<&'static str> {
-    let score = cfg.score_mod.iter().flat_map(|m| m.captured());
-    let mask = cfg.mask_mod.iter().flat_map(|m| m.captured());
     let mut text = String::new();
     let mut offset = 0;
-    for (name, values) in score.chain(mask) {
+    for (name, values) in captured(cfg) {
         text.push_str(&format!(
             "__device__ __forceinline__ float {name}(unsigned int i) {{ \
              return __ldg(flash_captured + {offset}u + min(i, {}u)); }}\n",
@@ -109,12 +107,16 @@ pub(crate) fn kernel_cuda_captured(cfg: &AttentionConfig) -> Option<&'static str
 /// The captured tensors of a call's user code, as the extras hold them (f32 bits; the score
 /// modifier's, then the mask modifier's).
 pub(crate) fn captured_words(cfg: &AttentionConfig) -> Vec<u32> {
-    let score = cfg.score_mod.iter().flat_map(|m| m.captured());
-    let mask = cfg.mask_mod.iter().flat_map(|m| m.captured());
-    score
-        .chain(mask)
+    captured(cfg)
         .flat_map(|(_, v)| v.iter().map(|x| x.to_bits()))
         .collect()
+}
+
+/// A call's captured tensors in the extras' order: the score modifier's, then the mask
+/// modifier's.
+fn captured(cfg: &AttentionConfig) -> impl Iterator<Item = &(String, Vec<f32>)> {
+    let score = cfg.score_mod.iter().flat_map(|m| m.captured());
+    score.chain(cfg.mask_mod.iter().flat_map(|m| m.captured()))
 }
 
 /// A call's score and mask modifiers capture disjoint names.

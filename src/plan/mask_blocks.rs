@@ -25,16 +25,13 @@ pub fn mask_blocks(
         user_code: crate::modifiers::user_code::kernel_wgsl(&cfg),
         ..KernelKey::plain(Kernel::MaskBlocks)
     };
-    let params = Params {
+    let mut params = Params {
         batch: batch as u32,
         total_items: n as u32,
-        block_q: block_q as u32,
-        block_kv: block_kv as u32,
-        block_q_shift: crate::kernels::params::block_shift(block_q),
-        block_kv_shift: crate::kernels::params::block_shift(block_kv),
         blocks_cols: cols as u32,
         ..Params::from_config(&cfg)
     };
+    params.set_block_size(block_q, block_kv);
     let mut plan = Plan {
         inputs: Vec::new(),
         outputs: vec![OutputSpec {
