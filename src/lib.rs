@@ -71,6 +71,8 @@ pub use dtype::{from_f32_slice, to_f32_vec, DType, Element, HalfStorage};
 pub use error::{Error, Result, TensorRole};
 pub use forward::{Forward, HostForward};
 pub use kernels::Variant;
+pub use kvcache::format::CacheFormat;
+pub use kvcache::QuantizedCache;
 pub use paged::PagedKv;
 pub use record::GpuTiming;
 pub use roofline::Roofline;

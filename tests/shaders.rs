@@ -50,6 +50,8 @@ fn key_of(kernel: Kernel, elem: ElemFormat, all: bool) -> KernelKey {
         flags: 0,
         wide: if all { 2 } else { 0 },
         bias_grad: all && kernel.keeps_bias_grads(),
+        // the quantizing append exists for a cache format only
+        kv: (kernel == Kernel::KvQuantize).then_some(flash_attn_wgpu::CacheFormat::Q8_0),
         ..KernelKey::plain(kernel)
     }
 }

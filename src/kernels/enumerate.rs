@@ -13,6 +13,7 @@
 
 use super::{choose_tiles, flags, DeviceCaps, Kernel, KernelKey, Tiles, WgslConsumer};
 use crate::dtype::ElemFormat;
+use crate::kvcache::format::CacheFormat;
 
 /// The head dims the list samples: the smallest, an odd one (partial vec4s), the powers of two
 /// the tiles change at, 80 (partial blocks), and the largest.
@@ -73,6 +74,8 @@ pub fn pipeline_keys(devices: &[Device]) -> Vec<KernelKey> {
     for kernel in Kernel::ALL {
         let head_dims: &[u32] = if !kernel.reads_head_dim() {
             &[1]
+        } else if kernel == Kernel::KvQuantize {
+            &CACHE_DIMS
         } else if kernel.is_elementwise() || kernel.is_naive() {
             &ELEMENTWISE_HEAD_DIMS
         } else {
@@ -116,6 +119,9 @@ const SPECIALIZED_DIMS: [u32; 2] = [3, 64];
 /// The one-split decode kernel is the split one's source with other result stores: a partial
 /// and a whole head dim cover it.
 const DECODE_ONE_DIMS: [u32; 2] = [3, 128];
+/// The head dim at which the list also takes the kernels that read an 8-bit KV cache and the
+/// quantizing append (whose head dim bounds loops only).
+const CACHE_DIMS: [u32; 1] = [128];
 
 /// The keys of one (kernel, head dim, tiles, subgroup): every element format it reads; the
 /// compiled bits on (with the bias gradient's scratch where
@@ -153,7 +159,24 @@ fn variants_of(
         subgroup,
         accumulate: false,
         user_code: None,
+        kv: None,
     };
+    if kernel == Kernel::KvQuantize {
+        // the append exists for each cache format, at head dims of whole blocks
+        if !CACHE_DIMS.contains(&head_dim) {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for elem in formats {
+            for f in CacheFormat::ALL {
+                out.push(KernelKey {
+                    kv: Some(f),
+                    ..base(elem, subgroup)
+                });
+            }
+        }
+        return out;
+    }
     let mut out = Vec::new();
     let formats_first = formats[0];
     for elem in formats {
@@ -182,6 +205,30 @@ fn variants_of(
                     },
                     ..key
                 });
+            }
+            // reading an 8-bit cache: one element format, a common and the largest head dim
+            if extras
+                && CACHE_DIMS.contains(&head_dim)
+                && elem == formats_first
+                && kernel.reads_kv_cache()
+            {
+                for f in CacheFormat::ALL {
+                    // the decode kernel's columns are 16-byte words of 16 bytes
+                    let cw = super::wgsl::CACHE_COLUMN_VEC4S;
+                    let d4 = head_dim.div_ceil(4);
+                    let sg = subgroup > 1
+                        && (d4 / cw).is_multiple_of(subgroup)
+                        && subgroup.is_multiple_of(cw);
+                    out.push(KernelKey {
+                        kv: Some(f),
+                        subgroup: if kernel.is_decode() && !sg {
+                            0
+                        } else {
+                            subgroup
+                        },
+                        ..key
+                    });
+                }
             }
             if extras && ACCUMULATE_DIMS.contains(&head_dim) && kernel.can_accumulate() {
                 out.push(KernelKey {

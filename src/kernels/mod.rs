@@ -45,6 +45,8 @@ pub enum Kernel {
     /// Rotary position embedding of q or the new keys of a KV-cache call
     /// (`shaders/rotary.wgsl`).
     Rotary,
+    /// The quantizing append of a KV-cache call into an 8-bit cache (`KernelKey::kv`)
+    KvQuantize,
     /// A user mask's block mask (`Context::create_block_mask`, `shaders/mask_blocks.wgsl`).
     MaskBlocks,
     Canary,
@@ -117,7 +119,7 @@ use Access::{Read as R, ReadWrite as W};
 use BindType::{Elem as E, Vec2F32 as V2, Vec4F32 as V4, F32, U32};
 
 impl Kernel {
-    pub const ALL: [Kernel; 32] = [
+    pub const ALL: [Kernel; 33] = [
         Kernel::FlashBwdPreprocess,
         Kernel::Flash(Variant::Rows, Pass::Forward),
         Kernel::Flash(Variant::Rows, Pass::DkDv),
@@ -144,6 +146,7 @@ impl Kernel {
         Kernel::NaiveBwdDq,
         Kernel::Cast,
         Kernel::Rotary,
+        Kernel::KvQuantize,
         Kernel::MaskBlocks,
         Kernel::Canary,
         Kernel::RooflineFma,
@@ -180,6 +183,7 @@ impl Kernel {
             Kernel::NaiveBwdDq => "naive_bwd_dq",
             Kernel::Cast => "cast",
             Kernel::Rotary => "rotary",
+            Kernel::KvQuantize => "kv_quantize",
             Kernel::MaskBlocks => "mask_blocks",
             Kernel::Canary => "canary",
             Kernel::RooflineFma => "roofline_fma",
@@ -238,6 +242,7 @@ impl Kernel {
             Kernel::NaiveBwdDq => include_str!("../../shaders/naive_bwd_dq.wgsl"),
             Kernel::Cast => include_str!("../../shaders/cast.wgsl"),
             Kernel::Rotary => include_str!("../../shaders/rotary.wgsl"),
+            Kernel::KvQuantize => include_str!("../../shaders/kv_quantize.wgsl"),
             Kernel::MaskBlocks => include_str!("../../shaders/mask_blocks.wgsl"),
             Kernel::Canary => include_str!("../../shaders/canary.wgsl"),
             // one probe in two types: the prelude defines FT
@@ -339,6 +344,10 @@ impl Kernel {
                         b("dst", E, W),
                     ]
                 }
+            }
+            // rows holds each new row's cache row (the plan's pair data); the cache is words
+            Kernel::KvQuantize => {
+                const { &[b("src", E, R), b("rows", U32, R), b("cache", U32, W)] }
             }
             Kernel::Canary => const { &[b("counter", U32, W)] },
             // 1.0 where the block has a pair the mask lets through
@@ -469,6 +478,19 @@ impl Kernel {
         )
     }
 
+    /// True when the kernel reads K and V of a forward call, which may be an 8-bit KV cache
+    /// (`KernelKey::kv`): the forward kernels of every algorithm and the decode kernels.
+    pub fn reads_kv_cache(self) -> bool {
+        matches!(
+            self,
+            Kernel::Flash(_, Pass::Forward)
+                | Kernel::FlashDecode
+                | Kernel::FlashDecodeOne
+                | Kernel::NaiveScores
+                | Kernel::NaivePv
+        )
+    }
+
     /// True when some binding holds the call's element type (the key's format matters).
     pub fn has_elem_bindings(self) -> bool {
         self.bindings().iter().any(|b| b.ty == BindType::Elem)
@@ -481,6 +503,7 @@ impl Kernel {
             self,
             Kernel::Cast
                 | Kernel::Rotary
+                | Kernel::KvQuantize
                 | Kernel::MaskBlocks
                 | Kernel::FlashBwdPreprocess
                 | Kernel::FlashBwdBias

@@ -15,12 +15,14 @@ use std::fmt::Write as _;
 use super::tiles::PIN_WORDS;
 use super::{Access, BindType, Binding, Kernel, Pass, Tiles, Variant};
 use crate::dtype::{DType, ElemFormat};
+use crate::kvcache::format::CacheFormat;
 
 /// The shared WGSL every kernel includes (shaders/common.wgsl).
 pub const SHARED_WGSL: &str = include_str!("../../shaders/common.wgsl");
 const COMMON: &str = SHARED_WGSL;
 const BLOCKS: &str = include_str!("../../shaders/blocks.wgsl");
 const COOP: &str = include_str!("../../shaders/coop.wgsl");
+const KV_FORMAT: &str = include_str!("../../shaders/kv_format.wgsl");
 
 /// 32-bit words a call's extras hold at most (ALiBi slopes, sinks, per-batch key lengths):
 /// 64 KiB, the WebGPU default `maxUniformBufferBindingSize`. Every pipeline with extras binds
@@ -92,6 +94,10 @@ pub struct KernelKey {
     /// A windowed call's pass (tiled kernels only): the element outputs are f32 buffers that
     /// later passes continue from (`Params::resume`); a final cast takes them to the dtype.
     pub accumulate: bool,
+    /// K and V are an 8-bit cache of this format (a KV-cache call, module
+    /// [`kvcache::format`](crate::kvcache::format)): the forward and decode kernels read them
+    /// as words through its loads; the quantizing append writes one.
+    pub kv: Option<CacheFormat>,
 }
 
 impl KernelKey {
@@ -109,14 +115,16 @@ impl KernelKey {
             subgroup: 0,
             accumulate: false,
             user_code: None,
+            kv: None,
         }
     }
 
     pub fn label(&self) -> String {
         format!(
-            "{} {} d={} br={} bc={} tpr={} rpt={} runtime=[{}] compiled=[{}]{}{} sg={}{}{}",
+            "{} {}{} d={} br={} bc={} tpr={} rpt={} runtime=[{}] compiled=[{}]{}{} sg={}{}{}",
             self.kernel.name(),
             self.elem.name(),
+            self.kv.map_or(String::new(), |f| format!(" kv={f}")),
             self.head_dim,
             self.tiles.br,
             self.tiles.bc,
@@ -194,12 +202,20 @@ impl KernelKey {
     /// True when binding `b` is read in whole 16-byte words (`wide`: the decode kernel's k
     /// and v).
     fn reads_wide(&self, b: &Binding) -> bool {
-        self.wide > 0 && self.kernel.is_decode() && matches!(b.name, "k" | "v")
+        self.wide > 0 && self.kv.is_none() && self.kernel.is_decode() && matches!(b.name, "k" | "v")
+    }
+
+    /// True when binding `b` is K or V in an 8-bit cache format (`kv`).
+    fn reads_cache(&self, b: &Binding) -> bool {
+        self.kv.is_some() && b.ty == BindType::Elem && matches!(b.name, "k" | "v")
     }
 
     /// The vec4s of f32 a column of the decode kernel's K/V reads holds (its `CW`): `wide`
     /// words of 8 halves (two vec4s each) or 4 floats; one without wide reads.
     pub fn wide_vec4s(&self) -> u32 {
+        if self.kv.is_some() {
+            return CACHE_COLUMN_VEC4S;
+        }
         column_vec4s(self.wide, self.elem == ElemFormat::F32)
     }
 
@@ -236,9 +252,20 @@ impl KernelKey {
                 s.push_str(&accumulator_wgsl(slot, b.name, self.kernel.sums_outputs()));
             } else if self.reads_wide(b) {
                 s.push_str(&wide_wgsl(slot, b.name, self.elem, self.wide));
+            } else if self.reads_cache(b) {
+                s.push_str(&cache_wgsl(slot, b.name, self.kernel.is_decode()));
             } else {
                 s.push_str(&binding_wgsl(slot, b, self.elem));
             }
+        }
+        if let Some(f) = self.kv {
+            let _ = writeln!(
+                s,
+                "const KV_Q8: bool = {};\nconst KV_RW: u32 = {}u;",
+                f == CacheFormat::Q8_0,
+                f.record_words(self.head_dim as usize)
+            );
+            s.push_str(KV_FORMAT);
         }
         s.push_str(&self.extras_wgsl());
         s.push_str(&self.pairs_wgsl());
@@ -280,7 +307,7 @@ impl KernelKey {
         if self.kernel.is_decode() {
             let _ = writeln!(s, "const CW: u32 = {}u;", self.wide_vec4s());
             for n in ["k", "v"] {
-                if self.wide == 0 {
+                if self.wide == 0 && self.kv.is_none() {
                     let _ = writeln!(
                         s,
                         "fn loadc_{n}(base: u32, c: u32) -> array<vec4<f32>, CW> {{ \
@@ -583,6 +610,48 @@ fn wide_wgsl(slot: u32, n: &str, elem: ElemFormat, words: u32) -> String {
              fn loadc_{n}(base: u32, c: u32) -> array<vec4<f32>, CW> {{\n{body}\
              \x20   return array<vec4<f32>, CW>({});\n}}\n",
             vec4s.join(", ")
+        )
+}
+
+/// The vec4s of f32 a column of an 8-bit cache's reads holds: one 16-byte word of 16 bytes.
+pub const CACHE_COLUMN_VEC4S: u32 = 4;
+
+/// K or V in an 8-bit cache (`KernelKey::kv`; shaders/kv_format.wgsl) as 16-byte words:
+/// `load_<name>(i)` element i of the f32 cache's layout (records of HEAD_DIM elements),
+/// `loadc_<name>(base, c)` column c (16 elements, one word) of the record starting at element
+/// `base` (decode kernels: `columns`), each byte times its scale (q8_0: its block's f16 in
+/// the record after the data; E4M3: its kv head's f32 in the header).
+fn cache_wgsl(slot: u32, n: &str, columns: bool) -> String {
+    let loads = format!(
+        "@group(0) @binding({slot}) var<storage, read> {n}: array<vec4<u32>>;
+fn kv_word_{n}(i: u32) -> u32 {{ return {n}[i >> 2u][i & 3u]; }}
+fn kv_scale_{n}(rec: u32, at: u32, d: u32) -> f32 {{
+    if (KV_Q8) {{
+        return unpack2x16float(kv_word_{n}(at + HEAD_DIM / 4u + d / 64u))[(d / 32u) & 1u];
+    }}
+    return bitcast<f32>(kv_word_{n}(rec % params.heads_kv));
+}}
+fn load_{n}(i: u32) -> f32 {{
+    let rec = i / HEAD_DIM;
+    let d = i % HEAD_DIM;
+    let at = kv_header() + rec * KV_RW;
+    return kv_bytes(kv_word_{n}(at + d / 4u))[d & 3u] * kv_scale_{n}(rec, at, d);
+}}
+"
+    );
+    if !columns {
+        return loads;
+    }
+    loads
+        + &format!(
+            "fn loadc_{n}(base: u32, c: u32) -> array<vec4<f32>, CW> {{
+    let rec = base / HEAD_DIM;
+    let at = kv_header() + rec * KV_RW;
+    let w = {n}[(at >> 2u) + c];
+    let s = kv_scale_{n}(rec, at, 16u * c);
+    return array<vec4<f32>, CW>(kv_bytes(w.x) * s, kv_bytes(w.y) * s, kv_bytes(w.z) * s, kv_bytes(w.w) * s);
+}}
+"
         )
 }
 

@@ -10,6 +10,7 @@ mod forward;
 pub(crate) mod mask_blocks;
 pub mod merge;
 mod naive;
+pub mod quantized;
 mod rotary;
 pub mod split;
 
@@ -430,6 +431,8 @@ pub(crate) fn key(
         },
         accumulate: false,
         user_code,
+        // set for the calls over an 8-bit KV cache (`quantized::read_cache`)
+        kv: None,
     }
 }
 

@@ -255,3 +255,172 @@ pub fn paged_cfg(base: &AttentionConfig, page_size: usize, seed: u64) -> Attenti
     c.align_to_seqlens = true;
     c
 }
+
+/// [`append_and_attend`] over 8-bit caches (`forward_with_quantized_kvcache`, wgpu) in
+/// `format`, dense or paged (`base.paged`: `lens` are then the rows each batch's table holds):
+/// two steps (an append of `new` rows with as many queries, then a decode step); after each,
+/// the cache is downloaded and dequantized on the host and
+/// - rows the call did not append read back exactly as before (NaN where they were NaN: the
+///   rows past each length and before each left padding, never read into a result);
+/// - each appended value lies within the format's rounding of the new key or value (q8_0: half
+///   its block's step; E4M3: 2^-4 relative, or half a subnormal step of its head's scale);
+/// - out and lse equal the f64 reference over the dequantized keys each batch holds, to `T`'s
+///   rounding (the kernels scale the same bytes by the same scales, in f32).
+///
+/// Returns the largest error of out against the reference over the unquantized keys and values
+/// (what 8 bits cost, reported in docs/PRECISION.md).
+pub fn quantized_append_and_attend<T: Element>(
+    x: &flash_attn_wgpu::Context,
+    base: &AttentionConfig,
+    lens: &[usize],
+    new: usize,
+    format: flash_attn_wgpu::CacheFormat,
+) -> f64 {
+    use flash_attn_wgpu::CacheFormat;
+    let seed = fresh_seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let c = base;
+    let row = c.heads_kv * c.head_dim;
+    let shape = c.kv_shape();
+    let msg = format!("{} {format} lens {lens:?} new {new} seed {seed}", T::DTYPE);
+    // cache row of (batch, position)
+    let at = |b: usize, pos: usize| match &c.paged {
+        Some(p) => p.row(b, pos),
+        None => b * c.seq_kv + pos,
+    };
+    // every pool row NaN but those from each left padding to each length
+    let pool_rows = shape[0] * shape[1];
+    let mut kc = vec![f32::NAN; pool_rows * row];
+    let mut vc = vec![f32::NAN; pool_rows * row];
+    for (bi, &n) in lens.iter().enumerate() {
+        for pos in c.kv_start(bi)..n {
+            let r = at(bi, pos);
+            kc[r * row..(r + 1) * row].copy_from_slice(&random(&mut rng, row, 1.5));
+            vc[r * row..(r + 1) * row].copy_from_slice(&random(&mut rng, row, 1.0));
+        }
+    }
+    let scales =
+        |t: &[f32]| (format == CacheFormat::E4M3).then(|| CacheFormat::e4m3_head_scales(t, shape));
+    let (ks, vs) = (scales(&kc), scales(&vc));
+    let mut kd = x
+        .quantized_cache(format, &kc, shape, ks.as_deref())
+        .unwrap();
+    let mut vd = x
+        .quantized_cache(format, &vc, shape, vs.as_deref())
+        .unwrap();
+    let mut kq = x.dequantize_cache(&kd).unwrap();
+    let mut vq = x.dequantize_cache(&vd).unwrap();
+    let mut lens = lens.to_vec();
+    let mut worst = 0f64;
+    for (step, rows) in [new, 1].into_iter().enumerate() {
+        let mut sc = c.clone();
+        sc.seq_q = rows;
+        let fresh = |rng: &mut StdRng, n: usize, amp: f32| {
+            to_f32_vec(&from_f32_slice::<T>(&random(rng, n, amp)))
+        };
+        let q = fresh(&mut rng, c.batch * rows * c.heads_q * c.head_dim, 1.5);
+        let kn = fresh(&mut rng, c.batch * rows * row, 1.5);
+        let vn = fresh(&mut rng, c.batch * rows * row, 1.0);
+        let new_shape = [c.batch, rows, c.heads_kv, c.head_dim];
+        let up = |t: &[f32], s: &[usize]| x.upload(&from_f32_slice::<T>(t), s).unwrap();
+        let (qd, knd, vnd) = (
+            up(&q, &sc.q_shape()),
+            up(&kn, &new_shape),
+            up(&vn, &new_shape),
+        );
+        let f = x
+            .forward_with_quantized_kvcache(&sc, &qd, (&mut kd, &mut vd), &lens, Some((&knd, &vnd)))
+            .unwrap_or_else(|e| panic!("step {step}: {e} ({msg})"));
+        let out = to_f32_vec(&x.download::<T>(&f.out).unwrap());
+        let lse = x.download::<f32>(&f.lse).unwrap();
+        let (k_now, v_now) = (
+            x.dequantize_cache(&kd).unwrap(),
+            x.dequantize_cache(&vd).unwrap(),
+        );
+        // the appended rows' records, and the unquantized keys and values each batch holds
+        let mut appended = vec![false; pool_rows];
+        let (mut k_exact, mut v_exact) = (kc.clone(), vc.clone());
+        for (bi, &n) in lens.iter().enumerate() {
+            for i in 0..rows {
+                let r = at(bi, n + i);
+                appended[r] = true;
+                let src = (bi * rows + i) * row;
+                k_exact[r * row..(r + 1) * row].copy_from_slice(&kn[src..src + row]);
+                v_exact[r * row..(r + 1) * row].copy_from_slice(&vn[src..src + row]);
+            }
+        }
+        for (what, now, before, exact, sc_) in [
+            ("k", &k_now, &kq, &k_exact, &ks),
+            ("v", &v_now, &vq, &v_exact, &vs),
+        ] {
+            for (r, &appended) in appended.iter().enumerate() {
+                let span = r * row..(r + 1) * row;
+                if !appended {
+                    let same = now[span.clone()]
+                        .iter()
+                        .zip(&before[span])
+                        .all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
+                    assert!(same, "{what} cache row {r} changed at step {step} ({msg})");
+                    continue;
+                }
+                for (e, (&got, &want)) in now[span.clone()].iter().zip(&exact[span]).enumerate() {
+                    let bound = match format {
+                        CacheFormat::Q8_0 => {
+                            let blk = r * row + e / 32 * 32;
+                            let amax = exact[blk..blk + 32]
+                                .iter()
+                                .fold(0f32, |a, v| a.max(v.abs()));
+                            0.51 * half::f16::from_f32(amax / 127.0).to_f32()
+                        }
+                        CacheFormat::E4M3 => {
+                            let s = sc_.as_ref().unwrap()[(e / c.head_dim) % c.heads_kv];
+                            want.abs() / 15.9 + s / 1000.0
+                        }
+                    };
+                    assert!(
+                        (got - want).abs() <= bound,
+                        "{what} cache row {r} elem {e}: {want} stored as {got} (bound {bound}) at step {step} ({msg})"
+                    );
+                }
+            }
+        }
+        (kq, vq, kc, vc) = (k_now, v_now, k_exact, v_exact);
+        for (bi, n) in lens.iter_mut().enumerate() {
+            *n += rows;
+            let pad = sc.kv_start(bi);
+            let mut one = sc.clone();
+            one.batch = 1;
+            one.seq_kv = *n - pad;
+            one.leftpad_kv = None;
+            one.paged = None;
+            if let Some(s) = &sc.alibi_slopes {
+                if s.len() != sc.heads_q {
+                    one.alibi_slopes = Some(s[bi * sc.heads_q..(bi + 1) * sc.heads_q].to_vec());
+                }
+            }
+            let gather = |t: &[f32]| -> Vec<f32> {
+                (pad..*n)
+                    .flat_map(|pos| t[at(bi, pos) * row..(at(bi, pos) + 1) * row].to_vec())
+                    .collect()
+            };
+            let qs = rows * c.heads_q * c.head_dim;
+            let qb = &q[bi * qs..(bi + 1) * qs];
+            let want = reference::forward(&one, qb, &gather(&kq), &gather(&vq));
+            let m = format!("batch {bi} step {step} ({msg})");
+            assert_close_tol(
+                "out",
+                &out[bi * qs..(bi + 1) * qs],
+                &want.out,
+                rel_tol(T::DTYPE),
+                &m,
+            );
+            let ls = c.heads_q * rows;
+            assert_lse_close(&lse[bi * ls..(bi + 1) * ls], &want.lse, &m);
+            let exact = reference::forward(&one, qb, &gather(&kc), &gather(&vc));
+            for (g, w) in out[bi * qs..(bi + 1) * qs].iter().zip(&exact.out) {
+                worst = worst.max((*g as f64 - w).abs());
+            }
+        }
+    }
+    worst
+}

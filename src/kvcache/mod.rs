@@ -9,6 +9,11 @@
 //! append writes through the table. A left-padded cache (flash-attn's `cache_leftpad`) sets
 //! `AttentionConfig::leftpad_kv`: batch b's keys before it are hidden.
 
+pub mod format;
+mod quantized;
+
+pub use quantized::QuantizedCache;
+
 use crate::checks::check_meta;
 use crate::config::AttentionConfig;
 use crate::device::Context;

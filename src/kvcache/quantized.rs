@@ -1,0 +1,197 @@
+//! KV caches stored in 8 bits ([`CacheFormat`]: q8_0 blocks or fp8 E4M3 with per-head
+//! scales): a decode step reads the whole cache, so its time is the cache's bytes, and these
+//! take about half of f16's. The kernels read the bytes and scale them as they load (the math
+//! stays f32); an append quantizes the new rows on the GPU, in the call's submission.
+//!
+//! ```no_run
+//! use flash_attn_wgpu::{AttentionConfig, CacheFormat, Context};
+//! let ctx = Context::new()?;
+//! let cfg = AttentionConfig::new(1, 1, 4096, 32, 8, 128); // seq_kv: the capacity
+//! let zeros = vec![0f32; cfg.kv_shape().iter().product()];
+//! let mut k = ctx.quantized_cache(CacheFormat::Q8_0, &zeros, cfg.kv_shape(), None)?;
+//! let mut v = ctx.quantized_cache(CacheFormat::Q8_0, &zeros, cfg.kv_shape(), None)?;
+//! let q = ctx.zeros(&cfg.q_shape())?;
+//! let new = ctx.zeros(&[1, 1, 8, 128])?;
+//! let f = ctx.forward_with_quantized_kvcache(&cfg, &q, (&mut k, &mut v), &[0], Some((&new, &new)))?;
+//! # Ok::<(), flash_attn_wgpu::Error>(())
+//! ```
+
+use super::format::CacheFormat;
+use super::{append_rows, append_runs, kvcache_config};
+use crate::checks::check_tensor;
+use crate::config::AttentionConfig;
+use crate::device::Context;
+use crate::error::{Error, Result, TensorRole};
+use crate::forward::Forward;
+use crate::tensor::Tensor;
+
+/// A KV cache (keys or values) in an 8-bit [`CacheFormat`] on the device: the words of
+/// [`CacheFormat::quantize`]'s layout, holding `shape` (`[batch, capacity, heads_kv,
+/// head_dim]`, or a paged pool's `[num_pages, page_size, heads_kv, head_dim]`) values.
+#[derive(Debug)]
+pub struct QuantizedCache {
+    words: Tensor,
+    format: CacheFormat,
+    shape: [usize; 4],
+}
+
+impl QuantizedCache {
+    /// Its storage format.
+    pub fn format(&self) -> CacheFormat {
+        self.format
+    }
+
+    /// The shape of the values it holds.
+    pub fn shape(&self) -> [usize; 4] {
+        self.shape
+    }
+
+    /// Bytes it takes on the device (scales and padding included).
+    pub fn size_bytes(&self) -> u64 {
+        self.words.size_bytes()
+    }
+}
+
+impl Context {
+    /// An 8-bit KV cache holding `data` (f32, `shape`'s values row-major; zeros for an empty
+    /// cache), quantized on the host by the kernels' rules ([`CacheFormat::quantize`]) and
+    /// uploaded. `head_scales`: E4M3's per-kv-head scales (e.g.
+    /// [`CacheFormat::e4m3_head_scales`] of a prefill), `None` for Q8_0. Typed errors for a
+    /// head_dim that is not a multiple of 32, a wrong length or bad scales.
+    pub fn quantized_cache(
+        &self,
+        format: CacheFormat,
+        data: &[f32],
+        shape: [usize; 4],
+        head_scales: Option<&[f32]>,
+    ) -> Result<QuantizedCache> {
+        let words = format.quantize(data, shape, head_scales)?;
+        let words = self.upload::<f32>(bytemuck::cast_slice(&words), &[words.len()])?;
+        Ok(QuantizedCache {
+            words,
+            format,
+            shape,
+        })
+    }
+
+    /// The values a cache holds, downloaded and dequantized on the host (as the kernels read
+    /// them: each byte times its scale in f32). Waits for the device.
+    pub fn dequantize_cache(&self, cache: &QuantizedCache) -> Result<Vec<f32>> {
+        self.check_owned(&cache.words, || "a quantized cache".into())?;
+        let words: Vec<f32> = self.download(&cache.words)?;
+        cache
+            .format
+            .dequantize(bytemuck::cast_slice(&words), cache.shape)
+    }
+
+    /// [`forward_with_kvcache`](Context::forward_with_kvcache) over 8-bit caches: appends
+    /// `append = Some((k_new, v_new))` (`[batch, new, heads_kv, head_dim]` in q's dtype,
+    /// row-major) quantized on the GPU at each batch's length, then attends q over each batch's
+    /// keys, every kernel reading the caches' bytes and scales. Both caches take one format
+    /// and `cfg.kv_shape()`; dense or paged (`cfg.paged`), left padding, every modifier as
+    /// the unquantized call. One submission, no wait. A cache past one binding is a typed
+    /// `DeviceLimit`.
+    pub fn forward_with_quantized_kvcache(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Tensor,
+        (k_cache, v_cache): (&mut QuantizedCache, &mut QuantizedCache),
+        cache_seqlens: &[usize],
+        append: Option<(&Tensor, &Tensor)>,
+    ) -> Result<Forward> {
+        self.quantized_kvcache_impl(cfg, q, (k_cache, v_cache), cache_seqlens, append, None)
+    }
+
+    /// [`forward_with_quantized_kvcache`](Context::forward_with_quantized_kvcache) writing into
+    /// `dst` (an earlier step's result) as
+    /// [`forward_with_kvcache_into`](Context::forward_with_kvcache_into).
+    pub fn forward_with_quantized_kvcache_into(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Tensor,
+        (k_cache, v_cache): (&mut QuantizedCache, &mut QuantizedCache),
+        cache_seqlens: &[usize],
+        append: Option<(&Tensor, &Tensor)>,
+        dst: &Forward,
+    ) -> Result<()> {
+        self.quantized_kvcache_impl(cfg, q, (k_cache, v_cache), cache_seqlens, append, Some(dst))
+            .map(drop)
+    }
+
+    fn quantized_kvcache_impl(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Tensor,
+        (k_cache, v_cache): (&mut QuantizedCache, &mut QuantizedCache),
+        cache_seqlens: &[usize],
+        append: Option<(&Tensor, &Tensor)>,
+        dst: Option<&Forward>,
+    ) -> Result<Forward> {
+        let dtype = q.dtype();
+        let new_rows = match append {
+            Some((k, v)) => {
+                for (name, t) in [("k_new", k), ("v_new", v)] {
+                    self.check_owned(t, || name.into())?;
+                    if t.needs_view() {
+                        return Err(crate::tensor::strided_unsupported(
+                            &format!("a quantizing append ({name})"),
+                            t,
+                        ));
+                    }
+                }
+                append_rows(cfg, ((k.shape(), k.dtype()), (v.shape(), v.dtype())), dtype)?
+            }
+            None => 0,
+        };
+        let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
+        check_tensor(self, TensorRole::Q, q, &c.q_shape(), dtype)?;
+        let format = k_cache.format;
+        for (role, cache) in [(TensorRole::K, &*k_cache), (TensorRole::V, &*v_cache)] {
+            self.check_owned(&cache.words, || format!("{role} cache"))?;
+            if cache.shape != c.kv_shape() || cache.format != format {
+                return Err(Error::invalid(format!(
+                    "the {role} cache must be {format} of shape {:?} (the k cache's format, \
+                     cfg.kv_shape()), got {} of shape {:?}",
+                    c.kv_shape(),
+                    cache.format,
+                    cache.shape
+                )));
+            }
+        }
+        let env = self.plan_env();
+        let mut plan = crate::plan::forward(&c, dtype, &env)?;
+        let bytes = k_cache.size_bytes().max(v_cache.size_bytes());
+        crate::plan::quantized::read_cache(&mut plan, format, &c, &env, bytes)?;
+        let mut inputs: Vec<&Tensor> = vec![q, &k_cache.words, &v_cache.words];
+        if let Some((k_new, v_new)) = append {
+            // new row r (batch-major) goes to cache row rows[r]
+            let mut rows = vec![0u32; c.batch * new_rows];
+            for (b, &len) in cache_seqlens.iter().enumerate() {
+                for (from, to, n) in append_runs(&c, b, len, new_rows) {
+                    for k in 0..n {
+                        rows[from + k] = u32::try_from(to + k).map_err(|_| {
+                            Error::invalid("a cache of 2^32 rows or more".to_string())
+                        })?;
+                    }
+                }
+            }
+            let first = plan.inputs.len();
+            plan.inputs.extend([TensorRole::K, TensorRole::V]);
+            inputs.extend([k_new, v_new]);
+            for n in 0..2 {
+                crate::plan::quantized::append(
+                    &mut plan,
+                    format,
+                    &c,
+                    dtype,
+                    &env,
+                    (first + n, 1 + n),
+                    &rows,
+                )?;
+            }
+        }
+        let given = dst.map(|d| [&d.out, &d.lse]);
+        let outputs = self.execute_into(&plan, &inputs, None, given.as_ref().map(|g| &g[..]))?;
+        Forward::from_outputs(outputs, "forward")
+    }
+}

@@ -1,0 +1,93 @@
+//! A forward plan over an 8-bit KV cache (module [`kvcache::format`](crate::kvcache::format)):
+//! the plan of the same call over an f32/f16/bf16 cache, its K/V-reading steps switched to the
+//! cache's loads, and the quantizing appends in front of them.
+
+use super::{decode, BufRef, Plan, PlanEnv, Step};
+use crate::config::AttentionConfig;
+use crate::dtype::{DType, ElemFormat};
+use crate::error::{Error, Result};
+use crate::kernels::wgsl::{CACHE_COLUMN_VEC4S, ELEMENTWISE_WORKGROUP};
+use crate::kernels::{Kernel, KernelKey, Params};
+use crate::kvcache::format::CacheFormat;
+
+/// Switches every step of `plan` (a forward plan of `cfg`, inputs q, k, v) that reads K or V
+/// to the cache format `f`. The decode kernel reads a 16-byte word a column, so its subgroup
+/// is chosen again for that width. A plan that binds the caches in windows (a cache past one
+/// binding) is a typed `DeviceLimit`.
+pub fn read_cache(
+    plan: &mut Plan,
+    f: CacheFormat,
+    cfg: &AttentionConfig,
+    env: &PlanEnv,
+    cache_bytes: u64,
+) -> Result<()> {
+    if cache_bytes > env.max_binding_bytes || plan.steps.iter().any(|s| !s.windows.is_empty()) {
+        return Err(Error::DeviceLimit {
+            what: format!("a {f} KV cache's call in one binding per tensor"),
+            needed: cache_bytes,
+            limit: env.max_binding_bytes,
+            hint: "split the batch over calls (8-bit caches are bound whole)".into(),
+        });
+    }
+    for s in &mut plan.steps {
+        let k = &mut s.key;
+        if !k.kernel.reads_kv_cache() {
+            continue;
+        }
+        k.kv = Some(f);
+        if k.kernel.is_decode() {
+            k.wide = 0;
+            k.subgroup = decode::decode_subgroup(cfg, k.tiles, env, CACHE_COLUMN_VEC4S);
+        }
+    }
+    Ok(())
+}
+
+/// Puts in front of `plan`'s steps the quantizing append of plan input `src` (k_new or v_new,
+/// `[batch, new, heads_kv, head_dim]` row-major in `dtype`) into the cache at input `cache`:
+/// new row r (batch-major) goes to cache row `rows[r]`, a table the step reads from the plan's
+/// pair data (after whatever the call's own kernels read there).
+pub fn append(
+    plan: &mut Plan,
+    f: CacheFormat,
+    cfg: &AttentionConfig,
+    dtype: DType,
+    env: &PlanEnv,
+    (src, cache): (usize, usize),
+    rows: &[u32],
+) -> Result<()> {
+    let items = rows.len() * cfg.heads_kv;
+    let total = u32::try_from(items)
+        .map_err(|_| Error::invalid(format!("an append of {items} cache records")))?;
+    if total == 0 {
+        return Ok(());
+    }
+    let base = plan.pairs.len() as u32;
+    plan.pairs.extend_from_slice(rows);
+    let step = Step {
+        key: KernelKey {
+            elem: ElemFormat::new(dtype, env.tuning.half_storage),
+            head_dim: cfg.head_dim as u32,
+            kv: Some(f),
+            ..KernelKey::plain(Kernel::KvQuantize)
+        },
+        params: Params {
+            total_items: total,
+            heads_kv: cfg.heads_kv as u32,
+            head_dim: cfg.head_dim as u32,
+            pairs_base: base,
+            ..Default::default()
+        },
+        buffers: vec![BufRef::Input(src), BufRef::Pairs, BufRef::Input(cache)],
+        windows: Vec::new(),
+        workgroups: total.div_ceil(ELEMENTWISE_WORKGROUP),
+    };
+    // the appends go first, in the order asked for
+    let at = plan
+        .steps
+        .iter()
+        .take_while(|s| s.key.kernel == Kernel::KvQuantize)
+        .count();
+    plan.steps.insert(at, step);
+    Ok(())
+}
