@@ -58,7 +58,7 @@ steps=$(grep -c '^| [a-zA-Z]' "$tmp/out1/summary.md" || true)
 # every expected step has a row, ok or skipped with its reason
 for s in "machine" "adapter" "CUDA device" "tests: wgpu" "tests: every backend" \
     "compare: CUDA" "compare: SDPA" "compare: wgpu" "compare: table" "decode: wgpu" \
-    "decode: CUDA" "bench grid"; do
+    "decode 8-bit: wgpu" "decode: CUDA" "bench grid"; do
     row=$(grep -F "| $s | " "$tmp/out1/summary.md" | head -n 1)
     [ -n "$row" ] || fail "no row for step '$s'"
     case "$row" in

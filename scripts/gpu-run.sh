@@ -18,7 +18,8 @@
 #
 # Steps (worst case, seconds): machine 10, adapter 45, CUDA device 15, tests wgpu 75,
 # tests CUDA 75, compare CUDA 45, compare SDPA 45, compare wgpu 60, compare table 10,
-# decode wgpu 40, decode CUDA 20 (440 s in all), then the wgpu bench grid in what is left.
+# decode wgpu 40, decode 8-bit wgpu 25, decode CUDA 20 (465 s in all), then the wgpu bench
+# grid in what is left.
 # Each runs under `timeout -k 10`; a step that cannot run here is skipped with its reason.
 # Without an NVIDIA GPU the CUDA and SDPA steps check their arguments only (--dry-run).
 set -uo pipefail
@@ -230,11 +231,13 @@ if [ "$MODE" = full ]; then
     DECODE=(--seq 4096,8192,16384,32768 --heads 32 --kv-heads 8 --head-dim 128 --dtype f16)
     WGPU_CMP=(--variant coop,blocks --repeats 3 --roofline-scale 5 --budget-s 45)
     DECODE_WGPU=(--repeats 5 --subgroup-both)
+    KV8=(--seq 4096,16384,32768 --heads 32 --kv-heads 8 --head-dim 128 --dtype f16 --repeats 5)
 else
     CMP=(--seq 64 --batch 1 --heads 2 --head-dim 16 --dtype bf16 --causal-both)
     DECODE=(--seq 256 --heads 4 --kv-heads 2 --head-dim 16 --dtype f16)
     WGPU_CMP=(--repeats 1 --roofline-scale 0.1)
     DECODE_WGPU=(--repeats 1)
+    KV8=(--seq 256 --heads 4 --kv-heads 2 --head-dim 32 --dtype f16 --repeats 1)
 fi
 dry=()
 [ "$GPU" = 1 ] || dry=(--dry-run)
@@ -258,6 +261,8 @@ else
 fi
 step "decode: wgpu" 40 "bench --decode ${DECODE[*]} ${DECODE_WGPU[*]}" \
     "$B/bench" --decode "${DECODE[@]}" "${DECODE_WGPU[@]}"
+step "decode 8-bit: wgpu" 25 "bench --decode ${KV8[*]} --kv-formats q8_0,e4m3" \
+    "$B/bench" --decode "${KV8[@]}" --kv-formats q8_0,e4m3
 step "decode: CUDA" 20 "cuda_bench --decode ${DECODE[*]} ${dry[*]}" \
     "$B/cuda_bench" --decode "${DECODE[@]}" --repeats 5 "${dry[@]}"
 

@@ -22,6 +22,7 @@ use crate::config::AttentionConfig;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::forward::{Forward, HostForward};
+use crate::kvcache::{format::CacheFormat, QuantizedCache};
 use crate::record::GpuTiming;
 use crate::rotary::Rotary;
 use crate::{Gradients, HostGradients};
@@ -119,6 +120,48 @@ pub trait AttentionBackend {
         cache_seqlens: &[usize],
         append: Option<(&Self::Tensor, &Self::Tensor)>,
         rotary: Rotary<'_, Self::Tensor>,
+    ) -> Result<Forward<Self::Tensor>>;
+
+    /// An 8-bit KV cache (module [`kvcache::format`](crate::kvcache::format)) holding `data`
+    /// (f32, `shape`'s values row-major), quantized on the host and uploaded; `head_scales`
+    /// are E4M3's per-kv-head scales, `None` for Q8_0.
+    fn quantized_cache(
+        &self,
+        format: CacheFormat,
+        data: &[f32],
+        shape: [usize; 4],
+        head_scales: Option<&[f32]>,
+    ) -> Result<QuantizedCache<Self::Tensor>> {
+        let words = format.quantize(data, shape, head_scales)?;
+        Ok(QuantizedCache {
+            words: self.upload::<f32>(bytemuck::cast_slice(&words), &[words.len()])?,
+            format,
+            shape,
+        })
+    }
+
+    /// The values an 8-bit cache holds, downloaded and dequantized on the host as the kernels
+    /// read them.
+    fn dequantize_cache(&self, cache: &QuantizedCache<Self::Tensor>) -> Result<Vec<f32>> {
+        let words: Vec<f32> = self.download(&cache.words)?;
+        cache
+            .format
+            .dequantize(bytemuck::cast_slice(&words), cache.shape)
+    }
+
+    /// [`forward_with_kvcache`](AttentionBackend::forward_with_kvcache) over 8-bit caches
+    /// (module [`kvcache::format`](crate::kvcache::format)): the append quantized on the
+    /// device, the kernels reading bytes and scales. wgpu only: `Unsupported` on CUDA.
+    fn forward_with_quantized_kvcache(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Self::Tensor,
+        caches: (
+            &mut QuantizedCache<Self::Tensor>,
+            &mut QuantizedCache<Self::Tensor>,
+        ),
+        cache_seqlens: &[usize],
+        append: Option<(&Self::Tensor, &Self::Tensor)>,
     ) -> Result<Forward<Self::Tensor>>;
 
     /// GPU time of the most recent forward or backward call, where the backend measures it.
@@ -275,6 +318,17 @@ impl AttentionBackend for crate::Context {
         append: Option<(&crate::Tensor, &crate::Tensor)>,
     ) -> Result<Forward> {
         crate::Context::forward_with_kvcache(self, cfg, q, k_cache, v_cache, cache_seqlens, append)
+    }
+
+    fn forward_with_quantized_kvcache(
+        &self,
+        cfg: &AttentionConfig,
+        q: &crate::Tensor,
+        caches: (&mut QuantizedCache, &mut QuantizedCache),
+        cache_seqlens: &[usize],
+        append: Option<(&crate::Tensor, &crate::Tensor)>,
+    ) -> Result<Forward> {
+        crate::Context::forward_with_quantized_kvcache(self, cfg, q, caches, cache_seqlens, append)
     }
 
     fn forward_with_kvcache_rotary(

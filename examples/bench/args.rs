@@ -208,6 +208,11 @@ pub struct Args {
     /// 0), side by side with the adapter's default
     #[arg(long, requires = "decode")]
     pub subgroup_both: bool,
+    /// Decode mode: also measure 8-bit KV caches (q8_0, e4m3; comma-separated) beside the
+    /// --dtype cache, each call through the KV-cache entry points, interleaved call by call;
+    /// a table of its own
+    #[arg(long, requires = "decode", value_delimiter = ',')]
+    pub kv_formats: Vec<flash_attn_wgpu::CacheFormat>,
     /// Decode mode: query rows per call (1: a decode step; a few: speculative tokens)
     #[arg(long, default_value_t = 1, value_parser = positive)]
     pub decode_queries: usize,

@@ -102,11 +102,117 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         a.dtype,
         a.dtype.size_bytes()
     );
+    if !args.kv_formats.is_empty() {
+        return match a.dtype {
+            DType::F32 => formats::<f32>(&ctx, &a, &args.kv_formats, roof.copy_gbps),
+            DType::F16 => formats::<half::f16>(&ctx, &a, &args.kv_formats, roof.copy_gbps),
+            DType::BF16 => formats::<half::bf16>(&ctx, &a, &args.kv_formats, roof.copy_gbps),
+        };
+    }
     match a.dtype {
         DType::F32 => points::<f32>(&ctx, &a, roof.copy_gbps),
         DType::F16 => points::<half::f16>(&ctx, &a, roof.copy_gbps),
         DType::BF16 => points::<half::bf16>(&ctx, &a, roof.copy_gbps),
     }
+}
+
+/// `--kv-formats`: the --dtype cache and each 8-bit format, every call through the KV-cache
+/// entry points (`forward_with_kvcache`, `forward_with_quantized_kvcache`) over full caches,
+/// no append, interleaved call by call so that drift hits every column alike. KV bytes per
+/// call: 2 * B * S_kv * H_kv * (bytes per record), scales and padding included.
+fn formats<T: Element>(
+    ctx: &Context,
+    a: &Decode,
+    formats: &[flash_attn_wgpu::CacheFormat],
+    copy_gbps: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let names: Vec<String> = formats.iter().map(|f| f.to_string()).collect();
+    println!(
+        "8-bit caches: median GPU ms of --repeats interleaved calls [min-max], GB/s of KV bytes          read, and each format's time over the {} cache's",
+        a.dtype
+    );
+    let mut head = format!("| B | cache | {} ms | GB/s |", a.dtype);
+    for n in &names {
+        head.push_str(&format!(" {n} ms | GB/s | {n}/{} |", a.dtype));
+    }
+    println!("{head} split/roof ({}) |", a.dtype);
+    println!("|{}", "---|".repeat(5 + 3 * names.len()));
+    for &b in &a.batches {
+        for &s in &a.caches {
+            let mut cfg = AttentionConfig::new(b, a.queries, s, a.heads, a.kv_heads, a.head_dim);
+            cfg.causal = true;
+            cfg.validate()?;
+            let shape = cfg.kv_shape();
+            let kv_n: usize = shape.iter().product();
+            let fill = |salt: usize| -> Vec<f32> {
+                (0..kv_n)
+                    .map(|i| (((i * 7919 + salt) % 2003) as f32 / 1001.5) - 1.0)
+                    .collect()
+            };
+            let (kf, vf) = (fill(2), fill(3));
+            let q = ctx.upload(
+                &vec![T::from_f32(0.3); b * a.queries * a.heads * a.head_dim],
+                &cfg.q_shape(),
+            )?;
+            let mut k = ctx.upload(&flash_attn_wgpu::from_f32_slice::<T>(&kf), &shape)?;
+            let mut v = ctx.upload(&flash_attn_wgpu::from_f32_slice::<T>(&vf), &shape)?;
+            let mut caches = Vec::new();
+            for &f in formats {
+                let scales = |x: &[f32]| {
+                    (f == flash_attn_wgpu::CacheFormat::E4M3)
+                        .then(|| flash_attn_wgpu::CacheFormat::e4m3_head_scales(x, shape))
+                };
+                let (ks, vs) = (scales(&kf), scales(&vf));
+                caches.push((
+                    ctx.quantized_cache(f, &kf, shape, ks.as_deref())?,
+                    ctx.quantized_cache(f, &vf, shape, vs.as_deref())?,
+                ));
+            }
+            let lens = vec![s; b];
+            let gpu = || ctx.last_gpu_timing().map_or(f64::NAN, |t| t.seconds);
+            // column 0: the dtype's cache; then each format; a warm call each first
+            let mut times = vec![Vec::new(); 1 + formats.len()];
+            for rep in 0..=a.repeats {
+                ctx.forward_with_kvcache(&cfg, &q, &mut k, &mut v, &lens, None)?;
+                let t0 = gpu();
+                let mut row = vec![t0];
+                for (kq, vq) in caches.iter_mut() {
+                    ctx.forward_with_quantized_kvcache(&cfg, &q, (kq, vq), &lens, None)?;
+                    row.push(gpu());
+                }
+                if rep > 0 {
+                    for (c, t) in times.iter_mut().zip(row) {
+                        c.push(t);
+                    }
+                }
+            }
+            let stats: Vec<Stats> = times.iter().map(|t| Stats::of(t).scaled(1e3)).collect();
+            let bytes = |per: f64| 2.0 * (b * s * a.kv_heads) as f64 * per * a.head_dim as f64;
+            let gbps = |by: f64, ms: f64| by / (ms * 1e-3) / 1e9;
+            let base_bytes = bytes(a.dtype.size_bytes() as f64);
+            let mut line = format!(
+                "| {b} | {s} | {:.3} [{}] | {:.2} |",
+                stats[0].median,
+                stats[0].range(3),
+                gbps(base_bytes, stats[0].median)
+            );
+            for (f, st) in formats.iter().zip(&stats[1..]) {
+                let by = bytes(f.bytes_per_element(a.head_dim));
+                line.push_str(&format!(
+                    " {:.3} [{}] | {:.2} | {:.2} |",
+                    st.median,
+                    st.range(3),
+                    gbps(by, st.median),
+                    st.median / stats[0].median
+                ));
+            }
+            println!(
+                "{line} {:.0}% |",
+                100.0 * gbps(base_bytes, stats[0].median) / copy_gbps
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The per-call cost issue 13 bounds: the wall time of a decode-size call (B=1, H_q=32,

@@ -1096,6 +1096,26 @@ impl AttentionBackend for CudaContext {
         CudaContext::forward_with_kvcache(self, cfg, q, k_cache, v_cache, cache_seqlens, append)
     }
 
+    fn forward_with_quantized_kvcache(
+        &self,
+        _cfg: &AttentionConfig,
+        _q: &CudaTensor,
+        _caches: (
+            &mut crate::QuantizedCache<CudaTensor>,
+            &mut crate::QuantizedCache<CudaTensor>,
+        ),
+        _cache_seqlens: &[usize],
+        _append: Option<(&CudaTensor, &CudaTensor)>,
+    ) -> Result<Forward<CudaTensor>> {
+        Err(Error::Unsupported {
+            feature: "8-bit KV caches (q8_0, e4m3)".into(),
+            backend: Backend::Cuda,
+            reason: "the CUDA kernels read f32, f16 and bf16 caches only; the wgpu backend \
+                     reads 8-bit ones"
+                .into(),
+        })
+    }
+
     fn forward_with_kvcache_rotary(
         &self,
         cfg: &AttentionConfig,

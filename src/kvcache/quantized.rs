@@ -27,15 +27,17 @@ use crate::tensor::Tensor;
 
 /// A KV cache (keys or values) in an 8-bit [`CacheFormat`] on the device: the words of
 /// [`CacheFormat::quantize`]'s layout, holding `shape` (`[batch, capacity, heads_kv,
-/// head_dim]`, or a paged pool's `[num_pages, page_size, heads_kv, head_dim]`) values.
+/// head_dim]`, or a paged pool's `[num_pages, page_size, heads_kv, head_dim]`) values. `X` is
+/// the backend's tensor type (its words, as f32 bits). Made by
+/// [`AttentionBackend::quantized_cache`](crate::AttentionBackend::quantized_cache).
 #[derive(Debug)]
-pub struct QuantizedCache {
-    words: Tensor,
-    format: CacheFormat,
-    shape: [usize; 4],
+pub struct QuantizedCache<X = Tensor> {
+    pub(crate) words: X,
+    pub(crate) format: CacheFormat,
+    pub(crate) shape: [usize; 4],
 }
 
-impl QuantizedCache {
+impl<X> QuantizedCache<X> {
     /// Its storage format.
     pub fn format(&self) -> CacheFormat {
         self.format
@@ -47,8 +49,8 @@ impl QuantizedCache {
     }
 
     /// Bytes it takes on the device (scales and padding included).
-    pub fn size_bytes(&self) -> u64 {
-        self.words.size_bytes()
+    pub fn size_bytes(&self) -> Result<u64> {
+        Ok(self.format.cache_words(self.shape)? as u64 * 4)
     }
 }
 
@@ -65,23 +67,13 @@ impl Context {
         shape: [usize; 4],
         head_scales: Option<&[f32]>,
     ) -> Result<QuantizedCache> {
-        let words = format.quantize(data, shape, head_scales)?;
-        let words = self.upload::<f32>(bytemuck::cast_slice(&words), &[words.len()])?;
-        Ok(QuantizedCache {
-            words,
-            format,
-            shape,
-        })
+        crate::AttentionBackend::quantized_cache(self, format, data, shape, head_scales)
     }
 
     /// The values a cache holds, downloaded and dequantized on the host (as the kernels read
     /// them: each byte times its scale in f32). Waits for the device.
     pub fn dequantize_cache(&self, cache: &QuantizedCache) -> Result<Vec<f32>> {
-        self.check_owned(&cache.words, || "a quantized cache".into())?;
-        let words: Vec<f32> = self.download(&cache.words)?;
-        cache
-            .format
-            .dequantize(bytemuck::cast_slice(&words), cache.shape)
+        crate::AttentionBackend::dequantize_cache(self, cache)
     }
 
     /// [`forward_with_kvcache`](Context::forward_with_kvcache) over 8-bit caches: appends
@@ -160,7 +152,7 @@ impl Context {
         }
         let env = self.plan_env();
         let mut plan = crate::plan::forward(&c, dtype, &env)?;
-        let bytes = k_cache.size_bytes().max(v_cache.size_bytes());
+        let bytes = k_cache.size_bytes()?;
         crate::plan::quantized::read_cache(&mut plan, format, &c, &env, bytes)?;
         let mut inputs: Vec<&Tensor> = vec![q, &k_cache.words, &v_cache.words];
         if let Some((k_new, v_new)) = append {

@@ -269,8 +269,8 @@ pub fn paged_cfg(base: &AttentionConfig, page_size: usize, seed: u64) -> Attenti
 ///
 /// Returns the largest error of out against the reference over the unquantized keys and values
 /// (what 8 bits cost, reported in docs/PRECISION.md).
-pub fn quantized_append_and_attend<T: Element>(
-    x: &flash_attn_wgpu::Context,
+pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
+    x: &B,
     base: &AttentionConfig,
     lens: &[usize],
     new: usize,

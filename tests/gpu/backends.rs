@@ -390,6 +390,41 @@ fn every_backend_chains_device_tensors_and_types_its_errors() {
 /// every dtype; a mask with WGSL alone refused as `Unsupported`.
 #[cfg(feature = "cuda")]
 #[test]
+fn cuda_uploads_8_bit_caches_and_refuses_to_attend_over_them() {
+    // (wgpu reads them: tests/gpu/kvcache.rs) CUDA declares the gap, after its caches upload
+    // and read back as the host quantized them
+    #[cfg(feature = "cuda")]
+    if let Some(b) = cuda() {
+        use flash_attn_wgpu::CacheFormat;
+        let c = cfg(1, 1, 64, 4, 2, 32, true);
+        let data: Vec<f32> = (0..64 * 2 * 32)
+            .map(|i| (i % 97) as f32 / 48.0 - 1.0)
+            .collect();
+        let mut k = b
+            .quantized_cache(CacheFormat::Q8_0, &data, c.kv_shape(), None)
+            .unwrap();
+        let want = CacheFormat::Q8_0
+            .dequantize(
+                &CacheFormat::Q8_0
+                    .quantize(&data, c.kv_shape(), None)
+                    .unwrap(),
+                c.kv_shape(),
+            )
+            .unwrap();
+        assert_eq!(b.dequantize_cache(&k).unwrap(), want);
+        let mut v = b
+            .quantized_cache(CacheFormat::Q8_0, &data, c.kv_shape(), None)
+            .unwrap();
+        let q = b.upload(&vec![0.5f32; 4 * 32], &c.q_shape()).unwrap();
+        let e = b.forward_with_quantized_kvcache(&c, &q, (&mut k, &mut v), &[64], None);
+        assert!(
+            matches!(&e, Err(Error::Unsupported { backend, .. }) if *backend == flash_attn_wgpu::Backend::Cuda),
+            "{e:?}"
+        );
+    }
+}
+
+#[test]
 fn cuda_takes_user_masks_captured_tensors_and_makes_block_masks() {
     let Some(b) = cuda() else { return };
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(common::fresh_seed());
