@@ -6,10 +6,12 @@
 //! sequences). The matrix products around attention run on the CPU (this example is about the
 //! attention calls). Every decode step's attention output is checked against a full
 //! recompute without the cache (attention over all the keys so far, from host copies);
-//! prints tokens/s and the largest difference.
+//! prints tokens/s and the largest difference. `--kv-cache q8_0|e4m3` keeps the caches in 8
+//! bits (`forward_with_quantized_kvcache`: the appends quantize on the GPU); the recompute then
+//! reads the caches back dequantized, so it checks the attention over what the cache holds.
 //!
 //! cargo run --release --example generate -- [--steps 32] [--batch 2] [--layers 2]
-//!     [--dtype f32|f16|bf16] [--page-size 16] [--rope] [--seed N]
+//!     [--dtype f32|f16|bf16] [--page-size 16] [--rope] [--kv-cache q8_0|e4m3] [--seed N]
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -22,7 +24,8 @@ use clap::Parser;
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
 use flash_attn_wgpu::unstable::reference;
 use flash_attn_wgpu::{
-    AttentionConfig, Context, DType, Element, PagedKv, Positions, Rotary, Tensor,
+    AttentionConfig, CacheFormat, Context, DType, Element, PagedKv, Positions, QuantizedCache,
+    Rotary, Tensor,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -49,6 +52,10 @@ struct Args {
     /// KV-cache call, instead of sinusoidal positions added to the embeddings
     #[arg(long)]
     rope: bool,
+    /// Keep the KV caches in 8 bits: q8_0 (a scale per 32 values) or e4m3 (a static scale
+    /// per kv head of 16/448: values past 16 saturate)
+    #[arg(long)]
+    kv_cache: Option<CacheFormat>,
     /// Seed of the weights and prompts [default: a fresh random seed, printed]
     #[arg(long)]
     seed: Option<u64>,
@@ -58,7 +65,7 @@ const VOCAB: usize = 97;
 const D_MODEL: usize = 64;
 const HEADS_Q: usize = 4;
 const HEADS_KV: usize = 2;
-const HEAD_DIM: usize = 16;
+const HEAD_DIM: usize = 32;
 const D_FF: usize = 128;
 
 fn main() -> ExitCode {
@@ -161,10 +168,15 @@ impl Model {
     }
 }
 
+/// A layer's keys and values on the GPU: in the call's dtype, or in 8 bits.
+enum Store {
+    Plain(Tensor, Tensor),
+    Quantized(QuantizedCache, QuantizedCache),
+}
+
 /// One layer's paged caches on the GPU, and their host copies for the recompute check.
 struct LayerCache {
-    k: Tensor,
-    v: Tensor,
+    store: Store,
     /// per sequence, its keys and values so far, `[len, HEADS_KV * HEAD_DIM]` (dtype-rounded)
     host_k: Vec<Vec<f32>>,
     host_v: Vec<Vec<f32>>,
@@ -238,9 +250,20 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     };
     let mut caches: Vec<LayerCache> = (0..a.layers)
         .map(|_| {
+            let zeros = vec![0f32; pool];
+            let shape = cfg.kv_shape();
+            let quantized = |f: CacheFormat| {
+                let scales = (f == CacheFormat::E4M3).then(|| vec![16.0 / 448.0; HEADS_KV]);
+                ctx.quantized_cache(f, &zeros, shape, scales.as_deref())
+            };
             Ok(LayerCache {
-                k: ctx.upload(&vec![T::from_f32(0.0); pool], &cfg.kv_shape())?,
-                v: ctx.upload(&vec![T::from_f32(0.0); pool], &cfg.kv_shape())?,
+                store: match a.kv_cache {
+                    None => Store::Plain(
+                        ctx.upload(&from_f32_slice::<T>(&zeros), &shape)?,
+                        ctx.upload(&from_f32_slice::<T>(&zeros), &shape)?,
+                    ),
+                    Some(f) => Store::Quantized(quantized(f)?, quantized(f)?),
+                },
                 host_k: vec![Vec::new(); a.batch],
                 host_v: vec![Vec::new(); a.batch],
             })
@@ -249,7 +272,7 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     println!(
         "model: {} layers, d_model {D_MODEL}, heads {HEADS_Q}/{HEADS_KV}, head_dim {HEAD_DIM}, \
          vocab {VOCAB}; {} sequences, prompts of {:?} tokens, {} steps, paged cache of {} pages \
-         x {} keys, {}, {} positions, seed {seed}",
+         x {} keys, {} ({} cache), {} positions, seed {seed}",
         a.layers,
         a.batch,
         prompts.iter().map(Vec::len).collect::<Vec<_>>(),
@@ -257,6 +280,7 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         cfg.paged.as_ref().map_or(0, |p| p.num_pages),
         a.page_size,
         T::DTYPE,
+        a.kv_cache.map_or(T::DTYPE.to_string(), |f| f.to_string()),
         if a.rope { "rotary" } else { "sinusoidal" }
     );
 
@@ -307,32 +331,53 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
             let qd = ctx.upload(&from_f32_slice::<T>(&q), &c.q_shape())?;
             let knd = ctx.upload(&from_f32_slice::<T>(&kn), &new_shape)?;
             let vnd = ctx.upload(&from_f32_slice::<T>(&vn), &new_shape)?;
-            let f = if a.rope {
-                let rope = Rotary {
-                    cos: &cos_d,
-                    sin: &sin_d,
-                    interleaved: false,
-                };
-                let append = Some((&knd, &vnd));
-                ctx.forward_with_kvcache_rotary(
-                    &c,
-                    &qd,
-                    &mut cache.k,
-                    &mut cache.v,
-                    lens,
-                    append,
-                    rope,
-                )?
-            } else {
-                ctx.forward_with_kvcache(
-                    &c,
-                    &qd,
-                    &mut cache.k,
-                    &mut cache.v,
-                    lens,
-                    Some((&knd, &vnd)),
-                )?
+            let rope = Rotary {
+                cos: &cos_d,
+                sin: &sin_d,
+                interleaved: false,
             };
+            let append = Some((&knd, &vnd));
+            let f = match (&mut cache.store, a.rope) {
+                (Store::Plain(k, v), true) => {
+                    ctx.forward_with_kvcache_rotary(&c, &qd, k, v, lens, append, rope)?
+                }
+                (Store::Plain(k, v), false) => {
+                    ctx.forward_with_kvcache(&c, &qd, k, v, lens, append)?
+                }
+                (Store::Quantized(k, v), rotary) => {
+                    // 8-bit caches take no fused rotary: q and the new keys turn first (query
+                    // and key i of sequence b at lens[b] + i, as the fused call turns them)
+                    let (qd, knd) = if rotary {
+                        let at = Positions {
+                            start: lens.clone(),
+                            step: 1,
+                        };
+                        (
+                            ctx.apply_rotary(&qd, rope, &at)?,
+                            ctx.apply_rotary(&knd, rope, &at)?,
+                        )
+                    } else {
+                        (qd, knd)
+                    };
+                    ctx.forward_with_quantized_kvcache(&c, &qd, (k, v), lens, Some((&knd, &vnd)))?
+                }
+            };
+            // what an 8-bit cache holds is what the recompute attends over
+            if let (true, Store::Quantized(k, v)) = (check, &cache.store) {
+                let (kd, vd) = (ctx.dequantize_cache(k)?, ctx.dequantize_cache(v)?);
+                let p = c.paged.as_ref().expect("a paged cache");
+                let row = HEADS_KV * HEAD_DIM;
+                let gather = |t: &[f32], b: usize, keys: usize| -> Vec<f32> {
+                    (0..keys)
+                        .flat_map(|pos| t[p.row(b, pos) * row..(p.row(b, pos) + 1) * row].to_vec())
+                        .collect()
+                };
+                for (b, t) in tokens.iter().enumerate() {
+                    let keys = lens[b] + t.len();
+                    cache.host_k[b] = gather(&kd, b, keys);
+                    cache.host_v[b] = gather(&vd, b, keys);
+                }
+            }
             let att = to_f32_vec(&ctx.download::<T>(&f.out)?);
             for (b, hb) in h.iter_mut().enumerate() {
                 let n = hb.len() / D_MODEL;
