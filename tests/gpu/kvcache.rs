@@ -67,7 +67,7 @@ fn eight_bit_caches_append_on_the_gpu_and_attend_as_the_reference_over_their_val
     let mut c = cfg(3, 1, 96, 8, 2, 64, true);
     c.alibi_slopes = Some(common::random_alibi(&c, true));
     let e = quantized_append_and_attend::<_, f32>(ctx(), &c, &[0, 40, 90], 5, CacheFormat::Q8_0);
-    eprintln!("q8_0 f32: largest |out - reference over the unquantized cache| {e:.2e}");
+    eprintln!("q8_0 f32: largest |out - reference over the unquantized cache| / max|out| {e:.2e}");
     // E4M3 paged, left padded, f16, head_dim 96 (three q8 blocks: an odd count of scales)
     let mut c = cfg(2, 1, 96, 4, 2, 96, true);
     c.paged = Some(random_paged(
@@ -78,9 +78,9 @@ fn eight_bit_caches_append_on_the_gpu_and_attend_as_the_reference_over_their_val
     ));
     c.leftpad_kv = Some(vec![3, 0]);
     let e = quantized_append_and_attend::<_, half::f16>(ctx(), &c, &[50, 70], 3, CacheFormat::E4M3);
-    eprintln!("e4m3 f16: largest |out - reference over the unquantized cache| {e:.2e}");
+    eprintln!("e4m3 f16: largest |out - reference over the unquantized cache| / max|out| {e:.2e}");
     let e = quantized_append_and_attend::<_, half::bf16>(ctx(), &c, &[9, 33], 2, CacheFormat::Q8_0);
-    eprintln!("q8_0 bf16 paged: largest |out - reference over the unquantized cache| {e:.2e}");
+    eprintln!("q8_0 bf16 paged: largest |out - reference over the unquantized cache| / max|out| {e:.2e}");
 }
 
 #[test]
