@@ -63,12 +63,15 @@ fn eight_bit_caches_append_on_the_gpu_and_attend_as_the_reference_over_their_val
     use flash_attn_wgpu::CacheFormat;
     use rand::SeedableRng;
     // q8_0 dense: lengths 0, partial and nearly full, GQA, a prefill of 5 rows (the tiled
-    // kernels) then a decode step; ALiBi and a window on the way
+    // kernels) then a decode step; ALiBi
     let mut c = cfg(3, 1, 96, 8, 2, 64, true);
     c.alibi_slopes = Some(common::random_alibi(&c, true));
+    // the decode step in three key splits (the split kernel and the merge)
+    c.kv_splits = Some(3);
     let e = quantized_append_and_attend::<_, f32>(ctx(), &c, &[0, 40, 90], 5, CacheFormat::Q8_0);
     eprintln!("q8_0 f32: largest |out - reference over the unquantized cache| / max|out| {e:.2e}");
-    // E4M3 paged, left padded, f16, head_dim 96 (three q8 blocks: an odd count of scales)
+    // E4M3 paged, left padded, f16, head_dim 96 (three q8 blocks: an odd count of scales);
+    // a prefill of 5 rows (the tiled kernels), then one split
     let mut c = cfg(2, 1, 96, 4, 2, 96, true);
     c.paged = Some(random_paged(
         &mut rand::rngs::StdRng::seed_from_u64(common::fresh_seed()),
@@ -77,10 +80,12 @@ fn eight_bit_caches_append_on_the_gpu_and_attend_as_the_reference_over_their_val
         8,
     ));
     c.leftpad_kv = Some(vec![3, 0]);
-    let e = quantized_append_and_attend::<_, half::f16>(ctx(), &c, &[50, 70], 3, CacheFormat::E4M3);
+    let e = quantized_append_and_attend::<_, half::f16>(ctx(), &c, &[50, 70], 5, CacheFormat::E4M3);
     eprintln!("e4m3 f16: largest |out - reference over the unquantized cache| / max|out| {e:.2e}");
     let e = quantized_append_and_attend::<_, half::bf16>(ctx(), &c, &[9, 33], 2, CacheFormat::Q8_0);
-    eprintln!("q8_0 bf16 paged: largest |out - reference over the unquantized cache| / max|out| {e:.2e}");
+    eprintln!(
+        "q8_0 bf16 paged: largest |out - reference over the unquantized cache| / max|out| {e:.2e}"
+    );
 }
 
 #[test]
