@@ -164,6 +164,23 @@ pub trait AttentionBackend {
         append: Option<(&Self::Tensor, &Self::Tensor)>,
     ) -> Result<Forward<Self::Tensor>>;
 
+    /// [`forward_with_quantized_kvcache`](AttentionBackend::forward_with_quantized_kvcache)
+    /// with a rotary embedding fused in: q rotated at its positions, the new keys before they
+    /// are quantized into the cache. wgpu only: `Unsupported` on CUDA.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_with_quantized_kvcache_rotary(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Self::Tensor,
+        caches: (
+            &mut QuantizedCache<Self::Tensor>,
+            &mut QuantizedCache<Self::Tensor>,
+        ),
+        cache_seqlens: &[usize],
+        append: Option<(&Self::Tensor, &Self::Tensor)>,
+        rotary: Rotary<'_, Self::Tensor>,
+    ) -> Result<Forward<Self::Tensor>>;
+
     /// GPU time of the most recent forward or backward call, where the backend measures it.
     fn last_gpu_timing(&self) -> Option<GpuTiming>;
 
@@ -329,6 +346,26 @@ impl AttentionBackend for crate::Context {
         append: Option<(&crate::Tensor, &crate::Tensor)>,
     ) -> Result<Forward> {
         crate::Context::forward_with_quantized_kvcache(self, cfg, q, caches, cache_seqlens, append)
+    }
+
+    fn forward_with_quantized_kvcache_rotary(
+        &self,
+        cfg: &AttentionConfig,
+        q: &crate::Tensor,
+        caches: (&mut QuantizedCache, &mut QuantizedCache),
+        cache_seqlens: &[usize],
+        append: Option<(&crate::Tensor, &crate::Tensor)>,
+        rotary: Rotary<'_, crate::Tensor>,
+    ) -> Result<Forward> {
+        crate::Context::forward_with_quantized_kvcache_rotary(
+            self,
+            cfg,
+            q,
+            caches,
+            cache_seqlens,
+            append,
+            rotary,
+        )
     }
 
     fn forward_with_kvcache_rotary(

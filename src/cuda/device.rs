@@ -1038,6 +1038,17 @@ impl CudaContext {
     }
 }
 
+/// What CUDA answers a call over 8-bit KV caches.
+fn eight_bit_caches_unsupported() -> Error {
+    Error::Unsupported {
+        feature: "8-bit KV caches (q8_0, e4m3)".into(),
+        backend: Backend::Cuda,
+        reason: "the CUDA kernels read f32, f16 and bf16 caches only; the wgpu backend reads \
+                 8-bit ones"
+            .into(),
+    }
+}
+
 impl AttentionBackend for CudaContext {
     type Tensor = CudaTensor;
 
@@ -1107,13 +1118,22 @@ impl AttentionBackend for CudaContext {
         _cache_seqlens: &[usize],
         _append: Option<(&CudaTensor, &CudaTensor)>,
     ) -> Result<Forward<CudaTensor>> {
-        Err(Error::Unsupported {
-            feature: "8-bit KV caches (q8_0, e4m3)".into(),
-            backend: Backend::Cuda,
-            reason: "the CUDA kernels read f32, f16 and bf16 caches only; the wgpu backend \
-                     reads 8-bit ones"
-                .into(),
-        })
+        Err(eight_bit_caches_unsupported())
+    }
+
+    fn forward_with_quantized_kvcache_rotary(
+        &self,
+        _cfg: &AttentionConfig,
+        _q: &CudaTensor,
+        _caches: (
+            &mut crate::QuantizedCache<CudaTensor>,
+            &mut crate::QuantizedCache<CudaTensor>,
+        ),
+        _cache_seqlens: &[usize],
+        _append: Option<(&CudaTensor, &CudaTensor)>,
+        _rotary: Rotary<'_, CudaTensor>,
+    ) -> Result<Forward<CudaTensor>> {
+        Err(eight_bit_caches_unsupported())
     }
 
     fn forward_with_kvcache_rotary(

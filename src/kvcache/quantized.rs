@@ -23,6 +23,7 @@ use crate::config::AttentionConfig;
 use crate::device::Context;
 use crate::error::{Error, Result, TensorRole};
 use crate::forward::Forward;
+use crate::rotary::{Positions, Rotary};
 use crate::tensor::Tensor;
 
 /// A KV cache (keys or values) in an 8-bit [`CacheFormat`] on the device: the words of
@@ -91,7 +92,38 @@ impl Context {
         cache_seqlens: &[usize],
         append: Option<(&Tensor, &Tensor)>,
     ) -> Result<Forward> {
-        self.quantized_kvcache_impl(cfg, q, (k_cache, v_cache), cache_seqlens, append, None)
+        self.quantized_kvcache_impl(
+            cfg,
+            q,
+            (k_cache, v_cache),
+            cache_seqlens,
+            append,
+            (None, None),
+        )
+    }
+
+    /// [`forward_with_quantized_kvcache`](Context::forward_with_quantized_kvcache) with a
+    /// rotary embedding fused in, as
+    /// [`forward_with_kvcache_rotary`](Context::forward_with_kvcache_rotary): q rotated at its
+    /// positions and the new keys before they are quantized into the cache, in the same
+    /// submission.
+    pub fn forward_with_quantized_kvcache_rotary(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Tensor,
+        (k_cache, v_cache): (&mut QuantizedCache, &mut QuantizedCache),
+        cache_seqlens: &[usize],
+        append: Option<(&Tensor, &Tensor)>,
+        rotary: Rotary<'_, Tensor>,
+    ) -> Result<Forward> {
+        self.quantized_kvcache_impl(
+            cfg,
+            q,
+            (k_cache, v_cache),
+            cache_seqlens,
+            append,
+            (None, Some(rotary)),
+        )
     }
 
     /// [`forward_with_quantized_kvcache`](Context::forward_with_quantized_kvcache) writing into
@@ -106,8 +138,15 @@ impl Context {
         append: Option<(&Tensor, &Tensor)>,
         dst: &Forward,
     ) -> Result<()> {
-        self.quantized_kvcache_impl(cfg, q, (k_cache, v_cache), cache_seqlens, append, Some(dst))
-            .map(drop)
+        self.quantized_kvcache_impl(
+            cfg,
+            q,
+            (k_cache, v_cache),
+            cache_seqlens,
+            append,
+            (Some(dst), None),
+        )
+        .map(drop)
     }
 
     fn quantized_kvcache_impl(
@@ -117,7 +156,7 @@ impl Context {
         (k_cache, v_cache): (&mut QuantizedCache, &mut QuantizedCache),
         cache_seqlens: &[usize],
         append: Option<(&Tensor, &Tensor)>,
-        dst: Option<&Forward>,
+        (dst, rotary): (Option<&Forward>, Option<Rotary<'_, Tensor>>),
     ) -> Result<Forward> {
         let dtype = q.dtype();
         let new_rows = match append {
@@ -150,6 +189,29 @@ impl Context {
                 )));
             }
         }
+        // with a rotary embedding, q and the new keys turn first, in the same encoder
+        let mut enc = rotary.map(|_| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("rotary + quantized kvcache"),
+                })
+        });
+        let turned = match (rotary, enc.as_mut()) {
+            (Some(r), Some(e)) => {
+                let (q_pos, k_pos) = Positions::for_kvcache(cfg, cache_seqlens);
+                let q_rot = self.rotary_into(e, (TensorRole::Q, q), r, &q_pos)?;
+                let k_rot = match append {
+                    Some((k, _)) => Some(self.rotary_into(e, (TensorRole::K, k), r, &k_pos)?),
+                    None => None,
+                };
+                Some((q_rot, k_rot))
+            }
+            _ => None,
+        };
+        let (q, append) = match &turned {
+            Some((q_rot, k_rot)) => (q_rot, append.zip(k_rot.as_ref()).map(|((_, v), k)| (k, v))),
+            None => (q, append),
+        };
         let env = self.plan_env();
         let mut plan = crate::plan::forward(&c, dtype, &env)?;
         let bytes = k_cache.size_bytes()?;
@@ -183,7 +245,11 @@ impl Context {
             }
         }
         let given = dst.map(|d| [&d.out, &d.lse]);
-        let outputs = self.execute_into(&plan, &inputs, None, given.as_ref().map(|g| &g[..]))?;
+        let outputs =
+            self.execute_into(&plan, &inputs, enc.as_mut(), given.as_ref().map(|g| &g[..]))?;
+        if let Some(e) = enc {
+            self.scoped(|| self.queue.submit([e.finish()]))?;
+        }
         Forward::from_outputs(outputs, "forward")
     }
 }

@@ -256,8 +256,9 @@ pub fn paged_cfg(base: &AttentionConfig, page_size: usize, seed: u64) -> Attenti
     c
 }
 
-/// [`append_and_attend`] over 8-bit caches (`forward_with_quantized_kvcache`, wgpu) in
-/// `format`, dense or paged (`base.paged`: `lens` are then the rows each batch's table holds):
+/// [`append_and_attend`] over 8-bit caches (`forward_with_quantized_kvcache`, or `_rotary`
+/// with `rope`: q and the new keys rotated on the host for the reference) in `format`, dense or
+/// paged (`base.paged`: `lens` are then the rows each batch's table holds):
 /// two steps (an append of `new` rows with as many queries, then a decode step); after each,
 /// the cache is downloaded and dequantized on the host and
 /// - rows the call did not append read back exactly as before (NaN where they were NaN: the
@@ -275,7 +276,7 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
     base: &AttentionConfig,
     lens: &[usize],
     new: usize,
-    format: flash_attn_wgpu::CacheFormat,
+    (format, rope): (flash_attn_wgpu::CacheFormat, Option<Rope>),
 ) -> f64 {
     use flash_attn_wgpu::CacheFormat;
     let seed = fresh_seed();
@@ -313,6 +314,15 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
     let mut vq = x.dequantize_cache(&vd).unwrap();
     let mut lens = lens.to_vec();
     let mut worst = 0f64;
+    // rotary tables for every position, on the device once
+    let positions = lens.iter().max().unwrap_or(&0) + new + 1;
+    let tables = rope.map(|r| {
+        let (cos, sin) = rope_tables::<T>(positions, r.rotary_dim);
+        let shape = [positions, r.rotary_dim / 2];
+        let up = |t: &[f32]| x.upload(&from_f32_slice::<T>(t), &shape).unwrap();
+        let (cd, sd) = (up(&cos), up(&sin));
+        (r, cos, sin, cd, sd)
+    });
     for (step, rows) in [new, 1].into_iter().enumerate() {
         let mut sc = c.clone();
         sc.seq_q = rows;
@@ -329,9 +339,55 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
             up(&kn, &new_shape),
             up(&vn, &new_shape),
         );
-        let f = x
-            .forward_with_quantized_kvcache(&sc, &qd, (&mut kd, &mut vd), &lens, Some((&knd, &vnd)))
-            .unwrap_or_else(|e| panic!("step {step}: {e} ({msg})"));
+        let caches = (&mut kd, &mut vd);
+        let f = match &tables {
+            None => x.forward_with_quantized_kvcache(&sc, &qd, caches, &lens, Some((&knd, &vnd))),
+            Some((r, _, _, cd, sd)) => x.forward_with_quantized_kvcache_rotary(
+                &sc,
+                &qd,
+                caches,
+                &lens,
+                Some((&knd, &vnd)),
+                flash_attn_wgpu::Rotary {
+                    cos: cd,
+                    sin: sd,
+                    interleaved: r.interleaved,
+                },
+            ),
+        }
+        .unwrap_or_else(|e| panic!("step {step}: {e} ({msg})"));
+        // what the call attends with: q and the new keys rotated on the host (flash-attn's
+        // positions: key i of batch b at lens[b] + i, query i there too with a causal mask)
+        let (q, kn) = match &tables {
+            None => (q, kn),
+            Some((r, cos, sin, _, _)) => {
+                let at = |step| flash_attn_wgpu::Positions {
+                    start: lens.clone(),
+                    step,
+                };
+                let turn = |t: &[f32], heads: usize, p: &flash_attn_wgpu::Positions| {
+                    let y = reference::rotary(
+                        t,
+                        [c.batch, rows, heads, c.head_dim],
+                        (cos, sin, r.rotary_dim / 2),
+                        r.interleaved,
+                        p,
+                    );
+                    let y: Vec<f32> = y.iter().map(|&v| v as f32).collect();
+                    to_f32_vec(&from_f32_slice::<T>(&y))
+                };
+                let qp = at(usize::from(sc.causal));
+                let kr = turn(&kn, c.heads_kv, &at(1));
+                assert!(kr.iter().zip(&kn).any(|(a, b)| a != b), "{msg}");
+                (turn(&q, c.heads_q, &qp), kr)
+            }
+        };
+        // the device rotates in f32 and the host in f64, each rounding to T: an ulp apart
+        let slack = if rope.is_some() {
+            2.0 * T::DTYPE.unit_roundoff() as f32
+        } else {
+            0.0
+        };
         let out = to_f32_vec(&x.download::<T>(&f.out).unwrap());
         let lse = x.download::<f32>(&f.lse).unwrap();
         let (k_now, v_now) = (
@@ -371,11 +427,11 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
                             let amax = exact[blk..blk + 32]
                                 .iter()
                                 .fold(0f32, |a, v| a.max(v.abs()));
-                            0.51 * half::f16::from_f32(amax / 127.0).to_f32()
+                            0.51 * half::f16::from_f32(amax / 127.0).to_f32() + slack * amax
                         }
                         CacheFormat::E4M3 => {
                             let s = sc_.as_ref().unwrap()[(e / c.head_dim) % c.heads_kv];
-                            want.abs() / 15.9 + s / 1000.0
+                            want.abs() / 15.9 + s / 1000.0 + slack * want.abs()
                         }
                     };
                     assert!(

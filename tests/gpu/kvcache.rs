@@ -6,7 +6,7 @@
 use crate::common;
 
 use common::backend::{check_case, Gap};
-use common::kv::{append_and_attend, quantized_append_and_attend, random_paged};
+use common::kv::{append_and_attend, quantized_append_and_attend, random_paged, Rope};
 use common::{cfg, ctx};
 use flash_attn_wgpu::{AttentionConfig, Context, DType, Error, Tuning, Window};
 
@@ -68,7 +68,13 @@ fn eight_bit_caches_append_on_the_gpu_and_attend_as_the_reference_over_their_val
     c.alibi_slopes = Some(common::random_alibi(&c, true));
     // the decode step in three key splits (the split kernel and the merge)
     c.kv_splits = Some(3);
-    let e = quantized_append_and_attend::<_, f32>(ctx(), &c, &[0, 40, 90], 5, CacheFormat::Q8_0);
+    let e = quantized_append_and_attend::<_, f32>(
+        ctx(),
+        &c,
+        &[0, 40, 90],
+        5,
+        (CacheFormat::Q8_0, None),
+    );
     eprintln!("q8_0 f32: largest |out - reference over the unquantized cache| / max|out| {e:.2e}");
     // E4M3 paged, left padded, f16, head_dim 96 (three q8 blocks: an odd count of scales);
     // a prefill of 5 rows (the tiled kernels), then one split
@@ -80,9 +86,21 @@ fn eight_bit_caches_append_on_the_gpu_and_attend_as_the_reference_over_their_val
         8,
     ));
     c.leftpad_kv = Some(vec![3, 0]);
-    let e = quantized_append_and_attend::<_, half::f16>(ctx(), &c, &[50, 70], 5, CacheFormat::E4M3);
+    let e = quantized_append_and_attend::<_, half::f16>(
+        ctx(),
+        &c,
+        &[50, 70],
+        5,
+        (CacheFormat::E4M3, None),
+    );
     eprintln!("e4m3 f16: largest |out - reference over the unquantized cache| / max|out| {e:.2e}");
-    let e = quantized_append_and_attend::<_, half::bf16>(ctx(), &c, &[9, 33], 2, CacheFormat::Q8_0);
+    // with a rotary embedding fused in (half the dims, interleaved pairs)
+    let rope = Rope {
+        rotary_dim: 48,
+        interleaved: true,
+    };
+    let q8 = (CacheFormat::Q8_0, Some(rope));
+    let e = quantized_append_and_attend::<_, half::bf16>(ctx(), &c, &[9, 33], 2, q8);
     eprintln!(
         "q8_0 bf16 paged: largest |out - reference over the unquantized cache| / max|out| {e:.2e}"
     );
