@@ -344,22 +344,11 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
                 (Store::Plain(k, v), false) => {
                     ctx.forward_with_kvcache(&c, &qd, k, v, lens, append)?
                 }
-                (Store::Quantized(k, v), rotary) => {
-                    // 8-bit caches take no fused rotary: q and the new keys turn first (query
-                    // and key i of sequence b at lens[b] + i, as the fused call turns them)
-                    let (qd, knd) = if rotary {
-                        let at = Positions {
-                            start: lens.clone(),
-                            step: 1,
-                        };
-                        (
-                            ctx.apply_rotary(&qd, rope, &at)?,
-                            ctx.apply_rotary(&knd, rope, &at)?,
-                        )
-                    } else {
-                        (qd, knd)
-                    };
-                    ctx.forward_with_quantized_kvcache(&c, &qd, (k, v), lens, Some((&knd, &vnd)))?
+                (Store::Quantized(k, v), true) => {
+                    ctx.forward_with_quantized_kvcache_rotary(&c, &qd, (k, v), lens, append, rope)?
+                }
+                (Store::Quantized(k, v), false) => {
+                    ctx.forward_with_quantized_kvcache(&c, &qd, (k, v), lens, append)?
                 }
             };
             // what an 8-bit cache holds is what the recompute attends over
