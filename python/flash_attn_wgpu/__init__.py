@@ -37,6 +37,9 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_backward",
     "flash_attn_with_kvcache",
+    "QuantizedCache",
+    "quantize_cache",
+    "e4m3_head_scales",
     "create_block_mask",
     "FlashAttnError",
     "InvalidInputError",
@@ -330,6 +333,32 @@ def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     return tuple(g[0] for g in grads) if as_numpy else grads
 
 
+QuantizedCache = _native.QuantizedCache
+QuantizedCache.__doc__ = """A KV cache in GPU memory stored in 8 bits (``format``: "q8_0",
+llama.cpp's blocks of 32 int8 with an f16 scale, or "e4m3", fp8 with a scale per kv head), of
+``shape`` values; ``dequantize()`` gives them as float32, as the kernels read them."""
+
+
+def quantize_cache(array, format="q8_0", head_scales=None):
+    """An 8-bit KV cache (``QuantizedCache``) holding ``array`` ``[batch, seqlen_cache,
+    nheads_k, headdim]`` (or a paged pool), quantized on the host; ``headdim`` a multiple of
+    32. ``head_scales`` ``[nheads_k]``: e4m3's static per-head scales (``e4m3_head_scales`` of
+    a prefill); None for q8_0. Pass it as ``k_cache`` / ``v_cache`` to
+    ``flash_attn_with_kvcache``, which updates it in place."""
+    a = np.ascontiguousarray(np.asarray(array, dtype=np.float32))
+    scales = None if head_scales is None else [float(x) for x in np.asarray(head_scales).ravel()]
+    return _native.quantized_cache(a, str(format), scales)
+
+
+def e4m3_head_scales(array):
+    """Per-kv-head e4m3 scales for ``array`` ``[..., nheads_k, headdim]``: each head's largest
+    finite magnitude over 448 (1 for a head of zeros), so that none of it saturates."""
+    a = np.asarray(array, dtype=np.float32)
+    a = np.where(np.isfinite(a), np.abs(a), 0.0)
+    amax = a.reshape(-1, a.shape[-2], a.shape[-1]).max(axis=(0, 2))
+    return np.where(amax > 0, amax / 448.0, 1.0).astype(np.float32)
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
                             rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                             cache_leftpad=None, block_table=None, softmax_scale=None,
@@ -352,8 +381,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     first, as flash-attn does: the new keys at positions ``cache_seqlens + i``, q there too
     when causal or windowed, else every query at ``cache_seqlens``; pairs ``(2f, 2f + 1)``
     with ``rotary_interleaved`` (the default), else ``(f, f + rotary_dim / 2)``; the cache
-    keeps the rotated keys. ``num_splits`` 0 picks the split-KV count. Returns out, and lse
-    with ``return_softmax_lse``."""
+    keeps the rotated keys. ``num_splits`` 0 picks the split-KV count. The caches may be
+    8-bit (``QuantizedCache`` from ``quantize_cache``): the new rows are quantized on the GPU.
+    Returns out, and lse with ``return_softmax_lse``."""
     as_numpy = not isinstance(q, Tensor)
     batch = np.shape(q)[0] if as_numpy else q.shape[0]
     if cache_batch_idx is not None:
@@ -362,7 +392,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         # a dense cache row per batch entry is a paged layout of one whole-row page each
         block_table = np.asarray(cache_batch_idx).reshape(-1, 1)
     if cache_seqlens is None:  # every row of the cache holds a key
-        rows = np.shape(k_cache)[1] if not isinstance(k_cache, Tensor) else k_cache.shape[1]
+        rows = (k_cache.shape[1] if isinstance(k_cache, (Tensor, QuantizedCache))
+                else np.shape(k_cache)[1])
         if block_table is not None:
             rows *= np.shape(block_table)[1]
         cache_seqlens = [rows] * batch
@@ -377,13 +408,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     rotary = None
     if rotary_cos is not None:
         rotary = (tensor(rotary_cos)._t, tensor(rotary_sin)._t, bool(rotary_interleaved))
-    kc, vc = tensor(k_cache), tensor(v_cache)
     opts = _options(causal, softmax_scale, window_size, softcap, alibi_slopes, 0.0, 0,
                     block_table=block_table, num_splits=num_splits,
                     leftpad_k=cache_leftpad)
+    new_k = None if k is None else tensor(k)._t
+    new_v = None if v is None else tensor(v)._t
+    quantized = [isinstance(c, QuantizedCache) for c in (k_cache, v_cache)]
+    if any(quantized):
+        if not all(quantized):
+            raise InvalidInputError("k_cache and v_cache are both QuantizedCache or neither")
+        out, lse = _native.forward_with_quantized_kvcache(
+            tensor(q)._t, k_cache, v_cache, cache_seqlens, new_k, new_v, opts, rotary)
+        out = _out(as_numpy, out)
+        return (out, _out(as_numpy, lse)) if return_softmax_lse else out
+    kc, vc = tensor(k_cache), tensor(v_cache)
     out, lse = _native.forward_with_kvcache(
-        tensor(q)._t, kc._t, vc._t, cache_seqlens,
-        None if k is None else tensor(k)._t, None if v is None else tensor(v)._t, opts, rotary)
+        tensor(q)._t, kc._t, vc._t, cache_seqlens, new_k, new_v, opts, rotary)
     if k is not None:
         for given, dev in ((k_cache, kc), (v_cache, vc)):
             if not isinstance(given, Tensor):

@@ -7,8 +7,8 @@
 use std::sync::OnceLock;
 
 use flash_attn_wgpu::{
-    AttentionConfig, BlockMask, Context, DType, Dropout, Error, MaskMod, PagedKv, Rotary, ScoreMod,
-    Tensor, Window,
+    AttentionConfig, BlockMask, CacheFormat, Context, DType, Dropout, Error, MaskMod, PagedKv,
+    QuantizedCache, Rotary, ScoreMod, Tensor, Window,
 };
 use numpy::{PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods, ToPyArray};
 use pyo3::prelude::*;
@@ -274,8 +274,18 @@ fn dims4(py: Python<'_>, name: &str, t: &Tensor) -> PyResult<[usize; 4]> {
 
 /// The config of a call: sizes from q and k (or the paged pools), the options on top.
 fn config(py: Python<'_>, q: &Tensor, k: &Tensor, o: &Options) -> PyResult<AttentionConfig> {
+    let k = dims4(py, "k", k)?;
+    config_for(py, q, k, o)
+}
+
+/// [`config`] from k's shape (an 8-bit cache's).
+fn config_for(
+    py: Python<'_>,
+    q: &Tensor,
+    [kb, skv, hkv, _]: [usize; 4],
+    o: &Options,
+) -> PyResult<AttentionConfig> {
     let [b, sq, hq, d] = dims4(py, "q", q)?;
-    let [kb, skv, hkv, _] = dims4(py, "k", k)?;
     let mut cfg = match (&o.cu_seqlens_q, &o.cu_seqlens_k, &o.block_table) {
         (Some(cq), Some(ck), None) => AttentionConfig::packed(cq.clone(), ck.clone(), hq, hkv, d),
         (None, None, Some((table, pages_per_seq))) => {
@@ -409,8 +419,118 @@ fn forward_with_kvcache(
     Ok((PyTensor { inner: f.out }, PyTensor { inner: f.lse }))
 }
 
+/// A KV cache in GPU memory stored in 8 bits (q8_0 or e4m3), updated in place by the calls.
+#[pyclass(name = "QuantizedCache", module = "flash_attn_wgpu._native")]
+struct PyQuantizedCache {
+    inner: QuantizedCache,
+}
+
+#[pymethods]
+impl PyQuantizedCache {
+    /// The shape of the values it holds.
+    #[getter]
+    fn shape(&self) -> Vec<usize> {
+        self.inner.shape().to_vec()
+    }
+
+    /// Its format: "q8_0" or "e4m3".
+    #[getter]
+    fn format(&self) -> &'static str {
+        self.inner.format().name()
+    }
+
+    /// The values it holds as float32, dequantized as the kernels read them.
+    fn dequantize<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, numpy::PyArrayDyn<f32>>> {
+        let ctx = context(py)?;
+        let v = py
+            .detach(|| ctx.dequantize_cache(&self.inner))
+            .map_err(|e| to_py(py, e))?;
+        v.to_pyarray(py).reshape(self.inner.shape().to_vec())
+    }
+}
+
+/// An 8-bit cache holding `array` (float32, 4-d), quantized on the host.
+#[pyfunction]
+#[pyo3(signature = (array, format, head_scales=None))]
+fn quantized_cache(
+    py: Python<'_>,
+    array: PyReadonlyArrayDyn<'_, f32>,
+    format: &str,
+    head_scales: Option<Vec<f32>>,
+) -> PyResult<PyQuantizedCache> {
+    let ctx = context(py)?;
+    let f: CacheFormat = format.parse().map_err(|e: String| invalid(py, e))?;
+    let shape = <[usize; 4]>::try_from(array.shape()).map_err(|_| {
+        invalid(
+            py,
+            format!(
+                "a cache has 4 dimensions [batch, seq, heads, head_dim], got shape {:?}",
+                array.shape()
+            ),
+        )
+    })?;
+    let data = array.as_slice()?;
+    let inner = py
+        .detach(|| ctx.quantized_cache(f, data, shape, head_scales.as_deref()))
+        .map_err(|e| to_py(py, e))?;
+    Ok(PyQuantizedCache { inner })
+}
+
+/// [`forward_with_kvcache`] over 8-bit caches.
+#[pyfunction]
+#[pyo3(signature = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, options, rotary=None))]
+#[allow(clippy::too_many_arguments)]
+fn forward_with_quantized_kvcache(
+    py: Python<'_>,
+    q: PyRef<'_, PyTensor>,
+    mut k_cache: PyRefMut<'_, PyQuantizedCache>,
+    mut v_cache: PyRefMut<'_, PyQuantizedCache>,
+    cache_seqlens: Vec<usize>,
+    k_new: Option<PyRef<'_, PyTensor>>,
+    v_new: Option<PyRef<'_, PyTensor>>,
+    options: Options,
+    rotary: Option<(PyRef<'_, PyTensor>, PyRef<'_, PyTensor>, bool)>,
+) -> PyResult<(PyTensor, PyTensor)> {
+    let ctx = context(py)?;
+    let q = &q.inner;
+    let cfg = config_for(py, q, k_cache.inner.shape(), &options)?;
+    let rotary = rotary.as_ref().map(|(cos, sin, interleaved)| Rotary {
+        cos: &cos.inner,
+        sin: &sin.inner,
+        interleaved: *interleaved,
+    });
+    let append = match (&k_new, &v_new) {
+        (Some(k), Some(v)) => Some((&k.inner, &v.inner)),
+        (None, None) => None,
+        _ => {
+            return Err(invalid(
+                py,
+                "k and v are appended together: give both or neither".into(),
+            ))
+        }
+    };
+    let caches = (&mut k_cache.inner, &mut v_cache.inner);
+    let f = py
+        .detach(|| match rotary {
+            Some(r) => ctx.forward_with_quantized_kvcache_rotary(
+                &cfg,
+                q,
+                caches,
+                &cache_seqlens,
+                append,
+                r,
+            ),
+            None => ctx.forward_with_quantized_kvcache(&cfg, q, caches, &cache_seqlens, append),
+        })
+        .map_err(|e| to_py(py, e))?;
+    Ok((PyTensor { inner: f.out }, PyTensor { inner: f.lse }))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyQuantizedCache>()?;
+    m.add_function(wrap_pyfunction!(quantized_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(forward_with_quantized_kvcache, m)?)?;
     m.add_class::<PyTensor>()?;
     m.add_class::<PyBlockMask>()?;
     m.add_function(wrap_pyfunction!(create_block_mask, m)?)?;

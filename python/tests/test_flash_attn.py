@@ -167,6 +167,39 @@ def test_a_decode_loop_over_a_device_cache_matches_the_reference(rng, paged):
         close(lse.numpy(), want[1], 2e-5, f"lse, step {step}")
 
 
+@pytest.mark.parametrize("fmt", ["q8_0", "e4m3"])
+def test_an_8_bit_cache_appends_on_the_gpu_and_attends_over_what_it_holds(rng, fmt):
+    b, hq, hk, d, cap = 2, 8, 2, 32, 24
+    lens = np.array([3, 10])
+    keys, vals = rand(rng, (b, cap, hk, d)), rand(rng, (b, cap, hk, d))
+    scales = (lambda x: fa.e4m3_head_scales(x) * 2) if fmt == "e4m3" else (lambda x: None)
+    kc = fa.quantize_cache(keys, fmt, scales(keys))
+    vc = fa.quantize_cache(vals, fmt, scales(vals))
+    assert kc.shape == [b, cap, hk, d] and kc.format == fmt
+    for step in range(2):
+        before_k = kc.dequantize()
+        q = rand(rng, (b, 1, hq, d))
+        k_new, v_new = rand(rng, (b, 1, hk, d)), rand(rng, (b, 1, hk, d))
+        out, lse = fa.flash_attn_with_kvcache(
+            fa.tensor(q), kc, vc, fa.tensor(k_new), fa.tensor(v_new), cache_seqlens=lens,
+            causal=True, return_softmax_lse=True)
+        held_k, held_v = kc.dequantize(), vc.dequantize()
+        # the new rows hold the new keys to the format's rounding, the others are unchanged
+        for bi in range(b):
+            step_k = np.abs(k_new[bi, 0]).max() / (127 if fmt == "q8_0" else 8)
+            assert np.abs(held_k[bi, lens[bi]] - k_new[bi, 0]).max() <= step_k
+            held_k[bi, lens[bi]] = before_k[bi, lens[bi]]
+        np.testing.assert_array_equal(held_k, before_k)
+        lens = lens + 1
+        want = attention(q, kc.dequantize(), held_v, causal=True, seqlens_k=lens)
+        close(out.numpy(), want[0], 2e-5, f"out, step {step}")
+        close(lse.numpy(), want[1], 2e-5, f"lse, step {step}")
+    with pytest.raises(fa.InvalidInputError, match="both QuantizedCache or neither"):
+        fa.flash_attn_with_kvcache(q, kc, vals, cache_seqlens=lens)
+    with pytest.raises(fa.FlashAttnError, match="head_dim 16"):
+        fa.quantize_cache(np.zeros((1, 4, 1, 16), np.float32), fmt, scales(np.ones((1, 1, 1, 16))))
+
+
 def test_numpy_caches_are_updated_in_place(rng):
     b, hk, d, cap = 1, 2, 16, 12
     k_cache, v_cache = rand(rng, (b, cap, hk, d)), rand(rng, (b, cap, hk, d))
