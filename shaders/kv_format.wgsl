@@ -1,4 +1,4 @@
-// 8-bit KV-cache formats (src/kvcache/format.rs: layouts, and the host codec this mirrors).
+// 8-bit KV-cache formats (src/kv_format.rs: layouts, and the host codec this mirrors).
 // A word holds four elements, one byte each, the first in the low byte. The generated
 // prelude defines KV_Q8 (q8_0 when true, E4M3 when false), KV_RW (words a record) and the
 // cache bindings' loads, which call these.

@@ -22,7 +22,8 @@ use crate::config::AttentionConfig;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::forward::{Forward, HostForward};
-use crate::kvcache::{format::CacheFormat, QuantizedCache};
+use crate::kv_format::CacheFormat;
+use crate::kvcache::QuantizedCache;
 use crate::record::GpuTiming;
 use crate::rotary::Rotary;
 use crate::{Gradients, HostGradients};
@@ -122,7 +123,7 @@ pub trait AttentionBackend {
         rotary: Rotary<'_, Self::Tensor>,
     ) -> Result<Forward<Self::Tensor>>;
 
-    /// An 8-bit KV cache (module [`kvcache::format`](crate::kvcache::format)) holding `data`
+    /// An 8-bit KV cache (module [`kv_format`](crate::kv_format)) holding `data`
     /// (f32, `shape`'s values row-major), quantized on the host and uploaded; `head_scales`
     /// are E4M3's per-kv-head scales, `None` for Q8_0.
     fn quantized_cache(
@@ -150,7 +151,7 @@ pub trait AttentionBackend {
     }
 
     /// [`forward_with_kvcache`](AttentionBackend::forward_with_kvcache) over 8-bit caches
-    /// (module [`kvcache::format`](crate::kvcache::format)): the append quantized on the
+    /// (module [`kv_format`](crate::kv_format)): the append quantized on the
     /// device, the kernels reading bytes and scales. wgpu only: `Unsupported` on CUDA.
     fn forward_with_quantized_kvcache(
         &self,

@@ -7,9 +7,10 @@
 use std::path::Path;
 
 /// The spec layer: files and folders under src/.
-const SPEC: [&str; 8] = [
+const SPEC: [&str; 9] = [
     "config.rs",
     "dtype.rs",
+    "kv_format.rs",
     "error.rs",
     "modifiers",
     "rotary.rs",

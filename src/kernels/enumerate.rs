@@ -13,7 +13,7 @@
 
 use super::{choose_tiles, flags, DeviceCaps, Kernel, KernelKey, Tiles, WgslConsumer};
 use crate::dtype::ElemFormat;
-use crate::kvcache::format::CacheFormat;
+use crate::kv_format::CacheFormat;
 
 /// The head dims the list samples: the smallest, an odd one (partial vec4s), the powers of two
 /// the tiles change at, 80 (partial blocks), and the largest.

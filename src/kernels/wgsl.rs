@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use super::tiles::PIN_WORDS;
 use super::{Access, BindType, Binding, Kernel, Pass, Tiles, Variant};
 use crate::dtype::{DType, ElemFormat};
-use crate::kvcache::format::CacheFormat;
+use crate::kv_format::CacheFormat;
 
 /// The shared WGSL every kernel includes (shaders/common.wgsl).
 pub const SHARED_WGSL: &str = include_str!("../../shaders/common.wgsl");
@@ -95,7 +95,7 @@ pub struct KernelKey {
     /// later passes continue from (`Params::resume`); a final cast takes them to the dtype.
     pub accumulate: bool,
     /// K and V are an 8-bit cache of this format (a KV-cache call, module
-    /// [`kvcache::format`](crate::kvcache::format)): the forward and decode kernels read them
+    /// [`kv_format`](crate::kv_format)): the forward and decode kernels read them
     /// as words through its loads; the quantizing append writes one.
     pub kv: Option<CacheFormat>,
 }

@@ -9,7 +9,6 @@
 //! append writes through the table. A left-padded cache (flash-attn's `cache_leftpad`) sets
 //! `AttentionConfig::leftpad_kv`: batch b's keys before it are hidden.
 
-pub mod format;
 mod quantized;
 
 pub use quantized::QuantizedCache;

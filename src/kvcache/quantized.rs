@@ -16,13 +16,13 @@
 //! # Ok::<(), flash_attn_wgpu::Error>(())
 //! ```
 
-use super::format::CacheFormat;
 use super::{append_rows, append_runs, kvcache_config};
 use crate::checks::check_tensor;
 use crate::config::AttentionConfig;
 use crate::device::Context;
 use crate::error::{Error, Result, TensorRole};
 use crate::forward::Forward;
+use crate::kv_format::CacheFormat;
 use crate::rotary::{Positions, Rotary};
 use crate::tensor::Tensor;
 

@@ -1,4 +1,4 @@
-//! A forward plan over an 8-bit KV cache (module [`kvcache::format`](crate::kvcache::format)):
+//! A forward plan over an 8-bit KV cache (module [`kv_format`](crate::kv_format)):
 //! the plan of the same call over an f32/f16/bf16 cache, its K/V-reading steps switched to the
 //! cache's loads, and the quantizing appends in front of them.
 
@@ -8,7 +8,7 @@ use crate::dtype::{DType, ElemFormat};
 use crate::error::{Error, Result};
 use crate::kernels::wgsl::{CACHE_COLUMN_VEC4S, ELEMENTWISE_WORKGROUP};
 use crate::kernels::{Kernel, KernelKey, Params};
-use crate::kvcache::format::CacheFormat;
+use crate::kv_format::CacheFormat;
 
 /// Switches every step of `plan` (a forward plan of `cfg`, inputs q, k, v) that reads K or V
 /// to the cache format `f`. The decode kernel reads a 16-byte word a column, so its subgroup
