@@ -31,7 +31,9 @@
 // lse from their shifts; the partial results are its own).
 
 const D4: u32 = (HEAD_DIM + 3u) / 4u;
-// K and V are read CW vec4s at a time (`loadc_k`, `loadc_v` from the prelude: one wide load
+// K and V are read CW vec4s at a time (`loadc_k`, `loadc_v` from the prelude, times the
+// column's scale `colscale_k`, `colscale_v`: 1 but for an 8-bit cache, whose scale so
+// multiplies a column's dot product or a key's weight once, not each element; one wide load
 // where rows start on whole words, CW = 2 for halves); a column is CW vec4s, DC of them a row
 // P V: invocation t owns column t % DC (dims 4 CW (t % DC) ..) of every row over the keys of
 // parity t / DC, among KP parities (all NT invocations where DC divides NT)
@@ -143,10 +145,13 @@ fn main(
                 }
                 for (var u = 0u; u < SG; u += CW) {
                     let kv = loadc_k(base_k, (g0 + u) / CW);
+                    let ks = colscale_k(base_k, (g0 + u) / CW);
                     for (var r = 0u; r < BR; r++) {
+                        var d = 0.0;
                         for (var w = 0u; w < CW; w++) {
-                            x[r] += dot(qs[r][u + w], kv[w]);
+                            d += dot(qs[r][u + w], kv[w]);
                         }
+                        x[r] = fma(d, ks, x[r]);
                     }
                 }
             }
@@ -154,10 +159,13 @@ fn main(
             let base_k = k_at(b, j, hk, 0u);
             for (var g = 0u; g < DC; g++) {
                 let kv = loadc_k(base_k, g);
+                let ks = colscale_k(base_k, g);
                 for (var r = 0u; r < BR; r++) {
+                    var d = 0.0;
                     for (var w = 0u; w < CW; w++) {
-                        x[r] += dot(sq[r * D4 + g * CW + w], kv[w]);
+                        d += dot(sq[r * D4 + g * CW + w], kv[w]);
                     }
+                    x[r] = fma(d, ks, x[r]);
                 }
             }
         }
@@ -222,9 +230,11 @@ fn main(
                 // last column
                 for (var u = 0u; u < SG; u++) {
                     let c = c0 + u * KP + kp;
-                    let v = loadc_v(v_at(b, kv0 + min(c, n_keys - 1u), hk, 0u), min(col, DC - 1u));
+                    let base_v = v_at(b, kv0 + min(c, n_keys - 1u), hk, 0u);
+                    let v = loadc_v(base_v, min(col, DC - 1u));
+                    let vs = colscale_v(base_v, min(col, DC - 1u));
                     for (var r = 0u; r < BR; r++) {
-                        let p = select(0.0, ws[r][u], c < n_keys);
+                        let p = select(0.0, ws[r][u], c < n_keys) * vs;
                         for (var w = 0u; w < CW; w++) {
                             acc[r][w] = add_weighted4(acc[r][w], p, v[w], masked || c >= n_keys);
                         }
@@ -233,10 +243,12 @@ fn main(
             }
         } else if (col < DC) {
             for (var c = kp; c < n_keys; c += KP) {
-                let v = loadc_v(v_at(b, kv0 + c, hk, 0u), col);
+                let base_v = v_at(b, kv0 + c, hk, 0u);
+                let v = loadc_v(base_v, col);
+                let vs = colscale_v(base_v, col);
                 for (var r = 0u; r < BR; r++) {
                     for (var w = 0u; w < CW; w++) {
-                        acc[r][w] = add_weighted4(acc[r][w], ss[r * BC + c], v[w], masked);
+                        acc[r][w] = add_weighted4(acc[r][w], ss[r * BC + c] * vs, v[w], masked);
                     }
                 }
             }

@@ -307,6 +307,12 @@ impl KernelKey {
         if self.kernel.is_decode() {
             let _ = writeln!(s, "const CW: u32 = {}u;", self.wide_vec4s());
             for n in ["k", "v"] {
+                if self.kv.is_none() {
+                    let _ = writeln!(
+                        s,
+                        "fn colscale_{n}(base: u32, c: u32) -> f32 {{ return 1.0; }}"
+                    );
+                }
                 if self.wide == 0 && self.kv.is_none() {
                     let _ = writeln!(
                         s,
@@ -617,10 +623,11 @@ fn wide_wgsl(slot: u32, n: &str, elem: ElemFormat, words: u32) -> String {
 pub const CACHE_COLUMN_VEC4S: u32 = 4;
 
 /// K or V in an 8-bit cache (`KernelKey::kv`; shaders/kv_format.wgsl) as 16-byte words:
-/// `load_<name>(i)` element i of the f32 cache's layout (records of HEAD_DIM elements),
-/// `loadc_<name>(base, c)` column c (16 elements, one word) of the record starting at element
-/// `base` (decode kernels: `columns`), each byte times its scale (q8_0: its block's f16 in
-/// the record after the data; E4M3: its kv head's f32 in the header).
+/// `load_<name>(i)` element i of the f32 cache's layout (records of HEAD_DIM elements), its
+/// byte times its scale (q8_0: its block's f16 in the record after the data; E4M3: its kv
+/// head's f32 in the header); for decode kernels (`columns`) `loadc_<name>(base, c)` column c
+/// (16 elements, one word) of the record starting at element `base`, unscaled, and
+/// `colscale_<name>(base, c)` the column's scale, which the kernel applies once per column.
 fn cache_wgsl(slot: u32, n: &str, columns: bool) -> String {
     let loads = format!(
         "@group(0) @binding({slot}) var<storage, read> {n}: array<vec4<u32>>;
@@ -648,8 +655,11 @@ fn load_{n}(i: u32) -> f32 {{
     let rec = base / HEAD_DIM;
     let at = kv_header() + rec * KV_RW;
     let w = {n}[(at >> 2u) + c];
-    let s = kv_scale_{n}(rec, at, 16u * c);
-    return array<vec4<f32>, CW>(kv_bytes(w.x) * s, kv_bytes(w.y) * s, kv_bytes(w.z) * s, kv_bytes(w.w) * s);
+    return array<vec4<f32>, CW>(kv_bytes(w.x), kv_bytes(w.y), kv_bytes(w.z), kv_bytes(w.w));
+}}
+fn colscale_{n}(base: u32, c: u32) -> f32 {{
+    let rec = base / HEAD_DIM;
+    return kv_scale_{n}(rec, kv_header() + rec * KV_RW, 16u * c);
 }}
 "
         )
