@@ -653,3 +653,57 @@ fn merges_and_decode_splits_match_the_f64_reference_on_dawn() {
     }
     run_cases(&script, "dawn-merge-decode.json", &all);
 }
+
+#[test]
+fn eight_bit_cache_reads_match_the_f64_reference_on_dawn() {
+    // a decode step over q8_0 and E4M3 caches (split-KV and one split), and the tiled forward
+    // over one: the kernels' cache loads on a second implementation, against the reference
+    // over the values the cache holds (the host's dequantization; 13 s on lavapipe, the
+    // modifiers off). The quantizing append is tests/gpu/kvcache.rs's (its GPU rounding may
+    // differ from the host's by a step on a tie, so a replay could not check it exactly).
+    use flash_attn_wgpu::CacheFormat;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    let Some(script) = runner() else { return };
+    let seed = common::fresh_seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let e = env(Variant::Rows, 0, HalfStorage::Packed);
+    let mut all = Vec::new();
+    for (format, seq_q, splits) in [
+        (CacheFormat::Q8_0, 1, Some(3)),
+        (CacheFormat::E4M3, 2, Some(1)),
+        (CacheFormat::Q8_0, 7, None),
+    ] {
+        let mut c = cfg(2, seq_q, 90, 4, 2, 64, true);
+        c.seqlens_kv = Some(vec![90, 37]);
+        c.align_to_seqlens = true;
+        c.kv_splits = splits;
+        let shape = c.kv_shape();
+        let n: usize = shape.iter().product();
+        let mut values = || -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.5..1.5)).collect() };
+        let (k, v) = (values(), values());
+        let words = |x: &[f32]| {
+            let scales =
+                (format == CacheFormat::E4M3).then(|| CacheFormat::e4m3_head_scales(x, shape));
+            format.quantize(x, shape, scales.as_deref()).unwrap()
+        };
+        let (kw, vw) = (words(&k), words(&v));
+        let (kq, vq) = (
+            format.dequantize(&kw, shape).unwrap(),
+            format.dequantize(&vw, shape).unwrap(),
+        );
+        let q: Vec<f32> = (0..c.q_shape().iter().product::<usize>())
+            .map(|_| rng.random_range(-1.5..1.5))
+            .collect();
+        let want = reference::forward(&c, &q, &kq, &vq);
+        let mut p = plan::forward(&c, DType::F32, &e).expect("forward plan");
+        plan::quantized::read_cache(&mut p, format, &c, &e, kw.len() as u64 * 4).unwrap();
+        let name = format!("{format} seq_q {seq_q} splits {splits:?} seed={seed}");
+        let mut case = p.replay(&name, WgslConsumer::Tint, vec![to_words(&q), kw, vw], 65535);
+        case.checks = vec![
+            tensor_check("out", p.replay_output_buffer(0), DType::F32, &want.out),
+            lse_check(p.replay_output_buffer(1), &want.lse),
+        ];
+        all.push(case);
+    }
+    run_cases(&script, "dawn-eight-bit.json", &all);
+}
