@@ -107,6 +107,87 @@ fn eight_bit_caches_append_on_the_gpu_and_attend_as_the_reference_over_their_val
 }
 
 #[test]
+fn bad_8_bit_cache_arguments_are_typed_errors() {
+    use flash_attn_wgpu::CacheFormat;
+    let x = ctx();
+    let c = cfg(2, 1, 10, 2, 1, 32, true);
+    let zeros = vec![0f32; 2 * 10 * 32];
+    let shape = c.kv_shape();
+    let q = x.upload(&[0.5f32; 2 * 2 * 32], &c.q_shape()).unwrap();
+    let mut k = x
+        .quantized_cache(CacheFormat::Q8_0, &zeros, shape, None)
+        .unwrap();
+    let mut v = x
+        .quantized_cache(CacheFormat::Q8_0, &zeros, shape, None)
+        .unwrap();
+    let mut e4 = x
+        .quantized_cache(CacheFormat::E4M3, &zeros, shape, Some(&[0.5]))
+        .unwrap();
+    let new = x.zeros(&[2, 1, 1, 32]).unwrap();
+    let wrong = |r: flash_attn_wgpu::Result<flash_attn_wgpu::Forward>, want: &str| match r {
+        Err(e @ (Error::InvalidConfig(_) | Error::Unsupported { .. })) => {
+            assert!(e.to_string().contains(want), "{e}")
+        }
+        other => panic!("expected a typed error with {want:?}, got {other:?}"),
+    };
+    // k and v in two formats, a cache of another shape, an overflow, a strided append
+    wrong(
+        x.forward_with_quantized_kvcache(&c, &q, (&mut k, &mut e4), &[3, 3], None),
+        "the v cache must be q8_0 of shape [2, 10, 1, 32]",
+    );
+    let mut wide = AttentionConfig {
+        seq_kv: 12,
+        ..c.clone()
+    };
+    wide.validate().unwrap();
+    wrong(
+        x.forward_with_quantized_kvcache(&wide, &q, (&mut k, &mut v), &[3, 3], None),
+        "got q8_0 of shape [2, 10, 1, 32]",
+    );
+    wrong(
+        x.forward_with_quantized_kvcache(&c, &q, (&mut k, &mut v), &[3, 10], Some((&new, &new))),
+        "cache overflow: batch 1 holds 10 keys",
+    );
+    // every other row of a [2, 2, 1, 32] buffer: a strided view
+    let base = x.zeros(&[2, 2, 1, 32]).unwrap();
+    let view = x
+        .tensor_from_buffer(
+            base.buffer(),
+            0,
+            &[2, 1, 1, 32],
+            Some(&[64, 32, 32, 1]),
+            DType::F32,
+        )
+        .unwrap();
+    wrong(
+        x.forward_with_quantized_kvcache(&c, &q, (&mut k, &mut v), &[3, 3], Some((&view, &new))),
+        "a quantizing append (k_new)",
+    );
+    // the formats' own checks: head_dim, scales
+    for (f, scales, want) in [
+        (CacheFormat::Q8_0, None, "head_dim 48"),
+        (CacheFormat::E4M3, None, "needs a scale per kv head"),
+        (
+            CacheFormat::E4M3,
+            Some(&[0.0f32][..]),
+            "finite positive scales",
+        ),
+        (
+            CacheFormat::Q8_0,
+            Some(&[1.0f32][..]),
+            "head_scales must be None",
+        ),
+    ] {
+        let d = if want == "head_dim 48" { 48 } else { 32 };
+        let r = x.quantized_cache(f, &vec![0f32; 10 * d], [1, 10, 1, d], scales);
+        assert!(
+            matches!(&r, Err(e) if e.to_string().contains(want)),
+            "{f} {want}: {r:?}"
+        );
+    }
+}
+
+#[test]
 fn left_padded_caches_attend_past_their_padding() {
     // flash-attn's cache_leftpad: rows before each batch's padding hold NaN and are never
     // read into a result; a padding that covers every cached row leaves the new rows alone
