@@ -135,7 +135,7 @@ fn bad_8_bit_cache_arguments_are_typed_errors() {
         x.forward_with_quantized_kvcache(&c, &q, (&mut k, &mut e4), &[3, 3], None),
         "the v cache must be q8_0 of shape [2, 10, 1, 32]",
     );
-    let mut wide = AttentionConfig {
+    let wide = AttentionConfig {
         seq_kv: 12,
         ..c.clone()
     };
