@@ -374,6 +374,33 @@ fn backward(
     ))
 }
 
+/// The rotary tables a KV-cache call was given: (cos, sin, interleaved).
+type RotaryArg<'py> = Option<(PyRef<'py, PyTensor>, PyRef<'py, PyTensor>, bool)>;
+
+fn rotary_of<'a>(rotary: &'a RotaryArg<'_>) -> Option<Rotary<'a, Tensor>> {
+    rotary.as_ref().map(|(cos, sin, interleaved)| Rotary {
+        cos: &cos.inner,
+        sin: &sin.inner,
+        interleaved: *interleaved,
+    })
+}
+
+/// The new keys and values a KV-cache call appends: both or neither.
+fn append_of<'a>(
+    py: Python<'_>,
+    k_new: &'a Option<PyRef<'_, PyTensor>>,
+    v_new: &'a Option<PyRef<'_, PyTensor>>,
+) -> PyResult<Option<(&'a Tensor, &'a Tensor)>> {
+    match (k_new, v_new) {
+        (Some(k), Some(v)) => Ok(Some((&k.inner, &v.inner))),
+        (None, None) => Ok(None),
+        _ => Err(invalid(
+            py,
+            "k and v are appended together: give both or neither".into(),
+        )),
+    }
+}
+
 /// Attention over a KV cache after appending (k_new, v_new) at each batch's length; the
 /// caches are written in place: (out, lse). `rotary`: (cos, sin, interleaved) tables that
 /// rotate q and the new keys first.
@@ -389,26 +416,13 @@ fn forward_with_kvcache(
     k_new: Option<PyRef<'_, PyTensor>>,
     v_new: Option<PyRef<'_, PyTensor>>,
     options: Options,
-    rotary: Option<(PyRef<'_, PyTensor>, PyRef<'_, PyTensor>, bool)>,
+    rotary: RotaryArg<'_>,
 ) -> PyResult<(PyTensor, PyTensor)> {
     let ctx = context(py)?;
     let q = &q.inner;
     let cfg = config(py, q, &k_cache.inner, &options)?;
-    let rotary = rotary.as_ref().map(|(cos, sin, interleaved)| Rotary {
-        cos: &cos.inner,
-        sin: &sin.inner,
-        interleaved: *interleaved,
-    });
-    let append = match (&k_new, &v_new) {
-        (Some(k), Some(v)) => Some((&k.inner, &v.inner)),
-        (None, None) => None,
-        _ => {
-            return Err(invalid(
-                py,
-                "k and v are appended together: give both or neither".into(),
-            ))
-        }
-    };
+    let rotary = rotary_of(&rotary);
+    let append = append_of(py, &k_new, &v_new)?;
     let (kc, vc) = (&mut k_cache.inner, &mut v_cache.inner);
     let f = py
         .detach(|| match rotary {
@@ -489,26 +503,13 @@ fn forward_with_quantized_kvcache(
     k_new: Option<PyRef<'_, PyTensor>>,
     v_new: Option<PyRef<'_, PyTensor>>,
     options: Options,
-    rotary: Option<(PyRef<'_, PyTensor>, PyRef<'_, PyTensor>, bool)>,
+    rotary: RotaryArg<'_>,
 ) -> PyResult<(PyTensor, PyTensor)> {
     let ctx = context(py)?;
     let q = &q.inner;
     let cfg = config_for(py, q, k_cache.inner.shape(), &options)?;
-    let rotary = rotary.as_ref().map(|(cos, sin, interleaved)| Rotary {
-        cos: &cos.inner,
-        sin: &sin.inner,
-        interleaved: *interleaved,
-    });
-    let append = match (&k_new, &v_new) {
-        (Some(k), Some(v)) => Some((&k.inner, &v.inner)),
-        (None, None) => None,
-        _ => {
-            return Err(invalid(
-                py,
-                "k and v are appended together: give both or neither".into(),
-            ))
-        }
-    };
+    let rotary = rotary_of(&rotary);
+    let append = append_of(py, &k_new, &v_new)?;
     let caches = (&mut k_cache.inner, &mut v_cache.inner);
     let f = py
         .detach(|| match rotary {

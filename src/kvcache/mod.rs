@@ -312,17 +312,13 @@ impl Context {
         };
         let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
         crate::checks::check_tensor(self, TensorRole::Q, q, &c.q_shape(), dtype)?;
-        let (q_pos, k_pos) = Positions::for_kvcache(cfg, cache_seqlens);
         let mut enc = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("rotary + kvcache"),
             });
-        let q_rot = self.rotary_into(&mut enc, (TensorRole::Q, q), rotary, &q_pos)?;
-        let k_rot = match append {
-            Some((k, _)) => Some(self.rotary_into(&mut enc, (TensorRole::K, k), rotary, &k_pos)?),
-            None => None,
-        };
+        let (q_rot, k_rot) =
+            self.rotate_for_kvcache(&mut enc, cfg, cache_seqlens, q, append.map(|a| a.0), rotary)?;
         let append = append.zip(k_rot.as_ref()).map(|((_, v), k)| (k, v));
         let f = self.kvcache_impl(
             cfg,
@@ -357,6 +353,27 @@ impl Context {
         let out = self.rotary_into(&mut enc, (TensorRole::Q, x), rotary, positions)?;
         self.scoped(|| self.queue.submit([enc.finish()]))?;
         Ok(out)
+    }
+
+    /// q and the new keys of a KV-cache call (`k_new`) rotated into `enc` at flash-attn's
+    /// positions (`Positions::for_kvcache`): the tensors the call then attends with and
+    /// appends.
+    pub(crate) fn rotate_for_kvcache(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        cfg: &AttentionConfig,
+        cache_seqlens: &[usize],
+        q: &Tensor,
+        k_new: Option<&Tensor>,
+        rotary: Rotary<'_, Tensor>,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let (q_pos, k_pos) = Positions::for_kvcache(cfg, cache_seqlens);
+        let q_rot = self.rotary_into(enc, (TensorRole::Q, q), rotary, &q_pos)?;
+        let k_rot = match k_new {
+            Some(k) => Some(self.rotary_into(enc, (TensorRole::K, k), rotary, &k_pos)?),
+            None => None,
+        };
+        Ok((q_rot, k_rot))
     }
 
     /// Checks `x` (`role` names it in errors) and the tables, and records the rotation into

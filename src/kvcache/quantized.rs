@@ -23,7 +23,7 @@ use crate::device::Context;
 use crate::error::{Error, Result, TensorRole};
 use crate::forward::Forward;
 use crate::kv_format::CacheFormat;
-use crate::rotary::{Positions, Rotary};
+use crate::rotary::Rotary;
 use crate::tensor::Tensor;
 
 /// A KV cache (keys or values) in an 8-bit [`CacheFormat`] on the device: the words of
@@ -198,13 +198,7 @@ impl Context {
         });
         let turned = match (rotary, enc.as_mut()) {
             (Some(r), Some(e)) => {
-                let (q_pos, k_pos) = Positions::for_kvcache(cfg, cache_seqlens);
-                let q_rot = self.rotary_into(e, (TensorRole::Q, q), r, &q_pos)?;
-                let k_rot = match append {
-                    Some((k, _)) => Some(self.rotary_into(e, (TensorRole::K, k), r, &k_pos)?),
-                    None => None,
-                };
-                Some((q_rot, k_rot))
+                Some(self.rotate_for_kvcache(e, cfg, cache_seqlens, q, append.map(|a| a.0), r)?)
             }
             _ => None,
         };

@@ -130,30 +130,7 @@ pub fn append_and_attend_with<B: AttentionBackend, T: Element>(
         let (q, kn) = match &tables {
             None => (q, kn),
             Some((r, cos, sin, _, _)) => {
-                // flash-attn's rule, written out here: new key i of batch b at lens[b] + i;
-                // query i there too with a causal mask or a window, else at lens[b]
-                let turns = sc.causal || sc.window != flash_attn_wgpu::Window::default();
-                let at = |step| flash_attn_wgpu::Positions {
-                    start: lens.clone(),
-                    step,
-                };
-                let (qp, kp) = (at(usize::from(turns)), at(1));
-                let turn = |x: &[f32], heads: usize, p: &flash_attn_wgpu::Positions| {
-                    let y = reference::rotary(
-                        x,
-                        [c.batch, rows, heads, c.head_dim],
-                        (cos, sin, r.rotary_dim / 2),
-                        r.interleaved,
-                        p,
-                    );
-                    let y: Vec<f32> = y.iter().map(|&v| v as f32).collect();
-                    to_f32_vec(&from_f32_slice::<T>(&y))
-                };
-                let (qr, kr) = (turn(&q, c.heads_q, &qp), turn(&kn, c.heads_kv, &kp));
-                // the rotation changed what it turns (a test that rotates nothing proves
-                // nothing) and kept the other dims
-                assert!(kr.iter().zip(&kn).any(|(a, b)| a != b), "{msg}");
-                (qr, kr)
+                host_rotation::<T>(&sc, &lens, (q, kn), (*r, cos, sin), &msg)
             }
         };
         let out = to_f32_vec(&b.download::<T>(&f.out).unwrap());
@@ -214,6 +191,42 @@ pub fn append_and_attend_with<B: AttentionBackend, T: Element>(
             assert_lse_close(&lse[bi * ls..(bi + 1) * ls], &want.lse, &m);
         }
     }
+}
+
+/// q and the new keys of a KV-cache step (`sc`: the step's config, `lens` each batch's rows
+/// before it) rotated on the host as the call rotates them, rounded to `T`: flash-attn's rule,
+/// written out here, new key i of batch b at lens[b] + i, query i there too with a causal mask
+/// or a window, else at lens[b]. Asserts the rotation changed the keys (a test that rotates
+/// nothing proves nothing).
+fn host_rotation<T: Element>(
+    sc: &AttentionConfig,
+    lens: &[usize],
+    (q, kn): (Vec<f32>, Vec<f32>),
+    (r, cos, sin): (Rope, &[f32], &[f32]),
+    msg: &str,
+) -> (Vec<f32>, Vec<f32>) {
+    let turns = sc.causal || sc.window != flash_attn_wgpu::Window::default();
+    let at = |step| flash_attn_wgpu::Positions {
+        start: lens.to_vec(),
+        step,
+    };
+    let turn = |x: &[f32], heads: usize, p: &flash_attn_wgpu::Positions| {
+        let y = reference::rotary(
+            x,
+            [sc.batch, sc.seq_q, heads, sc.head_dim],
+            (cos, sin, r.rotary_dim / 2),
+            r.interleaved,
+            p,
+        );
+        let y: Vec<f32> = y.iter().map(|&v| v as f32).collect();
+        to_f32_vec(&from_f32_slice::<T>(&y))
+    };
+    let (qr, kr) = (
+        turn(&q, sc.heads_q, &at(usize::from(turns))),
+        turn(&kn, sc.heads_kv, &at(1)),
+    );
+    assert!(kr.iter().zip(&kn).any(|(a, b)| a != b), "{msg}");
+    (qr, kr)
 }
 
 /// A random block table for `batch` sequences of `pages_per_seq` pages over a pool with a few
@@ -356,30 +369,11 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
             ),
         }
         .unwrap_or_else(|e| panic!("step {step}: {e} ({msg})"));
-        // what the call attends with: q and the new keys rotated on the host (flash-attn's
-        // positions: key i of batch b at lens[b] + i, query i there too with a causal mask)
+        // what the call attends with: q and the new keys rotated on the host, in T
         let (q, kn) = match &tables {
             None => (q, kn),
             Some((r, cos, sin, _, _)) => {
-                let at = |step| flash_attn_wgpu::Positions {
-                    start: lens.clone(),
-                    step,
-                };
-                let turn = |t: &[f32], heads: usize, p: &flash_attn_wgpu::Positions| {
-                    let y = reference::rotary(
-                        t,
-                        [c.batch, rows, heads, c.head_dim],
-                        (cos, sin, r.rotary_dim / 2),
-                        r.interleaved,
-                        p,
-                    );
-                    let y: Vec<f32> = y.iter().map(|&v| v as f32).collect();
-                    to_f32_vec(&from_f32_slice::<T>(&y))
-                };
-                let qp = at(usize::from(sc.causal));
-                let kr = turn(&kn, c.heads_kv, &at(1));
-                assert!(kr.iter().zip(&kn).any(|(a, b)| a != b), "{msg}");
-                (turn(&q, c.heads_q, &qp), kr)
+                host_rotation::<T>(&sc, &lens, (q, kn), (*r, cos, sin), &msg)
             }
         };
         // the device rotates in f32 and the host in f64, each rounding to T: an ulp apart
