@@ -107,6 +107,64 @@ fn eight_bit_caches_append_on_the_gpu_and_attend_as_the_reference_over_their_val
 }
 
 #[test]
+fn every_forward_family_reads_an_8_bit_cache_as_the_reference() {
+    // a prefill-sized call (6 query rows: the tiled kernels) over q8_0 and E4M3 caches on
+    // every tiled family the adapter runs and the naive path, no append: out and lse against
+    // the f64 reference over the values the cache holds
+    use flash_attn_wgpu::{CacheFormat, Variant};
+    use rand::{Rng, SeedableRng};
+    let x = Context::new().unwrap();
+    let seed = common::fresh_seed();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut c = cfg(2, 6, 40, 4, 2, 32, true);
+    c.alibi_slopes = Some(common::random_alibi(&c, false));
+    let lens = [40, 17];
+    let shape = c.kv_shape();
+    let n: usize = shape.iter().product();
+    let mut values = || -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.5..1.5)).collect() };
+    let (k, v) = (values(), values());
+    let q: Vec<f32> = (0..c.q_shape().iter().product::<usize>())
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
+        .collect();
+    let qd = x.upload(&q, &c.q_shape()).unwrap();
+    let fmts = [
+        (CacheFormat::Q8_0, None),
+        (CacheFormat::E4M3, Some(vec![0.01f32; 2])),
+    ];
+    for (algorithm, variant) in common::algorithm_variants() {
+        if variant == Variant::Coop {
+            continue; // f16 tensors in native storage only; no adapter here has it
+        }
+        x.set_tuning(Tuning {
+            variant,
+            ..x.tuning()
+        })
+        .unwrap();
+        let mut cc = c.clone();
+        cc.algorithm = algorithm;
+        for (f, scales) in &fmts {
+            let mut kq = x.quantized_cache(*f, &k, shape, scales.as_deref()).unwrap();
+            let mut vq = x.quantized_cache(*f, &v, shape, scales.as_deref()).unwrap();
+            let r = x
+                .forward_with_quantized_kvcache(&cc, &qd, (&mut kq, &mut vq), &lens, None)
+                .unwrap();
+            let (kh, vh) = (
+                x.dequantize_cache(&kq).unwrap(),
+                x.dequantize_cache(&vq).unwrap(),
+            );
+            let mut want_cfg = cc.clone();
+            want_cfg.seqlens_kv = Some(lens.to_vec());
+            want_cfg.align_to_seqlens = true;
+            let want = flash_attn_wgpu::unstable::reference::forward(&want_cfg, &q, &kh, &vh);
+            let m = format!("{algorithm:?} {variant:?} {f} seed {seed}");
+            let out: Vec<f32> = x.download(&r.out).unwrap();
+            common::assert_close_tol("out", &out, &want.out, 1e-4, &m);
+            common::assert_lse_close(&x.download::<f32>(&r.lse).unwrap(), &want.lse, &m);
+        }
+    }
+}
+
+#[test]
 fn bad_8_bit_cache_arguments_are_typed_errors() {
     use flash_attn_wgpu::CacheFormat;
     let x = ctx();
