@@ -31,10 +31,11 @@
 // lse from their shifts; the partial results are its own).
 
 const D4: u32 = (HEAD_DIM + 3u) / 4u;
-// K and V are read CW vec4s at a time (`loadc_k`, `loadc_v` from the prelude, times the
-// column's scale `colscale_k`, `colscale_v`: 1 but for an 8-bit cache, whose scale so
-// multiplies a column's dot product or a key's weight once, not each element; one wide load
-// where rows start on whole words, CW = 2 for halves); a column is CW vec4s, DC of them a row
+// K and V are read CW vec4s at a time (`loadc_k`, `loadc_v` from the prelude: one wide load
+// where rows start on whole words, CW = 2 for halves; one 16-byte word of an 8-bit cache,
+// CW = 4), and a column's scale (`colscale_k`, `colscale_v`: 1 but for an 8-bit cache)
+// multiplies its dot product or a key's weight once, not each element; a column is CW vec4s,
+// DC of them a row
 // P V: invocation t owns column t % DC (dims 4 CW (t % DC) ..) of every row over the keys of
 // parity t / DC, among KP parities (all NT invocations where DC divides NT)
 const DC: u32 = D4 / CW;
