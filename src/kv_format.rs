@@ -197,7 +197,7 @@ impl CacheFormat {
 
     /// The per-head scales a cache of `heads` kv heads takes: E4M3's, `heads` finite positive
     /// values; none for Q8_0.
-    pub(crate) fn check_scales(self, heads: usize, scales: Option<&[f32]>) -> Result<Vec<f32>> {
+    fn check_scales(self, heads: usize, scales: Option<&[f32]>) -> Result<Vec<f32>> {
         match (self, scales) {
             (CacheFormat::Q8_0, None) => Ok(Vec::new()),
             (CacheFormat::Q8_0, Some(_)) => Err(Error::invalid(

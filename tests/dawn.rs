@@ -696,7 +696,7 @@ fn eight_bit_cache_reads_match_the_f64_reference_on_dawn() {
             .collect();
         let want = reference::forward(&c, &q, &kq, &vq);
         let mut p = plan::forward(&c, DType::F32, &e).expect("forward plan");
-        plan::quantized::read_cache(&mut p, format, &c, &e, kw.len() as u64 * 4).unwrap();
+        plan::quantized::read_cache(&mut p, format, &c, &e).unwrap();
         let name = format!("{format} seq_q {seq_q} splits {splits:?} seed={seed}");
         let mut case = p.replay(&name, WgslConsumer::Tint, vec![to_words(&q), kw, vw], 65535);
         case.checks = vec![

@@ -55,6 +55,13 @@ fn shuffled_pages(b: usize, s: usize) -> flash_attn_wgpu::PagedKv {
     }
 }
 
+/// `n` values in [-1, 1) in a fixed pattern (`salt` shifts it): the benches' K, V and q.
+fn pattern(n: usize, salt: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i * 7919 + salt) % 2003) as f32 / 1001.5) - 1.0)
+        .collect()
+}
+
 /// Skip the points whose K and V together exceed this many MiB.
 const MAX_KV_MIB: usize = 1024;
 
@@ -144,12 +151,7 @@ fn formats<T: Element>(
             cfg.validate()?;
             let shape = cfg.kv_shape();
             let kv_n: usize = shape.iter().product();
-            let fill = |salt: usize| -> Vec<f32> {
-                (0..kv_n)
-                    .map(|i| (((i * 7919 + salt) % 2003) as f32 / 1001.5) - 1.0)
-                    .collect()
-            };
-            let (kf, vf) = (fill(2), fill(3));
+            let (kf, vf) = (pattern(kv_n, 2), pattern(kv_n, 3));
             let q = ctx.upload(
                 &vec![T::from_f32(0.3); b * a.queries * a.heads * a.head_dim],
                 &cfg.q_shape(),
@@ -307,9 +309,7 @@ fn points<T: Element>(
                 continue;
             }
             let fill = |n: usize, salt: usize| -> Vec<T> {
-                (0..n)
-                    .map(|i| T::from_f32((((i * 7919 + salt) % 2003) as f32 / 1001.5) - 1.0))
-                    .collect()
+                pattern(n, salt).into_iter().map(T::from_f32).collect()
             };
             let q = ctx.upload(
                 &fill(b * a.queries * a.heads * a.head_dim, 1),

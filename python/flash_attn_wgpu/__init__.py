@@ -351,12 +351,11 @@ def quantize_cache(array, format="q8_0", head_scales=None):
 
 
 def e4m3_head_scales(array):
-    """Per-kv-head e4m3 scales for ``array`` ``[..., nheads_k, headdim]``: each head's largest
-    finite magnitude over 448 (1 for a head of zeros), so that none of it saturates."""
-    a = np.asarray(array, dtype=np.float32)
-    a = np.where(np.isfinite(a), np.abs(a), 0.0)
-    amax = a.reshape(-1, a.shape[-2], a.shape[-1]).max(axis=(0, 2))
-    return np.where(amax > 0, amax / 448.0, 1.0).astype(np.float32)
+    """Per-kv-head e4m3 scales for ``array`` ``[batch, seqlen, nheads_k, headdim]``: each
+    head's largest finite magnitude over 448 (1 for a head of zeros), so that none of it
+    saturates (the library's rule, ``CacheFormat::e4m3_head_scales``)."""
+    a = np.ascontiguousarray(np.asarray(array, dtype=np.float32))
+    return np.asarray(_native.e4m3_head_scales(a), dtype=np.float32)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,

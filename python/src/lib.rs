@@ -474,20 +474,29 @@ fn quantized_cache(
 ) -> PyResult<PyQuantizedCache> {
     let ctx = context(py)?;
     let f: CacheFormat = format.parse().map_err(|e: String| invalid(py, e))?;
-    let shape = <[usize; 4]>::try_from(array.shape()).map_err(|_| {
-        invalid(
-            py,
-            format!(
-                "a cache has 4 dimensions [batch, seq, heads, head_dim], got shape {:?}",
-                array.shape()
-            ),
-        )
-    })?;
+    let shape = cache_shape(py, array.shape())?;
     let data = array.as_slice()?;
     let inner = py
         .detach(|| ctx.quantized_cache(f, data, shape, head_scales.as_deref()))
         .map_err(|e| to_py(py, e))?;
     Ok(PyQuantizedCache { inner })
+}
+
+/// Per-kv-head E4M3 scales for `array` (float32, 4-d): `CacheFormat::e4m3_head_scales`.
+#[pyfunction]
+fn e4m3_head_scales(py: Python<'_>, array: PyReadonlyArrayDyn<'_, f32>) -> PyResult<Vec<f32>> {
+    let shape = cache_shape(py, array.shape())?;
+    Ok(CacheFormat::e4m3_head_scales(array.as_slice()?, shape))
+}
+
+/// The shape of a cache's values: 4 dimensions.
+fn cache_shape(py: Python<'_>, shape: &[usize]) -> PyResult<[usize; 4]> {
+    <[usize; 4]>::try_from(shape).map_err(|_| {
+        invalid(
+            py,
+            format!("a cache has 4 dimensions [batch, seq, heads, head_dim], got shape {shape:?}"),
+        )
+    })
 }
 
 /// [`forward_with_kvcache`] over 8-bit caches.
@@ -531,6 +540,7 @@ fn forward_with_quantized_kvcache(
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyQuantizedCache>()?;
     m.add_function(wrap_pyfunction!(quantized_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(e4m3_head_scales, m)?)?;
     m.add_function(wrap_pyfunction!(forward_with_quantized_kvcache, m)?)?;
     m.add_class::<PyTensor>()?;
     m.add_class::<PyBlockMask>()?;

@@ -208,8 +208,7 @@ impl Context {
         };
         let env = self.plan_env();
         let mut plan = crate::plan::forward(&c, dtype, &env)?;
-        let bytes = k_cache.size_bytes()?;
-        crate::plan::quantized::read_cache(&mut plan, format, &c, &env, bytes)?;
+        crate::plan::quantized::read_cache(&mut plan, format, &c, &env)?;
         let mut inputs: Vec<&Tensor> = vec![q, &k_cache.words, &v_cache.words];
         if let Some((k_new, v_new)) = append {
             // new row r (batch-major) goes to cache row rows[r]
@@ -226,17 +225,8 @@ impl Context {
             let first = plan.inputs.len();
             plan.inputs.extend([TensorRole::K, TensorRole::V]);
             inputs.extend([k_new, v_new]);
-            for n in 0..2 {
-                crate::plan::quantized::append(
-                    &mut plan,
-                    format,
-                    &c,
-                    dtype,
-                    &env,
-                    (first + n, 1 + n),
-                    &rows,
-                )?;
-            }
+            let pairs = [(first, 1), (first + 1, 2)];
+            crate::plan::quantized::append(&mut plan, format, (&c, dtype, &env), &pairs, &rows)?;
         }
         let given = dst.map(|d| [&d.out, &d.lse]);
         let outputs =

@@ -11,16 +11,16 @@ use crate::kernels::{Kernel, KernelKey, Params};
 use crate::kv_format::CacheFormat;
 
 /// Switches every step of `plan` (a forward plan of `cfg`, inputs q, k, v) that reads K or V
-/// to the cache format `f`. The decode kernel reads a 16-byte word a column, so its subgroup
-/// is chosen again for that width. A plan that binds the caches in windows (a cache past one
-/// binding) is a typed `DeviceLimit`.
+/// to the cache format `f` (caches of `cfg.kv_shape()`). The decode kernel reads a 16-byte
+/// word a column, so its subgroup is chosen again for that width. A plan that binds the caches
+/// in windows (a cache past one binding) is a typed `DeviceLimit`.
 pub fn read_cache(
     plan: &mut Plan,
     f: CacheFormat,
     cfg: &AttentionConfig,
     env: &PlanEnv,
-    cache_bytes: u64,
 ) -> Result<()> {
+    let cache_bytes = f.cache_words(cfg.kv_shape())? as u64 * 4;
     if cache_bytes > env.max_binding_bytes || plan.steps.iter().any(|s| !s.windows.is_empty()) {
         return Err(Error::DeviceLimit {
             what: format!("a {f} KV cache's call in one binding per tensor"),
@@ -43,17 +43,16 @@ pub fn read_cache(
     Ok(())
 }
 
-/// Puts in front of `plan`'s steps the quantizing append of plan input `src` (k_new or v_new,
-/// `[batch, new, heads_kv, head_dim]` row-major in `dtype`) into the cache at input `cache`:
-/// new row r (batch-major) goes to cache row `rows[r]`, a table the step reads from the plan's
-/// pair data (after whatever the call's own kernels read there).
+/// Puts in front of `plan`'s steps the quantizing appends of each `(src, cache)` pair of plan
+/// inputs (k_new into the k cache, v_new into the v cache: `[batch, new, heads_kv, head_dim]`
+/// row-major in `dtype`), in that order: new row r (batch-major) goes to cache row `rows[r]`,
+/// a table the steps read from the plan's pair data (after whatever the call's own kernels
+/// read there), stored once for all of them.
 pub fn append(
     plan: &mut Plan,
     f: CacheFormat,
-    cfg: &AttentionConfig,
-    dtype: DType,
-    env: &PlanEnv,
-    (src, cache): (usize, usize),
+    (cfg, dtype, env): (&AttentionConfig, DType, &PlanEnv),
+    pairs: &[(usize, usize)],
     rows: &[u32],
 ) -> Result<()> {
     let items = rows.len() * cfg.heads_kv;
@@ -64,30 +63,26 @@ pub fn append(
     }
     let base = plan.pairs.len() as u32;
     plan.pairs.extend_from_slice(rows);
-    let step = Step {
-        key: KernelKey {
-            elem: ElemFormat::new(dtype, env.tuning.half_storage),
-            head_dim: cfg.head_dim as u32,
-            kv: Some(f),
-            ..KernelKey::plain(Kernel::KvQuantize)
-        },
-        params: Params {
-            total_items: total,
-            heads_kv: cfg.heads_kv as u32,
-            head_dim: cfg.head_dim as u32,
-            pairs_base: base,
-            ..Default::default()
-        },
+    let key = KernelKey {
+        elem: ElemFormat::new(dtype, env.tuning.half_storage),
+        head_dim: cfg.head_dim as u32,
+        kv: Some(f),
+        ..KernelKey::plain(Kernel::KvQuantize)
+    };
+    let params = Params {
+        total_items: total,
+        heads_kv: cfg.heads_kv as u32,
+        head_dim: cfg.head_dim as u32,
+        pairs_base: base,
+        ..Default::default()
+    };
+    let steps = pairs.iter().map(|&(src, cache)| Step {
+        key,
+        params,
         buffers: vec![BufRef::Input(src), BufRef::Pairs, BufRef::Input(cache)],
         windows: Vec::new(),
         workgroups: total.div_ceil(ELEMENTWISE_WORKGROUP),
-    };
-    // the appends go first, in the order asked for
-    let at = plan
-        .steps
-        .iter()
-        .take_while(|s| s.key.kernel == Kernel::KvQuantize)
-        .count();
-    plan.steps.insert(at, step);
+    });
+    plan.steps.splice(0..0, steps);
     Ok(())
 }
