@@ -102,22 +102,36 @@ fn slice_row(row: u32) -> SliceRow {
 // aligned byte offset: the shifts place its element 0, and row_stride keeps the whole call's
 // lse layout.
 
-// q, out, d_out, dq: [batch, seq_q, heads_q, head_dim]
+// q, dq: [batch, seq_q, heads_q, head_dim]; out, d_out: [batch, seq_q, heads_q, head_dim_v]
+// (o_index; HEAD_DIM_V is HEAD_DIM but where a call's values are wider or narrower, which
+// only the naive and decode kernels run: src/plan/head_dims.rs)
 fn q_index(b: u32, i: u32, h: u32, d: u32) -> u32 {
     return ((b * params.seq_q + i) * params.heads_q + h) * HEAD_DIM + d + params.q_shift;
 }
 
-// k, v, dk, dv: [batch, seq_kv, heads_kv, head_dim]; with PAGED, k and v are page pools
-// [pages, page_size, heads_kv, head_dim] and batch b's key j lies in the page its block-table
-// entry names (a key past seq_kv reads its batch's last page)
-fn kv_index(b: u32, j: u32, hk: u32, d: u32) -> u32 {
+fn o_index(b: u32, i: u32, h: u32, d: u32) -> u32 {
+    return ((b * params.seq_q + i) * params.heads_q + h) * HEAD_DIM_V + d + params.q_shift;
+}
+
+// k, dk: [batch, seq_kv, heads_kv, head_dim]; v, dv (v_index): head_dim_v wide. With PAGED,
+// k and v are page pools [pages, page_size, heads_kv, dim] and batch b's key j lies in the
+// page its block-table entry names (a key past seq_kv reads its batch's last page)
+fn kv_row(b: u32, j: u32, hk: u32) -> u32 {
     if (PAGED()) {
         let entry = min(j / params.page_size, params.pages_per_seq - 1u);
         let page = page_entry((params.batch_base + b) * params.pages_per_seq + entry);
-        let row = page * params.page_size + j % params.page_size;
-        return (row * params.heads_kv + hk) * HEAD_DIM + d;
+        return (page * params.page_size + j % params.page_size) * params.heads_kv + hk;
     }
-    return ((b * params.seq_kv + j) * params.heads_kv + hk) * HEAD_DIM + d + params.kv_shift;
+    return (b * params.seq_kv + j) * params.heads_kv + hk;
+}
+
+fn kv_index(b: u32, j: u32, hk: u32, d: u32) -> u32 {
+    // (a paged call is never cut into windows: its kv_shift is 0)
+    return kv_row(b, j, hk) * HEAD_DIM + d + params.kv_shift;
+}
+
+fn v_index(b: u32, j: u32, hk: u32, d: u32) -> u32 {
+    return kv_row(b, j, hk) * HEAD_DIM_V + d + params.kv_shift;
 }
 
 // Reads of the inputs q, k, v, out and d_out go through these (stores, and reads of what the
@@ -147,21 +161,21 @@ fn v_at(b: u32, j: u32, hk: u32, d: u32) -> u32 {
     if (VIEWS() && !PAGED()) {
         return view_index(2u, b, j, hk, d);
     }
-    return kv_index(b, j, hk, d);
+    return v_index(b, j, hk, d);
 }
 
 fn out_at(b: u32, i: u32, h: u32, d: u32) -> u32 {
     if (VIEWS()) {
         return view_index(3u, b, i, h, d);
     }
-    return q_index(b, i, h, d);
+    return o_index(b, i, h, d);
 }
 
 fn dout_at(b: u32, i: u32, h: u32, d: u32) -> u32 {
     if (VIEWS()) {
         return view_index(4u, b, i, h, d);
     }
-    return q_index(b, i, h, d);
+    return o_index(b, i, h, d);
 }
 
 // lse, delta: [batch, heads_q, seq_q]

@@ -11,7 +11,7 @@ fn item(e: u32) {
     let base_do = dout_at(b, i, h, 0u);
     let base_o = out_at(b, i, h, 0u);
     var acc = 0.0;
-    for (var d = 0u; d < HEAD_DIM; d++) {
+    for (var d = 0u; d < HEAD_DIM_V; d++) {
         acc = fma(load_out(base_o + d), load_d_out(base_do + d), acc);
     }
     lse_delta[pair_index(b, h, i)] = vec2<f32>(lse_to_log2(lse[row_index(b, h, i)]), acc);

@@ -26,25 +26,31 @@
 // handed over with subgroupBroadcast (lanes1, lanes4: the prelude): on CPU drivers each such
 // read is a per-lane gather, the broadcast a register permute.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
-// part_out: f32 [splits, batch, seq_q, heads_q, head_dim]; part_lse: f32 [splits, batch,
+// part_out: f32 [splits, batch, seq_q, heads_q, head_dim_v]; part_lse: f32 [splits, batch,
 // heads_q, seq_q]; of this dispatch's batches (a window of whole batches binds q, k, v, out and
 // lse from their shifts; the partial results are its own).
 
+// q and k rows of D4 vec4s (HEAD_DIM), v and out rows of D4V (HEAD_DIM_V: the values' head
+// dim, HEAD_DIM but where a call's differ, as MLA's 576/512)
 const D4: u32 = (HEAD_DIM + 3u) / 4u;
+const D4V: u32 = (HEAD_DIM_V + 3u) / 4u;
 // K and V are read CW vec4s at a time (`loadc_k`, `loadc_v` from the prelude: one wide load
 // where rows start on whole words, CW = 2 for halves; one 16-byte word of an 8-bit cache,
 // CW = 4), and a column's scale (`colscale_k`, `colscale_v`: 1 but for an 8-bit cache)
 // multiplies its dot product or a key's weight once, not each element; a column is CW vec4s,
-// DC of them a row
+// DCK of them a k row, DC a v row
 // P V: invocation t owns column t % DC (dims 4 CW (t % DC) ..) of every row over the keys of
 // parity t / DC, among KP parities (all NT invocations where DC divides NT)
-const DC: u32 = D4 / CW;
+const DCK: u32 = D4 / CW;
+const DC: u32 = D4V / CW;
 const KP: u32 = max(NT / DC, 1u);
 // with subgroups of SG lanes (the prelude's SG > 1: DC a multiple of SG, so a subgroup's lanes
 // share one key parity), each lane holds QH of every row's q vec4s
 const QH: u32 = max(select(1u, D4 / SG, SG > 1u), 1u);
 
-var<workgroup> sq: array<vec4<f32>, BR * D4>;
+// the rows' q (D4 a row), then their output columns' partial sums (D4V a row)
+const DQ: u32 = max(D4, D4V);
+var<workgroup> sq: array<vec4<f32>, BR * DQ>;
 var<workgroup> ss: array<f32, BR * BC>;
 var<workgroup> s_row: array<f32, BR>;
 
@@ -158,7 +164,7 @@ fn main(
             }
         } else if (j < hi) {
             let base_k = k_at(b, j, hk, 0u);
-            for (var g = 0u; g < DC; g++) {
+            for (var g = 0u; g < DCK; g++) {
                 let kv = loadc_k(base_k, g);
                 let ks = colscale_k(base_k, g);
                 for (var r = 0u; r < BR; r++) {
@@ -263,7 +269,7 @@ fn main(
         if (kp == k && col < DC) {
             for (var r = 0u; r < BR; r++) {
                 for (var w = 0u; w < CW; w++) {
-                    sq[r * D4 + col * CW + w] = acc[r][w];
+                    sq[r * D4V + col * CW + w] = acc[r][w];
                 }
             }
         }
@@ -271,7 +277,7 @@ fn main(
         if (kp == 0u && col < DC) {
             for (var r = 0u; r < BR; r++) {
                 for (var w = 0u; w < CW; w++) {
-                    acc[r][w] += sq[r * D4 + col * CW + w];
+                    acc[r][w] += sq[r * D4V + col * CW + w];
                 }
             }
         }
@@ -292,12 +298,12 @@ fn main(
         for (var r = 0u; r < BR; r++) {
             if (p0 + r < rows) {
                 let pr = packed_row(hk, p0 + r);
-                let base = q_index(b, pr.i, pr.h, 0u);
+                let base = o_index(b, pr.i, pr.h, 0u);
                 for (var w = 0u; w < CW; w++) {
                     let o = acc[r][w] * s_row[r];
                     let d0 = 4u * (col * CW + w);
                     for (var c = 0u; c < 4u; c++) {
-                        if (d0 + c < HEAD_DIM) {
+                        if (d0 + c < HEAD_DIM_V) {
                             decode_out(split, base + d0 + c, o[c]);
                         }
                     }

@@ -3,7 +3,8 @@
 // sink joins as one more part (lse = sink, out 0). A row no split lets see a key gets out 0 and
 // lse -inf (or the sink's lse).
 // Grid: ceil(total_items / 64) workgroups, folded; one invocation per element of out (of this
-// dispatch's batches: a window of whole batches binds out and lse from their shifts).
+// dispatch's batches: a window of whole batches binds out and lse from their shifts). Its
+// HEAD_DIM is out's row (the values' head dim: src/plan/decode.rs).
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 fn item(e: u32) {

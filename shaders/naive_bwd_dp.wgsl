@@ -9,7 +9,7 @@ fn item(e: u32) {
     let ob = dout_at(at.b, at.i, at.h, 0u);
     let vb = v_at(at.b, jcol, at.h / params.group, 0u);
     var acc = 0.0;
-    for (var d = 0u; d < HEAD_DIM; d++) {
+    for (var d = 0u; d < HEAD_DIM_V; d++) {
         acc = fma(load_d_out(ob + d), load_v(vb + d), acc);
     }
     dp[e] = acc;

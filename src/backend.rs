@@ -239,7 +239,7 @@ pub trait AttentionBackend {
             cfg,
             &self.upload(q, &cfg.q_shape())?,
             &self.upload(k, &cfg.kv_shape())?,
-            &self.upload(v, &cfg.kv_shape())?,
+            &self.upload(v, &cfg.v_shape())?,
         )?;
         Ok(HostForward {
             out: self.download(&f.out)?,
@@ -260,15 +260,15 @@ pub trait AttentionBackend {
         d_out: &[T],
     ) -> Result<HostGradients<T>> {
         check_backward_host(cfg, (q, k, v), out, lse, d_out)?;
-        let (qs, kvs) = (cfg.q_shape(), cfg.kv_shape());
+        let (qs, kvs, os) = (cfg.q_shape(), cfg.kv_shape(), cfg.out_shape());
         let g = self.backward_lse_checked(
             cfg,
             &self.upload(q, &qs)?,
             &self.upload(k, &kvs)?,
-            &self.upload(v, &kvs)?,
-            &self.upload(out, &qs)?,
+            &self.upload(v, &cfg.v_shape())?,
+            &self.upload(out, &os)?,
             &self.upload(lse, &cfg.lse_shape())?,
-            &self.upload(d_out, &qs)?,
+            &self.upload(d_out, &os)?,
         )?;
         Ok(HostGradients {
             dq: self.download(&g.dq)?,

@@ -127,10 +127,10 @@ impl Context {
         let dtype = q.dtype();
         check_tensor(self, TensorRole::Q, q, &cfg.q_shape(), dtype)?;
         check_tensor(self, TensorRole::K, k, &cfg.kv_shape(), dtype)?;
-        check_tensor(self, TensorRole::V, v, &cfg.kv_shape(), dtype)?;
-        check_tensor(self, TensorRole::Out, out, &cfg.q_shape(), dtype)?;
+        check_tensor(self, TensorRole::V, v, &cfg.v_shape(), dtype)?;
+        check_tensor(self, TensorRole::Out, out, &cfg.out_shape(), dtype)?;
         check_tensor(self, TensorRole::Lse, lse, &cfg.lse_shape(), DType::F32)?;
-        check_tensor(self, TensorRole::DOut, d_out, &cfg.q_shape(), dtype)?;
+        check_tensor(self, TensorRole::DOut, d_out, &cfg.out_shape(), dtype)?;
         // lse is one value per row, small beside the pass itself: read back and checked here
         // as the host call checks its slice. Not in a browser, which cannot wait for it: there
         // the device backward is the recorded one's (an lse of +inf zeroes its row).

@@ -85,7 +85,7 @@ pub(crate) fn check_forward_host<T>(
     cfg.validate()?;
     check_slice(TensorRole::Q, q.len(), &cfg.q_shape())?;
     check_slice(TensorRole::K, k.len(), &cfg.kv_shape())?;
-    check_slice(TensorRole::V, v.len(), &cfg.kv_shape())
+    check_slice(TensorRole::V, v.len(), &cfg.v_shape())
 }
 
 /// The checks of a backward from host slices, on every backend: the forward's, then out, lse
@@ -98,8 +98,8 @@ pub(crate) fn check_backward_host<T>(
     d_out: &[T],
 ) -> Result<()> {
     check_forward_host(cfg, q, k, v)?;
-    check_slice(TensorRole::Out, out.len(), &cfg.q_shape())?;
+    check_slice(TensorRole::Out, out.len(), &cfg.out_shape())?;
     check_slice(TensorRole::Lse, lse.len(), &cfg.lse_shape())?;
-    check_slice(TensorRole::DOut, d_out.len(), &cfg.q_shape())?;
+    check_slice(TensorRole::DOut, d_out.len(), &cfg.out_shape())?;
     check_lse_values(lse)
 }

@@ -7,8 +7,15 @@ use crate::dropout::Dropout;
 use crate::error::{Error, Result};
 use crate::varlen::Varlen;
 
-/// Largest head dimension the kernels are built for.
+/// Largest head dimension every kernel family is built for (q, k and v alike).
 pub const MAX_HEAD_DIM: usize = 256;
+
+/// Largest query/key head dimension a call may have (MLA's 512 latent + 64 rotary dims):
+/// past [`MAX_HEAD_DIM`] only the paths docs/SEMANTICS.md names run it ("Head dims").
+pub const MAX_HEAD_DIM_QK: usize = 576;
+
+/// Largest value head dimension a call may have ([`AttentionConfig::head_dim_v`], MLA's 512).
+pub const MAX_HEAD_DIM_V: usize = 512;
 
 /// Which implementation runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -49,8 +56,10 @@ impl Window {
 
 /// Shapes and options of one attention call.
 ///
-/// Layouts (row-major): q and out are `[batch, seq_q, heads_q, head_dim]`, k and v are
-/// `[batch, seq_kv, heads_kv, head_dim]`, lse is `[batch, heads_q, seq_q]` (natural log).
+/// Layouts (row-major): q is `[batch, seq_q, heads_q, head_dim]`, k `[batch, seq_kv,
+/// heads_kv, head_dim]`, v `[batch, seq_kv, heads_kv, dv]` and out `[batch, seq_q, heads_q,
+/// dv]` (dv = [`head_dim_v`](AttentionConfig::head_dim_v), by default head_dim), lse
+/// `[batch, heads_q, seq_q]` (natural log).
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttentionConfig {
     /// Sequences in the batch (1 for a packed varlen call).
@@ -63,8 +72,14 @@ pub struct AttentionConfig {
     pub heads_q: usize,
     /// Key/value heads: divides heads_q (GQA; 1 is MQA).
     pub heads_kv: usize,
-    /// Elements per head, 1 to [`MAX_HEAD_DIM`].
+    /// Elements per query and key head, 1 to [`MAX_HEAD_DIM`] (to [`MAX_HEAD_DIM_QK`] on the
+    /// paths that take wider heads: docs/SEMANTICS.md, "Head dims").
     pub head_dim: usize,
+    /// Elements per value (and output) head where they differ from `head_dim` (DeepSeek's
+    /// 192/128 prefill, MLA's 576/512 decode), 1 to [`MAX_HEAD_DIM_V`]; `None`: `head_dim`.
+    /// Not every path runs a call whose dims differ: the others refuse it with
+    /// `Error::Unsupported` (docs/SEMANTICS.md, "Head dims").
+    pub head_dim_v: Option<usize>,
     /// Bottom-right aligned causal mask: query i sees key j iff `j <= i + seq_kv - seq_q`.
     pub causal: bool,
     /// Sliding window (local attention); composes with `causal`. Default: none.
@@ -226,6 +241,7 @@ impl AttentionConfig {
             heads_q,
             heads_kv,
             head_dim,
+            head_dim_v: None,
             causal: false,
             window: Window::default(),
             softcap: None,
@@ -287,17 +303,41 @@ impl AttentionConfig {
         self.heads_q / self.heads_kv.max(1)
     }
 
-    /// q and out: `[batch, seq_q, heads_q, head_dim]`.
+    /// Elements per value and output head: `head_dim_v`, or `head_dim`.
+    pub fn dv(&self) -> usize {
+        self.head_dim_v.unwrap_or(self.head_dim)
+    }
+
+    /// True when values are as wide as queries and keys (`head_dim_v` unset or equal).
+    pub fn same_head_dims(&self) -> bool {
+        self.dv() == self.head_dim
+    }
+
+    /// q (and dq): `[batch, seq_q, heads_q, head_dim]`.
     pub fn q_shape(&self) -> [usize; 4] {
         [self.batch, self.seq_q, self.heads_q, self.head_dim]
     }
 
-    /// k and v: `[batch, seq_kv, heads_kv, head_dim]`, or with `paged` the page pools
+    /// out (and d_out): `[batch, seq_q, heads_q, dv]` (`dv()`: head_dim unless `head_dim_v`).
+    pub fn out_shape(&self) -> [usize; 4] {
+        [self.batch, self.seq_q, self.heads_q, self.dv()]
+    }
+
+    /// k (and dk): `[batch, seq_kv, heads_kv, head_dim]`, or with `paged` the page pools
     /// `[num_pages, page_size, heads_kv, head_dim]`.
     pub fn kv_shape(&self) -> [usize; 4] {
+        self.kv_shape_of(self.head_dim)
+    }
+
+    /// v (and dv): as k's, `dv()` wide.
+    pub fn v_shape(&self) -> [usize; 4] {
+        self.kv_shape_of(self.dv())
+    }
+
+    fn kv_shape_of(&self, dim: usize) -> [usize; 4] {
         match &self.paged {
-            Some(p) => [p.num_pages, p.page_size, self.heads_kv, self.head_dim],
-            None => [self.batch, self.seq_kv, self.heads_kv, self.head_dim],
+            Some(p) => [p.num_pages, p.page_size, self.heads_kv, dim],
+            None => [self.batch, self.seq_kv, self.heads_kv, dim],
         }
     }
 
@@ -387,10 +427,16 @@ impl AttentionConfig {
                 return Err(Error::invalid(format!("{name} must be at least 1, got 0")));
             }
         }
-        if self.head_dim > MAX_HEAD_DIM {
+        if self.head_dim > MAX_HEAD_DIM_QK {
             return Err(Error::invalid(format!(
-                "head_dim must be in 1..={MAX_HEAD_DIM}, got {}",
+                "head_dim must be in 1..={MAX_HEAD_DIM_QK}, got {}",
                 self.head_dim
+            )));
+        }
+        if self.head_dim_v == Some(0) || self.dv() > MAX_HEAD_DIM_V {
+            return Err(Error::invalid(format!(
+                "head_dim_v (head_dim where it is None) must be in 1..={MAX_HEAD_DIM_V}, got {}",
+                self.dv()
             )));
         }
         if let Some(n) = self.kv_splits {
@@ -417,7 +463,12 @@ impl AttentionConfig {
         // Kernels index with u32; each tensor must stay addressable.
         // Checked: the product of four dimensions can overflow any integer type.
         let limit = u32::MAX as u64;
-        for (name, shape) in [("q", self.q_shape()), ("k/v", self.kv_shape())] {
+        for (name, shape) in [
+            ("q", self.q_shape()),
+            ("k", self.kv_shape()),
+            ("v", self.v_shape()),
+            ("out", self.out_shape()),
+        ] {
             let n = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64));
             match n {
                 Some(n) if n <= limit => {}

@@ -159,7 +159,8 @@ pub enum Error {
         message: String,
     },
 
-    /// A feature this backend does not implement (docs/FEATURES.md lists each).
+    /// A feature this backend does not implement (README's feature table and docs/CUDA.md list
+    /// each).
     #[error("{feature} is not supported on the {backend} backend: {reason}")]
     Unsupported {
         /// The feature asked for.

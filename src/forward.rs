@@ -139,7 +139,7 @@ impl Context {
         let dtype = q.dtype();
         check_tensor(self, TensorRole::Q, q, &cfg.q_shape(), dtype)?;
         check_tensor(self, TensorRole::K, k, &cfg.kv_shape(), dtype)?;
-        check_tensor(self, TensorRole::V, v, &cfg.kv_shape(), dtype)?;
+        check_tensor(self, TensorRole::V, v, &cfg.v_shape(), dtype)?;
         let plan = plan::forward(cfg, dtype, &self.plan_env())?;
         let given = dst.map(|d| [&d.out, &d.lse]);
         let outputs = self.execute_into(&plan, &[q, k, v], into, given.as_ref().map(|g| &g[..]))?;

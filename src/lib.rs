@@ -65,7 +65,9 @@ pub use backward::{Gradients, HostGradients};
 pub use bias::ScoreBias;
 pub use block_mask::BlockMask;
 pub use bool_mask::BoolMask;
-pub use config::{Algorithm, AttentionConfig, Shape, Window, MAX_HEAD_DIM};
+pub use config::{
+    Algorithm, AttentionConfig, Shape, Window, MAX_HEAD_DIM, MAX_HEAD_DIM_QK, MAX_HEAD_DIM_V,
+};
 pub use device::{AdapterSummary, Context, MemoryStats, Tuning};
 pub use dropout::Dropout;
 pub use dtype::{from_f32_slice, to_f32_vec, DType, Element, HalfStorage};

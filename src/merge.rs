@@ -46,11 +46,11 @@ pub(crate) fn check_shards(shards: &[ShardMeta<'_>]) -> Result<([usize; 4], DTyp
         ))
     })?;
     crate::tensor::shape_elements(&shape)?;
-    if shape[3] > crate::MAX_HEAD_DIM {
+    if shape[3] > crate::MAX_HEAD_DIM_V {
         return Err(Error::invalid(format!(
-            "merge: head_dim (out's last dimension) is {}, at most {} (MAX_HEAD_DIM)",
+            "merge: head_dim (out's last dimension) is {}, at most {} (MAX_HEAD_DIM_V)",
             shape[3],
-            crate::MAX_HEAD_DIM
+            crate::MAX_HEAD_DIM_V
         )));
     }
     let dtype = first.out.1;

@@ -567,8 +567,9 @@ fn with_views(s: &crate::plan::Step, plan: &Plan, inputs: &[&Tensor]) -> Result<
         // compiled in (FLASH_ATTN_COMPILED_FLAGS): this step's pipeline reads views
         step.key.flags |= flags::VIEWS;
     }
-    // a view's rows need not start on whole words
-    step.key.wide = 0;
+    // the decode kernel's wide reads stay where each viewed k and v row starts on a whole
+    // 16-byte word (an MLA cache's values inside its latent keys); other views' rows need not
+    let mut whole_words = true;
     for (n, r) in s.buffers.iter().enumerate() {
         let BufRef::Input(i) = *r else { continue };
         let t = inputs[i];
@@ -592,6 +593,15 @@ fn with_views(s: &crate::plan::Step, plan: &Plan, inputs: &[&Tensor]) -> Result<
                 t.strides()
             ))
         })?;
+        if matches!(VIEW_SLOTS[v], "k" | "v") {
+            let per_word = (16 / t.dtype().size_bytes()) as u32;
+            whole_words &= step.params.views[v].iter().all(|x| x % per_word == 0);
+        }
+    }
+    if !whole_words {
+        step.key.wide = 0;
+        // a view of values past 256 dims read element by element does not fit the kernel
+        crate::plan::decode::columns_fit(&step.key)?;
     }
     Ok(step)
 }

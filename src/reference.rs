@@ -8,7 +8,7 @@ use crate::config::AttentionConfig;
 /// Reference forward output.
 #[derive(Debug, Clone)]
 pub struct RefForward {
-    /// `[batch, seq_q, heads_q, head_dim]`
+    /// `[batch, seq_q, heads_q, dv]` (`AttentionConfig::dv`: head_dim unless head_dim_v)
     pub out: Vec<f64>,
     /// `[batch, heads_q, seq_q]`, natural log; `-inf` for rows that see no key.
     pub lse: Vec<f64>,
@@ -88,16 +88,29 @@ fn visible(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) ->
     causal_ok && left_ok && right_ok
 }
 
+// Element 0 of a row: of q (qi), out and d_out (oi: dv wide), k (ki), v (vi: dv wide).
 fn qi(cfg: &AttentionConfig, b: usize, i: usize, h: usize) -> usize {
     ((b * cfg.seq_q + i) * cfg.heads_q + h) * cfg.head_dim
 }
 
-fn ki(cfg: &AttentionConfig, b: usize, j: usize, h: usize) -> usize {
+fn oi(cfg: &AttentionConfig, b: usize, i: usize, h: usize) -> usize {
+    ((b * cfg.seq_q + i) * cfg.heads_q + h) * cfg.dv()
+}
+
+fn kv_row(cfg: &AttentionConfig, b: usize, j: usize, h: usize) -> usize {
     let row = match &cfg.paged {
         Some(p) => p.row(b, j),
         None => b * cfg.seq_kv + j,
     };
-    (row * cfg.heads_kv + h) * cfg.head_dim
+    row * cfg.heads_kv + h
+}
+
+fn ki(cfg: &AttentionConfig, b: usize, j: usize, h: usize) -> usize {
+    kv_row(cfg, b, j, h) * cfg.head_dim
+}
+
+fn vi(cfg: &AttentionConfig, b: usize, j: usize, h: usize) -> usize {
+    kv_row(cfg, b, j, h) * cfg.dv()
 }
 
 /// scale * q_i . k_j of query head h, batch b, in f64.
@@ -173,7 +186,7 @@ fn row_probs(
 
 /// `out = softmax(scale * Q K^T) V` and `lse = log(sum(exp(scale * Q K^T)))` per row.
 pub fn forward(cfg: &AttentionConfig, q: &[f32], k: &[f32], v: &[f32]) -> RefForward {
-    let d = cfg.head_dim;
+    let d = cfg.dv();
     let mut out = vec![0.0; cfg.batch * cfg.seq_q * cfg.heads_q * d];
     let mut lse = vec![0.0; cfg.batch * cfg.heads_q * cfg.seq_q];
     for b in 0..cfg.batch {
@@ -182,12 +195,12 @@ pub fn forward(cfg: &AttentionConfig, q: &[f32], k: &[f32], v: &[f32]) -> RefFor
             for i in 0..cfg.seq_q {
                 let (p, row_lse) = row_probs(cfg, q, k, b, h, i);
                 lse[(b * cfg.heads_q + h) * cfg.seq_q + i] = row_lse;
-                let oo = qi(cfg, b, i, h);
+                let oo = oi(cfg, b, i, h);
                 for (j, &pj) in p.iter().enumerate() {
                     // dropout: a kept pair's weight scales by 1 / (1 - p), a dropped one's is 0
                     let w = pj * cfg.dropout_factor(b, h, i, j);
                     if w != 0.0 {
-                        let vo = ki(cfg, b, j, hk);
+                        let vo = vi(cfg, b, j, hk);
                         for x in 0..d {
                             out[oo + x] += w * v[vo + x] as f64;
                         }
@@ -307,7 +320,7 @@ fn backward_impl(
     out: Option<&[f32]>,
     d_out: &[f32],
 ) -> RefGradients {
-    let d = cfg.head_dim;
+    let (d, dvw) = (cfg.head_dim, cfg.dv());
     let scale = cfg.scale() as f64;
     let mut dq = vec![0.0; q.len()];
     let mut dk = vec![0.0; k.len()];
@@ -322,7 +335,7 @@ fn backward_impl(
             let hk = h / cfg.group();
             for i in 0..cfg.seq_q {
                 let (p, lse) = row_probs(cfg, q, k, b, h, i);
-                let oo = qi(cfg, b, i, h);
+                let (qo, oo) = (qi(cfg, b, i, h), oi(cfg, b, i, h));
                 let z: Vec<f64> = (0..cfg.seq_kv)
                     .map(|j| cfg.dropout_factor(b, h, i, j))
                     .collect();
@@ -332,14 +345,14 @@ fn backward_impl(
                         if z[j] == 0.0 {
                             return 0.0;
                         }
-                        let vo = ki(cfg, b, j, hk);
-                        z[j] * (0..d)
+                        let vo = vi(cfg, b, j, hk);
+                        z[j] * (0..dvw)
                             .map(|x| d_out[oo + x] as f64 * v[vo + x] as f64)
                             .sum::<f64>()
                     })
                     .collect();
                 let delta: f64 = match out {
-                    Some(o) => (0..d)
+                    Some(o) => (0..dvw)
                         .map(|x| d_out[oo + x] as f64 * o[oo + x] as f64)
                         .sum(),
                     // hidden keys (p = 0) contribute nothing, whatever their v holds
@@ -363,11 +376,13 @@ fn backward_impl(
                         db[((bb * bias.heads + bh) * cfg.seq_q + i) * cfg.seq_kv + j] += finished;
                     }
                     let ds = finished * score_slope(cfg, q, k, (b, h, i, j));
-                    let ko = ki(cfg, b, j, hk);
+                    let (ko, vo) = (ki(cfg, b, j, hk), vi(cfg, b, j, hk));
+                    for x in 0..dvw {
+                        dv[vo + x] += p[j] * z[j] * d_out[oo + x] as f64;
+                    }
                     for x in 0..d {
-                        dv[ko + x] += p[j] * z[j] * d_out[oo + x] as f64;
-                        dq[oo + x] += scale * ds * k[ko + x] as f64;
-                        dk[ko + x] += scale * ds * q[oo + x] as f64;
+                        dq[qo + x] += scale * ds * k[ko + x] as f64;
+                        dk[ko + x] += scale * ds * q[qo + x] as f64;
                     }
                 }
             }

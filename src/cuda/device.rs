@@ -30,6 +30,10 @@ use crate::{
     TensorRole,
 };
 
+/// What runs a call whose head dims the CUDA kernels refuse (`plan::head_dims`).
+const CUDA_INSTEAD: &str = "the CUDA kernels take one head dim for q, k and v; the wgpu \
+     backend's naive path and decode kernel run such calls";
+
 // SAFETY: #[repr(C)], plain 4-byte fields, the layout of the kernel's struct (tested in
 // kernels.rs).
 unsafe impl DeviceRepr for Params {}
@@ -523,6 +527,7 @@ impl CudaContext {
         v: &CudaTensor,
     ) -> Result<Forward<CudaTensor>> {
         cfg.validate()?;
+        crate::plan::head_dims::refuse(cfg, "the CUDA kernels", Backend::Cuda, CUDA_INSTEAD)?;
         let dtype = q.dtype;
         self.check(TensorRole::Q, q, &cfg.q_shape(), dtype)?;
         self.check(TensorRole::K, k, &cfg.kv_shape(), dtype)?;
@@ -578,6 +583,7 @@ impl CudaContext {
         d_out: &CudaTensor,
     ) -> Result<Gradients<CudaTensor>> {
         cfg.validate()?;
+        crate::plan::head_dims::refuse(cfg, "the CUDA kernels", Backend::Cuda, CUDA_INSTEAD)?;
         let dtype = q.dtype;
         self.check(TensorRole::Q, q, &cfg.q_shape(), dtype)?;
         self.check(TensorRole::K, k, &cfg.kv_shape(), dtype)?;
@@ -896,6 +902,7 @@ impl CudaContext {
             None => 0,
         };
         let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
+        crate::plan::head_dims::refuse(&c, "the CUDA kernels", Backend::Cuda, CUDA_INSTEAD)?;
         self.check(TensorRole::Q, q, &c.q_shape(), dtype)?;
         self.check(TensorRole::K, k_cache, &c.kv_shape(), dtype)?;
         self.check(TensorRole::V, v_cache, &c.kv_shape(), dtype)?;
@@ -946,6 +953,7 @@ impl CudaContext {
             None => 0,
         };
         let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
+        crate::plan::head_dims::refuse(&c, "the CUDA kernels", Backend::Cuda, CUDA_INSTEAD)?;
         self.check(TensorRole::Q, q, &c.q_shape(), dtype)?;
         let (q_pos, k_pos) = Positions::for_kvcache(cfg, cache_seqlens);
         let q_rot = self.rotary_of((TensorRole::Q, q), rotary, &q_pos)?;

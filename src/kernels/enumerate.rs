@@ -106,8 +106,55 @@ pub fn pipeline_keys(devices: &[Device]) -> Vec<KernelKey> {
             }
         }
     }
+    for key in value_dim_keys(devices) {
+        if sources.insert(key.wgsl_for(WgslConsumer::Naga)) {
+            keys.push(key);
+        }
+    }
     keys
 }
+
+/// The kernels that read values of their own head dim (`AttentionConfig::head_dim_v`: the
+/// naive path's and the decode kernel, `plan::head_dims`) at [`VALUE_DIMS`], in f32 element
+/// reads, and the decode kernel at MLA's 576/512 in f16 with wide reads, on each device's
+/// tiles (no subgroup: 576 dims in columns of 4 vec4s are no multiple of one): the paths
+/// whose code differs where the dims do.
+fn value_dim_keys(devices: &[Device]) -> Vec<KernelKey> {
+    let key = |kernel: Kernel, (d, dv): (u32, u32), elem, wide, device: &Device| {
+        let tiles = choose_tiles(kernel, d.max(dv), device.caps)
+            .unwrap_or_else(|e| panic!("{kernel:?} at head dims {d}/{dv}: {e}"));
+        KernelKey {
+            elem,
+            head_dim_v: dv,
+            wide,
+            ..variants_of(kernel, d, tiles, 0, false)[0]
+        }
+    };
+    let mut out = Vec::new();
+    for device in devices {
+        for kernel in [
+            Kernel::NaivePv,
+            Kernel::NaiveBwdDp,
+            Kernel::NaiveBwdDkDv,
+            Kernel::FlashBwdPreprocess,
+            Kernel::FlashDecode,
+        ] {
+            out.push(key(kernel, VALUE_DIMS, ElemFormat::F32, 0, device));
+        }
+        let mla = (576, 512);
+        out.push(key(
+            Kernel::FlashDecode,
+            mla,
+            ElemFormat::F16Native,
+            2,
+            device,
+        ));
+    }
+    out
+}
+
+/// Head dims of q/k and of v at which the list takes the kernels that read values apart.
+const VALUE_DIMS: (u32, u32) = (40, 24);
 
 /// Head dims at which the list also takes the compiled bits on (a boundary case and a common
 /// size), and the accumulate mode of split calls (which changes only the output
@@ -151,6 +198,7 @@ fn variants_of(
         kernel,
         elem,
         head_dim,
+        head_dim_v: 0,
         tiles,
         runtime: kernel.reads_flags() & !flags::COMPILED,
         flags: 0,

@@ -69,6 +69,10 @@ pub struct KernelKey {
     /// How element-typed bindings are stored; `F32` for kernels without any.
     pub elem: ElemFormat,
     pub head_dim: u32,
+    /// Elements per value and output row where they differ from `head_dim`
+    /// (`AttentionConfig::head_dim_v`); 0: `head_dim` ([`KernelKey::dv`], the prelude's
+    /// HEAD_DIM_V), so that a key of equal dims is one key however it was made.
+    pub head_dim_v: u32,
     pub tiles: Tiles,
     /// The modifier bits read at run time from `Params::flags` ([`super::flags`]): the bits
     /// the kernel reads ([`Kernel::reads_flags`]) that are not compiled in.
@@ -107,6 +111,7 @@ impl KernelKey {
             kernel,
             elem: ElemFormat::F32,
             head_dim: 1,
+            head_dim_v: 0,
             tiles: Tiles::ONE,
             runtime: 0,
             flags: 0,
@@ -121,11 +126,16 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {}{} d={} br={} bc={} tpr={} rpt={} runtime=[{}] compiled=[{}]{}{} sg={}{}{}",
+            "{} {}{} d={}{} br={} bc={} tpr={} rpt={} runtime=[{}] compiled=[{}]{}{} sg={}{}{}",
             self.kernel.name(),
             self.elem.name(),
             self.kv.map_or(String::new(), |f| format!(" kv={f}")),
             self.head_dim,
+            if self.head_dim_v != 0 {
+                format!(" dv={}", self.head_dim_v)
+            } else {
+                String::new()
+            },
             self.tiles.br,
             self.tiles.bc,
             self.tiles.tpr,
@@ -208,6 +218,15 @@ impl KernelKey {
     /// True when binding `b` is K or V in an 8-bit cache format (`kv`).
     fn reads_cache(&self, b: &Binding) -> bool {
         self.kv.is_some() && b.ty == BindType::Elem && matches!(b.name, "k" | "v")
+    }
+
+    /// Elements per value and output row: `head_dim_v`, or `head_dim` where it is 0.
+    pub fn dv(&self) -> u32 {
+        if self.head_dim_v == 0 {
+            self.head_dim
+        } else {
+            self.head_dim_v
+        }
     }
 
     /// The vec4s of f32 a column of the decode kernel's K/V reads holds (its `CW`): `wide`
@@ -429,6 +448,7 @@ impl KernelKey {
         let (t, d) = (self.tiles, self.head_dim);
         let mut s = String::new();
         let _ = writeln!(s, "const HEAD_DIM: u32 = {d}u;");
+        let _ = writeln!(s, "const HEAD_DIM_V: u32 = {}u;", self.dv());
         match self.kernel {
             Kernel::RooflineFma => s.push_str("alias FT = f32;\n"),
             Kernel::RooflineFmaF16 => s.push_str("alias FT = f16;\n"),
@@ -682,7 +702,7 @@ fn load4_wgsl(n: &str) -> String {
 }
 
 /// Where the decode kernel puts a row's result (row `r` = `row_index(b, h, i)`, element `e` =
-/// `q_index(b, i, h, d)` of the whole call; the row's head begun): `decode_scale(m, l)` is
+/// `o_index(b, i, h, d)` of the whole call; the row's head begun): `decode_scale(m, l)` is
 /// the factor its accumulator is multiplied by, `decode_lse` and `decode_out` store. For a
 /// split (`FlashDecode`): normalized over the split's own keys and their lse without the sink,
 /// in f32 at split `split` of the partial results (which hold the dispatch's batches only),
@@ -699,6 +719,6 @@ fn decode_results_wgsl(kernel: Kernel) -> String {
      fn decode_lse(split: u32, r: u32, m: f32, l: f32) { \
      part_lse[split * params.batch * params.heads_q * params.seq_q + r - params.row_shift] = keys_lse(m, l); }\n\
      fn decode_out(split: u32, e: u32, x: f32) { \
-     part_out[split * params.batch * params.seq_q * params.heads_q * HEAD_DIM + e - params.q_shift] = x; }\n"
+     part_out[split * params.batch * params.seq_q * params.heads_q * HEAD_DIM_V + e - params.q_shift] = x; }\n"
         .into()
 }

@@ -127,7 +127,8 @@ pub(crate) fn append_rows(
     let rows = if k.0.len() == 4 { k.0[1] } else { 0 };
     let expected = [cfg.batch, rows.max(1), cfg.heads_kv, cfg.head_dim];
     check_meta(TensorRole::K, k.0, k.1, &expected, dtype)?;
-    check_meta(TensorRole::V, v.0, v.1, &expected, dtype)?;
+    let expected_v = [cfg.batch, rows.max(1), cfg.heads_kv, cfg.dv()];
+    check_meta(TensorRole::V, v.0, v.1, &expected_v, dtype)?;
     Ok(rows)
 }
 
@@ -157,25 +158,25 @@ pub(crate) fn append_runs(
     runs
 }
 
-/// The buffer copies that append `t` (k_new or v_new, plan input `src`) to the cache (plan
-/// input `dst`) at each batch's length: runs of whole rows from a row-major `t`; from a view
+/// The buffer copies that append `t` (k_new or v_new, plan input `src`, `hd` elements a head:
+/// head_dim or head_dim_v) to the cache (plan input `dst`) at each batch's length: runs of whole rows from a row-major `t`; from a view
 /// (a packed QKV projection, BHSD), each row, or each head of a row, that lies contiguous. A
 /// typed `Unsupported` where a piece would not start on a 4-byte word (copies move words).
 fn append_copies(
     c: &AttentionConfig,
-    t: &Tensor,
+    (t, hd): (&Tensor, usize),
     (src, dst): (usize, usize),
     cache_seqlens: &[usize],
     new_rows: usize,
 ) -> Result<Vec<BufferCopy>> {
     let esz = t.dtype().size_bytes() as u64;
-    let (hd, row_bytes) = (c.head_dim as u64, (c.heads_kv * c.head_dim) as u64 * esz);
+    let (head, hd, row_bytes) = (hd, hd as u64, (c.heads_kv * hd) as u64 * esz);
     let [sb, ss, sh, _] = <[usize; 4]>::try_from(t.strides())
         .map_err(|_| Error::invalid(format!("{}: a 4-d tensor expected", t.describe())))?;
     // pieces a row and elements a piece (0: whole runs of rows)
     let (pieces, piece) = if t.is_row_major() {
         (0, 0)
-    } else if sh == c.head_dim || c.heads_kv == 1 {
+    } else if sh == head || c.heads_kv == 1 {
         (1, c.heads_kv as u64 * hd)
     } else {
         (c.heads_kv as u64, hd)
@@ -440,16 +441,18 @@ impl Context {
         let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
         crate::checks::check_tensor(self, TensorRole::Q, q, &c.q_shape(), dtype)?;
         crate::checks::check_tensor(self, TensorRole::K, k_cache, &c.kv_shape(), dtype)?;
-        crate::checks::check_tensor(self, TensorRole::V, v_cache, &c.kv_shape(), dtype)?;
+        crate::checks::check_tensor(self, TensorRole::V, v_cache, &c.v_shape(), dtype)?;
         let mut plan = crate::plan::forward(&c, dtype, &self.plan_env())?;
         let mut inputs: Vec<&Tensor> = vec![q, k_cache, v_cache];
         if let Some((k_new, v_new)) = append {
-            let row_bytes = (c.heads_kv * c.head_dim * dtype.size_bytes()) as u64;
-            if !row_bytes.is_multiple_of(4) {
+            let odd = [c.head_dim, c.dv()]
+                .into_iter()
+                .find(|&d| !((c.heads_kv * d * dtype.size_bytes()) as u64).is_multiple_of(4));
+            if let Some(d) = odd {
                 return Err(Error::Unsupported {
                     feature: format!(
-                        "appending to a {dtype} KV cache with heads_kv x head_dim = {} (odd)",
-                        c.heads_kv * c.head_dim
+                        "appending to a {dtype} KV cache with heads_kv x head dim = {} (odd)",
+                        c.heads_kv * d
                     ),
                     backend: crate::Backend::Wgpu,
                     reason: "the append is a buffer copy of whole 4-byte words; append with \
@@ -460,7 +463,10 @@ impl Context {
             let first = plan.inputs.len();
             plan.inputs.extend([TensorRole::K, TensorRole::V]);
             inputs.extend([k_new, v_new]);
-            for (n, t) in [k_new, v_new].into_iter().enumerate() {
+            for (n, t) in [(k_new, c.head_dim), (v_new, c.dv())]
+                .into_iter()
+                .enumerate()
+            {
                 plan.copies.extend(append_copies(
                     &c,
                     t,

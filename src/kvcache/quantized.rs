@@ -175,6 +175,13 @@ impl Context {
             None => 0,
         };
         let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
+        // the cache's records are one head dim wide, K's and V's alike
+        crate::plan::head_dims::refuse(
+            &c,
+            "an 8-bit KV cache",
+            crate::Backend::Wgpu,
+            "the f32/f16/bf16 caches take them (forward_with_kvcache)",
+        )?;
         check_tensor(self, TensorRole::Q, q, &c.q_shape(), dtype)?;
         let format = k_cache.format;
         for (role, cache) in [(TensorRole::K, &*k_cache), (TensorRole::V, &*v_cache)] {

@@ -123,7 +123,7 @@ fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
             },
             OutputSpec {
                 role: TensorRole::Dv,
-                shape: cfg.kv_shape().to_vec(),
+                shape: cfg.v_shape().to_vec(),
                 dtype,
             },
         ],
@@ -138,6 +138,12 @@ fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
         copies: Vec::new(),
     };
     if cfg.algorithm == Algorithm::Tiled {
+        super::head_dims::refuse(
+            cfg,
+            "the tiled backward",
+            crate::Backend::Wgpu,
+            super::head_dims::WGPU_INSTEAD,
+        )?;
         if let Some(parts) = split::choose(cfg, dtype, env)? {
             split::backward_steps(cfg, dtype, env, parts, &mut plan)?;
             return Ok(plan);
@@ -214,7 +220,8 @@ fn naive_steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Pl
         );
         push(
             Kernel::NaiveBwdDkDv,
-            (count / group) * cfg.seq_kv * cfg.head_dim,
+            // one item per (dK, dV) element pair: the wider of the two rows
+            (count / group) * cfg.seq_kv * cfg.head_dim.max(cfg.dv()),
             vec![probs, ds, Q, D_OUT, DK, DV],
         );
         push(

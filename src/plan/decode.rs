@@ -76,7 +76,10 @@ pub fn kv_splits(unsplit_workgroups: usize, seq_kv: usize, max_splits: usize) ->
 pub fn wide_words(cfg: &AttentionConfig, dtype: DType, tiles: Tiles, env: &PlanEnv) -> (u32, u32) {
     let per_word = 16 / dtype.size_bytes();
     let fits = |w: usize| {
-        w == 0 || (cfg.head_dim.is_multiple_of(w * per_word) && env.offset_align.is_multiple_of(16))
+        w == 0
+            || (cfg.head_dim.is_multiple_of(w * per_word)
+                && cfg.dv().is_multiple_of(w * per_word)
+                && env.offset_align.is_multiple_of(16))
     };
     let cols = |w: u32| crate::kernels::wgsl::column_vec4s(w, dtype == DType::F32);
     let widths: Vec<u32> = [2u32, 1, 0]
@@ -92,6 +95,31 @@ pub fn wide_words(cfg: &AttentionConfig, dtype: DType, tiles: Tiles, env: &PlanE
     (widths[0], 0)
 }
 
+/// `Error::Unsupported` where the decode kernel of `key` cannot give each output column an
+/// invocation: P V gives each of its [`DECODE_KEYS`] invocations one column (`CW` vec4s) of
+/// the output rows, so values past 256 dims need columns of whole 16-byte words (`wide`),
+/// which rows that start on whole words give (the plan's `wide_words`; a view's rows where
+/// its offset and strides are whole words: `record`).
+pub(crate) fn columns_fit(key: &KernelKey) -> Result<()> {
+    let columns = key.dv().div_ceil(4).div_ceil(key.wide_vec4s());
+    if !key.kernel.is_decode() || columns <= DECODE_KEYS {
+        return Ok(());
+    }
+    Err(Error::Unsupported {
+        feature: format!(
+            "the decode kernel at head_dim_v {} read element by element",
+            key.dv()
+        ),
+        backend: crate::Backend::Wgpu,
+        reason: format!(
+            "its {columns} output columns a row are more than its {DECODE_KEYS} invocations; \
+             values past 256 dims are read in 16-byte words, which needs head_dim and \
+             head_dim_v multiples of 8 (MLA's 576 and 512 are), and views of k and v whose \
+             offsets and strides are whole 16-byte words"
+        ),
+    })
+}
+
 /// The subgroup size the decode kernel shares reads across (`flash_decode.wgsl`'s SG): the
 /// adapter's fixed size the tuning names (`Tuning::rows_subgroup`) where a subgroup's lanes
 /// share one key parity (the columns of a row, head_dim / 4 / `cw` with `cw` vec4s a column,
@@ -101,9 +129,12 @@ pub fn wide_words(cfg: &AttentionConfig, dtype: DType, tiles: Tiles, env: &PlanE
 pub fn decode_subgroup(cfg: &AttentionConfig, tiles: Tiles, env: &PlanEnv, cw: u32) -> u32 {
     let sg = env.tuning.rows_subgroup;
     let d4 = (cfg.head_dim as u32).div_ceil(4);
+    let d4v = (cfg.dv() as u32).div_ceil(4);
     if sg > 1
         && (d4 / cw).is_multiple_of(sg)
         && d4.is_multiple_of(cw)
+        && (d4v / cw).is_multiple_of(sg)
+        && d4v.is_multiple_of(cw)
         && sg.is_multiple_of(cw)
         && tiles.br * d4 / sg <= 32
         && decode_private_floats(tiles.br, d4, sg, cw) <= env.caps.private_floats
@@ -162,11 +193,16 @@ pub struct DecodeShape {
 /// when n does not divide well), or the heuristic's count with splits rounded up to whole
 /// tiles of keys.
 pub fn shape(cfg: &AttentionConfig, env: &PlanEnv) -> Result<DecodeShape> {
-    let t = choose_tiles(Kernel::FlashDecode, cfg.head_dim as u32, env.caps)?;
+    // its q rows are head_dim wide and its output sums head_dim_v: the wider sizes the tiles
+    let t = choose_tiles(
+        Kernel::FlashDecode,
+        cfg.head_dim.max(cfg.dv()) as u32,
+        env.caps,
+    )?;
     let rows = cfg.group() * cfg.seq_q;
     let br = t.br.min(rows.next_power_of_two() as u32);
     let chunks = rows.div_ceil(br as usize);
-    let per_split = (cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim) as u64 * 4;
+    let per_split = (cfg.batch * cfg.seq_q * cfg.heads_q * cfg.dv()) as u64 * 4;
     let max_splits = (env.max_binding_bytes / per_split.max(1)) as usize;
     if let Some(n) = cfg.kv_splits.filter(|&n| n > max_splits) {
         return Err(Error::DeviceLimit {
@@ -192,6 +228,15 @@ pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan
         Error::Device("internal: a decode plan for a call whose batch does not fit".into())
     })?;
     let windowed = parts.len() > 1;
+    if windowed {
+        // the batch windows place q's and k's rows; v's and out's differ where head_dim_v does
+        super::head_dims::refuse(
+            cfg,
+            "a decode call whose batch is cut into binding windows",
+            crate::Backend::Wgpu,
+            "split the batch into calls that each fit one binding",
+        )?;
+    }
     // one geometry and one scratch for every window: the largest window's
     let widest = parts.iter().map(|p| p.1).max().unwrap_or(cfg.batch);
     let s = shape(
@@ -201,7 +246,8 @@ pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan
         },
         env,
     )?;
-    let per_batch = cfg.seq_q * cfg.heads_q * cfg.head_dim;
+    // out's elements a batch (head_dim_v wide)
+    let per_batch = cfg.seq_q * cfg.heads_q * cfg.dv();
     // one split: the decode kernel finishes the rows itself, no partial results, no merge
     let one = s.splits == 1;
     let first = plan.scratch.len();
@@ -235,6 +281,7 @@ pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan
             env,
         )
     };
+    columns_fit(&decode)?;
     for (b, nb) in parts {
         let part = AttentionConfig {
             batch: nb,
@@ -298,7 +345,8 @@ pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan
                 key: KernelKey {
                     runtime: combine.runtime & flags::SINKS,
                     flags: combine.flags & flags::SINKS,
-                    head_dim: combine.head_dim,
+                    // the merge runs over out's rows: its HEAD_DIM is the values' dim
+                    head_dim: combine.dv(),
                     elem: combine.elem,
                     ..KernelKey::plain(Kernel::FlashDecodeCombine)
                 },

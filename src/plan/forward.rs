@@ -1,8 +1,8 @@
 //! The forward plan: one tiled dispatch, or the naive path's three kernels per chunk.
 
 use super::{
-    key, naive, pass_kernel, split, tiled_step, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec,
-    Step,
+    head_dims, key, naive, pass_kernel, split, tiled_step, BufRef, OutputSpec, Plan, PlanEnv,
+    ScratchSpec, Step,
 };
 use crate::config::{Algorithm, AttentionConfig};
 use crate::dtype::DType;
@@ -20,7 +20,7 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
         outputs: vec![
             OutputSpec {
                 role: TensorRole::Out,
-                shape: cfg.q_shape().to_vec(),
+                shape: cfg.out_shape().to_vec(),
                 dtype,
             },
             OutputSpec {
@@ -41,6 +41,12 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
             super::decode::steps(cfg, dtype, env, &mut plan)?
         }
         Algorithm::Tiled => match split::choose(cfg, dtype, env)? {
+            _ if head_dims::beyond_families(cfg) => head_dims::refuse(
+                cfg,
+                "the tiled prefill forward (more than 4 query rows, or packed sequences)",
+                crate::Backend::Wgpu,
+                head_dims::WGPU_INSTEAD,
+            )?,
             None => plan.steps.push(tiled_step(
                 pass_kernel(Pass::Forward, cfg, dtype, env),
                 (cfg, cfg),
@@ -77,7 +83,7 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
                     ..base
                 };
                 let n_scores = rows * cfg.seq_kv;
-                let n_out = rows * cfg.head_dim;
+                let n_out = rows * cfg.dv();
                 plan.steps.extend([
                     Step {
                         key: k(Kernel::NaiveScores),

@@ -7,6 +7,7 @@
 mod backward;
 pub mod decode;
 mod forward;
+pub(crate) mod head_dims;
 pub(crate) mod mask_blocks;
 pub mod merge;
 mod naive;
@@ -416,6 +417,11 @@ pub(crate) fn key(
             cfg.head_dim as u32
         } else {
             1
+        },
+        head_dim_v: if kernel.reads_head_dim() && !cfg.same_head_dims() {
+            cfg.dv() as u32
+        } else {
+            0
         },
         tiles,
         runtime,

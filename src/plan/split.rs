@@ -52,7 +52,8 @@ pub fn choose(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Opti
         return Ok(None);
     }
     let esz = dtype.size_bytes() as u64;
-    let d = cfg.head_dim as u64;
+    // the wider of q/k's and v/out's rows (head_dim_v): every tensor's windows then fit
+    let d = cfg.head_dim.max(cfg.dv()) as u64;
     let q_row = cfg.heads_q as u64 * d; // elements per query position
     let kv_row = cfg.heads_kv as u64 * d;
     let (sq, skv, b) = (cfg.seq_q as u64, cfg.seq_kv as u64, cfg.batch as u64);

@@ -143,7 +143,7 @@ pub fn check_case<B: AttentionBackend, T: Element>(
 }
 
 /// The magnitude of the terms each gradient sums, for random data: dS = P (dP - delta) is a
-/// difference of terms of size |dP| ~ sqrt(head_dim) |dO| |v| (times the dropout factor) that
+/// difference of terms of size |dP| ~ sqrt(dv) |dO| |v| (dv: the values' head dim; times the dropout factor) that
 /// cancel exactly where a row sees a single key (P = 1, dP = delta), so dq and dk can be 0
 /// in exact arithmetic with f32 rounding errors of that size relative to dP; the tolerance
 /// is then taken against these (dq: scale |dP| |k|, dk: scale |dP| |q|, dv: |dO| times the
@@ -151,7 +151,7 @@ pub fn check_case<B: AttentionBackend, T: Element>(
 fn gradient_floors(cfg: &AttentionConfig, [q, k, v, d_out]: [&[f32]; 4]) -> [f64; 4] {
     let max = |x: &[f32]| x.iter().fold(0.0f64, |m, y| m.max(y.abs() as f64));
     let z = cfg.dropout.map_or(1.0, |d| 1.0 / (1.0 - d.p as f64));
-    let dp = (cfg.head_dim as f64).sqrt() * max(d_out) * max(v) * z;
+    let dp = (cfg.dv() as f64).sqrt() * max(d_out) * max(v) * z;
     let scale = cfg.scale() as f64;
     [
         scale * dp * max(k),

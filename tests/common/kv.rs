@@ -56,7 +56,8 @@ pub fn append_and_attend_with<B: AttentionBackend, T: Element>(
     let seed = fresh_seed();
     let mut rng = StdRng::seed_from_u64(seed);
     let c = base;
-    let row = c.heads_kv * c.head_dim;
+    // a cache row of k, of v (head_dim_v wide)
+    let (row, vrow) = (c.heads_kv * c.head_dim, c.heads_kv * c.dv());
     let cap = c.seq_kv;
     let msg = format!("{} lens {lens:?} new {new} {rope:?} seed {seed}", T::DTYPE);
     // tables for every position of the cache, on the device once
@@ -69,7 +70,7 @@ pub fn append_and_attend_with<B: AttentionBackend, T: Element>(
     });
     // the caches: random rows from each left padding to each length, NaN elsewhere
     let mut kc = random(&mut rng, c.batch * cap * row, 1.5);
-    let mut vc = random(&mut rng, c.batch * cap * row, 1.0);
+    let mut vc = random(&mut rng, c.batch * cap * vrow, 1.0);
     for (bi, &n) in lens.iter().enumerate() {
         let hidden = [
             bi * cap..bi * cap + c.kv_start(bi),
@@ -77,13 +78,13 @@ pub fn append_and_attend_with<B: AttentionBackend, T: Element>(
         ];
         for r in hidden.into_iter().flatten() {
             kc[r * row..(r + 1) * row].fill(f32::NAN);
-            vc[r * row..(r + 1) * row].fill(f32::NAN);
+            vc[r * vrow..(r + 1) * vrow].fill(f32::NAN);
         }
     }
     let mut kc: Vec<f32> = to_f32_vec(&from_f32_slice::<T>(&kc));
     let mut vc: Vec<f32> = to_f32_vec(&from_f32_slice::<T>(&vc));
     let mut kd = b.upload(&from_f32_slice::<T>(&kc), &c.kv_shape()).unwrap();
-    let mut vd = b.upload(&from_f32_slice::<T>(&vc), &c.kv_shape()).unwrap();
+    let mut vd = b.upload(&from_f32_slice::<T>(&vc), &c.v_shape()).unwrap();
     let mut lens = lens.to_vec();
     for (step, rows) in [new, 1].into_iter().enumerate() {
         let mut sc = c.clone();
@@ -100,14 +101,15 @@ pub fn append_and_attend_with<B: AttentionBackend, T: Element>(
         )));
         let vn = to_f32_vec(&from_f32_slice::<T>(&random(
             &mut rng,
-            c.batch * rows * row,
+            c.batch * rows * vrow,
             1.0,
         )));
         let new_shape = [c.batch, rows, c.heads_kv, c.head_dim];
+        let new_v = [c.batch, rows, c.heads_kv, c.dv()];
         let (qd, knd, vnd) = (
             b.upload(&from_f32_slice::<T>(&q), &sc.q_shape()).unwrap(),
             b.upload(&from_f32_slice::<T>(&kn), &new_shape).unwrap(),
-            b.upload(&from_f32_slice::<T>(&vn), &new_shape).unwrap(),
+            b.upload(&from_f32_slice::<T>(&vn), &new_v).unwrap(),
         );
         let f = match &tables {
             None => b.forward_with_kvcache(&sc, &qd, &mut kd, &mut vd, &lens, Some((&knd, &vnd))),
@@ -137,9 +139,10 @@ pub fn append_and_attend_with<B: AttentionBackend, T: Element>(
         let lse = b.download::<f32>(&f.lse).unwrap();
         // the caches now: the new rows at each length
         for (bi, &n) in lens.iter().enumerate() {
-            let at = (bi * cap + n) * row;
+            let (at, vat) = ((bi * cap + n) * row, (bi * cap + n) * vrow);
             kc[at..at + rows * row].copy_from_slice(&kn[bi * rows * row..(bi + 1) * rows * row]);
-            vc[at..at + rows * row].copy_from_slice(&vn[bi * rows * row..(bi + 1) * rows * row]);
+            vc[vat..vat + rows * vrow]
+                .copy_from_slice(&vn[bi * rows * vrow..(bi + 1) * rows * vrow]);
         }
         // exact, but for rotated keys, which the device turns in f32 and the host in f64:
         // one rounding of T apart, or f32's cancellation in `x c - y s` (inputs of size ~1)
@@ -172,17 +175,17 @@ pub fn append_and_attend_with<B: AttentionBackend, T: Element>(
                     one.alibi_slopes = Some(s[bi * sc.heads_q..(bi + 1) * sc.heads_q].to_vec());
                 }
             }
-            let qs = rows * c.heads_q * c.head_dim;
+            let (qs, os) = (rows * c.heads_q * c.head_dim, rows * c.heads_q * c.dv());
             let want = reference::forward(
                 &one,
                 &q[bi * qs..(bi + 1) * qs],
                 &kc[(bi * cap + pad) * row..(bi * cap + *n) * row],
-                &vc[(bi * cap + pad) * row..(bi * cap + *n) * row],
+                &vc[(bi * cap + pad) * vrow..(bi * cap + *n) * vrow],
             );
             let m = format!("batch {bi} step {step} ({msg})");
             assert_close_tol(
                 "out",
-                &out[bi * qs..(bi + 1) * qs],
+                &out[bi * os..(bi + 1) * os],
                 &want.out,
                 rel_tol(T::DTYPE),
                 &m,

@@ -97,12 +97,17 @@ pub fn inputs(cfg: &AttentionConfig, amp: f32) -> Inputs {
     let nq = cfg.batch * cfg.seq_q * cfg.heads_q * cfg.head_dim;
     // k and v as the call lays them out (page pools for a paged call)
     let nkv = cfg.kv_shape().iter().product();
+    // v and out as wide as head_dim_v
+    let (nv, no) = (
+        cfg.v_shape().iter().product(),
+        cfg.out_shape().iter().product(),
+    );
     Inputs {
         seed,
         q: random(&mut rng, nq, amp),
         k: random(&mut rng, nkv, amp),
-        v: random(&mut rng, nkv, 1.0),
-        d_out: random(&mut rng, nq, 1.0),
+        v: random(&mut rng, nv, 1.0),
+        d_out: random(&mut rng, no, 1.0),
     }
 }
 

@@ -153,10 +153,18 @@ fn heads_q_not_a_multiple_of_heads_kv_is_invalid() {
 }
 
 #[test]
-fn head_dim_above_256_is_invalid() {
-    let c = cfg(1, 4, 4, 1, 1, 257, false);
+fn head_dims_past_576_and_values_past_512_are_invalid() {
+    let c = cfg(1, 4, 4, 1, 1, 577, false);
     let msg = c.validate().unwrap_err().to_string();
-    assert!(msg.contains("1..=256") && msg.contains("257"), "{msg}");
+    assert!(msg.contains("1..=576") && msg.contains("577"), "{msg}");
+    // 576 alone leaves the values 576 wide: past 512
+    let mut c = cfg(1, 4, 4, 1, 1, 576, false);
+    let msg = c.validate().unwrap_err().to_string();
+    assert!(msg.contains("1..=512") && msg.contains("576"), "{msg}");
+    c.head_dim_v = Some(512);
+    c.validate().unwrap();
+    c.head_dim_v = Some(0);
+    assert!(matches!(c.validate(), Err(Error::InvalidConfig(_))));
 }
 
 #[test]

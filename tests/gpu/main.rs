@@ -19,6 +19,7 @@ mod dtypes;
 mod errors;
 mod forward;
 mod fuzz;
+mod head_dims;
 mod interop;
 mod kvcache;
 mod limits;

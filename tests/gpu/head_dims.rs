@@ -1,0 +1,186 @@
+//! Values narrower or wider than queries and keys (`AttentionConfig::head_dim_v`: DeepSeek's
+//! 192/128 prefill, MLA's 576/512 decode) and query/key heads past 256, on the paths that run
+//! them (`plan::head_dims`): the naive path forward and backward, the decode kernel over dense,
+//! paged and appended caches and over an MLA latent cache whose values are the first 512 dims
+//! of its keys (one buffer, read in place) - against the f64 reference on fresh random data;
+//! and the typed refusals of the paths that do not.
+
+use crate::common;
+
+use common::backend::{check_case, Gap};
+use common::{assert_close_tol, assert_lse_close, cfg, ctx, rel_tol, rounded_inputs};
+use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
+use flash_attn_wgpu::{
+    unstable::plan, unstable::reference, Algorithm, AttentionConfig, CacheFormat, DType, Error,
+};
+
+fn with_dv(mut c: AttentionConfig, dv: usize) -> AttentionConfig {
+    c.head_dim_v = Some(dv);
+    c
+}
+
+#[test]
+fn naive_path_runs_values_of_their_own_head_dim_forward_and_backward() {
+    // values wider, then narrower, than q and k, odd sizes, GQA, causal; a softcap and a
+    // sink on the second (the backward's score chain and d_sinks through the narrower rows)
+    let mut a = with_dv(cfg(2, 37, 53, 4, 2, 24, true), 40);
+    a.algorithm = Algorithm::Naive;
+    check_case::<_, f32>(ctx(), &a, 2.0, "naive dv > d", Gap::None);
+    let mut b = with_dv(cfg(1, 29, 45, 6, 3, 40, false), 24);
+    b.algorithm = Algorithm::Naive;
+    b.softcap = Some(4.0);
+    b.sinks = Some(common::random_sinks(&b));
+    check_case::<_, half::f16>(ctx(), &b, 2.0, "naive dv < d", Gap::None);
+}
+
+#[test]
+fn decode_runs_values_of_their_own_head_dim_split_and_unsplit() {
+    // 40/24 in f32 (element reads) and 96/64 in bf16 (wide reads), one split and several,
+    // then a paged cache of odd page size with per-batch lengths
+    for (c, splits) in [
+        (
+            with_dv(cfg(2, 3, 301, 8, 2, 40, true), 24),
+            [Some(1), Some(5)],
+        ),
+        (
+            with_dv(cfg(1, 1, 257, 16, 2, 96, false), 64),
+            [Some(1), None],
+        ),
+    ] {
+        for n in splits {
+            let c = AttentionConfig {
+                kv_splits: n,
+                ..c.clone()
+            };
+            let x = ctx();
+            let dtype = if c.head_dim == 40 {
+                DType::F32
+            } else {
+                DType::BF16
+            };
+            let p = plan::forward(&c, dtype, &x.plan_env()).unwrap();
+            assert!(p.steps[0].key.kernel.is_decode(), "{c:?}");
+            if dtype == DType::F32 {
+                check_case::<_, f32>(x, &c, 2.0, "decode dv", Gap::Backward);
+            } else {
+                check_case::<_, half::bf16>(x, &c, 2.0, "decode dv", Gap::Backward);
+            }
+        }
+    }
+    let paged = common::kv::paged_cfg(&with_dv(cfg(2, 2, 90, 4, 1, 40, true), 24), 7, 5);
+    forward_against_reference::<f32>(&paged, "paged decode dv");
+}
+
+/// Forward only (a paged call has no backward), in `T`, against the reference.
+fn forward_against_reference<T: flash_attn_wgpu::Element>(c: &AttentionConfig, what: &str) {
+    let r = rounded_inputs::<T>(c, 2.0);
+    let msg = format!("{what} {} seed {}", T::DTYPE, r.seed);
+    let f = ctx()
+        .forward_host(c, &r.q, &r.k, &r.v)
+        .unwrap_or_else(|e| panic!("{e} ({msg})"));
+    let want = reference::forward(c, &r.qr, &r.kr, &r.vr);
+    assert_close_tol(
+        "out",
+        &to_f32_vec(&f.out),
+        &want.out,
+        rel_tol(T::DTYPE),
+        &msg,
+    );
+    assert_lse_close(&f.lse, &want.lse, &msg);
+}
+
+#[test]
+fn kv_cache_appends_values_of_their_own_head_dim() {
+    // two decode-shaped steps (4 new rows, then 1) on a dense cache whose values are 16 wide
+    // against keys of 32
+    let c = with_dv(cfg(2, 1, 40, 4, 2, 32, true), 16);
+    common::kv::append_and_attend::<_, half::f16>(ctx(), &c, &[9, 30], 4);
+}
+
+#[test]
+fn mla_decode_reads_values_as_the_first_512_dims_of_the_latent_keys() {
+    // MLA: 16 query heads over one latent kv head of 576 dims (512 latent + 64 rotary), the
+    // values its first 512 dims, read in place from the one cache buffer through a view
+    let mut c = with_dv(cfg(1, 1, 150, 16, 1, 576, false), 512);
+    c.softmax_scale = Some(1.0 / (192f32).sqrt());
+    c.kv_splits = Some(3);
+    let x = ctx();
+    let r = rounded_inputs::<half::f16>(&c, 1.0);
+    let q = x.upload(&r.q, &c.q_shape()).unwrap();
+    let k = x.upload(&r.k, &c.kv_shape()).unwrap();
+    let v = x
+        .tensor_from_buffer(
+            k.buffer(),
+            0,
+            &c.v_shape(),
+            Some(&[c.seq_kv * 576, 576, 576, 1]),
+            DType::F16,
+        )
+        .unwrap();
+    let f = x.forward(&c, &q, &k, &v).unwrap();
+    let vr: Vec<f32> =
+        r.kr.chunks(576)
+            .flat_map(|row| row[..512].to_vec())
+            .collect();
+    let want = reference::forward(&c, &r.qr, &r.kr, &vr);
+    let msg = format!("mla seed {}", r.seed);
+    let out = to_f32_vec(&x.download::<half::f16>(&f.out).unwrap());
+    assert_close_tol("out", &out, &want.out, rel_tol(DType::F16), &msg);
+    assert_lse_close(&x.download::<f32>(&f.lse).unwrap(), &want.lse, &msg);
+}
+
+#[test]
+fn paths_without_separate_value_dims_refuse_them_with_typed_errors() {
+    let x = ctx();
+    let unsupported = |r: Result<(), Error>, what: &str| match r {
+        Err(Error::Unsupported { feature, .. }) => {
+            assert!(feature.contains("head_dim_v"), "{what}: {feature}")
+        }
+        other => panic!("{what}: expected Unsupported, got {other:?}"),
+    };
+    let env = x.plan_env();
+    // the tiled prefill forward and the tiled backward
+    let prefill = with_dv(cfg(1, 64, 64, 2, 2, 192, true), 128);
+    unsupported(
+        plan::forward(&prefill, DType::F16, &env).map(drop),
+        "prefill",
+    );
+    unsupported(
+        plan::backward(&prefill, DType::F16, &env).map(drop),
+        "backward",
+    );
+    // wider heads alike, also with equal dims
+    let wide = cfg(1, 64, 64, 2, 2, 320, false);
+    unsupported(
+        plan::forward(&wide, DType::F32, &env).map(drop),
+        "head_dim 320",
+    );
+    // an 8-bit cache
+    let c = with_dv(cfg(1, 1, 64, 4, 1, 64, false), 32);
+    let z = vec![0f32; c.kv_shape().iter().product()];
+    let zv = vec![0f32; c.v_shape().iter().product()];
+    let mut kq = x
+        .quantized_cache(CacheFormat::Q8_0, &z, c.kv_shape(), None)
+        .unwrap();
+    let mut vq = x
+        .quantized_cache(CacheFormat::Q8_0, &zv, c.v_shape(), None)
+        .unwrap();
+    let q = x
+        .upload(&from_f32_slice::<f32>(&vec![0.5; 4 * 64]), &c.q_shape())
+        .unwrap();
+    unsupported(
+        x.forward_with_quantized_kvcache(&c, &q, (&mut kq, &mut vq), &[10], None)
+            .map(drop),
+        "8-bit cache",
+    );
+    // out of range: a typed invalid config
+    for bad in [
+        with_dv(cfg(1, 1, 8, 1, 1, 64, false), 513),
+        cfg(1, 1, 8, 1, 1, 577, false),
+    ] {
+        assert!(matches!(
+            x.forward_host(&bad, &[0f32; 0], &[], &[]),
+            Err(Error::InvalidConfig(_))
+        ));
+    }
+}
