@@ -9,9 +9,15 @@
 //! prints tokens/s and the largest difference. `--kv-cache q8_0|e4m3` keeps the caches in 8
 //! bits (`forward_with_quantized_kvcache`: the appends quantize on the GPU); the recompute then
 //! reads the caches back dequantized, so it checks the attention over what the cache holds.
+//! `--mla` makes the attention MLA-shaped (DeepSeek-V2/V3's absorbed form, scaled down): one
+//! latent kv head shared by every query head, keys of 80 dims (16 decoupled rotary dims, then
+//! the 64-dim latent) and values of 64 (the latent again: `head_dim_v`); the prompts' prefill
+//! runs on the naive path (the tiled prefill kernels take one head dim), the decode steps on the
+//! decode kernel.
 //!
 //! cargo run --release --example generate -- [--steps 32] [--batch 2] [--layers 2]
-//!     [--dtype f32|f16|bf16] [--page-size 16] [--rope] [--kv-cache q8_0|e4m3] [--seed N]
+//!     [--dtype f32|f16|bf16] [--page-size 16] [--rope] [--kv-cache q8_0|e4m3] [--mla]
+//!     [--seed N]
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -22,10 +28,11 @@ use cli::positive;
 
 use clap::Parser;
 use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
+use flash_attn_wgpu::unstable::plan::decode::MAX_DECODE_QUERIES;
 use flash_attn_wgpu::unstable::reference;
 use flash_attn_wgpu::{
-    AttentionConfig, CacheFormat, Context, DType, Element, PagedKv, Positions, QuantizedCache,
-    Rotary, Tensor,
+    Algorithm, AttentionConfig, CacheFormat, Context, DType, Element, PagedKv, Positions,
+    QuantizedCache, Rotary, Tensor,
 };
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -54,8 +61,12 @@ struct Args {
     rope: bool,
     /// Keep the KV caches in 8 bits: q8_0 (a scale per 32 values) or e4m3 (a static scale
     /// per kv head of 16/448: values past 16 saturate)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "mla")]
     kv_cache: Option<CacheFormat>,
+    /// MLA-shaped attention: one latent kv head of 16 rotary + 64 latent dims as keys, the
+    /// latent as values (head_dim 80, head_dim_v 64); the prefill on the naive path
+    #[arg(long)]
+    mla: bool,
     /// Seed of the weights and prompts [default: a fresh random seed, printed]
     #[arg(long)]
     seed: Option<u64>,
@@ -64,9 +75,44 @@ struct Args {
 const VOCAB: usize = 97;
 const D_MODEL: usize = 64;
 const HEADS_Q: usize = 4;
-const HEADS_KV: usize = 2;
-const HEAD_DIM: usize = 32;
 const D_FF: usize = 128;
+
+/// The attention's shape: GQA (2 kv heads of 32 dims), or with `--mla` one latent head whose
+/// keys are `[rotary dims; latent]` and whose values are the latent (`rope_dims` ..).
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    heads_kv: usize,
+    head_dim: usize,
+    dv: usize,
+    /// MLA: the keys' first dims, which alone take the rotary embedding; the values are the
+    /// keys' dims after them
+    mla_rope: Option<usize>,
+}
+
+impl Dims {
+    fn of(mla: bool) -> Dims {
+        if mla {
+            Dims {
+                heads_kv: 1,
+                head_dim: 80,
+                dv: 64,
+                mla_rope: Some(16),
+            }
+        } else {
+            Dims {
+                heads_kv: 2,
+                head_dim: 32,
+                dv: 32,
+                mla_rope: None,
+            }
+        }
+    }
+
+    /// The dims the rotary embedding turns: MLA's decoupled ones, or the whole head.
+    fn rotary_dim(&self) -> usize {
+        self.mla_rope.unwrap_or(self.head_dim)
+    }
+}
 
 fn main() -> ExitCode {
     let a = Args::parse();
@@ -125,7 +171,7 @@ struct Model {
 }
 
 impl Model {
-    fn random(rng: &mut StdRng, layers: usize) -> Model {
+    fn random(rng: &mut StdRng, layers: usize, x: Dims) -> Model {
         let mut w = |n: usize, fan_in: usize| -> Vec<f32> {
             let s = (1.0 / fan_in as f32).sqrt() * 1.7;
             (0..n).map(|_| rng.random_range(-s..s)).collect()
@@ -135,10 +181,11 @@ impl Model {
             unembed: w(D_MODEL * VOCAB, D_MODEL),
             layers: (0..layers)
                 .map(|_| Layer {
-                    wq: w(D_MODEL * HEADS_Q * HEAD_DIM, D_MODEL),
-                    wk: w(D_MODEL * HEADS_KV * HEAD_DIM, D_MODEL),
-                    wv: w(D_MODEL * HEADS_KV * HEAD_DIM, D_MODEL),
-                    wo: w(HEADS_Q * HEAD_DIM * D_MODEL, HEADS_Q * HEAD_DIM),
+                    wq: w(D_MODEL * HEADS_Q * x.head_dim, D_MODEL),
+                    wk: w(D_MODEL * x.heads_kv * x.head_dim, D_MODEL),
+                    // MLA: the values are the keys' latent dims, no projection of their own
+                    wv: w(D_MODEL * x.heads_kv * x.dv, D_MODEL),
+                    wo: w(HEADS_Q * x.dv * D_MODEL, HEADS_Q * x.dv),
                     w1: w(D_MODEL * D_FF, D_MODEL),
                     w2: w(D_FF * D_MODEL, D_FF),
                 })
@@ -177,7 +224,8 @@ enum Store {
 /// One layer's paged caches on the GPU, and their host copies for the recompute check.
 struct LayerCache {
     store: Store,
-    /// per sequence, its keys and values so far, `[len, HEADS_KV * HEAD_DIM]` (dtype-rounded)
+    /// per sequence, its keys and values so far, `[len, heads_kv * head_dim]` and `[len,
+    /// heads_kv * dv]` (dtype-rounded)
     host_k: Vec<Vec<f32>>,
     host_v: Vec<Vec<f32>>,
 }
@@ -187,7 +235,8 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     let mut rng = StdRng::seed_from_u64(seed);
     let ctx = Context::new()?;
     println!("adapter: {}", ctx.adapter_info());
-    let model = Model::random(&mut rng, a.layers);
+    let x = Dims::of(a.mla);
+    let model = Model::random(&mut rng, a.layers, x);
     // prompts of different lengths
     let prompts: Vec<Vec<usize>> = (0..a.batch)
         .map(|b| (0..5 + 3 * b).map(|_| rng.random_range(0..VOCAB)).collect())
@@ -213,33 +262,36 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         1,
         pages_per_seq * a.page_size,
         HEADS_Q,
-        HEADS_KV,
-        HEAD_DIM,
+        x.heads_kv,
+        x.head_dim,
     );
     cfg.causal = true;
     cfg.paged = Some(paged);
-    let pool: usize = cfg.kv_shape().iter().product();
+    cfg.head_dim_v = Some(x.dv);
+    let (pool, pool_v): (usize, usize) = (
+        cfg.kv_shape().iter().product(),
+        cfg.v_shape().iter().product(),
+    );
     // rotary tables for every position a row can take (padded prefill rows included),
-    // `[positions, HEAD_DIM / 2]`: angle p / 10000^(2f / HEAD_DIM), rounded to T
+    // `[positions, rotary_dim / 2]`: angle p / 10000^(2f / rotary_dim), rounded to T
     let positions = capacity + prompts.iter().map(Vec::len).max().unwrap_or(1);
-    let cols = HEAD_DIM / 2;
+    let rd = x.rotary_dim();
+    let cols = rd / 2;
     let table = |g: fn(f32) -> f32| -> Vec<f32> {
         let t: Vec<f32> = (0..positions * cols)
-            .map(
-                |e| g((e / cols) as f32 / 10000f32.powf((2 * (e % cols)) as f32 / HEAD_DIM as f32)),
-            )
+            .map(|e| g((e / cols) as f32 / 10000f32.powf((2 * (e % cols)) as f32 / rd as f32)))
             .collect();
         to_f32_vec(&from_f32_slice::<T>(&t))
     };
     let (cos, sin) = (table(f32::cos), table(f32::sin));
     let cos_d = ctx.upload(&from_f32_slice::<T>(&cos), &[positions, cols])?;
     let sin_d = ctx.upload(&from_f32_slice::<T>(&sin), &[positions, cols])?;
-    // the host's rotation of `x` (`[1, n, heads, HEAD_DIM]` at positions first..), rounded
+    // the host's rotation of `v` (`[1, n, heads, head_dim]` at positions first..), rounded
     // to T as the device stores it
-    let rotate = |x: &[f32], heads: usize, first: usize| -> Vec<f32> {
+    let rotate = |v: &[f32], heads: usize, first: usize| -> Vec<f32> {
         let y = reference::rotary(
-            x,
-            [1, x.len() / (heads * HEAD_DIM), heads, HEAD_DIM],
+            v,
+            [1, v.len() / (heads * x.head_dim), heads, x.head_dim],
             (&cos, &sin, cols),
             false,
             &Positions::from_starts(vec![first]),
@@ -253,14 +305,14 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
             let zeros = vec![0f32; pool];
             let shape = cfg.kv_shape();
             let quantized = |f: CacheFormat| {
-                let scales = (f == CacheFormat::E4M3).then(|| vec![16.0 / 448.0; HEADS_KV]);
+                let scales = (f == CacheFormat::E4M3).then(|| vec![16.0 / 448.0; x.heads_kv]);
                 ctx.quantized_cache(f, &zeros, shape, scales.as_deref())
             };
             Ok(LayerCache {
                 store: match a.kv_cache {
                     None => Store::Plain(
                         ctx.upload(&from_f32_slice::<T>(&zeros), &shape)?,
-                        ctx.upload(&from_f32_slice::<T>(&zeros), &shape)?,
+                        ctx.upload(&from_f32_slice::<T>(&vec![0f32; pool_v]), &cfg.v_shape())?,
                     ),
                     Some(f) => Store::Quantized(quantized(f)?, quantized(f)?),
                 },
@@ -270,10 +322,19 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         })
         .collect::<flash_attn_wgpu::Result<_>>()?;
     println!(
-        "model: {} layers, d_model {D_MODEL}, heads {HEADS_Q}/{HEADS_KV}, head_dim {HEAD_DIM}, \
-         vocab {VOCAB}; {} sequences, prompts of {:?} tokens, {} steps, paged cache of {} pages \
-         x {} keys, {} ({} cache), {} positions, seed {seed}",
+        "model: {} layers, d_model {D_MODEL}, heads {HEADS_Q}/{}, head_dim {}{}, vocab {VOCAB}; \
+         {} sequences, prompts of {:?} tokens, {} steps, paged cache of {} pages x {} keys, {} \
+         ({} cache), {} positions, seed {seed}",
         a.layers,
+        x.heads_kv,
+        x.head_dim,
+        match x.mla_rope {
+            Some(r) => format!(
+                " (MLA: {r} rotary + {} latent dims; values the latent, head_dim_v {})",
+                x.dv, x.dv
+            ),
+            None => String::new(),
+        },
         a.batch,
         prompts.iter().map(Vec::len).collect::<Vec<_>>(),
         a.steps,
@@ -303,22 +364,33 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
             .collect();
         for (layer, cache) in model.layers.iter().zip(caches.iter_mut()) {
             // q, k, v of every new row, padded to `rows` per sequence
-            let mut q = vec![0.0f32; a.batch * rows * HEADS_Q * HEAD_DIM];
-            let mut kn = vec![0.0f32; a.batch * rows * HEADS_KV * HEAD_DIM];
-            let mut vn = kn.clone();
+            let (qs, ks, vs) = (
+                HEADS_Q * x.head_dim,
+                x.heads_kv * x.head_dim,
+                x.heads_kv * x.dv,
+            );
+            let mut q = vec![0.0f32; a.batch * rows * qs];
+            let mut kn = vec![0.0f32; a.batch * rows * ks];
+            let mut vn = vec![0.0f32; a.batch * rows * vs];
             for (b, hb) in h.iter().enumerate() {
-                let x = rms_norm(hb);
-                let n = x.len() / D_MODEL;
-                let (qs, ks) = (HEADS_Q * HEAD_DIM, HEADS_KV * HEAD_DIM);
-                let qb = matmul(&x, &layer.wq, D_MODEL, qs);
+                let xn = rms_norm(hb);
+                let n = xn.len() / D_MODEL;
+                let qb = matmul(&xn, &layer.wq, D_MODEL, qs);
                 q[b * rows * qs..b * rows * qs + n * qs].copy_from_slice(&qb);
-                let kb = to_f32_vec(&from_f32_slice::<T>(&matmul(&x, &layer.wk, D_MODEL, ks)));
-                let vb = to_f32_vec(&from_f32_slice::<T>(&matmul(&x, &layer.wv, D_MODEL, ks)));
+                let kb = to_f32_vec(&from_f32_slice::<T>(&matmul(&xn, &layer.wk, D_MODEL, ks)));
+                let vb = match x.mla_rope {
+                    // MLA: the values are the latent, the keys' dims after the rotary ones
+                    Some(r) => kb
+                        .chunks(x.head_dim)
+                        .flat_map(|k| k[r..].to_vec())
+                        .collect(),
+                    None => to_f32_vec(&from_f32_slice::<T>(&matmul(&xn, &layer.wv, D_MODEL, vs))),
+                };
                 kn[b * rows * ks..b * rows * ks + n * ks].copy_from_slice(&kb);
-                vn[b * rows * ks..b * rows * ks + n * ks].copy_from_slice(&vb);
+                vn[b * rows * vs..b * rows * vs + n * vs].copy_from_slice(&vb);
                 // the cache holds rotated keys with rotary embeddings
                 let kb_cached = if a.rope {
-                    rotate(&kb, HEADS_KV, lens[b])
+                    rotate(&kb, x.heads_kv, lens[b])
                 } else {
                     kb
                 };
@@ -327,10 +399,15 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
             }
             let mut c = cfg.clone();
             c.seq_q = rows;
-            let new_shape = [a.batch, rows, HEADS_KV, HEAD_DIM];
+            // MLA's prefill on the naive path: the tiled prefill kernels take one head dim
+            if a.mla && rows > MAX_DECODE_QUERIES {
+                c.algorithm = Algorithm::Naive;
+            }
+            let new_shape = [a.batch, rows, x.heads_kv, x.head_dim];
+            let new_v = [a.batch, rows, x.heads_kv, x.dv];
             let qd = ctx.upload(&from_f32_slice::<T>(&q), &c.q_shape())?;
             let knd = ctx.upload(&from_f32_slice::<T>(&kn), &new_shape)?;
-            let vnd = ctx.upload(&from_f32_slice::<T>(&vn), &new_shape)?;
+            let vnd = ctx.upload(&from_f32_slice::<T>(&vn), &new_v)?;
             let rope = Rotary {
                 cos: &cos_d,
                 sin: &sin_d,
@@ -355,7 +432,7 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
             if let (true, Store::Quantized(k, v)) = (check, &cache.store) {
                 let (kd, vd) = (ctx.dequantize_cache(k)?, ctx.dequantize_cache(v)?);
                 let p = c.paged.as_ref().expect("a paged cache");
-                let row = HEADS_KV * HEAD_DIM;
+                let row = x.heads_kv * x.head_dim;
                 let gather = |t: &[f32], b: usize, keys: usize| -> Vec<f32> {
                     (0..keys)
                         .flat_map(|pos| t[p.row(b, pos) * row..(p.row(b, pos) + 1) * row].to_vec())
@@ -370,8 +447,8 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
             let att = to_f32_vec(&ctx.download::<T>(&f.out)?);
             for (b, hb) in h.iter_mut().enumerate() {
                 let n = hb.len() / D_MODEL;
-                let qs = HEADS_Q * HEAD_DIM;
-                let mine = &att[b * rows * qs..b * rows * qs + n * qs];
+                let os = HEADS_Q * x.dv;
+                let mine = &att[b * rows * os..b * rows * os + n * os];
                 if check {
                     // the recompute: this sequence's new rows (rotated on the host with
                     // rotary embeddings) against all its keys so far, dense, without the
@@ -385,7 +462,14 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
                     };
                     let full = AttentionConfig {
                         causal: true,
-                        ..AttentionConfig::new(1, n, keys, HEADS_Q, HEADS_KV, HEAD_DIM)
+                        head_dim_v: Some(x.dv),
+                        // MLA: the naive path (a recompute of many rows; one head dim tiled)
+                        algorithm: if a.mla && n > MAX_DECODE_QUERIES {
+                            Algorithm::Naive
+                        } else {
+                            Algorithm::Tiled
+                        },
+                        ..AttentionConfig::new(1, n, keys, HEADS_Q, x.heads_kv, x.head_dim)
                     };
                     let r = ctx.forward_host(
                         &full,
@@ -401,7 +485,7 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
                         worst.1 = worst.1.max((*x as f64 - w).abs() / scale);
                     }
                 }
-                let o = matmul(mine, &layer.wo, qs, D_MODEL);
+                let o = matmul(mine, &layer.wo, os, D_MODEL);
                 hb.iter_mut().zip(&o).for_each(|(x, y)| *x += y);
                 let ff: Vec<f32> = matmul(&rms_norm(hb), &layer.w1, D_MODEL, D_FF)
                     .into_iter()

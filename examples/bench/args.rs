@@ -213,6 +213,12 @@ pub struct Args {
     /// a table of its own
     #[arg(long, requires = "decode", value_delimiter = ',')]
     pub kv_formats: Vec<flash_attn_wgpu::CacheFormat>,
+    /// Decode mode: MLA's layout (DeepSeek-V2/V3): the values are the first N dims of each
+    /// key row (`head_dim_v` N, the keys --head-dim wide: 576 with 512), read in place through
+    /// a view of the one latent cache; KV bytes are that cache's, the FLOP floor from the
+    /// measured FMA rate beside each point. No paged column
+    #[arg(long, requires = "decode", value_parser = positive)]
+    pub mla_values: Option<usize>,
     /// Decode mode: query rows per call (1: a decode step; a few: speculative tokens)
     #[arg(long, default_value_t = 1, value_parser = positive)]
     pub decode_queries: usize,

@@ -12,7 +12,9 @@
 //!
 //! FLOPs per call: 4 * B * H_q * S_q * S_kv * D. KV bytes per call: 2 * B * S_kv * H_kv * D *
 //! (bytes per element): each key and value read once (GQA packing reads a kv head's tile once
-//! for all the query heads that share it).
+//! for all the query heads that share it). `--mla-values Dv` (MLA: the values are the first Dv
+//! dims of each key row, one latent cache read through a view): FLOPs 2 * B * H_q * S_q * S_kv
+//! * (D + Dv), KV bytes B * S_kv * H_kv * D * (bytes per element), the latent cache once.
 
 use std::time::Instant;
 
@@ -28,6 +30,8 @@ struct Decode {
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
+    /// --mla-values: the values' head dim, read as the first dims of each key row
+    mla_values: Option<usize>,
     queries: usize,
     dtype: DType,
     repeats: usize,
@@ -86,6 +90,7 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         heads,
         kv_heads: args.kv_heads.unwrap_or(heads),
         head_dim: args.head_dim[0],
+        mla_values: args.mla_values,
         queries: args.decode_queries,
         dtype: args.dtype[0],
         repeats: args.repeats.max(1),
@@ -116,10 +121,11 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             DType::BF16 => formats::<half::bf16>(&ctx, &a, &args.kv_formats, roof.copy_gbps),
         };
     }
+    let roofs = (roof.copy_gbps, roof.fma_gflops);
     match a.dtype {
-        DType::F32 => points::<f32>(&ctx, &a, roof.copy_gbps),
-        DType::F16 => points::<half::f16>(&ctx, &a, roof.copy_gbps),
-        DType::BF16 => points::<half::bf16>(&ctx, &a, roof.copy_gbps),
+        DType::F32 => points::<f32>(&ctx, &a, roofs),
+        DType::F16 => points::<half::f16>(&ctx, &a, roofs),
+        DType::BF16 => points::<half::bf16>(&ctx, &a, roofs),
     }
 }
 
@@ -286,8 +292,17 @@ fn overhead(ctx: &Context) -> Result<(), Box<dyn std::error::Error>> {
 fn points<T: Element>(
     ctx: &Context,
     a: &Decode,
-    copy_gbps: f64,
+    (copy_gbps, fma_gflops): (f64, f64),
 ) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(dv) = a.mla_values {
+        println!(
+            "MLA: values = the first {dv} dims of each {}-dim key row (one latent cache, read \
+             through a view); FLOPs 2*B*Hq*Sq*Skv*(D+Dv); KV bytes B*Skv*Hkv*D*{}; compute \
+             floor = FLOPs / the measured FMA rate",
+            a.head_dim,
+            a.dtype.size_bytes()
+        );
+    }
     println!(
         "per point: ms are the median GPU time of --repeats calls [min-max]; wall: the median \
          wall time around a call; GB/s from the median; speedup: one split over split-KV; \
@@ -302,8 +317,12 @@ fn points<T: Element>(
         for &s in &a.caches {
             let mut cfg = AttentionConfig::new(b, a.queries, s, a.heads, a.kv_heads, a.head_dim);
             cfg.causal = true;
+            cfg.head_dim_v = a.mla_values;
             cfg.validate()?;
-            let kv_bytes = 2.0 * (b * s * a.kv_heads * a.head_dim * a.dtype.size_bytes()) as f64;
+            // the latent cache once (MLA), or K and V
+            let caches = if a.mla_values.is_some() { 1.0 } else { 2.0 };
+            let kv_bytes = caches * (b * s * a.kv_heads * a.head_dim * a.dtype.size_bytes()) as f64;
+            let flops = 2.0 * (b * a.heads * a.queries * s) as f64 * (a.head_dim + cfg.dv()) as f64;
             if kv_bytes > (MAX_KV_MIB << 20) as f64 {
                 println!("| - | {b} | {s} | skipped: K and V take more than {MAX_KV_MIB} MiB |");
                 continue;
@@ -317,13 +336,29 @@ fn points<T: Element>(
             )?;
             let kv_n = b * s * a.kv_heads * a.head_dim;
             let k = ctx.upload(&fill(kv_n, 2), &cfg.kv_shape())?;
-            let v = ctx.upload(&fill(kv_n, 3), &cfg.kv_shape())?;
+            let v = match a.mla_values {
+                // the first dims of each key row, in place
+                Some(_) => ctx.tensor_from_buffer(
+                    k.buffer(),
+                    k.offset(),
+                    &cfg.v_shape(),
+                    Some(&[
+                        s * a.kv_heads * a.head_dim,
+                        a.kv_heads * a.head_dim,
+                        a.head_dim,
+                        1,
+                    ]),
+                    a.dtype,
+                )?,
+                None => ctx.upload(&fill(kv_n, 3), &cfg.kv_shape())?,
+            };
             // the same keys in pages (the pools hold the dense caches' bytes, reordered by
-            // the table), split by the heuristic
-            let paged = s.is_multiple_of(PAGE_SIZE).then(|| AttentionConfig {
-                paged: Some(shuffled_pages(b, s)),
-                ..cfg.clone()
-            });
+            // the table), split by the heuristic; not for MLA's view
+            let paged =
+                (s.is_multiple_of(PAGE_SIZE) && a.mla_values.is_none()).then(|| AttentionConfig {
+                    paged: Some(shuffled_pages(b, s)),
+                    ..cfg.clone()
+                });
             let pools = match &paged {
                 Some(p) => Some((
                     ctx.upload(&fill(kv_n, 2), &p.kv_shape())?,
@@ -388,6 +423,15 @@ fn points<T: Element>(
                     one_gpu.median / split.median,
                     100.0 * gbps(split.median) / copy_gbps,
                 );
+                if a.mla_values.is_some() {
+                    let floor = flops / (fma_gflops * 1e9) * 1e3;
+                    println!(
+                        "|   | compute floor {floor:.3} ms ({:.1} GFLOP at {fma_gflops:.1} \
+                         GFLOP/s): split-KV at {:.0}% of it |",
+                        flops / 1e9,
+                        100.0 * floor / split.median
+                    );
+                }
             }
             ctx.set_tuning(a.tunings[0])?;
         }

@@ -272,10 +272,21 @@ fn dims4(py: Python<'_>, name: &str, t: &Tensor) -> PyResult<[usize; 4]> {
     })
 }
 
-/// The config of a call: sizes from q and k (or the paged pools), the options on top.
-fn config(py: Python<'_>, q: &Tensor, k: &Tensor, o: &Options) -> PyResult<AttentionConfig> {
-    let k = dims4(py, "k", k)?;
-    config_for(py, q, k, o)
+/// The config of a call: sizes from q and k (or the paged pools), the values' head dim from
+/// v's last dimension (`head_dim_v` where it differs from q's, as flash-attn 3 reads it), the
+/// options on top.
+fn config(
+    py: Python<'_>,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    o: &Options,
+) -> PyResult<AttentionConfig> {
+    let kd = dims4(py, "k", k)?;
+    let mut cfg = config_for(py, q, kd, o)?;
+    let dv = dims4(py, "v", v)?[3];
+    if dv != cfg.head_dim {
+        cfg.head_dim_v = Some(dv);
+    }
+    Ok(cfg)
 }
 
 /// [`config`] from k's shape (an 8-bit cache's).
@@ -340,7 +351,7 @@ fn forward(
 ) -> PyResult<(PyTensor, PyTensor)> {
     let ctx = context(py)?;
     let (q, k, v) = (&q.inner, &k.inner, &v.inner);
-    let cfg = config(py, q, k, &options)?;
+    let cfg = config(py, (q, k, v), &options)?;
     let f = py
         .detach(|| ctx.forward(&cfg, q, k, v))
         .map_err(|e| to_py(py, e))?;
@@ -363,7 +374,7 @@ fn backward(
     let ctx = context(py)?;
     let (q, k, v) = (&q.inner, &k.inner, &v.inner);
     let (out, lse, d_out) = (&out.inner, &lse.inner, &d_out.inner);
-    let cfg = config(py, q, k, &options)?;
+    let cfg = config(py, (q, k, v), &options)?;
     let g = py
         .detach(|| ctx.backward(&cfg, q, k, v, out, lse, d_out))
         .map_err(|e| to_py(py, e))?;
@@ -420,7 +431,7 @@ fn forward_with_kvcache(
 ) -> PyResult<(PyTensor, PyTensor)> {
     let ctx = context(py)?;
     let q = &q.inner;
-    let cfg = config(py, q, &k_cache.inner, &options)?;
+    let cfg = config(py, (q, &k_cache.inner, &v_cache.inner), &options)?;
     let rotary = rotary_of(&rotary);
     let append = append_of(py, &k_new, &v_new)?;
     let (kc, vc) = (&mut k_cache.inner, &mut v_cache.inner);

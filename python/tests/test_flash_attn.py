@@ -329,7 +329,7 @@ def test_packed_qkv_and_kv_equal_the_separate_call(rng):
 def test_bad_inputs_raise_typed_errors_with_the_librarys_message(rng):
     q, k = rand(rng, (1, 8, 4, 16)), rand(rng, (1, 8, 2, 16))
     with pytest.raises(fa.InvalidInputError, match="v has shape"):
-        fa.flash_attn_func(q, k, rand(rng, (1, 8, 2, 8)))
+        fa.flash_attn_func(q, k, rand(rng, (1, 8, 3, 16)))
     with pytest.raises(fa.InvalidInputError, match="float64"):
         fa.flash_attn_func(q.astype(np.float64), k, k)
     with pytest.raises(fa.InvalidInputError, match="4 dimensions"):
@@ -340,6 +340,29 @@ def test_bad_inputs_raise_typed_errors_with_the_librarys_message(rng):
         fa.flash_attn_varlen_func(q[0], k[0], k[0], [0, 8], [0, 8], 4, 8)
     with pytest.raises(fa.InvalidInputError, match="give both"):
         fa.flash_attn_with_kvcache(q, k, k, k=k)
+
+
+def test_values_of_their_own_head_dim_in_a_decode_call_and_a_cache(rng):
+    # head_dim_v from v's last dimension (flash-attn 3's rule): values narrower than q and k,
+    # on the decode kernel, then appended to a cache whose values are that wide
+    q, k, v = rand(rng, (2, 2, 8, 40)), rand(rng, (2, 77, 2, 40)), rand(rng, (2, 77, 2, 24))
+    out, lse = fa.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    want = attention(q, k, v, causal=True)
+    assert out.shape == (2, 2, 8, 24)
+    close(out, want[0], 2e-5, "out")
+    close(lse, want[1], 2e-5, "lse")
+    lens = np.array([5, 60])
+    kc, vc = fa.tensor(k.copy()), fa.tensor(v.copy())
+    k_new, v_new = rand(rng, (2, 1, 2, 40)), rand(rng, (2, 1, 2, 24))
+    out = fa.flash_attn_with_kvcache(fa.tensor(q[:, :1]), kc, vc, fa.tensor(k_new),
+                                     fa.tensor(v_new), cache_seqlens=lens, causal=True)
+    for bi in range(2):
+        k[bi, lens[bi]], v[bi, lens[bi]] = k_new[bi, 0], v_new[bi, 0]
+    want = attention(q[:, :1], k, v, causal=True, seqlens_k=lens + 1)
+    close(out.numpy(), want[0], 2e-5, "cache out")
+    # a prefill-sized call: the tiled prefill kernels take one head dim
+    with pytest.raises(fa.UnsupportedError, match="head_dim_v"):
+        fa.flash_attn_func(rand(rng, (1, 16, 8, 40)), k[:1], v[:1])
 
 
 def test_calls_from_several_threads_at_once_are_each_exact(rng):
