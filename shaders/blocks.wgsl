@@ -23,6 +23,11 @@ const D4: u32 = (HEAD_DIM + 3u) / 4u;
 const RS: u32 = D4 | 1u;
 const GPT: u32 = (D4 + NTX - 1u) / NTX;
 const WS: u32 = (NS + 3u) / 4u;
+// the same for rows of values, outputs and their gradients, HEAD_DIM_V wide (HEAD_DIM but where
+// a call's values have a head dim of their own)
+const D4V: u32 = (HEAD_DIM_V + 3u) / 4u;
+const RSV: u32 = D4V | 1u;
+const GPTV: u32 = (D4V + NTX - 1u) / NTX;
 
 // acc + a . b summed in order of the head dims, one fma each, as every kernel sums dot
 // products: dP = dO . v then equals delta = dO . out bit for bit where out is a single key's v
@@ -32,16 +37,26 @@ fn fma_chain4(a: vec4<f32>, b: vec4<f32>, acc: f32) -> f32 {
     return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, acc))));
 }
 
-// s[i][j] = row (ty * TM + i) of the tile at `a` . row (tx + j * NTX) of the tile at `b`.
+// s[i][j] = row (ty * TM + i) of the tile at `a` . row (tx + j * NTX) of the tile at `b`: rows
+// of q and k (D4 groups at stride RS).
 fn dot_tile(a: u32, b: u32, ty: u32, tx: u32) -> array<array<f32, TN>, TM> {
+    return dot_rows(a, b, ty, tx, D4, RS);
+}
+
+// dot_tile over rows of values and output gradients (D4V groups at stride RSV).
+fn dot_tile_v(a: u32, b: u32, ty: u32, tx: u32) -> array<array<f32, TN>, TM> {
+    return dot_rows(a, b, ty, tx, D4V, RSV);
+}
+
+fn dot_rows(a: u32, b: u32, ty: u32, tx: u32, d4: u32, rs: u32) -> array<array<f32, TN>, TM> {
     var s = array<array<f32, TN>, TM>();
-    for (var g = 0u; g < D4; g++) {
+    for (var g = 0u; g < d4; g++) {
         var av = array<vec4<f32>, TM>();
         for (var i = 0u; i < TM; i++) {
-            av[i] = sm[a + (ty * TM + i) * RS + g];
+            av[i] = sm[a + (ty * TM + i) * rs + g];
         }
         for (var j = 0u; j < TN; j++) {
-            let bv = sm[b + (tx + j * NTX) * RS + g];
+            let bv = sm[b + (tx + j * NTX) * rs + g];
             for (var i = 0u; i < TM; i++) {
                 s[i][j] = fma_chain4(av[i], bv, s[i][j]);
             }
@@ -83,9 +98,50 @@ fn weighted_rows(acc: ptr<function, array<array<vec4<f32>, GPT>, TM>>, w: u32, x
     }
 }
 
+// weighted_rows over a tile of value rows (D4V groups at stride RSV) into GPTV groups a row.
+fn weighted_rows_v(acc: ptr<function, array<array<vec4<f32>, GPTV>, TM>>, w: u32, x: u32, ty: u32, tx: u32, guard: bool) {
+    for (var c4 = 0u; c4 < WS; c4++) {
+        var wv = array<vec4<f32>, TM>();
+        for (var i = 0u; i < TM; i++) {
+            wv[i] = sm[w + (ty * TM + i) * WS + c4];
+        }
+        for (var cc = 0u; cc < 4u; cc++) {
+            let c = c4 * 4u + cc;
+            if (c < NS) {
+                for (var k = 0u; k < GPTV; k++) {
+                    let xv = sm[x + c * RSV + min(tx + k * NTX, D4V - 1u)];
+                    for (var i = 0u; i < TM; i++) {
+                        (*acc)[i][k] = add_weighted4((*acc)[i][k], wv[i][cc], xv, guard);
+                    }
+                }
+            }
+        }
+    }
+}
+
 // Stages keys [kv0, kv0 + n) of k (times k_scale) and v (batch b, kv head hk) as rows at
-// sm[ok] and sm[ov]: zeros past seq_kv (load4 zeroes the dims past HEAD_DIM).
+// sm[ok] (stride RS) and sm[ov] (stride RSV): zeros past seq_kv (load4 zeroes the dims past
+// each row's). Where the values' dims differ, k and v are staged one after the other.
 fn stage_kv(ok: u32, ov: u32, b: u32, hk: u32, kv0: u32, n: u32, t: u32, k_scale: f32) {
+    if (D4 != D4V) {
+        for (var e = t; e < n * D4; e += NT) {
+            let j = kv0 + e / D4;
+            var kx = vec4<f32>();
+            if (j < params.seq_kv) {
+                kx = load4_k(k_at(b, j, hk, 0u), e % D4) * k_scale;
+            }
+            sm[ok + (e / D4) * RS + e % D4] = kx;
+        }
+        for (var e = t; e < n * D4V; e += NT) {
+            let j = kv0 + e / D4V;
+            var vx = vec4<f32>();
+            if (j < params.seq_kv) {
+                vx = load4_v(v_at(b, j, hk, 0u), e % D4V);
+            }
+            sm[ov + (e / D4V) * RSV + e % D4V] = vx;
+        }
+        return;
+    }
     for (var e = t; e < n * D4; e += NT) {
         let c = e / D4;
         let g = e % D4;

@@ -104,7 +104,7 @@ fn slice_row(row: u32) -> SliceRow {
 
 // q, dq: [batch, seq_q, heads_q, head_dim]; out, d_out: [batch, seq_q, heads_q, head_dim_v]
 // (o_index; HEAD_DIM_V is HEAD_DIM but where a call's values are wider or narrower, which
-// only the naive and decode kernels run: src/plan/head_dims.rs)
+// the naive, blocks and decode kernels run: src/plan/head_dims.rs)
 fn q_index(b: u32, i: u32, h: u32, d: u32) -> u32 {
     return ((b * params.seq_q + i) * params.heads_q + h) * HEAD_DIM + d + params.q_shift;
 }

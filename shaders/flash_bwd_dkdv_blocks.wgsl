@@ -10,16 +10,17 @@
 // Math:    S^T = K Q^T and dP^T = V dO^T (dot_tile), P^T = exp2(s - lse2),
 //          dS^T = P^T * (dP^T - delta) to workgroup memory,
 //          dV += P^T dO, dK += dS^T Q (weighted_rows); dK is scaled once at the end.
-// Memory:  K, V [BC][RS] resident; Q, dO [BR][RS]; P^T, dS^T [BC][WS] (vec4 units).
+// Memory:  K [BC][RS], V [BC][RSV] resident; Q [BR][RS], dO [BR][RSV]; P^T, dS^T [BC][WS]
+//          (vec4 units): V, dO and dV rows HEAD_DIM_V wide (blocks.wgsl).
 // No atomics: each workgroup owns its dK/dV rows, so results are bit-identical run to run.
 // Bindings: 8 storage buffers, exactly the WebGPU default per-stage cap.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 const OK: u32 = 0u;
 const OV: u32 = OK + BC * RS;
-const OQ: u32 = OV + BC * RS;
+const OQ: u32 = OV + BC * RSV;
 const ODO: u32 = OQ + BR * RS;
-const OP: u32 = ODO + BR * RS;
+const OP: u32 = ODO + BR * RSV;
 const ODS: u32 = OP + BC * WS;
 var<workgroup> sm: array<vec4<f32>, ODS + BC * WS>;
 
@@ -44,7 +45,7 @@ fn main(
     stage_kv(OK, OV, b, hk, kv0, BC, t, params.scale_log2);
 
     var acc_dk = array<array<vec4<f32>, GPT>, TM>();
-    var acc_dv = array<array<vec4<f32>, GPT>, TM>();
+    var acc_dv = array<array<vec4<f32>, GPTV>, TM>();
     let q_start = (q_begin_for_key(kv0) / BR) * BR;
     let q_stop = q_end_for_keys(b, kv0, kv0 + BC - 1u);
 
@@ -58,21 +59,7 @@ fn main(
             }
             let masked = q0 + BR > params.seq_q || visit.masked;
             workgroupBarrier(); // the previous tile's products are done with Q, dO, P and dS
-            for (var e = t; e < BR * D4; e += NT) {
-                let r = e / D4;
-                let gg = e % D4;
-                let i = q0 + r;
-                var qx = vec4<f32>();
-                var dox = vec4<f32>();
-                if (i < params.seq_q) {
-                    let base_q = q_at(b, i, h, 0u);
-                    let base_do = dout_at(b, i, h, 0u);
-                    qx = load4_q(base_q, gg);
-                    dox = load4_d_out(base_do, gg);
-                }
-                sm[OQ + r * RS + gg] = qx;
-                sm[ODO + r * RS + gg] = dox;
-            }
+            stage_q_dout(OQ, ODO, b, h, q0, t, 1.0);
             // this thread's queries' lse (exp2 domain) and delta
             var lse2 = array<f32, TN>();
             var dl = array<f32, TN>();
@@ -89,7 +76,7 @@ fn main(
             workgroupBarrier();
 
             var p = dot_tile(OK, OQ, ty, tx);
-            var ds = dot_tile(OV, ODO, ty, tx);
+            var ds = dot_tile_v(OV, ODO, ty, tx);
             for (var i = 0u; i < TM; i++) {
                 for (var j = 0u; j < TN; j++) {
                     let sc = finish_pair(p[i][j], q0 + tx + j * NTX, kv0 + ty * TM + i, masked);
@@ -103,13 +90,15 @@ fn main(
             workgroupBarrier();
 
             // summed apart, then folded in (f32 error on long columns)
-            var dv = array<array<vec4<f32>, GPT>, TM>();
+            var dv = array<array<vec4<f32>, GPTV>, TM>();
             var dk = array<array<vec4<f32>, GPT>, TM>();
-            weighted_rows(&dv, OP, ODO, ty, tx, masked);
+            weighted_rows_v(&dv, OP, ODO, ty, tx, masked);
             weighted_rows(&dk, ODS, OQ, ty, tx, masked);
             for (var i = 0u; i < TM; i++) {
-                for (var k = 0u; k < GPT; k++) {
+                for (var k = 0u; k < GPTV; k++) {
                     acc_dv[i][k] += dv[i][k];
+                }
+                for (var k = 0u; k < GPT; k++) {
                     acc_dk[i][k] += dk[i][k];
                 }
             }
@@ -120,13 +109,22 @@ fn main(
         let key = kv0 + ty * TM + i;
         if (key < params.seq_kv) {
             let base = kv_index(b, key, hk, 0u);
+            let base_v = v_index(b, key, hk, 0u);
             for (var k = 0u; k < GPT; k++) {
                 let g = tx + k * NTX;
                 for (var c = 0u; c < 4u; c++) {
                     let d = 4u * g + c;
                     if (g < D4 && d < HEAD_DIM) {
                         store_dk(base + d, acc_dk[i][k][c] * params.scale);
-                        store_dv(base + d, acc_dv[i][k][c]);
+                    }
+                }
+            }
+            for (var k = 0u; k < GPTV; k++) {
+                let g = tx + k * NTX;
+                for (var c = 0u; c < 4u; c++) {
+                    let d = 4u * g + c;
+                    if (g < D4V && d < HEAD_DIM_V) {
+                        store_dv(base_v + d, acc_dv[i][k][c]);
                     }
                 }
             }

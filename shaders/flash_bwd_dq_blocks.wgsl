@@ -7,15 +7,16 @@
 //          tiles wholly above the diagonal are never visited.
 // Math:    S = Q K^T and dP = dO V^T (dot_tile), P = exp2(s - lse2), dS = P * (dP - delta) to
 //          workgroup memory, dQ += dS K (weighted_rows); dQ is scaled once at the end.
-// Memory:  Q, dO [BR][RS] resident; K, V [BC][RS]; dS [BR][WS] (vec4 units).
+// Memory:  Q [BR][RS], dO [BR][RSV] resident; K [BC][RS], V [BC][RSV]; dS [BR][WS] (vec4
+//          units): dO and V rows HEAD_DIM_V wide (blocks.wgsl).
 // No atomics: each workgroup owns its dQ rows.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 const OQ: u32 = 0u;
 const ODO: u32 = OQ + BR * RS;
-const OK: u32 = ODO + BR * RS;
+const OK: u32 = ODO + BR * RSV;
 const OV: u32 = OK + BC * RS;
-const ODS: u32 = OV + BC * RS;
+const ODS: u32 = OV + BC * RSV;
 var<workgroup> sm: array<vec4<f32>, ODS + BR * WS>;
 
 @compute @workgroup_size(NT)
@@ -37,21 +38,7 @@ fn main(
     let ty = t / NTX;
     let tx = t % NTX;
 
-    for (var e = t; e < BR * D4; e += NT) {
-        let r = e / D4;
-        let g = e % D4;
-        let i = q0 + r;
-        var qx = vec4<f32>();
-        var dox = vec4<f32>();
-        if (i < params.seq_q) {
-            let base_q = q_at(b, i, h, 0u);
-            let base_do = dout_at(b, i, h, 0u);
-            qx = load4_q(base_q, g) * params.scale_log2;
-            dox = load4_d_out(base_do, g);
-        }
-        sm[OQ + r * RS + g] = qx;
-        sm[ODO + r * RS + g] = dox;
-    }
+    stage_q_dout(OQ, ODO, b, h, q0, t, params.scale_log2);
     var lse2 = array<f32, TM>();
     var dl = array<f32, TM>();
     for (var i = 0u; i < TM; i++) {
@@ -77,7 +64,7 @@ fn main(
         workgroupBarrier();
 
         var ds = dot_tile(OQ, OK, ty, tx);
-        let dp = dot_tile(ODO, OV, ty, tx);
+        let dp = dot_tile_v(ODO, OV, ty, tx);
         for (var i = 0u; i < TM; i++) {
             for (var j = 0u; j < TN; j++) {
                 let sc = finish_pair(ds[i][j], q0 + ty * TM + i, kv0 + tx + j * NTX, masked);

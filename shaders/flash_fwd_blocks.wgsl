@@ -8,31 +8,34 @@
 //          row max across the NTX threads of a row (workgroup memory), P = exp2(S - m_new) to
 //          workgroup memory, V over K's place, O = alpha O + P V (weighted_rows).
 // Math:    as flash_fwd.wgsl (exp2 domain, online softmax, one write of out and lse).
-// Memory:  Q [BR][RS] resident, K then V [BC][RS], P [BR][WS] (vec4 units), row maxima [BR][NTX].
+// Memory:  Q [BR][RS] resident, K [BC][RS] then V [BC][RSV], P [BR][WS] (vec4 units), row
+//          maxima [BR][NTX]. V and out rows are HEAD_DIM_V wide (D4V groups), q and k rows
+//          HEAD_DIM: where a call's values have a head dim of their own, this kernel runs it.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 const OQ: u32 = 0u;
 const OKV: u32 = OQ + BR * RS;
-const OP: u32 = OKV + BC * RS;
+const OP: u32 = OKV + BC * max(RS, RSV);
 var<workgroup> sm: array<vec4<f32>, OP + BR * WS>;
 var<workgroup> red: array<f32, BR * NTX>;
 
+// K's rows (D4 groups at stride RS), or V's (D4V at RSV), of keys [kv0, kv0 + BC) at OKV
 fn load_kv_tile(is_k: bool, b: u32, hk: u32, kv0: u32, t: u32) {
-    for (var e = t; e < BC * D4; e += NT) {
-        let c = e / D4;
-        let g = e % D4;
+    let d4 = select(D4V, D4, is_k);
+    let rs = select(RSV, RS, is_k);
+    for (var e = t; e < BC * d4; e += NT) {
+        let c = e / d4;
+        let g = e % d4;
         let j = kv0 + c;
         var x = vec4<f32>();
         if (j < params.seq_kv) {
-            let base_k = k_at(b, j, hk, 0u);
-            let base_v = v_at(b, j, hk, 0u);
             if (is_k) {
-                x = load4_k(base_k, g);
+                x = load4_k(k_at(b, j, hk, 0u), g);
             } else {
-                x = load4_v(base_v, g);
+                x = load4_v(v_at(b, j, hk, 0u), g);
             }
         }
-        sm[OKV + c * RS + g] = x;
+        sm[OKV + c * rs + g] = x;
     }
 }
 
@@ -69,7 +72,7 @@ fn main(
 
     var m_i = array<f32, TM>();
     var l_i = array<f32, TM>(); // this thread's share of each row sum, reduced at the end
-    var acc = array<array<vec4<f32>, GPT>, TM>();
+    var acc = array<array<vec4<f32>, GPTV>, TM>();
     for (var i = 0u; i < TM; i++) {
         m_i[i] = running_max_start();
         let qi = q0 + ty * TM + i;
@@ -77,10 +80,10 @@ fn main(
             let st = resumed_row(lse[row_index(b, h, qi)]);
             m_i[i] = st.m;
             l_i[i] = select(0.0, st.l, tx == 0u);
-            let base = q_index(b, qi, h, 0u);
-            for (var k = 0u; k < GPT; k++) {
+            let base = o_index(b, qi, h, 0u);
+            for (var k = 0u; k < GPTV; k++) {
                 let g = tx + k * NTX;
-                if (g < D4) {
+                if (g < D4V) {
                     acc[i][k] = load4_out(base, g);
                 }
             }
@@ -131,10 +134,10 @@ fn main(
         workgroupBarrier();
 
         // the tile is summed apart, then folded in: two-level summation for long rows
-        var o = array<array<vec4<f32>, GPT>, TM>();
-        weighted_rows(&o, OP, OKV, ty, tx, masked);
+        var o = array<array<vec4<f32>, GPTV>, TM>();
+        weighted_rows_v(&o, OP, OKV, ty, tx, masked);
         for (var i = 0u; i < TM; i++) {
-            for (var k = 0u; k < GPT; k++) {
+            for (var k = 0u; k < GPTV; k++) {
                 acc[i][k] = fma(vec4<f32>(alpha[i]), acc[i][k], o[i][k]);
             }
         }
@@ -153,12 +156,12 @@ fn main(
         }
         if (qi < params.seq_q) {
             let inv_l = row_normalizer(m_i[i], l);
-            let base = q_index(b, qi, h, 0u);
-            for (var k = 0u; k < GPT; k++) {
+            let base = o_index(b, qi, h, 0u);
+            for (var k = 0u; k < GPTV; k++) {
                 let g = tx + k * NTX;
                 for (var c = 0u; c < 4u; c++) {
                     let d = 4u * g + c;
-                    if (g < D4 && d < HEAD_DIM) {
+                    if (g < D4V && d < HEAD_DIM_V) {
                         store_out(base + d, acc[i][k][c] * inv_l);
                     }
                 }

@@ -272,6 +272,43 @@ fn kernels_that_share_a_pipeline_across_head_dims_never_read_head_dim() {
 }
 
 #[test]
+fn kernels_that_share_a_pipeline_across_value_dims_never_read_them() {
+    // Kernel::reads_value_dim false: planned with head_dim_v 0 (HEAD_DIM_V = HEAD_DIM), so no
+    // function their entry point reaches may use the values' dims or what derives from them
+    let names = ["HEAD_DIM_V", "D4V", "RSV", "GPTV"];
+    for kernel in Kernel::ALL
+        .into_iter()
+        .filter(|k| k.reads_head_dim() && !k.reads_value_dim())
+    {
+        let key = key_of(kernel, ElemFormat::F32, true);
+        let module = parse_and_validate(&key);
+        for (c, constant) in module.constants.iter() {
+            if !names.contains(&constant.name.as_deref().unwrap_or("")) {
+                continue;
+            }
+            let mut reached = Vec::new();
+            for ep in &module.entry_points {
+                assert!(
+                    !uses_constant(&ep.function, c),
+                    "{kernel:?} main uses {:?}",
+                    constant.name
+                );
+                calls(&module, &ep.function.body, &mut reached);
+            }
+            for h in reached {
+                let f = &module.functions[h];
+                assert!(
+                    !uses_constant(f, c),
+                    "{kernel:?} reaches {:?}, which uses {:?}",
+                    f.name,
+                    constant.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn every_kernel_fits_the_webgpu_default_of_8_storage_buffers_with_a_mask_and_a_bias() {
     for kernel in Kernel::ALL {
         let key = key_of(kernel, ElemFormat::F32, true);

@@ -61,7 +61,7 @@ def _one(q, k, v, dout, scale, causal, window, softcap, slopes, seqlen_k=None, l
     dq = np.einsum("hij,jhd->ihd", ds, kk) * scale
     dkk = np.einsum("hij,ihd->jhd", ds, q) * scale
     dk = dkk.reshape(sk, hk, g, d).sum(axis=2)
-    dv = dvv.reshape(sk, hk, g, d).sum(axis=2)
+    dv = dvv.reshape(sk, hk, g, v.shape[-1]).sum(axis=2)
     return out, lse, dq, dk, dv
 
 

@@ -360,9 +360,15 @@ def test_values_of_their_own_head_dim_in_a_decode_call_and_a_cache(rng):
         k[bi, lens[bi]], v[bi, lens[bi]] = k_new[bi, 0], v_new[bi, 0]
     want = attention(q[:, :1], k, v, causal=True, seqlens_k=lens + 1)
     close(out.numpy(), want[0], 2e-5, "cache out")
-    # a prefill-sized call: the tiled prefill kernels take one head dim
-    with pytest.raises(fa.UnsupportedError, match="head_dim_v"):
-        fa.flash_attn_func(rand(rng, (1, 16, 8, 40)), k[:1], v[:1])
+    # a prefill-sized call and its backward (the blocks kernels): dv as narrow as v
+    q, dout = rand(rng, (1, 16, 8, 40)), rand(rng, (1, 16, 8, 24))
+    out, lse = fa.flash_attn_func(q, k[:1], v[:1], causal=True, return_lse=True)
+    want = attention(q, k[:1], v[:1], dout, causal=True)
+    close(out, want[0], 2e-5, "prefill out")
+    dq, dk, dv = fa.flash_attn_backward(dout, q, k[:1], v[:1], out, lse, causal=True)
+    assert dv.shape == (1, 77, 2, 24)
+    for got, w, name in zip((dq, dk, dv), want[2:], ("dq", "dk", "dv")):
+        close(got, w, 4e-5, name)
 
 
 def test_calls_from_several_threads_at_once_are_each_exact(rng):

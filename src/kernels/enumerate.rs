@@ -11,7 +11,9 @@
 //! combination); likewise the accumulate mode of split calls. Element formats and tile shapes
 //! are covered whole, subgroup sizes where the kernel reads one.
 
-use super::{choose_tiles, flags, DeviceCaps, Kernel, KernelKey, Tiles, WgslConsumer};
+use super::{
+    choose_tiles, flags, DeviceCaps, Kernel, KernelKey, Pass, Tiles, Variant, WgslConsumer,
+};
 use crate::dtype::ElemFormat;
 use crate::kv_format::CacheFormat;
 
@@ -115,10 +117,13 @@ pub fn pipeline_keys(devices: &[Device]) -> Vec<KernelKey> {
 }
 
 /// The kernels that read values of their own head dim (`AttentionConfig::head_dim_v`: the
-/// naive path's and the decode kernel, `plan::head_dims`) at [`VALUE_DIMS`], in f32 element
-/// reads, and the decode kernel at MLA's 576/512 in f16 with wide reads, on each device's
-/// tiles (no subgroup: 576 dims in columns of 4 vec4s are no multiple of one): the paths
-/// whose code differs where the dims do.
+/// naive path's, the blocks kernels and the decode kernel, `plan::head_dims`) at
+/// [`VALUE_DIMS`] in f32 element reads, on the last device (their code does not depend on
+/// the tiles past what the other keys cover); the blocks kernels at DeepSeek's 192/128 in f16
+/// on the first (WebGPU's 16 KiB: the tightest tiles); and the decode kernel at MLA's 576/512
+/// in f16 with wide reads (no subgroup: 576 dims in columns of 4 vec4s are no multiple of one)
+/// on the last: the paths whose code differs in shape where the dims do. (The naive P V and
+/// dP kernels and the preprocess differ in a loop bound only, HEAD_DIM_V for HEAD_DIM.)
 fn value_dim_keys(devices: &[Device]) -> Vec<KernelKey> {
     let key = |kernel: Kernel, (d, dv): (u32, u32), elem, wide, device: &Device| {
         let tiles = choose_tiles(kernel, d.max(dv), device.caps)
@@ -131,25 +136,25 @@ fn value_dim_keys(devices: &[Device]) -> Vec<KernelKey> {
         }
     };
     let mut out = Vec::new();
-    for device in devices {
-        for kernel in [
-            Kernel::NaivePv,
-            Kernel::NaiveBwdDp,
-            Kernel::NaiveBwdDkDv,
-            Kernel::FlashBwdPreprocess,
-            Kernel::FlashDecode,
-        ] {
-            out.push(key(kernel, VALUE_DIMS, ElemFormat::F32, 0, device));
-        }
-        let mla = (576, 512);
-        out.push(key(
-            Kernel::FlashDecode,
-            mla,
-            ElemFormat::F16Native,
-            2,
-            device,
-        ));
+    let (Some(first), Some(last)) = (devices.first(), devices.last()) else {
+        return out;
+    };
+    let blocks = [Pass::Forward, Pass::Dq, Pass::DkDv].map(|p| Kernel::Flash(Variant::Blocks, p));
+    let elementwise = [Kernel::NaiveBwdDkDv, Kernel::FlashDecode];
+    for kernel in elementwise.into_iter().chain(blocks) {
+        out.push(key(kernel, VALUE_DIMS, ElemFormat::F32, 0, last));
     }
+    for kernel in blocks {
+        out.push(key(kernel, (192, 128), ElemFormat::F16Native, 0, first));
+    }
+    let mla = (576, 512);
+    out.push(key(
+        Kernel::FlashDecode,
+        mla,
+        ElemFormat::F16Native,
+        2,
+        last,
+    ));
     out
 }
 

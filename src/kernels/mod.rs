@@ -463,6 +463,25 @@ impl Kernel {
         )
     }
 
+    /// True when the kernel reads rows of values, outputs or their gradients apart from q's and
+    /// k's (the prelude's `HEAD_DIM_V`, through `v_at`, `out_at`, `dout_at`, `o_index` or
+    /// `v_index`): the kernels that run calls whose values have a head dim of their own
+    /// (`plan::head_dims`). The others get one pipeline whatever the values' dim
+    /// (`KernelKey::head_dim_v` 0). tests/shaders.rs checks this against the functions each
+    /// entry point reaches.
+    pub fn reads_value_dim(self) -> bool {
+        matches!(
+            self,
+            Kernel::NaivePv
+                | Kernel::NaiveBwdDp
+                | Kernel::NaiveBwdDkDv
+                | Kernel::FlashBwdPreprocess
+                | Kernel::FlashDecode
+                | Kernel::FlashDecodeOne
+                | Kernel::Flash(_, _)
+        )
+    }
+
     /// The naive (materialized) algorithm's kernels.
     pub fn is_naive(self) -> bool {
         matches!(

@@ -21,6 +21,7 @@ use crate::kv_format::CacheFormat;
 pub const SHARED_WGSL: &str = include_str!("../../shaders/common.wgsl");
 const COMMON: &str = SHARED_WGSL;
 const BLOCKS: &str = include_str!("../../shaders/blocks.wgsl");
+const BLOCKS_BWD: &str = include_str!("../../shaders/blocks_bwd.wgsl");
 const COOP: &str = include_str!("../../shaders/coop.wgsl");
 const KV_FORMAT: &str = include_str!("../../shaders/kv_format.wgsl");
 
@@ -320,7 +321,7 @@ impl KernelKey {
                 .iter()
                 .filter(|b| b.ty == BindType::Elem && !self.reads_wide(b))
             {
-                s.push_str(&load4_wgsl(b.name));
+                s.push_str(&load4_wgsl(b.name, dim_of(b.name)));
             }
         }
         if self.kernel.is_decode() {
@@ -351,6 +352,10 @@ impl KernelKey {
         if self.kernel.is_blocks_variant() {
             s.push_str(BLOCKS);
             s.push('\n');
+            if self.kernel != Kernel::Flash(Variant::Blocks, Pass::Forward) {
+                s.push_str(BLOCKS_BWD);
+                s.push('\n');
+            }
         }
         if self.kernel.is_coop() && self.kernel.is_tiled() {
             s.push_str(COOP);
@@ -685,14 +690,24 @@ fn colscale_{n}(base: u32, c: u32) -> f32 {{
         )
 }
 
-/// `load4_<name>(base, g)`: head dims 4g .. 4g + 3 of the row starting at element `base`, with
-/// the dims past HEAD_DIM as 0 (blocks kernels keep rows as vec4s).
-fn load4_wgsl(n: &str) -> String {
+/// The shape constant of a binding's rows: HEAD_DIM_V for the values' and the output's (v, out,
+/// d_out), HEAD_DIM for the others'.
+fn dim_of(name: &str) -> &'static str {
+    match name {
+        "v" | "out" | "d_out" => "HEAD_DIM_V",
+        _ => "HEAD_DIM",
+    }
+}
+
+/// `load4_<name>(base, g)`: head dims 4g .. 4g + 3 of the row (`dim` elements: its shape
+/// constant) starting at element `base`, with the dims past it as 0 (blocks kernels keep rows
+/// as vec4s).
+fn load4_wgsl(n: &str, dim: &str) -> String {
     format!(
         "fn load4_{n}(base: u32, g: u32) -> vec4<f32> {{\n\
          \x20   var x = vec4<f32>();\n\
          \x20   for (var l = 0u; l < 4u; l++) {{\n\
-         \x20       if (HEAD_DIM % 4u == 0u || 4u * g + l < HEAD_DIM) {{\n\
+         \x20       if ({dim} % 4u == 0u || 4u * g + l < {dim}) {{\n\
          \x20           x[l] = load_{n}(base + 4u * g + l);\n\
          \x20       }}\n\
          \x20   }}\n\

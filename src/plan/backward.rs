@@ -138,13 +138,16 @@ fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
         copies: Vec::new(),
     };
     if cfg.algorithm == Algorithm::Tiled {
-        super::head_dims::refuse(
-            cfg,
-            "the tiled backward",
-            crate::Backend::Wgpu,
-            super::head_dims::WGPU_INSTEAD,
-        )?;
-        if let Some(parts) = split::choose(cfg, dtype, env)? {
+        let split = split::choose(cfg, dtype, env)?;
+        if split.is_some() || !super::head_dims::tiled_runs(cfg) {
+            super::head_dims::refuse(
+                cfg,
+                "the tiled backward past 256 dims or cut into binding windows",
+                crate::Backend::Wgpu,
+                super::head_dims::WGPU_INSTEAD,
+            )?;
+        }
+        if let Some(parts) = split {
             split::backward_steps(cfg, dtype, env, parts, &mut plan)?;
             return Ok(plan);
         }

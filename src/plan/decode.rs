@@ -346,7 +346,7 @@ pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan
                     runtime: combine.runtime & flags::SINKS,
                     flags: combine.flags & flags::SINKS,
                     // the merge runs over out's rows: its HEAD_DIM is the values' dim
-                    head_dim: combine.dv(),
+                    head_dim: cfg.dv() as u32,
                     elem: combine.elem,
                     ..KernelKey::plain(Kernel::FlashDecodeCombine)
                 },

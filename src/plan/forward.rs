@@ -41,9 +41,16 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
             super::decode::steps(cfg, dtype, env, &mut plan)?
         }
         Algorithm::Tiled => match split::choose(cfg, dtype, env)? {
-            _ if head_dims::beyond_families(cfg) => head_dims::refuse(
+            Some(_) if head_dims::beyond_families(cfg) => head_dims::refuse(
                 cfg,
-                "the tiled prefill forward (more than 4 query rows, or packed sequences)",
+                "a tiled forward cut into binding windows",
+                crate::Backend::Wgpu,
+                "split the call into calls that each fit one binding, or run Algorithm::Naive",
+            )?,
+            None if !head_dims::tiled_runs(cfg) => head_dims::refuse(
+                cfg,
+                "the tiled prefill forward (more than 4 query rows, or packed sequences) past \
+                 256 dims",
                 crate::Backend::Wgpu,
                 head_dims::WGPU_INSTEAD,
             )?,

@@ -297,14 +297,21 @@ pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
 }
 
 /// The kernel the tuning's variant runs for one pass on this call: `Variant::kernel_for`
-/// with the call's element format.
+/// with the call's element format; the blocks variant's for a call whose values have a head
+/// dim of their own (of the tiled kernels, its forward alone reads them apart:
+/// [`head_dims`]).
 pub(crate) fn pass_kernel(
     pass: crate::kernels::Pass,
     cfg: &AttentionConfig,
     dtype: DType,
     env: &PlanEnv,
 ) -> Kernel {
-    env.tuning.variant.kernel_for(
+    let variant = if cfg.same_head_dims() {
+        env.tuning.variant
+    } else {
+        crate::kernels::Variant::Blocks
+    };
+    variant.kernel_for(
         pass,
         ElemFormat::new(dtype, env.tuning.half_storage),
         cfg.head_dim as u32,
@@ -352,7 +359,8 @@ pub(crate) fn tiles_for(
     cfg: &AttentionConfig,
     env: &PlanEnv,
 ) -> crate::Result<Tiles> {
-    let dense = crate::kernels::choose_tiles(kernel, cfg.head_dim as u32, env.caps)?;
+    // sized for the wider of q/k's and v's rows (head_dim_v)
+    let dense = crate::kernels::choose_tiles(kernel, cfg.head_dim.max(cfg.dv()) as u32, env.caps)?;
     let Some(mask) = &cfg.block_mask else {
         return Ok(dense);
     };
@@ -418,7 +426,7 @@ pub(crate) fn key(
         } else {
             1
         },
-        head_dim_v: if kernel.reads_head_dim() && !cfg.same_head_dims() {
+        head_dim_v: if kernel.reads_value_dim() && !cfg.same_head_dims() {
             cfg.dv() as u32
         } else {
             0

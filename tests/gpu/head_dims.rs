@@ -1,9 +1,10 @@
 //! Values narrower or wider than queries and keys (`AttentionConfig::head_dim_v`: DeepSeek's
 //! 192/128 prefill, MLA's 576/512 decode) and query/key heads past 256, on the paths that run
-//! them (`plan::head_dims`): the naive path forward and backward, the decode kernel over dense,
-//! paged and appended caches and over an MLA latent cache whose values are the first 512 dims
-//! of its keys (one buffer, read in place) - against the f64 reference on fresh random data;
-//! and the typed refusals of the paths that do not.
+//! them (`plan::head_dims`): the naive path forward and backward, the blocks forward (every
+//! adapter's tiled prefill for such calls), the decode kernel over dense, paged and appended
+//! caches and over an MLA latent cache whose values are the first 512 dims of its keys (one
+//! buffer, read in place) - against the f64 reference on fresh random data; and the typed
+//! refusals of the paths that do not.
 
 use crate::common;
 
@@ -34,9 +35,33 @@ fn naive_path_runs_values_of_their_own_head_dim_forward_and_backward() {
 }
 
 #[test]
+fn tiled_calls_run_values_of_their_own_head_dim_on_the_blocks_kernels() {
+    // DeepSeek's 192/128 (f16), and odd dims with values narrower and wider than the keys
+    // (36/20 and 20/44, f32: rows of no whole vec4; GQA, causal, a window and ALiBi), on the
+    // blocks kernels whatever the adapter's variant, forward and backward
+    let x = ctx();
+    let deepseek = with_dv(cfg(1, 70, 70, 2, 1, 192, true), 128);
+    let mut narrow = with_dv(cfg(2, 45, 61, 4, 2, 36, true), 20);
+    narrow.window = flash_attn_wgpu::Window::new(Some(30), Some(0));
+    narrow.alibi_slopes = Some(common::random_alibi(&narrow, false));
+    let wide = with_dv(cfg(1, 33, 40, 2, 2, 20, false), 44);
+    for (c, half) in [(deepseek, true), (narrow, false), (wide, false)] {
+        let dtype = if half { DType::F16 } else { DType::F32 };
+        let p = plan::forward(&c, dtype, &x.plan_env()).unwrap();
+        assert!(p.steps[0].key.kernel.is_blocks_variant(), "{c:?}");
+        if half {
+            check_case::<_, half::f16>(x, &c, 2.0, "blocks dv", Gap::None);
+        } else {
+            check_case::<_, f32>(x, &c, 2.0, "blocks dv", Gap::None);
+        }
+    }
+}
+
+#[test]
 fn decode_runs_values_of_their_own_head_dim_split_and_unsplit() {
-    // 40/24 in f32 (element reads) and 96/64 in bf16 (wide reads), one split and several,
-    // then a paged cache of odd page size with per-batch lengths
+    // 40/24 in f32 (element reads) and 96/64 in bf16 (wide reads), one split and several, then
+    // a paged cache of odd page size with per-batch lengths (the backward of such a call is the
+    // blocks kernels', tested above)
     for (c, splits) in [
         (
             with_dv(cfg(2, 3, 301, 8, 2, 40, true), 24),
@@ -61,9 +86,9 @@ fn decode_runs_values_of_their_own_head_dim_split_and_unsplit() {
             let p = plan::forward(&c, dtype, &x.plan_env()).unwrap();
             assert!(p.steps[0].key.kernel.is_decode(), "{c:?}");
             if dtype == DType::F32 {
-                check_case::<_, f32>(x, &c, 2.0, "decode dv", Gap::Backward);
+                forward_against_reference::<f32>(&c, "decode dv");
             } else {
-                check_case::<_, half::bf16>(x, &c, 2.0, "decode dv", Gap::Backward);
+                forward_against_reference::<half::bf16>(&c, "decode dv");
             }
         }
     }
@@ -139,15 +164,15 @@ fn paths_without_separate_value_dims_refuse_them_with_typed_errors() {
         other => panic!("{what}: expected Unsupported, got {other:?}"),
     };
     let env = x.plan_env();
-    // the tiled prefill forward and the tiled backward
-    let prefill = with_dv(cfg(1, 64, 64, 2, 2, 192, true), 128);
+    // the tiled kernels past 256 dims (MLA's, a wide head), forward and backward
+    let mla = with_dv(cfg(1, 64, 64, 2, 1, 576, false), 512);
     unsupported(
-        plan::forward(&prefill, DType::F16, &env).map(drop),
-        "prefill",
+        plan::forward(&mla, DType::F16, &env).map(drop),
+        "576/512 prefill",
     );
     unsupported(
-        plan::backward(&prefill, DType::F16, &env).map(drop),
-        "backward",
+        plan::backward(&mla, DType::F16, &env).map(drop),
+        "576/512 backward",
     );
     // wider heads alike, also with equal dims
     let wide = cfg(1, 64, 64, 2, 2, 320, false);
