@@ -16,9 +16,10 @@ export GALLIVM_PERF=${GALLIVM_PERF-nopt}
 # 2026-12-03; 413 at 2026-12-04 with the user modifiers' tests, each snippet its own
 # pipelines; the property tests draw theirs at random; Dawn's replays compile in Node.js and
 # are not counted here; 434 at 2026-12-04 with the 8-bit caches' tests; the head dims' tests,
-# tests/gpu/head_dims.rs, add about 40: values of their own dim are pipelines of their own).
-# Issue 27's bound for the whole suite is 500.
-CI_PIPELINE_BUDGET=${CI_PIPELINE_BUDGET:-480}
+# tests/gpu/head_dims.rs, add about 40: values of their own dim are pipelines of their own;
+# 478 measured with them, the property tests' random draws a few either side). Issue 27's
+# bound for the whole suite is 500, now the budget.
+CI_PIPELINE_BUDGET=${CI_PIPELINE_BUDGET:-500}
 plog=$(mktemp -d)
 trap 'rm -rf "$plog"' EXIT
 export FLASH_ATTN_PIPELINE_LOG=$plog
