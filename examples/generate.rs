@@ -60,7 +60,8 @@ struct Args {
     #[arg(long)]
     rope: bool,
     /// Keep the KV caches in 8 bits: q8_0 (a scale per 32 values) or e4m3 (a static scale
-    /// per kv head of 16/448: values past 16 saturate)
+    /// per kv head of 16/448: values past 16 saturate); not with --mla, whose 80-dim keys are
+    /// no whole number of q8_0 blocks of 32
     #[arg(long, conflicts_with = "mla")]
     kv_cache: Option<CacheFormat>,
     /// MLA-shaped attention: one latent kv head of 16 rotary + 64 latent dims as keys, the

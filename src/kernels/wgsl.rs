@@ -281,9 +281,10 @@ impl KernelKey {
         if let Some(f) = self.kv {
             let _ = writeln!(
                 s,
-                "const KV_Q8: bool = {};\nconst KV_RW: u32 = {}u;",
+                "const KV_Q8: bool = {};\nconst KV_RW: u32 = {}u;\nconst KV_RW_V: u32 = {}u;",
                 f == CacheFormat::Q8_0,
-                f.record_words(self.head_dim as usize)
+                f.record_words(self.head_dim as usize),
+                f.record_words(self.dv() as usize)
             );
             s.push_str(KV_FORMAT);
         }
@@ -648,25 +649,31 @@ fn wide_wgsl(slot: u32, n: &str, elem: ElemFormat, words: u32) -> String {
 pub const CACHE_COLUMN_VEC4S: u32 = 4;
 
 /// K or V in an 8-bit cache (`KernelKey::kv`; shaders/kv_format.wgsl) as 16-byte words:
-/// `load_<name>(i)` element i of the f32 cache's layout (records of HEAD_DIM elements), its
+/// `load_<name>(i)` element i of the f32 cache's layout (records of HEAD_DIM elements, the
+/// values' of HEAD_DIM_V), its
 /// byte times its scale (q8_0: its block's f16 in the record after the data; E4M3: its kv
 /// head's f32 in the header); for decode kernels (`columns`) `loadc_<name>(base, c)` column c
 /// (16 elements, one word) of the record starting at element `base`, unscaled, and
 /// `colscale_<name>(base, c)` the column's scale, which the kernel applies once per column.
 fn cache_wgsl(slot: u32, n: &str, columns: bool) -> String {
+    // its records: the values' are HEAD_DIM_V elements (KV_RW_V words), the keys' HEAD_DIM
+    let (dim, rw) = match dim_of(n) {
+        "HEAD_DIM_V" => ("HEAD_DIM_V", "KV_RW_V"),
+        _ => ("HEAD_DIM", "KV_RW"),
+    };
     let loads = format!(
         "@group(0) @binding({slot}) var<storage, read> {n}: array<vec4<u32>>;
 fn kv_word_{n}(i: u32) -> u32 {{ return {n}[i >> 2u][i & 3u]; }}
 fn kv_scale_{n}(rec: u32, at: u32, d: u32) -> f32 {{
     if (KV_Q8) {{
-        return unpack2x16float(kv_word_{n}(at + HEAD_DIM / 4u + d / 64u))[(d / 32u) & 1u];
+        return unpack2x16float(kv_word_{n}(at + {dim} / 4u + d / 64u))[(d / 32u) & 1u];
     }}
     return bitcast<f32>(kv_word_{n}(rec % params.heads_kv));
 }}
 fn load_{n}(i: u32) -> f32 {{
-    let rec = i / HEAD_DIM;
-    let d = i % HEAD_DIM;
-    let at = kv_header() + rec * KV_RW;
+    let rec = i / {dim};
+    let d = i % {dim};
+    let at = kv_header() + rec * {rw};
     return kv_bytes(kv_word_{n}(at + d / 4u))[d & 3u] * kv_scale_{n}(rec, at, d);
 }}
 "
@@ -677,14 +684,14 @@ fn load_{n}(i: u32) -> f32 {{
     loads
         + &format!(
             "fn loadc_{n}(base: u32, c: u32) -> array<vec4<f32>, CW> {{
-    let rec = base / HEAD_DIM;
-    let at = kv_header() + rec * KV_RW;
+    let rec = base / {dim};
+    let at = kv_header() + rec * {rw};
     let w = {n}[(at >> 2u) + c];
     return array<vec4<f32>, CW>(kv_bytes(w.x), kv_bytes(w.y), kv_bytes(w.z), kv_bytes(w.w));
 }}
 fn colscale_{n}(base: u32, c: u32) -> f32 {{
-    let rec = base / HEAD_DIM;
-    return kv_scale_{n}(rec, kv_header() + rec * KV_RW, 16u * c);
+    let rec = base / {dim};
+    return kv_scale_{n}(rec, kv_header() + rec * {rw}, 16u * c);
 }}
 "
         )

@@ -175,24 +175,18 @@ impl Context {
             None => 0,
         };
         let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
-        // the cache's records are one head dim wide, K's and V's alike
-        crate::plan::head_dims::refuse(
-            &c,
-            "an 8-bit KV cache",
-            crate::Backend::Wgpu,
-            "the f32/f16/bf16 caches take them (forward_with_kvcache)",
-        )?;
         check_tensor(self, TensorRole::Q, q, &c.q_shape(), dtype)?;
         let format = k_cache.format;
-        for (role, cache) in [(TensorRole::K, &*k_cache), (TensorRole::V, &*v_cache)] {
+        for (role, cache, shape, name) in [
+            (TensorRole::K, &*k_cache, c.kv_shape(), "cfg.kv_shape()"),
+            (TensorRole::V, &*v_cache, c.v_shape(), "cfg.v_shape()"),
+        ] {
             self.check_owned(&cache.words, || format!("{role} cache"))?;
-            if cache.shape != c.kv_shape() || cache.format != format {
+            if cache.shape != shape || cache.format != format {
                 return Err(Error::invalid(format!(
-                    "the {role} cache must be {format} of shape {:?} (the k cache's format, \
-                     cfg.kv_shape()), got {} of shape {:?}",
-                    c.kv_shape(),
-                    cache.format,
-                    cache.shape
+                    "the {role} cache must be {format} of shape {shape:?} (the k cache's format, \
+                     {name}), got {} of shape {:?}",
+                    cache.format, cache.shape
                 )));
             }
         }
@@ -232,7 +226,8 @@ impl Context {
             let first = plan.inputs.len();
             plan.inputs.extend([TensorRole::K, TensorRole::V]);
             inputs.extend([k_new, v_new]);
-            let pairs = [(first, 1), (first + 1, 2)];
+            // each cache's records are its own head dim wide (head_dim_v for the values)
+            let pairs = [(first, 1, c.head_dim), (first + 1, 2, c.dv())];
             crate::plan::quantized::append(&mut plan, format, (&c, dtype, &env), &pairs, &rows)?;
         }
         let given = dst.map(|d| [&d.out, &d.lse]);

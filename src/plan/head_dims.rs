@@ -4,7 +4,7 @@
 //! (forward, dense and paged caches) run them; the blocks variant's kernels (forward, dQ,
 //! dK/dV) run values of their own head dim where both dims are at most [`MAX_HEAD_DIM`]
 //! ([`tiled_runs`]; `plan::pass_kernel` picks them on every adapter for such calls); the
-//! paths named at each call of [`refuse`] (calls cut into binding windows, 8-bit caches, CUDA)
+//! paths named at each call of [`refuse`] (calls cut into binding windows, CUDA)
 //! answer `Error::Unsupported` before any tile is chosen. docs/SEMANTICS.md ("Head dims")
 //! lists which path runs what.
 

@@ -11,7 +11,8 @@ use crate::kernels::{Kernel, KernelKey, Params};
 use crate::kv_format::CacheFormat;
 
 /// Switches every step of `plan` (a forward plan of `cfg`, inputs q, k, v) that reads K or V
-/// to the cache format `f` (caches of `cfg.kv_shape()`). The decode kernel reads a 16-byte
+/// to the cache format `f` (caches of `cfg.kv_shape()` and `cfg.v_shape()`: records of
+/// head_dim and of head_dim_v elements, `KV_RW` and `KV_RW_V` words). The decode kernel reads a 16-byte
 /// word a column, so its subgroup is chosen again for that width. A plan that binds the caches
 /// in windows (a cache past one binding) is a typed `DeviceLimit`.
 pub fn read_cache(
@@ -20,7 +21,10 @@ pub fn read_cache(
     cfg: &AttentionConfig,
     env: &PlanEnv,
 ) -> Result<()> {
-    let cache_bytes = f.cache_words(cfg.kv_shape())? as u64 * 4;
+    let cache_bytes = f
+        .cache_words(cfg.kv_shape())?
+        .max(f.cache_words(cfg.v_shape())?) as u64
+        * 4;
     if cache_bytes > env.max_binding_bytes || plan.steps.iter().any(|s| !s.windows.is_empty()) {
         return Err(Error::DeviceLimit {
             what: format!("a {f} KV cache's call in one binding per tensor"),
@@ -43,16 +47,16 @@ pub fn read_cache(
     Ok(())
 }
 
-/// Puts in front of `plan`'s steps the quantizing appends of each `(src, cache)` pair of plan
-/// inputs (k_new into the k cache, v_new into the v cache: `[batch, new, heads_kv, head_dim]`
-/// row-major in `dtype`), in that order: new row r (batch-major) goes to cache row `rows[r]`,
+/// Puts in front of `plan`'s steps the quantizing appends of each `(src, cache, dim)` triple of
+/// plan inputs and record dims (k_new into the k cache, v_new into the v cache: `[batch, new,
+/// heads_kv, dim]` row-major in `dtype`; dim head_dim, head_dim_v), in that order: new row r (batch-major) goes to cache row `rows[r]`,
 /// a table the steps read from the plan's pair data (after whatever the call's own kernels
 /// read there), stored once for all of them.
 pub fn append(
     plan: &mut Plan,
     f: CacheFormat,
     (cfg, dtype, env): (&AttentionConfig, DType, &PlanEnv),
-    pairs: &[(usize, usize)],
+    pairs: &[(usize, usize, usize)],
     rows: &[u32],
 ) -> Result<()> {
     let items = rows.len() * cfg.heads_kv;
@@ -63,22 +67,23 @@ pub fn append(
     }
     let base = plan.pairs.len() as u32;
     plan.pairs.extend_from_slice(rows);
-    let key = KernelKey {
+    // the kernel's HEAD_DIM (and KV_RW) is the appended tensor's
+    let key = |dim: usize| KernelKey {
         elem: ElemFormat::new(dtype, env.tuning.half_storage),
-        head_dim: cfg.head_dim as u32,
+        head_dim: dim as u32,
         kv: Some(f),
         ..KernelKey::plain(Kernel::KvQuantize)
     };
-    let params = Params {
+    let params = |dim: usize| Params {
         total_items: total,
         heads_kv: cfg.heads_kv as u32,
-        head_dim: cfg.head_dim as u32,
+        head_dim: dim as u32,
         pairs_base: base,
         ..Default::default()
     };
-    let steps = pairs.iter().map(|&(src, cache)| Step {
-        key,
-        params,
+    let steps = pairs.iter().map(|&(src, cache, dim)| Step {
+        key: key(dim),
+        params: params(dim),
         buffers: vec![BufRef::Input(src), BufRef::Pairs, BufRef::Input(cache)],
         windows: Vec::new(),
         workgroups: total.div_ceil(ELEMENTWISE_WORKGROUP),

@@ -298,8 +298,9 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
     let seed = fresh_seed();
     let mut rng = StdRng::seed_from_u64(seed);
     let c = base;
-    let row = c.heads_kv * c.head_dim;
-    let shape = c.kv_shape();
+    // a cache row of k, of v (head_dim_v wide)
+    let (row, vrow) = (c.heads_kv * c.head_dim, c.heads_kv * c.dv());
+    let (shape, vshape) = (c.kv_shape(), c.v_shape());
     let msg = format!("{} {format} lens {lens:?} new {new} seed {seed}", T::DTYPE);
     // cache row of (batch, position)
     let at = |b: usize, pos: usize| match &c.paged {
@@ -309,22 +310,23 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
     // every pool row NaN but those from each left padding to each length
     let pool_rows = shape[0] * shape[1];
     let mut kc = vec![f32::NAN; pool_rows * row];
-    let mut vc = vec![f32::NAN; pool_rows * row];
+    let mut vc = vec![f32::NAN; pool_rows * vrow];
     for (bi, &n) in lens.iter().enumerate() {
         for pos in c.kv_start(bi)..n {
             let r = at(bi, pos);
             kc[r * row..(r + 1) * row].copy_from_slice(&random(&mut rng, row, 1.5));
-            vc[r * row..(r + 1) * row].copy_from_slice(&random(&mut rng, row, 1.0));
+            vc[r * vrow..(r + 1) * vrow].copy_from_slice(&random(&mut rng, vrow, 1.0));
         }
     }
-    let scales =
-        |t: &[f32]| (format == CacheFormat::E4M3).then(|| CacheFormat::e4m3_head_scales(t, shape));
-    let (ks, vs) = (scales(&kc), scales(&vc));
+    let scales = |t: &[f32], s: [usize; 4]| {
+        (format == CacheFormat::E4M3).then(|| CacheFormat::e4m3_head_scales(t, s))
+    };
+    let (ks, vs) = (scales(&kc, shape), scales(&vc, vshape));
     let mut kd = x
         .quantized_cache(format, &kc, shape, ks.as_deref())
         .unwrap();
     let mut vd = x
-        .quantized_cache(format, &vc, shape, vs.as_deref())
+        .quantized_cache(format, &vc, vshape, vs.as_deref())
         .unwrap();
     let mut kq = x.dequantize_cache(&kd).unwrap();
     let mut vq = x.dequantize_cache(&vd).unwrap();
@@ -347,14 +349,11 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
         };
         let q = fresh(&mut rng, c.batch * rows * c.heads_q * c.head_dim, 1.5);
         let kn = fresh(&mut rng, c.batch * rows * row, 1.5);
-        let vn = fresh(&mut rng, c.batch * rows * row, 1.0);
+        let vn = fresh(&mut rng, c.batch * rows * vrow, 1.0);
         let new_shape = [c.batch, rows, c.heads_kv, c.head_dim];
+        let new_v = [c.batch, rows, c.heads_kv, c.dv()];
         let up = |t: &[f32], s: &[usize]| x.upload(&from_f32_slice::<T>(t), s).unwrap();
-        let (qd, knd, vnd) = (
-            up(&q, &sc.q_shape()),
-            up(&kn, &new_shape),
-            up(&vn, &new_shape),
-        );
+        let (qd, knd, vnd) = (up(&q, &sc.q_shape()), up(&kn, &new_shape), up(&vn, &new_v));
         let caches = (&mut kd, &mut vd);
         let f = match &tables {
             None => x.forward_with_quantized_kvcache(&sc, &qd, caches, &lens, Some((&knd, &vnd))),
@@ -400,12 +399,13 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
                 appended[r] = true;
                 let src = (bi * rows + i) * row;
                 k_exact[r * row..(r + 1) * row].copy_from_slice(&kn[src..src + row]);
-                v_exact[r * row..(r + 1) * row].copy_from_slice(&vn[src..src + row]);
+                let vsrc = (bi * rows + i) * vrow;
+                v_exact[r * vrow..(r + 1) * vrow].copy_from_slice(&vn[vsrc..vsrc + vrow]);
             }
         }
-        for (what, now, before, exact, sc_) in [
-            ("k", &k_now, &kq, &k_exact, &ks),
-            ("v", &v_now, &vq, &v_exact, &vs),
+        for (what, now, before, exact, sc_, (row, dim)) in [
+            ("k", &k_now, &kq, &k_exact, &ks, (row, c.head_dim)),
+            ("v", &v_now, &vq, &v_exact, &vs, (vrow, c.dv())),
         ] {
             for (r, &appended) in appended.iter().enumerate() {
                 let span = r * row..(r + 1) * row;
@@ -427,7 +427,7 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
                             0.51 * half::f16::from_f32(amax / 127.0).to_f32() + slack * amax
                         }
                         CacheFormat::E4M3 => {
-                            let s = sc_.as_ref().unwrap()[(e / c.head_dim) % c.heads_kv];
+                            let s = sc_.as_ref().unwrap()[(e / dim) % c.heads_kv];
                             want.abs() / 15.9 + s / 1000.0 + slack * want.abs()
                         }
                     };
@@ -452,27 +452,27 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
                     one.alibi_slopes = Some(s[bi * sc.heads_q..(bi + 1) * sc.heads_q].to_vec());
                 }
             }
-            let gather = |t: &[f32]| -> Vec<f32> {
+            let gather = |t: &[f32], row: usize| -> Vec<f32> {
                 (pad..*n)
                     .flat_map(|pos| t[at(bi, pos) * row..(at(bi, pos) + 1) * row].to_vec())
                     .collect()
             };
-            let qs = rows * c.heads_q * c.head_dim;
+            let (qs, os) = (rows * c.heads_q * c.head_dim, rows * c.heads_q * c.dv());
             let qb = &q[bi * qs..(bi + 1) * qs];
-            let want = reference::forward(&one, qb, &gather(&kq), &gather(&vq));
+            let want = reference::forward(&one, qb, &gather(&kq, row), &gather(&vq, vrow));
             let m = format!("batch {bi} step {step} ({msg})");
             assert_close_tol(
                 "out",
-                &out[bi * qs..(bi + 1) * qs],
+                &out[bi * os..(bi + 1) * os],
                 &want.out,
                 rel_tol(T::DTYPE),
                 &m,
             );
             let ls = c.heads_q * rows;
             assert_lse_close(&lse[bi * ls..(bi + 1) * ls], &want.lse, &m);
-            let exact = reference::forward(&one, qb, &gather(&kc), &gather(&vc));
+            let exact = reference::forward(&one, qb, &gather(&kc, row), &gather(&vc, vrow));
             let scale = exact.out.iter().fold(1e-30f64, |m, w| m.max(w.abs()));
-            for (g, w) in out[bi * qs..(bi + 1) * qs].iter().zip(&exact.out) {
+            for (g, w) in out[bi * os..(bi + 1) * os].iter().zip(&exact.out) {
                 worst = worst.max((*g as f64 - w).abs() / scale);
             }
         }

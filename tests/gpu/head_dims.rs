@@ -2,7 +2,7 @@
 //! 192/128 prefill, MLA's 576/512 decode) and query/key heads past 256, on the paths that run
 //! them (`plan::head_dims`): the naive path forward and backward, the blocks forward (every
 //! adapter's tiled prefill for such calls), the decode kernel over dense, paged and appended
-//! caches and over an MLA latent cache whose values are the first 512 dims of its keys (one
+//! caches (8-bit ones too) and over an MLA latent cache whose values are the first 512 dims of its keys (one
 //! buffer, read in place) - against the f64 reference on fresh random data; and the typed
 //! refusals of the paths that do not.
 
@@ -10,7 +10,7 @@ use crate::common;
 
 use common::backend::{check_case, Gap};
 use common::{assert_close_tol, assert_lse_close, cfg, ctx, rel_tol, rounded_inputs};
-use flash_attn_wgpu::dtype::{from_f32_slice, to_f32_vec};
+use flash_attn_wgpu::dtype::to_f32_vec;
 use flash_attn_wgpu::{
     unstable::plan, unstable::reference, Algorithm, AttentionConfig, CacheFormat, DType, Error,
 };
@@ -155,6 +155,30 @@ fn mla_decode_reads_values_as_the_first_512_dims_of_the_latent_keys() {
 }
 
 #[test]
+fn eight_bit_caches_hold_values_of_their_own_head_dim() {
+    // q8_0 at 64/32 in f32 (a prefill of 5 rows on the blocks forward, then a decode step),
+    // E4M3 at 96/64 in f16 (decode steps): each cache's records its own dim wide, appended on
+    // the GPU and read back within the format's rounding, out against the reference over the
+    // dequantized caches
+    let c = with_dv(cfg(2, 1, 40, 4, 2, 64, true), 32);
+    common::kv::quantized_append_and_attend::<_, f32>(
+        ctx(),
+        &c,
+        &[7, 20],
+        5,
+        (CacheFormat::Q8_0, None),
+    );
+    let c = with_dv(cfg(1, 1, 50, 8, 1, 96, false), 64);
+    common::kv::quantized_append_and_attend::<_, half::f16>(
+        ctx(),
+        &c,
+        &[30],
+        2,
+        (CacheFormat::E4M3, None),
+    );
+}
+
+#[test]
 fn paths_without_separate_value_dims_refuse_them_with_typed_errors() {
     let x = ctx();
     let unsupported = |r: Result<(), Error>, what: &str| match r {
@@ -179,24 +203,6 @@ fn paths_without_separate_value_dims_refuse_them_with_typed_errors() {
     unsupported(
         plan::forward(&wide, DType::F32, &env).map(drop),
         "head_dim 320",
-    );
-    // an 8-bit cache
-    let c = with_dv(cfg(1, 1, 64, 4, 1, 64, false), 32);
-    let z = vec![0f32; c.kv_shape().iter().product()];
-    let zv = vec![0f32; c.v_shape().iter().product()];
-    let mut kq = x
-        .quantized_cache(CacheFormat::Q8_0, &z, c.kv_shape(), None)
-        .unwrap();
-    let mut vq = x
-        .quantized_cache(CacheFormat::Q8_0, &zv, c.v_shape(), None)
-        .unwrap();
-    let q = x
-        .upload(&from_f32_slice::<f32>(&vec![0.5; 4 * 64]), &c.q_shape())
-        .unwrap();
-    unsupported(
-        x.forward_with_quantized_kvcache(&c, &q, (&mut kq, &mut vq), &[10], None)
-            .map(drop),
-        "8-bit cache",
     );
     // out of range: a typed invalid config
     for bad in [
