@@ -280,20 +280,15 @@ fn config(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     o: &Options,
 ) -> PyResult<AttentionConfig> {
-    let kd = dims4(py, "k", k)?;
-    let mut cfg = config_for(py, q, kd, o)?;
-    let dv = dims4(py, "v", v)?[3];
-    if dv != cfg.head_dim {
-        cfg.head_dim_v = Some(dv);
-    }
-    Ok(cfg)
+    let (kd, vd) = (dims4(py, "k", k)?, dims4(py, "v", v)?);
+    config_for(py, q, (kd, vd[3]), o)
 }
 
-/// [`config`] from k's shape (an 8-bit cache's).
+/// [`config`] from k's shape and v's last dimension (an 8-bit cache's).
 fn config_for(
     py: Python<'_>,
     q: &Tensor,
-    [kb, skv, hkv, _]: [usize; 4],
+    ([kb, skv, hkv, _], dv): ([usize; 4], usize),
     o: &Options,
 ) -> PyResult<AttentionConfig> {
     let [b, sq, hq, d] = dims4(py, "q", q)?;
@@ -337,6 +332,9 @@ fn config_for(
         cfg.mask_mod = Some(MaskMod::wgsl_with(src, captured).map_err(|e| to_py(py, e))?);
     }
     cfg.block_mask = o.block_mask.as_ref().map(|m| m.get().inner.clone());
+    if dv != cfg.head_dim {
+        cfg.head_dim_v = Some(dv);
+    }
     Ok(cfg)
 }
 
@@ -527,7 +525,8 @@ fn forward_with_quantized_kvcache(
 ) -> PyResult<(PyTensor, PyTensor)> {
     let ctx = context(py)?;
     let q = &q.inner;
-    let cfg = config_for(py, q, k_cache.inner.shape(), &options)?;
+    let dv = v_cache.inner.shape()[3];
+    let cfg = config_for(py, q, (k_cache.inner.shape(), dv), &options)?;
     let rotary = rotary_of(&rotary);
     let append = append_of(py, &k_new, &v_new)?;
     let caches = (&mut k_cache.inner, &mut v_cache.inner);

@@ -360,6 +360,14 @@ def test_values_of_their_own_head_dim_in_a_decode_call_and_a_cache(rng):
         k[bi, lens[bi]], v[bi, lens[bi]] = k_new[bi, 0], v_new[bi, 0]
     want = attention(q[:, :1], k, v, causal=True, seqlens_k=lens + 1)
     close(out.numpy(), want[0], 2e-5, "cache out")
+    # an 8-bit cache whose values are narrower than its keys: head_dim_v from the v cache
+    k8, v8 = fa.quantize_cache(rand(rng, (1, 40, 2, 64)), "q8_0"), \
+        fa.quantize_cache(rand(rng, (1, 40, 2, 32)), "q8_0")
+    q8 = rand(rng, (1, 1, 8, 64))
+    out = fa.flash_attn_with_kvcache(fa.tensor(q8), k8, v8, cache_seqlens=np.array([40]))
+    assert out.shape == (1, 1, 8, 32)
+    want = attention(q8, k8.dequantize(), v8.dequantize())
+    close(out.numpy(), want[0], 2e-5, "8-bit cache out")
     # a prefill-sized call and its backward (the blocks kernels): dv as narrow as v
     q, dout = rand(rng, (1, 16, 8, 40)), rand(rng, (1, 16, 8, 24))
     out, lse = fa.flash_attn_func(q, k[:1], v[:1], causal=True, return_lse=True)

@@ -234,13 +234,14 @@ fn append_copies(
 }
 
 impl Context {
-    /// Attention of q over a KV cache, after appending `append = Some((k_new, v_new))` (each
-    /// `[batch, new, heads_kv, head_dim]`) at each batch's length (module
-    /// [`kvcache`](crate::kvcache)): `cfg.seq_kv` is the caches' capacity (`k_cache`, `v_cache`
-    /// are `[batch, seq_kv, heads_kv, head_dim]`), `cache_seqlens[b]` the rows batch b held
-    /// before the call. The caches are written in place; the caller advances its lengths by
-    /// `new`. One submission, no wait. On wgpu the append is a buffer copy: half-precision
-    /// caches need `heads_kv * head_dim` even (whole 4-byte words), else `Unsupported`.
+    /// Attention of q over a KV cache, after appending `append = Some((k_new, v_new))`
+    /// (`[batch, new, heads_kv, head_dim]`, v_new `head_dim_v` wide: `cfg.dv()`) at each
+    /// batch's length (module [`kvcache`](crate::kvcache)): `cfg.seq_kv` is the caches'
+    /// capacity (`k_cache` is `cfg.kv_shape()`, `[batch, seq_kv, heads_kv, head_dim]`, and
+    /// `v_cache` `cfg.v_shape()`), `cache_seqlens[b]` the rows batch b held before the call.
+    /// The caches are written in place; the caller advances its lengths by `new`. One
+    /// submission, no wait. On wgpu the append is a buffer copy: half-precision caches need
+    /// `heads_kv` times each head dim even (whole 4-byte words), else `Unsupported`.
     pub fn forward_with_kvcache(
         &self,
         cfg: &AttentionConfig,
@@ -304,15 +305,8 @@ impl Context {
         append: Option<(&Tensor, &Tensor)>,
         rotary: Rotary<'_, Tensor>,
     ) -> Result<Forward> {
-        let dtype = q.dtype();
-        let new_rows = match append {
-            Some((k, v)) => {
-                append_rows(cfg, ((k.shape(), k.dtype()), (v.shape(), v.dtype())), dtype)?
-            }
-            None => 0,
-        };
-        let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
-        crate::checks::check_tensor(self, TensorRole::Q, q, &c.q_shape(), dtype)?;
+        // the call's checks before the rotation's GPU work
+        self.kvcache_step(cfg, q, cache_seqlens, append)?;
         let mut enc = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -418,6 +412,30 @@ impl Context {
         Ok(out.remove(0))
     }
 
+    /// What every KV-cache call checks first, before any GPU work: the new keys and values
+    /// (this context's, of the shapes `append_rows` takes), and q against the step's config.
+    /// Returns that config (`kvcache_config`) and the rows each batch appends.
+    pub(crate) fn kvcache_step(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Tensor,
+        cache_seqlens: &[usize],
+        append: Option<(&Tensor, &Tensor)>,
+    ) -> Result<(AttentionConfig, usize)> {
+        let dtype = q.dtype();
+        let new_rows = match append {
+            Some((k, v)) => {
+                self.check_owned(k, || "k_new".into())?;
+                self.check_owned(v, || "v_new".into())?;
+                append_rows(cfg, ((k.shape(), k.dtype()), (v.shape(), v.dtype())), dtype)?
+            }
+            None => 0,
+        };
+        let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
+        crate::checks::check_tensor(self, TensorRole::Q, q, &c.q_shape(), dtype)?;
+        Ok((c, new_rows))
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn kvcache_impl(
         &self,
@@ -430,16 +448,7 @@ impl Context {
         enc: Option<&mut wgpu::CommandEncoder>,
     ) -> Result<Forward> {
         let dtype = q.dtype();
-        let new_rows = match append {
-            Some((k, v)) => {
-                self.check_owned(k, || "k_new".into())?;
-                self.check_owned(v, || "v_new".into())?;
-                append_rows(cfg, ((k.shape(), k.dtype()), (v.shape(), v.dtype())), dtype)?
-            }
-            None => 0,
-        };
-        let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
-        crate::checks::check_tensor(self, TensorRole::Q, q, &c.q_shape(), dtype)?;
+        let (c, new_rows) = self.kvcache_step(cfg, q, cache_seqlens, append)?;
         crate::checks::check_tensor(self, TensorRole::K, k_cache, &c.kv_shape(), dtype)?;
         crate::checks::check_tensor(self, TensorRole::V, v_cache, &c.v_shape(), dtype)?;
         let mut plan = crate::plan::forward(&c, dtype, &self.plan_env())?;

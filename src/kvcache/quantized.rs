@@ -16,8 +16,7 @@
 //! # Ok::<(), flash_attn_wgpu::Error>(())
 //! ```
 
-use super::{append_rows, append_runs, kvcache_config};
-use crate::checks::check_tensor;
+use super::append_runs;
 use crate::config::AttentionConfig;
 use crate::device::Context;
 use crate::error::{Error, Result, TensorRole};
@@ -78,10 +77,10 @@ impl Context {
     }
 
     /// [`forward_with_kvcache`](Context::forward_with_kvcache) over 8-bit caches: appends
-    /// `append = Some((k_new, v_new))` (`[batch, new, heads_kv, head_dim]` in q's dtype,
-    /// row-major) quantized on the GPU at each batch's length, then attends q over each batch's
-    /// keys, every kernel reading the caches' bytes and scales. Both caches take one format
-    /// and `cfg.kv_shape()`; dense or paged (`cfg.paged`), left padding, every modifier as
+    /// `append = Some((k_new, v_new))` (`[batch, new, heads_kv, head_dim]`, v_new `head_dim_v`
+    /// wide, in q's dtype, row-major) quantized on the GPU at each batch's length, then attends
+    /// q over each batch's keys, every kernel reading the caches' bytes and scales. Both caches
+    /// take one format, the k cache `cfg.kv_shape()` and the v cache `cfg.v_shape()`; dense or paged (`cfg.paged`), left padding, every modifier as
     /// the unquantized call. One submission, no wait. A cache past one binding is a typed
     /// `DeviceLimit`.
     pub fn forward_with_quantized_kvcache(
@@ -159,23 +158,19 @@ impl Context {
         (dst, rotary): (Option<&Forward>, Option<Rotary<'_, Tensor>>),
     ) -> Result<Forward> {
         let dtype = q.dtype();
-        let new_rows = match append {
-            Some((k, v)) => {
-                for (name, t) in [("k_new", k), ("v_new", v)] {
-                    self.check_owned(t, || name.into())?;
-                    if t.needs_view() {
-                        return Err(crate::tensor::strided_unsupported(
-                            &format!("a quantizing append ({name})"),
-                            t,
-                        ));
-                    }
-                }
-                append_rows(cfg, ((k.shape(), k.dtype()), (v.shape(), v.dtype())), dtype)?
+        let (c, new_rows) = self.kvcache_step(cfg, q, cache_seqlens, append)?;
+        // the quantizing kernel reads row-major new rows
+        for (name, t) in append
+            .into_iter()
+            .flat_map(|(k, v)| [("k_new", k), ("v_new", v)])
+        {
+            if t.needs_view() {
+                return Err(crate::tensor::strided_unsupported(
+                    &format!("a quantizing append ({name})"),
+                    t,
+                ));
             }
-            None => 0,
-        };
-        let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
-        check_tensor(self, TensorRole::Q, q, &c.q_shape(), dtype)?;
+        }
         let format = k_cache.format;
         for (role, cache, shape, name) in [
             (TensorRole::K, &*k_cache, c.kv_shape(), "cfg.kv_shape()"),
