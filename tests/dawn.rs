@@ -105,6 +105,7 @@ fn env(variant: Variant, rows_subgroup: u32, half_storage: HalfStorage) -> plan:
             variant,
             rows_subgroup,
             half_storage,
+            decode_q_chunks: true,
         },
         max_binding_bytes: 128 << 20,
         offset_align: 256,

@@ -208,6 +208,11 @@ pub struct Args {
     /// 0), side by side with the adapter's default
     #[arg(long, requires = "decode")]
     pub subgroup_both: bool,
+    /// Decode mode: measure every point also with the other `Tuning::decode_q_chunks`
+    /// (workgroups of as many rows as hold q whole, or of the most rows with q held a chunk
+    /// at a time), side by side with the adapter's default
+    #[arg(long, requires = "decode")]
+    pub q_chunks_both: bool,
     /// Decode mode: also measure 8-bit KV caches (q8_0, e4m3; comma-separated) beside the
     /// --dtype cache, each call through the KV-cache entry points, interleaved call by call;
     /// a table of its own

@@ -36,7 +36,8 @@ struct Decode {
     dtype: DType,
     repeats: usize,
     /// The tuning of each measured column set: the adapter's default, and with
-    /// --subgroup-both the same without subgroup reads.
+    /// --subgroup-both the same without subgroup reads, and with --q-chunks-both each of
+    /// those with the other decode_q_chunks.
     tunings: Vec<Tuning>,
 }
 
@@ -83,6 +84,16 @@ pub fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             rows_subgroup: 0,
             ..tuning
         });
+    }
+    if args.q_chunks_both {
+        let flipped: Vec<Tuning> = tunings
+            .iter()
+            .map(|t| Tuning {
+                decode_q_chunks: !t.decode_q_chunks,
+                ..*t
+            })
+            .collect();
+        tunings.extend(flipped);
     }
     let a = Decode {
         caches: args.seqs.clone(),
@@ -306,10 +317,12 @@ fn points<T: Element>(
     println!(
         "per point: ms are the median GPU time of --repeats calls [min-max]; wall: the median \
          wall time around a call; GB/s from the median; speedup: one split over split-KV; \
-         paged: the same keys in shuffled pages of {PAGE_SIZE}"
+         paged: the same keys in shuffled pages of {PAGE_SIZE}; rows a workgroup: the packed \
+         rows (query heads of a kv head) each decode workgroup serves, q held a chunk at a \
+         time where marked \"chunks\" (Tuning::decode_q_chunks)"
     );
     println!(
-        "| rows_subgroup | B | cache | splits | split ms [min-max] | (wall) | GB/s | 1 split ms \
+        "| subgroup / rows a workgroup | B | cache | splits | split ms [min-max] | (wall) | GB/s | 1 split ms \
          [min-max] | (wall) | GB/s | speedup | split/roof | paged ms [min-max] | paged/dense |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
@@ -383,8 +396,15 @@ fn points<T: Element>(
             };
             for &tuning in &a.tunings {
                 ctx.set_tuning(tuning)?;
-                let splits =
-                    flash_attn_wgpu::unstable::plan::decode::shape(&cfg, &ctx.plan_env())?.splits;
+                let shape = flash_attn_wgpu::unstable::plan::decode::shape(&cfg, &ctx.plan_env())?;
+                let splits = shape.splits;
+                let chunked = shape.tiles.rpt < (a.head_dim.max(cfg.dv()) as u32).div_ceil(4);
+                let rows = format!(
+                    "{} / {}{}",
+                    tuning.rows_subgroup,
+                    shape.tiles.br,
+                    if chunked { " chunks" } else { "" }
+                );
                 let (split, split_wall) = time(&cfg, (&k, &v))?;
                 let one = AttentionConfig {
                     kv_splits: Some(1),
@@ -409,9 +429,8 @@ fn points<T: Element>(
                     None => ("-".into(), "-".into()),
                 };
                 println!(
-                    "| {} | {b} | {s} | {splits} | {:.3} [{}] | ({:.3}) | {:.2} | {:.3} [{}] | \
+                    "| {rows} | {b} | {s} | {splits} | {:.3} [{}] | ({:.3}) | {:.2} | {:.3} [{}] | \
                      ({:.3}) | {:.2} | {:.2} | {:.0}% | {paged_cell} | {paged_ratio} |",
-                    tuning.rows_subgroup,
                     split.median,
                     split.range(3),
                     split_wall.median,

@@ -201,8 +201,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     """Attention of q ``[batch, seqlen_q, nheads, headdim]`` over k, v ``[batch, seqlen_k,
     nheads_k, headdim]`` (nheads a multiple of nheads_k: GQA/MQA). v may be narrower or wider
     than q and k (``headdim_v``, its last dimension, as flash-attn 3 reads it; out is then that
-    wide; forward and backward for head dims up to 256, a decode call of at most 4 query rows
-    up to 576 and 512).
+    wide; forward and backward for head dims of q and k up to 576 and of v up to 512, past 256
+    on small tiles, on wgpu; CUDA runs one head dim for all three, up to 256).
 
     ``causal``: bottom-right aligned (query i sees keys j <= i + seqlen_k - seqlen_q);
     ``window_size`` (left, right), -1 unbounded; ``softcap`` > 0 caps the scaled scores with

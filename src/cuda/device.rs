@@ -32,7 +32,7 @@ use crate::{
 
 /// What runs a call whose head dims the CUDA kernels refuse (`plan::head_dims`).
 const CUDA_INSTEAD: &str = "the CUDA kernels take one head dim for q, k and v; the wgpu \
-     backend's naive path and decode kernel run such calls";
+     backend's tiled kernels, naive path and decode kernel run such calls";
 
 // SAFETY: #[repr(C)], plain 4-byte fields, the layout of the kernel's struct (tested in
 // kernels.rs).

@@ -239,6 +239,7 @@ impl Context {
         let tuning = Tuning {
             variant: Variant::for_device_type(info.device_type),
             rows_subgroup: fixed_subgroup,
+            decode_q_chunks: crate::kernels::decode_q_chunks_for(info.device_type),
             half_storage: if shader_f16 {
                 HalfStorage::Native
             } else {
@@ -324,6 +325,7 @@ impl Context {
             variant: Variant::Blocks,
             rows_subgroup: 0,
             half_storage: HalfStorage::Packed,
+            decode_q_chunks: true,
         })
     }
 

@@ -589,6 +589,13 @@ pub struct Tuning {
     /// How f16 tensors are stored: `Native` (`array<f16>`, needs `SHADER_F16`) or `Packed`
     /// (two per u32 word, any adapter). bf16 is always packed.
     pub half_storage: crate::dtype::HalfStorage,
+    /// For the decode kernel: whether a workgroup serves as many packed rows (query heads
+    /// sharing a kv head) as `DECODE_MAX_ROWS` and its workgroup memory allow, holding the
+    /// rows' q a chunk at a time (`true`: GPUs, where each key is then read by fewer
+    /// workgroups), or only as many as hold q whole (`false`: CPU drivers, where a key read
+    /// again costs what a workgroup-memory read does and the chunks' barriers cost more;
+    /// docs/PERFORMANCE.md, "MLA decode"). `Context::new` sets it from the adapter's type.
+    pub decode_q_chunks: bool,
 }
 
 /// How a tiled kernel spreads a row over invocations.
@@ -658,4 +665,9 @@ impl Variant {
             _ => Variant::Blocks,
         }
     }
+}
+
+/// [`Tuning::decode_q_chunks`] for an adapter of `device_type`: on but for CPU drivers.
+pub fn decode_q_chunks_for(device_type: wgpu::DeviceType) -> bool {
+    device_type != wgpu::DeviceType::Cpu
 }

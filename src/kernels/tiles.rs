@@ -72,34 +72,65 @@ impl DeviceCaps {
 /// of 64); the matrix blocks are shared out by subgroup id, whatever the size.
 pub const COOP_THREADS: u32 = 128;
 
-/// Keys per tile of the decode kernel (`shaders/flash_decode.wgsl`), one invocation each.
+/// Keys per tile of the decode kernel (`shaders/flash_decode.wgsl`): one invocation of each
+/// row group scores each key.
 pub const DECODE_KEYS: u32 = 64;
 
-/// The most packed rows (query heads sharing a kv head, times query rows) one decode
-/// workgroup serves; calls with more run in chunks of rows.
-pub const DECODE_MAX_ROWS: u32 = 16;
+/// Packed rows one group of [`DECODE_KEYS`] invocations scores; a workgroup of more rows
+/// has a group for each such share (`Tiles::tpr`), and P V shares the rows out alike, so an
+/// invocation's private sums stay those of 8 rows however many the workgroup serves.
+pub const DECODE_GROUP_ROWS: u32 = 8;
 
-/// The decode kernel's tiles: `br` packed rows (the most, a power of two up to
-/// [`DECODE_MAX_ROWS`], whose q and scores fit the workgroup memory) by [`DECODE_KEYS`] keys.
-fn decode_tiles(head_dim: u32, caps: DeviceCaps) -> Result<Tiles> {
-    let mut br = DECODE_MAX_ROWS;
+/// The most packed rows (query heads sharing a kv head, times query rows) one decode
+/// workgroup serves; calls with more run in chunks of rows. 32 rows are 4 groups of
+/// [`DECODE_KEYS`] invocations, the 256 WebGPU allows a workgroup: MLA's 128 query heads over
+/// one latent head read each latent row in 4 workgroups (FlashMLA's 64-head blocks, 2).
+pub const DECODE_MAX_ROWS: u32 = 32;
+
+/// The decode kernel's tiles for a call of `rows` packed rows and `head_dim` (the wider of
+/// the q/k and v dims): `br` packed rows (a power of two, the most up to [`DECODE_MAX_ROWS`]
+/// and `rows` that fit), [`DECODE_KEYS`] keys a tile (`bc`), `tpr` row groups of
+/// [`DECODE_GROUP_ROWS`] (the workgroup's invocations: `bc * tpr`), and `rpt` the vec4s of
+/// each row's q the workgroup memory holds at once: all of them (q staged once), or a
+/// multiple of 4 (q staged in chunks each tile: wide heads, as MLA's 576, at many rows).
+/// With `q_chunks` (`Tuning::decode_q_chunks`) more rows win over holding q whole (each
+/// workgroup reads every key of its split, and q's chunks a tile are `br / bc` of the keys'
+/// bytes); without, rows are halved until q fits whole.
+pub fn decode_tiles_for(
+    rows: u32,
+    head_dim: u32,
+    caps: DeviceCaps,
+    q_chunks: bool,
+) -> Result<Tiles> {
+    let d4 = head_dim.div_ceil(4);
+    let words = caps.max_workgroup_storage_bytes / 4;
+    let mut br = DECODE_MAX_ROWS.min(rows.max(1).next_power_of_two());
     loop {
-        let t = Tiles {
-            br,
-            bc: DECODE_KEYS,
-            tpr: 1,
-            rpt: 1,
-        };
-        let words = workgroup_words(Kernel::FlashDecode, head_dim, t);
-        if words * 4 <= caps.max_workgroup_storage_bytes
-            && DECODE_KEYS <= caps.max_invocations_per_workgroup
-        {
-            return Ok(t);
+        let groups = br.div_ceil(DECODE_GROUP_ROWS);
+        // the scores and a factor a row; what is left holds q
+        let fixed = br * DECODE_KEYS + br;
+        if DECODE_KEYS * groups <= caps.max_invocations_per_workgroup && fixed < words {
+            let room = (words - fixed) / (4 * br);
+            let chunk = if room >= d4 {
+                d4
+            } else if q_chunks {
+                room / 4 * 4
+            } else {
+                0
+            };
+            if chunk > 0 {
+                return Ok(Tiles {
+                    br,
+                    bc: DECODE_KEYS,
+                    tpr: groups,
+                    rpt: chunk,
+                });
+            }
         }
         if br == 1 {
             return Err(Error::DeviceLimit {
                 what: format!("flash_decode workgroup memory at head_dim {head_dim}"),
-                needed: words as u64 * 4,
+                needed: (DECODE_KEYS + 1 + 4 * d4.min(4)) as u64 * 4,
                 limit: caps.max_workgroup_storage_bytes as u64,
                 hint: "use a smaller head_dim".into(),
             });
@@ -164,8 +195,11 @@ pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
                 0
             }
         }
-        // the packed rows' q (vec4s), their scores, a factor per row
-        Kernel::FlashDecode | Kernel::FlashDecodeOne => br * d.div_ceil(4) * 4 + br * bc + br,
+        // the packed rows' q (vec4s: all of a row's, or a chunk of `rpt`), their scores, a
+        // factor per row
+        Kernel::FlashDecode | Kernel::FlashDecodeOne => {
+            br * d.div_ceil(4).min(t.rpt) * 4 + br * bc + br
+        }
         _ => 0,
     }
 }
@@ -218,7 +252,7 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
         (2, 1, 1, 1),
     ];
     if kernel.is_decode() {
-        return decode_tiles(head_dim, caps);
+        return decode_tiles_for(DECODE_MAX_ROWS, head_dim, caps, true);
     }
     if !kernel.is_tiled() {
         return Ok(Tiles::ONE);

@@ -475,12 +475,15 @@ impl KernelKey {
             let _ = writeln!(s, "const CPT: u32 = {}u;", cols.div_ceil(t.tpr));
         }
         if self.kernel.is_decode() {
-            // BR packed rows, BC keys a tile, one invocation per key of it; SG lanes hand
-            // each other values (lanes1, lanes4: every lane's x, subgroupBroadcast needs a
-            // literal lane), or 1 without subgroups
+            // BR packed rows in RG groups, BC keys a tile, one invocation of each group per
+            // key of it; QCHUNK vec4s of each row's q held at once (plan: tiles.rs,
+            // decode_tiles_for); SG lanes hand each other values (lanes1, lanes4: every
+            // lane's x, subgroupBroadcast needs a literal lane), or 1 without subgroups
             let _ = writeln!(s, "const BR: u32 = {}u;", t.br);
             let _ = writeln!(s, "const BC: u32 = {}u;", t.bc);
-            let _ = writeln!(s, "const NT: u32 = {}u;", t.bc);
+            let _ = writeln!(s, "const RG: u32 = {}u;", t.tpr.max(1));
+            let _ = writeln!(s, "const NT: u32 = {}u;", t.bc * t.tpr.max(1));
+            let _ = writeln!(s, "const QCHUNK: u32 = {}u;", t.rpt.max(1));
             let sg = self.subgroup.max(1);
             let _ = writeln!(s, "const SG: u32 = {sg}u;");
             let lanes = |x: &str| -> String {

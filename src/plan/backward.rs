@@ -139,12 +139,12 @@ fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
     };
     if cfg.algorithm == Algorithm::Tiled {
         let split = split::choose(cfg, dtype, env)?;
-        if split.is_some() || !super::head_dims::tiled_runs(cfg) {
+        if split.is_some() {
             super::head_dims::refuse(
                 cfg,
-                "the tiled backward past 256 dims or cut into binding windows",
+                "a tiled backward cut into binding windows",
                 crate::Backend::Wgpu,
-                super::head_dims::WGPU_INSTEAD,
+                "split the call into calls that each fit one binding, or run Algorithm::Naive",
             )?;
         }
         if let Some(parts) = split {

@@ -9,9 +9,9 @@ use super::{key, split, BufRef, Plan, PlanEnv, ScratchSpec, Step, Window};
 use crate::config::{Algorithm, AttentionConfig, MAX_KV_SPLITS};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::tiles::DECODE_KEYS;
+use crate::kernels::tiles::{decode_tiles_for, DECODE_KEYS};
 use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
-use crate::kernels::{choose_tiles, flags, Kernel, KernelKey, Params, Tiles};
+use crate::kernels::{flags, Kernel, KernelKey, Params, Tiles};
 
 /// The most query rows (`seq_q`) a call may have to take the decode path: a decode step, or
 /// a few speculative tokens. Longer calls run the tiled forward kernels.
@@ -123,21 +123,24 @@ pub(crate) fn columns_fit(key: &KernelKey) -> Result<()> {
 /// The subgroup size the decode kernel shares reads across (`flash_decode.wgsl`'s SG): the
 /// adapter's fixed size the tuning names (`Tuning::rows_subgroup`) where a subgroup's lanes
 /// share one key parity (the columns of a row, head_dim / 4 / `cw` with `cw` vec4s a column,
-/// a multiple of it), each lane's share of q stays small (at most 32 vec4s) and the private
-/// arrays of the subgroup path fit the adapter's register budget
-/// ([`decode_private_floats`] within `DeviceCaps::private_floats`), else 0 (no subgroups).
+/// a multiple of it), the workgroup holds q whole (the tiles' `rpt`), each lane's share of its
+/// group's q stays small (at most 32 vec4s) and the private arrays of the subgroup path fit
+/// the adapter's register budget ([`decode_private_floats`] within
+/// `DeviceCaps::private_floats`), else 0 (no subgroups).
 pub fn decode_subgroup(cfg: &AttentionConfig, tiles: Tiles, env: &PlanEnv, cw: u32) -> u32 {
     let sg = env.tuning.rows_subgroup;
     let d4 = (cfg.head_dim as u32).div_ceil(4);
     let d4v = (cfg.dv() as u32).div_ceil(4);
+    let group_rows = tiles.br / tiles.tpr.max(1);
     if sg > 1
         && (d4 / cw).is_multiple_of(sg)
         && d4.is_multiple_of(cw)
         && (d4v / cw).is_multiple_of(sg)
         && d4v.is_multiple_of(cw)
         && sg.is_multiple_of(cw)
-        && tiles.br * d4 / sg <= 32
-        && decode_private_floats(tiles.br, d4, sg, cw) <= env.caps.private_floats
+        && tiles.rpt >= d4
+        && group_rows * d4 / sg <= 32
+        && decode_private_floats(tiles, d4, d4v, sg, cw) <= env.caps.private_floats
         && DECODE_KEYS.is_multiple_of(sg)
     {
         sg
@@ -147,14 +150,21 @@ pub fn decode_subgroup(cfg: &AttentionConfig, tiles: Tiles, env: &PlanEnv, cw: u
 }
 
 /// The f32 values one invocation of the decode kernel's subgroup path holds in private
-/// arrays (shaders/flash_decode.wgsl) for `br` packed rows, `d4` vec4s a row, subgroup `sg`
-/// and `cw` vec4s a column: its share of q (`qh`, br x d4 / sg vec4s), the q vectors the
-/// subgroup hands round (`qs`, br x sg vec4s), the weights likewise (`ws`, br x sg), the
-/// output columns (`acc`, br x cw vec4s) and the scores (`x`, br). On NVIDIA (subgroup 32)
-/// 16 rows would hold 2,560 of them, ten times the registers an invocation has.
-pub fn decode_private_floats(br: u32, d4: u32, sg: u32, cw: u32) -> u32 {
-    let qh = br * (d4 / sg.max(1)) * 4;
-    qh + br * sg * 4 + br * sg + br * cw * 4 + br
+/// arrays (shaders/flash_decode.wgsl) for its tiles, `d4` vec4s a q row, `d4v` a v row,
+/// subgroup `sg` and `cw` vec4s a column: of each of its group's `br / tpr` rows its share of
+/// q (`qh`, d4 / sg vec4s), the q vectors the subgroup hands round (`qs`, sg vec4s) and the
+/// score (`x`); of each of its P V rows (`PR`: the rows over the groups the invocations a
+/// column cover) the weights the subgroup hands round (`ws`, sg) and its output column
+/// (`acc`, cw vec4s). On NVIDIA (subgroup 32) 16 rows (two groups) hold 1,352 of them at
+/// head_dim 128, five times the registers an invocation has.
+pub fn decode_private_floats(tiles: Tiles, d4: u32, d4v: u32, sg: u32, cw: u32) -> u32 {
+    let groups = tiles.tpr.max(1);
+    let rows = tiles.br / groups;
+    let columns = (d4v / cw.max(1)).max(1);
+    let covered = groups.min((DECODE_KEYS * groups / columns).max(1));
+    let pv_rows = tiles.br / (1u32 << covered.ilog2());
+    let sg = sg.max(1);
+    rows * ((d4 / sg) * 4 + sg * 4 + 1) + pv_rows * (sg + cw * 4)
 }
 
 /// How a decode call's keys are split, on any backend: `cfg.kv_splits = Some(n)` gives n
@@ -194,14 +204,14 @@ pub struct DecodeShape {
 /// tiles of keys.
 pub fn shape(cfg: &AttentionConfig, env: &PlanEnv) -> Result<DecodeShape> {
     // its q rows are head_dim wide and its output sums head_dim_v: the wider sizes the tiles
-    let t = choose_tiles(
-        Kernel::FlashDecode,
+    let rows = cfg.group() * cfg.seq_q;
+    let tiles = decode_tiles_for(
+        u32::try_from(rows).unwrap_or(u32::MAX),
         cfg.head_dim.max(cfg.dv()) as u32,
         env.caps,
+        env.tuning.decode_q_chunks,
     )?;
-    let rows = cfg.group() * cfg.seq_q;
-    let br = t.br.min(rows.next_power_of_two() as u32);
-    let chunks = rows.div_ceil(br as usize);
+    let chunks = rows.div_ceil(tiles.br as usize);
     let per_split = (cfg.batch * cfg.seq_q * cfg.heads_q * cfg.dv()) as u64 * 4;
     let max_splits = (env.max_binding_bytes / per_split.max(1)) as usize;
     if let Some(n) = cfg.kv_splits.filter(|&n| n > max_splits) {
@@ -214,7 +224,7 @@ pub fn shape(cfg: &AttentionConfig, env: &PlanEnv) -> Result<DecodeShape> {
     }
     let (splits, split_keys) = key_splits(cfg, cfg.batch * cfg.heads_kv * chunks, max_splits);
     Ok(DecodeShape {
-        tiles: Tiles { br, ..t },
+        tiles,
         chunks,
         splits,
         split_keys,
@@ -431,12 +441,19 @@ mod tests {
         e.tuning.rows_subgroup = 32;
         let c = AttentionConfig::new(1, 1, 4096, 32, 8, 128);
         let t = shape(&c, &e).unwrap().tiles;
-        assert!(decode_private_floats(t.br, 32, 32, 2) > crate::kernels::GPU_PRIVATE_FLOATS);
+        assert!(decode_private_floats(t, 32, 32, 32, 2) > crate::kernels::GPU_PRIVATE_FLOATS);
         assert_eq!(decode_subgroup(&c, t, &e, 2), 0);
-        // 16 packed rows (the case): 2,560 floats
+        // 16 packed rows: two groups of 8, each invocation scoring 8 rows (qh 4, qs 128, x 1
+        // a row) and summing 8 (ws 32, acc 4 a row): 1,352 floats
+        let t16 = Tiles {
+            br: 16,
+            bc: DECODE_KEYS,
+            tpr: 2,
+            rpt: 32,
+        };
         assert_eq!(
-            decode_private_floats(16, 32, 32, 1),
-            64 + 2048 + 512 + 64 + 16
+            decode_private_floats(t16, 32, 32, 32, 1),
+            8 * (4 + 128 + 1) + 8 * (32 + 4)
         );
         // one packed row on a GPU fits; on a CPU driver the lavapipe shapes keep the subgroup
         let one = AttentionConfig::new(1, 1, 4096, 8, 8, 128);
@@ -475,10 +492,31 @@ mod tests {
         one.kv_splits = Some(1);
         let p = crate::plan::forward(&one, DType::F16, &env()).unwrap();
         assert_eq!(p.steps.len(), 1);
-        // 3 query rows of 8 heads a kv head at head_dim 256: chunks of 8 rows (memory)
+        // 3 query rows of 8 heads a kv head at head_dim 256: one chunk of 32 rows in 4
+        // groups, whose q 16 KiB holds 12 of the 64 vec4s a row at a time
         c = AttentionConfig::new(2, 3, 1000, 16, 2, 256);
         let s = shape(&c, &env()).unwrap();
-        assert_eq!((s.tiles.br, s.chunks), (8, 3));
+        assert_eq!(
+            (s.tiles.br, s.tiles.tpr, s.tiles.rpt, s.chunks),
+            (32, 4, 12, 1)
+        );
+        // MLA's 128 heads over one latent head: 4 chunks of 32 rows (each latent row read 4
+        // times a step); 8 rows of head_dim 128 hold q whole
+        let mla = AttentionConfig {
+            head_dim_v: Some(512),
+            ..AttentionConfig::new(1, 1, 4096, 128, 1, 576)
+        };
+        let s = shape(&mla, &env()).unwrap();
+        assert_eq!(
+            (s.tiles.br, s.tiles.tpr, s.tiles.rpt, s.chunks),
+            (32, 4, 12, 4)
+        );
+        let gqa = AttentionConfig::new(1, 1, 4096, 64, 8, 128);
+        let s = shape(&gqa, &env()).unwrap();
+        assert_eq!(
+            (s.tiles.br, s.tiles.tpr, s.tiles.rpt, s.chunks),
+            (8, 1, 32, 1)
+        );
         // an override: n splits of ceil(seq_kv / n) keys, empty ones kept
         c.kv_splits = Some(7);
         let s = shape(&c, &env()).unwrap();

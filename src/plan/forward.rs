@@ -47,13 +47,6 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
                 crate::Backend::Wgpu,
                 "split the call into calls that each fit one binding, or run Algorithm::Naive",
             )?,
-            None if !head_dims::tiled_runs(cfg) => head_dims::refuse(
-                cfg,
-                "the tiled prefill forward (more than 4 query rows, or packed sequences) past \
-                 256 dims",
-                crate::Backend::Wgpu,
-                head_dims::WGPU_INSTEAD,
-            )?,
             None => plan.steps.push(tiled_step(
                 pass_kernel(Pass::Forward, cfg, dtype, env),
                 (cfg, cfg),

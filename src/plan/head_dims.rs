@@ -1,10 +1,10 @@
 //! Head dims past what every kernel family takes: values narrower or wider than queries and
 //! keys ([`AttentionConfig::head_dim_v`], DeepSeek's 192/128, MLA's 576/512) and query/key
-//! heads past [`MAX_HEAD_DIM`]. The naive path (forward and backward) and the decode kernel
-//! (forward, dense and paged caches) run them; the blocks variant's kernels (forward, dQ,
-//! dK/dV) run values of their own head dim where both dims are at most [`MAX_HEAD_DIM`]
-//! ([`tiled_runs`]; `plan::pass_kernel` picks them on every adapter for such calls); the
-//! paths named at each call of [`refuse`] (calls cut into binding windows, CUDA)
+//! heads past [`MAX_HEAD_DIM`] (to 576, values to 512). The naive path (forward and
+//! backward), the decode kernel (forward, dense and paged caches) and the blocks variant's
+//! kernels (forward, dQ, dK/dV: `plan::pass_kernel` picks them on every adapter for such
+//! calls; every such dim has tiles within WebGPU's default limits, small ones past 256) run
+//! them; the paths named at each call of [`refuse`] (calls cut into binding windows, CUDA)
 //! answer `Error::Unsupported` before any tile is chosen. docs/SEMANTICS.md ("Head dims")
 //! lists which path runs what.
 
@@ -16,12 +16,6 @@ use crate::Backend;
 /// differs from `head_dim`, or `head_dim` is past [`MAX_HEAD_DIM`].
 pub(crate) fn beyond_families(cfg: &AttentionConfig) -> bool {
     !cfg.same_head_dims() || cfg.head_dim > MAX_HEAD_DIM
-}
-
-/// True when the tiled kernels run the call: the blocks variant's read values of their own
-/// head dim, both dims at most [`MAX_HEAD_DIM`].
-pub(crate) fn tiled_runs(cfg: &AttentionConfig) -> bool {
-    cfg.head_dim <= MAX_HEAD_DIM && cfg.dv() <= MAX_HEAD_DIM
 }
 
 /// `Error::Unsupported` for `path` on `backend` where the call's head dims are past what
@@ -48,8 +42,22 @@ pub(crate) fn refuse(
     })
 }
 
-/// What runs a call of such head dims on wgpu, for the refusals' messages.
-pub(crate) const WGPU_INSTEAD: &str = "on wgpu the naive path (Algorithm::Naive, forward and \
-     backward), the decode kernel (a tiled forward of at most 4 query rows, \
-     plan::decode::MAX_DECODE_QUERIES) and, for head dims up to 256, the tiled kernels (the \
-     blocks variant's) run them";
+#[cfg(test)]
+mod tests {
+    use crate::config::MAX_HEAD_DIM_QK;
+    use crate::kernels::{choose_tiles, workgroup_words, DeviceCaps, Kernel, Pass, Variant};
+
+    #[test]
+    fn the_blocks_kernels_take_every_head_dim_to_576_within_webgpu_default_limits() {
+        let caps = DeviceCaps::WEBGPU_DEFAULT;
+        for pass in [Pass::Forward, Pass::Dq, Pass::DkDv] {
+            let kernel = Kernel::Flash(Variant::Blocks, pass);
+            for d in 1..=MAX_HEAD_DIM_QK as u32 {
+                let t = choose_tiles(kernel, d, caps)
+                    .unwrap_or_else(|e| panic!("{kernel:?} at {d}: {e}"));
+                assert!(workgroup_words(kernel, d, t) * 4 <= caps.max_workgroup_storage_bytes);
+                assert!(t.threads(kernel) <= caps.max_invocations_per_workgroup);
+            }
+        }
+    }
+}

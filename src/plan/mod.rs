@@ -298,15 +298,15 @@ pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
 
 /// The kernel the tuning's variant runs for one pass on this call: `Variant::kernel_for`
 /// with the call's element format; the blocks variant's for a call whose values have a head
-/// dim of their own (of the tiled kernels, its forward alone reads them apart:
-/// [`head_dims`]).
+/// dim of their own or whose head_dim is past 256 (of the tiled kernels, its alone read
+/// values apart and keep no row of q in private arrays: [`head_dims`]).
 pub(crate) fn pass_kernel(
     pass: crate::kernels::Pass,
     cfg: &AttentionConfig,
     dtype: DType,
     env: &PlanEnv,
 ) -> Kernel {
-    let variant = if cfg.same_head_dims() {
+    let variant = if !head_dims::beyond_families(cfg) {
         env.tuning.variant
     } else {
         crate::kernels::Variant::Blocks
@@ -462,6 +462,7 @@ pub(crate) fn test_env(
             variant,
             rows_subgroup: 0,
             half_storage,
+            decode_q_chunks: true,
         },
         max_binding_bytes: 128 << 20,
         offset_align: 256,

@@ -720,6 +720,7 @@ mod tests {
                 variant: Variant::Rows,
                 rows_subgroup: 0,
                 half_storage: HalfStorage::Packed,
+                decode_q_chunks: false,
             },
             max_binding_bytes: limit,
             offset_align: 256,

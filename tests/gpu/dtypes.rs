@@ -49,6 +49,7 @@ fn for_every_combination(c: &AttentionConfig, amp: f32) -> Errors {
             variant,
             rows_subgroup,
             half_storage,
+            ..ctx.tuning()
         })
         .unwrap();
         let mut c = c.clone();
@@ -278,6 +279,7 @@ fn nan_and_inf_inputs_behave_in_half_dtypes_as_in_f32() {
                 variant,
                 rows_subgroup,
                 half_storage,
+                ..ctx.tuning()
             })
             .unwrap();
             let got = match dtype {

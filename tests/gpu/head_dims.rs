@@ -12,7 +12,8 @@ use common::backend::{check_case, Gap};
 use common::{assert_close_tol, assert_lse_close, cfg, ctx, rel_tol, rounded_inputs};
 use flash_attn_wgpu::dtype::to_f32_vec;
 use flash_attn_wgpu::{
-    unstable::plan, unstable::reference, Algorithm, AttentionConfig, CacheFormat, DType, Error,
+    unstable::plan, unstable::reference, Algorithm, AttentionConfig, CacheFormat, Context, DType,
+    Error,
 };
 
 fn with_dv(mut c: AttentionConfig, dv: usize) -> AttentionConfig {
@@ -53,6 +54,25 @@ fn tiled_calls_run_values_of_their_own_head_dim_on_the_blocks_kernels() {
             check_case::<_, half::f16>(x, &c, 2.0, "blocks dv", Gap::None);
         } else {
             check_case::<_, f32>(x, &c, 2.0, "blocks dv", Gap::None);
+        }
+    }
+}
+
+#[test]
+fn tiled_calls_past_256_dims_run_on_the_blocks_kernels() {
+    // MLA's 576/512 as a prefill (f16, causal, 2 query heads over 1) and a wide head of equal
+    // dims (320, f32), odd lengths, forward and backward, on the tiles the adapter's workgroup
+    // memory gives (small ones: docs/SEMANTICS.md, "Head dims", lists them for 16 KiB)
+    let x = ctx();
+    let mla = with_dv(cfg(1, 9, 13, 2, 1, 576, true), 512);
+    let wide = cfg(1, 7, 11, 2, 2, 320, false);
+    for (c, dtype) in [(mla, DType::F16), (wide, DType::F32)] {
+        let p = plan::forward(&c, dtype, &x.plan_env()).unwrap();
+        assert!(p.steps[0].key.kernel.is_blocks_variant(), "{c:?}");
+        if dtype == DType::F16 {
+            check_case::<_, half::f16>(x, &c, 2.0, "blocks past 256", Gap::None);
+        } else {
+            check_case::<_, f32>(x, &c, 2.0, "blocks past 256", Gap::None);
         }
     }
 }
@@ -125,11 +145,26 @@ fn kv_cache_appends_values_of_their_own_head_dim() {
 #[test]
 fn mla_decode_reads_values_as_the_first_512_dims_of_the_latent_keys() {
     // MLA: 16 query heads over one latent kv head of 576 dims (512 latent + 64 rotary), the
-    // values its first 512 dims, read in place from the one cache buffer through a view
+    // values its first 512 dims, read in place from the one cache buffer through a view;
+    // workgroups of as many heads as hold q whole (CPU drivers' default), and of all 16 with
+    // q held a chunk at a time (GPUs')
+    for q_chunks in [false, true] {
+        let x = Context::new().unwrap();
+        x.set_tuning(flash_attn_wgpu::Tuning {
+            decode_q_chunks: q_chunks,
+            ..x.tuning()
+        })
+        .unwrap();
+        mla_decode_on(&x, q_chunks);
+    }
+}
+
+fn mla_decode_on(x: &Context, q_chunks: bool) {
     let mut c = with_dv(cfg(1, 1, 150, 16, 1, 576, false), 512);
     c.softmax_scale = Some(1.0 / (192f32).sqrt());
     c.kv_splits = Some(3);
-    let x = ctx();
+    let tiles = plan::decode::shape(&c, &x.plan_env()).unwrap().tiles;
+    assert_eq!(tiles.rpt < 144, q_chunks, "{tiles:?}");
     let r = rounded_inputs::<half::f16>(&c, 1.0);
     let q = x.upload(&r.q, &c.q_shape()).unwrap();
     let k = x.upload(&r.k, &c.kv_shape()).unwrap();
@@ -148,7 +183,7 @@ fn mla_decode_reads_values_as_the_first_512_dims_of_the_latent_keys() {
             .flat_map(|row| row[..512].to_vec())
             .collect();
     let want = reference::forward(&c, &r.qr, &r.kr, &vr);
-    let msg = format!("mla seed {}", r.seed);
+    let msg = format!("mla (q chunks {q_chunks}) seed {}", r.seed);
     let out = to_f32_vec(&x.download::<half::f16>(&f.out).unwrap());
     assert_close_tol("out", &out, &want.out, rel_tol(DType::F16), &msg);
     assert_lse_close(&x.download::<f32>(&f.lse).unwrap(), &want.lse, &msg);
@@ -187,22 +222,24 @@ fn paths_without_separate_value_dims_refuse_them_with_typed_errors() {
         }
         other => panic!("{what}: expected Unsupported, got {other:?}"),
     };
-    let env = x.plan_env();
-    // the tiled kernels past 256 dims (MLA's, a wide head), forward and backward
+    // tiled calls cut into binding windows (a 64 KiB binding limit), forward and backward:
+    // the windows place q's and k's rows, v's and out's differ
+    let mut env = x.plan_env();
+    env.max_binding_bytes = 64 << 10;
     let mla = with_dv(cfg(1, 64, 64, 2, 1, 576, false), 512);
     unsupported(
         plan::forward(&mla, DType::F16, &env).map(drop),
-        "576/512 prefill",
+        "576/512 prefill in windows",
     );
     unsupported(
         plan::backward(&mla, DType::F16, &env).map(drop),
-        "576/512 backward",
+        "576/512 backward in windows",
     );
     // wider heads alike, also with equal dims
     let wide = cfg(1, 64, 64, 2, 2, 320, false);
     unsupported(
         plan::forward(&wide, DType::F32, &env).map(drop),
-        "head_dim 320",
+        "head_dim 320 in windows",
     );
     // out of range: a typed invalid config
     for bad in [
