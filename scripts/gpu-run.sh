@@ -18,8 +18,8 @@
 #
 # Steps (worst case, seconds): machine 10, adapter 45, CUDA device 15, tests wgpu 75,
 # tests CUDA 75, compare CUDA 45, compare SDPA 45, compare wgpu 60, compare table 10,
-# decode wgpu 40, decode 8-bit wgpu 25, decode CUDA 20 (465 s in all), then the wgpu bench
-# grid in what is left.
+# decode wgpu 40, decode 8-bit wgpu 25, decode MLA wgpu 20, decode CUDA 20 (485 s in all, the
+# deadline cutting the last), then the wgpu bench grid in what is left.
 # Each runs under `timeout -k 10`; a step that cannot run here is skipped with its reason.
 # Without an NVIDIA GPU the CUDA and SDPA steps check their arguments only (--dry-run).
 set -uo pipefail
@@ -232,12 +232,16 @@ if [ "$MODE" = full ]; then
     WGPU_CMP=(--variant coop,blocks --repeats 3 --roofline-scale 5 --budget-s 45)
     DECODE_WGPU=(--repeats 5 --subgroup-both)
     KV8=(--seq 4096,16384,32768 --heads 32 --kv-heads 8 --head-dim 128 --dtype f16 --repeats 5)
+    MLA=(--seq 4096,16384,32768 --heads 128 --kv-heads 1 --head-dim 576 --mla-values 512
+        --dtype f16 --repeats 5 --q-chunks-both)
 else
     CMP=(--seq 64 --batch 1 --heads 2 --head-dim 16 --dtype bf16 --causal-both)
     DECODE=(--seq 256 --heads 4 --kv-heads 2 --head-dim 16 --dtype f16)
     WGPU_CMP=(--repeats 1 --roofline-scale 0.1)
     DECODE_WGPU=(--repeats 1)
     KV8=(--seq 256 --heads 4 --kv-heads 2 --head-dim 32 --dtype f16 --repeats 1)
+    MLA=(--seq 256 --heads 16 --kv-heads 1 --head-dim 72 --mla-values 64 --dtype f16
+        --repeats 1 --q-chunks-both)
 fi
 dry=()
 [ "$GPU" = 1 ] || dry=(--dry-run)
@@ -263,6 +267,9 @@ step "decode: wgpu" 40 "bench --decode ${DECODE[*]} ${DECODE_WGPU[*]}" \
     "$B/bench" --decode "${DECODE[@]}" "${DECODE_WGPU[@]}"
 step "decode 8-bit: wgpu" 25 "bench --decode ${KV8[*]} --kv-formats q8_0,e4m3" \
     "$B/bench" --decode "${KV8[@]}" --kv-formats q8_0,e4m3
+# MLA's step, its decode workgroups of as many heads as hold q whole and of the most with q in
+# chunks (Tuning::decode_q_chunks) side by side: the GPU default's prediction to check
+step "decode MLA: wgpu" 20 "bench --decode ${MLA[*]}" "$B/bench" --decode "${MLA[@]}"
 step "decode: CUDA" 20 "cuda_bench --decode ${DECODE[*]} ${dry[*]}" \
     "$B/cuda_bench" --decode "${DECODE[@]}" --repeats 5 "${dry[@]}"
 

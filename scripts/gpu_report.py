@@ -20,6 +20,7 @@ import time
 TABLES = [
     ("CUDA path, PyTorch SDPA (flash) and wgpu on the same shapes", "compare.md"),
     ("Decode, wgpu", "decode-wgpu.log"),
+    ("Decode, MLA (576/512, q chunks both ways), wgpu", "decode-MLA-wgpu.log"),
     ("Decode, CUDA", "decode-CUDA.log"),
     ("wgpu bench grid", "bench.md"),
 ]

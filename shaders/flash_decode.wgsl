@@ -53,7 +53,7 @@ const QRES: bool = QCHUNK >= D4;
 // (t / DC) % PG over the keys of parity t / DC / PG, among KP parities. PG: the most row
 // groups (a power of two, at most RG) that the NT / DC invocations a column cover.
 const PGN: u32 = min(RG, max(NT / DC, 1u));
-const PG: u32 = select(select(1u, 2u, PGN >= 2u), 4u, PGN >= 4u);
+const PG: u32 = select(select(select(1u, 2u, PGN >= 2u), 4u, PGN >= 4u), 8u, PGN >= 8u);
 const PR: u32 = BR / PG;
 const KP: u32 = max(NT / (DC * PG), 1u);
 // with subgroups of SG lanes (the prelude's SG > 1: DC a multiple of SG, so a subgroup's lanes

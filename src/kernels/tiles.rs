@@ -82,10 +82,11 @@ pub const DECODE_KEYS: u32 = 64;
 pub const DECODE_GROUP_ROWS: u32 = 8;
 
 /// The most packed rows (query heads sharing a kv head, times query rows) one decode
-/// workgroup serves; calls with more run in chunks of rows. 32 rows are 4 groups of
-/// [`DECODE_KEYS`] invocations, the 256 WebGPU allows a workgroup: MLA's 128 query heads over
-/// one latent head read each latent row in 4 workgroups (FlashMLA's 64-head blocks, 2).
-pub const DECODE_MAX_ROWS: u32 = 32;
+/// workgroup serves; calls with more run in chunks of rows. 64 rows are 8 groups of
+/// [`DECODE_KEYS`] invocations, 512 (where the adapter allows them: WebGPU's default 256 give
+/// 32 rows): MLA's 128 query heads over one latent head read each latent row in 2 workgroups
+/// (as FlashMLA's 64-head blocks), or 4. All 128 in one would hold 32 KiB of scores alone.
+pub const DECODE_MAX_ROWS: u32 = 64;
 
 /// The decode kernel's tiles for a call of `rows` packed rows and `head_dim` (the wider of
 /// the q/k and v dims): `br` packed rows (a power of two, the most up to [`DECODE_MAX_ROWS`]

@@ -501,7 +501,8 @@ mod tests {
             (32, 4, 12, 1)
         );
         // MLA's 128 heads over one latent head: 4 chunks of 32 rows (each latent row read 4
-        // times a step); 8 rows of head_dim 128 hold q whole
+        // times a step); 2 of 64 where 512 invocations and 48 KiB are offered (q in chunks
+        // of 28 vec4s); 8 rows of head_dim 128 hold q whole
         let mla = AttentionConfig {
             head_dim_v: Some(512),
             ..AttentionConfig::new(1, 1, 4096, 128, 1, 576)
@@ -510,6 +511,14 @@ mod tests {
         assert_eq!(
             (s.tiles.br, s.tiles.tpr, s.tiles.rpt, s.chunks),
             (32, 4, 12, 4)
+        );
+        let mut big = env();
+        big.caps.max_invocations_per_workgroup = 1024;
+        big.caps.max_workgroup_storage_bytes = 48 << 10;
+        let s = shape(&mla, &big).unwrap();
+        assert_eq!(
+            (s.tiles.br, s.tiles.tpr, s.tiles.rpt, s.chunks),
+            (64, 8, 28, 2)
         );
         let gqa = AttentionConfig::new(1, 1, 4096, 64, 8, 128);
         let s = shape(&gqa, &env()).unwrap();

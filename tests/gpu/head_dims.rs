@@ -144,9 +144,9 @@ fn kv_cache_appends_values_of_their_own_head_dim() {
 
 #[test]
 fn mla_decode_reads_values_as_the_first_512_dims_of_the_latent_keys() {
-    // MLA: 16 query heads over one latent kv head of 576 dims (512 latent + 64 rotary), the
+    // MLA: 64 query heads over one latent kv head of 576 dims (512 latent + 64 rotary), the
     // values its first 512 dims, read in place from the one cache buffer through a view;
-    // workgroups of as many heads as hold q whole (CPU drivers' default), and of all 16 with
+    // workgroups of as many heads as hold q whole (CPU drivers' default), and of up to 64 with
     // q held a chunk at a time (GPUs')
     for q_chunks in [false, true] {
         let x = Context::new().unwrap();
@@ -160,7 +160,7 @@ fn mla_decode_reads_values_as_the_first_512_dims_of_the_latent_keys() {
 }
 
 fn mla_decode_on(x: &Context, q_chunks: bool) {
-    let mut c = with_dv(cfg(1, 1, 150, 16, 1, 576, false), 512);
+    let mut c = with_dv(cfg(1, 1, 150, 64, 1, 576, false), 512);
     c.softmax_scale = Some(1.0 / (192f32).sqrt());
     c.kv_splits = Some(3);
     let tiles = plan::decode::shape(&c, &x.plan_env()).unwrap().tiles;
