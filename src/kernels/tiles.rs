@@ -131,7 +131,8 @@ pub fn decode_tiles_for(
         if br == 1 {
             return Err(Error::DeviceLimit {
                 what: format!("flash_decode workgroup memory at head_dim {head_dim}"),
-                needed: (DECODE_KEYS + 1 + 4 * d4.min(4)) as u64 * 4,
+                // one row: its scores and factor, and its q whole or a chunk of 4 vec4s
+                needed: (DECODE_KEYS + 1 + 4 * if q_chunks { d4.min(4) } else { d4 }) as u64 * 4,
                 limit: caps.max_workgroup_storage_bytes as u64,
                 hint: "use a smaller head_dim".into(),
             });
