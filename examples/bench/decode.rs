@@ -398,7 +398,8 @@ fn points<T: Element>(
                 ctx.set_tuning(tuning)?;
                 let shape = flash_attn_wgpu::unstable::plan::decode::shape(&cfg, &ctx.plan_env())?;
                 let splits = shape.splits;
-                let chunked = shape.tiles.rpt < (a.head_dim.max(cfg.dv()) as u32).div_ceil(4);
+                let chunked =
+                    !flash_attn_wgpu::unstable::plan::decode::holds_q_whole(&cfg, shape.tiles);
                 let rows = format!(
                     "{} / {}{}",
                     tuning.rows_subgroup,

@@ -32,8 +32,12 @@ impl Tiles {
         }
     }
 
-    /// Threads per workgroup.
+    /// Threads per workgroup: for the decode kernels, a key of the tile for each invocation
+    /// of each row group (`tpr` groups: `decode_tiles_for`).
     pub fn threads(&self, kernel: Kernel) -> u32 {
+        if kernel.is_decode() {
+            return self.bc * self.tpr.max(1);
+        }
         self.rows(kernel) * self.tpr / self.rpt.max(1)
     }
 }
@@ -108,9 +112,15 @@ pub fn decode_tiles_for(
     let mut br = DECODE_MAX_ROWS.min(rows.max(1).next_power_of_two());
     loop {
         let groups = br.div_ceil(DECODE_GROUP_ROWS);
-        // the scores and a factor a row; what is left holds q
-        let fixed = br * DECODE_KEYS + br;
-        if DECODE_KEYS * groups <= caps.max_invocations_per_workgroup && fixed < words {
+        // what the rows' scores and factors leave holds q
+        let fixed = decode_words(br, 0);
+        let t = Tiles {
+            br,
+            bc: DECODE_KEYS,
+            tpr: groups,
+            rpt: 0,
+        };
+        if t.threads(Kernel::FlashDecode) <= caps.max_invocations_per_workgroup && fixed < words {
             let room = (words - fixed) / (4 * br);
             let chunk = if room >= d4 {
                 d4
@@ -120,25 +130,27 @@ pub fn decode_tiles_for(
                 0
             };
             if chunk > 0 {
-                return Ok(Tiles {
-                    br,
-                    bc: DECODE_KEYS,
-                    tpr: groups,
-                    rpt: chunk,
-                });
+                return Ok(Tiles { rpt: chunk, ..t });
             }
         }
         if br == 1 {
             return Err(Error::DeviceLimit {
                 what: format!("flash_decode workgroup memory at head_dim {head_dim}"),
-                // one row: its scores and factor, and its q whole or a chunk of 4 vec4s
-                needed: (DECODE_KEYS + 1 + 4 * if q_chunks { d4.min(4) } else { d4 }) as u64 * 4,
+                // one row: its q whole or a chunk of 4 vec4s
+                needed: decode_words(1, if q_chunks { d4.min(4) } else { d4 }) as u64 * 4,
                 limit: caps.max_workgroup_storage_bytes as u64,
                 hint: "use a smaller head_dim".into(),
             });
         }
         br /= 2;
     }
+}
+
+/// Workgroup memory (f32 words) of the decode kernel for `br` packed rows holding `q_vec4s`
+/// of each row's q at once: that q, and of each row its scores (a tile of [`DECODE_KEYS`]) and
+/// a factor.
+fn decode_words(br: u32, q_vec4s: u32) -> u32 {
+    br * q_vec4s * 4 + br * DECODE_KEYS + br
 }
 
 /// Words of the rows kernels' `pins` array (the generated prelude, src/kernels/wgsl.rs).
@@ -197,11 +209,8 @@ pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
                 0
             }
         }
-        // the packed rows' q (vec4s: all of a row's, or a chunk of `rpt`), their scores, a
-        // factor per row
-        Kernel::FlashDecode | Kernel::FlashDecodeOne => {
-            br * d.div_ceil(4).min(t.rpt) * 4 + br * bc + br
-        }
+        // q whole or a chunk of `rpt` vec4s a row (bc is DECODE_KEYS)
+        Kernel::FlashDecode | Kernel::FlashDecodeOne => decode_words(br, d.div_ceil(4).min(t.rpt)),
         _ => 0,
     }
 }
@@ -435,6 +444,7 @@ mod tests {
             Kernel::Flash(Variant::Blocks, Pass::Forward),
             Kernel::Flash(Variant::Blocks, Pass::DkDv),
             Kernel::Flash(Variant::Blocks, Pass::Dq),
+            Kernel::FlashDecode,
         ] {
             for d in 1..=256u32 {
                 let t = choose_tiles(kernel, d, DeviceCaps::WEBGPU_DEFAULT).unwrap();

@@ -482,7 +482,7 @@ impl KernelKey {
             let _ = writeln!(s, "const BR: u32 = {}u;", t.br);
             let _ = writeln!(s, "const BC: u32 = {}u;", t.bc);
             let _ = writeln!(s, "const RG: u32 = {}u;", t.tpr.max(1));
-            let _ = writeln!(s, "const NT: u32 = {}u;", t.bc * t.tpr.max(1));
+            let _ = writeln!(s, "const NT: u32 = {}u;", t.threads(self.kernel));
             let _ = writeln!(s, "const QCHUNK: u32 = {}u;", t.rpt.max(1));
             let sg = self.subgroup.max(1);
             let _ = writeln!(s, "const SG: u32 = {sg}u;");

@@ -138,16 +138,8 @@ fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
         copies: Vec::new(),
     };
     if cfg.algorithm == Algorithm::Tiled {
-        let split = split::choose(cfg, dtype, env)?;
-        if split.is_some() {
-            super::head_dims::refuse(
-                cfg,
-                "a tiled backward cut into binding windows",
-                crate::Backend::Wgpu,
-                "split the call into calls that each fit one binding, or run Algorithm::Naive",
-            )?;
-        }
-        if let Some(parts) = split {
+        if let Some(parts) = split::choose(cfg, dtype, env)? {
+            super::head_dims::refuse_windows(cfg, "a tiled backward")?;
             split::backward_steps(cfg, dtype, env, parts, &mut plan)?;
             return Ok(plan);
         }

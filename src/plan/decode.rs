@@ -120,6 +120,12 @@ pub(crate) fn columns_fit(key: &KernelKey) -> Result<()> {
     })
 }
 
+/// True when the decode kernel of `tiles` holds each row's q of `cfg` whole, staged once
+/// (`flash_decode.wgsl`'s QRES), not a chunk at a time each tile.
+pub fn holds_q_whole(cfg: &AttentionConfig, tiles: Tiles) -> bool {
+    tiles.rpt >= (cfg.head_dim as u32).div_ceil(4)
+}
+
 /// The subgroup size the decode kernel shares reads across (`flash_decode.wgsl`'s SG): the
 /// adapter's fixed size the tuning names (`Tuning::rows_subgroup`) where a subgroup's lanes
 /// share one key parity (the columns of a row, head_dim / 4 / `cw` with `cw` vec4s a column,
@@ -138,7 +144,7 @@ pub fn decode_subgroup(cfg: &AttentionConfig, tiles: Tiles, env: &PlanEnv, cw: u
         && (d4v / cw).is_multiple_of(sg)
         && d4v.is_multiple_of(cw)
         && sg.is_multiple_of(cw)
-        && tiles.rpt >= d4
+        && holds_q_whole(cfg, tiles)
         && group_rows * d4 / sg <= 32
         && decode_private_floats(tiles, d4, d4v, sg, cw) <= env.caps.private_floats
         && DECODE_KEYS.is_multiple_of(sg)
@@ -239,13 +245,7 @@ pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan
     })?;
     let windowed = parts.len() > 1;
     if windowed {
-        // the batch windows place q's and k's rows; v's and out's differ where head_dim_v does
-        super::head_dims::refuse(
-            cfg,
-            "a decode call whose batch is cut into binding windows",
-            crate::Backend::Wgpu,
-            "split the batch into calls that each fit one binding",
-        )?;
+        super::head_dims::refuse_windows(cfg, "a decode call")?;
     }
     // one geometry and one scratch for every window: the largest window's
     let widest = parts.iter().map(|p| p.1).max().unwrap_or(cfg.batch);

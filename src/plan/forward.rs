@@ -41,12 +41,6 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
             super::decode::steps(cfg, dtype, env, &mut plan)?
         }
         Algorithm::Tiled => match split::choose(cfg, dtype, env)? {
-            Some(_) if head_dims::beyond_families(cfg) => head_dims::refuse(
-                cfg,
-                "a tiled forward cut into binding windows",
-                crate::Backend::Wgpu,
-                "split the call into calls that each fit one binding, or run Algorithm::Naive",
-            )?,
             None => plan.steps.push(tiled_step(
                 pass_kernel(Pass::Forward, cfg, dtype, env),
                 (cfg, cfg),
@@ -54,7 +48,10 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
                 env,
                 vec![Input(0), Input(1), Input(2), Output(0), Output(1)],
             )?),
-            Some(parts) => split::forward_steps(cfg, dtype, env, parts, &mut plan)?,
+            Some(parts) => {
+                head_dims::refuse_windows(cfg, "a tiled forward")?;
+                split::forward_steps(cfg, dtype, env, parts, &mut plan)?
+            }
         },
         Algorithm::Naive => {
             let slices = cfg.batch * cfg.heads_q;

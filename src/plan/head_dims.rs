@@ -42,6 +42,17 @@ pub(crate) fn refuse(
     })
 }
 
+/// [`refuse`] for a wgpu `call` cut into binding windows (forward, backward, decode): the
+/// windows place q's and k's rows, and v's and out's differ where the head dims do.
+pub(crate) fn refuse_windows(cfg: &AttentionConfig, call: &str) -> Result<()> {
+    refuse(
+        cfg,
+        &format!("{call} cut into binding windows"),
+        Backend::Wgpu,
+        "split the call into calls that each fit one binding, or run Algorithm::Naive",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::MAX_HEAD_DIM_QK;
