@@ -1,7 +1,10 @@
 //! One interface over every backend: [`AttentionBackend`], implemented by the wgpu
 //! [`Context`](crate::Context) and, with the `cuda` feature, by
-//! [`CudaContext`](crate::cuda::CudaContext). Code written against it (the crate's own test
-//! suite included) runs unchanged on whichever backend is chosen at run time.
+#![cfg_attr(feature = "cuda", doc = "[`CudaContext`](crate::cuda::CudaContext).")]
+// plain text where the type does not exist: a link to it would be broken
+#![cfg_attr(not(feature = "cuda"), doc = "`cuda::CudaContext`.")]
+//! Code written against it (the crate's own test suite included) runs unchanged on whichever
+//! backend is chosen at run time.
 //!
 //! ```no_run
 //! use flash_attn_wgpu::{AttentionBackend, AttentionConfig, Context};
