@@ -482,6 +482,13 @@ impl Kernel {
         )
     }
 
+    /// True when the kernel's pipelines include a call's user code (`ScoreMod`, `MaskMod`):
+    /// the kernels that read either bit (`plan::key`, the block-mask builder). A snippet may
+    /// define no name their sources define (`modifiers::user_code`).
+    pub fn takes_user_code(self) -> bool {
+        self.reads_flags() & (flags::SCORE_MOD | flags::MASK_MOD) != 0
+    }
+
     /// The naive (materialized) algorithm's kernels.
     pub fn is_naive(self) -> bool {
         matches!(

@@ -15,8 +15,11 @@
 //! query row and `j` the key, the call's indices (packed rows and keys in a varlen call). The
 //! snippet is checked when the [`ScoreMod`] is made: it must parse and validate on its own
 //! (naga), define both functions with these signatures, declare no bindings, workgroup
-//! variables or entry points and call no barrier; an error is [`crate::Error::UserCode`] with the
-//! compiler's message and the line in the snippet. Its pipelines are cached by its text.
+//! variables or entry points, call no barrier, and define no module-scope name that a kernel it
+//! joins defines (their bindings such as `q`, `out`, `lse` or `extras`, their functions,
+//! constants, types and variables: the set is read from the kernels' generated sources); an
+//! error is [`crate::Error::UserCode`] with the compiler's message or the name, and the line in
+//! the snippet. Its pipelines are cached by its text.
 //! A pair whose score is already -inf (an -inf bias entry) stays hidden: the modifier is not
 //! applied to it. Masking stays with the masks (a score of -inf from `score_mod` hides a pair
 //! too, but its tile is still visited).
@@ -67,7 +70,9 @@ impl ScoreMod {
     /// (an index past the end reads the last entry). They travel in the call's extras (a
     /// uniform array of 16,384 words shared with ALiBi slopes, sinks, key lengths, block-mask
     /// bits and varlen boundaries; more is `Error::DeviceLimit` at the call). A name must be
-    /// an identifier the kernels do not use, each tensor non-empty and finite.
+    /// an identifier the kernels do not define (a binding such as `q`, `lse` or `extras`, a
+    /// function, constant or variable of theirs: `Error::UserCode` here, not at the call),
+    /// each tensor non-empty and finite.
     pub fn wgsl_with<N: Into<String>>(
         source: &str,
         captured: impl IntoIterator<Item = (N, Vec<f32>)>,

@@ -6,7 +6,10 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::dtype::ElemFormat;
 use crate::error::{Error, Result};
+use crate::kernels::{flags, Kernel, KernelKey};
+use crate::kv_format::CacheFormat;
 use crate::AttentionConfig;
 
 /// A user snippet, checked: its WGSL (interned) and its captured tensors. Equal when both are.
@@ -210,40 +213,150 @@ pub(crate) fn check_cuda(what: &str, source: &str, functions: &[&str]) -> Result
     Ok(intern(source))
 }
 
-/// The names the kernels' own WGSL defines, which a snippet may not redefine.
-#[cfg(not(target_arch = "wasm32"))]
+/// The keys whose sources hold every module-scope name of every kernel a user snippet is
+/// spliced into ([`Kernel::takes_user_code`]: the tiled families' three passes, the decode
+/// kernel, the naive kernels that finish scores and the block-mask builder): each with every
+/// modifier bit read at run time (so that the extras, the pair data and every modifier's
+/// functions are declared) and the bias gradients' scratch, with and without a fixed subgroup
+/// size and an 8-bit KV cache's loads, and with the tiled kernels' accumulate mode and the
+/// decode kernel's wide reads: every option of [`KernelKey`] that declares names (shapes,
+/// element formats and compiled bits change values and types, not names).
+pub(crate) fn host_keys() -> Vec<KernelKey> {
+    let mut keys = Vec::new();
+    for kernel in Kernel::ALL.into_iter().filter(|k| k.takes_user_code()) {
+        let base = KernelKey {
+            runtime: flags::every(),
+            elem: ElemFormat::F16Native,
+            bias_grad: true,
+            ..KernelKey::plain(kernel)
+        };
+        for subgroup in [0, 8] {
+            for kv in [None, Some(CacheFormat::Q8_0)] {
+                keys.push(KernelKey {
+                    subgroup,
+                    kv,
+                    ..base
+                });
+            }
+        }
+        if kernel.can_accumulate() {
+            keys.push(KernelKey {
+                accumulate: true,
+                ..base
+            });
+        }
+        if kernel.is_decode() {
+            keys.push(KernelKey { wide: 1, ..base });
+        }
+    }
+    keys
+}
+
+/// True for a name the kernels define, which a snippet may not define and a captured tensor
+/// not take: every module-scope declaration ([`declarations`]) of the sources of
+/// [`host_keys`], their generated preludes included (the bindings, the extras, the pair data,
+/// the load and store functions, the shape constants), so that the set follows the kernels'
+/// text. Computed once a process, the first time a snippet or a captured name is checked.
 fn reserved(name: &str) -> bool {
     static NAMES: OnceLock<HashSet<String>> = OnceLock::new();
     NAMES
         .get_or_init(|| {
-            // every kernel's whole source, its generated prelude with every modifier included
-            let mut text = String::new();
-            for k in crate::kernels::Kernel::ALL {
-                let key = crate::kernels::KernelKey {
-                    runtime: crate::kernels::flags::every(),
-                    elem: crate::dtype::ElemFormat::F16Native,
-                    ..crate::kernels::KernelKey::plain(k)
-                };
-                text.push_str(&key.wgsl());
-            }
-            let mut names = HashSet::new();
-            for word in ["fn", "struct", "const", "var<private>", "alias", "override"] {
-                for part in text.split(&format!("{word} ")).skip(1) {
-                    let name: String = part
-                        .chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
-                        .collect();
-                    names.insert(name);
-                }
-            }
-            for n in [
-                "params", "LN2", "LOG2E", "HEAD_DIM", "BR", "BC", "main", "item",
-            ] {
-                names.insert(n.to_string());
-            }
-            names
+            host_keys()
+                .iter()
+                .flat_map(|k| declarations(&k.wgsl()))
+                .map(|(name, _)| name)
+                .collect()
         })
         .contains(name)
+}
+
+/// The names a WGSL source declares at module scope, each with its line (from 1), in order:
+/// those after `fn`, `struct`, `const`, `override`, `alias`, `let` and `var` (in any address
+/// space: `var<storage, read> q`, `var<workgroup>`, `var<private>`, a bare `var`) outside
+/// every brace, comments skipped. A scan of the text, not a parse, so that it runs where
+/// naga does not (wasm32) and finds what naga's module drops (aliases); the unit tests check
+/// it against naga on every kernel.
+pub(crate) fn declarations(source: &str) -> Vec<(String, usize)> {
+    // tokens (identifiers, or one punctuation character) with their lines, comments dropped
+    // (block comments nest in WGSL)
+    let mut tokens: Vec<(String, usize)> = Vec::new();
+    let (mut line, mut block) = (1, 0usize);
+    let mut chars = source.chars().peekable();
+    while let Some(c) = chars.next() {
+        let next = chars.peek().copied();
+        match c {
+            '\n' => line += 1,
+            '/' if next == Some('*') => {
+                chars.next();
+                block += 1;
+            }
+            '*' if block > 0 && next == Some('/') => {
+                chars.next();
+                block -= 1;
+            }
+            _ if block > 0 => {}
+            '/' if next == Some('/') => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        line += 1;
+                        break;
+                    }
+                }
+            }
+            c if c.is_alphanumeric() || c == '_' => {
+                let mut word = String::from(c);
+                while let Some(&c) = chars.peek().filter(|c| c.is_alphanumeric() || **c == '_') {
+                    word.push(c);
+                    chars.next();
+                }
+                tokens.push((word, line));
+            }
+            c if c.is_whitespace() => {}
+            c => tokens.push((c.to_string(), line)),
+        }
+    }
+    let mut names = Vec::new();
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < tokens.len() {
+        match tokens[i].0.as_str() {
+            "{" => depth += 1,
+            "}" => depth = depth.saturating_sub(1),
+            "fn" | "struct" | "const" | "override" | "alias" | "let" | "var" if depth == 0 => {
+                let mut j = i + 1;
+                // var's address space and access mode: `<` .. `>`
+                if tokens[i].0 == "var" && tokens.get(j).is_some_and(|t| t.0 == "<") {
+                    while tokens.get(j).is_some_and(|t| t.0 != ">") {
+                        j += 1;
+                    }
+                    j += 1;
+                }
+                if let Some((name, at)) = tokens.get(j) {
+                    if name.starts_with(|c: char| c.is_alphabetic() || c == '_') {
+                        names.push((name.clone(), *at));
+                    }
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    names
+}
+
+/// No name `source` declares is one the kernels define ([`reserved`]), but the functions it
+/// must define (`required`), which take the place of the kernels' stand-ins.
+fn check_declarations(what: &str, source: &str, required: &[Required]) -> Result<()> {
+    for (name, line) in declarations(source) {
+        if !required.iter().any(|r| r.name == name) && reserved(&name) {
+            return Err(user_error(
+                what,
+                Some(line),
+                format!("`{name}` is a name the kernels define; rename it"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The captured tensors' names and values (`kind`: score_mod, mask_mod).
@@ -263,7 +376,6 @@ pub(crate) fn check_captured(kind: &str, captured: &[(String, Vec<f32>)]) -> Res
                 ),
             ));
         }
-        #[cfg(not(target_arch = "wasm32"))]
         if reserved(name) {
             return Err(user_error(
                 &what,
@@ -338,7 +450,8 @@ pub(crate) fn accessors(captured: &[(String, Vec<f32>)], mut offset: usize) -> (
 }
 
 /// The snippet's rules, then (off the web) naga on the snippet with `stubs` (its captured
-/// tensors' accessors) after it, so that the snippet's lines keep their numbers.
+/// tensors' accessors) after it, so that the snippet's lines keep their numbers; then (on
+/// every target) that it declares no name the kernels define.
 pub(crate) fn check_wgsl(
     what: &str,
     source: &str,
@@ -377,11 +490,10 @@ pub(crate) fn check_wgsl(
             ));
         }
     }
-    Ok(())
+    check_declarations(what, source, required)
 }
 
-/// naga parses and validates the snippet alone, its functions have their signatures and no
-/// name it defines is the kernels'.
+/// naga parses and validates the snippet alone, and its functions have their signatures.
 #[cfg(not(target_arch = "wasm32"))]
 fn check_compiles(what: &str, source: &str, stubs: &str, required: &[Required]) -> Result<()> {
     let whole = format!("{source}\n{stubs}");
@@ -440,33 +552,191 @@ fn check_compiles(what: &str, source: &str, stubs: &str, required: &[Required]) 
             ));
         }
     }
-    let mut defined: Vec<String> = Vec::new();
-    for (_, f) in module.functions.iter() {
-        if let Some(n) = &f.name {
-            let accessor = stubs.contains(&format!("fn {n}(i: u32)"));
-            if !USER_FUNCTIONS.contains(&n.as_str()) && !accessor {
-                defined.push(n.clone());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{flags, Kernel};
+    use crate::{MaskMod, ScoreMod};
+
+    /// A score modifier that reads a captured tensor `NAME`.
+    const READS: &str =
+        "fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s + NAME(j); }
+fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return 1.0; }";
+
+    /// `r` is `Error::UserCode` about `name`, at `line` of the snippet.
+    fn refused<T: fmt::Debug>(r: Result<T>, name: &str, line: Option<usize>) {
+        match r {
+            Err(Error::UserCode {
+                what,
+                line: at,
+                message,
+            }) => {
+                assert!(
+                    message.contains(&format!("`{name}` is a name the kernels define")),
+                    "{name}: {what}: {message}"
+                );
+                assert_eq!(at, line, "{name}: {what}: {message}");
             }
+            other => panic!("{name}: expected Error::UserCode, got {other:?}"),
         }
     }
-    defined.extend(module.constants.iter().filter_map(|(_, c)| c.name.clone()));
-    defined.extend(
-        module
-            .global_variables
-            .iter()
-            .filter_map(|(_, g)| g.name.clone()),
-    );
-    defined.extend(module.types.iter().filter_map(|(_, t)| t.name.clone()));
-    if let Some(name) = defined.iter().find(|n| reserved(n)) {
-        let line = source
-            .lines()
-            .position(|l| l.contains(name.as_str()))
-            .map(|n| n + 1);
-        return Err(user_error(
-            what,
-            line,
-            format!("`{name}` is a name the kernels define; rename it"),
-        ));
+
+    #[test]
+    fn names_the_kernels_bind_or_declare_are_refused_when_a_modifier_is_made() {
+        // captured tensors named as the kernels' bindings: the forward's lse and q, the
+        // extras the captured tensors ride in, the block-mask builder's blocks
+        for name in ["lse", "q", "extras", "pair_data", "part_out", "probs"] {
+            let src = READS.replace("NAME", name);
+            refused(
+                ScoreMod::wgsl_with(&src, [(name, vec![0.0; 4])]),
+                name,
+                None,
+            );
+        }
+        let mask =
+            "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return blocks(j) > 0.5; }";
+        refused(
+            MaskMod::wgsl_with(mask, [("blocks", vec![1.0])]),
+            "blocks",
+            None,
+        );
+        // a helper named as a binding, one named as a workgroup variable of the rows kernels,
+        // with its line
+        let helper =
+            "fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return NAME(s); }
+fn NAME(x: f32) -> f32 { return x; }
+fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return 1.0; }";
+        for name in ["out", "pins"] {
+            refused(ScoreMod::wgsl(&helper.replace("NAME", name)), name, Some(2));
+        }
+        // a private variable named as a binding of the decode kernel
+        let private = format!(
+            "{}\nvar<private> part_lse: f32;",
+            READS.replace("NAME(j)", "0.0")
+        );
+        refused(ScoreMod::wgsl(&private), "part_lse", Some(3));
+        // a mask that defines the score modifier's stand-in, which its pipelines include
+        let both = "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return true; }
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s; }";
+        refused(MaskMod::wgsl(both), "score_mod", Some(2));
+        // names the kernels do not use are the user's
+        let t5 = READS.replace("NAME", "t5_bias");
+        assert!(ScoreMod::wgsl_with(&t5, [("t5_bias", vec![0.0; 4])]).is_ok());
     }
-    Ok(())
+
+    #[test]
+    fn every_binding_of_every_kernel_user_code_joins_is_reserved() {
+        let hosts: Vec<Kernel> = Kernel::ALL
+            .into_iter()
+            .filter(|k| k.reads_flags() & (flags::SCORE_MOD | flags::MASK_MOD) != 0)
+            .collect();
+        // the tiled families' three passes, decode, the naive path and the block-mask builder
+        for k in [
+            Kernel::Flash(crate::kernels::Variant::Rows, crate::kernels::Pass::DkDv),
+            Kernel::Flash(crate::kernels::Variant::Coop, crate::kernels::Pass::Dq),
+            Kernel::FlashDecode,
+            Kernel::NaiveSoftmax,
+            Kernel::MaskBlocks,
+        ] {
+            assert!(hosts.contains(&k), "{k:?}");
+        }
+        for k in &hosts {
+            for b in k.bindings() {
+                assert!(reserved(b.name), "{k:?}: binding `{}`", b.name);
+            }
+        }
+        for name in ["params", "extras", "pair_data", "bias_grads"] {
+            assert!(reserved(name), "`{name}`");
+        }
+    }
+
+    /// Every module-scope name naga finds in the sources the reserved set is taken from is
+    /// one the scan finds (and so reserved), every binding included.
+    #[test]
+    fn the_scan_finds_every_name_naga_finds_in_the_kernels() {
+        // the keys at a head dim and tiles a device plans (naga evaluates the constants the
+        // tiles size), which declare what the keys of no shape do
+        let device = crate::kernels::enumerate::devices()[2];
+        for key in host_keys() {
+            let tiles = crate::kernels::choose_tiles(key.kernel, 64, device.caps);
+            let shaped = KernelKey {
+                head_dim: 64,
+                tiles: tiles.unwrap_or_else(|e| panic!("{}: {e}", key.label())),
+                ..key
+            };
+            let source = shaped.wgsl();
+            let found: HashSet<String> = declarations(&source).into_iter().map(|d| d.0).collect();
+            let unshaped: HashSet<String> =
+                declarations(&key.wgsl()).into_iter().map(|d| d.0).collect();
+            assert_eq!(found, unshaped, "{}", key.label());
+            let key = shaped;
+            let module = naga::front::wgsl::parse_str(&source)
+                .unwrap_or_else(|e| panic!("{}: {}", key.label(), e.emit_to_string(&source)));
+            let mut names: Vec<(String, bool)> = Vec::new();
+            for (_, g) in module.global_variables.iter() {
+                names.extend(g.name.clone().map(|n| (n, g.binding.is_some())));
+            }
+            for (_, f) in module.functions.iter() {
+                names.extend(f.name.clone().map(|n| (n, false)));
+            }
+            for (_, c) in module.constants.iter() {
+                names.extend(c.name.clone().map(|n| (n, false)));
+            }
+            for (_, o) in module.overrides.iter() {
+                names.extend(o.name.clone().map(|n| (n, false)));
+            }
+            for (_, t) in module.types.iter() {
+                // naga's own predeclared types are `__`-prefixed
+                names.extend(
+                    t.name
+                        .clone()
+                        .filter(|n| !n.starts_with("__"))
+                        .map(|n| (n, false)),
+                );
+            }
+            names.extend(module.entry_points.iter().map(|e| (e.name.clone(), false)));
+            assert!(names.iter().filter(|n| n.1).count() > key.kernel.bindings().len());
+            for (name, binding) in names {
+                assert!(
+                    found.contains(&name) && reserved(&name),
+                    "{}: `{name}` (binding: {binding}) is not found by the scan",
+                    key.label()
+                );
+            }
+        }
+        // comments, nested braces and address spaces
+        let text = "/* fn a() { /* nested */ } */ // fn b()\n\
+                    @group(0) @binding(1) var<storage, read_write> c: array<f32>;\n\
+                    struct D { e: f32 }\nfn f(g: u32) -> u32 { let h = 1u; { var i = 2u; } return g; }\n\
+                    const j = 1u; var<private> k: f32; override l: bool; alias m = f32;";
+        let got: Vec<(String, usize)> = declarations(text);
+        let want: Vec<(String, usize)> = [("c", 2), ("D", 3), ("f", 4), ("j", 5), ("k", 5)]
+            .into_iter()
+            .chain([("l", 5), ("m", 5)])
+            .map(|(n, l)| (n.to_string(), l))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    /// Every pipeline the plans can ask for (`kernels::enumerate`) of a kernel user code joins
+    /// declares only reserved names: no option of a key declares a name [`host_keys`] misses.
+    #[test]
+    fn every_enumerated_pipeline_of_those_kernels_declares_only_reserved_names() {
+        use crate::kernels::enumerate::{devices, pipeline_keys};
+        let keys = pipeline_keys(&devices());
+        let mut kernels = HashSet::new();
+        for key in keys.iter().filter(|k| k.kernel.takes_user_code()) {
+            kernels.insert(key.kernel);
+            for (name, _) in declarations(&key.wgsl()) {
+                assert!(reserved(&name), "{}: `{name}`", key.label());
+            }
+        }
+        assert_eq!(
+            kernels.len(),
+            Kernel::ALL.iter().filter(|k| k.takes_user_code()).count()
+        );
+    }
 }

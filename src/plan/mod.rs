@@ -395,12 +395,11 @@ pub(crate) fn key(
     let reads = kernel.reads_flags();
     let call = reads & crate::kernels::flags::of(cfg);
     let specialized = call & !(env.compiled_flags | crate::kernels::flags::SPECIALIZED) == 0;
-    let user_code =
-        if reads & (crate::kernels::flags::SCORE_MOD | crate::kernels::flags::MASK_MOD) != 0 {
-            crate::modifiers::user_code::kernel_wgsl(cfg)
-        } else {
-            None
-        };
+    let user_code = if kernel.takes_user_code() {
+        crate::modifiers::user_code::kernel_wgsl(cfg)
+    } else {
+        None
+    };
     // a user's snippet is its own pipelines anyway: they compile the call's every bit in (no
     // run-time tests; views stay the record's to set), as a specialized built-in call is
     let (runtime, compiled) = if user_code.is_some() {
