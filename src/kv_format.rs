@@ -1,17 +1,21 @@
 //! 8-bit KV-cache storage formats: the layout of a quantized cache's words, and the host's
 //! codec (quantize to upload a cache, dequantize to check or read one back). The kernels'
-//! codec is `shaders/kv_format.wgsl`, which this file mirrors rule for rule; the two are
-//! checked against each other by the GPU tests (tests/gpu/kvcache.rs).
+//! codec is `shaders/kv_format.wgsl` and the append's `shaders/kv_quantize.wgsl`, which this
+//! file mirrors rule for rule; the two are checked against each other by the GPU tests
+//! (tests/gpu/kvcache.rs; q8_0's bytes bit for bit).
 //!
 //! A cache is a run of 32-bit words: a header, then one record per (row, kv head) in the
 //! order of an f32 cache's `[rows, heads_kv, head_dim]` elements. A record's data word w holds
 //! elements 4w .. 4w + 3 of its head, one byte each, element 4w in the low byte.
 //!
-//! - [`CacheFormat::Q8_0`] (llama.cpp's q8_0): blocks of 32 elements, each a signed byte
-//!   times the block's f16 scale `d = amax / 127` (rounded to f16 to nearest even), the byte
-//!   `round(x / d)` to nearest even, within ±127. The record's scales follow its data, two
-//!   to a word (block 2s in the low half of word s); the record is padded to whole 16-byte
-//!   words. No header. 1.125 bytes an element at head_dim 128 (f16: 2).
+//! - [`CacheFormat::Q8_0`] (llama.cpp's q8_0, by ggml's `quantize_row_q8_0_ref`): blocks of
+//!   32 elements, each a signed byte times the block's f16 scale. `d = amax / 127` in f32, the
+//!   scale is `f16(d)` (nearest even), the byte `roundf(x * (1 / d))` with the f32 `d` (not
+//!   its f16), half away from zero (C's `roundf`), within ±127. Values below f32's smallest
+//!   normal count as 0 and a block whose amax is below 127 x 2^-126 is zeros (ggml divides
+//!   by a subnormal there; both only where `f16(d)` is 0). The record's scales follow its
+//!   data, two to a word (block 2s in the low half of word s); the record is padded to whole
+//!   16-byte words. No header. 1.125 bytes an element at head_dim 128 (f16: 2).
 //! - [`CacheFormat::E4M3`] (OCP fp8 E4M3, as vLLM's fp8 caches): each element is
 //!   `x / scale` of its kv head rounded to nearest even on E4M3's grid (3 mantissa bits,
 //!   subnormals down to 2^-9), saturated at ±448; 0x7F/0xFF are NaN. The header holds the
@@ -239,24 +243,33 @@ impl std::str::FromStr for CacheFormat {
     }
 }
 
-/// One Q8_0 block: its f16 scale and bytes. A block holding NaN keeps a NaN scale (its
-/// values read back NaN).
+/// The smallest block amax that q8_0 does not write as zeros: 127 x 2^-126, where d = amax /
+/// 127 is f32's smallest normal (below it d is subnormal, which a GPU may flush to zero).
+const Q8_MIN_AMAX: f32 = 127.0 * f32::MIN_POSITIVE;
+
+/// One Q8_0 block: its f16 scale and bytes, by ggml's `quantize_row_q8_0_ref`: `d = amax /
+/// 127` in f32, `id = 1 / d`, the scale `f16(d)` (nearest even) and each byte `round(x * id)`
+/// half away from zero (C's `roundf`), with the f32 `d`, not its f16. Where ggml divides by a
+/// subnormal the kernels could flush, this codec (and the kernel) count values below f32's
+/// smallest normal as 0 and write a block of amax below [`Q8_MIN_AMAX`] as zeros: both only
+/// in blocks whose f16 scale is 0 anyway. A block holding NaN keeps a NaN scale (its values
+/// read back NaN).
 fn q8_block(x: &[f32]) -> (half::f16, Vec<i8>) {
     if x.iter().any(|v| v.is_nan()) {
         return (half::f16::NAN, vec![0; x.len()]);
     }
-    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-    let d = half::f16::from_f32(amax / 127.0);
-    let inv = if d.to_f32() > 0.0 {
-        1.0 / d.to_f32()
-    } else {
-        0.0
-    };
+    let flush = |v: f32| if v.abs() < f32::MIN_POSITIVE { 0.0 } else { v };
+    let amax = x.iter().fold(0f32, |a, &v| a.max(flush(v).abs()));
+    if amax < Q8_MIN_AMAX {
+        return (half::f16::ZERO, vec![0; x.len()]);
+    }
+    let d = amax / 127.0;
+    let id = 1.0 / d;
     let bytes = x
         .iter()
-        .map(|&v| (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8)
+        .map(|&v| (flush(v) * id).round().clamp(-127.0, 127.0) as i8)
         .collect();
-    (d, bytes)
+    (half::f16::from_f32(d), bytes)
 }
 
 /// E4M3's byte for `x`: nearest even on its grid, saturated at ±448, NaN as 0x7F.
@@ -324,8 +337,148 @@ mod tests {
         assert_eq!(e4m3_decode(e4m3_encode(7.75 / 512.0)), 8.0 / 512.0);
     }
 
+    /// ggml's q8_0 (`quantize_row_q8_0_ref`): d = amax / 127 in f32, stored as f16(d), each
+    /// byte round(x * (1 / d)) half away from zero with the f32 d; f32 subnormals count as
+    /// 0 and a block of amax below 127 x 2^-126 is zeros. The expected bytes and scales are
+    /// written out (worked by hand, checked by a separate f32 calculation), not computed by
+    /// the codec.
     #[test]
-    fn q8_0_keeps_each_value_within_half_a_step_of_its_block() {
+    fn q8_0_rounds_ties_away_from_zero_with_the_f32_scale_as_ggml() {
+        #[rustfmt::skip]
+        let cases: [(&[f32], u16, [i8; 32]); 7] = [
+            // d = 1: the values' own ties go away from zero (not to even: 2.5 -> 3, 0.5 -> 1),
+            // 0.49999997 to 0, the ends to +-127
+            (
+                &[
+                    127.0, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, 126.5, -126.5, 0.49999997,
+                    -0.49999997, 3.5, -3.5, 64.5, -64.5, 0.0, -0.0, 1.0, 100.49999, 100.50001,
+                    -127.0, 0.25, -0.75, 10.5, -11.5, 12.5, 99.5, -100.5, 0.5000001, 2.4999998,
+                    63.5, -63.5,
+                ],
+                0x3C00,
+                [
+                    127, 3, -3, 1, -1, 2, -2, 127, -127, 0, 0, 4, -4, 65, -65, 0, 0, 1, 100, 101,
+                    -127, 0, -1, 11, -12, 13, 100, -101, 1, 2, 64, -64,
+                ],
+            ),
+            // amax 1: d = f32(1 / 127), 1 / d = 127 exactly, so x = f32((k + 0.5) / 127)
+            // gives x * (1 / d) = k + 0.5 exactly (away: k + 1); x = (k + 0.496) / 127 gives
+            // k, where 1 / f16(d) = 127.0078 would give k + 1; the scale f16(d) 0x2008
+            (
+                &[
+                    1.0, -1.0, 0.003937008, 0.011811024, 0.01968504, 0.04330709, 0.5, 0.507874,
+                    0.79133856, 0.988189, 0.996063, -0.003937008, -0.01968504, -0.5, -0.996063,
+                    0.7913071, 0.9487874, 0.9960315, -0.7913071, -0.9960315, 0.0, 0.007874016,
+                    0.015748031, 0.023622047, 0.031496063, 0.03937008, 0.047244094, 0.05511811,
+                    0.062992126, 0.070866145, 0.07874016, 0.08661418,
+                ],
+                0x2008,
+                [
+                    127, -127, 1, 2, 3, 6, 64, 65, 101, 126, 127, -1, -3, -64, -127, 100, 120,
+                    126, -100, -126, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                ],
+            ),
+            // d = f32(0.001 / 127): its f16 is subnormal (132 x 2^-24)
+            (
+                &[
+                    0.001, -0.001, 0.0005, -0.0005, 0.00025, 1e-5, -0.00075, 0.000123,
+                    3.937008e-6, -3.937008e-6, 0.0009, 2e-6, -0.0005, -0.00045, -0.0004, -0.00035,
+                    -0.0003, -0.00025, -0.0002, -0.00015, -0.0001, -5e-5, 0.0, 5e-5, 0.0001,
+                    0.00015, 0.0002, 0.00025, 0.0003, 0.00035, 0.0004, 0.00045,
+                ],
+                0x0084,
+                [
+                    127, -127, 64, -64, 32, 1, -95, 16, 1, -1, 114, 0, -64, -57, -51, -44, -38,
+                    -32, -25, -19, -13, -6, 0, 6, 13, 19, 25, 32, 38, 44, 51, 57,
+                ],
+            ),
+            // zeros (and negative zeros): scale 0, bytes 0
+            (
+                &[
+                    0.0, -0.0, 0.0, -0.0, 0.0, -0.0, 0.0, -0.0, 0.0, -0.0, 0.0, -0.0, 0.0, -0.0,
+                    0.0, -0.0, 0.0, -0.0, 0.0, -0.0, 0.0, -0.0, 0.0, -0.0, 0.0, -0.0, 0.0, -0.0,
+                    0.0, -0.0, 0.0, -0.0,
+                ],
+                0x0000,
+                [
+                    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                    0, 0, 0, 0, 0, 0,
+                ],
+            ),
+            // amax = 127 x 2^-126: d = 2^-126, 1 / d = 2^126 (f16(d) = 0); the subnormal
+            // 2^-127 counts as 0 (ggml's 0.5 -> 1); 2.5 x 2^-126 -> 3
+            (
+                &[
+                    f32::from_bits(0x03FE0000), -f32::from_bits(0x03FE0000),
+                    f32::from_bits(0x00400000), -f32::from_bits(0x00400000),
+                    f32::from_bits(0x00800000), -f32::from_bits(0x00800000),
+                    f32::from_bits(0x01200000), -f32::from_bits(0x01200000),
+                    f32::from_bits(0x00000001), f32::from_bits(0x037E0000), 0.0, 0.0, 0.0, 0.0,
+                    0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                    0.0, 0.0, 0.0,
+                ],
+                0x0000,
+                [
+                    127, -127, 0, 0, 1, -1, 3, -3, 0, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                    0, 0, 0, 0, 0, 0, 0, 0, 0,
+                ],
+            ),
+            // amax just below 127 x 2^-126: a zero block
+            (
+                &[
+                    f32::from_bits(0x03FDFFFF), -f32::from_bits(0x03FDFFFF),
+                    f32::from_bits(0x00800000), f32::from_bits(0x03800000), 0.0, 0.0, 0.0, 0.0,
+                    0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                    0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                ],
+                0x0000,
+                [
+                    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                    0, 0, 0, 0, 0, 0,
+                ],
+            ),
+            // amax 1e7: f16(d) overflows to infinity, the bytes still of the f32 d
+            (
+                &[
+                    1e7, -1e7, 5e6, -5e6, 2.5e6, 1.0, -9.99e6, 78740.16, -5e6, -4583333.5,
+                    -4166666.8, -3.75e6, -3333333.2, -2916666.8, -2.5e6, -2083333.4, -1666666.6,
+                    -1.25e6, -833333.3, -416666.66, 0.0, 416666.66, 833333.3, 1.25e6, 1666666.6,
+                    2083333.4, 2.5e6, 2916666.8, 3333333.2, 3.75e6, 4166666.8, 4583333.5,
+                ],
+                0x7C00,
+                [
+                    127, -127, 64, -64, 32, 0, -127, 1, -64, -58, -53, -48, -42, -37, -32, -26,
+                    -21, -16, -11, -5, 0, 5, 11, 16, 21, 26, 32, 37, 42, 48, 53, 58,
+                ],
+            ),
+        ];
+        for (n, (x, scale, bytes)) in cases.iter().enumerate() {
+            let (s, q) = q8_block(x);
+            assert_eq!(
+                (s.to_bits(), q.as_slice()),
+                (*scale, &bytes[..]),
+                "case {n}"
+            );
+        }
+        // a block holding NaN keeps a NaN scale
+        let mut nan = [1.0f32; 32];
+        nan[7] = f32::NAN;
+        assert_eq!(q8_block(&nan).0.to_bits(), 0x7E00);
+        assert_eq!(q8_block(&nan).1, vec![0; 32]);
+        // the record's layout: data words, then the block's scale in the low half
+        let words = CacheFormat::Q8_0
+            .quantize(cases[0].0, [1, 1, 1, 32], None)
+            .unwrap();
+        assert_eq!(words.len(), 12);
+        assert_eq!(words[0], u32::from_le_bytes([127, 3, (-3i8) as u8, 1]));
+        assert_eq!(words[8], 0x3C00);
+    }
+
+    /// A value is within half a step of the f32 d, plus its byte times the f16 scale's rounding
+    /// (the bytes are of d, the values read back of f16(d): at most (1/2 + 127 x 2^-11) d
+    /// where f16(d) is normal).
+    #[test]
+    fn q8_0_keeps_each_value_within_half_a_step_and_the_scales_rounding() {
         let shape = [1, 3, 2, 64];
         let data: Vec<f32> = (0..384)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
@@ -335,12 +488,15 @@ mod tests {
         let back = CacheFormat::Q8_0.dequantize(&words, shape).unwrap();
         for (blk, (x, y)) in data.chunks(32).zip(back.chunks(32)).enumerate() {
             let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let step = half::f16::from_f32(amax / 127.0).to_f32();
+            let d = amax / 127.0;
+            let scale_error = (half::f16::from_f32(d).to_f32() - d).abs();
             for (a, b) in x.iter().zip(y) {
+                let bound = 0.5001 * d + (b.abs() / d).round() * scale_error;
                 assert!(
-                    (a - b).abs() <= step * 0.5001,
-                    "block {blk}: {a} -> {b}, step {step}"
+                    (a - b).abs() <= bound,
+                    "block {blk}: {a} -> {b}, d {d}, bound {bound}"
                 );
+                assert!(bound <= (0.5001 + 127.0 / 2048.0) * d);
             }
         }
     }

@@ -106,6 +106,128 @@ fn eight_bit_caches_append_on_the_gpu_and_attend_as_the_reference_over_their_val
     );
 }
 
+/// The q8_0 append on the GPU writes exactly the bytes and scales of the host codec
+/// (`CacheFormat::quantize`, ggml's rule: ties away from zero, the f32 scale): blocks of
+/// exact ties at several scales, ties of x (1 / d) where d is not an f16, a subnormal f16
+/// scale, zeros, the smallest block that is not zeros (with subnormal inputs), and random
+/// blocks from 1e-3 to 1e3 (the scale's and its inverse's rounding). Compared as the values
+/// the cache holds, bit for bit: a byte times its block's f16 scale, which gives back the byte
+/// and the scale wherever the scale is finite and not 0 (every block here but the zero ones,
+/// whose values are 0 whatever the bytes). The shape and modifiers of the q8_0 f32 case of
+/// `eight_bit_caches_append_on_the_gpu_and_attend_as_the_reference_over_their_values` (its
+/// decode step's pipelines: no pipeline of its own).
+#[test]
+fn the_q8_0_append_writes_the_host_codecs_bytes_ties_included() {
+    use flash_attn_wgpu::CacheFormat;
+    use rand::{Rng, SeedableRng};
+    let x = ctx();
+    let mut c = cfg(3, 1, 96, 8, 2, 64, true);
+    c.alibi_slopes = Some(common::random_alibi(&c, true));
+    c.kv_splits = Some(3);
+    let seed = common::fresh_seed();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    // 12 blocks of 32 a tensor: [3 batches, 1 row, 2 kv heads, 64 dims]. The first: d = 1,
+    // ties of the values themselves, whose bytes (its values: the scale is 1) are written out
+    #[rustfmt::skip]
+    let ties: Vec<f32> = vec![
+        127.0, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, 126.5, -126.5, 0.49999997, -0.49999997, 3.5,
+        -3.5, 64.5, -64.5, 0.0, -0.0, 1.0, 100.49999, 100.50001, -127.0, 0.25, -0.75, 10.5,
+        -11.5, 12.5, 99.5, -100.5, 0.5000001, 2.4999998, 63.5, -63.5,
+    ];
+    #[rustfmt::skip]
+    let ties_bytes: [i8; 32] = [
+        127, 3, -3, 1, -1, 2, -2, 127, -127, 0, 0, 4, -4, 65, -65, 0, 0, 1, 100, 101, -127, 0,
+        -1, 11, -12, 13, 100, -101, 1, 2, 64, -64,
+    ];
+    // amax 2^e: d = 2^e f32(1 / 127), 1 / d = 127 / 2^e, (k + 0.5) / 127 x 2^e an exact tie
+    let product_ties = |e: i32| -> Vec<f32> {
+        let p = 2f32.powi(e);
+        (0..32)
+            .map(|i| match i {
+                0 => p,
+                1 => -p,
+                _ => {
+                    ((i as f32 * 4.0 - 3.0) + 0.5) / 127.0 * p * if i % 2 == 0 { 1.0 } else { -1.0 }
+                }
+            })
+            .collect()
+    };
+    let subnormal_scale: Vec<f32> = (0..32).map(|i| (i as f32 - 15.5) * 6.4e-5).collect();
+    let smallest = {
+        let mut b = vec![0f32; 32];
+        b[0] = f32::from_bits(0x03FE0000); // 127 x 2^-126
+        b[1] = f32::from_bits(0x0040_0000); // 2^-127, subnormal: counts as 0
+        b[2] = -2.5 * f32::MIN_POSITIVE;
+        b
+    };
+    let mut random =
+        |amp: f32| -> Vec<f32> { (0..32).map(|_| rng.random_range(-amp..amp)).collect() };
+    let mut k_new: Vec<f32> = Vec::new();
+    for b in [
+        ties.clone(),
+        product_ties(0),
+        product_ties(-3),
+        product_ties(6),
+        subnormal_scale,
+        vec![0.0; 32],
+        smallest,
+    ] {
+        k_new.extend(b);
+    }
+    for amp in [1e-3, 0.07, 1.5, 9.0, 1e3] {
+        k_new.extend(random(amp));
+    }
+    let mut v_new: Vec<f32> = ties.iter().map(|v| -v).collect();
+    for e in [-9, -1, 3, 9] {
+        v_new.extend(product_ties(e).iter().map(|v| -v));
+    }
+    for n in 0..7 {
+        v_new.extend(random(10f32.powi(n - 3)));
+    }
+    let shape = c.kv_shape();
+    let new_shape = [c.batch, 1, c.heads_kv, c.head_dim];
+    let zeros = vec![0f32; shape.iter().product()];
+    let lens = [5, 45, 95];
+    let mut caches =
+        [CacheFormat::Q8_0; 2].map(|f| x.quantized_cache(f, &zeros, shape, None).unwrap());
+    let [kd, vd] = &mut caches;
+    let q = x.zeros(&c.q_shape()).unwrap();
+    let (kn, vn) = (
+        x.upload(&k_new, &new_shape).unwrap(),
+        x.upload(&v_new, &new_shape).unwrap(),
+    );
+    x.forward_with_quantized_kvcache(&c, &q, (kd, vd), &lens, Some((&kn, &vn)))
+        .unwrap();
+    // the ties block, at batch 0's row 5, kv head 0: away from zero, not to even
+    let held = x.dequantize_cache(kd).unwrap();
+    let at = 5 * c.heads_kv * c.head_dim;
+    let bytes: Vec<i8> = held[at..at + 32].iter().map(|&v| v as i8).collect();
+    assert_eq!(bytes, ties_bytes, "the ties block's bytes (seed {seed})");
+    for (what, cache, new) in [("k", &*kd, &k_new), ("v", &*vd, &v_new)] {
+        // the host codec over the same cache: the new rows at each batch's length
+        let mut host = zeros.clone();
+        let row = c.heads_kv * c.head_dim;
+        for (b, &n) in lens.iter().enumerate() {
+            let at = (b * c.seq_kv + n) * row;
+            host[at..at + row].copy_from_slice(&new[b * row..(b + 1) * row]);
+        }
+        let words = CacheFormat::Q8_0.quantize(&host, shape, None).unwrap();
+        let want = CacheFormat::Q8_0.dequantize(&words, shape).unwrap();
+        let got = x.dequantize_cache(cache).unwrap();
+        for (e, (g, w)) in got.iter().zip(&want).enumerate() {
+            let (b, d) = (e / (c.seq_kv * row), e % c.head_dim);
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{what} cache element {e} (batch {b}, dim {d}, block {}): GPU {g}, host {w}, \
+                 the new value {} (seed {seed})",
+                d / 32,
+                host[e]
+            );
+        }
+    }
+}
+
 #[test]
 fn every_forward_family_reads_an_8_bit_cache_as_the_reference() {
     // a prefill-sized call (6 query rows: the tiled kernels) over q8_0 and E4M3 caches on
