@@ -589,10 +589,12 @@ fn row_normalizer(m: f32, l: f32) -> f32 {
 // acc + w * x, skipped when `guard` is set and the weight w is exactly 0. A hidden pair's
 // weight (P, or dS = P * ...) is exactly 0, and 0 * NaN or 0 * Inf would carry a value the row
 // never sees into it; a visible NaN still propagates (its weight is NaN, or x is NaN with
-// w != 0). Every P V, P^T dO, dS K and dS^T Q product goes through this. Callers pass the
-// tile's `masked` flag (or CAUSAL): tiles without hidden in-range pairs (out-of-range rows and
-// keys are loaded as 0) skip the compare and select, which cost the backward 2x on lavapipe
-// when applied to every product (docs/PERFORMANCE.md).
+// w != 0). Every P V, P^T dO, dS K and dS^T Q product goes through this. Tiled kernels pass
+// the tile's `masked` flag: tiles without hidden in-range pairs (out-of-range rows and keys are
+// loaded as 0) skip the compare and select, which cost the backward 2x on lavapipe when applied
+// to every product (docs/PERFORMANCE.md). The naive kernels have no tiles and pass `true`: any
+// pair may be hidden, by any mask (padding, key lengths, a window, a boolean, block or user
+// mask, not only causal).
 fn add_weighted(acc: f32, w: f32, x: f32, guard: bool) -> f32 {
     // `w == 0.0` rather than `w != 0.0`: compilers may lower `!=` to an ordered compare,
     // false for a NaN weight, which would drop the NaN

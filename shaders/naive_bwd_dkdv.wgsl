@@ -25,11 +25,11 @@ fn item(e: u32) {
         for (var i = 0u; i < params.seq_q; i++) {
             if (has_v) {
                 let pz = probs[pb + i * params.seq_kv] * dropout_scale(i, jrow);
-                acc_dv = add_weighted(acc_dv, pz, load_d_out(dout_at(b, i, h, d)), CAUSAL());
+                acc_dv = add_weighted(acc_dv, pz, load_d_out(dout_at(b, i, h, d)), true);
             }
             if (has_k) {
                 let g = ds[pb + i * params.seq_kv];
-                acc_dk = add_weighted(acc_dk, g, load_q(q_at(b, i, h, d)), CAUSAL());
+                acc_dk = add_weighted(acc_dk, g, load_q(q_at(b, i, h, d)), true);
             }
         }
     }

@@ -10,7 +10,7 @@ fn item(e: u32) {
     let sb = row * params.seq_kv;
     var acc = 0.0;
     for (var j = 0u; j < params.seq_kv; j++) {
-        acc = add_weighted(acc, ds[sb + j], load_k(k_at(at.b, j, hk, d)), CAUSAL());
+        acc = add_weighted(acc, ds[sb + j], load_k(k_at(at.b, j, hk, d)), true);
     }
     store_dq(q_index(at.b, at.i, at.h, d), acc * params.scale);
 }

@@ -11,7 +11,7 @@ fn item(e: u32) {
     let pb = row * params.seq_kv;
     var acc = 0.0;
     for (var j = 0u; j < params.seq_kv; j++) {
-        acc = add_weighted(acc, probs[pb + j], load_v(v_at(at.b, j, hk, d)), CAUSAL());
+        acc = add_weighted(acc, probs[pb + j], load_v(v_at(at.b, j, hk, d)), true);
     }
     store_out(o_index(at.b, at.i, at.h, d), acc);
 }

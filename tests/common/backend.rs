@@ -82,33 +82,38 @@ pub fn check_case<B: AttentionBackend, T: Element>(
         }
         _ => cfg,
     };
-    let Rounded {
-        seed,
-        q,
-        k,
-        v,
-        d_out,
-        qr,
-        kr,
-        vr,
-        dor,
-    } = rounded_inputs::<T>(cfg, amp);
+    let r = rounded_inputs::<T>(cfg, amp);
+    check_rounded(b, cfg, &r, (&r.k, &r.v), msg, gap)
+}
+
+/// [`check_case`] on given inputs: the device reads `(k, v)` (`r.k` and `r.v`, or copies with
+/// NaN planted in rows no query sees), the reference `r`'s rounded values.
+pub fn check_rounded<B: AttentionBackend, T: Element>(
+    b: &B,
+    cfg: &AttentionConfig,
+    r: &Rounded<T>,
+    (k, v): (&[T], &[T]),
+    msg: &str,
+    gap: Gap,
+) -> Errors {
+    let (seed, q, d_out) = (r.seed, &r.q[..], &r.d_out[..]);
+    let (qr, kr, vr, dor) = (&r.qr[..], &r.kr[..], &r.vr[..], &r.dor[..]);
     let backend = b.backend();
     let msg = format!("{backend} {} {msg} {}", T::DTYPE, describe(cfg, seed));
     let u = T::DTYPE.unit_roundoff();
     let (extra_out, extra_grad) = allowance(backend);
-    let f = b.forward_host(cfg, &q, &k, &v);
+    let f = b.forward_host(cfg, q, k, v);
     if gap == Gap::Forward {
         expect_unsupported(backend, f, "forward", &msg);
         return Errors::default();
     }
     let f = f.unwrap_or_else(|e| panic!("forward failed: {e} ({msg})"));
-    let want = reference::forward(cfg, &qr, &kr, &vr);
+    let want = reference::forward(cfg, qr, kr, vr);
     let out = to_f32_vec(&f.out);
     let tol = rel_tol(T::DTYPE) + extra_out * u;
     let e_out = assert_close_tol("out", &out, &want.out, tol, &msg);
     assert_lse_close(&f.lse, &want.lse, &msg);
-    let g = b.backward_host(cfg, &q, &k, &v, &f.out, &f.lse, &d_out);
+    let g = b.backward_host(cfg, q, k, v, &f.out, &f.lse, d_out);
     if gap == Gap::Backward {
         expect_unsupported(backend, g, "backward", &msg);
         return Errors {
@@ -117,7 +122,7 @@ pub fn check_case<B: AttentionBackend, T: Element>(
         };
     }
     let g = g.unwrap_or_else(|e| panic!("backward failed: {e} ({msg})"));
-    let wg = reference::backward_with_out(cfg, &qr, &kr, &vr, &out, &dor);
+    let wg = reference::backward_with_out(cfg, qr, kr, vr, &out, dor);
     let tol = rel_tol(T::DTYPE) + extra_grad * u;
     match (&g.d_sinks, &wg.d_sinks) {
         (Some(got), Some(want)) => {
@@ -126,7 +131,7 @@ pub fn check_case<B: AttentionBackend, T: Element>(
         (None, None) => {}
         (got, _) => panic!("d_sinks: got {got:?}, sinks {:?} ({msg})", cfg.sinks),
     }
-    let [dq_floor, dk_floor, dv_floor, d_bias_floor] = gradient_floors(cfg, [&qr, &kr, &vr, &dor]);
+    let [dq_floor, dk_floor, dv_floor, d_bias_floor] = gradient_floors(cfg, [qr, kr, vr, dor]);
     match (&g.d_bias, &wg.d_bias) {
         (Some(got), Some(want)) => {
             assert_close_floor("d_bias", &to_f32_vec(got), want, tol, d_bias_floor, &msg);

@@ -20,6 +20,7 @@ mod errors;
 mod forward;
 mod fuzz;
 mod head_dims;
+mod hidden;
 mod interop;
 mod kvcache;
 mod limits;
