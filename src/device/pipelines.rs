@@ -21,8 +21,10 @@ pub(crate) struct PipelineCache {
 }
 
 /// `FLASH_ATTN_PIPELINE_LOG=DIR`: every pipeline a process creates is appended to
-/// `DIR/pipelines-<pid>.txt` as `<hash of its source>\t<label>\t<milliseconds to create>`,
-/// so that a test tier can count the distinct compiles it costs (scripts/pipeline-count.sh).
+/// `DIR/pipelines-<pid>.txt` as `<hash of its source>\t<label>\t<milliseconds to create>\t<the
+/// creating thread's name>` (a test's name under the test harness), so that a test tier can
+/// count the distinct compiles it costs and which test first needs each
+/// (scripts/pipeline-count.sh).
 /// On lavapipe a test's time is those compiles; they happen at a pipeline's first dispatch,
 /// not in the milliseconds logged here (naga's translation and the driver's setup).
 pub const PIPELINE_LOG_ENV: &str = "FLASH_ATTN_PIPELINE_LOG";
@@ -42,7 +44,14 @@ fn log_pipeline(label: &str, wgsl: &str, took: std::time::Duration) {
         .append(true)
         .open(path)
     {
-        let _ = writeln!(f, "{:016x}\t{label}\t{}", h.finish(), took.as_millis());
+        let thread = std::thread::current();
+        let _ = writeln!(
+            f,
+            "{:016x}\t{label}\t{}\t{}",
+            h.finish(),
+            took.as_millis(),
+            thread.name().unwrap_or("-")
+        );
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod kv;
+pub mod pipelines;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod score_mods;

@@ -213,8 +213,8 @@ fn grouped_and_multi_query_attention() {
 
 #[test]
 fn every_listed_head_dim() {
-    // (CI: 16, 80 and 256; tier.rs)
-    for d in common::tier::sample(&[16, 32, 64, 80, 96, 128, 256], &[0, 3, 6]) {
+    // (CI: 16 and 256, the smallest and the largest; tier.rs)
+    for d in common::tier::sample(&[16, 32, 64, 80, 96, 128, 256], &[0, 6]) {
         check_backward(&cfg(1, 37, 45, 2, 1, d, true), 1.0);
     }
 }

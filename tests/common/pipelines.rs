@@ -1,0 +1,43 @@
+//! Which pipelines a call compiles, read from the planner, so that a property test can draw
+//! fresh cases and still compile the same pipeline set every run (issue 46): each case is
+//! drawn for a fixed slot (the choices that decide pipelines: algorithm, variant, dtype, head
+//! dim, compiled-in modifiers) and redrawn until its pipelines are exactly those of the
+//! slot's fixed case. scripts/pipeline-count.sh counts the suite's set against its budget; on
+//! lavapipe a pipeline is seconds of LLVM, and a set that moved with the draws made the count
+//! (and the time) move with them.
+
+use std::collections::HashSet;
+
+use flash_attn_wgpu::unstable::{kernels::KernelKey, plan};
+use flash_attn_wgpu::{AttentionConfig, Context, DType};
+
+/// The kernel keys of `cfg`'s forward and backward plans in `dtype` on `ctx`, with the tuning
+/// it has now (a plan that fails adds none: the call fails before it compiles anything).
+/// A bias is taken in the call's dtype, as `backend::check_case` casts it.
+pub fn keys(ctx: &Context, cfg: &AttentionConfig, dtype: DType) -> HashSet<KernelKey> {
+    let mut cfg = cfg.clone();
+    if let Some(b) = &cfg.bias {
+        cfg.bias = Some(
+            match dtype {
+                DType::F32 => b.cast::<f32>(),
+                DType::F16 => b.cast::<half::f16>(),
+                DType::BF16 => b.cast::<half::bf16>(),
+            }
+            .expect("a test's bias is finite or -inf"),
+        );
+    }
+    let env = ctx.plan_env();
+    [
+        plan::forward(&cfg, dtype, &env),
+        plan::backward(&cfg, dtype, &env),
+    ]
+    .into_iter()
+    .flatten()
+    .flat_map(|p| p.steps.into_iter().map(|s| s.key))
+    .collect()
+}
+
+/// Whether `case` compiles exactly the pipelines `fixed` does (both in `dtype`, on `ctx`).
+pub fn same(ctx: &Context, case: &AttentionConfig, fixed: &AttentionConfig, dtype: DType) -> bool {
+    keys(ctx, case, dtype) == keys(ctx, fixed, dtype)
+}
