@@ -280,7 +280,9 @@ pub fn paged_cfg(base: &AttentionConfig, page_size: usize, seed: u64) -> Attenti
 /// - rows the call did not append read back exactly as before (NaN where they were NaN: the
 ///   rows past each length and before each left padding, never read into a result);
 /// - each appended value lies within the format's rounding of the new key or value (q8_0: half
-///   its block's step; E4M3: 2^-4 relative, or half a subnormal step of its head's scale);
+///   its block's step, plus 127 times the f16 rounding of the step, as ggml quantizes with the
+///   f32 step and stores the f16 one; E4M3: 2^-4 relative, or half a subnormal step of its
+///   head's scale);
 /// - out and lse equal the f64 reference over the dequantized keys each batch holds, to `T`'s
 ///   rounding (the kernels scale the same bytes by the same scales, in f32).
 ///
@@ -424,7 +426,11 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
                             let amax = exact[blk..blk + 32]
                                 .iter()
                                 .fold(0f32, |a, v| a.max(v.abs()));
-                            0.51 * half::f16::from_f32(amax / 127.0).to_f32() + slack * amax
+                            // ggml's rule: q = round(x / d) with d in f32, stored as f16(d):
+                            // half a step, plus |q| <= 127 times the scale's rounding
+                            let d = amax / 127.0;
+                            let d16 = half::f16::from_f32(d).to_f32();
+                            0.51 * d16 + 127.0 * (d - d16).abs() + slack * amax
                         }
                         CacheFormat::E4M3 => {
                             let s = sc_.as_ref().unwrap()[(e / dim) % c.heads_kv];
