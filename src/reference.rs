@@ -53,7 +53,7 @@ pub(crate) fn aligned(cfg: &AttentionConfig, b: usize, i: usize, j: usize) -> Op
 /// Straight from the definitions (not `AttentionConfig::band`, which the kernels' host code
 /// uses): i' = i + seq_kv - seq_q (per sequence with varlen, where pairs of different
 /// sequences are hidden); causal: j <= i'; window: i' - left <= j <= i' + right; key padding:
-/// leftpad_kv[b] <= j < seqlens_kv[b]; block mask: the block of (i, j) is on for (b, h);
+/// `leftpad_kv[b] <= j < seqlens_kv[b]`; block mask: the block of (i, j) is on for (b, h);
 /// boolean mask: its entry for (b, h, i, j) is true; a user's mask_mod: its host predicate.
 /// Public for tests that plant NaN in the key rows no query sees.
 pub fn visible(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)) -> bool {
