@@ -3,9 +3,9 @@
 
 pub mod backend;
 pub mod kv;
-pub mod pipelines;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
+pub mod pipelines;
 pub mod score_mods;
 pub mod shards;
 pub mod tier;
@@ -55,11 +55,34 @@ pub fn algorithm_variants() -> Vec<(Algorithm, Variant)> {
 }
 
 pub fn ctx() -> &'static Context {
-    static CTX: OnceLock<Context> = OnceLock::new();
-    CTX.get_or_init(|| match Context::new() {
-        Ok(c) => c,
-        Err(e) => panic!("no GPU context for tests: {e}"),
-    })
+    try_ctx().unwrap_or_else(|e| panic!("no GPU context for tests: {e}"))
+}
+
+/// Set (to anything) where the wgpu halves of tests/gpu/backends.rs must run: CI sets it
+/// (scripts/run-tests.sh), so that a machine without its Vulkan driver fails instead of
+/// skipping them.
+pub const REQUIRE_WGPU_ENV: &str = "FLASH_ATTN_REQUIRE_WGPU";
+
+/// The shared wgpu context, or why there is none (no adapter: a machine whose only GPU path
+/// is CUDA, such as an NVIDIA machine without its Vulkan driver).
+pub fn try_ctx() -> Result<&'static Context, String> {
+    static CTX: OnceLock<Result<Context, String>> = OnceLock::new();
+    CTX.get_or_init(|| Context::new().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// The wgpu context for a test that also runs on CUDA: `None`, with the reason printed, where
+/// wgpu has no adapter and [`REQUIRE_WGPU_ENV`] is unset, so that the CUDA half still runs.
+pub fn wgpu_half() -> Option<&'static Context> {
+    match try_ctx() {
+        Ok(c) => Some(c),
+        Err(e) if std::env::var_os(REQUIRE_WGPU_ENV).is_none() => {
+            eprintln!("wgpu half skipped: {e}");
+            None
+        }
+        Err(e) => panic!("no wgpu context, and {REQUIRE_WGPU_ENV} is set: {e}"),
+    }
 }
 
 /// How many cases a GPU property test draws: `ci` in the CI tier, `full` in the full tier
@@ -305,8 +328,12 @@ pub fn random_dropout(p: f32) -> flash_attn_wgpu::Dropout {
     flash_attn_wgpu::Dropout::new(p, rng.random(), (1u64 << 32) - rng.random_range(1..40))
 }
 
-/// A fresh random block mask of `block_q x block_kv` blocks with about `density` of them on,
-/// one grid per batch and per query head (or shared: `per_batch` / `per_head` false).
+/// A random block mask of `block_q x block_kv` blocks with about `density` of them on, one
+/// grid per batch and per query head (or shared: `per_batch` / `per_head` false). Its pattern
+/// is drawn from a seed of these arguments, the same every run: which blocks are on decides
+/// the tiles a call gets (`plan::tiles_for` fits them to the blocks where that skips work), so
+/// a fresh pattern made the suite's pipeline set move from run to run (issue 46). The inputs
+/// the mask is tested with are fresh.
 pub fn random_block_mask(
     cfg: &AttentionConfig,
     (block_q, block_kv): (usize, usize),
@@ -314,8 +341,14 @@ pub fn random_block_mask(
     per_head: bool,
     density: f64,
 ) -> flash_attn_wgpu::BlockMask {
-    let mut rng = StdRng::seed_from_u64(fresh_seed());
     let dims = mask_dims(cfg, per_batch, per_head);
+    let seed = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (block_q, block_kv, dims, density.to_bits()).hash(&mut h);
+        h.finish()
+    };
+    let mut rng = StdRng::seed_from_u64(seed);
     flash_attn_wgpu::BlockMask::from_fn(block_q, block_kv, dims, |_, _, _, _| {
         rng.random_bool(density)
     })
