@@ -11,6 +11,9 @@ cd "$(dirname "$0")/.."
 # no slower for it (docs/PERFORMANCE.md, "CI time"). Only llvmpipe reads this variable; set it
 # empty to test the optimized code.
 export GALLIVM_PERF=${GALLIVM_PERF-nopt}
+# the wgpu halves of tests/gpu/backends.rs must run here (tests/common/mod.rs: they skip only
+# where wgpu has no adapter and this is unset, so that an NVIDIA machine runs the CUDA half)
+export FLASH_ATTN_REQUIRE_WGPU=1
 # The CI tier's pipeline budget (issue 27: the suite compiles a bounded set; issue 46: the
 # same set every run, at most 450). Every wgpu pipeline the tests create is logged, and the
 # distinct ones counted at the end. The property tests draw fresh cases whose pipelines are a

@@ -10,6 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export GALLIVM_PERF=${GALLIVM_PERF-nopt}
+# the wgpu halves of tests/gpu/backends.rs must run here (tests/common/mod.rs: they skip only
+# where wgpu has no adapter and this is unset, so that an NVIDIA machine runs the CUDA half)
+export FLASH_ATTN_REQUIRE_WGPU=1
 FAST_BUDGET=${FAST_BUDGET:-120}
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT

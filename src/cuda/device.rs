@@ -190,19 +190,26 @@ impl CudaContext {
         Ok(f)
     }
 
-    /// The key's program, compiled and loaded once per context.
+    /// The key's program, compiled and loaded once per context. NVRTC runs outside the lock,
+    /// so threads compiling different keys do so at once (0.5-0.8 s each; a test suite's
+    /// hundreds of keys ran one after another behind it); two threads that meet on one key
+    /// may both compile it, and the first to finish is kept.
     fn module(&self, key: &CudaKey) -> Result<Arc<CudaModule>> {
-        let mut modules = self.modules.lock().unwrap();
-        if let Some(m) = modules.get(key) {
+        if let Some(m) = self.modules.lock().unwrap().get(key) {
             return Ok(m.clone());
         }
         let compiled = self.nvrtc.compile(key)?;
-        let m = self
+        let loaded = self
             .ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(compiled.cubin.clone()))
             .map_err(driver_error("module load"))?;
-        modules.insert(*key, m.clone());
-        Ok(m)
+        Ok(self
+            .modules
+            .lock()
+            .unwrap()
+            .entry(*key)
+            .or_insert(loaded)
+            .clone())
     }
 
     /// Points the program's `flash_captured` at the call's captured tensors (the extras from
