@@ -305,20 +305,25 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                     if let Err(e) = &fwd {
                         eprintln!("  {}: {e}", dtype.name());
                     }
+                    // the records so far, after every point: a run killed at its limit keeps them
+                    if let Some(path) = &a.json {
+                        std::fs::write(path, serde_json::to_string_pretty(&records)?)
+                            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                    }
                 }
             }
         }
     }
     if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_string_pretty(&records)?)
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         println!("wrote {}", path.display());
     }
     Ok(())
 }
 
 /// Decode steps: per batch and cache length, the split heuristic's time next to one split's,
-/// and the KV bytes read per second.
+/// and the KV bytes read per second. A point that fails is a row with its error, and the rest
+/// still run; with `--json` the records so far are rewritten after every point (a run killed
+/// at its limit leaves what it measured), and any failure makes the exit status 2 at the end.
 fn decode(ctx: &CudaContext, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "| dtype | B | cache | splits | split ms [min-max] | one split ms [min-max] | split / one \
@@ -326,6 +331,9 @@ fn decode(ctx: &CudaContext, a: &Args) -> Result<(), Box<dyn std::error::Error>>
     );
     println!("|---|---|---|---|---|---|---|---|");
     let kv_heads = a.kv_heads.unwrap_or(a.heads);
+    let device = format!("{} (sm_{})", ctx.device_name(), ctx.arch());
+    let mut records = Vec::new();
+    let mut failures = 0;
     for &dtype in &a.dtype {
         for batch in a.decode_batches() {
             for &n in &a.seqs {
@@ -333,29 +341,80 @@ fn decode(ctx: &CudaContext, a: &Args) -> Result<(), Box<dyn std::error::Error>>
                     let mut cfg = AttentionConfig::new(batch, 1, n, a.heads, kv_heads, d);
                     cfg.causal = true;
                     let splits = decode_geometry(&cfg).splits;
-                    let mut ms = [Stats::of(&[]); 2];
-                    for (t, kv_splits) in ms.iter_mut().zip([None, Some(1)]) {
-                        cfg.kv_splits = kv_splits;
-                        *t = match dtype {
-                            DType::F16 => forward_ms::<half::f16>(ctx, &cfg, a.repeats)?,
-                            DType::BF16 => forward_ms::<half::bf16>(ctx, &cfg, a.repeats)?,
-                            DType::F32 => forward_ms::<f32>(ctx, &cfg, a.repeats)?,
-                        };
-                    }
                     let bytes = 2 * batch * n * kv_heads * d * dtype.size_bytes();
-                    println!(
-                        "| {} | {batch} | {n} | {splits} | {:.4} [{}] | {:.4} [{}] | {:.2} | {:.0} |",
-                        dtype.name(),
-                        ms[0].median,
-                        ms[0].range(4),
-                        ms[1].median,
-                        ms[1].range(4),
-                        ms[0].median / ms[1].median,
-                        bytes as f64 / (ms[0].median * 1e-3) / 1e9
-                    );
+                    let mut times = Vec::new();
+                    for kv_splits in [None, Some(1)] {
+                        cfg.kv_splits = kv_splits;
+                        let t = match dtype {
+                            DType::F16 => forward_ms::<half::f16>(ctx, &cfg, a.repeats),
+                            DType::BF16 => forward_ms::<half::bf16>(ctx, &cfg, a.repeats),
+                            DType::F32 => forward_ms::<f32>(ctx, &cfg, a.repeats),
+                        };
+                        records.push(Record {
+                            backend: "cuda",
+                            device: device.clone(),
+                            dtype: dtype.name(),
+                            pass: if kv_splits.is_none() {
+                                "decode"
+                            } else {
+                                "decode 1 split"
+                            },
+                            batch,
+                            heads_q: cfg.heads_q,
+                            heads_kv: cfg.heads_kv,
+                            seq_q: 1,
+                            seq_kv: n,
+                            head_dim: d,
+                            causal: true,
+                            median_ms: t.as_ref().ok().map(|t| t.median),
+                            min_ms: t.as_ref().ok().map(|t| t.min),
+                            max_ms: t.as_ref().ok().map(|t| t.max),
+                            tflops: None,
+                            kernels_ms: Vec::new(),
+                            note: match &t {
+                                Ok(t) => format!(
+                                    "{splits} splits; KV {:.0} GB/s",
+                                    bytes as f64 / (t.median * 1e-3) / 1e9
+                                ),
+                                Err(e) => e.to_string(),
+                            },
+                        });
+                        times.push(t);
+                    }
+                    match (&times[0], &times[1]) {
+                        (Ok(split), Ok(one)) => println!(
+                            "| {} | {batch} | {n} | {splits} | {:.4} [{}] | {:.4} [{}] | {:.2} | {:.0} |",
+                            dtype.name(),
+                            split.median,
+                            split.range(4),
+                            one.median,
+                            one.range(4),
+                            split.median / one.median,
+                            bytes as f64 / (split.median * 1e-3) / 1e9
+                        ),
+                        (a, b) => {
+                            failures += 1;
+                            let e = a.as_ref().err().or(b.as_ref().err()).map(|e| e.to_string());
+                            println!(
+                                "| {} | {batch} | {n} | {splits} | failed: {} | | | |",
+                                dtype.name(),
+                                e.unwrap_or_default()
+                            );
+                        }
+                    }
+                    if let Some(path) = &a.json {
+                        std::fs::write(path, serde_json::to_string_pretty(&records)?)
+                            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                    }
                 }
             }
         }
+    }
+    if let Some(path) = &a.json {
+        println!("wrote {}", path.display());
+    }
+    if failures > 0 {
+        return Err(format!("{failures} decode points failed (their rows say why)").into());
     }
     Ok(())
 }

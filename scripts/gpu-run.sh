@@ -130,7 +130,7 @@ machine() {
     icds=$(ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json 2>/dev/null | tr '\n' ' ')
     echo "vulkan ICDs in the default paths: ${icds:-none}"
     if command -v nvidia-smi >/dev/null; then
-        echo "nvidia-smi: $(nvidia-smi -L 2>&1 | head -n 4 | tr '\n' ';')"
+        echo "nvidia-smi: $(timeout 20 nvidia-smi -L 2>&1 | head -n 4 | tr '\n' ';')"
     else
         echo "nvidia-smi: not found"
     fi
@@ -160,7 +160,7 @@ if [ -f /usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json ]; then
 fi
 # NVRTC: FLASH_ATTN_NVRTC_DIR, else the toolkit's or a Python wheel's (PyTorch brings one)
 if [ -z "${FLASH_ATTN_NVRTC_DIR:-}" ]; then
-    wheel_dirs=$(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cuda_nvrtc")))' 2>/dev/null || true)
+    wheel_dirs=$(timeout 30 python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cuda_nvrtc")))' 2>/dev/null || true)
     for d in .tools/cuda-13.0/lib /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $wheel_dirs; do
         if ls "$d"/libnvrtc.so.13* >/dev/null 2>&1; then
             export FLASH_ATTN_NVRTC_DIR=$d
@@ -172,12 +172,23 @@ export VK_DRIVER_FILES=${VK_DRIVER_FILES-}
 [ -z "$VK_DRIVER_FILES" ] && unset VK_DRIVER_FILES
 step "machine" 10 "loader, driver files, binaries (machine.log)" machine
 GPU=0
-nvidia-smi -L 2>/dev/null | grep -q '^GPU' && GPU=1
+# (a hung driver query must not take the run down: every probe has a timeout)
+timeout 20 nvidia-smi -L 2>/dev/null | grep -q '^GPU' && GPU=1
 # the coop self-check gives up within the adapter step's budget
 export FLASH_ATTN_WGPU_COOP_TIMEOUT_S=${FLASH_ATTN_WGPU_COOP_TIMEOUT_S:-30}
 
 # ---- (2) what the adapter and the CUDA device are
-step "adapter" 45 "bench --info (the coop self-check included)" "$B/bench" --info
+adapter_rc=0
+step "adapter" 45 "bench --info (the coop self-check included)" "$B/bench" --info || adapter_rc=$?
+# A coop self-check that hangs costs once: if it timed out here (or took the step down), every
+# later wgpu process runs with the coop variant off instead of waiting for it again.
+if grep -q 'self-check timed out' "$LOGS/adapter.log" 2>/dev/null ||
+    [ "$adapter_rc" = 124 ] || [ "$adapter_rc" = 137 ]; then
+    export FLASH_ATTN_WGPU_COOP=off
+    log "the coop self-check hung: FLASH_ATTN_WGPU_COOP=off for the steps after it"
+    echo "coop self-check hung in the adapter step: FLASH_ATTN_WGPU_COOP=off from here on" \
+        >>"$LOGS/adapter.log"
+fi
 if [ "$GPU" = 1 ]; then
     step "CUDA device" 15 "cuda_bench --info (fails loudly: nvidia-smi sees a GPU)" \
         "$B/cuda_bench" --info
@@ -190,10 +201,10 @@ fi
 # (the CUDA half must run where nvidia-smi sees a GPU)
 if [ "$MODE" = full ]; then
     wgpu_tests=(dtypes:: variants:: forward:: backward:: nonfinite:: errors:: split::)
-    backend_tests=(--show-output backends::)
+    backend_tests=(--nocapture backends::)
 else
     wgpu_tests=(--exact driver::shader_loop_of_200000_iterations_counts_exactly)
-    backend_tests=(--show-output --exact backends::every_backend_chains_device_tensors_and_types_its_errors)
+    backend_tests=(--nocapture --exact backends::every_backend_chains_device_tensors_and_types_its_errors)
 fi
 # the test binary with these filters; a filter that matches no test is a failure
 run_tests() {
@@ -271,7 +282,7 @@ step "decode 8-bit: wgpu" 25 "bench --decode ${KV8[*]} --kv-formats q8_0,e4m3" \
 # chunks (Tuning::decode_q_chunks) side by side: the GPU default's prediction to check
 step "decode MLA: wgpu" 20 "bench --decode ${MLA[*]}" "$B/bench" --decode "${MLA[@]}"
 step "decode: CUDA" 20 "cuda_bench --decode ${DECODE[*]} ${dry[*]}" \
-    "$B/cuda_bench" --decode "${DECODE[@]}" --repeats 5 "${dry[@]}"
+    "$B/cuda_bench" --decode "${DECODE[@]}" --repeats 5 --json "$LOGS/decode-cuda.json" "${dry[@]}"
 
 # ---- (5) the rest while time remains: the wgpu grid, every variant side by side
 left=$((DEADLINE_S - $(elapsed)))

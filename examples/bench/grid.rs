@@ -289,6 +289,9 @@ pub struct Grid {
     pub repeats: usize,
     pub naive_max_seq: Option<usize>,
     pub budget_s: Option<f64>,
+    /// When the run began (`--budget-s` counts from here: the context's setup, the coop
+    /// self-check and the roofline probe included, as a caller's deadline does).
+    pub started: Instant,
 }
 
 impl Grid {
@@ -402,6 +405,7 @@ impl Grid {
             repeats: a.repeats.max(1),
             naive_max_seq: a.naive_max_seq,
             budget_s: a.budget_s,
+            started: Instant::now(),
         })
     }
 }
@@ -439,13 +443,15 @@ pub struct Outcome {
 }
 
 /// Measures every point of `grid` (each tiled point in each of `grid.variants`, over the tuning
-/// `base`), progress on stderr, handing each record to `on_record` as it is made. Points predicted to end past the budget are recorded
-/// as skipped; points over a device limit or failing are recorded with a note.
+/// `base`), progress on stderr, handing the records so far to `on_record` as each is made (the
+/// newest last), so that a run killed part-way has written what it measured. Points predicted
+/// to end past the budget (counted from `grid.started`) are recorded as skipped; points over a
+/// device limit or failing are recorded with a note.
 pub fn run(
     ctx: &Context,
     grid: &Grid,
     base: Tuning,
-    mut on_record: impl FnMut(&Record),
+    mut on_record: impl FnMut(&[Record]),
 ) -> Result<Outcome, Box<dyn std::error::Error>> {
     let repeats = grid.repeats;
     let need_bwd = grid.passes.contains(&Pass::FwdBwd);
@@ -465,7 +471,7 @@ pub fn run(
             grid.dtypes.len() * grid.causals.len() * grid.windows.len() * grid.mods.len() * algs
         })
         .sum();
-    let started = Instant::now();
+    let started = grid.started;
     let mut records: Vec<Record> = Vec::new();
     let mut failures = 0usize;
     // Slowest throughput seen so far per (algorithm, variant, dtype), FLOP/s, for the budget
@@ -579,8 +585,8 @@ pub fn run(
                                 rec.note =
                                     format!("compiled: {} {}", flags::names(build), rec.note);
                             }
-                            on_record(&rec);
                             records.push(rec);
+                            on_record(&records);
                         }
                     }
                 }

@@ -100,28 +100,42 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("measuring the adapter's roofline...");
     let roof: Roofline = ctx.measure_roofline(a.roofline_scale)?;
     report::print_preamble(&ctx, &tuning, &grid, &roof)?;
-    let outcome = grid::run(&ctx, &grid, tuning, |rec| {
+    // the records so far rewrite the JSON and Markdown after every point: a run killed at its
+    // limit (the GPU run's steps) leaves what it measured
+    let write_records = |records: &[grid::Record]| -> Result<(), Box<dyn std::error::Error>> {
+        if let Some(path) = &a.json {
+            write_file(path, &json::to_json(records, &adapter, &roof, &tuning)?)?;
+        }
+        if let Some(path) = &a.markdown {
+            let mut md = format!(
+                "Adapter: {}\n\nTuning: {tuning:?}; roofline (measured): {}; \
+                 repeats {} (median GPU time after one warm-up call)\n\n",
+                ctx.adapter_info(),
+                report::roofline_summary(&roof),
+                grid.repeats
+            );
+            md.push_str(&report::to_markdown(records, &roof));
+            write_file(path, &md)?;
+        }
+        Ok(())
+    };
+    let mut write_failed = None;
+    let outcome = grid::run(&ctx, &grid, tuning, |so_far| {
+        let Some(rec) = so_far.last() else { return };
         println!("{}", report::table_row(rec, &roof));
         if a.per_kernel && !rec.kernels_ms.is_empty() {
             println!("{}", report::kernels_line(rec));
         }
+        if write_failed.is_none() {
+            write_failed = write_records(so_far).err();
+        }
     })?;
-    let records = &outcome.records;
-
-    if let Some(path) = &a.json {
-        write_file(path, &json::to_json(records, &adapter, &roof, &tuning)?)?;
-        println!("wrote {}", path.display());
+    if let Some(e) = write_failed {
+        return Err(e);
     }
-    if let Some(path) = &a.markdown {
-        let mut md = format!(
-            "Adapter: {}\n\nTuning: {tuning:?}; roofline (measured): {}; \
-             repeats {} (median GPU time after one warm-up call)\n\n",
-            ctx.adapter_info(),
-            report::roofline_summary(&roof),
-            grid.repeats
-        );
-        md.push_str(&report::to_markdown(records, &roof));
-        write_file(path, &md)?;
+    let records = &outcome.records;
+    write_records(records)?;
+    for path in a.json.iter().chain(&a.markdown) {
         println!("wrote {}", path.display());
     }
     if let Some(path) = &a.plot {
