@@ -79,7 +79,7 @@ xz -dc "${GPU_BIN:-gpu-bin}/gpu-tests.xz" >"$tmp/gpu-tests"
 chmod +x "$tmp/gpu-tests"
 log "backends:: with the Vulkan driver hidden"
 nowgpu=$(env -u FLASH_ATTN_REQUIRE_WGPU WGPU_BACKEND=vulkan VK_DRIVER_FILES="$tmp/none.json" \
-    VK_ICD_FILENAMES="$tmp/none.json" "$tmp/gpu-tests" --test-threads 2 backends:: 2>&1) ||
+    VK_ICD_FILENAMES="$tmp/none.json" "$tmp/gpu-tests" --test-threads 2 --nocapture backends:: 2>&1) ||
     fail "backends:: with no Vulkan driver: $(tail -n 30 <<<"$nowgpu")"
 grep -q 'wgpu half skipped' <<<"$nowgpu" || fail "backends:: with no Vulkan driver ran a wgpu half"
 grep -qE '^test result: ok\. [1-9]' <<<"$nowgpu" || fail "backends:: with no Vulkan driver ran no test"
