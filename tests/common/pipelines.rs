@@ -9,7 +9,9 @@
 use std::collections::HashSet;
 
 use flash_attn_wgpu::unstable::{kernels::KernelKey, plan};
-use flash_attn_wgpu::{AttentionConfig, Context, DType};
+use flash_attn_wgpu::{AttentionConfig, Context, DType, Tuning, Variant};
+use proptest::prelude::*;
+use proptest::test_runner::{TestCaseError, TestRunner};
 
 /// The kernel keys of `cfg`'s forward and backward plans in `dtype` on `ctx`, with the tuning
 /// it has now (a plan that fails adds none: the call fails before it compiles anything).
@@ -40,4 +42,34 @@ pub fn keys(ctx: &Context, cfg: &AttentionConfig, dtype: DType) -> HashSet<Kerne
 /// Whether `case` compiles exactly the pipelines `fixed` does (both in `dtype`, on `ctx`).
 pub fn same(ctx: &Context, case: &AttentionConfig, fixed: &AttentionConfig, dtype: DType) -> bool {
     keys(ctx, case, dtype) == keys(ctx, fixed, dtype)
+}
+
+/// One property case for a slot: `ctx`'s variant set to the slot's, a case drawn by `strategy`
+/// and redrawn until its pipelines (its config and dtype by `cfg_of`) are those of the slot's
+/// `fixed` config, then `test` on it. A failure panics with `slot` and proptest's minimal case.
+pub fn run_slot<S: Strategy>(
+    ctx: &Context,
+    (variant, fixed): (Variant, &AttentionConfig),
+    strategy: S,
+    cfg_of: impl Fn(&S::Value) -> (&AttentionConfig, DType),
+    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
+    slot: &str,
+) {
+    ctx.set_tuning(Tuning {
+        variant,
+        ..ctx.tuning()
+    })
+    .unwrap();
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 1,
+        ..ProptestConfig::default()
+    });
+    let r = runner.run(&strategy, |case| {
+        let (cfg, dtype) = cfg_of(&case);
+        prop_assume!(same(ctx, cfg, fixed, dtype));
+        test(case)
+    });
+    if let Err(e) = r {
+        panic!("{slot}: {e}");
+    }
 }

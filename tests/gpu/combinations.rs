@@ -14,7 +14,6 @@ use crate::common;
 use common::{check_dtype_dyn, ctx, pipelines};
 use flash_attn_wgpu::{Algorithm, AttentionConfig, DType, Tuning, Variant, Varlen, Window};
 use proptest::prelude::*;
-use proptest::test_runner::TestRunner;
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -205,30 +204,18 @@ fn any_combination_of_features_matches_the_reference() {
     let ctx = ctx();
     for n in 0..common::prop_cases(3, 12) as usize {
         let s = slot(n);
-        ctx.set_tuning(Tuning {
-            variant: s.alg.1,
-            ..ctx.tuning()
-        })
-        .unwrap();
-        let fixed = fixed(&s);
-        let mut runner = TestRunner::new(ProptestConfig {
-            cases: 1,
-            ..ProptestConfig::default()
-        });
-        let r = runner.run(&case(s), |case| {
-            prop_assume!(pipelines::same(ctx, &case.cfg, &fixed, case.dtype));
-            check_dtype_dyn(
-                ctx,
-                case.dtype,
-                &case.cfg,
-                2.0,
-                &format!("{:?}", case.variant),
-            );
-            Ok(())
-        });
-        if let Err(e) = r {
-            panic!("slot {n} {s:?}: {e}");
-        }
+        pipelines::run_slot(
+            ctx,
+            (s.alg.1, &fixed(&s)),
+            case(s),
+            |case| (&case.cfg, case.dtype),
+            |case| {
+                let what = format!("{:?}", case.variant);
+                check_dtype_dyn(ctx, case.dtype, &case.cfg, 2.0, &what);
+                Ok(())
+            },
+            &format!("slot {n} {s:?}"),
+        );
     }
 }
 
