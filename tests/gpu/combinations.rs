@@ -46,11 +46,8 @@ struct Slot {
 /// that every value of each meets the others.
 fn slot(n: usize) -> Slot {
     let algs = common::algorithm_variants();
-    let (rows, blocks) = (
-        (Algorithm::Tiled, Variant::Rows),
-        (Algorithm::Tiled, Variant::Blocks),
-    );
-    let naive = (Algorithm::Naive, Variant::Rows);
+    // (tiled rows, tiled blocks, naive: algorithm_variants' order)
+    let [rows, blocks, naive] = <[_; 3]>::try_from(algs.clone()).expect("three ways to run");
     let plain = Slot {
         alg: naive,
         dtype: DType::F32,

@@ -74,11 +74,8 @@ struct Slot {
 /// head dims among them.
 fn slot(n: usize) -> Slot {
     let algs = common::algorithm_variants();
-    let (rows, blocks) = (
-        (Algorithm::Tiled, Variant::Rows),
-        (Algorithm::Tiled, Variant::Blocks),
-    );
-    let naive = (Algorithm::Naive, Variant::Rows);
+    // (tiled rows, tiled blocks, naive: algorithm_variants' order)
+    let [rows, blocks, naive] = <[_; 3]>::try_from(algs.clone()).expect("three ways to run");
     let ci = [
         (rows, DType::F32, 16, false),
         (blocks, DType::BF16, 64, true),
