@@ -39,19 +39,15 @@ pub fn keys(ctx: &Context, cfg: &AttentionConfig, dtype: DType) -> HashSet<Kerne
     .collect()
 }
 
-/// Whether `case` compiles exactly the pipelines `fixed` does (both in `dtype`, on `ctx`).
-pub fn same(ctx: &Context, case: &AttentionConfig, fixed: &AttentionConfig, dtype: DType) -> bool {
-    keys(ctx, case, dtype) == keys(ctx, fixed, dtype)
-}
-
 /// One property case for a slot: `ctx`'s variant set to the slot's, a case drawn by `strategy`
-/// and redrawn until its pipelines (its config and dtype by `cfg_of`) are those of the slot's
-/// `fixed` config, then `test` on it. A failure panics with `slot` and proptest's minimal case.
+/// and redrawn until its pipelines (its config by `cfg_of`) are those of the slot's `fixed`
+/// config in the slot's `dtype`, then `test` on it. A failure panics with `slot` and
+/// proptest's minimal case.
 pub fn run_slot<S: Strategy>(
     ctx: &Context,
-    (variant, fixed): (Variant, &AttentionConfig),
+    (variant, fixed, dtype): (Variant, &AttentionConfig, DType),
     strategy: S,
-    cfg_of: impl Fn(&S::Value) -> (&AttentionConfig, DType),
+    cfg_of: impl Fn(&S::Value) -> &AttentionConfig,
     test: impl Fn(S::Value) -> Result<(), TestCaseError>,
     slot: &str,
 ) {
@@ -60,13 +56,14 @@ pub fn run_slot<S: Strategy>(
         ..ctx.tuning()
     })
     .unwrap();
+    // the slot's pipelines, planned once for all its draws
+    let want = keys(ctx, fixed, dtype);
     let mut runner = TestRunner::new(ProptestConfig {
         cases: 1,
         ..ProptestConfig::default()
     });
     let r = runner.run(&strategy, |case| {
-        let (cfg, dtype) = cfg_of(&case);
-        prop_assume!(same(ctx, cfg, fixed, dtype));
+        prop_assume!(keys(ctx, cfg_of(&case), dtype) == want);
         test(case)
     });
     if let Err(e) = r {

@@ -203,9 +203,9 @@ fn any_combination_of_features_matches_the_reference() {
         let s = slot(n);
         pipelines::run_slot(
             ctx,
-            (s.alg.1, &fixed(&s)),
+            (s.alg.1, &fixed(&s), s.dtype),
             case(s),
-            |case| (&case.cfg, case.dtype),
+            |case| &case.cfg,
             |case| {
                 let what = format!("{:?}", case.variant);
                 check_dtype_dyn(ctx, case.dtype, &case.cfg, 2.0, &what);

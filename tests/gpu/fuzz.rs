@@ -344,9 +344,9 @@ fn any_values_give_a_typed_error_or_rows_that_match_the_reference() {
         let s = slot(n);
         pipelines::run_slot(
             ctx,
-            (s.alg.1, &fixed(&s)),
+            (s.alg.1, &fixed(&s), s.dtype),
             case(s),
-            |case| (&case.cfg, case.dtype),
+            |case| &case.cfg,
             |case| match case.dtype {
                 DType::F32 => run::<f32>(&case),
                 DType::F16 => run::<half::f16>(&case),
