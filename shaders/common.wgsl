@@ -37,6 +37,12 @@ fn neg_inf() -> f32 {
     return bitcast<f32>(runtime_bits(0xff800000u));
 }
 
+// A quiet NaN, for results that must be NaN whatever the driver's exp2, log2, max or division
+// make of a NaN operand (WGSL promises nothing there: docs/SEMANTICS.md, "Guarantees").
+fn nan_value() -> f32 {
+    return bitcast<f32>(runtime_bits(0x7fc00000u));
+}
+
 // The head dim as the bound of a loop over a row's elements in global memory. Mesa's NIR
 // unrolls every loop whose constant trip count is at most 32, and each element's load or
 // store (views, half formats) is dozens of instructions: on lavapipe a rows kernel at
@@ -497,15 +503,22 @@ struct OnlineMax {
 }
 
 fn online_max(m_old: f32, m_tile: f32) -> OnlineMax {
+    // `max` may drop a NaN score (SwiftShader's does): the running max stays an ordinary
+    // number and the NaN reaches the row through its weight (softmax_weight)
     let m = max(m_old, m_tile);
-    // nothing seen yet (m = -inf): the old sum and accumulator are zero, any factor will do
-    return OnlineMax(m, select(exp2(m_old - m), 1.0, m == neg_inf()));
+    // nothing seen yet (m_old = -inf): the old sum and accumulator are zero, and the factor is
+    // 1 rather than exp2(-inf), which a driver need not make exactly 0
+    return OnlineMax(m, select(exp2(m_old - m), 1.0, m_old == neg_inf()));
 }
 
 // Unnormalized probability of a finished score against the running max: 0 for a hidden pair,
-// also while the running max is still -inf.
+// also while the running max is still -inf. NaN where s - m is NaN: a NaN score, or a +inf
+// one (then m is +inf too), whose row is NaN in exact softmax. The NaN is made here on the
+// bits, since exp2(NaN) is not promised NaN (SwiftShader's is finite); the row sum then
+// carries it to finish_lse and row_normalizer, which test it on the bits.
 fn softmax_weight(s: f32, m: f32) -> f32 {
-    return select(exp2(s - m), 0.0, s == neg_inf());
+    let x = s - m;
+    return select(select(exp2(x), nan_value(), is_nan(x)), 0.0, s == neg_inf());
 }
 
 // A windowed forward's later pass (params.resume) continues each row from what the earlier
@@ -518,6 +531,10 @@ struct Resumed {
 }
 
 fn resumed_row(lse: f32) -> Resumed {
+    if (is_nan(lse)) {
+        // in the sum, where the bit tests look, not in the running max, which `max` may drop
+        return Resumed(running_max_start(), nan_value());
+    }
     if (lse == neg_inf()) {
         return Resumed(running_max_start(), 0.0);
     }
@@ -529,8 +546,11 @@ fn resumed_row(lse: f32) -> Resumed {
 // With a sink (sink_on), the sink's exp joins the sum: lse = ln(sum_j exp(s_j) + exp(sink)),
 // and a row that sees no key gets the sink's lse.
 fn finish_lse(m: f32, l: f32) -> f32 {
+    if (is_nan(l)) {
+        return nan_value();
+    }
     if (sink_on()) {
-        if (l > 0.0 || is_nan(l)) {
+        if (l > 0.0) {
             let top = max(m, head_sink2);
             return (top + log2(l * exp2(m - top) + exp2(head_sink2 - top))) * LN2;
         }
@@ -542,7 +562,10 @@ fn finish_lse(m: f32, l: f32) -> f32 {
 // finish_lse over the keys alone, without a sink: what a part of a row's keys gives (a split
 // of the decode kernel), the sink joining when the parts merge (merge_fold).
 fn keys_lse(m: f32, l: f32) -> f32 {
-    if (l > 0.0 || is_nan(l)) {
+    if (is_nan(l)) {
+        return nan_value();
+    }
+    if (l > 0.0) {
         return (m + log2(l)) * LN2;
     }
     return neg_inf();
@@ -561,8 +584,7 @@ struct Merged {
 
 fn merge_fold(la: f32, xa: f32, lb: f32, xb: f32) -> Merged {
     if (is_nan(la) || is_nan(lb)) {
-        let nan = bitcast<f32>(runtime_bits(0x7fc00000u));
-        return Merged(nan, nan);
+        return Merged(nan_value(), nan_value());
     }
     let m = max(la, lb);
     if (m == neg_inf()) {
@@ -583,7 +605,10 @@ fn row_normalizer(m: f32, l: f32) -> f32 {
     if (sink_on() && l > 0.0) {
         return 1.0 / (l + exp2(head_sink2 - m));
     }
-    return select(0.0, 1.0 / l, l > 0.0 || is_nan(l));
+    if (is_nan(l)) {
+        return nan_value();
+    }
+    return select(0.0, 1.0 / l, l > 0.0);
 }
 
 // acc + w * x, skipped when `guard` is set and the weight w is exactly 0. A hidden pair's
@@ -609,11 +634,12 @@ fn add_weighted4(acc: vec4<f32>, w: f32, x: vec4<f32>, guard: bool) -> vec4<f32>
 // Backward: P recomputed from a finished score and the row's lse in the exp2 domain.
 // A hidden pair gets exactly 0, also for a row whose lse is NaN (it saw a NaN). P <= 1 holds
 // exactly (s <= lse), but for huge scores (|s| ~ 1e19) the f32 rounding of lse can put s - lse2
-// far above 0, and exp2 of it at infinity: such a P is 1. (`x > 0.0` is false for NaN, which
-// stays NaN.)
+// far above 0, and exp2 of it at infinity: such a P is 1. A NaN x (a NaN score,
+// or the lse of a row that saw one) gives NaN, made on the bits as in softmax_weight.
 fn recompute_p(s: f32, lse2: f32) -> f32 {
     let x = s - lse2;
-    return select(select(exp2(x), 1.0, x > 0.0), 0.0, s == neg_inf());
+    let p = select(select(exp2(x), 1.0, x > 0.0), nan_value(), is_nan(x));
+    return select(p, 0.0, s == neg_inf());
 }
 
 // Backward: P * (dP - delta), the gradient at the finished score (delta = rowsum(dO * O)), which
