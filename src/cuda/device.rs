@@ -60,6 +60,9 @@ pub struct CudaContext {
     gpu_timing: std::sync::atomic::AtomicBool,
 }
 
+/// A split decode call's f32 scratch: the splits' partial out and lse (none with one split).
+type DecodePartials = (Option<CudaSlice<f32>>, Option<CudaSlice<f32>>);
+
 /// A call's timeline: when it began on the host, and with GPU timing on, events recorded on
 /// the stream, one before the first launch and one after each.
 struct Timeline {
@@ -544,20 +547,24 @@ impl CudaContext {
         let extras = self.extras(cfg)?;
         self.bind_captured(&key, &shape, &extras)?;
         let mut lse = self.result(TensorRole::Lse, &cfg.lse_shape(), DType::F32)?;
-        let mut timeline = self.timeline()?;
         if key.kernel == CudaKernel::Decode {
+            // the splits' scratch (zero-filled: a memset on the stream) before the start
+            // event, so that a timed call measures the launches alone
+            let partials = self.decode_partials(cfg)?;
+            let mut timeline = self.timeline()?;
             self.decode(
                 cfg,
                 &key,
                 &shape,
                 [q, k, v],
                 (&mut out, &mut lse),
-                &extras,
+                (&extras, &partials),
                 &mut timeline,
             )?;
             *self.timing.lock().unwrap() = Some(timeline);
             return Ok(Forward { out, lse });
         }
+        let mut timeline = self.timeline()?;
         let launch = key.launches(cfg)[0];
         let f = self.function(&key, &launch)?;
         let mut a = self.stream.launch_builder(&f);
@@ -708,9 +715,27 @@ impl CudaContext {
 }
 
 impl CudaContext {
+    /// A decode call's f32 scratch for the splits' partial results (out, lse), zero-filled;
+    /// none with one split (the kernel never reads them). Made before the call's start event:
+    /// the fill is a memset on the stream, not part of the call's time.
+    fn decode_partials(&self, cfg: &AttentionConfig) -> Result<DecodePartials> {
+        let g = decode_geometry(cfg);
+        if g.splits == 1 {
+            return Ok((None, None));
+        }
+        let rows = g.splits as usize * cfg.batch * cfg.heads_q * cfg.seq_q;
+        let scratch = |n: usize| {
+            self.stream
+                .alloc_zeros::<f32>(n)
+                .map_err(driver_error("alloc decode partials"))
+        };
+        Ok((Some(scratch(rows * cfg.head_dim)?), Some(scratch(rows)?)))
+    }
+
     /// A decode call's launches (`cuda/flash_decode.cu`): one block per (row chunk, key
     /// split) of each kv head; with one split it writes out and lse itself, else each split's
-    /// partial result goes to f32 scratch and `flash_decode_combine` merges them.
+    /// partial result goes to the scratch from [`decode_partials`](Self::decode_partials)
+    /// and `flash_decode_combine` merges them.
     #[allow(clippy::too_many_arguments)]
     fn decode(
         &self,
@@ -719,28 +744,16 @@ impl CudaContext {
         shape: &Params,
         [q, k, v]: [&CudaTensor; 3],
         (out, lse): (&mut CudaTensor, &mut CudaTensor),
-        extras: &Option<CudaSlice<u8>>,
+        (extras, (part_out, part_lse)): (&Option<CudaSlice<u8>>, &DecodePartials),
         timeline: &mut Timeline,
     ) -> Result<()> {
         let g = decode_geometry(cfg);
         let launches = key.launches(cfg);
         let direct = u32::from(g.splits == 1);
-        // the splits' partial results (none with one split: the kernel never reads them)
-        let (part_out, part_lse) = if direct == 1 {
-            (None, None)
-        } else {
-            let rows = g.splits as usize * cfg.batch * cfg.heads_q * cfg.seq_q;
-            let scratch = |n: usize| {
-                self.stream
-                    .alloc_zeros::<f32>(n)
-                    .map_err(driver_error("alloc decode partials"))
-            };
-            (Some(scratch(rows * cfg.head_dim)?), Some(scratch(rows)?))
-        };
         let f = self.function(key, &launches[0])?;
         let mut a = self.stream.launch_builder(&f);
         a.arg(&*q.data).arg(&*k.data).arg(&*v.data);
-        for part in [&part_out, &part_lse] {
+        for part in [part_out, part_lse] {
             match part {
                 Some(p) => a.arg(p),
                 None => a.arg(&NULL_POINTER),
@@ -754,7 +767,7 @@ impl CudaContext {
             .arg(&direct);
         push_extras(&mut a, extras);
         self.launch(timeline, &launches[0], a)?;
-        if let (Some(combine), Some(po), Some(pl)) = (launches.get(1), &part_out, &part_lse) {
+        if let (Some(combine), Some(po), Some(pl)) = (launches.get(1), part_out, part_lse) {
             let f = self.function(key, combine)?;
             let batch = cfg.batch as u32;
             let mut a = self.stream.launch_builder(&f);
