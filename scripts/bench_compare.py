@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One table from the benches of one GPU run: the CUDA path (examples/cuda_bench.rs), PyTorch
-SDPA's flash backend (scripts/sdpa_bench.py) and the wgpu path (examples/bench, tiled, its
-fastest variant per point), matched on (dtype, pass, B, Hq, Hkv, N, D, causal).
+SDPA's flash and cuDNN backends (scripts/sdpa_bench.py) and the wgpu path (examples/bench,
+tiled, its fastest variant per point), matched on (dtype, pass, B, Hq, Hkv, N, D, causal).
 
   python3 scripts/bench_compare.py --out-json compare.json --out-md compare.md \
       cuda.json sdpa.json bench.json
@@ -9,7 +9,8 @@ fastest variant per point), matched on (dtype, pass, B, Hq, Hkv, N, D, causal).
 Each input is a JSON array of records; a missing or unreadable file is named in the output
 and left out. TFLOP/s use the records' FLOP convention: forward 4 * B * H * Sq * Sk * D,
 halved for causal; forward+backward 3.5x the forward. The issue's goals are printed beside
-the ratios: CUDA forward >= 0.70 of SDPA, forward+backward >= 0.60.
+the ratios: CUDA forward >= 0.70 of SDPA's flash backend, forward+backward >= 0.60; the cuDNN
+backend (on Hopper the stronger peer) has its own column and ratio beside them.
 """
 import argparse
 import json
@@ -86,30 +87,35 @@ def main():
     ratio = lambda x, y: None if x is None or not y else x / y
     lines = [
         "| dtype | pass | B | Hq | Hkv | N | D | causal | CUDA TFLOP/s | SDPA flash TFLOP/s "
-        "| CUDA / SDPA (goal) | wgpu TFLOP/s (variant) | wgpu / SDPA |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| CUDA / SDPA (goal) | SDPA cuDNN TFLOP/s | CUDA / cuDNN | wgpu TFLOP/s (variant) "
+        "| wgpu / SDPA |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     merged = []
     for k in sorted(points, key=lambda k: (k[0], k[1], k[7], k[5], k[2], k[3], k[6])):
         s = points[k]
         c, t, w = (s.get("cuda"), s.get("torch-sdpa-flash"), s.get("wgpu"))
+        n = s.get("torch-sdpa-cudnn")
         tc, tt, tw = (tflops(c) if c else None, tflops(t) if t else None,
                       tflops(w) if w else None)
-        if tc is None and tt is None and tw is None:
+        tn = tflops(n) if n else None
+        if tc is None and tt is None and tw is None and tn is None:
             continue
-        rc, rw = ratio(tc, tt), ratio(tw, tt)
+        rc, rw, rn = ratio(tc, tt), ratio(tw, tt), ratio(tc, tn)
         goal = GOALS.get(k[1])
         verdict = "" if rc is None else (" met" if rc >= goal else " missed")
         rc_s = "-" if rc is None else f"{rc:.2f} (>= {goal:.2f}{verdict})"
         variant = w["backend"][5:] if w else ""
         lines.append(
             f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {k[4]} | {k[5]} | {k[6]} | "
-            f"{str(k[7]).lower()} | {fmt(tc)} | {fmt(tt)} | {rc_s} | "
+            f"{str(k[7]).lower()} | {fmt(tc)} | {fmt(tt)} | {rc_s} | {fmt(tn)} | "
+            f"{'-' if rn is None else f'{rn:.2f}'} | "
             f"{fmt(tw)}{f' ({variant})' if w else ''} | {'-' if rw is None else f'{rw:.3f}'} |")
         merged.append(dict(dtype=k[0], pass_=k[1], batch=k[2], heads_q=k[3], heads_kv=k[4],
                            seq=k[5], head_dim=k[6], causal=k[7], cuda_tflops=tc,
-                           sdpa_tflops=tt, wgpu_tflops=tw, wgpu_variant=variant or None,
-                           cuda_over_sdpa=rc, wgpu_over_sdpa=rw))
+                           sdpa_tflops=tt, sdpa_cudnn_tflops=tn, wgpu_tflops=tw,
+                           wgpu_variant=variant or None, cuda_over_sdpa=rc,
+                           cuda_over_cudnn=rn, wgpu_over_sdpa=rw))
     for m in merged:
         m["pass"] = m.pop("pass_")
     md = "\n".join(["Inputs: " + "; ".join(notes), ""] + lines) + "\n"

@@ -17,8 +17,8 @@
 #               test a module)
 #
 # Steps (worst case, seconds): machine 10, adapter 45, CUDA device 15, tests wgpu 75,
-# tests CUDA 75, compare CUDA 45, compare SDPA 45, compare wgpu 60, compare table 10,
-# decode wgpu 40, decode 8-bit wgpu 25, decode MLA wgpu 20, decode CUDA 20 (485 s in all, the
+# tests CUDA 75, compare CUDA 45, compare SDPA 60, compare wgpu 60, compare table 10,
+# decode wgpu 40, decode 8-bit wgpu 25, decode MLA wgpu 20, decode CUDA 20 (500 s in all, the
 # deadline cutting the last), then the wgpu bench grid in what is left.
 # Each runs under `timeout -k 10`; a step that cannot run here is skipped with its reason.
 # Without an NVIDIA GPU the CUDA and SDPA steps check their arguments only (--dry-run).
@@ -131,6 +131,12 @@ machine() {
     echo "vulkan ICDs in the default paths: ${icds:-none}"
     if command -v nvidia-smi >/dev/null; then
         echo "nvidia-smi: $(timeout 20 nvidia-smi -L 2>&1 | head -n 4 | tr '\n' ';')"
+        # the GPU's name (which peak figures apply: scripts/gpu_report.py), driver, clocks
+        # now and at most, power limit: header and first GPU, read by the report
+        timeout 20 nvidia-smi --format=csv \
+            --query-gpu=name,driver_version,pstate,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit,memory.total,temperature.gpu \
+            2>&1 | head -n 2 | sed 's/^/nvidia-smi query: /'
+        echo "nvidia-smi: $(timeout 20 nvidia-smi 2>/dev/null | grep -m1 -o 'CUDA Version: [0-9.]*')"
     else
         echo "nvidia-smi: not found"
     fi
@@ -258,7 +264,7 @@ dry=()
 [ "$GPU" = 1 ] || dry=(--dry-run)
 step "compare: CUDA" 45 "cuda_bench ${CMP[*]} ${dry[*]}" \
     "$B/cuda_bench" "${CMP[@]}" --repeats 5 --json "$LOGS/cmp-cuda.json" "${dry[@]}"
-step "compare: SDPA" 45 "scripts/sdpa_bench.py ${CMP[*]} ${dry[*]}" \
+step "compare: SDPA" 60 "scripts/sdpa_bench.py ${CMP[*]} ${dry[*]} (flash and cuDNN backends)" \
     python3 scripts/sdpa_bench.py "${CMP[@]}" --repeats 5 --json "$LOGS/cmp-sdpa.json" "${dry[@]}"
 step "compare: wgpu" 60 "bench ${CMP[*]} ${WGPU_CMP[*]}" \
     "$B/bench" "${CMP[@]}" --algorithms tiled --pass both "${WGPU_CMP[@]}" \
