@@ -6,6 +6,10 @@
 #   $GPU_BIN/cuda_bench.xz   the CUDA path's bench (--features cuda)
 #   $GPU_BIN/gpu-tests.xz    the suite that runs on an adapter (tests/gpu, --features cuda;
 #                            the CUDA driver and NVRTC are loaded at run time where present)
+#   $GPU_BIN/nvrtc.tar.xz    the pinned NVRTC (scripts/ensure-cuda.sh: libnvrtc and its
+#                            builtins, 109 MiB) xz'd with the x86 filter (about 29 MiB), for a
+#                            device with no NVRTC of its own (gpu-run.sh uses it only then);
+#                            made again only when the pin or the options change
 #   $GL_DIR/*.deb            libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2
 #                            (amd64, fetched with a private package list; kept once fetched)
 #
@@ -13,12 +17,16 @@
 # so as not to build everything twice), stripped and xz-compressed (gpu-run.sh unpacks them).
 # Fails if the two folders together pass MAX_MIB (40): they travel with the working tree,
 # 64 MiB in all. Defaults: GPU_BIN=gpu-bin, GL_DIR=.gl (both ignored by git).
+# NVRTC_XZ: the xz options for NVRTC (default "--x86 --lzma2=preset=6": ~60 s of one core once;
+# -9 saves about 1 MiB more for half again the time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GPU_BIN=${GPU_BIN:-gpu-bin}
 GL_DIR=${GL_DIR:-.gl}
 MAX_MIB=${MAX_MIB:-40}
+NVRTC_XZ=${NVRTC_XZ:---x86 --lzma2=preset=6}
+NVRTC_SRC=.tools/cuda-13.0 # scripts/ensure-cuda.sh's folder
 PROFILE=${PROFILE:-release}
 case "$PROFILE" in
     release) profile=(--release) ;;
@@ -41,7 +49,7 @@ cargo test "${profile[@]}" --no-run --features cuda --test gpu \
 artifacts=$(grep '"reason":"compiler-artifact"' "$messages" |
     sed -n 's/.*"target":{[^}]*"name":"\([^"]*\)".*"executable":"\([^"]*\)".*/\1 \2/p')
 mkdir -p "$GPU_BIN"
-rm -f "$GPU_BIN"/*.xz
+rm -f "$GPU_BIN"/bench.xz "$GPU_BIN"/cuda_bench.xz "$GPU_BIN"/gpu-tests.xz
 while read -r name exe; do
     case "$name" in
         bench | cuda_bench) dest=$name ;;
@@ -55,6 +63,19 @@ done <<<"$artifacts"
 for b in bench cuda_bench gpu-tests; do
     [ -f "$GPU_BIN/$b.xz" ] || { log "no $b among cargo's artifacts"; exit 1; }
 done
+
+# NVRTC, the fallback for a device without its own: compressed once per pin and options
+[ -f "$NVRTC_SRC/.wheels" ] || bash scripts/ensure-cuda.sh
+nvrtc_stamp="$(cat "$NVRTC_SRC/.wheels"), xz $NVRTC_XZ"
+if [ ! -f "$GPU_BIN/nvrtc.tar.xz" ] || [ "$(cat "$GPU_BIN/nvrtc.stamp" 2>/dev/null)" != "$nvrtc_stamp" ]; then
+    log "NVRTC: $NVRTC_SRC/lib -> $GPU_BIN/nvrtc.tar.xz (xz $NVRTC_XZ)"
+    rm -f "$GPU_BIN/nvrtc.tar.xz" "$GPU_BIN/nvrtc.stamp"
+    # shellcheck disable=SC2086 # the options are words
+    tar -C "$NVRTC_SRC/lib" -cf - . | xz -T2 $NVRTC_XZ >"$GPU_BIN/nvrtc.tar.xz.tmp"
+    mv "$GPU_BIN/nvrtc.tar.xz.tmp" "$GPU_BIN/nvrtc.tar.xz"
+    echo "$nvrtc_stamp" >"$GPU_BIN/nvrtc.stamp"
+fi
+log "$(printf '%-10s %s' nvrtc "$(du -h "$GPU_BIN/nvrtc.tar.xz" | cut -f1)")"
 
 # the loader packages, for amd64 whatever this machine is, from a private package list
 mkdir -p "$GL_DIR"

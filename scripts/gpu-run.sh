@@ -16,9 +16,9 @@
 #   MODE        full (the H200: the shapes below) or tiny (the rehearsal: tiny sizes, one
 #               test a module)
 #
-# Steps (worst case, seconds): machine 10, adapter 45, CUDA device 15, tests wgpu 75,
-# tests CUDA 75, compare CUDA 45, compare SDPA 60, compare wgpu 60, compare table 10,
-# decode wgpu 40, decode 8-bit wgpu 25, decode MLA wgpu 20, decode CUDA 20 (500 s in all, the
+# Steps (worst case, seconds): machine 10, NVRTC 20, adapter 45, CUDA device 15, tests wgpu
+# 75, tests CUDA 75, compare CUDA 45, compare SDPA 60, compare wgpu 60, compare table 10,
+# decode wgpu 40, decode 8-bit wgpu 25, decode MLA wgpu 20, decode CUDA 20 (520 s in all, the
 # deadline cutting the last), then the wgpu bench grid in what is left.
 # Each runs under `timeout -k 10`; a step that cannot run here is skipped with its reason.
 # Without an NVIDIA GPU the CUDA and SDPA steps check their arguments only (--dry-run).
@@ -141,7 +141,7 @@ machine() {
         echo "nvidia-smi: not found"
     fi
     echo "host: $(uname -srm), $(nproc) cores"
-    echo "NVRTC: ${FLASH_ATTN_NVRTC_DIR:-not found}"
+    echo "NVRTC: ${FLASH_ATTN_NVRTC_DIR:-none on the device, the NVRTC step unpacks the bundled one}"
     for b in bench cuda_bench gpu-tests; do
         if [ -f "$BIN_DIR/$b.xz" ]; then
             xz -dc "$BIN_DIR/$b.xz" >"$WORK/bin/$b" && chmod +x "$WORK/bin/$b" || return 1
@@ -164,10 +164,13 @@ fi
 if [ -f /usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json ]; then
     export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
 fi
-# NVRTC: FLASH_ATTN_NVRTC_DIR, else the toolkit's or a Python wheel's (PyTorch brings one)
+# NVRTC: FLASH_ATTN_NVRTC_DIR, else the device's own (the toolkit's, a Python wheel's: PyTorch
+# brings one, the loader's), else the bundle's (nvrtc.tar.xz, unpacked by the NVRTC step).
+# Always as a folder: the test binary's fallback is a path fixed where it was built.
 if [ -z "${FLASH_ATTN_NVRTC_DIR:-}" ]; then
     wheel_dirs=$(timeout 30 python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cuda_nvrtc")))' 2>/dev/null || true)
-    for d in .tools/cuda-13.0/lib /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $wheel_dirs; do
+    loader_dir=$(ldconfig -p 2>/dev/null | grep -m1 'libnvrtc\.so\.13' | sed 's/.*=> //')
+    for d in .tools/cuda-13.0/lib /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $wheel_dirs ${loader_dir:+"$(dirname "$loader_dir")"}; do
         if ls "$d"/libnvrtc.so.13* >/dev/null 2>&1; then
             export FLASH_ATTN_NVRTC_DIR=$d
             break
@@ -177,6 +180,33 @@ fi
 export VK_DRIVER_FILES=${VK_DRIVER_FILES-}
 [ -z "$VK_DRIVER_FILES" ] && unset VK_DRIVER_FILES
 step "machine" 10 "loader, driver files, binaries (machine.log)" machine
+
+# ---- NVRTC: the device's own, or the bundle's where it has none; either loaded once here
+# (nvrtcVersion through ctypes), so a broken one is named before the CUDA steps
+nvrtc_check() { # nvrtc_check DIR [ARCHIVE]: unpacks ARCHIVE into DIR first
+    if [ -n "${2:-}" ]; then
+        mkdir -p "$1" && xz -dc "$2" | tar -C "$1" -xf - || return 1
+    fi
+    ls -l "$1"/libnvrtc* || return 1
+    python3 - "$1" <<'PY'
+import ctypes, glob, os, sys
+lib = sorted(glob.glob(os.path.join(sys.argv[1], "libnvrtc.so.13*")))[0]
+nvrtc = ctypes.CDLL(lib)
+major, minor = ctypes.c_int(), ctypes.c_int()
+rc = nvrtc.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+print(f"{lib}: NVRTC {major.value}.{minor.value} (nvrtcVersion returned {rc})")
+sys.exit(rc)
+PY
+}
+if [ -n "${FLASH_ATTN_NVRTC_DIR:-}" ]; then
+    step "NVRTC" 20 "the device's own: $FLASH_ATTN_NVRTC_DIR" nvrtc_check "$FLASH_ATTN_NVRTC_DIR"
+elif [ -f "$BIN_DIR/nvrtc.tar.xz" ]; then
+    step "NVRTC" 20 "none on the device: the bundle's ($BIN_DIR/nvrtc.tar.xz), unpacked" \
+        nvrtc_check "$WORK/nvrtc" "$BIN_DIR/nvrtc.tar.xz" &&
+        export FLASH_ATTN_NVRTC_DIR=$WORK/nvrtc
+else
+    skip "NVRTC" 20 "none on the device and no nvrtc.tar.xz in $BIN_DIR: the CUDA steps fail"
+fi
 GPU=0
 # (a hung driver query must not take the run down: every probe has a timeout)
 timeout 20 nvidia-smi -L 2>/dev/null | grep -q '^GPU' && GPU=1

@@ -24,3 +24,27 @@ fn a_missing_nvrtc_is_a_typed_error_not_a_panic() {
         Err(_) => panic!("loading NVRTC from an empty folder panicked"),
     }
 }
+
+/// The test binaries' NVRTC folder is fixed where they were built (tests/common/nvrtc.rs) and
+/// absent on a machine they were carried to: a context asked to take NVRTC from a folder that
+/// does not exist is a typed error (the driver's absence where there is none, as here; NVRTC's
+/// beside a device), never a panic.
+#[test]
+fn a_context_with_an_nvrtc_folder_that_does_not_exist_is_a_typed_error() {
+    use flash_attn_wgpu::cuda::CudaContext;
+    let gone = std::env::temp_dir().join(format!("no-such-folder-{}/lib", std::process::id()));
+    let got = std::panic::catch_unwind(|| CudaContext::with_nvrtc_dir(0, Some(&gone)).map(|_| ()));
+    match got {
+        Ok(Err(Error::CudaUnavailable { missing, .. })) => {
+            // no driver: the driver named; a driver and a device: the folder named
+            assert!(
+                missing.contains("driver")
+                    || missing.contains("CUDA device")
+                    || missing.contains("no-such-folder"),
+                "{missing}"
+            );
+        }
+        Ok(other) => panic!("expected CudaUnavailable, got {other:?}"),
+        Err(_) => panic!("a context with a missing NVRTC folder panicked"),
+    }
+}
