@@ -10,6 +10,7 @@ mod coop;
 #[doc(hidden)]
 pub mod pipelines;
 mod scope;
+mod variant_env;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,7 @@ pub use buffers::MemoryStats;
 pub(crate) use buffers::{MemTracker, TrackedBuffer};
 pub use canary::CANARY_ITERATIONS;
 pub use coop::{COOP_ENV, COOP_TIMEOUT_ENV, DEFAULT_SELF_CHECK_TIMEOUT_S};
+pub use variant_env::VARIANT_ENV;
 
 use crate::dtype::HalfStorage;
 use crate::error::{Error, Result};
@@ -185,6 +187,7 @@ impl Context {
             Some(Err(why)) => ctx.info.cooperative_matrices = format!("offered, not used: {why}"),
             None => {}
         }
+        ctx.apply_variant_env()?;
         Ok(ctx)
     }
 
@@ -200,6 +203,7 @@ impl Context {
         if !cfg!(target_arch = "wasm32") {
             ctx.driver_canary()?;
         }
+        ctx.apply_variant_env()?;
         Ok(ctx)
     }
 
@@ -317,6 +321,17 @@ impl Context {
     /// The queue every call submits on.
     pub fn queue(&self) -> &wgpu::Queue {
         &self.queue
+    }
+
+    /// The variant [`VARIANT_ENV`] asks for, in place of the adapter's default.
+    fn apply_variant_env(&self) -> Result<()> {
+        if let Some(variant) = variant_env::requested()? {
+            self.set_tuning(Tuning {
+                variant,
+                ..self.tuning()
+            })?;
+        }
+        Ok(())
     }
 
     /// The kernel-shape choices in force.
