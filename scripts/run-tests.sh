@@ -33,6 +33,15 @@ else
 fi
 cargo test --doc "$@"
 bash scripts/pipeline-count.sh "$plog" "$CI_PIPELINE_BUDGET"
+# Two more looks at the same code (issue 47): the Khronos validation layer over a sample, on
+# lavapipe while its shader cache is warm from the suite; then a sample of the suite on a second
+# Vulkan driver, SwiftShader, each kernel family in turn. Both come with Debian's chromium
+# (scripts/ensure-web.sh); CI requires them, elsewhere they skip with a message where missing.
+if [ -n "${CI:-}" ]; then
+    export FLASH_ATTN_REQUIRE_VALIDATION=1 FLASH_ATTN_REQUIRE_SWIFTSHADER=1
+fi
+bash scripts/validation-layer.sh "$@"
+bash scripts/swiftshader-tier.sh "$@"
 # The rustdoc builds without a warning (broken links included; lib.rs denies missing docs), with
 # the features asked for (docs.rs builds with `cuda`) and with the default ones (a user's
 # `cargo doc`).
