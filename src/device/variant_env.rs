@@ -45,6 +45,9 @@ mod tests {
         assert_eq!(parse(Some(" Blocks ")).unwrap(), Some(Variant::Blocks));
         assert_eq!(parse(Some("coop")).unwrap(), Some(Variant::Coop));
         let e = parse(Some("tiles")).unwrap_err().to_string();
-        assert!(e.contains(VARIANT_ENV) && e.contains("\"tiles\"") && e.contains("blocks"), "{e}");
+        assert!(
+            e.contains(VARIANT_ENV) && e.contains("\"tiles\"") && e.contains("blocks"),
+            "{e}"
+        );
     }
 }
