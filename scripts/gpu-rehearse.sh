@@ -7,6 +7,8 @@
 # (lavapipe) at tiny sizes (MODE=tiny), the loader unpacked from the carried packages into a
 # private root rather than taken from the system. Then it checks what would come back:
 #   - every step ran or was skipped with a reason, none failed;
+#   - NVRTC loaded (the bundle's, unpacked, where the machine has none), and the test steps
+#     take every module of tests/gpu/main.rs (each lists its tests and runs one here);
 #   - at most 8 files under $OUT, none more than 2 folders down, summary.md among them;
 #   - a second run, killed part-way (after half the first run's time, at most 60 s), still
 #     leaves a summary.md with the steps it finished;
@@ -58,9 +60,10 @@ check_out "$tmp/out1"
 cat "$tmp/out1/summary.md" >&2
 steps=$(grep -c '^| [a-zA-Z]' "$tmp/out1/summary.md" || true)
 # every expected step has a row, ok or skipped with its reason
-for s in "machine" "adapter" "CUDA device" "tests: wgpu" "tests: every backend" \
+for s in "machine" "NVRTC" "adapter" "CUDA device" "tests: list" "tests: attention" \
+    "tests: every backend" "tests: decode, caches" "tests: modifiers, layouts" "tests: edges" \
     "compare: CUDA" "compare: SDPA" "compare: wgpu" "compare: table" "decode: wgpu" \
-    "decode 8-bit: wgpu" "decode: CUDA" "bench grid"; do
+    "decode 8-bit: wgpu" "decode MLA: wgpu" "decode: CUDA" "bench grid"; do
     row=$(grep -F "| $s | " "$tmp/out1/summary.md" | head -n 1)
     [ -n "$row" ] || fail "no row for step '$s'"
     case "$row" in
@@ -70,6 +73,20 @@ for s in "machine" "adapter" "CUDA device" "tests: wgpu" "tests: every backend" 
 done
 grep -q 'vulkan loader: .*'"$tmp/root1" "$tmp/out1/summary.md" ||
     fail "the loader was not taken from the carried packages"
+mkdir -p "$tmp/logs1"
+tar -xzf "$tmp/out1/logs.tar.gz" -C "$tmp/logs1"
+# NVRTC loaded: the machine's own, or (here, with none) the bundle's unpacked
+grep -q 'NVRTC [0-9][0-9]*\.[0-9]' "$tmp/logs1/logs/NVRTC.log" ||
+    fail "NVRTC did not load: $(cat "$tmp/logs1/logs/NVRTC.log")"
+# The full mode's test steps take every module of the gpu test binary (issue 47): each `mod`
+# of tests/gpu/main.rs has its step in the list the run made from the binary's own list
+modules=$(sed -n 's/^mod \([a-z_0-9]*\);$/\1/p' tests/gpu/main.rs | grep -vx common)
+[ -n "$modules" ] || fail "no modules read from tests/gpu/main.rs"
+for m in $modules; do
+    grep -qE "^module $m: [0-9]+ tests, step [0-9]+$" "$tmp/logs1/logs/tests-list.log" ||
+        fail "gpu test module $m is in no test step of scripts/gpu-run.sh: $(grep "module $m:" "$tmp/logs1/logs/tests-list.log")"
+done
+log "run 1: $(grep -o 'NVRTC [0-9.]*' "$tmp/logs1/logs/NVRTC.log" | head -n 1); every gpu test module in a step: $(head -n 1 "$tmp/logs1/logs/tests-list.log")"
 log "run 1: $steps rows, $secs s, $(find "$tmp/out1" -type f | wc -l) files"
 
 # The CUDA half of backends:: must not depend on Vulkan (issue 47): with no Vulkan driver the

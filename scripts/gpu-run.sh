@@ -12,14 +12,16 @@
 #   GL_ROOT     where they are unpacked (default /, then ldconfig; elsewhere: a private root
 #               that LD_LIBRARY_PATH points into, as the rehearsal does)
 #   DEADLINE_S  no step starts after this many seconds, and each step's timeout is cut to
-#               what is left (default 480)
+#               what is left (default 540)
 #   MODE        full (the H200: the shapes below) or tiny (the rehearsal: tiny sizes, one
 #               test a module)
 #
-# Steps (worst case, seconds): machine 10, NVRTC 20, adapter 45, CUDA device 15, tests wgpu
-# 75, tests CUDA 75, compare CUDA 45, compare SDPA 60, compare wgpu 60, compare table 10,
-# decode wgpu 40, decode 8-bit wgpu 25, decode MLA wgpu 20, decode CUDA 20 (520 s in all, the
-# deadline cutting the last), then the wgpu bench grid in what is left.
+# Steps and their budgets, each its worst case from counts (seconds; docs/GPU.md, "Budgets"):
+# machine 10, NVRTC 10, adapter 45, CUDA device 15, tests: list 5, then the gpu test binary's
+# modules in five steps (attention 60, every backend 90, decode and caches 35, modifiers and
+# layouts 40, edges 45), compare CUDA 45, SDPA 60, wgpu 60, table 10, decode wgpu 40, 8-bit
+# 25, MLA 20, CUDA 20: 635 s if every step took its whole budget, when the deadline would cut
+# the decode benches; then the wgpu bench grid in what is left.
 # Each runs under `timeout -k 10`; a step that cannot run here is skipped with its reason.
 # Without an NVIDIA GPU the CUDA and SDPA steps check their arguments only (--dry-run).
 set -uo pipefail
@@ -29,7 +31,7 @@ OUT_DIR=${OUT_DIR:-${OUT:-gpu-run-out}}
 BIN_DIR=${BIN_DIR:-gpu-bin}
 GL_DIR=${GL_DIR:-.gl}
 GL_ROOT=${GL_ROOT:-/}
-DEADLINE_S=${DEADLINE_S:-480}
+DEADLINE_S=${DEADLINE_S:-540}
 MODE=${MODE:-full}
 case "$MODE" in
     full | tiny) ;;
@@ -85,10 +87,11 @@ step() {
     local t0 rc
     t0=$(date +%s)
     if declare -F "$1" >/dev/null; then
-        # a function of this script: timeout runs programs, so a bash that defines it
+        # a function of this script: timeout runs programs, so a bash that defines it (and
+        # the others, which it may call)
         local fn=$1
         shift
-        timeout -k 10 "$t" bash -c "$(declare -f "$fn"); $fn \"\$@\"" "$fn" "$@" \
+        timeout -k 10 "$t" bash -c "$(declare -f); $fn \"\$@\"" "$fn" "$@" \
             >"$LOGS/$file" 2>&1
     else
         timeout -k 10 "$t" "$@" >"$LOGS/$file" 2>&1
@@ -199,13 +202,13 @@ sys.exit(rc)
 PY
 }
 if [ -n "${FLASH_ATTN_NVRTC_DIR:-}" ]; then
-    step "NVRTC" 20 "the device's own: $FLASH_ATTN_NVRTC_DIR" nvrtc_check "$FLASH_ATTN_NVRTC_DIR"
+    step "NVRTC" 10 "the device's own: $FLASH_ATTN_NVRTC_DIR" nvrtc_check "$FLASH_ATTN_NVRTC_DIR"
 elif [ -f "$BIN_DIR/nvrtc.tar.xz" ]; then
-    step "NVRTC" 20 "none on the device: the bundle's ($BIN_DIR/nvrtc.tar.xz), unpacked" \
+    step "NVRTC" 10 "none on the device: the bundle's ($BIN_DIR/nvrtc.tar.xz), unpacked" \
         nvrtc_check "$WORK/nvrtc" "$BIN_DIR/nvrtc.tar.xz" &&
         export FLASH_ATTN_NVRTC_DIR=$WORK/nvrtc
 else
-    skip "NVRTC" 20 "none on the device and no nvrtc.tar.xz in $BIN_DIR: the CUDA steps fail"
+    skip "NVRTC" 10 "none on the device and no nvrtc.tar.xz in $BIN_DIR: the CUDA steps fail"
 fi
 GPU=0
 # (a hung driver query must not take the run down: every probe has a timeout)
@@ -233,22 +236,35 @@ else
         "$B/cuda_bench" --dry-run --info
 fi
 
-# ---- (3) correctness at small sizes: the wgpu kernels on this adapter, then every backend
-# (the CUDA half must run where nvidia-smi sees a GPU)
-if [ "$MODE" = full ]; then
-    wgpu_tests=(dtypes:: variants:: forward:: backward:: nonfinite:: errors:: split::)
-    backend_tests=(--nocapture backends::)
-else
-    wgpu_tests=(--exact driver::shader_loop_of_200000_iterations_counts_exactly)
-    backend_tests=(--nocapture --exact backends::every_backend_chains_device_tensors_and_types_its_errors)
-fi
-# the test binary with these filters; a filter that matches no test is a failure
+# ---- (3) correctness at small sizes: every module of the gpu test binary (tests/gpu/main.rs),
+# full tier, in steps in order of value (the calls users make first), each under a budget from
+# its counts (docs/GPU.md, "Budgets": the full tier's tests and pipelines, counted on
+# lavapipe). The backends:: step proves the CUDA path (required where nvidia-smi sees a GPU).
+# "tests: list" checks first that the steps take every module the binary has; one they miss
+# runs in the last step. MODE=tiny lists each step's tests and runs one of them (its sample).
+TEST_STEPS=("tests: attention" "tests: every backend" "tests: decode, caches"
+    "tests: modifiers, layouts" "tests: edges")
+TEST_MODULES=("forward backward dtypes variants" "backends" "decode kvcache paged merge head_dims"
+    "score_mod bias views hidden split interop concurrency"
+    "nonfinite errors limits combinations fuzz driver")
+# worst cases from counts (docs/GPU.md, "Budgets"): 5 s + (warm test time on lavapipe +
+# 0.15 s a distinct pipeline, over 8 threads) + the longest test; backends:: adds NVRTC
+TEST_BUDGETS=(60 90 35 40 45)
+TEST_SAMPLES=(forward::rows_with_no_visible_key_give_zero_and_neg_inf_lse
+    backends::every_backend_chains_device_tensors_and_types_its_errors
+    merge::random_shards_merge_as_the_f64_reference_merges_them
+    hidden::nan_in_a_cache_past_its_length_or_in_its_padding_never_reaches_a_result
+    driver::shader_loop_of_200000_iterations_counts_exactly)
+export MODE
+# the test binary, full tier, these arguments; results streamed to the step's log as each test
+# ends (--nocapture: failures and error figures too), so a step killed at its budget keeps
+# them; a filter that matches no test is a failure
 run_tests() {
     local out rc
     out=$(mktemp)
-    # the full tier (tests/common/tier.rs): a GPU compiles its pipelines in seconds
+    # the full tier (tests/common/tier.rs): a GPU compiles its pipelines in tens of ms
     FLASH_ATTN_TEST_FULL=1 FLASH_ATTN_TEST_MAX_BINDING=134217728 "$B/gpu-tests" --test-threads 8 \
-        --include-ignored "$@" 2>&1 | tee "$out"
+        --include-ignored --nocapture "$@" 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
     if [ "$rc" -eq 0 ] && grep -q '^test result: ok\. 0 passed' "$out"; then
         echo "gpu-run: no test matched $*"
@@ -257,19 +273,77 @@ run_tests() {
     rm -f "$out"
     return "$rc"
 }
-if [ -x "$B/gpu-tests" ]; then
-    step "tests: wgpu" 75 "gpu-tests ${wgpu_tests[*]}" run_tests "${wgpu_tests[@]}"
-    if [ "$GPU" = 1 ]; then
-        FLASH_ATTN_REQUIRE_CUDA=1 step "tests: every backend" 75 \
-            "gpu-tests ${backend_tests[*]} (wgpu and CUDA; CUDA required)" run_tests "${backend_tests[@]}"
+# run_module_tests SAMPLE MODULE...: every test of the modules (full tier); MODE=tiny their
+# list, then SAMPLE alone
+run_module_tests() {
+    local sample=$1 m n
+    shift
+    local filters=()
+    for m in "$@"; do filters+=("$m::"); done
+    n=$("$B/gpu-tests" --list --include-ignored "${filters[@]}" 2>/dev/null | grep -c ': test$')
+    echo "gpu-run: ${n:-0} tests in ${filters[*]}"
+    [ "${n:-0}" -gt 0 ] || return 3
+    if [ "$MODE" = full ]; then
+        run_tests "${filters[@]}"
     else
-        step "tests: every backend" 75 "gpu-tests ${backend_tests[*]} (no NVIDIA GPU: the CUDA half skips)" \
-            run_tests "${backend_tests[@]}"
+        run_tests --exact "$sample"
     fi
+}
+# test_list MODULES...: the binary's tests by module, each module's step ("MODULES" holds one
+# word list a step, separated by "|"); a module no step takes fails the step and is written to
+# $WORK/untaken-modules
+test_list() {
+    "$B/gpu-tests" --list --include-ignored 2>/dev/null | grep ': test$' | sed 's/: test$//' \
+        >"$WORK/tests.txt" || return 1
+    python3 - "$WORK/tests.txt" "$WORK/untaken-modules" "$@" <<'PY'
+import collections, sys
+tests = open(sys.argv[1]).read().split()
+by_module = collections.Counter(t.split("::")[0] for t in tests)
+steps = [s.split() for s in " ".join(sys.argv[3:]).split("|")]
+untaken = [m for m in sorted(by_module) if not any(m in s for s in steps)]
+print(f"{len(tests)} tests in {len(by_module)} modules (full tier: ignored ones included)")
+for i, s in enumerate(steps):
+    print(f"step {i + 1}: {sum(by_module[m] for m in s)} tests: "
+          + ", ".join(f"{m} {by_module[m]}" for m in s))
+for m in sorted(by_module):
+    step = next((i + 1 for i, s in enumerate(steps) if m in s), None)
+    print(f"module {m}: {by_module[m]} tests, step {step or 'NONE'}")
+open(sys.argv[2], "w").write(" ".join(untaken))
+if untaken:
+    print(f"modules no step takes (run in the last): {' '.join(untaken)}")
+    sys.exit(1)
+PY
+}
+# test_step I: the I-th test step
+test_step() {
+    local i=$1 name=${TEST_STEPS[$1]} budget=${TEST_BUDGETS[$1]} mods
+    read -r -a mods <<<"${TEST_MODULES[$i]}"
+    local what="gpu-tests ${mods[*]/%/::}"
+    [ "$MODE" = full ] || what="gpu-tests --list ${mods[*]/%/::}, then ${TEST_SAMPLES[$i]}"
+    if [ ! -x "$B/gpu-tests" ]; then
+        skip "$name" "$budget" "no gpu-tests in the bundle"
+    elif [ "${mods[0]}" != backends ]; then
+        step "$name" "$budget" "$what" run_module_tests "${TEST_SAMPLES[$i]}" "${mods[@]}"
+    elif [ "$GPU" = 1 ]; then
+        FLASH_ATTN_REQUIRE_CUDA=1 step "$name" "$budget" "$what (wgpu and CUDA; CUDA required)" \
+            run_module_tests "${TEST_SAMPLES[$i]}" "${mods[@]}"
+    else
+        step "$name" "$budget" "$what (no NVIDIA GPU: the CUDA half skips)" \
+            run_module_tests "${TEST_SAMPLES[$i]}" "${mods[@]}"
+    fi
+}
+if [ -x "$B/gpu-tests" ]; then
+    lists=()
+    for m in "${TEST_MODULES[@]}"; do lists+=("$m" "|"); done
+    step "tests: list" 5 "gpu-tests --list: every module in a step" test_list "${lists[@]}"
+    untaken=$(cat "$WORK/untaken-modules" 2>/dev/null || true)
+    [ -n "$untaken" ] && TEST_MODULES[-1]="${TEST_MODULES[-1]} $untaken"
 else
-    skip "tests: wgpu" 75 "no gpu-tests in the bundle"
-    skip "tests: every backend" 75 "no gpu-tests in the bundle"
+    skip "tests: list" 5 "no gpu-tests in the bundle"
 fi
+for i in 0 1 2 3 4; do
+    test_step "$i"
+done
 
 # ---- (4) the headline numbers: CUDA beside PyTorch SDPA (flash) and the wgpu kernels on the
 # same shapes, then decode
