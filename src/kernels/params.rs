@@ -241,6 +241,24 @@ impl Params {
         p.with_block_grid(cfg)
     }
 
+    /// `from_config(part)` for a part of a call cut into windows, with the extras' offsets of
+    /// `whole`: the kernels read the whole call's extras (`Plan::attach_extras`), whose key
+    /// lengths are one pair per batch of the whole call, so a part's own layout (fewer batches)
+    /// would place the block mask, the varlen boundaries and the captured tensors too early.
+    pub fn from_part(part: &crate::AttentionConfig, whole: &crate::AttentionConfig) -> Params {
+        let x = extras_layout(whole);
+        Params {
+            alibi_b_stride: x.alibi_b_stride,
+            sinks_base: x.sinks_base,
+            seqlens_base: x.seqlens_base,
+            blocks_base: x.blocks_base,
+            varlen_base: x.varlen_base,
+            blocks_full: x.blocks_full,
+            captured_base: x.captured_base,
+            ..Params::from_config(part)
+        }
+    }
+
     /// The block mask's geometry (block sizes, grid columns, strides between grids) and the
     /// boolean mask's row length from `whole`: the whole call's config, also for a windowed
     /// call's part, whose own smaller config would give the wrong grids.

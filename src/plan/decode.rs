@@ -310,7 +310,7 @@ pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan
             split_keys: s.split_keys as u32,
             total_wg: workgroups,
             batch_base: b as u32,
-            ..Params::from_config(&part)
+            ..Params::from_part(&part, cfg)
         };
         let mut windows: [Option<Window>; 3] = [None; 3];
         if windowed {

@@ -330,7 +330,7 @@ pub(crate) fn tiled_step(
     buffers: Vec<BufRef>,
 ) -> crate::Result<Step> {
     let tiles = tiles_for(kernel, whole, env)?;
-    let mut params = Params::from_config(cfg);
+    let mut params = Params::from_part(cfg, whole);
     params.n_q_tiles = cfg.seq_q.div_ceil(tiles.br as usize) as u32;
     params.n_kv_tiles = cfg.seq_kv.div_ceil(tiles.bc as usize) as u32;
     params.total_wg = if kernel.rows_are_keys() {

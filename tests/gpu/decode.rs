@@ -174,7 +174,9 @@ fn decode_runs_in_windows_of_whole_batches_past_one_binding() {
     // a device binding 100 KiB at once: K (and V) of the 3 batches take 3 x 300 x 2 x 32 x 4 =
     // 225 KiB, one batch 75 KiB, so the call runs in windows of one batch, each a decode
     // dispatch and a merge;
-    // with key lengths, sinks and ALiBi per batch (indexed by the whole call's batch)
+    // with key lengths, sinks and ALiBi per batch (indexed by the whole call's batch), and a
+    // block mask, which the whole call's extras hold after the key lengths of every batch
+    // (a window's own layout put it among them: Params::from_part)
     let limits = wgpu::Limits {
         max_storage_buffer_binding_size: 100 << 10,
         ..wgpu::Limits::default()
@@ -185,6 +187,7 @@ fn decode_runs_in_windows_of_whole_batches_past_one_binding() {
     c.seqlens_kv = Some(vec![300, 17, 150]);
     c.sinks = Some(common::random_sinks(&c));
     c.alibi_slopes = Some(common::random_alibi(&c, true));
+    c.block_mask = Some(common::random_block_mask(&c, (128, 128), true, true, 0.7));
     let p = plan::forward(&c, DType::F32, &x.plan_env()).unwrap();
     let kernels: Vec<Kernel> = p.steps.iter().map(|s| s.key.kernel).collect();
     assert_eq!(

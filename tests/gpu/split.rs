@@ -160,6 +160,23 @@ fn alibi_sinks_key_lengths_dropout_block_and_boolean_masks_survive_the_split_int
 }
 
 #[test]
+fn key_lengths_beside_a_block_mask_survive_windows_of_whole_batches() {
+    // The kernels read the whole call's extras, whose key lengths are a pair of words per batch
+    // of the whole call: a part's offsets must be the whole call's (Params::from_part), or the
+    // block mask is read from inside the key lengths and rows see nothing (found by the full
+    // tier's test above; 2026-12-05), on the adapter's default variant. The decode kernel's
+    // batch windows: tests/gpu/decode.rs::decode_runs_in_windows_of_whole_batches_past_one_binding.
+    let ctx = context_with_binding(4 << 10);
+    let mut c = cfg(3, 20, 20, 2, 1, 16, true);
+    c.seqlens_kv = Some(common::random_seqlens(&c));
+    c.block_mask = Some(common::random_block_mask(&c, (128, 128), true, true, 0.8));
+    assert!(split::choose(&c, DType::F32, &ctx.plan_env())
+        .unwrap()
+        .is_some());
+    check_dtype_dyn(&ctx, DType::F32, &c, 1.0, "split by batches");
+}
+
+#[test]
 fn the_naive_algorithm_names_the_tensor_and_points_to_the_tiled_one() {
     let ctx = context_with_binding(4 << 10);
     let mut c = cfg(3, 20, 20, 2, 1, 16, false);
