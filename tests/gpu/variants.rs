@@ -310,8 +310,10 @@ fn sparse_masks_of_blocks_smaller_than_the_tiles_run_on_tiles_fitted_to_the_bloc
         }
     }
     check_all_tunings(&c, 2.0);
-    // the same mask dense enough that fitting does not pay: the chooser's tiles stay
-    c.block_mask = Some(common::random_block_mask(&c, (32, 16), false, true, 0.9));
+    // the same blocks, every one on: fitting cannot pay, the chooser's tiles stay (at 0.9 the
+    // pattern, fixed by its arguments since the pipeline set was made deterministic, left
+    // enough blocks off that fitting paid)
+    c.block_mask = Some(common::random_block_mask(&c, (32, 16), false, true, 1.0));
     ctx.set_tuning(tunings(&ctx)[0]).unwrap();
     let kernel = Kernel::Flash(ctx.tuning().variant, Pass::Forward);
     assert_eq!(
