@@ -224,16 +224,10 @@ impl Params {
             scale,
             scale_log2: scale * std::f32::consts::LOG2_E,
             row_stride: cfg.seq_q as u32,
-            alibi_b_stride: x.alibi_b_stride,
-            sinks_base: x.sinks_base,
-            seqlens_base: x.seqlens_base,
-            blocks_base: x.blocks_base,
-            varlen_base: x.varlen_base,
-            blocks_full: x.blocks_full,
-            captured_base: x.captured_base,
             flags: super::flags::of(cfg),
             ..Default::default()
-        };
+        }
+        .with_extras(&x);
         // blocks of 1 x 1 until a mask says otherwise (never a division by zero)
         p.set_block_size(1, 1);
         // each modifier's own scalars (src/modifiers/)
@@ -246,7 +240,11 @@ impl Params {
     /// lengths are one pair per batch of the whole call, so a part's own layout (fewer batches)
     /// would place the block mask, the varlen boundaries and the captured tensors too early.
     pub fn from_part(part: &crate::AttentionConfig, whole: &crate::AttentionConfig) -> Params {
-        let x = extras_layout(whole);
+        Params::from_config(part).with_extras(&extras_layout(whole))
+    }
+
+    /// Where the kernels find each part of the extras (and the ALiBi slopes' batch stride).
+    fn with_extras(self, x: &ExtrasLayout) -> Params {
         Params {
             alibi_b_stride: x.alibi_b_stride,
             sinks_base: x.sinks_base,
@@ -255,7 +253,7 @@ impl Params {
             varlen_base: x.varlen_base,
             blocks_full: x.blocks_full,
             captured_base: x.captured_base,
-            ..Params::from_config(part)
+            ..self
         }
     }
 
