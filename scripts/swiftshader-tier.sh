@@ -20,14 +20,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ICD=${SWIFTSHADER_ICD:-/usr/lib/chromium/vk_swiftshader_icd.json}
-if [ ! -f "$ICD" ]; then
-    if [ -n "${FLASH_ATTN_REQUIRE_SWIFTSHADER:-}" ]; then
-        echo "swiftshader-tier: $ICD not found (scripts/ensure-web.sh installs chromium)" >&2
-        exit 1
-    fi
-    echo "swiftshader-tier: $ICD not found; skipped (scripts/ensure-web.sh installs it)" >&2
-    exit 0
-fi
+. scripts/chromium-part.sh
+chromium_part "$ICD" FLASH_ATTN_REQUIRE_SWIFTSHADER swiftshader-tier
 export VK_DRIVER_FILES=$ICD
 # a context on any other adapter is an error, not a quiet run on lavapipe
 export WGPU_ADAPTER_NAME=SwiftShader

@@ -2,27 +2,21 @@
 # The Khronos validation layer over a sample of the GPU tests (issue 47): every kernel family
 # (rows, blocks, naive), every pass (forward, dQ, dK/dV, the bias and sinks gradients), the
 # decode, merge, KV-cache, paged, split-window, view, interop and concurrency paths, with
-# synchronization validation on. Fails on any validation error the allow-list below does not
-# name exactly, and when the layer did not load.
+# synchronization validation on. Fails on any validation error that the allow-list in
+# validation_report.py does not name exactly, and when the loader did not insert the layer.
 #
 # The layer ships in Debian's chromium package (ensure-web.sh installs it) without a manifest:
 # one is written to a temporary VK_LAYER_PATH. It runs on lavapipe after run-tests.sh's suite,
 # whose pipelines Mesa's disk cache then holds, so the sample costs the layer's checks and
 # the tests' dispatches, not compiles. The tests run in one process (libtest, two threads),
-# since the layer truncates its log file in every process it starts in.
+# whose stdout holds every message of the layer.
 # Arguments go to cargo (e.g. --features cuda). Skips where the layer is missing, unless
 # FLASH_ATTN_REQUIRE_VALIDATION is set (CI's run-tests.sh sets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LIB=${VK_VALIDATION_LAYER_LIB:-/usr/lib/chromium/libVkLayer_khronos_validation.so}
-if [ ! -f "$LIB" ]; then
-    if [ -n "${FLASH_ATTN_REQUIRE_VALIDATION:-}" ]; then
-        echo "validation-layer: $LIB not found (scripts/ensure-web.sh installs chromium)" >&2
-        exit 1
-    fi
-    echo "validation-layer: $LIB not found; skipped (scripts/ensure-web.sh installs it)" >&2
-    exit 0
-fi
+. scripts/chromium-part.sh
+chromium_part "$LIB" FLASH_ATTN_REQUIRE_VALIDATION validation-layer
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 cat >"$dir/VkLayer_khronos_validation.json" <<EOF
