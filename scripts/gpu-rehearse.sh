@@ -15,6 +15,10 @@
 #   - the bundle's backends:: tests pass with the Vulkan driver hidden (their CUDA half never
 #     waits on wgpu).
 # The CUDA and SDPA steps run up to their argument checks (--dry-run) where there is no GPU.
+# Run 1 runs under the Khronos validation layer (validation-env.sh): every Vulkan step of the
+# GPU run (the adapter, the test steps, the wgpu benches) must make no validation error
+# (validation_report.py over the steps' logs). Where the layer is missing, run 1 goes without
+# it, unless FLASH_ATTN_REQUIRE_VALIDATION is set (CI's run-tests.sh sets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export GALLIVM_PERF=${GALLIVM_PERF-nopt} # as scripts/run-tests.sh: the suite's shader cache
@@ -52,9 +56,25 @@ check_out() { # check_out OUT_DIR
     [ -s "$1/summary.md" ] || fail "no summary.md under \$OUT"
 }
 
-log "run 1: $command (MODE=tiny)"
+LIB=${VK_VALIDATION_LAYER_LIB:-/usr/lib/chromium/libVkLayer_khronos_validation.so}
+layer=no
+if [ -f "$LIB" ]; then
+    layer=yes
+elif [ -n "${FLASH_ATTN_REQUIRE_VALIDATION:-}" ]; then
+    fail "$LIB not found (scripts/ensure-web.sh installs chromium)"
+else
+    log "$LIB not found: run 1 goes without the validation layer"
+fi
+log "run 1: $command (MODE=tiny, validation layer: $layer)"
 t0=$(date +%s)
-run_command "$tmp/out1" "$tmp/root1" || fail "the run exited $? (see $tmp/out1/summary.md)"
+(
+    if [ "$layer" = yes ]; then
+        . scripts/validation-env.sh
+        mkdir -p "$tmp/layer"
+        validation_env "$tmp/layer"
+    fi
+    run_command "$tmp/out1" "$tmp/root1"
+) || fail "the run exited $? (see $tmp/out1/summary.md)"
 secs=$(($(date +%s) - t0))
 check_out "$tmp/out1"
 cat "$tmp/out1/summary.md" >&2
@@ -87,6 +107,12 @@ for m in $modules; do
         fail "gpu test module $m is in no test step of scripts/gpu-run.sh: $(grep "module $m:" "$tmp/logs1/logs/tests-list.log")"
 done
 log "run 1: $(grep -o 'NVRTC [0-9.]*' "$tmp/logs1/logs/NVRTC.log" | head -n 1); every gpu test module in a step: $(head -n 1 "$tmp/logs1/logs/tests-list.log")"
+if [ "$layer" = yes ]; then
+    # each step's log holds its output and its errors: the layer's messages and the loader's
+    cat "$tmp"/logs1/logs/*.log >"$tmp/layer.log"
+    python3 scripts/validation_report.py "$tmp/layer.log" "$tmp/layer.log" >&2 ||
+        fail "the GPU run's steps under the validation layer (above)"
+fi
 log "run 1: $steps rows, $secs s, $(find "$tmp/out1" -type f | wc -l) files"
 
 # The CUDA half of backends:: must not depend on Vulkan (issue 47): with no Vulkan driver the

@@ -2,13 +2,14 @@
 # The Khronos validation layer over a sample of the GPU tests (issue 47): every kernel family
 # (rows, blocks, naive), every pass (forward, dQ, dK/dV, the bias and sinks gradients), the
 # decode, merge, KV-cache, paged, split-window, view, interop and concurrency paths, with
-# synchronization validation on. Fails on any validation error that the allow-list in
-# validation_report.py does not name exactly, and when the loader did not insert the layer.
+# synchronization validation on. Fails on any validation error (validation_report.py), and
+# when the loader did not insert the layer. The GPU run's Vulkan steps get the same layer in
+# their rehearsal (gpu-rehearse.sh).
 #
 # The layer ships in Debian's chromium package (ensure-web.sh installs it) without a manifest:
-# one is written to a temporary VK_LAYER_PATH. It runs on lavapipe after run-tests.sh's suite,
-# whose pipelines Mesa's disk cache then holds, so the sample costs the layer's checks and
-# the tests' dispatches, not compiles. The tests run in one process (libtest, two threads),
+# validation-env.sh writes one to a temporary VK_LAYER_PATH. It runs on lavapipe after
+# run-tests.sh's suite, whose pipelines Mesa's disk cache then holds, so the sample costs the
+# layer's checks and the tests' dispatches, not compiles. The tests run in one process (libtest, two threads),
 # whose stdout holds every message of the layer.
 # Arguments go to cargo (e.g. --features cuda). Skips where the layer is missing, unless
 # FLASH_ATTN_REQUIRE_VALIDATION is set (CI's run-tests.sh sets it).
@@ -16,31 +17,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 LIB=${VK_VALIDATION_LAYER_LIB:-/usr/lib/chromium/libVkLayer_khronos_validation.so}
 . scripts/chromium-part.sh
+. scripts/validation-env.sh
 chromium_part "$LIB" FLASH_ATTN_REQUIRE_VALIDATION validation-layer
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-cat >"$dir/VkLayer_khronos_validation.json" <<EOF
-{
-  "file_format_version": "1.2.0",
-  "layer": {
-    "name": "VK_LAYER_KHRONOS_validation",
-    "type": "GLOBAL",
-    "library_path": "$LIB",
-    "api_version": "1.3.0",
-    "implementation_version": "1",
-    "description": "Khronos validation layer (Debian's chromium package)"
-  }
-}
-EOF
-export VK_LAYER_PATH=$dir VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation
-export VK_KHRONOS_VALIDATION_VALIDATE_SYNC=true
-export VK_KHRONOS_VALIDATION_DEBUG_ACTION=VK_DBG_LAYER_ACTION_LOG_MSG
-# the layer's messages go to the process's stdout (a log file would be truncated by every
-# instance, and each test makes its own), which libtest does not capture; the loader's note
-# that it inserted the layer goes to stderr
-export VK_LOADER_DEBUG=layer
-# every message, not the first ten of each kind
-export VK_KHRONOS_VALIDATION_ENABLE_MESSAGE_LIMIT=false
+validation_env "$dir"
 # lavapipe, as the suite before it (a SwiftShader run in the same shell would set this)
 unset VK_DRIVER_FILES
 export WGPU_ADAPTER_NAME=llvmpipe FLASH_ATTN_REQUIRE_WGPU=1

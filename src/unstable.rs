@@ -15,3 +15,8 @@ pub mod reference;
 pub mod replay;
 #[path = "roofline.rs"]
 pub mod roofline;
+/// The SPIR-V Vulkan gets (device/spirv.rs), for the portability test to validate as shipped.
+#[cfg(not(target_arch = "wasm32"))]
+pub mod spirv {
+    pub use crate::device::spirv::{kernel_spirv, without_private_layouts, SpirvTarget};
+}

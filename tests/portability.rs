@@ -1,6 +1,6 @@
 //! Portability without a GPU: every generated kernel variant through every backend's shader
-//! compiler that naga drives (SPIR-V for Vulkan, checked by `spirv-val` where it is
-//! installed; MSL for Metal; HLSL for DX12), and a lint for WGSL that naga accepts but the
+//! compiler that naga drives (SPIR-V for Vulkan, exactly as the pipeline cache ships it,
+//! checked by spirv-val 2025.5; MSL for Metal; HLSL for DX12), and a lint for WGSL that naga accepts but the
 //! WGSL specification, or another compiler (Tint), rejects or compiles differently. Tint's own
 //! compile of every variant is in tests/dawn.rs.
 
@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use flash_attn_wgpu::unstable::kernels::enumerate::{devices, pipeline_keys};
-use flash_attn_wgpu::unstable::kernels::{Kernel, KernelKey};
+use flash_attn_wgpu::unstable::kernels::{Kernel, KernelKey, Pass, Variant};
+use flash_attn_wgpu::unstable::spirv::{kernel_spirv, without_private_layouts, SpirvTarget};
 
 fn naga_module(key: &KernelKey) -> (naga::Module, naga::valid::ModuleInfo) {
     let src = key.wgsl();
@@ -44,11 +45,11 @@ fn validator(tool: PathBuf, what: &str) -> Option<PathBuf> {
     None
 }
 
-/// Writes `words` to `file` and asserts that `tool` accepts them for Vulkan 1.1.
+/// Writes `words` to `file` and asserts that `tool` accepts them for Vulkan 1.3.
 fn assert_valid_spirv(tool: &Path, file: &Path, words: &[u32], label: &str) {
     std::fs::write(file, bytemuck::cast_slice::<u32, u8>(words)).unwrap();
     let out = Command::new(tool)
-        .args(["--target-env", "vulkan1.1"])
+        .args(["--target-env", "vulkan1.3"])
         .arg(file)
         .output()
         .unwrap();
@@ -60,49 +61,23 @@ fn assert_valid_spirv(tool: &Path, file: &Path, words: &[u32], label: &str) {
     );
 }
 
-/// `words` without the ArrayStride decorations of arrays in the Workgroup storage class.
-/// naga decorates every array type with its stride, and spirv-val 2025 rejects explicit
-/// layouts in Workgroup memory (VUID-StandaloneSpirv-None-10684): a naga-wide quirk that every
-/// kernel has and drivers accept, not a property of ours. The rest is validated as written.
-fn without_workgroup_array_strides(words: &[u32]) -> Vec<u32> {
-    const OP_TYPE_POINTER: u32 = 32;
-    const OP_DECORATE: u32 = 71;
-    const STORAGE_WORKGROUP: u32 = 4;
-    const DECORATION_ARRAY_STRIDE: u32 = 6;
-    let instructions = || {
-        let mut i = 5;
-        std::iter::from_fn(move || {
-            let n = (*words.get(i)? >> 16) as usize;
-            let inst = &words[i..i + n.max(1)];
-            i += n.max(1);
-            Some(inst)
-        })
-    };
-    let workgroup_pointees: HashSet<u32> = instructions()
-        .filter(|w| w[0] & 0xffff == OP_TYPE_POINTER && w[2] == STORAGE_WORKGROUP)
-        .map(|w| w[3])
-        .collect();
-    let mut out = words[..5].to_vec();
-    for w in instructions() {
-        let drop = w[0] & 0xffff == OP_DECORATE
-            && w[2] == DECORATION_ARRAY_STRIDE
-            && workgroup_pointees.contains(&w[1]);
-        if !drop {
-            out.extend_from_slice(w);
-        }
-    }
-    out
-}
+/// What a Vulkan 1.3 device with f16, subgroups and cooperative matrices is handed (a kernel
+/// asks only for the capabilities it uses); buffer accesses clamped in the SPIR-V (a device
+/// with robustBufferAccess2 gets them unclamped: every other pipeline is checked so).
+const VULKAN_1_3: SpirvTarget = SpirvTarget {
+    lang_version: (1, 6),
+    robust_buffers: false,
+    f16: true,
+    subgroups: true,
+    cooperative_matrices: true,
+};
 
 #[test]
 fn every_variant_translates_to_spirv_msl_and_hlsl() {
-    // Debian's spirv-val (2023.1) predates SPV_KHR_cooperative_matrix: the coop kernels go to
-    // spirv-val 2025.5, which ensure-portability.sh unpacks into .tools/.
-    let debian = validator(
-        PathBuf::from("spirv-val"),
-        "spirv-val (Debian's spirv-tools)",
-    );
-    let modern = validator(
+    // Debian's spirv-val (2023.1) predates SPV_KHR_cooperative_matrix and the rule on
+    // explicit layouts outside buffers (VUID-StandaloneSpirv-None-10684): spirv-val 2025.5,
+    // which ensure-portability.sh unpacks into .tools/, checks every kernel.
+    let tool = validator(
         Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
             .join(".tools/spirv-tools-2025.5/bin/spirv-val"),
         "spirv-val 2025.5 (.tools/)",
@@ -111,38 +86,25 @@ fn every_variant_translates_to_spirv_msl_and_hlsl() {
     std::fs::create_dir_all(&dir).unwrap();
     let mut seen = HashSet::new();
     let mut count = 0;
-    let mut coop_validated = 0;
+    let mut validated = 0;
     for key in pipeline_keys(&devices()) {
-        if !seen.insert(key.wgsl()) {
+        let wgsl = key.wgsl();
+        if !seen.insert(wgsl.clone()) {
             continue;
         }
         count += 1;
-        let (module, info) = naga_module(&key);
         let label = key.label();
 
-        let spv_options = naga::back::spv::Options {
-            lang_version: (1, 3),
-            ..Default::default()
+        // the words Vulkan gets, as the pipeline cache makes them: validated as written
+        let target = SpirvTarget {
+            robust_buffers: count % 2 == 0,
+            ..VULKAN_1_3
         };
-        let pipeline = naga::back::spv::PipelineOptions {
-            shader_stage: naga::ShaderStage::Compute,
-            entry_point: "main".into(),
-        };
-        let words = naga::back::spv::write_vec(&module, &info, &spv_options, Some(&pipeline))
-            .unwrap_or_else(|e| panic!("{label}: SPIR-V: {e}"));
-        if key.kernel.is_coop() {
-            if let Some(tool) = &modern {
-                let file = dir.join(format!("v{count}-coop.spv"));
-                assert_valid_spirv(
-                    tool,
-                    &file,
-                    &without_workgroup_array_strides(&words),
-                    &label,
-                );
-                coop_validated += 1;
-            }
-        } else if let Some(tool) = &debian {
+        let words = kernel_spirv(&wgsl, &target)
+            .unwrap_or_else(|e| panic!("{label}: no SPIR-V to ship: {e}"));
+        if let Some(tool) = &tool {
             assert_valid_spirv(tool, &dir.join(format!("v{count}.spv")), &words, &label);
+            validated += 1;
         }
 
         // Cooperative matrices of 16x16 (what the coop kernels use) exist on Vulkan only:
@@ -150,6 +112,7 @@ fn every_variant_translates_to_spirv_msl_and_hlsl() {
         if key.kernel.is_coop() {
             continue;
         }
+        let (module, info) = naga_module(&key);
         let msl_options = naga::back::msl::Options {
             lang_version: (2, 4),
             ..Default::default()
@@ -176,9 +139,92 @@ fn every_variant_translates_to_spirv_msl_and_hlsl() {
     // every enumerated pipeline (kernels::enumerate, one per distinct source)
     assert_eq!(count, pipeline_keys(&devices()).len(), "{count} variants");
     eprintln!(
-        "{count} variants translated to SPIR-V, MSL and HLSL; {coop_validated} cooperative-matrix \
-         ones validated by spirv-val 2025.5"
+        "{count} variants translated to SPIR-V, MSL and HLSL; {validated} shipped SPIR-V \
+         modules validated by spirv-val 2025.5 (vulkan1.3)"
     );
+}
+
+/// The cleaning keeps what buffers need: naga's words for a kernel hold layout decorations
+/// on types no buffer reaches (spirv-val rejects them), the shipped words hold none there,
+/// and every decoration of a buffer type survives.
+#[test]
+fn layouts_leave_workgroup_and_private_types_and_stay_on_buffers() {
+    let key = pipeline_keys(&devices())
+        .into_iter()
+        .find(|k| matches!(k.kernel, Kernel::Flash(Variant::Blocks, Pass::Forward)))
+        .expect("a forward kernel");
+    let (module, info) = naga_module(&key);
+    let options = naga::back::spv::Options {
+        lang_version: (1, 6),
+        ..Default::default()
+    };
+    let pipeline = naga::back::spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: "main".into(),
+    };
+    let raw = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline)).unwrap();
+    let clean = without_private_layouts(&raw).unwrap();
+    let layouts = |w: &[u32]| {
+        count_ops(w, |op, i| {
+            (op == 71 && i[2] == 6) || (op == 72 && matches!(i[3], 7 | 35))
+        })
+    };
+    assert!(
+        layouts(&clean) < layouts(&raw),
+        "nothing removed: {} layout decorations before, {} after",
+        layouts(&raw),
+        layouts(&clean)
+    );
+    // only decorations went: every other instruction is kept, in order
+    let others = |w: &[u32]| {
+        let mut v = Vec::new();
+        walk(w, |op, i| {
+            if op != 71 && op != 72 {
+                v.push(i.to_vec())
+            }
+        });
+        v
+    };
+    assert_eq!(others(&raw), others(&clean));
+    // the buffers' runtime arrays keep their strides
+    let strided_runtime_arrays = |w: &[u32]| {
+        let mut runtime = HashSet::new();
+        walk(w, |op, i| {
+            if op == 29 {
+                runtime.insert(i[1]);
+            }
+        });
+        count_ops(w, |op, i| op == 71 && i[2] == 6 && runtime.contains(&i[1]))
+    };
+    assert!(strided_runtime_arrays(&clean) > 0);
+    assert_eq!(strided_runtime_arrays(&clean), strided_runtime_arrays(&raw));
+}
+
+/// The cleaning refuses a type that both a buffer and a private variable use (it would have
+/// to split the type) rather than strip the buffer's layout.
+#[test]
+fn a_type_shared_by_a_buffer_and_a_private_variable_is_refused() {
+    let src = "struct S { a: f32, b: array<f32, 4> }\n\
+               @group(0) @binding(0) var<storage, read_write> buf: S;\n\
+               var<private> copy: S;\n\
+               @compute @workgroup_size(1) fn main() { copy = buf; copy.a = 2.0; buf = copy; }\n";
+    let e = kernel_spirv(src, &VULKAN_1_3).unwrap_err();
+    assert!(e.contains("laid out for a buffer"), "{e}");
+}
+
+fn walk(words: &[u32], mut f: impl FnMut(u32, &[u32])) {
+    let mut i = 5;
+    while i < words.len() {
+        let n = (words[i] >> 16) as usize;
+        f(words[i] & 0xffff, &words[i..i + n]);
+        i += n;
+    }
+}
+
+fn count_ops(words: &[u32], f: impl Fn(u32, &[u32]) -> bool) -> usize {
+    let mut n = 0;
+    walk(words, |op, i| n += usize::from(f(op, i)));
+    n
 }
 
 // ---- The lint. Each rule is a class of construct found to break portability; the test

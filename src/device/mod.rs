@@ -10,6 +10,8 @@ mod coop;
 #[doc(hidden)]
 pub mod pipelines;
 mod scope;
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) mod spirv;
 mod variant_env;
 
 use std::fmt;
@@ -20,6 +22,8 @@ pub use buffers::MemoryStats;
 pub(crate) use buffers::{MemTracker, TrackedBuffer};
 pub use canary::CANARY_ITERATIONS;
 pub use coop::{COOP_ENV, COOP_TIMEOUT_ENV, DEFAULT_SELF_CHECK_TIMEOUT_S};
+#[cfg(not(target_arch = "wasm32"))]
+pub use spirv::SHADERS_ENV;
 pub use variant_env::VARIANT_ENV;
 
 use crate::dtype::HalfStorage;
@@ -66,6 +70,9 @@ pub struct AdapterSummary {
     /// Cooperative matrices for the coop variant: "in use", "not offered", or why they are
     /// offered but not used.
     pub cooperative_matrices: String,
+    /// What the driver is handed: "SPIR-V 1.x (naga, layout-clean)" on Vulkan where the
+    /// passthrough route is open (device/spirv.rs), "WGSL" elsewhere.
+    pub shaders: String,
 }
 
 impl fmt::Display for AdapterSummary {
@@ -73,7 +80,7 @@ impl fmt::Display for AdapterSummary {
         write!(
             f,
             "{} ({}, {}, driver {} {}); workgroup storage {} KiB, storage binding {} MiB, \
-             subgroup {}..{}, f16 {}, subgroups {}, timestamps {}, cooperative matrices {}",
+             subgroup {}..{}, f16 {}, subgroups {}, timestamps {}, cooperative matrices {}, shaders {}",
             self.name,
             self.backend,
             self.device_type,
@@ -87,6 +94,7 @@ impl fmt::Display for AdapterSummary {
             self.subgroups,
             self.timestamp_query,
             self.cooperative_matrices,
+            self.shaders,
         )
     }
 }
@@ -100,6 +108,9 @@ pub struct Context {
     pub(crate) caps: DeviceCaps,
     pub(crate) limits: wgpu::Limits,
     pub(crate) pipelines: PipelineCache,
+    /// Where Vulkan takes our SPIR-V (device/spirv.rs): what it is written for.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) spirv: Option<spirv::SpirvTarget>,
     pub(crate) mem: Arc<MemTracker>,
     pub(crate) lost: Arc<Mutex<Option<String>>>,
     /// In a browser: the first GPU error the device reported outside any scope, returned by
@@ -147,6 +158,10 @@ impl Context {
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = pick_adapter(&instance).await?;
         let mut features = adapter.features() & WANTED_FEATURES;
+        // Vulkan takes our layout-clean SPIR-V through the passthrough path (device/spirv.rs)
+        if adapter.get_info().backend == wgpu::Backend::Vulkan {
+            features |= adapter.features() & wgpu::Features::PASSTHROUGH_SHADERS;
+        }
         // Cooperative matrices are an experimental wgpu feature: asked for only where the
         // adapter offers the configuration the coop kernels use, and picked only after
         // they pass their self-check below.
@@ -193,7 +208,11 @@ impl Context {
 
     /// Wraps a device the caller already has. Uses that device's limits and features; the
     /// coop variant is not used (a device does not tell its cooperative-matrix
-    /// configurations: `Context::new` asks the adapter).
+    /// configurations: `Context::new` asks the adapter). On Vulkan, a device created with
+    /// `wgpu::Features::PASSTHROUGH_SHADERS` gets the SPIR-V `Context::new` devices get, clean
+    /// of layout decorations Vulkan forbids outside buffers; without it wgpu compiles the WGSL,
+    /// naga's decorations included (docs/ARCHITECTURE.md, "The SPIR-V Vulkan gets").
+    /// [`AdapterSummary::shaders`] says which.
     pub fn from_wgpu(device: wgpu::Device, queue: wgpu::Queue) -> Result<Self> {
         check_device_limits(&device.limits())?;
         let info = device.adapter_info();
@@ -234,6 +253,7 @@ impl Context {
             subgroups: features.contains(wgpu::Features::SUBGROUP),
             timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             cooperative_matrices: "not offered".into(),
+            shaders: "WGSL".into(),
         };
         let fixed = features.contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size == info.subgroup_max_size
@@ -286,9 +306,30 @@ impl Context {
             }));
             slot
         };
+        #[cfg(not(target_arch = "wasm32"))]
+        let spirv = spirv_target(&device, &info);
+        #[cfg(not(target_arch = "wasm32"))]
+        let summary = AdapterSummary {
+            shaders: match spirv {
+                Some(t) => format!(
+                    "SPIR-V {}.{} (naga, layout-clean{})",
+                    t.lang_version.0,
+                    t.lang_version.1,
+                    if t.robust_buffers {
+                        ", buffer bounds by the driver"
+                    } else {
+                        ""
+                    }
+                ),
+                None => "WGSL".into(),
+            },
+            ..summary
+        };
         Context {
             #[cfg(target_arch = "wasm32")]
             uncaptured,
+            #[cfg(not(target_arch = "wasm32"))]
+            spirv,
             device,
             queue,
             info: summary,
@@ -325,6 +366,8 @@ impl Context {
 
     /// The variant [`VARIANT_ENV`] asks for, in place of the adapter's default.
     fn apply_variant_env(&self) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        spirv::wgsl_requested()?;
         if let Some(variant) = variant_env::requested()? {
             self.set_tuning(Tuning {
                 variant,
@@ -432,6 +475,50 @@ impl Context {
     pub fn tiles_for_call(&self, kernel: Kernel, cfg: &crate::AttentionConfig) -> Result<Tiles> {
         crate::plan::tiles_for(kernel, cfg, &self.plan_env())
     }
+}
+
+/// Where the SPIR-V route is open: a Vulkan device with `PASSTHROUGH_SHADERS`, unless
+/// [`SHADERS_ENV`] says `wgsl`. The SPIR-V version follows the device's Vulkan version, as
+/// wgpu's own does.
+#[cfg(not(target_arch = "wasm32"))]
+fn spirv_target(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Option<spirv::SpirvTarget> {
+    let features = device.features();
+    if info.backend != wgpu::Backend::Vulkan
+        || !features.contains(wgpu::Features::PASSTHROUGH_SHADERS)
+        || !matches!(spirv::wgsl_requested(), Ok(false))
+    {
+        return None;
+    }
+    // SAFETY: only reads the physical device's properties and features; nothing is created
+    // or destroyed. The features2 query is made only where Vulkan 1.1 guarantees it.
+    let (api_version, robust_buffers) = unsafe {
+        let hal = device.as_hal::<wgpu::hal::api::Vulkan>()?;
+        let instance = hal.shared_instance();
+        let raw = instance.raw_instance();
+        let pd = hal.raw_physical_device();
+        let api_version = raw.get_physical_device_properties(pd).api_version;
+        let v1_1 = ash::vk::API_VERSION_1_1;
+        // wgpu enables robustBufferAccess2 wherever the device has it, with the extension
+        let robust = instance.instance_api_version() >= v1_1
+            && api_version >= v1_1
+            && hal
+                .enabled_device_extensions()
+                .contains(&ash::ext::robustness2::NAME)
+            && {
+                let mut r2 = ash::vk::PhysicalDeviceRobustness2FeaturesEXT::default();
+                let mut f2 = ash::vk::PhysicalDeviceFeatures2::default().push_next(&mut r2);
+                raw.get_physical_device_features2(pd, &mut f2);
+                r2.robust_buffer_access2 == ash::vk::TRUE
+            };
+        (api_version, robust)
+    };
+    Some(spirv::SpirvTarget {
+        lang_version: spirv::SpirvTarget::lang_version_for(api_version),
+        robust_buffers,
+        f16: features.contains(wgpu::Features::SHADER_F16),
+        subgroups: features.contains(wgpu::Features::SUBGROUP),
+        cooperative_matrices: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+    })
 }
 
 /// A device with `features` (and the experimental cooperative matrices when `coop`) and the

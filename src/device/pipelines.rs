@@ -66,6 +66,53 @@ impl Context {
 }
 
 impl Context {
+    /// The kernel's shader module: on Vulkan with the passthrough path open, our layout-clean
+    /// SPIR-V (device/spirv.rs); otherwise, or where that SPIR-V cannot be written, the WGSL.
+    fn shader_module(&self, label: &str, wgsl: &str) -> wgpu::ShaderModule {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(target) = &self.spirv {
+            if let Ok(words) = super::spirv::kernel_spirv(wgsl, target) {
+                // SAFETY: the words are naga's translation of WGSL that naga validated, with
+                // the options wgpu uses for this device (bounds checks on), less decorations
+                // that only describe buffer layouts; the entry point and its bindings are the
+                // ones the pipeline layout below declares.
+                return unsafe {
+                    self.device.create_shader_module_passthrough(
+                        wgpu::ShaderModuleDescriptorPassthrough {
+                            label: Some(label),
+                            entry_points: std::borrow::Cow::Owned(vec![
+                                wgpu::PassthroughShaderEntryPoint {
+                                    name: "main".into(),
+                                    workgroup_size: (0, 0, 0),
+                                },
+                            ]),
+                            spirv: Some(std::borrow::Cow::Owned(words)),
+                            ..Default::default()
+                        },
+                    )
+                };
+            }
+        }
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+        };
+        // SAFETY: every loop in our shaders has a bound fixed before it starts (a
+        // constant or a uniform parameter), so the loop-bounding counter naga would add
+        // only costs time: it wraps each iteration in a 64-bit countdown that blocks
+        // unrolling. Bounds checks on memory stay on.
+        unsafe {
+            self.device.create_shader_module_trusted(
+                desc,
+                wgpu::ShaderRuntimeChecks {
+                    bounds_checks: true,
+                    force_loop_bounding: false,
+                    ..wgpu::ShaderRuntimeChecks::checked()
+                },
+            )
+        }
+    }
+
     pub(crate) fn pipeline(&self, key: &KernelKey) -> Result<Arc<Pipeline>> {
         if let Some(p) = self
             .pipelines
@@ -141,24 +188,7 @@ impl Context {
                     bind_group_layouts: &[Some(&layout)],
                     immediate_size: 0,
                 });
-            let desc = wgpu::ShaderModuleDescriptor {
-                label: Some(&label),
-                source: wgpu::ShaderSource::Wgsl(wgsl.as_str().into()),
-            };
-            // SAFETY: every loop in our shaders has a bound fixed before it starts (a
-            // constant or a uniform parameter), so the loop-bounding counter naga would add
-            // only costs time: it wraps each iteration in a 64-bit countdown that blocks
-            // unrolling. Bounds checks on memory stay on.
-            let module = unsafe {
-                self.device.create_shader_module_trusted(
-                    desc,
-                    wgpu::ShaderRuntimeChecks {
-                        bounds_checks: true,
-                        force_loop_bounding: false,
-                        ..wgpu::ShaderRuntimeChecks::checked()
-                    },
-                )
-            };
+            let module = self.shader_module(&label, &wgsl);
             let pipeline = self
                 .device
                 .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {

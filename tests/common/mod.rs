@@ -11,7 +11,9 @@ pub mod shards;
 pub mod tier;
 
 /// A device of the default adapter created with exactly `limits` and the adapter's features
-/// among `features`: for tests of small or unusual devices.
+/// among `features`: for tests of small or unusual devices. `PASSTHROUGH_SHADERS` is asked
+/// for too where offered, as `Context::new` does on Vulkan, so that such a device runs the
+/// SPIR-V users of `Context::new` get (src/device/spirv.rs); `driver::` tests the WGSL route.
 pub fn device_with(limits: wgpu::Limits, features: wgpu::Features) -> (wgpu::Device, wgpu::Queue) {
     pollster::block_on(async {
         let instance =
@@ -23,7 +25,8 @@ pub fn device_with(limits: wgpu::Limits, features: wgpu::Features) -> (wgpu::Dev
         adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("test device"),
-                required_features: adapter.features() & features,
+                required_features: adapter.features()
+                    & (features | wgpu::Features::PASSTHROUGH_SHADERS),
                 required_limits: limits,
                 ..Default::default()
             })
@@ -433,13 +436,17 @@ pub fn check_forward(base: &AttentionConfig, amp: f32) {
 
 /// Runs forward then backward of both algorithms against the reference gradients.
 pub fn check_backward(base: &AttentionConfig, amp: f32) {
+    check_backward_on(ctx(), base, amp)
+}
+
+/// [`check_backward`] on a context of the test's own.
+pub fn check_backward_on(c: &Context, base: &AttentionConfig, amp: f32) {
     let data = inputs(base, amp);
     let want = reference::backward(base, &data.q, &data.k, &data.v, &data.d_out);
     for alg in [Algorithm::Tiled, Algorithm::Naive] {
         let mut cfg = base.clone();
         cfg.algorithm = alg;
         let msg = describe(&cfg, data.seed);
-        let c = ctx();
         let f = c
             .forward_host(&cfg, &data.q, &data.k, &data.v)
             .unwrap_or_else(|e| panic!("forward failed: {e} ({msg})"));

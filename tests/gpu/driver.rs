@@ -11,6 +11,45 @@ fn shader_loop_of_200000_iterations_counts_exactly() {
     }
 }
 
+/// Vulkan gets our layout-clean SPIR-V where the device has `PASSTHROUGH_SHADERS`
+/// (`Context::new` asks for it), and a device without it, passed to `Context::from_wgpu`,
+/// gets the WGSL through wgpu's compiler: both routes give the reference's answers, forward
+/// and backward, both algorithms, with the same pipelines.
+#[test]
+fn both_shader_routes_give_the_reference_answers() {
+    let ctx = common::ctx();
+    let info = ctx.adapter_info();
+    if info.backend == "Vulkan" {
+        assert!(info.shaders.starts_with("SPIR-V 1."), "{info}");
+    }
+    let wgsl = pollster::block_on(async {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions::default())
+            .await
+            .expect("an adapter");
+        let features = adapter.features()
+            & (wgpu::Features::SHADER_F16
+                | wgpu::Features::SUBGROUP
+                | wgpu::Features::TIMESTAMP_QUERY);
+        adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("no passthrough"),
+                required_features: features,
+                required_limits: adapter.limits(),
+                ..Default::default()
+            })
+            .await
+            .expect("a device")
+    });
+    let x = flash_attn_wgpu::Context::from_wgpu(wgsl.0, wgsl.1).expect("context");
+    assert_eq!(x.adapter_info().shaders, "WGSL");
+    for x in [ctx, &x] {
+        common::check_backward_on(x, &common::cfg(1, 77, 61, 4, 1, 64, true), 1.0);
+    }
+}
+
 #[test]
 fn canary_failure_names_the_cause() {
     let msg = Error::DriverCanary {

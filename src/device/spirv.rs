@@ -1,0 +1,269 @@
+//! The SPIR-V we hand Vulkan: naga's translation of a kernel's WGSL, with the options wgpu
+//! itself would use, cleaned of the explicit layout decorations that Vulkan forbids outside
+//! buffer memory (VUID-StandaloneSpirv-None-10684), loaded through wgpu's passthrough path.
+//!
+//! Why: naga decorates every array type with `ArrayStride` and every struct member with
+//! `Offset`, also where the type backs a Workgroup, Private or Function variable. Drivers are
+//! not bound to accept that (Adreno produces nothing; NVIDIA's 580 series has crashed on
+//! Function-scope strides), and no WGSL avoids it: every tiled kernel has a workgroup array.
+//! The upstream fix is gfx-rs/wgpu#9295 (issue #7696); once wgpu ships it, this file and its
+//! call in `pipelines.rs` go, in one commit (docs/ARCHITECTURE.md, "The SPIR-V Vulkan gets").
+//!
+//! Only Vulkan devices that offer `PASSTHROUGH_SHADERS` take this route; every other backend,
+//! and a device without the feature, gets the WGSL as before. The portability test validates
+//! exactly these words (`unstable::spirv`), so what spirv-val checks is what ships.
+
+use std::collections::{HashMap, HashSet};
+
+use naga::back::spv;
+
+/// `FLASH_ATTN_WGPU_SHADERS=wgsl` sends the WGSL to wgpu even where the SPIR-V route is open
+/// (to compare the two, or to rule ours out); unset, empty or `spirv`: Vulkan gets our SPIR-V
+/// where it can. Anything else is an `InvalidConfig` error from the `Context` constructors.
+pub const SHADERS_ENV: &str = "FLASH_ATTN_WGPU_SHADERS";
+
+/// Whether the environment asks for the WGSL route.
+pub(crate) fn wgsl_requested() -> crate::Result<bool> {
+    parse_env(std::env::var(SHADERS_ENV).ok().as_deref())
+}
+
+fn parse_env(value: Option<&str>) -> crate::Result<bool> {
+    match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+        None | Some("") | Some("spirv") => Ok(false),
+        Some("wgsl") => Ok(true),
+        Some(_) => Err(crate::Error::invalid(format!(
+            "{SHADERS_ENV} is {:?}, expected wgsl or spirv (or unset)",
+            value.unwrap_or_default()
+        ))),
+    }
+}
+
+/// What the SPIR-V is written for: the device's SPIR-V version and the capabilities its
+/// features allow (the kernels use no others).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpirvTarget {
+    /// (major, minor): 1.0 on Vulkan 1.0, 1.3 on 1.1, 1.5 on 1.2, 1.6 on 1.3 and later, as
+    /// wgpu picks.
+    pub lang_version: (u8, u8),
+    /// The device runs with `robustBufferAccess2` (wgpu turns it on wherever offered): the
+    /// driver bounds buffer accesses, so the SPIR-V does not clamp them, as wgpu's does not.
+    pub robust_buffers: bool,
+    /// `SHADER_F16` is enabled.
+    pub f16: bool,
+    /// `SUBGROUP` is enabled.
+    pub subgroups: bool,
+    /// The experimental cooperative matrices are enabled.
+    pub cooperative_matrices: bool,
+}
+
+impl SpirvTarget {
+    /// The SPIR-V version wgpu writes for a device of Vulkan `api_version` (a `VK_MAKE_API_VERSION`
+    /// value).
+    pub fn lang_version_for(api_version: u32) -> (u8, u8) {
+        let minor = (api_version >> 12) & 0x3ff;
+        let major = (api_version >> 22) & 0x7f;
+        match (major, minor) {
+            (1, 0) => (1, 0),
+            (1, 1) => (1, 3),
+            (1, 2) => (1, 5),
+            _ => (1, 6),
+        }
+    }
+
+    /// The writer's options: wgpu's for Vulkan, with the runtime checks our pipelines ask
+    /// for (`pipelines.rs`): index accesses clamped, buffer accesses too unless the driver
+    /// bounds them, no loop-bounding counter, no zeroing of workgroup memory, integer-division
+    /// checks on.
+    fn options(&self) -> spv::Options<'static> {
+        use spv::Capability as C;
+        let mut caps = vec![
+            C::Shader,
+            C::Matrix,
+            C::Sampled1D,
+            C::Image1D,
+            C::ImageQuery,
+            C::DerivativeControl,
+            C::StorageImageExtendedFormats,
+        ];
+        if self.subgroups {
+            caps.extend([
+                C::GroupNonUniform,
+                C::GroupNonUniformVote,
+                C::GroupNonUniformArithmetic,
+                C::GroupNonUniformBallot,
+                C::GroupNonUniformShuffle,
+                C::GroupNonUniformShuffleRelative,
+                C::GroupNonUniformQuad,
+            ]);
+        }
+        if self.f16 {
+            caps.push(C::Float16);
+        }
+        if self.cooperative_matrices {
+            caps.extend([C::CooperativeMatrixKHR, C::VulkanMemoryModel]);
+        }
+        let restrict = naga::proc::BoundsCheckPolicy::Restrict;
+        spv::Options {
+            lang_version: self.lang_version,
+            flags: spv::WriterFlags::empty(),
+            capabilities: Some(caps.into_iter().collect()),
+            bounds_check_policies: naga::proc::BoundsCheckPolicies {
+                index: restrict,
+                buffer: if self.robust_buffers {
+                    naga::proc::BoundsCheckPolicy::Unchecked
+                } else {
+                    restrict
+                },
+                image_load: restrict,
+                binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
+            },
+            zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::None,
+            force_loop_bounding: false,
+            ray_query_initialization_tracking: false,
+            use_storage_input_output_16: false,
+            // each binding at its WGSL group and index: what wgpu's map from the pipeline
+            // layout says for plain buffers
+            fake_missing_bindings: true,
+            binding_map: Default::default(),
+            debug_info: None,
+            task_dispatch_limits: None,
+            mesh_shader_primitive_indices_clamp: false,
+            trace_ray_argument_validation: false,
+            emit_int_div_checks: true,
+        }
+    }
+}
+
+/// The SPIR-V Vulkan gets for a kernel's WGSL (entry point `main`, compute): naga's
+/// translation with wgpu's options for `target`, cleaned by [`without_private_layouts`].
+/// `Err` says why not (the caller then hands wgpu the WGSL).
+pub fn kernel_spirv(wgsl: &str, target: &SpirvTarget) -> Result<Vec<u32>, String> {
+    let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| e.emit_to_string(wgsl))?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .map_err(|e| e.emit_to_string(wgsl))?;
+    let pipeline = spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: "main".into(),
+    };
+    let words = spv::write_vec(&module, &info, &target.options(), Some(&pipeline))
+        .map_err(|e| format!("SPIR-V: {e}"))?;
+    without_private_layouts(&words)
+}
+
+// SPIR-V opcodes, storage classes and decorations used below (SPIR-V 1.6 specification).
+const OP_TYPE_ARRAY: u32 = 28;
+const OP_TYPE_RUNTIME_ARRAY: u32 = 29;
+const OP_TYPE_STRUCT: u32 = 30;
+const OP_TYPE_POINTER: u32 = 32;
+const OP_DECORATE: u32 = 71;
+const OP_MEMBER_DECORATE: u32 = 72;
+const DECORATION_ARRAY_STRIDE: u32 = 6;
+const DECORATION_MATRIX_STRIDE: u32 = 7;
+const DECORATION_OFFSET: u32 = 35;
+/// Uniform, PushConstant, StorageBuffer, ShaderRecordBufferKHR, PhysicalStorageBuffer: the
+/// storage classes whose types carry an explicit layout.
+const EXPLICIT_LAYOUT_CLASSES: [u32; 5] = [2, 9, 12, 5343, 5349];
+
+/// `words` without the explicit layout decorations (`ArrayStride`, `Offset`, `MatrixStride`)
+/// of every type that no buffer-like storage class reaches: what Workgroup, Private and
+/// Function variables, and plain values, use. A type reached both from a buffer and from such
+/// a variable would need a copy of its own; none of our kernels has one, so that is an `Err`
+/// naming the type rather than a rewrite nobody exercises.
+pub fn without_private_layouts(words: &[u32]) -> Result<Vec<u32>, String> {
+    if words.len() < 5 || words[0] != 0x0723_0203 {
+        return Err("not a SPIR-V module".into());
+    }
+    let mut insts = Vec::new();
+    let mut i = 5;
+    while i < words.len() {
+        let n = (words[i] >> 16) as usize;
+        if n == 0 || i + n > words.len() {
+            return Err(format!("malformed instruction at word {i}"));
+        }
+        insts.push(&words[i..i + n]);
+        i += n;
+    }
+    // the types each aggregate contains, and the pointee of each pointer by storage class
+    let mut parts: HashMap<u32, Vec<u32>> = HashMap::new();
+    let (mut buffer_roots, mut other_roots) = (Vec::new(), Vec::new());
+    for w in &insts {
+        match w[0] & 0xffff {
+            OP_TYPE_ARRAY | OP_TYPE_RUNTIME_ARRAY => {
+                parts.insert(w[1], vec![w[2]]);
+            }
+            OP_TYPE_STRUCT => {
+                parts.insert(w[1], w[2..].to_vec());
+            }
+            OP_TYPE_POINTER => {
+                if EXPLICIT_LAYOUT_CLASSES.contains(&w[2]) {
+                    buffer_roots.push(w[3]);
+                } else {
+                    other_roots.push(w[3]);
+                }
+            }
+            _ => {}
+        }
+    }
+    let reach = |roots: Vec<u32>| {
+        let mut seen = HashSet::new();
+        let mut stack = roots;
+        while let Some(t) = stack.pop() {
+            if seen.insert(t) {
+                stack.extend(parts.get(&t).into_iter().flatten().copied());
+            }
+        }
+        seen
+    };
+    let in_buffers = reach(buffer_roots);
+    let in_others = reach(other_roots);
+    let is_layout = |w: &[u32]| match w[0] & 0xffff {
+        OP_DECORATE => w[2] == DECORATION_ARRAY_STRIDE,
+        OP_MEMBER_DECORATE => matches!(w[3], DECORATION_OFFSET | DECORATION_MATRIX_STRIDE),
+        _ => false,
+    };
+    let mut out = words[..5].to_vec();
+    for w in insts {
+        if is_layout(w) {
+            let ty = w[1];
+            if !in_buffers.contains(&ty) {
+                continue;
+            }
+            if in_others.contains(&ty) {
+                return Err(format!(
+                    "type %{ty} is laid out for a buffer and also backs a workgroup, private or \
+                     function variable"
+                ));
+            }
+        }
+        out.extend_from_slice(w);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shaders_variable_takes_wgsl_or_spirv_and_names_itself_otherwise() {
+        assert!(!parse_env(None).unwrap());
+        assert!(!parse_env(Some(" SPIRV ")).unwrap());
+        assert!(parse_env(Some("wgsl")).unwrap());
+        let e = parse_env(Some("glsl")).unwrap_err().to_string();
+        assert!(e.contains(SHADERS_ENV) && e.contains("\"glsl\""), "{e}");
+    }
+
+    #[test]
+    fn vulkan_versions_map_to_the_spirv_versions_wgpu_writes() {
+        let v = |major: u32, minor: u32| (major << 22) | (minor << 12);
+        assert_eq!(SpirvTarget::lang_version_for(v(1, 0)), (1, 0));
+        assert_eq!(SpirvTarget::lang_version_for(v(1, 1)), (1, 3));
+        assert_eq!(SpirvTarget::lang_version_for(v(1, 2)), (1, 5));
+        assert_eq!(SpirvTarget::lang_version_for(v(1, 3)), (1, 6));
+        assert_eq!(SpirvTarget::lang_version_for(v(1, 4) | 321), (1, 6));
+    }
+}
