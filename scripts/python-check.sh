@@ -1,16 +1,39 @@
 #!/usr/bin/env bash
-# The Python package in CI: builds the native module with maturin into the virtualenv that
-# ensure-python.sh made (dev profile, into target/python: the dependencies' features differ
-# from the test build's, so nothing is shared but the Mesa shader cache, which the same
-# SPIR-V hits), then runs its pytest suite against the numpy f64 reference on the default
-# adapter, and the example of user modifiers (python/examples/flex.py, checked against numpy).
-# Arguments go to pytest.
+# The Python package in CI, as a user gets it: builds the abi3 wheel with maturin (release,
+# into target/python: python/.cargo/config.toml keeps builds out of python/), installs that
+# wheel into a fresh virtualenv outside the checkout with its test extra (pip resolves the
+# pins of python/requirements-dev.txt), and runs the pytest suite there, from a copy of the
+# tests outside the checkout (so that nothing imports the source tree), against the numpy f64
+# reference on the default adapter; then the example of user modifiers
+# (python/examples/flex.py, checked against numpy). The Mesa shader cache the suite filled
+# serves the pipelines: the SPIR-V is the same whatever the opt level. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export GALLIVM_PERF=${GALLIVM_PERF-nopt} # as run-tests.sh
-export CARGO_TARGET_DIR="$PWD/target/python"
-export VIRTUAL_ENV="$PWD/.venv"
-export PATH="$VIRTUAL_ENV/bin:$PATH"
-(cd python && maturin develop --quiet)
-python -m pytest -q python/tests "$@"
-python python/examples/flex.py --seq 128
+log() { echo "python-check: $*" >&2; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+start=$SECONDS
+(cd python && ../.venv/bin/maturin build --release --quiet --out "$tmp/wheels")
+wheel=$(ls "$tmp"/wheels/*.whl)
+case "$wheel" in
+    *-cp39-abi3-manylinux*_x86_64.whl) ;;
+    *) log "expected one abi3 manylinux wheel for Python >= 3.9, got $wheel"; exit 1 ;;
+esac
+[ ! -e python/target ] || { log "python/target exists: the build left the source tree"; exit 1; }
+log "built $(basename "$wheel") ($(du -h "$wheel" | cut -f1)) in $((SECONDS - start)) s"
+python3 -m venv "$tmp/venv"
+# the test extra, at the versions the development virtualenv pins
+grep -vE '^(#|maturin)' python/requirements-dev.txt >"$tmp/pins.txt"
+"$tmp/venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    -c "$tmp/pins.txt" "$wheel[test,bf16]" >&2
+cp -r python/tests "$tmp/tests"
+cp python/examples/flex.py "$tmp/flex.py"
+cd "$tmp"
+where=$("$tmp/venv/bin/python" -c 'import flash_attn_wgpu as fa; print(fa.__file__)')
+case "$where" in
+    "$tmp/venv/"*) log "testing the installed wheel: $where" ;;
+    *) log "flash_attn_wgpu came from $where, not the wheel"; exit 1 ;;
+esac
+"$tmp/venv/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
+"$tmp/venv/bin/python" flex.py --seq 128
