@@ -115,7 +115,7 @@ class FlashAttnCall:
         if got != want:
             raise InvalidInputError(f"dout has shape {list(got)}, expected out's shape "
                                     f"{list(want)}")
-        d = tensor(_batched(dout) if self._layout.startswith("varlen") else dout)
+        d = tensor(_batched(dout) if self._layout.startswith("varlen") else dout, "dout")
         grads = _native.backward(d._t, q, k, v, out, lse, options)
         dq, dk, dv = (out_of(self._numpy, g) for g in grads)
         if self._layout.startswith("varlen") and self._numpy:
@@ -200,7 +200,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     score_mod=score_mod, score_mod_tensors=score_mod_tensors,
                     mask_mod=mask_mod, mask_mod_tensors=mask_mod_tensors,
                     block_mask=block_mask)
-    qt, kt, vt = tensor(q), tensor(k), tensor(v)
+    qt, kt, vt = tensor(q, "q"), tensor(k, "k"), tensor(v, "v")
     out, lse = _native.forward(qt._t, kt._t, vt._t, opts)
     return _finish(out, lse, opts, user, (qt._t, kt._t, vt._t), "dense", as_numpy,
                    return_attn_probs, return_lse, return_handle)
@@ -264,7 +264,7 @@ def _packed(x, name):
     if a.ndim != 3:
         raise InvalidInputError(
             f"varlen {name} must be [total, heads, headdim], got shape {a.shape}")
-    return tensor(a[None])
+    return tensor(a[None], name)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -352,8 +352,8 @@ def _varlen_paged(q, k_pool, v_pool, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
         padded[s, longest - lens_q[s]:] = q[cu_q[s]:cu_q[s + 1]]
     opts = _options(0.0, user["softmax_scale"], user["causal"], user["window_size"],
                     user["softcap"], user["alibi_slopes"], seed, block_table=table)
-    kc, vc = tensor(k_pool), tensor(v_pool)
-    out, lse = _native.forward_with_kvcache(tensor(padded)._t, kc._t, vc._t,
+    kc, vc = tensor(k_pool, "k"), tensor(v_pool, "v")
+    out, lse = _native.forward_with_kvcache(tensor(padded, "q")._t, kc._t, vc._t,
                                             [int(n) for n in lens_k], None, None, opts)
     out, lse = Tensor(out).numpy(), Tensor(lse).numpy()
     o = np.concatenate([out[s, longest - lens_q[s]:] for s in range(batch)], axis=0)
@@ -424,8 +424,9 @@ def flash_attn_backward(dout, q, k, v, out, lse, dropout_p=0.0, softmax_scale=No
                     _backward_seed(seed, dropout_p), score_mod=score_mod,
                     score_mod_tensors=score_mod_tensors, mask_mod=mask_mod,
                     mask_mod_tensors=mask_mod_tensors, block_mask=block_mask)
-    grads = _native.backward(tensor(dout)._t, tensor(q)._t, tensor(k)._t, tensor(v)._t,
-                             tensor(out)._t, tensor(lse)._t, opts)
+    grads = _native.backward(tensor(dout, "dout")._t, tensor(q, "q")._t, tensor(k, "k")._t,
+                             tensor(v, "v")._t, tensor(out, "out")._t, tensor(lse, "lse")._t,
+                             opts)
     return tuple(out_of(as_numpy, g) for g in grads)
 
 
@@ -444,7 +445,7 @@ def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     if not isinstance(lse, Tensor):
         lse = np.asarray(lse)[None]
     grads = _native.backward(_packed(dout, "dout")._t, qt._t, kt._t, _packed(v, "v")._t,
-                             _packed(out, "out")._t, tensor(lse)._t, opts)
+                             _packed(out, "out")._t, tensor(lse, "lse")._t, opts)
     grads = tuple(out_of(as_numpy, g) for g in grads)
     return tuple(g[0] for g in grads) if as_numpy else grads
 

@@ -131,24 +131,24 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise InvalidInputError("rotary_cos and rotary_sin go together: give both or neither")
     rotary = None
     if rotary_cos is not None:
-        rotary = (tensor(rotary_cos)._t, tensor(rotary_sin)._t,
+        rotary = (tensor(rotary_cos, "rotary_cos")._t, tensor(rotary_sin, "rotary_sin")._t,
                   _args.flag(rotary_interleaved, "rotary_interleaved"))
     opts = _options(0.0, softmax_scale, causal, window_size, softcap, alibi_slopes, None,
                     block_table=table, num_splits=num_splits,
                     leftpad_k=None if leftpad is None else np.asarray(leftpad))
-    new_k = None if k is None else tensor(k)._t
-    new_v = None if v is None else tensor(v)._t
+    new_k = None if k is None else tensor(k, "k")._t
+    new_v = None if v is None else tensor(v, "v")._t
     lse_wanted = _args.flag(return_softmax_lse, "return_softmax_lse")
     quantized = [isinstance(c, QuantizedCache) for c in (k_cache, v_cache)]
     if any(quantized):
         if not all(quantized):
             raise InvalidInputError("k_cache and v_cache are both QuantizedCache or neither")
         out, lse = _native.forward_with_quantized_kvcache(
-            tensor(q)._t, k_cache, v_cache, lens, new_k, new_v, opts, rotary)
+            tensor(q, "q")._t, k_cache, v_cache, lens, new_k, new_v, opts, rotary)
         out = out_of(as_numpy, out)
         return (out, out_of(as_numpy, lse)) if lse_wanted else out
-    kc, vc = tensor(k_cache), tensor(v_cache)
-    out, lse = _native.forward_with_kvcache(tensor(q)._t, kc._t, vc._t, lens, new_k, new_v,
+    kc, vc = tensor(k_cache, "k_cache"), tensor(v_cache, "v_cache")
+    out, lse = _native.forward_with_kvcache(tensor(q, "q")._t, kc._t, vc._t, lens, new_k, new_v,
                                             opts, rotary)
     if k is not None:
         for given, dev in ((k_cache, kc), (v_cache, vc)):

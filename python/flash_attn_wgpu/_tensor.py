@@ -14,7 +14,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _BF16 = None
 
 
-def _dtype_name(dtype):
+def _dtype_name(dtype, what="the array"):
     dtype = np.dtype(dtype)
     if dtype == np.float32:
         return "float32"
@@ -23,7 +23,7 @@ def _dtype_name(dtype):
     if _BF16 is not None and dtype == _BF16:
         return "bfloat16"
     raise InvalidInputError(
-        f"expected a float32, float16 or bfloat16 array, got dtype {dtype}"
+        f"{what} must be a float32, float16 or bfloat16 array, got dtype {dtype}"
         + ("" if _BF16 is not None else " (bfloat16 needs the ml_dtypes package)")
     )
 
@@ -60,13 +60,18 @@ class Tensor:
         return f"flash_attn_wgpu.Tensor(shape={self.shape}, dtype={self._t.dtype})"
 
 
-def tensor(array):
+def tensor(array, what="array"):
     """Copies a numpy array (float32, float16 or ml_dtypes.bfloat16) to a new GPU tensor; a
-    Tensor is returned as it is."""
+    Tensor is returned as it is. ``what`` names the array in an error (the caller's argument:
+    the package passes "q", "k_cache", ...)."""
     if isinstance(array, Tensor):
         return array
-    a = np.asarray(array)
-    name = _dtype_name(a.dtype)
+    try:
+        a = np.asarray(array)
+    except Exception:
+        raise InvalidInputError(
+            f"{what} must be a numpy array, got {type(array).__name__}") from None
+    name = _dtype_name(a.dtype, what)
     a = np.ascontiguousarray(a)
     return Tensor(_native.upload(a if name == "float32" else a.view(np.uint16), name))
 

@@ -209,7 +209,8 @@ def test_cache_leftpad_hides_the_padding(rng):
                      leftpad_k=pad)
     close(out, want[0], 2e-5, "out")
     close(lse, want[1], 2e-5, "lse")
-    with pytest.raises(fa.InvalidInputError, match=r"cache_leftpad\[0\] is 6, past batch 0's 5 keys"):
+    with pytest.raises(fa.InvalidInputError,
+                       match=r"cache_leftpad\[0\] is 6, past batch 0's 5 keys"):
         fa.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens,
                                    cache_leftpad=[6, 0, 0])
 

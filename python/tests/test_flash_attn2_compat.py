@@ -236,6 +236,9 @@ def test_flash_attn_func_arguments_are_named(rng):
     bad(f, r"seed must be an integer", q, k, k, 0.1, seed="x")
     bad(f, r"return_attn_probs and return_handle", q, k, k, return_attn_probs=True,
         return_handle=True)
+    bad(f, r"v must be a float32, float16 or bfloat16 array, got dtype int64", q, k,
+        np.ones((1, 8, 2, 16), np.int64))
+    bad(f, r"k must be a float32, float16 or bfloat16 array, got dtype object", q, None, k)
 
 
 def test_varlen_arguments_are_named(rng):
