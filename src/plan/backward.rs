@@ -11,23 +11,8 @@ use crate::error::{Result, TensorRole};
 use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
 use crate::kernels::{Kernel, Params, Pass, Tiles};
 
-use BufRef::{Input, Output, Scratch};
-
-// Inputs, in order (shared with `split`).
-pub(super) const Q: BufRef = Input(0);
-pub(super) const K: BufRef = Input(1);
-pub(super) const V: BufRef = Input(2);
-pub(super) const OUT: BufRef = Input(3);
-pub(super) const LSE: BufRef = Input(4);
-pub(super) const D_OUT: BufRef = Input(5);
-// Outputs and scratch.
-pub(super) const DQ: BufRef = Output(0);
-pub(super) const DK: BufRef = Output(1);
-pub(super) const DV: BufRef = Output(2);
-/// Each query row's (lse in the exp2 domain, delta = rowsum(dO * out)): the preprocess writes
-/// it, every later kernel reads it.
-pub(super) const LSE_DELTA: BufRef = Scratch(0);
-pub(super) const D_SINKS: BufRef = Output(3);
+use super::backward_buffers::{DK, DQ, DV, D_OUT, D_SINKS, K, LSE, LSE_DELTA, OUT, Q, V};
+use BufRef::{Output, Scratch};
 
 /// Plans `dq, dk, dv` (and, with sinks, `d_sinks`; with a bias that asks for it, `d_bias`)
 /// from q, k, v, out, lse (f32) and d_out. dq, dk, dv and d_bias take the inputs' dtype;

@@ -5,6 +5,7 @@
 //! encoder (`record`), or replayed elsewhere.
 
 mod backward;
+mod backward_buffers;
 pub mod decode;
 mod forward;
 pub(crate) mod head_dims;

@@ -637,7 +637,7 @@ pub fn backward_steps(
     split: Split,
     plan: &mut Plan,
 ) -> Result<()> {
-    use super::backward::{DK, DQ, DV, D_OUT, K, LSE, LSE_DELTA, OUT, Q, V};
+    use super::backward_buffers::{DK, DQ, DV, D_OUT, K, LSE, LSE_DELTA, OUT, Q, V};
     let bld = Builder::new(cfg, dtype, env, split);
     let q_row = cfg.heads_q * cfg.head_dim;
     let kv_row = cfg.heads_kv * cfg.head_dim;
