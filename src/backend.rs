@@ -24,12 +24,11 @@ use crate::checks::check_backward_host;
 use crate::config::AttentionConfig;
 use crate::dtype::Element;
 use crate::error::Result;
-use crate::forward::{Forward, HostForward};
 use crate::kv_format::CacheFormat;
 use crate::kvcache::QuantizedCache;
+use crate::outputs::{Forward, Gradients, HostForward, HostGradients};
 use crate::record::GpuTiming;
 use crate::rotary::Rotary;
-use crate::{Gradients, HostGradients};
 
 pub use crate::error::Backend;
 
@@ -200,14 +199,14 @@ pub trait AttentionBackend {
             [b, s, h, _] => vec![b, h, s],
             _ => Vec::new(),
         };
-        let metas: Vec<crate::merge::ShardMeta<'_>> = shards
+        let metas: Vec<crate::checks::ShardMeta<'_>> = shards
             .iter()
-            .map(|_| crate::merge::ShardMeta {
+            .map(|_| crate::checks::ShardMeta {
                 out: (out_shape, T::DTYPE),
                 lse: (&lse_shape, crate::DType::F32),
             })
             .collect();
-        crate::merge::check_shards(&metas)?;
+        crate::checks::check_shards(&metas)?;
         for s in shards {
             crate::checks::check_slice(crate::TensorRole::Out, s.out.len(), out_shape)?;
             crate::checks::check_slice(crate::TensorRole::Lse, s.lse.len(), &lse_shape)?;

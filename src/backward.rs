@@ -9,38 +9,7 @@ use crate::error::{Result, TensorRole};
 use crate::plan;
 use crate::tensor::Tensor;
 
-/// Device-resident gradients. dq is shaped like q; dk and dv like k and v; all in q's dtype.
-/// With sinks (`AttentionConfig::sinks`), `d_sinks` (`[heads_q]`, f32); with a bias that asks
-/// for it (`ScoreBias::grad`), `d_bias` (the bias's shape and dtype). `X` is the backend's
-/// tensor type.
-#[derive(Debug)]
-pub struct Gradients<X = Tensor> {
-    /// The queries' gradient, shaped like q.
-    pub dq: X,
-    /// The keys' gradient, shaped like k (summed over each kv head's query group).
-    pub dk: X,
-    /// The values' gradient, shaped like v.
-    pub dv: X,
-    /// With sinks: their gradient, `[heads_q]`, f32.
-    pub d_sinks: Option<X>,
-    /// With a bias that asks for it (`ScoreBias::grad`): its gradient, the bias's shape and dtype.
-    pub d_bias: Option<X>,
-}
-
-/// Host copy of the gradients.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HostGradients<T = f32> {
-    /// The queries' gradient, q's layout.
-    pub dq: Vec<T>,
-    /// The keys' gradient, k's layout.
-    pub dk: Vec<T>,
-    /// The values' gradient, v's layout.
-    pub dv: Vec<T>,
-    /// With sinks: `[heads_q]`.
-    pub d_sinks: Option<Vec<f32>>,
-    /// With a bias that asks for it: the bias's shape.
-    pub d_bias: Option<Vec<T>>,
-}
+pub use crate::outputs::{Gradients, HostGradients};
 
 /// Where a backward call's lse values are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

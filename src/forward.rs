@@ -8,39 +8,7 @@ use crate::error::{Result, TensorRole};
 use crate::plan;
 use crate::tensor::Tensor;
 
-/// Device-resident forward results. `out` is shaped and typed like q; `lse` is f32
-/// `[batch, heads_q, seq_q]` (natural log). `X` is the backend's tensor type: [`Tensor`] on
-/// wgpu, `CudaTensor` on CUDA.
-#[derive(Debug)]
-pub struct Forward<X = Tensor> {
-    /// The attention output, shaped and typed like q.
-    pub out: X,
-    /// Per-row logsumexp, `[batch, heads_q, seq_q]`, f32 (natural log).
-    pub lse: X,
-}
-
-/// Host copy of the forward results.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HostForward<T = f32> {
-    /// The attention output, q's layout.
-    pub out: Vec<T>,
-    /// Per-row logsumexp, `[batch, heads_q, seq_q]`.
-    pub lse: Vec<f32>,
-}
-
-impl Forward {
-    /// The two outputs of a plan that makes out and lse, in that order (`plan` names it in the
-    /// internal error, should it have fewer).
-    pub(crate) fn from_outputs(outputs: Vec<Tensor>, plan: &str) -> crate::Result<Forward> {
-        let mut outputs = outputs.into_iter();
-        match (outputs.next(), outputs.next()) {
-            (Some(out), Some(lse)) => Ok(Forward { out, lse }),
-            _ => Err(crate::Error::Device(format!(
-                "internal: {plan} plan without out and lse"
-            ))),
-        }
-    }
-}
+pub use crate::outputs::{Forward, HostForward};
 
 impl Context {
     /// Forward pass on device tensors. q: `[batch, seq_q, heads_q, head_dim]`, k and v:

@@ -42,6 +42,7 @@ pub mod kv_format;
 pub mod kvcache;
 pub mod merge;
 pub mod modifiers;
+mod outputs;
 mod record;
 pub mod rotary;
 pub mod tensor;

@@ -17,76 +17,11 @@
 //! windows align queries to the end of each shard's keys: shard a causal sequence with a
 //! boolean mask or a block mask of the pairs instead.
 
+use crate::checks::{check_shards, ShardMeta};
 use crate::device::Context;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::forward::Forward;
+use crate::error::Result;
+use crate::outputs::Forward;
 use crate::tensor::Tensor;
-
-/// What a merge checks of one shard: out's shape and dtype, lse's shape and dtype.
-pub(crate) struct ShardMeta<'a> {
-    pub out: (&'a [usize], DType),
-    pub lse: (&'a [usize], DType),
-}
-
-/// Every shard's out is `[batch, seq_q, heads_q, head_dim]` (shard 0's shape) in shard 0's
-/// dtype, every lse f32 `[batch, heads_q, seq_q]`; at least one shard. Returns out's shape and
-/// dtype; errors name the shard, what was expected and what was given.
-pub(crate) fn check_shards(shards: &[ShardMeta<'_>]) -> Result<([usize; 4], DType)> {
-    let Some(first) = shards.first() else {
-        return Err(Error::invalid(
-            "merge: at least one shard (out, lse) is needed, got none",
-        ));
-    };
-    let shape: [usize; 4] = first.out.0.try_into().map_err(|_| {
-        Error::invalid(format!(
-            "merge: shard 0's out has shape {:?}, expected 4 dimensions [batch, seq_q, \
-             heads_q, head_dim]",
-            first.out.0
-        ))
-    })?;
-    crate::tensor::shape_elements(&shape)?;
-    if shape[3] > crate::MAX_HEAD_DIM_V {
-        return Err(Error::invalid(format!(
-            "merge: head_dim (out's last dimension) is {}, at most {} (MAX_HEAD_DIM_V)",
-            shape[3],
-            crate::MAX_HEAD_DIM_V
-        )));
-    }
-    let dtype = first.out.1;
-    let [batch, seq_q, heads, _] = shape;
-    let lse_shape = [batch, heads, seq_q];
-    for (i, s) in shards.iter().enumerate() {
-        if s.out.0 != shape {
-            return Err(Error::invalid(format!(
-                "merge: shard {i}'s out has shape {:?}, expected {shape:?} (shard 0's)",
-                s.out.0
-            )));
-        }
-        if s.out.1 != dtype {
-            return Err(Error::DType {
-                tensor: format!("shard {i}'s out"),
-                expected: dtype,
-                got: s.out.1,
-            });
-        }
-        if s.lse.0 != lse_shape {
-            return Err(Error::invalid(format!(
-                "merge: shard {i}'s lse has shape {:?}, expected {lse_shape:?} ([batch, \
-                 heads_q, seq_q] of out {shape:?})",
-                s.lse.0
-            )));
-        }
-        if s.lse.1 != DType::F32 {
-            return Err(Error::DType {
-                tensor: format!("shard {i}'s lse"),
-                expected: DType::F32,
-                got: s.lse.1,
-            });
-        }
-    }
-    Ok((shape, dtype))
-}
 
 impl Context {
     /// Merges partial results over disjoint key shards into the exact result over all their

@@ -115,6 +115,8 @@ fn module_of(src: &Path, f: &Path) -> Vec<String> {
 fn code_of(text: &str) -> String {
     let text = text.split("#[cfg(test)]").next().unwrap_or("");
     text.lines()
+        // a doc attribute's text is a comment too
+        .filter(|l| !l.contains("doc = \""))
         .map(|l| l.split("//").next().unwrap_or(""))
         .collect::<Vec<_>>()
         .join("\n")
@@ -398,16 +400,7 @@ fn circles(graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<PathBuf>> {
 /// apart one by one, and each commit that does removes its entry. The test fails on a circle
 /// not listed here, on a listed one that grew, and on a listed one that is gone (so that the
 /// list only shrinks).
-const KNOWN_CIRCLES: [&[&str]; 3] = [
-    &[
-        "backend.rs",
-        "backward.rs",
-        "cuda/device.rs",
-        "forward.rs",
-        "kvcache/mod.rs",
-        "kvcache/quantized.rs",
-        "merge.rs",
-    ],
+const KNOWN_CIRCLES: [&[&str]; 2] = [
     &[
         "checks.rs",
         "device/buffers.rs",

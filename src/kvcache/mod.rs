@@ -9,9 +9,10 @@
 //! append writes through the table. A left-padded cache (flash-attn's `cache_leftpad`) sets
 //! `AttentionConfig::leftpad_kv`: batch b's keys before it are hidden.
 
+mod cache;
 mod quantized;
 
-pub use quantized::QuantizedCache;
+pub use cache::QuantizedCache;
 
 use crate::checks::check_meta;
 use crate::config::AttentionConfig;
