@@ -22,12 +22,12 @@
 
 use crate::checks::check_backward_host;
 use crate::config::AttentionConfig;
+use crate::device::GpuTiming;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::kv_format::CacheFormat;
 use crate::kvcache::QuantizedCache;
 use crate::outputs::{Forward, Gradients, HostForward, HostGradients};
-use crate::record::GpuTiming;
 use crate::rotary::Rotary;
 
 pub use crate::error::Backend;

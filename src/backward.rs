@@ -1,12 +1,13 @@
 //! The backward pass: gradients of q, k, v from the forward's out and lse (recomputed, not
 //! stored).
 
-use crate::checks::{check_lse_values, check_tensor};
+use crate::checks::check_lse_values;
 use crate::config::AttentionConfig;
 use crate::device::Context;
 use crate::dtype::{DType, Element};
 use crate::error::{Result, TensorRole};
 use crate::plan;
+use crate::tensor::check_tensor;
 use crate::tensor::Tensor;
 
 pub use crate::outputs::{Gradients, HostGradients};

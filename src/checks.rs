@@ -2,22 +2,8 @@
 //! and lse values. Each failure names the tensor, what was expected and what was given.
 
 use crate::config::AttentionConfig;
-use crate::device::Context;
 use crate::dtype::DType;
 use crate::error::{Error, Result, TensorRole};
-use crate::tensor::Tensor;
-
-/// A device tensor belongs to `ctx`, has the shape the config implies and the call's dtype.
-pub(crate) fn check_tensor(
-    ctx: &Context,
-    role: TensorRole,
-    t: &Tensor,
-    expected: &[usize],
-    dtype: DType,
-) -> Result<()> {
-    ctx.check_owned(t, || role.to_string())?;
-    check_meta(role, t.shape(), t.dtype(), expected, dtype)
-}
 
 /// A tensor of any backend, its owner checked: the shape the config implies, the call's dtype.
 pub(crate) fn check_meta(
@@ -126,7 +112,7 @@ pub(crate) fn check_shards(shards: &[ShardMeta<'_>]) -> Result<([usize; 4], DTyp
             first.out.0
         ))
     })?;
-    crate::tensor::shape_elements(&shape)?;
+    shape_elements(&shape)?;
     if shape[3] > crate::MAX_HEAD_DIM_V {
         return Err(Error::invalid(format!(
             "merge: head_dim (out's last dimension) is {}, at most {} (MAX_HEAD_DIM_V)",
@@ -167,4 +153,21 @@ pub(crate) fn check_shards(shards: &[ShardMeta<'_>]) -> Result<([usize; 4], DTyp
         }
     }
     Ok((shape, dtype))
+}
+
+/// Element count of a shape: every dimension at least 1, and the product must fit.
+pub(crate) fn shape_elements(shape: &[usize]) -> Result<usize> {
+    if shape.is_empty() || shape.contains(&0) {
+        return Err(Error::invalid(format!(
+            "a tensor needs a non-empty shape with no zero dimension, got {shape:?}"
+        )));
+    }
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "shape {shape:?} has more elements than fit in usize"
+            ))
+        })
 }

@@ -1,11 +1,11 @@
 //! The forward pass: `out = softmax(scale * Q K^T, masked) V` and its per-row lse.
 
-use crate::checks::check_tensor;
 use crate::config::AttentionConfig;
 use crate::device::Context;
 use crate::dtype::Element;
 use crate::error::{Result, TensorRole};
 use crate::plan;
+use crate::tensor::check_tensor;
 use crate::tensor::Tensor;
 
 pub use crate::outputs::{Forward, HostForward};

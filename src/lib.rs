@@ -69,7 +69,7 @@ pub use bool_mask::BoolMask;
 pub use config::{
     Algorithm, AttentionConfig, Shape, Window, MAX_HEAD_DIM, MAX_HEAD_DIM_QK, MAX_HEAD_DIM_V,
 };
-pub use device::{AdapterSummary, Context, MemoryStats, Tuning};
+pub use device::{AdapterSummary, Context, GpuTiming, MemoryStats, Tuning};
 pub use dropout::Dropout;
 pub use dtype::{from_f32_slice, to_f32_vec, DType, Element, HalfStorage};
 pub use error::{Error, Result, TensorRole};
@@ -78,7 +78,6 @@ pub use kernels::Variant;
 pub use kv_format::CacheFormat;
 pub use kvcache::QuantizedCache;
 pub use paged::PagedKv;
-pub use record::GpuTiming;
 pub use roofline::Roofline;
 pub use rotary::{Positions, Rotary};
 pub use tensor::Tensor;

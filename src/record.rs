@@ -1,6 +1,7 @@
 //! Recording: a list of dispatches (from a `Plan`, or a probe) into one command encoder,
 //! then submit, wait and read the GPU time. Nothing here decides what to run.
 
+use crate::device::timing::{GpuTiming, LastTiming};
 use crate::device::{Context, TrackedBuffer};
 use crate::error::{Error, Result};
 use crate::kernels::{flags, fold_grid, KernelKey, Params};
@@ -29,36 +30,12 @@ pub(crate) struct Copy<'a> {
     pub size: u64,
 }
 
-/// GPU time of the last `run`, from timestamp queries where the adapter has them.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GpuTiming {
-    /// Seconds between the first dispatch's start and the last one's end.
-    pub seconds: f64,
-    /// True when measured with timestamp queries; false when it is wall-clock around a wait.
-    pub from_timestamps: bool,
-    /// With timestamps: seconds per kernel, summed over its dispatches, in order of first
-    /// dispatch (where a call's time goes: the forward, or dK/dV against dQ). Empty without.
-    pub per_kernel: Vec<(&'static str, f64)>,
-}
-
 /// Bytes of each pooled parameter buffer (`Context::params_buffer`): 64 dispatches of 256
 /// bytes, more than any unsplit call records.
 pub(crate) const PARAMS_POOL_BYTES: u64 = 16 << 10;
 
 /// Pooled parameter buffers kept per context: one per call in flight on different threads.
 const PARAMS_POOL_BUFFERS: usize = 8;
-
-/// The last call's time: measured with timestamps (read back when the call ran), or, without
-/// them, pending until asked for.
-pub(crate) enum LastTiming {
-    Measured(GpuTiming),
-    /// The wall clock from the call's start until its submission finished, taken when
-    /// `last_gpu_timing` waits for it.
-    Pending {
-        start: crate::device::clock::Instant,
-        submission: wgpu::SubmissionIndex,
-    },
-}
 
 impl Context {
     /// GPU time of the most recent call. With [`set_gpu_timing`](Context::set_gpu_timing)
@@ -150,7 +127,7 @@ impl Context {
         &self,
         enc: &mut wgpu::CommandEncoder,
         (copies, dispatches): (&[Copy<'_>], &[Dispatch<'_>]),
-        pipelines: &[std::sync::Arc<crate::device::pipelines::Pipeline>],
+        pipelines: &[std::sync::Arc<crate::device::pipeline_cache::Pipeline>],
         (params, query): (&wgpu::Buffer, Option<&wgpu::QuerySet>),
     ) {
         for c in copies {

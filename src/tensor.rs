@@ -1,5 +1,6 @@
 //! Device-resident tensors: a storage buffer, its shape and its element type.
 
+use crate::checks::{check_meta, shape_elements};
 use crate::device::{Context, TrackedBuffer};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result, TensorRole};
@@ -173,21 +174,16 @@ pub(crate) fn row_major(shape: &[usize]) -> Vec<usize> {
     strides
 }
 
-/// Element count of a shape: every dimension at least 1, and the product must fit.
-pub(crate) fn shape_elements(shape: &[usize]) -> Result<usize> {
-    if shape.is_empty() || shape.contains(&0) {
-        return Err(Error::invalid(format!(
-            "a tensor needs a non-empty shape with no zero dimension, got {shape:?}"
-        )));
-    }
-    shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .ok_or_else(|| {
-            Error::invalid(format!(
-                "shape {shape:?} has more elements than fit in usize"
-            ))
-        })
+/// A device tensor belongs to `ctx`, has the shape the config implies and the call's dtype.
+pub(crate) fn check_tensor(
+    ctx: &Context,
+    role: TensorRole,
+    t: &Tensor,
+    expected: &[usize],
+    dtype: DType,
+) -> Result<()> {
+    ctx.check_owned(t, || role.to_string())?;
+    check_meta(role, t.shape(), t.dtype(), expected, dtype)
 }
 
 impl Context {
@@ -224,7 +220,7 @@ impl Context {
         }
         let mut handles = Vec::with_capacity(given.len());
         for (n, (o, t)) in plan.outputs.iter().zip(given).enumerate() {
-            crate::checks::check_tensor(self, o.role, t, &o.shape, o.dtype)?;
+            check_tensor(self, o.role, t, &o.shape, o.dtype)?;
             let Storage::Owned(b) = &t.buf else {
                 return Err(Error::Buffer {
                     what: format!("{} given as an output", o.role),

@@ -19,12 +19,12 @@ use super::kernels::{
 use super::nvrtc::Nvrtc;
 use super::tensor::{next_owner, CudaTensor};
 use crate::backend::{AttentionBackend, Backend};
+use crate::checks::shape_elements;
 use crate::checks::{check_lse_values, check_meta};
 use crate::checks::{check_shards, ShardMeta};
 use crate::kernels::params::Params;
 use crate::kvcache::{append_rows, append_runs, kvcache_config};
 use crate::rotary::{check_rotation, Positions, Rotary};
-use crate::tensor::shape_elements;
 use crate::{
     Algorithm, AttentionConfig, DType, Element, Error, Forward, GpuTiming, Gradients, Result,
     TensorRole,

@@ -7,11 +7,13 @@ pub(crate) mod buffers;
 mod canary;
 pub(crate) mod clock;
 mod coop;
+pub(crate) mod pipeline_cache;
 #[doc(hidden)]
 pub mod pipelines;
 mod scope;
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) mod spirv;
+pub(crate) mod timing;
 mod variant_env;
 
 use std::fmt;
@@ -24,13 +26,14 @@ pub use canary::CANARY_ITERATIONS;
 pub use coop::{COOP_ENV, COOP_TIMEOUT_ENV, DEFAULT_SELF_CHECK_TIMEOUT_S};
 #[cfg(not(target_arch = "wasm32"))]
 pub use spirv::SHADERS_ENV;
+pub use timing::GpuTiming;
 pub use variant_env::VARIANT_ENV;
 
 use crate::dtype::HalfStorage;
 use crate::error::{Error, Result};
 use crate::kernels::{DeviceCaps, Kernel, Tiles, Variant};
 use crate::plan::PlanEnv;
-use pipelines::PipelineCache;
+use pipeline_cache::PipelineCache;
 
 /// What the library knows about the adapter and the limits it runs under.
 #[derive(Debug, Clone)]
@@ -117,7 +120,7 @@ pub struct Context {
     /// the next call (device/scope.rs).
     #[cfg(target_arch = "wasm32")]
     pub(crate) uncaptured: Arc<Mutex<Option<Error>>>,
-    pub(crate) timing: Mutex<Option<crate::record::LastTiming>>,
+    pub(crate) timing: Mutex<Option<timing::LastTiming>>,
     /// Whether calls measure their GPU time with timestamp queries (`set_gpu_timing`).
     pub(crate) gpu_timing: std::sync::atomic::AtomicBool,
     /// Uniform buffers for the dispatches' parameters, reused across calls (`record.rs`).

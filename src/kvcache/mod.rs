@@ -433,7 +433,7 @@ impl Context {
             None => 0,
         };
         let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
-        crate::checks::check_tensor(self, TensorRole::Q, q, &c.q_shape(), dtype)?;
+        crate::tensor::check_tensor(self, TensorRole::Q, q, &c.q_shape(), dtype)?;
         Ok((c, new_rows))
     }
 
@@ -450,8 +450,8 @@ impl Context {
     ) -> Result<Forward> {
         let dtype = q.dtype();
         let (c, new_rows) = self.kvcache_step(cfg, q, cache_seqlens, append)?;
-        crate::checks::check_tensor(self, TensorRole::K, k_cache, &c.kv_shape(), dtype)?;
-        crate::checks::check_tensor(self, TensorRole::V, v_cache, &c.v_shape(), dtype)?;
+        crate::tensor::check_tensor(self, TensorRole::K, k_cache, &c.kv_shape(), dtype)?;
+        crate::tensor::check_tensor(self, TensorRole::V, v_cache, &c.v_shape(), dtype)?;
         let mut plan = crate::plan::forward(&c, dtype, &self.plan_env())?;
         let mut inputs: Vec<&Tensor> = vec![q, k_cache, v_cache];
         if let Some((k_new, v_new)) = append {
