@@ -206,6 +206,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                    return_attn_probs, return_lse, return_handle)
 
 
+def _as_layout(result, return_handle, layout):
+    """A packed form's result: its handle's backward gives that layout's gradients."""
+    if return_handle:
+        result._layout = layout
+    return result
+
+
 def _unpack(x, parts, name, varlen=False):
     """Slices a packed numpy array along its parts axis (-3): ``[batch, seqlen, parts,
     heads, headdim]``, or ``[total, parts, heads, headdim]`` for varlen."""
@@ -232,9 +239,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
     r = flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                         alibi_slopes, deterministic, return_attn_probs, return_lse=return_lse,
                         return_handle=return_handle, seed=seed)
-    if return_handle:
-        r._layout = "qkvpacked"
-    return r
+    return _as_layout(r, return_handle, "qkvpacked")
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -248,9 +253,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     r = flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                         alibi_slopes, deterministic, return_attn_probs, return_lse=return_lse,
                         return_handle=return_handle, seed=seed)
-    if return_handle:
-        r._layout = "kvpacked"
-    return r
+    return _as_layout(r, return_handle, "kvpacked")
 
 
 def _packed(x, name):
@@ -372,13 +375,11 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     on q, k and v stacked in one numpy array ``[total, 3, nheads, headdim]`` with one
     ``cu_seqlens``; a handle's backward gives ``dqkv`` in that layout."""
     q, k, v = _unpack(qkv, 3, "qkv", varlen=True)
-    r = flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-                               dropout_p, softmax_scale, causal, window_size, softcap,
-                               alibi_slopes, deterministic, return_attn_probs,
-                               return_lse=return_lse, return_handle=return_handle, seed=seed)
-    if return_handle:
-        r._layout = "varlen_qkvpacked"
-    return r
+    r = flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                               softmax_scale, causal, window_size, softcap, alibi_slopes,
+                               deterministic, return_attn_probs, return_lse=return_lse,
+                               return_handle=return_handle, seed=seed)
+    return _as_layout(r, return_handle, "varlen_qkvpacked")
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -391,13 +392,11 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     with k and v stacked in one numpy array ``[total_k, 2, nheads_k, headdim]``; a handle's
     backward gives ``(dq, dkv)``."""
     k, v = _unpack(kv, 2, "kv", varlen=True)
-    r = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                               max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
-                               softcap, alibi_slopes, deterministic, return_attn_probs,
+    r = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               dropout_p, softmax_scale, causal, window_size, softcap,
+                               alibi_slopes, deterministic, return_attn_probs,
                                return_lse=return_lse, return_handle=return_handle, seed=seed)
-    if return_handle:
-        r._layout = "varlen_kvpacked"
-    return r
+    return _as_layout(r, return_handle, "varlen_kvpacked")
 
 
 # ---- explicit backwards (the handle's backward needs no options: prefer it)

@@ -15,6 +15,15 @@ pub mod tier;
 /// for too where offered, as `Context::new` does on Vulkan, so that such a device runs the
 /// SPIR-V users of `Context::new` get (src/device/spirv.rs); `driver::` tests the WGSL route.
 pub fn device_with(limits: wgpu::Limits, features: wgpu::Features) -> (wgpu::Device, wgpu::Queue) {
+    device_exactly(Some(limits), features | wgpu::Features::PASSTHROUGH_SHADERS)
+}
+
+/// A device of the default adapter with `limits` (None: the adapter's own) and exactly the
+/// adapter's features among `features`.
+pub fn device_exactly(
+    limits: Option<wgpu::Limits>,
+    features: wgpu::Features,
+) -> (wgpu::Device, wgpu::Queue) {
     pollster::block_on(async {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
@@ -25,9 +34,8 @@ pub fn device_with(limits: wgpu::Limits, features: wgpu::Features) -> (wgpu::Dev
         adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("test device"),
-                required_features: adapter.features()
-                    & (features | wgpu::Features::PASSTHROUGH_SHADERS),
-                required_limits: limits,
+                required_features: adapter.features() & features,
+                required_limits: limits.unwrap_or_else(|| adapter.limits()),
                 ..Default::default()
             })
             .await

@@ -22,27 +22,10 @@ fn both_shader_routes_give_the_reference_answers() {
     if info.backend == "Vulkan" {
         assert!(info.shaders.starts_with("SPIR-V 1."), "{info}");
     }
-    let wgsl = pollster::block_on(async {
-        let instance =
-            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = instance
-            .request_adapter(&wgpu::RequestAdapterOptions::default())
-            .await
-            .expect("an adapter");
-        let features = adapter.features()
-            & (wgpu::Features::SHADER_F16
-                | wgpu::Features::SUBGROUP
-                | wgpu::Features::TIMESTAMP_QUERY);
-        adapter
-            .request_device(&wgpu::DeviceDescriptor {
-                label: Some("no passthrough"),
-                required_features: features,
-                required_limits: adapter.limits(),
-                ..Default::default()
-            })
-            .await
-            .expect("a device")
-    });
+    // the features Context::new asks for, less PASSTHROUGH_SHADERS
+    let wanted =
+        wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+    let wgsl = common::device_exactly(None, wanted);
     let x = flash_attn_wgpu::Context::from_wgpu(wgsl.0, wgsl.1).expect("context");
     assert_eq!(x.adapter_info().shaders, "WGSL");
     for x in [ctx, &x] {
