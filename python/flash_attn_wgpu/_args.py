@@ -131,3 +131,17 @@ def max_seqlen(given, cu, name, cu_name):
     if n < longest:
         raise InvalidInputError(
             f"{name} is {n}, but the longest sequence in {cu_name} has {longest} rows")
+
+
+def varlen_bounds(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_rows, k_rows):
+    """A varlen call's (cu_q, cu_k): each checked against its packed rows (`k_rows` None: k is
+    a page pool), both batch + 1 long, the max_seqlen_* at least their longest sequence."""
+    cu_q = cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q_rows, "q")
+    cu_k = cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k_rows, "k")
+    if cu_q.size != cu_k.size:
+        raise InvalidInputError(
+            f"cu_seqlens_q has {cu_q.size} entries and cu_seqlens_k {cu_k.size}: both are "
+            "batch + 1 long")
+    max_seqlen(max_seqlen_q, cu_q, "max_seqlen_q", "cu_seqlens_q")
+    max_seqlen(max_seqlen_k, cu_k, "max_seqlen_k", "cu_seqlens_k")
+    return cu_q, cu_k

@@ -293,17 +293,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                              user, block_table, return_attn_probs, return_lse, return_handle,
                              seed)
     qt, kt, vt = _packed(q, "q"), _packed(k, "k"), _packed(v, "v")
-    cu_q = _args.cu_seqlens(cu_seqlens_q, "cu_seqlens_q", qt.shape[1], "q")
-    cu_k = _args.cu_seqlens(cu_seqlens_k, "cu_seqlens_k", kt.shape[1], "k")
     if vt.shape[1] != kt.shape[1]:
         raise InvalidInputError(f"v has {vt.shape[1]} rows and k {kt.shape[1]}: they hold the "
                                 "same keys (cu_seqlens_k)")
-    if cu_q.size != cu_k.size:
-        raise InvalidInputError(
-            f"cu_seqlens_q has {cu_q.size} entries and cu_seqlens_k {cu_k.size}: both are "
-            "batch + 1 long")
-    _args.max_seqlen(max_seqlen_q, cu_q, "max_seqlen_q", "cu_seqlens_q")
-    _args.max_seqlen(max_seqlen_k, cu_k, "max_seqlen_k", "cu_seqlens_k")
+    cu_q, cu_k = _args.varlen_bounds(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                     qt.shape[1], kt.shape[1])
     opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, seed,
                     cu_q, cu_k)
     out, lse = _native.forward(qt._t, kt._t, vt._t, opts)
@@ -328,15 +322,9 @@ def _varlen_paged(q, k_pool, v_pool, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
     q = np.asarray(q)
     if q.ndim != 3:
         raise InvalidInputError(f"varlen q must be [total, heads, headdim], got shape {q.shape}")
-    cu_q = _args.cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q")
-    cu_k = _args.cu_seqlens(cu_seqlens_k, "cu_seqlens_k", None, "k")
+    cu_q, cu_k = _args.varlen_bounds(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                     q.shape[0], None)
     batch = cu_q.size - 1
-    if cu_k.size != cu_q.size:
-        raise InvalidInputError(
-            f"cu_seqlens_q has {cu_q.size} entries and cu_seqlens_k {cu_k.size}: both are "
-            "batch + 1 long")
-    _args.max_seqlen(max_seqlen_q, cu_q, "max_seqlen_q", "cu_seqlens_q")
-    _args.max_seqlen(max_seqlen_k, cu_k, "max_seqlen_k", "cu_seqlens_k")
     pool = k_pool.shape if isinstance(k_pool, Tensor) else np.shape(k_pool)
     if len(pool) != 4:
         raise InvalidInputError(f"with block_table, k must be a page pool [num_pages, "
