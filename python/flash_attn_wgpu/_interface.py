@@ -115,10 +115,11 @@ class FlashAttnCall:
         if got != want:
             raise InvalidInputError(f"dout has shape {list(got)}, expected out's shape "
                                     f"{list(want)}")
-        d = tensor(_batched(dout) if self._layout.startswith("varlen") else dout, "dout")
+        varlen = self._layout.startswith("varlen")
+        d = _packed(dout, "dout") if varlen else tensor(dout, "dout")
         grads = _native.backward(d._t, q, k, v, out, lse, options)
         dq, dk, dv = (out_of(self._numpy, g) for g in grads)
-        if self._layout.startswith("varlen") and self._numpy:
+        if varlen and self._numpy:
             dq, dk, dv = dq[0], dk[0], dv[0]
         if self._layout.endswith("qkvpacked"):
             return np.stack([dq, dk, dv], axis=-3)
@@ -129,11 +130,6 @@ class FlashAttnCall:
     def __repr__(self):
         return (f"flash_attn_wgpu.FlashAttnCall(out shape {tuple(self.out.shape)}, "
                 f"seed {self.seed}, {self._layout})")
-
-
-def _batched(x):
-    """A varlen array [total, heads, dim] as the library's batch of one."""
-    return x if isinstance(x, Tensor) else np.asarray(x)[None]
 
 
 def _finish(out, lse, options, user_options, saved, layout, as_numpy, return_attn_probs,
