@@ -44,10 +44,12 @@ pub mod merge;
 pub mod modifiers;
 mod outputs;
 mod record;
+mod registry;
 pub mod rotary;
 pub mod tensor;
 #[doc(hidden)]
 pub mod unstable;
+mod validate;
 
 // The modifiers' public types keep their paths (`flash_attn_wgpu::bias::ScoreBias`, ...).
 pub use modifiers::mask_mod::MaskMod;

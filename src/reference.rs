@@ -77,7 +77,7 @@ pub fn visible(cfg: &AttentionConfig, (b, h, i, j): (usize, usize, usize, usize)
             return false;
         }
     }
-    if !crate::modifiers::mask_mod::reference(cfg, b, h, i, j) {
+    if !crate::registry::mask_mod_reference(cfg, b, h, i, j) {
         return false;
     }
     let Some((ip, j)) = aligned(cfg, b, i, j) else {
@@ -131,7 +131,7 @@ fn raw_score(
 /// The score softmax sees for a visible pair: scaled, then each score modifier in turn
 /// (softcap, ALiBi, the bias: `modifiers::reference_chain`).
 fn score(cfg: &AttentionConfig, q: &[f32], k: &[f32], at: (usize, usize, usize, usize)) -> f64 {
-    crate::modifiers::reference_chain(cfg, at, raw_score(cfg, q, k, at)).0
+    crate::registry::reference_chain(cfg, at, raw_score(cfg, q, k, at)).0
 }
 
 /// d(score) / d(raw score) of pair (i, j): the score modifiers' slopes (the softcap's).
@@ -141,7 +141,7 @@ fn score_slope(
     k: &[f32],
     at: (usize, usize, usize, usize),
 ) -> f64 {
-    crate::modifiers::reference_chain(cfg, at, raw_score(cfg, q, k, at)).1
+    crate::registry::reference_chain(cfg, at, raw_score(cfg, q, k, at)).1
 }
 
 /// Probabilities of one query row (zeros where masked; all zero when no key is visible),

@@ -1,17 +1,20 @@
-//! The layers of the crate point one way: the spec (configs and modifiers, dtypes, errors, the
-//! f64 reference, kernels as data, tiles, plans) knows nothing of a device; the wgpu backend
+//! The layers of the crate point one way: the spec (configs, the modifiers' values and their
+//! registry, validation, dtypes, errors, the f64 reference, kernels as data, tiles, plans)
+//! knows nothing of a device; the wgpu backend
 //! (device, tensors, recording, the calls) and the CUDA backend sit on it; the facade (the
 //! backend trait, re-exports) on top. A spec file that names a backend's module is an import
 //! that would close a circle: this test fails on it. A second test finds every import circle
 //! between the files of src/ (paths through `crate::`, `super::`, `self::` and child modules,
-//! followed through re-exports to the defining file) and fails on any but the known ones,
-//! which issue 51 takes apart (one is left: config, modifiers and kernels). Runs without a GPU.
+//! followed through re-exports to the defining file) and fails on any, with the circle
+//! printed. Runs without a GPU.
 
 use std::path::Path;
 
 /// The spec layer: files and folders under src/.
-const SPEC: [&str; 9] = [
+const SPEC: [&str; 11] = [
     "config.rs",
+    "validate.rs",
+    "registry",
     "dtype.rs",
     "kv_format.rs",
     "error.rs",
@@ -396,72 +399,31 @@ fn circles(graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<PathBuf>> {
     s.out
 }
 
-/// The circles main still has, each as its files (relative to src/): issue 51 takes them
-/// apart one by one, and each commit that does removes its entry. The test fails on a circle
-/// not listed here, on a listed one that grew, and on a listed one that is gone (so that the
-/// list only shrinks).
-const KNOWN_CIRCLES: [&[&str]; 1] = [&[
-    "config.rs",
-    "kernels/flags.rs",
-    "kernels/mod.rs",
-    "kernels/params.rs",
-    "kernels/tiles.rs",
-    "kernels/wgsl.rs",
-    "modifiers/bias.rs",
-    "modifiers/block_mask.rs",
-    "modifiers/bool_mask.rs",
-    "modifiers/dropout.rs",
-    "modifiers/mask_mod.rs",
-    "modifiers/mod.rs",
-    "modifiers/score_mod.rs",
-    "modifiers/user_code.rs",
-    "modifiers/varlen.rs",
-]];
-
+/// No two files of src/ import each other, directly or through others: each file depends
+/// one way (the modifiers' values below the config, the config below the registry, the
+/// kernels' hooks below the user-code checks). A circle fails with each of its files and the
+/// files of the circle it imports.
 #[test]
-fn no_import_circle_beyond_the_known_ones_and_those_only_shrink() {
+fn no_import_circle_in_src() {
     let src = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join("src");
     let graph = import_graph(&src);
     assert!(graph.len() >= 40, "{} files read", graph.len());
     let rel = |f: &PathBuf| f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
-    let found: Vec<Vec<String>> = circles(&graph)
-        .iter()
-        .map(|c| c.iter().map(rel).collect())
-        .collect();
-    let known: Vec<Vec<String>> = KNOWN_CIRCLES
-        .iter()
-        .map(|c| c.iter().map(|s| s.to_string()).collect())
-        .collect();
-    let show = |c: &[String]| {
+    let show = |c: &[PathBuf]| {
         // each file with the files of its circle it imports
         c.iter()
             .map(|f| {
-                let to: Vec<String> = graph[&src.join(f)]
-                    .iter()
-                    .map(rel)
-                    .filter(|t| c.contains(t))
-                    .collect();
-                format!("  {f} -> {}", to.join(", "))
+                let to: Vec<String> = graph[f].iter().filter(|t| c.contains(t)).map(rel).collect();
+                format!("  {} -> {}", rel(f), to.join(", "))
             })
             .collect::<Vec<_>>()
             .join("\n")
     };
-    let new: Vec<String> = found
-        .iter()
-        .filter(|c| !known.contains(c))
-        .map(|c| show(c))
-        .collect();
-    let gone: Vec<String> = known
-        .iter()
-        .filter(|c| !found.contains(c))
-        .map(|c| c.join(", "))
-        .collect();
+    let found: Vec<String> = circles(&graph).iter().map(|c| show(c)).collect();
     assert!(
-        new.is_empty() && gone.is_empty(),
-        "import circles not in KNOWN_CIRCLES (new, or a known one grown or split):\n{}\n\
-         known circles no longer found as listed (remove or update their entries):\n  {}",
-        new.join("\n\n"),
-        gone.join("\n  ")
+        found.is_empty(),
+        "import circles in src/:\n{}",
+        found.join("\n\n")
     );
 }
 

@@ -238,7 +238,8 @@ fn sources() -> Vec<(String, String)> {
         .map(|k| (format!("{}.wgsl", k.name()), k.source().to_string()))
         .collect();
     v.extend(
-        flash_attn_wgpu::modifiers::wgsl_snippets().map(|(name, text)| (name, text.to_string())),
+        flash_attn_wgpu::unstable::kernels::hooks::wgsl_snippets()
+            .map(|(name, text)| (name, text.to_string())),
     );
     v.push((
         "common.wgsl".into(),

@@ -275,7 +275,7 @@ impl CudaContext {
         if kernel == CudaKernel::Decode {
             key.decode_rows = decode_geometry(cfg).rows;
         }
-        key.flags = crate::kernels::flags::of(cfg) & super::kernels::CUDA_COMPILED;
+        key.flags = crate::registry::bits(cfg) & super::kernels::CUDA_COMPILED;
         key.set_user_code(cfg)?;
         let shape = cuda_params(cfg)?;
         for l in key.launches(cfg) {
@@ -299,8 +299,8 @@ impl CudaContext {
     /// mask and a bias one, so the kernels compiled with BLOCKS, VARLEN, MASK or BIAS always
     /// get a buffer.
     fn extras(&self, cfg: &AttentionConfig) -> Result<Option<CudaSlice<u8>>> {
-        let mut x = crate::kernels::params::extras(cfg);
-        x.extend(crate::kernels::params::pair_words(cfg));
+        let mut x = crate::registry::params::extras(cfg);
+        x.extend(crate::registry::params::pair_words(cfg));
         if x.is_empty() {
             return Ok(None);
         }

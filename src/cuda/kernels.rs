@@ -29,7 +29,7 @@ fn common_with(user: &str) -> String {
     format!(
         "{}{user}\n{}\n{}",
         &COMMON[..at],
-        crate::modifiers::cuda_snippets(),
+        crate::kernels::hooks::cuda_snippets(),
         &COMMON[at..]
     )
 }
@@ -215,7 +215,7 @@ pub fn cuda_params(cfg: &AttentionConfig) -> Result<Params> {
     };
     // the pair data (the mask's words, the bias's entries, the block table) follows the
     // extras on CUDA
-    let mask_base = crate::kernels::params::extras_layout(cfg).words.len();
+    let mask_base = crate::registry::params::extras_layout(cfg).words.len();
     // the kernels index the mask's bits with u32
     if let Some(m) = &cfg.block_mask {
         u32::try_from(m.blocks.len()).map_err(|_| {
@@ -396,7 +396,7 @@ impl CudaKey {
             let code = m.cuda_source();
             self.mask_mod = Some(code.ok_or_else(|| missing("mask_mod", "MaskMod::with_cuda"))?);
         }
-        self.captured = crate::modifiers::user_code::kernel_cuda_captured(cfg);
+        self.captured = crate::registry::user_code::kernel_cuda_captured(cfg);
         Ok(())
     }
 

@@ -7,40 +7,39 @@
 //! A bit a kernel never reads is compiled in as false; a call whose bits are all compiled or
 //! [`SPECIALIZED`] gets a lean pipeline that reads only the [`SPECIALIZED`] bits at run time.
 
-use crate::modifiers::{self as m, Data};
-use crate::AttentionConfig;
+use super::hooks::{self as m, Data};
 
-// Each bit is its modifier's (src/modifiers/), named here for the kernels' catalogue.
+// Each bit is its modifier's (src/kernels/hooks.rs), named here for the kernels' catalogue.
 /// The causal mask (bottom-right aligned).
-pub const CAUSAL: u32 = m::band::CAUSAL.bit;
+pub const CAUSAL: u32 = m::CAUSAL.bit;
 /// A sliding window (`Params::band_lo`, `band_hi`).
-pub const WINDOW: u32 = m::band::WINDOW.bit;
+pub const WINDOW: u32 = m::WINDOW.bit;
 /// A softcap (`Params::softcap2`): a tanh per score.
-pub const SOFTCAP: u32 = m::softcap::MODIFIER.bit;
+pub const SOFTCAP: u32 = m::SOFTCAP.bit;
 /// ALiBi slopes (the extras).
-pub const ALIBI: u32 = m::alibi::MODIFIER.bit;
+pub const ALIBI: u32 = m::ALIBI.bit;
 /// Attention sinks (the extras).
-pub const SINKS: u32 = m::sinks::MODIFIER.bit;
+pub const SINKS: u32 = m::SINKS.bit;
 /// Per-batch key lengths (the extras).
-pub const SEQLENS: u32 = m::seqlens::MODIFIER.bit;
+pub const SEQLENS: u32 = m::SEQLENS.bit;
 /// Dropout: a Philox block per four pairs.
-pub const DROPOUT: u32 = m::dropout::MODIFIER.bit;
+pub const DROPOUT: u32 = m::DROPOUT.bit;
 /// A block mask (the extras).
-pub const BLOCKS: u32 = m::block_mask::MODIFIER.bit;
+pub const BLOCKS: u32 = m::BLOCKS.bit;
 /// Packed variable-length sequences (the extras).
-pub const VARLEN: u32 = m::varlen::MODIFIER.bit;
+pub const VARLEN: u32 = m::VARLEN.bit;
 /// A boolean mask over pairs (the pair data).
-pub const MASK: u32 = m::bool_mask::MODIFIER.bit;
+pub const MASK: u32 = m::MASK.bit;
 /// An additive bias over pairs (the pair data): a load per score.
-pub const BIAS: u32 = m::bias::MODIFIER.bit;
+pub const BIAS: u32 = m::BIAS.bit;
 /// K and V in pages through a block table (the pair data).
-pub const PAGED: u32 = m::paged::MODIFIER.bit;
+pub const PAGED: u32 = m::PAGED.bit;
 /// Inputs read through strided views (`Params::views`), set per step at record time.
 pub const VIEWS: u32 = m::VIEWS.bit;
 /// A user's score modifier (`AttentionConfig::score_mod`): compiled in, its code in the key.
-pub const SCORE_MOD: u32 = m::score_mod::MODIFIER.bit;
+pub const SCORE_MOD: u32 = m::SCORE_MOD.bit;
 /// A user's mask (`AttentionConfig::mask_mod`): compiled in, its code in the key.
-pub const MASK_MOD: u32 = m::mask_mod::MODIFIER.bit;
+pub const MASK_MOD: u32 = m::MASK_MOD.bit;
 
 /// Every bit with its WGSL name, in bit order.
 pub const ALL: [(u32, &str); m::ALL.len()] = {
@@ -104,14 +103,6 @@ pub fn parse(list: &str) -> u32 {
         .fold(0, |m, b| m | b)
 }
 
-/// The bits of a call (VIEWS, which belongs to tensors, is added at record time).
-pub fn of(cfg: &AttentionConfig) -> u32 {
-    m::ALL
-        .iter()
-        .filter(|m| (m.active)(cfg))
-        .fold(0, |bits, m| bits | m.bit)
-}
-
 /// Names of the set bits, for labels.
 pub fn names(bits: u32) -> String {
     ALL.iter()
@@ -167,15 +158,6 @@ mod tests {
             assert_eq!(parse(name), bit);
             assert_eq!(names(bit), name.to_ascii_lowercase());
         }
-    }
-
-    #[test]
-    fn a_call_sets_the_bits_of_its_modifiers() {
-        let mut cfg = AttentionConfig::new(1, 8, 8, 2, 2, 16);
-        assert_eq!(of(&cfg), 0);
-        cfg.causal = true;
-        cfg.softcap = Some(5.0);
-        assert_eq!(of(&cfg), CAUSAL | SOFTCAP);
     }
 
     #[test]

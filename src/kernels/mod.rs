@@ -8,6 +8,7 @@
 
 pub mod enumerate;
 pub mod flags;
+pub mod hooks;
 pub mod params;
 mod rows;
 pub mod tiles;

@@ -345,11 +345,11 @@ impl KernelKey {
         }
         s.push_str(COMMON);
         s.push('\n');
-        for (_, snippet) in crate::modifiers::wgsl_snippets() {
+        for (_, snippet) in super::hooks::wgsl_snippets() {
             s.push_str(snippet);
             s.push('\n');
         }
-        s.push_str(&crate::modifiers::wgsl_score_chain());
+        s.push_str(&super::hooks::wgsl_score_chain());
         if self.kernel.is_blocks_variant() {
             s.push_str(BLOCKS);
             s.push('\n');
@@ -368,10 +368,7 @@ impl KernelKey {
         }
         // last, so that the user's line n is the source's line (lines before) + n
         s.push_str("\n// user code (AttentionConfig::score_mod, mask_mod), or stand-ins\n");
-        s.push_str(
-            self.user_code
-                .unwrap_or_else(crate::modifiers::user_code::stubs),
-        );
+        s.push_str(self.user_code.unwrap_or_else(super::hooks::user_stubs));
         s
     }
 

@@ -4,31 +4,6 @@
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 
-/// A load per score: compiled in (docs/PERFORMANCE.md). Its entries follow the boolean mask's
-/// words in the pair data.
-pub(crate) const MODIFIER: super::Modifier = super::Modifier {
-    name: "BIAS",
-    bit: 1 << 10,
-    compiled: true,
-    data: super::Data::Pairs,
-    active: |cfg| cfg.bias.is_some(),
-    check: |cfg| match &cfg.bias {
-        Some(b) => b.validate(cfg.batch, cfg.heads_q, cfg.seq_q, cfg.seq_kv),
-        None => Ok(()),
-    },
-    encode: |cfg, p| {
-        p.bias_base = cfg.mask.as_ref().map_or(0, |m| m.words().len() as u32);
-        p.bias_b_stride = cfg.bias.as_ref().map_or(0, |b| b.strides().0 as u32);
-        p.bias_h_stride = cfg.bias.as_ref().map_or(0, |b| b.strides().1 as u32);
-    },
-    score: super::Score::Term {
-        term: "pair_bias",
-        reference: |cfg, at| cfg.bias.as_ref().map_or(0.0, |b| b.value(at) as f64),
-    },
-    wgsl: include_str!("../../shaders/modifiers/bias.wgsl"),
-    cuda: include_str!("../../cuda/modifiers/bias.cuh"),
-};
-
 /// A bias `[batch, heads, seq_q, seq_kv]`, row-major, in one of the dtypes the inputs take,
 /// where `batch` is 1 or the call's batch and `heads` is 1 or its heads_q (a dimension of 1
 /// is broadcast). Entry (b, h, i, j) is added to the scaled score of pair (i, j) of (batch b,
@@ -191,7 +166,7 @@ impl ScoreBias {
         seq_q: usize,
         seq_kv: usize,
     ) -> Result<()> {
-        crate::config::check_pair_tensor(
+        super::check_pair_tensor(
             "bias",
             (self.batch, self.heads, self.seq_q, self.seq_kv),
             (batch, heads_q, seq_q, seq_kv),

@@ -3,23 +3,6 @@
 
 use crate::error::{Error, Result};
 
-/// A run-time bit (its geometry: `Params::with_block_grid`, from the whole call).
-pub(crate) const MODIFIER: super::Modifier = super::Modifier {
-    name: "BLOCKS",
-    bit: 1 << 7,
-    compiled: false,
-    data: super::Data::Extras,
-    active: |cfg| cfg.block_mask.is_some(),
-    check: |cfg| match &cfg.block_mask {
-        Some(m) => m.validate(cfg.batch, cfg.heads_q, cfg.seq_q, cfg.seq_kv),
-        None => Ok(()),
-    },
-    encode: super::no_params,
-    score: super::Score::None,
-    wgsl: include_str!("../../shaders/modifiers/blocks.wgsl"),
-    cuda: "",
-};
-
 /// A block mask (block-sparse FlashAttention): query rows and keys are cut into blocks of
 /// `block_q` rows and `block_kv` keys, and pair (i, j) takes part only when block
 /// `(i / block_q, j / block_kv)` is on (and the other masks let it). `blocks` is
@@ -162,7 +145,7 @@ impl BlockMask {
                 )));
             }
         }
-        crate::config::check_broadcast("block_mask", (self.batch, self.heads), (batch, heads_q))?;
+        super::check_broadcast("block_mask", (self.batch, self.heads), (batch, heads_q))?;
         let (rows, cols) = self.grid(seq_q, seq_kv);
         let want = [self.batch, self.heads, rows, cols]
             .iter()

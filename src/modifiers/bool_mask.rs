@@ -3,27 +3,6 @@
 
 use crate::error::{Error, Result};
 
-/// Compiled in: its run-time test cost more than 2% switched off on lavapipe
-/// (docs/PERFORMANCE.md).
-pub(crate) const MODIFIER: super::Modifier = super::Modifier {
-    name: "MASK",
-    bit: 1 << 9,
-    compiled: true,
-    data: super::Data::Pairs,
-    active: |cfg| cfg.mask.is_some(),
-    check: |cfg| match &cfg.mask {
-        Some(m) => m.validate(cfg.batch, cfg.heads_q, cfg.seq_q, cfg.seq_kv),
-        None => Ok(()),
-    },
-    encode: |cfg, p| {
-        p.mask_b_stride = cfg.mask.as_ref().map_or(0, |m| m.strides().0 as u32);
-        p.mask_h_stride = cfg.mask.as_ref().map_or(0, |m| m.strides().1 as u32);
-    },
-    score: super::Score::None,
-    wgsl: include_str!("../../shaders/modifiers/mask.wgsl"),
-    cuda: "",
-};
-
 /// A boolean mask `[batch, heads, seq_q, seq_kv]`, row-major, where `batch` is 1 or the call's
 /// batch and `heads` is 1 or its heads_q (a dimension of 1 is broadcast). Pair (i, j) of
 /// (batch b, query head h) takes part only when its entry is true (and the other masks let
@@ -44,7 +23,7 @@ pub struct BoolMask {
 }
 
 /// Most entries a mask may hold: the kernels index its bits in 32 bits.
-pub const MAX_MASK_ENTRIES: u64 = crate::config::MAX_PAIR_ENTRIES;
+pub const MAX_MASK_ENTRIES: u64 = super::MAX_PAIR_ENTRIES;
 
 impl BoolMask {
     /// A mask of shape `(batch, heads, seq_q, seq_kv)`, entry (b, h, i, j) = `on(b, h, i, j)`.
@@ -163,7 +142,7 @@ impl BoolMask {
         seq_q: usize,
         seq_kv: usize,
     ) -> Result<()> {
-        crate::config::check_pair_tensor(
+        super::check_pair_tensor(
             "mask",
             (self.batch, self.heads, self.seq_q, self.seq_kv),
             (batch, heads_q, seq_q, seq_kv),

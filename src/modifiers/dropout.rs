@@ -14,34 +14,6 @@
 //! dropped with probability p (to within 2^-32). A caller that draws fresh masks for repeated
 //! calls with one seed advances `offset` by at least `ceil(seq_kv / 4)` per call.
 
-/// A Philox block per four pairs: compiled in (docs/PERFORMANCE.md).
-pub(crate) const MODIFIER: super::Modifier = super::Modifier {
-    name: "DROPOUT",
-    bit: 1 << 6,
-    compiled: true,
-    data: super::Data::Params,
-    active: |cfg| cfg.dropout.is_some(),
-    check: |cfg| match &cfg.dropout {
-        Some(d) if !(d.p >= 0.0 && d.p < 1.0) => Err(crate::Error::invalid(format!(
-            "dropout.p must be in [0, 1) (or dropout None: off), got {}",
-            d.p
-        ))),
-        _ => Ok(()),
-    },
-    encode: |cfg, p| {
-        let d = cfg.dropout;
-        p.drop_threshold = d.map_or(0, |d| d.threshold());
-        p.drop_scale = d.map_or(1.0, |d| d.keep_scale());
-        p.seed_lo = d.map_or(0, |d| d.seed as u32);
-        p.seed_hi = d.map_or(0, |d| (d.seed >> 32) as u32);
-        p.offset_lo = d.map_or(0, |d| d.offset as u32);
-        p.offset_hi = d.map_or(0, |d| (d.offset >> 32) as u32);
-    },
-    score: super::Score::None,
-    wgsl: include_str!("../../shaders/modifiers/dropout.wgsl"),
-    cuda: include_str!("../../cuda/modifiers/dropout.cuh"),
-};
-
 /// Dropout of attention probabilities: each (row, key) pair of the softmax is dropped with
 /// probability `p`; kept ones scale by `1 / (1 - p)`. The lse returned is that of the
 /// undropped softmax (as flash-attn's). `seed` and `offset` choose the mask (see the module).

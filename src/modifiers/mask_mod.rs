@@ -20,9 +20,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::user_code::{self, Required, Snippet};
-use super::{Data, Modifier, Score};
 use crate::error::Result;
-use crate::AttentionConfig;
 
 /// A host predicate of (batch, query head, row, key), for the f64 reference.
 pub type HostMaskFn = Arc<dyn Fn(usize, usize, usize, usize) -> bool + Send + Sync>;
@@ -122,29 +120,4 @@ impl fmt::Debug for MaskMod {
             .field("host", &self.host.is_some())
             .finish()
     }
-}
-
-/// Compiled in: a call without one pays nothing; each snippet is its own pipelines. Its
-/// captured tensors live in the extras.
-pub(crate) const MODIFIER: Modifier = Modifier {
-    name: "MASK_MOD",
-    bit: 1 << 14,
-    compiled: true,
-    data: Data::Extras,
-    active: |cfg| cfg.mask_mod.is_some(),
-    check: user_code::check_names,
-    encode: super::no_params,
-    score: Score::None,
-    wgsl: include_str!("../../shaders/modifiers/mask_mod.wgsl"),
-    cuda: include_str!("../../cuda/modifiers/mask_mod.cuh"),
-};
-
-/// What pipelines without a user mask take in its place (never called).
-pub(crate) const WGSL_STUB: &str = "
-fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return true; }
-";
-
-/// The f64 reference: pair (b, h, i, j) takes part by the call's mask_mod (true without one).
-pub(crate) fn reference(cfg: &AttentionConfig, b: usize, h: usize, i: usize, j: usize) -> bool {
-    cfg.mask_mod.as_ref().is_none_or(|m| m.host(b, h, i, j))
 }

@@ -7,35 +7,6 @@
 
 use crate::error::{Error, Result};
 
-/// A run-time bit. The block table follows the boolean mask's and the bias's words in the
-/// pair data.
-pub(crate) const MODIFIER: super::Modifier = super::Modifier {
-    name: "PAGED",
-    bit: 1 << 11,
-    compiled: false,
-    data: super::Data::Pairs,
-    active: |cfg| cfg.paged.is_some(),
-    check: |cfg| {
-        let Some(p) = &cfg.paged else { return Ok(()) };
-        p.check(cfg.batch, cfg.seq_kv)?;
-        if cfg.varlen.is_some() {
-            return Err(Error::invalid(
-                "paged: a paged call is a padded batch of sequences; varlen must be None",
-            ));
-        }
-        Ok(())
-    },
-    encode: |cfg, p| {
-        p.pages_base = (cfg.mask.as_ref().map_or(0, |m| m.words().len())
-            + cfg.bias.as_ref().map_or(0, |b| b.words().len())) as u32;
-        p.page_size = cfg.paged.as_ref().map_or(1, |p| p.page_size as u32);
-        p.pages_per_seq = cfg.paged.as_ref().map_or(1, |p| p.pages_per_seq as u32);
-    },
-    score: super::Score::None,
-    wgsl: "",
-    cuda: "",
-};
-
 /// A paged layout of a call's K and V (`AttentionConfig::paged`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PagedKv {

@@ -28,9 +28,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::user_code::{check_cuda, Required, Snippet};
-use super::{Data, Modifier, Pair, Score};
 use crate::error::Result;
-use crate::AttentionConfig;
 
 /// The functions a score modifier's WGSL defines.
 const REQUIRED: [Required; 2] = [
@@ -126,6 +124,11 @@ impl ScoreMod {
     pub fn captured(&self) -> &[(String, Vec<f32>)] {
         &self.code.captured
     }
+
+    /// The host functions `with_reference` gave, if any.
+    pub(crate) fn host(&self) -> Option<(&HostScoreFn, &HostScoreFn)> {
+        self.host.as_ref().map(|(f, df)| (f, df))
+    }
 }
 
 impl PartialEq for ScoreMod {
@@ -143,44 +146,6 @@ impl fmt::Debug for ScoreMod {
             .field("cuda", &self.cuda)
             .field("host", &self.host.is_some())
             .finish()
-    }
-}
-
-/// Compiled in: a call without one pays nothing; each snippet is its own pipelines. Its
-/// captured tensors live in the extras.
-pub(crate) const MODIFIER: Modifier = Modifier {
-    name: "SCORE_MOD",
-    bit: 1 << 13,
-    compiled: true,
-    data: Data::Extras,
-    active: |cfg| cfg.score_mod.is_some(),
-    check: super::no_check,
-    encode: super::no_params,
-    score: Score::Transform {
-        apply: "score_mod_apply",
-        slope: "score_mod_slope",
-        reference: |cfg, at, s| host(cfg, at, s, 0),
-        reference_slope: |cfg, at, s| host(cfg, at, s, 1),
-    },
-    wgsl: include_str!("../../shaders/modifiers/score_mod.wgsl"),
-    cuda: include_str!("../../cuda/modifiers/score_mod.cuh"),
-};
-
-/// What pipelines without a user modifier take in its place (never called: their
-/// SCORE_MOD() is false).
-pub(crate) const WGSL_STUB: &str = "
-fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s; }
-fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return 1.0; }
-";
-
-fn host(cfg: &AttentionConfig, (b, h, i, j): Pair, s: f64, which: usize) -> f64 {
-    if s == f64::NEG_INFINITY {
-        // hidden stays hidden (its probability is 0: no gradient flows through the slope)
-        return [s, 0.0][which];
-    }
-    match cfg.score_mod.as_ref().and_then(|m| m.host.as_ref()) {
-        Some((f, df)) => [f, df][which](s, b, h, i, j),
-        None => f64::NAN,
     }
 }
 

@@ -3,30 +3,6 @@
 
 use crate::error::{Error, Result};
 
-/// A run-time bit: a zero-cost test when off (docs/PERFORMANCE.md).
-pub(crate) const MODIFIER: super::Modifier = super::Modifier {
-    name: "VARLEN",
-    bit: 1 << 8,
-    compiled: false,
-    data: super::Data::Extras,
-    active: |cfg| cfg.varlen.is_some(),
-    check: |cfg| {
-        let Some(v) = &cfg.varlen else { return Ok(()) };
-        v.validate(cfg.batch, cfg.seq_q, cfg.seq_kv)?;
-        if cfg.per_batch_keys() {
-            return Err(Error::invalid(
-                "seqlens_kv and leftpad_kv must be None in a varlen call (cu_seqlens_kv \
-                 gives each sequence's keys), got one of them",
-            ));
-        }
-        Ok(())
-    },
-    encode: |cfg, p| p.sequences = cfg.varlen.as_ref().map_or(0, |v| v.sequences() as u32),
-    score: super::Score::None,
-    wgsl: include_str!("../../shaders/modifiers/varlen.wgsl"),
-    cuda: "",
-};
-
 /// The sequence boundaries of a packed call. Sequence s holds query rows
 /// `cu_seqlens_q[s]..cu_seqlens_q[s + 1]` and keys `cu_seqlens_kv[s]..cu_seqlens_kv[s + 1]`
 /// (cumulative lengths, `sequences + 1` entries each, from 0 to the totals). A call with

@@ -22,7 +22,7 @@ pub fn mask_blocks(
     cfg.mask_mod = Some(mask.clone());
     let key = KernelKey {
         flags: flags::MASK_MOD,
-        user_code: crate::modifiers::user_code::kernel_wgsl(&cfg),
+        user_code: crate::registry::user_code::kernel_wgsl(&cfg),
         ..KernelKey::plain(Kernel::MaskBlocks)
     };
     let mut params = Params {

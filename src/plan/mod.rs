@@ -141,7 +141,7 @@ impl Plan {
     /// step that keeps them (`KernelKey::bias_grad`, last), once all steps are planned. More than `EXTRAS_WORDS` values
     /// (batch x heads_q ALiBi slopes plus heads_q sinks) is a `DeviceLimit` error naming them.
     pub(crate) fn attach_extras(&mut self, cfg: &AttentionConfig) -> crate::Result<()> {
-        self.extras = crate::kernels::params::extras(cfg);
+        self.extras = crate::registry::params::extras(cfg);
         let limit = crate::kernels::wgsl::EXTRAS_WORDS as u64;
         if self.extras.len() as u64 > limit {
             return Err(crate::Error::DeviceLimit {
@@ -156,7 +156,7 @@ impl Plan {
                     .into(),
             });
         }
-        self.pairs = crate::kernels::params::pair_words(cfg);
+        self.pairs = crate::registry::params::pair_words(cfg);
         // a pipeline's bindings depend on its kernel and compiled bits alone, so a call
         // without values for one it declares binds a word of zeros there
         if self.extras.is_empty() && self.steps.iter().any(|s| s.key.uses_extras()) {
@@ -394,10 +394,10 @@ pub(crate) fn key(
     // only the specialized bits at run time (kernels::flags::SPECIALIZED); any other, the one
     // that reads them all
     let reads = kernel.reads_flags();
-    let call = reads & crate::kernels::flags::of(cfg);
+    let call = reads & crate::registry::bits(cfg);
     let specialized = call & !(env.compiled_flags | crate::kernels::flags::SPECIALIZED) == 0;
     let user_code = if kernel.takes_user_code() {
-        crate::modifiers::user_code::kernel_wgsl(cfg)
+        crate::registry::user_code::kernel_wgsl(cfg)
     } else {
         None
     };

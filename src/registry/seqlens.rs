@@ -3,23 +3,18 @@
 //! and ALiBi aligned to its own length (`align_to_seqlens`, a KV cache). The ranges live in
 //! the extras; kernels: shaders/modifiers/seqlens.wgsl and `for_batch` in cuda/common.cuh.
 
-use super::{Data, Modifier};
+use super::{Modifier, Reference};
 use crate::error::{Error, Result};
+use crate::kernels::hooks;
 use crate::kernels::params::Params;
 use crate::AttentionConfig;
 
-/// A run-time bit: a zero-cost test when off (docs/PERFORMANCE.md).
 pub(crate) const MODIFIER: Modifier = Modifier {
-    name: "SEQLENS",
-    bit: 1 << 5,
-    compiled: false,
-    data: Data::Extras,
+    hooks: &hooks::SEQLENS,
     active: |cfg| cfg.per_batch_keys(),
     check,
     encode,
-    score: super::Score::None,
-    wgsl: include_str!("../../shaders/modifiers/seqlens.wgsl"),
-    cuda: "",
+    reference: Reference::None,
 };
 
 fn check(cfg: &AttentionConfig) -> Result<()> {

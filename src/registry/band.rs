@@ -3,38 +3,29 @@
 //! `AttentionConfig::causal` and [`crate::Window`]; the kernels read the band from
 //! `Params::band_lo` / `band_hi` and the tile bounds in shaders/common.wgsl.
 
-use super::{Data, Modifier};
+use super::{Modifier, Reference};
 use crate::config::Window;
 use crate::error::{Error, Result};
+use crate::kernels::hooks;
 use crate::kernels::params::{band_offset, Params};
 use crate::AttentionConfig;
 
 /// The causal mask (bottom-right aligned).
 pub(crate) const CAUSAL: Modifier = Modifier {
-    name: "CAUSAL",
-    bit: 1 << 0,
-    compiled: false,
-    data: Data::Params,
+    hooks: &hooks::CAUSAL,
     active: |cfg| cfg.causal,
     check: super::no_check,
     encode: super::no_params,
-    score: super::Score::None,
-    wgsl: "",
-    cuda: "",
+    reference: Reference::None,
 };
 
 /// A sliding window, causal folded in.
 pub(crate) const WINDOW: Modifier = Modifier {
-    name: "WINDOW",
-    bit: 1 << 1,
-    compiled: false,
-    data: Data::Params,
+    hooks: &hooks::WINDOW,
     active: |cfg| cfg.window.is_active(),
     check,
     encode,
-    score: super::Score::None,
-    wgsl: "",
-    cuda: "",
+    reference: Reference::None,
 };
 
 fn check(cfg: &AttentionConfig) -> Result<()> {

@@ -3,23 +3,18 @@
 //! (`Gradients::d_sinks`). Sinks live in the extras; kernels: shaders/modifiers/sinks.wgsl and
 //! the lse/merge functions of shaders/common.wgsl, whose rows they join.
 
-use super::{Data, Modifier};
+use super::{Modifier, Reference};
 use crate::config::check_values;
 use crate::error::Result;
+use crate::kernels::hooks;
 use crate::AttentionConfig;
 
-/// A run-time bit: a zero-cost test when off (docs/PERFORMANCE.md).
 pub(crate) const MODIFIER: Modifier = Modifier {
-    name: "SINKS",
-    bit: 1 << 4,
-    compiled: false,
-    data: Data::Extras,
+    hooks: &hooks::SINKS,
     active: |cfg| cfg.sinks.is_some(),
     check,
     encode: super::no_params,
-    score: super::Score::None,
-    wgsl: include_str!("../../shaders/modifiers/sinks.wgsl"),
-    cuda: "",
+    reference: Reference::None,
 };
 
 fn check(cfg: &AttentionConfig) -> Result<()> {

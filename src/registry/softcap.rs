@@ -2,30 +2,23 @@
 //! softmax (`AttentionConfig::softcap`). Kernels: shaders/modifiers/softcap.wgsl and
 //! cuda/modifiers/softcap.cuh, in the exp2 domain (`Params::softcap2` = c log2(e)).
 
-use super::{Data, Modifier, Score};
+use super::{Modifier, Reference};
 use crate::error::{Error, Result};
+use crate::kernels::hooks;
 use crate::kernels::params::Params;
 use crate::AttentionConfig;
 
-/// A tanh per score: compiled in, so that calls without a softcap pay nothing for it.
 pub(crate) const MODIFIER: Modifier = Modifier {
-    name: "SOFTCAP",
-    bit: 1 << 2,
-    compiled: true,
-    data: Data::Params,
+    hooks: &hooks::SOFTCAP,
     active: |cfg| cfg.softcap.is_some(),
     check,
     encode: |cfg, p: &mut Params| {
         p.softcap2 = cfg.softcap.map_or(0.0, |c| c * std::f32::consts::LOG2_E);
     },
-    score: Score::Transform {
-        apply: "softcap_score",
-        slope: "softcap_slope",
-        reference: |cfg, _, s| reference(cfg, s),
-        reference_slope: |cfg, _, s| reference_slope(cfg, s),
+    reference: Reference::Transform {
+        value: |cfg, _, s| reference(cfg, s),
+        slope: |cfg, _, s| reference_slope(cfg, s),
     },
-    wgsl: include_str!("../../shaders/modifiers/softcap.wgsl"),
-    cuda: include_str!("../../cuda/modifiers/softcap.cuh"),
 };
 
 fn check(cfg: &AttentionConfig) -> Result<()> {

@@ -3,26 +3,18 @@
 //! (`AttentionConfig::alibi_slopes`). Slopes live in the extras; kernels:
 //! shaders/modifiers/alibi.wgsl and cuda/modifiers/alibi.cuh.
 
-use super::{Data, Modifier, Pair, Score};
+use super::{Modifier, Pair, Reference};
 use crate::config::check_values;
 use crate::error::Result;
+use crate::kernels::hooks;
 use crate::AttentionConfig;
 
-/// A run-time bit: a zero-cost test when off (docs/PERFORMANCE.md).
 pub(crate) const MODIFIER: Modifier = Modifier {
-    name: "ALIBI",
-    bit: 1 << 3,
-    compiled: false,
-    data: Data::Extras,
+    hooks: &hooks::ALIBI,
     active: |cfg| cfg.alibi_slopes.is_some(),
     check,
     encode: super::no_params,
-    score: Score::Term {
-        term: "alibi_term",
-        reference,
-    },
-    wgsl: include_str!("../../shaders/modifiers/alibi.wgsl"),
-    cuda: include_str!("../../cuda/modifiers/alibi.cuh"),
+    reference: Reference::Term(reference),
 };
 
 fn check(cfg: &AttentionConfig) -> Result<()> {
