@@ -32,9 +32,11 @@ use crate::rotary::Rotary;
 
 pub use crate::error::Backend;
 
-/// The calls every backend offers, with the same semantics, layouts and errors (see
-/// [`Context::forward`](crate::Context::forward) and
-/// [`Context::backward`](crate::Context::backward) for both).
+/// The calls every backend offers, with the same semantics, layouts and errors. Each device
+/// call is documented once, on the wgpu [`Context`](crate::Context)'s method of its name
+/// (linked below), and each backend defines it as an inherent method that this trait
+/// delegates to in one generated line; the host-slice calls are defined and documented once
+/// here, and every backend has them as inherent methods too.
 pub trait AttentionBackend {
     /// A device-resident tensor of this backend.
     type Tensor;
@@ -45,13 +47,14 @@ pub trait AttentionBackend {
     /// The device's name, as its driver reports it.
     fn device_name(&self) -> String;
 
-    /// Copies host data to a new device tensor of `shape`, in `T`'s dtype.
+    /// Copies host data to a new device tensor ([`Context::upload`](crate::Context::upload)).
     fn upload<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<Self::Tensor>;
 
-    /// Copies a device tensor back to the host; `T` must be the tensor's dtype.
+    /// Copies a device tensor back to the host
+    /// ([`Context::download`](crate::Context::download)).
     fn download<T: Element>(&self, t: &Self::Tensor) -> Result<Vec<T>>;
 
-    /// Forward pass on device tensors: out (q's dtype) and lse (f32, natural log).
+    /// The forward pass on device tensors ([`Context::forward`](crate::Context::forward)).
     fn forward(
         &self,
         cfg: &AttentionConfig,
@@ -60,7 +63,8 @@ pub trait AttentionBackend {
         v: &Self::Tensor,
     ) -> Result<Forward<Self::Tensor>>;
 
-    /// Backward pass on device tensors, from the forward's out and lse.
+    /// The backward pass on device tensors
+    /// ([`Context::backward`](crate::Context::backward)).
     #[allow(clippy::too_many_arguments)]
     fn backward(
         &self,
@@ -91,14 +95,11 @@ pub trait AttentionBackend {
         self.backward(cfg, q, k, v, out, lse, d_out)
     }
 
-    /// Merges partial results over disjoint key shards, `(out_i, lse_i)`, into the exact
-    /// result over all their keys (module [`merge`](crate::merge)).
+    /// Merges partial results over disjoint key shards ([`Context::merge`](crate::Context::merge)).
     fn merge(&self, shards: &[Forward<Self::Tensor>]) -> Result<Forward<Self::Tensor>>;
 
-    /// Attention of q over a KV cache (`[batch, cfg.seq_kv, heads_kv, head_dim]` each, batch b
-    /// holding `cache_seqlens[b]` rows), after appending `append` (`[batch, new, heads_kv,
-    /// head_dim]` each) at each batch's length; aligned per batch (module
-    /// [`kvcache`](crate::kvcache)).
+    /// Attention over a KV cache after an optional append
+    /// ([`Context::forward_with_kvcache`](crate::Context::forward_with_kvcache)).
     #[allow(clippy::too_many_arguments)]
     fn forward_with_kvcache(
         &self,
@@ -110,9 +111,8 @@ pub trait AttentionBackend {
         append: Option<(&Self::Tensor, &Self::Tensor)>,
     ) -> Result<Forward<Self::Tensor>>;
 
-    /// [`forward_with_kvcache`](AttentionBackend::forward_with_kvcache) with a rotary
-    /// embedding fused in (module [`rotary`](crate::rotary)): q rotated at its positions, the
-    /// new keys before they are appended.
+    /// The same with a rotary embedding fused in
+    /// ([`Context::forward_with_kvcache_rotary`](crate::Context::forward_with_kvcache_rotary)).
     #[allow(clippy::too_many_arguments)]
     fn forward_with_kvcache_rotary(
         &self,
@@ -125,9 +125,12 @@ pub trait AttentionBackend {
         rotary: Rotary<'_, Self::Tensor>,
     ) -> Result<Forward<Self::Tensor>>;
 
-    /// An 8-bit KV cache (module [`kv_format`](crate::kv_format)) holding `data`
-    /// (f32, `shape`'s values row-major), quantized on the host and uploaded; `head_scales`
-    /// are E4M3's per-kv-head scales, `None` for Q8_0.
+    /// An 8-bit KV cache (module [`kv_format`](crate::kv_format)) holding `data` (f32,
+    /// `shape`'s values row-major; zeros for an empty cache), quantized on the host by the
+    /// kernels' rules ([`CacheFormat::quantize`]) and uploaded. `head_scales`: E4M3's
+    /// per-kv-head scales (e.g. [`CacheFormat::e4m3_head_scales`] of a prefill), `None` for
+    /// Q8_0. Typed errors for a head_dim that is not a multiple of 32, a wrong length or bad
+    /// scales.
     fn quantized_cache(
         &self,
         format: CacheFormat,
@@ -144,7 +147,7 @@ pub trait AttentionBackend {
     }
 
     /// The values an 8-bit cache holds, downloaded and dequantized on the host as the kernels
-    /// read them.
+    /// read them (each byte times its scale in f32). Waits for the device.
     fn dequantize_cache(&self, cache: &QuantizedCache<Self::Tensor>) -> Result<Vec<f32>> {
         let words: Vec<f32> = self.download(&cache.words)?;
         cache
@@ -152,9 +155,8 @@ pub trait AttentionBackend {
             .dequantize(bytemuck::cast_slice(&words), cache.shape)
     }
 
-    /// [`forward_with_kvcache`](AttentionBackend::forward_with_kvcache) over 8-bit caches
-    /// (module [`kv_format`](crate::kv_format)): the append quantized on the
-    /// device, the kernels reading bytes and scales. wgpu only: `Unsupported` on CUDA.
+    /// Attention over 8-bit caches after an optional append
+    /// ([`Context::forward_with_quantized_kvcache`](crate::Context::forward_with_quantized_kvcache)).
     fn forward_with_quantized_kvcache(
         &self,
         cfg: &AttentionConfig,
@@ -167,9 +169,8 @@ pub trait AttentionBackend {
         append: Option<(&Self::Tensor, &Self::Tensor)>,
     ) -> Result<Forward<Self::Tensor>>;
 
-    /// [`forward_with_quantized_kvcache`](AttentionBackend::forward_with_quantized_kvcache)
-    /// with a rotary embedding fused in: q rotated at its positions, the new keys before they
-    /// are quantized into the cache. wgpu only: `Unsupported` on CUDA.
+    /// The same with a rotary embedding fused in
+    /// ([`Context::forward_with_quantized_kvcache_rotary`](crate::Context::forward_with_quantized_kvcache_rotary)).
     #[allow(clippy::too_many_arguments)]
     fn forward_with_quantized_kvcache_rotary(
         &self,
@@ -184,12 +185,13 @@ pub trait AttentionBackend {
         rotary: Rotary<'_, Self::Tensor>,
     ) -> Result<Forward<Self::Tensor>>;
 
-    /// GPU time of the most recent forward or backward call, where the backend measures it.
+    /// GPU time of the most recent call, where the backend measures it
+    /// ([`Context::last_gpu_timing`](crate::Context::last_gpu_timing)).
     fn last_gpu_timing(&self) -> Option<GpuTiming>;
 
     /// [`merge`](AttentionBackend::merge) on host slices: each shard's out shaped `out_shape`
     /// (`[batch, seq_q, heads_q, head_dim]`) in `T`, its lse f32 `[batch, heads_q, seq_q]`
-    /// (finite, -inf or NaN; +inf is refused). Checks, uploads, merges, downloads.
+    /// (finite, -inf or NaN; +inf is refused). Checks, uploads, merges, downloads (waits).
     fn merge_host<T: Element>(
         &self,
         out_shape: &[usize],
@@ -228,7 +230,8 @@ pub trait AttentionBackend {
         })
     }
 
-    /// Forward pass on host slices: checks, uploads, runs, downloads.
+    /// The forward pass on host slices of f32, `half::f16` or `half::bf16`: checks, uploads,
+    /// runs, downloads (waits). `out` comes back in the inputs' type, `lse` in f32.
     fn forward_host<T: Element>(
         &self,
         cfg: &AttentionConfig,
@@ -249,7 +252,8 @@ pub trait AttentionBackend {
         })
     }
 
-    /// Backward pass on host slices (lse in f32): checks, uploads, runs, downloads.
+    /// The backward pass on host slices of f32, `half::f16` or `half::bf16` (lse in f32):
+    /// checks, uploads, runs, downloads (waits).
     #[allow(clippy::too_many_arguments)]
     fn backward_host<T: Element>(
         &self,
@@ -282,132 +286,194 @@ pub trait AttentionBackend {
     }
 }
 
-impl AttentionBackend for crate::Context {
-    type Tensor = crate::Tensor;
+/// Implements [`AttentionBackend`] for a backend whose inherent methods define the device
+/// calls (each delegated here in one line), and gives that backend the trait's host-slice
+/// calls as inherent methods too, so that its users need not import the trait. Each call
+/// thus has one body and one doc: a device call's on the backend (the wgpu `Context`'s
+/// states what every backend shares), a host call's on the trait. `$name` gives the
+/// device's name; `$extra` holds the trait items a backend overrides beyond these.
+macro_rules! attention_backend {
+    ($ctx:ty, $tensor:ty, $backend:expr, |$c:ident| $name:expr $(, { $($extra:tt)* })?) => {
+        impl crate::backend::AttentionBackend for $ctx {
+            type Tensor = $tensor;
+            fn backend(&self) -> crate::backend::Backend { $backend }
+            fn device_name(&self) -> String { let $c = self; $name }
+            fn upload<T: crate::dtype::Element>(
+                &self,
+                data: &[T],
+                shape: &[usize],
+            ) -> crate::error::Result<$tensor> {
+                <$ctx>::upload(self, data, shape)
+            }
+            fn download<T: crate::dtype::Element>(
+                &self,
+                t: &$tensor,
+            ) -> crate::error::Result<Vec<T>> {
+                <$ctx>::download(self, t)
+            }
+            fn forward(
+                &self,
+                cfg: &crate::config::AttentionConfig,
+                q: &$tensor,
+                k: &$tensor,
+                v: &$tensor,
+            ) -> crate::error::Result<crate::outputs::Forward<$tensor>> {
+                <$ctx>::forward(self, cfg, q, k, v)
+            }
+            fn backward(
+                &self,
+                cfg: &crate::config::AttentionConfig,
+                q: &$tensor,
+                k: &$tensor,
+                v: &$tensor,
+                out: &$tensor,
+                lse: &$tensor,
+                d_out: &$tensor,
+            ) -> crate::error::Result<crate::outputs::Gradients<$tensor>> {
+                <$ctx>::backward(self, cfg, q, k, v, out, lse, d_out)
+            }
+            fn merge(
+                &self,
+                shards: &[crate::outputs::Forward<$tensor>],
+            ) -> crate::error::Result<crate::outputs::Forward<$tensor>> {
+                <$ctx>::merge(self, shards)
+            }
+            fn forward_with_kvcache(
+                &self,
+                cfg: &crate::config::AttentionConfig,
+                q: &$tensor,
+                k_cache: &mut $tensor,
+                v_cache: &mut $tensor,
+                cache_seqlens: &[usize],
+                append: Option<(&$tensor, &$tensor)>,
+            ) -> crate::error::Result<crate::outputs::Forward<$tensor>> {
+                <$ctx>::forward_with_kvcache(self, cfg, q, k_cache, v_cache, cache_seqlens, append)
+            }
+            fn forward_with_kvcache_rotary(
+                &self,
+                cfg: &crate::config::AttentionConfig,
+                q: &$tensor,
+                k_cache: &mut $tensor,
+                v_cache: &mut $tensor,
+                cache_seqlens: &[usize],
+                append: Option<(&$tensor, &$tensor)>,
+                rotary: crate::rotary::Rotary<'_, $tensor>,
+            ) -> crate::error::Result<crate::outputs::Forward<$tensor>> {
+                <$ctx>::forward_with_kvcache_rotary(
+                    self, cfg, q, k_cache, v_cache, cache_seqlens, append, rotary,
+                )
+            }
+            fn forward_with_quantized_kvcache(
+                &self,
+                cfg: &crate::config::AttentionConfig,
+                q: &$tensor,
+                caches: (&mut crate::kvcache::QuantizedCache<$tensor>,
+                &mut crate::kvcache::QuantizedCache<$tensor>),
+                cache_seqlens: &[usize],
+                append: Option<(&$tensor, &$tensor)>,
+            ) -> crate::error::Result<crate::outputs::Forward<$tensor>> {
+                <$ctx>::forward_with_quantized_kvcache(self, cfg, q, caches, cache_seqlens, append)
+            }
+            fn forward_with_quantized_kvcache_rotary(
+                &self,
+                cfg: &crate::config::AttentionConfig,
+                q: &$tensor,
+                caches: (&mut crate::kvcache::QuantizedCache<$tensor>,
+                &mut crate::kvcache::QuantizedCache<$tensor>),
+                cache_seqlens: &[usize],
+                append: Option<(&$tensor, &$tensor)>,
+                rotary: crate::rotary::Rotary<'_, $tensor>,
+            ) -> crate::error::Result<crate::outputs::Forward<$tensor>> {
+                <$ctx>::forward_with_quantized_kvcache_rotary(
+                    self, cfg, q, caches, cache_seqlens, append, rotary,
+                )
+            }
+            fn last_gpu_timing(
+                &self,
+            ) -> Option<crate::device::GpuTiming> {
+                <$ctx>::last_gpu_timing(self)
+            }
+            $($($extra)*)?
+        }
 
-    fn backend(&self) -> Backend {
-        Backend::Wgpu
-    }
-
-    fn device_name(&self) -> String {
-        self.adapter_info().name.clone()
-    }
-
-    fn upload<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<crate::Tensor> {
-        crate::Context::upload(self, data, shape)
-    }
-
-    fn download<T: Element>(&self, t: &crate::Tensor) -> Result<Vec<T>> {
-        crate::Context::download(self, t)
-    }
-
-    fn forward(
-        &self,
-        cfg: &AttentionConfig,
-        q: &crate::Tensor,
-        k: &crate::Tensor,
-        v: &crate::Tensor,
-    ) -> Result<Forward> {
-        crate::Context::forward(self, cfg, q, k, v)
-    }
-
-    fn backward(
-        &self,
-        cfg: &AttentionConfig,
-        q: &crate::Tensor,
-        k: &crate::Tensor,
-        v: &crate::Tensor,
-        out: &crate::Tensor,
-        lse: &crate::Tensor,
-        d_out: &crate::Tensor,
-    ) -> Result<Gradients> {
-        crate::Context::backward(self, cfg, q, k, v, out, lse, d_out)
-    }
-
-    fn merge(&self, shards: &[Forward]) -> Result<Forward> {
-        crate::Context::merge(self, shards)
-    }
-
-    fn forward_with_kvcache(
-        &self,
-        cfg: &AttentionConfig,
-        q: &crate::Tensor,
-        k_cache: &mut crate::Tensor,
-        v_cache: &mut crate::Tensor,
-        cache_seqlens: &[usize],
-        append: Option<(&crate::Tensor, &crate::Tensor)>,
-    ) -> Result<Forward> {
-        crate::Context::forward_with_kvcache(self, cfg, q, k_cache, v_cache, cache_seqlens, append)
-    }
-
-    fn forward_with_quantized_kvcache(
-        &self,
-        cfg: &AttentionConfig,
-        q: &crate::Tensor,
-        caches: (&mut QuantizedCache, &mut QuantizedCache),
-        cache_seqlens: &[usize],
-        append: Option<(&crate::Tensor, &crate::Tensor)>,
-    ) -> Result<Forward> {
-        crate::Context::forward_with_quantized_kvcache(self, cfg, q, caches, cache_seqlens, append)
-    }
-
-    fn forward_with_quantized_kvcache_rotary(
-        &self,
-        cfg: &AttentionConfig,
-        q: &crate::Tensor,
-        caches: (&mut QuantizedCache, &mut QuantizedCache),
-        cache_seqlens: &[usize],
-        append: Option<(&crate::Tensor, &crate::Tensor)>,
-        rotary: Rotary<'_, crate::Tensor>,
-    ) -> Result<Forward> {
-        crate::Context::forward_with_quantized_kvcache_rotary(
-            self,
-            cfg,
-            q,
-            caches,
-            cache_seqlens,
-            append,
-            rotary,
-        )
-    }
-
-    fn forward_with_kvcache_rotary(
-        &self,
-        cfg: &AttentionConfig,
-        q: &crate::Tensor,
-        k_cache: &mut crate::Tensor,
-        v_cache: &mut crate::Tensor,
-        cache_seqlens: &[usize],
-        append: Option<(&crate::Tensor, &crate::Tensor)>,
-        rotary: Rotary<'_, crate::Tensor>,
-    ) -> Result<Forward> {
-        crate::Context::forward_with_kvcache_rotary(
-            self,
-            cfg,
-            q,
-            k_cache,
-            v_cache,
-            cache_seqlens,
-            append,
-            rotary,
-        )
-    }
-
-    fn last_gpu_timing(&self) -> Option<GpuTiming> {
-        crate::Context::last_gpu_timing(self)
-    }
-
-    /// lse was checked on the host: not read back again.
-    fn backward_lse_checked(
-        &self,
-        cfg: &AttentionConfig,
-        q: &crate::Tensor,
-        k: &crate::Tensor,
-        v: &crate::Tensor,
-        out: &crate::Tensor,
-        lse: &crate::Tensor,
-        d_out: &crate::Tensor,
-    ) -> Result<Gradients> {
-        self.backward_lse_checked_on_host(cfg, (q, k, v), (out, lse, d_out))
-    }
+        /// The host-slice calls, defined once on [`AttentionBackend`](crate::AttentionBackend)
+        /// and callable here without importing it.
+        impl $ctx {
+            /// [`AttentionBackend::forward_host`](crate::AttentionBackend::forward_host).
+            pub fn forward_host<T: crate::dtype::Element>(
+                &self,
+                cfg: &crate::config::AttentionConfig,
+                q: &[T],
+                k: &[T],
+                v: &[T],
+            ) -> crate::error::Result<crate::outputs::HostForward<T>> {
+                crate::backend::AttentionBackend::forward_host(self, cfg, q, k, v)
+            }
+            /// [`AttentionBackend::backward_host`](crate::AttentionBackend::backward_host).
+            #[allow(clippy::too_many_arguments)]
+            pub fn backward_host<T: crate::dtype::Element>(
+                &self,
+                cfg: &crate::config::AttentionConfig,
+                q: &[T],
+                k: &[T],
+                v: &[T],
+                out: &[T],
+                lse: &[f32],
+                d_out: &[T],
+            ) -> crate::error::Result<crate::outputs::HostGradients<T>> {
+                crate::backend::AttentionBackend::backward_host(self, cfg, q, k, v, out, lse, d_out)
+            }
+            /// [`AttentionBackend::merge_host`](crate::AttentionBackend::merge_host).
+            pub fn merge_host<T: crate::dtype::Element>(
+                &self,
+                out_shape: &[usize],
+                shards: &[crate::outputs::HostForward<T>],
+            ) -> crate::error::Result<crate::outputs::HostForward<T>> {
+                crate::backend::AttentionBackend::merge_host(self, out_shape, shards)
+            }
+            /// [`AttentionBackend::quantized_cache`](crate::AttentionBackend::quantized_cache).
+            pub fn quantized_cache(
+                &self,
+                format: crate::kv_format::CacheFormat,
+                data: &[f32],
+                shape: [usize; 4],
+                head_scales: Option<&[f32]>,
+            ) -> crate::error::Result<crate::kvcache::QuantizedCache<$tensor>> {
+                use crate::backend::AttentionBackend as B;
+                B::quantized_cache(self, format, data, shape, head_scales)
+            }
+            /// [`AttentionBackend::dequantize_cache`](crate::AttentionBackend::dequantize_cache).
+            pub fn dequantize_cache(
+                &self,
+                cache: &crate::kvcache::QuantizedCache<$tensor>,
+            ) -> crate::error::Result<Vec<f32>> {
+                crate::backend::AttentionBackend::dequantize_cache(self, cache)
+            }
+        }
+    };
 }
+#[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
+pub(crate) use attention_backend;
+
+attention_backend!(
+    crate::Context,
+    crate::Tensor,
+    Backend::Wgpu,
+    |c| c.adapter_info().name.clone(),
+    {
+        /// lse was checked on the host: not read back again.
+        #[allow(clippy::too_many_arguments)]
+        fn backward_lse_checked(
+            &self,
+            cfg: &AttentionConfig,
+            q: &crate::Tensor,
+            k: &crate::Tensor,
+            v: &crate::Tensor,
+            out: &crate::Tensor,
+            lse: &crate::Tensor,
+            d_out: &crate::Tensor,
+        ) -> Result<Gradients> {
+            self.backward_lse_checked_on_host(cfg, (q, k, v), (out, lse, d_out))
+        }
+    }
+);

@@ -4,7 +4,7 @@
 use crate::checks::check_lse_values;
 use crate::config::AttentionConfig;
 use crate::device::Context;
-use crate::dtype::{DType, Element};
+use crate::dtype::DType;
 use crate::error::{Result, TensorRole};
 use crate::plan;
 use crate::tensor::check_tensor;
@@ -124,22 +124,6 @@ impl Context {
                 "internal: backward plan without dq, dk, dv".into(),
             )),
         }
-    }
-
-    /// Backward pass on host slices of f32, `half::f16` or `half::bf16` (lse in f32);
-    /// uploads, runs, downloads ([`AttentionBackend::backward_host`](crate::AttentionBackend::backward_host)).
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward_host<T: Element>(
-        &self,
-        cfg: &AttentionConfig,
-        q: &[T],
-        k: &[T],
-        v: &[T],
-        out: &[T],
-        lse: &[f32],
-        d_out: &[T],
-    ) -> Result<HostGradients<T>> {
-        crate::AttentionBackend::backward_host(self, cfg, q, k, v, out, lse, d_out)
     }
 
     /// The device backward of [`backward_host`](Self::backward_host), whose lse values the

@@ -2,7 +2,6 @@
 
 use crate::config::AttentionConfig;
 use crate::device::Context;
-use crate::dtype::Element;
 use crate::error::{Result, TensorRole};
 use crate::plan;
 use crate::tensor::check_tensor;
@@ -112,17 +111,5 @@ impl Context {
         let given = dst.map(|d| [&d.out, &d.lse]);
         let outputs = self.execute_into(&plan, &[q, k, v], into, given.as_ref().map(|g| &g[..]))?;
         Forward::from_outputs(outputs, "forward")
-    }
-
-    /// Forward pass on host slices of f32, `half::f16` or `half::bf16`; uploads, runs,
-    /// downloads. `out` comes back in the inputs' type, `lse` in f32.
-    pub fn forward_host<T: Element>(
-        &self,
-        cfg: &AttentionConfig,
-        q: &[T],
-        k: &[T],
-        v: &[T],
-    ) -> Result<HostForward<T>> {
-        crate::AttentionBackend::forward_host(self, cfg, q, k, v)
     }
 }

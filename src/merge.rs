@@ -59,15 +59,4 @@ impl Context {
         let inputs: Vec<&Tensor> = shards.iter().flat_map(|s| [&s.out, &s.lse]).collect();
         Forward::from_outputs(self.execute(&plan, &inputs)?, "merge")
     }
-
-    /// [`merge`](Context::merge) on host slices: each shard's out shaped `out_shape`
-    /// (`[batch, seq_q, heads_q, head_dim]`) in `T`, its lse f32 `[batch, heads_q, seq_q]`
-    /// (finite, -inf or NaN; +inf is refused). Uploads, merges, downloads.
-    pub fn merge_host<T: crate::Element>(
-        &self,
-        out_shape: &[usize],
-        shards: &[crate::HostForward<T>],
-    ) -> Result<crate::HostForward<T>> {
-        crate::AttentionBackend::merge_host(self, out_shape, shards)
-    }
 }

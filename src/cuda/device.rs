@@ -18,7 +18,7 @@ use super::kernels::{
 };
 use super::nvrtc::Nvrtc;
 use super::tensor::{next_owner, CudaTensor};
-use crate::backend::{AttentionBackend, Backend};
+use crate::backend::Backend;
 use crate::checks::shape_elements;
 use crate::checks::{check_lse_values, check_meta};
 use crate::checks::{check_shards, ShardMeta};
@@ -1066,76 +1066,11 @@ impl CudaContext {
     }
 }
 
-/// What CUDA answers a call over 8-bit KV caches.
-fn eight_bit_caches_unsupported() -> Error {
-    Error::Unsupported {
-        feature: "8-bit KV caches (q8_0, e4m3)".into(),
-        backend: Backend::Cuda,
-        reason: "the CUDA kernels read f32, f16 and bf16 caches only; the wgpu backend reads \
-                 8-bit ones"
-            .into(),
-    }
-}
-
-impl AttentionBackend for CudaContext {
-    type Tensor = CudaTensor;
-
-    fn backend(&self) -> Backend {
-        Backend::Cuda
-    }
-
-    fn device_name(&self) -> String {
-        self.name.clone()
-    }
-
-    fn upload<T: Element>(&self, data: &[T], shape: &[usize]) -> Result<CudaTensor> {
-        CudaContext::upload(self, data, shape)
-    }
-
-    fn download<T: Element>(&self, t: &CudaTensor) -> Result<Vec<T>> {
-        CudaContext::download(self, t)
-    }
-
-    fn forward(
-        &self,
-        cfg: &AttentionConfig,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-    ) -> Result<Forward<CudaTensor>> {
-        CudaContext::forward(self, cfg, q, k, v)
-    }
-
-    fn backward(
-        &self,
-        cfg: &AttentionConfig,
-        q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
-        out: &CudaTensor,
-        lse: &CudaTensor,
-        d_out: &CudaTensor,
-    ) -> Result<Gradients<CudaTensor>> {
-        CudaContext::backward(self, cfg, q, k, v, out, lse, d_out)
-    }
-
-    fn merge(&self, shards: &[Forward<CudaTensor>]) -> Result<Forward<CudaTensor>> {
-        CudaContext::merge(self, shards)
-    }
-
-    fn forward_with_kvcache(
-        &self,
-        cfg: &AttentionConfig,
-        q: &CudaTensor,
-        k_cache: &mut CudaTensor,
-        v_cache: &mut CudaTensor,
-        cache_seqlens: &[usize],
-        append: Option<(&CudaTensor, &CudaTensor)>,
-    ) -> Result<Forward<CudaTensor>> {
-        CudaContext::forward_with_kvcache(self, cfg, q, k_cache, v_cache, cache_seqlens, append)
-    }
-
-    fn forward_with_quantized_kvcache(
+impl CudaContext {
+    /// [`Context::forward_with_quantized_kvcache`](crate::Context::forward_with_quantized_kvcache)
+    /// on CUDA: a typed `Unsupported` (docs/CUDA.md): the CUDA kernels read f32, f16 and bf16
+    /// caches only.
+    pub fn forward_with_quantized_kvcache(
         &self,
         _cfg: &AttentionConfig,
         _q: &CudaTensor,
@@ -1149,7 +1084,11 @@ impl AttentionBackend for CudaContext {
         Err(eight_bit_caches_unsupported())
     }
 
-    fn forward_with_quantized_kvcache_rotary(
+    /// [`Context::forward_with_quantized_kvcache_rotary`](crate::Context::forward_with_quantized_kvcache_rotary)
+    /// on CUDA: a typed `Unsupported`, as
+    /// [`forward_with_quantized_kvcache`](Self::forward_with_quantized_kvcache).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_with_quantized_kvcache_rotary(
         &self,
         _cfg: &AttentionConfig,
         _q: &CudaTensor,
@@ -1163,33 +1102,22 @@ impl AttentionBackend for CudaContext {
     ) -> Result<Forward<CudaTensor>> {
         Err(eight_bit_caches_unsupported())
     }
+}
 
-    fn forward_with_kvcache_rotary(
-        &self,
-        cfg: &AttentionConfig,
-        q: &CudaTensor,
-        k_cache: &mut CudaTensor,
-        v_cache: &mut CudaTensor,
-        cache_seqlens: &[usize],
-        append: Option<(&CudaTensor, &CudaTensor)>,
-        rotary: Rotary<'_, CudaTensor>,
-    ) -> Result<Forward<CudaTensor>> {
-        CudaContext::forward_with_kvcache_rotary(
-            self,
-            cfg,
-            q,
-            k_cache,
-            v_cache,
-            cache_seqlens,
-            append,
-            rotary,
-        )
-    }
-
-    fn last_gpu_timing(&self) -> Option<GpuTiming> {
-        CudaContext::last_gpu_timing(self)
+/// What CUDA answers a call over 8-bit KV caches.
+fn eight_bit_caches_unsupported() -> Error {
+    Error::Unsupported {
+        feature: "8-bit KV caches (q8_0, e4m3)".into(),
+        backend: Backend::Cuda,
+        reason: "the CUDA kernels read f32, f16 and bf16 caches only; the wgpu backend reads \
+                 8-bit ones"
+            .into(),
     }
 }
+
+crate::backend::attention_backend!(CudaContext, CudaTensor, Backend::Cuda, |c| c
+    .device_name()
+    .to_string());
 
 /// A null device pointer: the `extras` argument of calls without any extras (the kernels
 /// compiled without them never read it).

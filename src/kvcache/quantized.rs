@@ -21,34 +21,12 @@ use crate::config::AttentionConfig;
 use crate::device::Context;
 use crate::error::{Error, Result, TensorRole};
 use crate::forward::Forward;
-use crate::kv_format::CacheFormat;
 use crate::rotary::Rotary;
 use crate::tensor::Tensor;
 
 pub use super::cache::QuantizedCache;
 
 impl Context {
-    /// An 8-bit KV cache holding `data` (f32, `shape`'s values row-major; zeros for an empty
-    /// cache), quantized on the host by the kernels' rules ([`CacheFormat::quantize`]) and
-    /// uploaded. `head_scales`: E4M3's per-kv-head scales (e.g.
-    /// [`CacheFormat::e4m3_head_scales`] of a prefill), `None` for Q8_0. Typed errors for a
-    /// head_dim that is not a multiple of 32, a wrong length or bad scales.
-    pub fn quantized_cache(
-        &self,
-        format: CacheFormat,
-        data: &[f32],
-        shape: [usize; 4],
-        head_scales: Option<&[f32]>,
-    ) -> Result<QuantizedCache> {
-        crate::AttentionBackend::quantized_cache(self, format, data, shape, head_scales)
-    }
-
-    /// The values a cache holds, downloaded and dequantized on the host (as the kernels read
-    /// them: each byte times its scale in f32). Waits for the device.
-    pub fn dequantize_cache(&self, cache: &QuantizedCache) -> Result<Vec<f32>> {
-        crate::AttentionBackend::dequantize_cache(self, cache)
-    }
-
     /// [`forward_with_kvcache`](Context::forward_with_kvcache) over 8-bit caches: appends
     /// `append = Some((k_new, v_new))` (`[batch, new, heads_kv, head_dim]`, v_new `head_dim_v`
     /// wide, in q's dtype, row-major) quantized on the GPU at each batch's length, then attends
