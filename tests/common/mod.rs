@@ -65,8 +65,20 @@ pub fn algorithm_variants() -> Vec<(Algorithm, Variant)> {
         .collect()
 }
 
+/// The context the tests share. Its tuning stays as made: a test that sets a variant or a
+/// subgroup size makes a context of its own, since tests run side by side and another's
+/// change would swap their kernels mid-test (a bit-equality check between two calls once
+/// failed so). A changed tuning fails the next test that asks for the context.
 pub fn ctx() -> &'static Context {
-    try_ctx().unwrap_or_else(|e| panic!("no GPU context for tests: {e}"))
+    let ctx = try_ctx().unwrap_or_else(|e| panic!("no GPU context for tests: {e}"));
+    static MADE: OnceLock<flash_attn_wgpu::Tuning> = OnceLock::new();
+    let made = *MADE.get_or_init(|| ctx.tuning());
+    assert_eq!(
+        ctx.tuning(),
+        made,
+        "a test changed the shared context's tuning: give it a context of its own"
+    );
+    ctx
 }
 
 /// Set (to anything) where the wgpu halves of tests/gpu/backends.rs must run: CI sets it
