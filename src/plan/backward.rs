@@ -1,15 +1,14 @@
 //! The backward plan: the delta preprocess, then dK/dV and dQ (tiled), or the naive path's
 //! five kernels per chunk.
 
-use super::{
-    key, naive, pass_kernel, split, tiled_step, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec,
-    Step,
-};
-use crate::config::{Algorithm, AttentionConfig};
+use super::route::{self, Route};
+use super::step::{key, tiled_step, TiledPass};
+use super::{split, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec, Step};
+use crate::config::AttentionConfig;
 use crate::dtype::DType;
 use crate::error::{Result, TensorRole};
 use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
-use crate::kernels::{Kernel, Params, Pass, Tiles};
+use crate::kernels::{Kernel, Params, Tiles};
 
 use super::backward_buffers::{DK, DQ, DV, D_OUT, D_SINKS, K, LSE, LSE_DELTA, OUT, Q, V};
 use BufRef::{Output, Scratch};
@@ -18,18 +17,8 @@ use BufRef::{Output, Scratch};
 /// from q, k, v, out, lse (f32) and d_out. dq, dk, dv and d_bias take the inputs' dtype;
 /// d_sinks is f32.
 pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
-    if cfg.paged.is_some() {
-        return Err(crate::Error::Unsupported {
-            feature: "the backward of a paged KV cache call".into(),
-            backend: crate::Backend::Wgpu,
-            reason: "paged K/V are an inference layout (pages may be shared between \
-                     sequences, whose dK and dV would collide); run the backward on dense \
-                     tensors"
-                .into(),
-        });
-    }
-    super::check_bias_dtype(cfg, dtype)?;
-    let mut plan = passes(cfg, dtype, env)?;
+    let route = route::backward(cfg, dtype, env)?;
+    let mut plan = passes(cfg, dtype, env, route)?;
     if cfg.sinks.is_some() {
         plan.outputs.push(OutputSpec {
             role: TensorRole::DSinks,
@@ -84,8 +73,8 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
     Ok(plan)
 }
 
-/// The preprocess (delta) and the dq, dk, dv passes.
-fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
+/// The preprocess (delta) and the dq, dk, dv passes, on the route's path.
+fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, route: Route) -> Result<Plan> {
     let mut plan = Plan {
         inputs: vec![
             TensorRole::Q,
@@ -122,47 +111,58 @@ fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
         bias_grads: None,
         copies: Vec::new(),
     };
-    if cfg.algorithm == Algorithm::Tiled {
-        if let Some(parts) = split::choose(cfg, dtype, env)? {
-            super::head_dims::refuse_windows(cfg, "a tiled backward")?;
-            split::backward_steps(cfg, dtype, env, parts, &mut plan)?;
-            return Ok(plan);
+    let preprocess = |plan: &mut Plan| {
+        let rows = cfg.lse_len();
+        let mut pre = Params::from_config(cfg);
+        pre.total_items = rows as u32;
+        plan.steps.push(Step {
+            key: key(Kernel::FlashBwdPreprocess, cfg, Tiles::ONE, dtype, env),
+            params: pre,
+            buffers: vec![OUT, D_OUT, LSE, LSE_DELTA],
+            windows: Vec::new(),
+            workgroups: rows.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
+        });
+    };
+    match route {
+        Route::Split(s, passes) => split::backward_steps(cfg, dtype, env, (s, &passes), &mut plan)?,
+        Route::Tiled(passes) => {
+            preprocess(&mut plan);
+            tiled(cfg, dtype, env, &passes, &mut plan);
         }
-    }
-    let rows = cfg.lse_len();
-    let mut pre = Params::from_config(cfg);
-    pre.total_items = rows as u32;
-    plan.steps.push(Step {
-        key: key(Kernel::FlashBwdPreprocess, cfg, Tiles::ONE, dtype, env),
-        params: pre,
-        buffers: vec![OUT, D_OUT, LSE, LSE_DELTA],
-        windows: Vec::new(),
-        workgroups: rows.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
-    });
-    match cfg.algorithm {
-        Algorithm::Tiled => tiled(cfg, dtype, env, &mut plan)?,
-        Algorithm::Naive => naive_steps(cfg, dtype, env, &mut plan)?,
+        Route::Naive { chunk } => {
+            preprocess(&mut plan);
+            naive_steps(cfg, dtype, env, chunk, &mut plan);
+        }
+        Route::Decode { .. } => {
+            return Err(crate::Error::Device(
+                "internal: a decode route for a backward".into(),
+            ))
+        }
     }
     Ok(plan)
 }
 
-fn tiled(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan) -> Result<()> {
-    let dkdv_kernel = pass_kernel(Pass::DkDv, cfg, dtype, env);
-    let dkdv = vec![Q, K, V, D_OUT, LSE_DELTA, DK, DV];
+/// dK/dV, then dQ (the route's two passes).
+fn tiled(
+    cfg: &AttentionConfig,
+    dtype: DType,
+    env: &PlanEnv,
+    passes: &[TiledPass],
+    plan: &mut Plan,
+) {
+    let (dkdv, dq) = (passes[0], passes[1]);
+    let dkdv_buffers = vec![Q, K, V, D_OUT, LSE_DELTA, DK, DV];
     plan.steps
-        .push(tiled_step(dkdv_kernel, (cfg, cfg), dtype, env, dkdv)?);
-    let dq_kernel = pass_kernel(Pass::Dq, cfg, dtype, env);
-    let dq = vec![Q, K, V, D_OUT, LSE_DELTA, DQ];
+        .push(tiled_step(dkdv, (cfg, cfg), dtype, env, dkdv_buffers));
+    let dq_buffers = vec![Q, K, V, D_OUT, LSE_DELTA, DQ];
     plan.steps
-        .push(tiled_step(dq_kernel, (cfg, cfg), dtype, env, dq)?);
-    Ok(())
+        .push(tiled_step(dq, (cfg, cfg), dtype, env, dq_buffers));
 }
 
-fn naive_steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan) -> Result<()> {
+/// The naive path's five kernels per chunk of `chunk` slices (whole GQA groups: the route's).
+fn naive_steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, chunk: usize, plan: &mut Plan) {
     let group = cfg.group();
     let slices = cfg.batch * cfg.heads_q;
-    // Chunks hold whole GQA groups: dK and dV sum over a group's query heads.
-    let chunk = naive::chunk_slices(cfg, group, env.max_binding_bytes)?.min(slices);
     let chunk_bytes = (chunk * cfg.seq_q * cfg.seq_kv) as u64 * 4;
     plan.scratch.push(ScratchSpec {
         label: "naive probs",
@@ -210,5 +210,4 @@ fn naive_steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Pl
             vec![ds, K, DQ],
         );
     }
-    Ok(())
 }

@@ -5,7 +5,9 @@
 //! exactly (and adds the sinks) into out and lse. A call of one split takes one
 //! `flash_decode_one` dispatch, which finishes its rows into out and lse itself.
 
-use super::{key, split, BufRef, Plan, PlanEnv, ScratchSpec, Step, Window};
+use super::split::{self, Split};
+use super::step::key;
+use super::{BufRef, Plan, PlanEnv, ScratchSpec, Step, Window};
 use crate::config::{Algorithm, AttentionConfig, MAX_KV_SPLITS};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -25,37 +27,54 @@ pub const TARGET_WORKGROUPS: usize = 256;
 /// loads, its partial result and the merge's reads) outweigh its keys.
 pub const MIN_SPLIT_KEYS: usize = 512;
 
-/// True when a forward call takes the decode path: tiled, at most [`MAX_DECODE_QUERIES`]
-/// query rows, not packed sequences, and each batch's tensors within one binding (a call past
-/// one binding runs in windows of whole batches; one whose single batch does not fit runs the
-/// tiled kernels' windows).
-pub fn eligible(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<bool> {
-    if !decode_shaped(cfg) {
-        return Ok(false);
-    }
-    Ok(batch_parts(cfg, dtype, env)?.is_some())
-}
-
 /// True when a call has a decode step's shape, on any backend: tiled, at most
 /// [`MAX_DECODE_QUERIES`] query rows, not packed sequences.
 pub fn decode_shaped(cfg: &AttentionConfig) -> bool {
     cfg.algorithm == Algorithm::Tiled && cfg.varlen.is_none() && cfg.seq_q <= MAX_DECODE_QUERIES
 }
 
-/// The batch windows a decode call runs in: one of every batch when its tensors fit one
-/// binding, else windows of whole batches; `None` when one batch does not fit.
-fn batch_parts(
+/// The decode route of a forward, given the call's split (`split::choose`): its batch
+/// windows and the geometry of the widest, or `None` for a call the decode kernel does not
+/// run (not [`decode_shaped`], or one batch past a binding). Head dims the windows cannot
+/// place are a typed error.
+pub(super) fn route(
     cfg: &AttentionConfig,
-    dtype: DType,
+    split: Option<&Split>,
     env: &PlanEnv,
-) -> Result<Option<Vec<(usize, usize)>>> {
-    Ok(match split::choose(cfg, dtype, env)? {
+) -> Result<Option<(Vec<(usize, usize)>, DecodeShape)>> {
+    if !decode_shaped(cfg) {
+        return Ok(None);
+    }
+    let Some(batches) = batch_parts(cfg, split) else {
+        return Ok(None);
+    };
+    if batches.len() > 1 {
+        super::head_dims::refuse_windows(cfg, "a decode call")?;
+    }
+    // one geometry and one scratch for every window: the widest window's
+    let widest = batches.iter().map(|p| p.1).max().unwrap_or(cfg.batch);
+    let shape = shape(
+        &AttentionConfig {
+            batch: widest,
+            ..cfg.clone()
+        },
+        env,
+    )?;
+    Ok(Some((batches, shape)))
+}
+
+/// The batch windows a decode-shaped call runs in, given the call's split
+/// (`split::choose`): one window of every batch when its tensors fit one binding, else
+/// windows of whole batches; `None` when one batch does not fit (the tiled kernels' windows
+/// then run it).
+fn batch_parts(cfg: &AttentionConfig, split: Option<&Split>) -> Option<Vec<(usize, usize)>> {
+    match split {
         None => Some(vec![(0, cfg.batch)]),
         Some(s) if s.q_rows == cfg.seq_q && s.kv_rows == cfg.seq_kv && !s.accumulate => {
             Some(split::ranges(cfg.batch, s.batches).collect())
         }
         Some(_) => None,
-    })
+    }
 }
 
 /// How many splits the keys of a decode call get, the pure heuristic: enough splits that
@@ -238,24 +257,17 @@ pub fn shape(cfg: &AttentionConfig, env: &PlanEnv) -> Result<DecodeShape> {
 }
 
 /// Appends the decode dispatch and the merge of its splits to a forward plan (inputs q, k,
-/// v; outputs out, lse), once per window of whole batches where the call has them.
-pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan) -> Result<()> {
-    let parts = batch_parts(cfg, dtype, env)?.ok_or_else(|| {
-        Error::Device("internal: a decode plan for a call whose batch does not fit".into())
-    })?;
+/// v; outputs out, lse), once per window of whole batches (`batches`, the route's, as the
+/// geometry `s`).
+pub fn steps(
+    cfg: &AttentionConfig,
+    dtype: DType,
+    env: &PlanEnv,
+    (parts, s): (&[(usize, usize)], DecodeShape),
+    plan: &mut Plan,
+) -> Result<()> {
     let windowed = parts.len() > 1;
-    if windowed {
-        super::head_dims::refuse_windows(cfg, "a decode call")?;
-    }
-    // one geometry and one scratch for every window: the largest window's
     let widest = parts.iter().map(|p| p.1).max().unwrap_or(cfg.batch);
-    let s = shape(
-        &AttentionConfig {
-            batch: widest,
-            ..cfg.clone()
-        },
-        env,
-    )?;
     // out's elements a batch (head_dim_v wide)
     let per_batch = cfg.seq_q * cfg.heads_q * cfg.dv();
     // one split: the decode kernel finishes the rows itself, no partial results, no merge
@@ -292,7 +304,7 @@ pub fn steps(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, plan: &mut Plan
         )
     };
     columns_fit(&decode)?;
-    for (b, nb) in parts {
+    for &(b, nb) in parts {
         let part = AttentionConfig {
             batch: nb,
             ..cfg.clone()
@@ -534,7 +546,11 @@ mod tests {
         assert_eq!(shape(&c, &env()).unwrap().split_keys, 1);
         // five query rows: the tiled forward
         c.seq_q = 5;
-        assert!(!eligible(&c, DType::F32, &env()).unwrap());
+        let route = crate::plan::route::forward(&c, DType::F32, &env()).unwrap();
+        assert!(
+            matches!(route, crate::plan::route::Route::Tiled(_)),
+            "{route:?}"
+        );
     }
 
     #[test]

@@ -1,20 +1,20 @@
 //! The forward plan: one tiled dispatch, or the naive path's three kernels per chunk.
 
-use super::{
-    head_dims, key, naive, pass_kernel, split, tiled_step, BufRef, OutputSpec, Plan, PlanEnv,
-    ScratchSpec, Step,
-};
-use crate::config::{Algorithm, AttentionConfig};
+use super::route::{self, Route};
+use super::step::{key, tiled_step};
+use super::{decode, split, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec, Step};
+use crate::config::AttentionConfig;
 use crate::dtype::DType;
 use crate::error::{Result, TensorRole};
 use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
-use crate::kernels::{Kernel, Params, Pass, Tiles};
+use crate::kernels::{Kernel, Params, Tiles};
 
 use BufRef::{Input, Output, Scratch};
 
 /// Plans `out, lse = attention(q, k, v)`. Inputs: q, k, v. Outputs: out (dtype), lse (f32).
+/// The route first ([`route::forward`]), then its steps.
 pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
-    super::check_bias_dtype(cfg, dtype)?;
+    let route = route::forward(cfg, dtype, env)?;
     let mut plan = Plan {
         inputs: vec![TensorRole::Q, TensorRole::K, TensorRole::V],
         outputs: vec![
@@ -36,26 +36,22 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
         bias_grads: None,
         copies: Vec::new(),
     };
-    match cfg.algorithm {
-        Algorithm::Tiled if super::decode::eligible(cfg, dtype, env)? => {
-            super::decode::steps(cfg, dtype, env, &mut plan)?
+    match route {
+        Route::Decode { batches, shape } => {
+            decode::steps(cfg, dtype, env, (&batches, shape), &mut plan)?
         }
-        Algorithm::Tiled => match split::choose(cfg, dtype, env)? {
-            None => plan.steps.push(tiled_step(
-                pass_kernel(Pass::Forward, cfg, dtype, env),
-                (cfg, cfg),
-                dtype,
-                env,
-                vec![Input(0), Input(1), Input(2), Output(0), Output(1)],
-            )?),
-            Some(parts) => {
-                head_dims::refuse_windows(cfg, "a tiled forward")?;
-                split::forward_steps(cfg, dtype, env, parts, &mut plan)?
-            }
-        },
-        Algorithm::Naive => {
+        Route::Tiled(passes) => plan.steps.push(tiled_step(
+            passes[0],
+            (cfg, cfg),
+            dtype,
+            env,
+            vec![Input(0), Input(1), Input(2), Output(0), Output(1)],
+        )),
+        Route::Split(s, passes) => {
+            split::forward_steps(cfg, dtype, env, (s, passes[0]), &mut plan)?
+        }
+        Route::Naive { chunk } => {
             let slices = cfg.batch * cfg.heads_q;
-            let chunk = naive::chunk_slices(cfg, 1, env.max_binding_bytes)?.min(slices);
             let chunk_bytes = (chunk * cfg.seq_q * cfg.seq_kv) as u64 * 4;
             plan.scratch = vec![
                 ScratchSpec {

@@ -2,7 +2,7 @@
 //! keys ([`AttentionConfig::head_dim_v`], DeepSeek's 192/128, MLA's 576/512) and query/key
 //! heads past [`MAX_HEAD_DIM`] (to 576, values to 512). The naive path (forward and
 //! backward), the decode kernel (forward, dense and paged caches) and the blocks variant's
-//! kernels (forward, dQ, dK/dV: `plan::pass_kernel` picks them on every adapter for such
+//! kernels (forward, dQ, dK/dV: `plan::route::pass_kernel` picks them on every adapter for such
 //! calls; every such dim has tiles within WebGPU's default limits, small ones past 256) run
 //! them; the paths named at each call of [`refuse`] (calls cut into binding windows, CUDA)
 //! answer `Error::Unsupported` before any tile is chosen. docs/SEMANTICS.md ("Head dims")
@@ -51,6 +51,15 @@ pub(crate) fn refuse_windows(cfg: &AttentionConfig, call: &str) -> Result<()> {
         Backend::Wgpu,
         "split the call into calls that each fit one binding, or run Algorithm::Naive",
     )
+}
+
+/// What the tiled route asks: whether the call needs the blocks family ([`beyond_families`]),
+/// after [`refuse_windows`] for `windows`, the call cut into binding windows, if it is.
+pub(crate) fn blocks_only(cfg: &AttentionConfig, windows: Option<&str>) -> Result<bool> {
+    if let Some(call) = windows {
+        refuse_windows(cfg, call)?;
+    }
+    Ok(beyond_families(cfg))
 }
 
 #[cfg(test)]

@@ -14,20 +14,25 @@ pub mod merge;
 mod naive;
 pub mod quantized;
 mod rotary;
+pub mod route;
 pub mod split;
+mod step;
 
 pub use backward::backward;
 pub use forward::forward;
 pub use mask_blocks::mask_blocks;
 pub use merge::merge;
 pub use rotary::rotary;
+#[cfg(feature = "cuda")]
+pub(crate) use route::check_bias_dtype;
+pub(crate) use route::tiles_for;
 
 use crate::config::AttentionConfig;
 use crate::dtype::{DType, ElemFormat};
 use crate::error::TensorRole;
 use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
 use crate::kernels::Tuning;
-use crate::kernels::{DeviceCaps, Kernel, KernelKey, Params, Tiles};
+use crate::kernels::{DeviceCaps, Kernel, KernelKey, Params};
 
 /// What planning needs to know about the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,19 +257,6 @@ impl Plan {
     }
 }
 
-/// The bias is in the call's dtype (`Error::DType` naming it otherwise): the kernels read its
-/// entries in the inputs' storage format.
-pub(crate) fn check_bias_dtype(cfg: &AttentionConfig, dtype: DType) -> crate::Result<()> {
-    match &cfg.bias {
-        Some(b) if b.dtype() != dtype => Err(crate::Error::DType {
-            tensor: TensorRole::Bias.to_string(),
-            expected: dtype,
-            got: b.dtype(),
-        }),
-        _ => Ok(()),
-    }
-}
-
 /// Plans a device-side cast of `elements` f32 values to `dtype` (input: the f32 tensor).
 pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
     let n: usize = shape.iter().product();
@@ -294,159 +286,6 @@ pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
             windows: Vec::new(),
             workgroups: n.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
         }],
-    }
-}
-
-/// The kernel the tuning's variant runs for one pass on this call: `Variant::kernel_for`
-/// with the call's element format; the blocks variant's for a call whose values have a head
-/// dim of their own or whose head_dim is past 256 (of the tiled kernels, its alone read
-/// values apart and keep no row of q in private arrays: [`head_dims`]).
-pub(crate) fn pass_kernel(
-    pass: crate::kernels::Pass,
-    cfg: &AttentionConfig,
-    dtype: DType,
-    env: &PlanEnv,
-) -> Kernel {
-    let variant = if !head_dims::beyond_families(cfg) {
-        env.tuning.variant
-    } else {
-        crate::kernels::Variant::Blocks
-    };
-    variant.kernel_for(
-        pass,
-        ElemFormat::new(dtype, env.tuning.half_storage),
-        cfg.head_dim as u32,
-        env.caps,
-    )
-}
-
-/// The step of a tiled kernel over `cfg` (the whole call, or a part of `whole` when a call is
-/// split): its tiles, the tile counts in `Params`, and one workgroup per (batch, head, tile of
-/// rows), where rows are queries (query heads) or, for dK/dV, keys (kv heads).
-pub(crate) fn tiled_step(
-    kernel: Kernel,
-    (cfg, whole): (&AttentionConfig, &AttentionConfig),
-    dtype: DType,
-    env: &PlanEnv,
-    buffers: Vec<BufRef>,
-) -> crate::Result<Step> {
-    let tiles = tiles_for(kernel, whole, env)?;
-    let mut params = Params::from_part(cfg, whole);
-    params.n_q_tiles = cfg.seq_q.div_ceil(tiles.br as usize) as u32;
-    params.n_kv_tiles = cfg.seq_kv.div_ceil(tiles.bc as usize) as u32;
-    params.total_wg = if kernel.rows_are_keys() {
-        params.n_kv_tiles * (cfg.heads_kv * cfg.batch) as u32
-    } else {
-        params.n_q_tiles * (cfg.heads_q * cfg.batch) as u32
-    };
-    Ok(Step {
-        key: key(kernel, cfg, tiles, dtype, env),
-        params,
-        buffers,
-        windows: Vec::new(),
-        workgroups: params.total_wg,
-    })
-}
-
-/// The tiles `kernel` runs with on this call: the chooser's, or with a block mask whose blocks
-/// are smaller than them, tiles halved to fit in a block ([`fit_to_blocks`]) where that cuts
-/// the work of the tiles the mask leaves visited (tiles x their pairs, counted on the mask) by
-/// at least a third. The margin pays for what smaller tiles cost per pair: more workgroups,
-/// each loading its rows and writing its outputs, over fewer pairs.
-///
-/// [`fit_to_blocks`]: crate::kernels::fit_to_blocks
-pub(crate) fn tiles_for(
-    kernel: Kernel,
-    cfg: &AttentionConfig,
-    env: &PlanEnv,
-) -> crate::Result<Tiles> {
-    // sized for the wider of q/k's and v's rows (head_dim_v)
-    let dense = crate::kernels::choose_tiles(kernel, cfg.head_dim.max(cfg.dv()) as u32, env.caps)?;
-    let Some(mask) = &cfg.block_mask else {
-        return Ok(dense);
-    };
-    let blocks = (
-        mask.block_q.min(u32::MAX as usize) as u32,
-        mask.block_kv.min(u32::MAX as usize) as u32,
-    );
-    let fitted = crate::kernels::fit_to_blocks(kernel, dense, blocks, env.tuning.rows_subgroup);
-    let work = |t: Tiles| {
-        mask.visited_tiles(cfg.seq_q, cfg.seq_kv, t.br as usize, t.bc as usize) as u128
-            * (t.br * t.bc) as u128
-    };
-    Ok(if fitted != dense && 3 * work(fitted) <= 2 * work(dense) {
-        fitted
-    } else {
-        dense
-    })
-}
-
-/// The pipeline key of `kernel` for this call. Kernels with no element-typed binding share
-/// one pipeline across dtypes.
-pub(crate) fn key(
-    kernel: Kernel,
-    cfg: &AttentionConfig,
-    tiles: Tiles,
-    dtype: DType,
-    env: &PlanEnv,
-) -> KernelKey {
-    // a call whose bits are all compiled or specialized gets the lean pipeline, which reads
-    // only the specialized bits at run time (kernels::flags::SPECIALIZED); any other, the one
-    // that reads them all
-    let reads = kernel.reads_flags();
-    let call = reads & crate::registry::bits(cfg);
-    let specialized = call & !(env.compiled_flags | crate::kernels::flags::SPECIALIZED) == 0;
-    let user_code = if kernel.takes_user_code() {
-        crate::registry::user_code::kernel_wgsl(cfg)
-    } else {
-        None
-    };
-    // a user's snippet is its own pipelines anyway: they compile the call's every bit in (no
-    // run-time tests; views stay the record's to set), as a specialized built-in call is
-    let (runtime, compiled) = if user_code.is_some() {
-        (0, call)
-    } else if specialized {
-        (
-            reads & crate::kernels::flags::SPECIALIZED & !env.compiled_flags,
-            call & env.compiled_flags,
-        )
-    } else {
-        (reads & !env.compiled_flags, call & env.compiled_flags)
-    };
-    KernelKey {
-        kernel,
-        // the bias is read in the call's dtype, also by kernels without element tensors
-        elem: if kernel.has_elem_bindings() || (kernel.finishes_scores() && cfg.bias.is_some()) {
-            ElemFormat::new(dtype, env.tuning.half_storage)
-        } else {
-            ElemFormat::F32
-        },
-        head_dim: if kernel.reads_head_dim() {
-            cfg.head_dim as u32
-        } else {
-            1
-        },
-        head_dim_v: if kernel.reads_value_dim() && !cfg.same_head_dims() {
-            cfg.dv() as u32
-        } else {
-            0
-        },
-        tiles,
-        runtime,
-        flags: compiled,
-        // set by the decode plan where K/V rows start on whole words
-        wide: 0,
-        // set by the backward plan where d_bias is asked for
-        bias_grad: false,
-        subgroup: if kernel.is_rows_variant() {
-            env.tuning.rows_subgroup
-        } else {
-            0
-        },
-        accumulate: false,
-        user_code,
-        // set for the calls over an 8-bit KV cache (`quantized::read_cache`)
-        kv: None,
     }
 }
 

@@ -19,12 +19,13 @@
 //! and the shifts place element 0 of each window past its aligned start. Parts that no query of
 //! the window can see (causal) are skipped, except the first, which initializes the window.
 
-use super::{key, tiled_step, BufRef, Plan, PlanEnv, ScratchSpec, Step, Window};
+use super::step::{key, tiled_step, TiledPass};
+use super::{BufRef, Plan, PlanEnv, ScratchSpec, Step, Window};
 use crate::config::AttentionConfig;
 use crate::dtype::{DType, ElemFormat};
 use crate::error::{Error, Result};
 use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
-use crate::kernels::{Kernel, KernelKey, Params, Pass, Tiles};
+use crate::kernels::{Kernel, KernelKey, Params, Tiles};
 
 use BufRef::{Input, Output, Scratch};
 
@@ -474,7 +475,7 @@ impl<'a> Builder<'a> {
     /// One tiled pass over `part` with `buffers` bound through `windows`.
     fn tiled(
         &self,
-        kernel: Kernel,
+        pass: TiledPass,
         part: &Part,
         buffers: Vec<BufRef>,
         windows: Vec<Window>,
@@ -482,7 +483,7 @@ impl<'a> Builder<'a> {
         resume: bool,
     ) -> Result<Step> {
         let sub = part.config(self.cfg);
-        let mut step = tiled_step(kernel, (&sub, self.cfg), self.dtype, self.env, buffers)?;
+        let mut step = tiled_step(pass, (&sub, self.cfg), self.dtype, self.env, buffers);
         step.key.accumulate = self.split.accumulate;
         step.params.causal_offset = part.causal_offset(self.cfg);
         step.params.batch_base = part.b as u32;
@@ -509,7 +510,7 @@ impl<'a> Builder<'a> {
     fn passes(
         &self,
         plan: &mut Plan,
-        kernel: Kernel,
+        pass: TiledPass,
         parts: &[Part],
         outputs: &[&OutputSlot],
         side: Side,
@@ -526,7 +527,7 @@ impl<'a> Builder<'a> {
                 .collect();
             let (buffers, windows) = bind(&w, &outs);
             plan.steps
-                .push(self.tiled(kernel, part, buffers, windows, w.shifts, i > 0)?);
+                .push(self.tiled(pass, part, buffers, windows, w.shifts, i > 0)?);
             last = Some((tensor_win, shift));
         }
         if let Some((tensor_win, shift)) = last {
@@ -603,18 +604,18 @@ impl<'a> Builder<'a> {
     }
 }
 
-/// The forward's steps for a split call (inputs q, k, v; outputs out, lse).
+/// The forward's steps for a split call (inputs q, k, v; outputs out, lse): the route's
+/// split and forward pass.
 pub fn forward_steps(
     cfg: &AttentionConfig,
     dtype: DType,
     env: &PlanEnv,
-    split: Split,
+    (split, kernel): (Split, TiledPass),
     plan: &mut Plan,
 ) -> Result<()> {
     let bld = Builder::new(cfg, dtype, env, split);
     let q_row = cfg.heads_q * cfg.head_dim;
     let out = bld.scratch_slot(plan, Output(0), "out accumulator", split.q_rows * q_row);
-    let kernel = super::pass_kernel(Pass::Forward, cfg, dtype, env);
     for block in q_blocks(cfg, &split) {
         let parts = key_parts(cfg, &split, block);
         let n = block.1 * block.3 * q_row;
@@ -629,12 +630,13 @@ pub fn forward_steps(
 }
 
 /// The backward's steps for a split call (inputs q, k, v, out, lse, d_out; outputs dq, dk,
-/// dv; scratch 0 holds the (lse, delta) pair of every row).
+/// dv; scratch 0 holds the (lse, delta) pair of every row): the route's split and its dK/dV
+/// and dQ passes.
 pub fn backward_steps(
     cfg: &AttentionConfig,
     dtype: DType,
     env: &PlanEnv,
-    split: Split,
+    (split, passes): (Split, &[TiledPass]),
     plan: &mut Plan,
 ) -> Result<()> {
     use super::backward_buffers::{DK, DQ, DV, D_OUT, K, LSE, LSE_DELTA, OUT, Q, V};
@@ -677,7 +679,7 @@ pub fn backward_steps(
     }
 
     // dK, dV: each key window sums over the query windows that see it
-    let dkdv = super::pass_kernel(Pass::DkDv, cfg, dtype, env);
+    let (dkdv, dq_kernel) = (passes[0], passes[1]);
     for (b, nb) in ranges(cfg.batch, split.batches) {
         for (k0, kn) in ranges(cfg.seq_kv, split.kv_rows) {
             let parts = query_parts(cfg, &split, b, nb, k0, kn);
@@ -692,7 +694,6 @@ pub fn backward_steps(
     }
 
     // dQ: each query window sums over the key windows it sees
-    let dq_kernel = super::pass_kernel(Pass::Dq, cfg, dtype, env);
     for &block in &blocks {
         let parts = key_parts(cfg, &split, block);
         let n = block.1 * block.3 * q_row;
@@ -815,7 +816,19 @@ mod tests {
         )
         .unwrap();
         p.steps.clear();
-        forward_steps(&c, DType::F32, &env(1 << 20), split, &mut p).unwrap();
+        let e = env(1 << 20);
+        let kernel = crate::plan::route::pass_kernel(
+            crate::kernels::Pass::Forward,
+            false,
+            &c,
+            DType::F32,
+            &e,
+        );
+        let pass = TiledPass {
+            kernel,
+            tiles: crate::plan::tiles_for(kernel, &c, &e).unwrap(),
+        };
+        forward_steps(&c, DType::F32, &e, (split, pass), &mut p).unwrap();
         assert_eq!(p.steps.len(), 10);
         assert_eq!(p.steps.iter().filter(|s| s.params.resume == 0).count(), 4);
         assert!(p.steps.iter().all(|s| s.key.accumulate));
