@@ -33,6 +33,9 @@ pub fn decode_shaped(cfg: &AttentionConfig) -> bool {
     cfg.algorithm == Algorithm::Tiled && cfg.varlen.is_none() && cfg.seq_q <= MAX_DECODE_QUERIES
 }
 
+/// Windows of whole batches, each (first batch, batches).
+pub type BatchWindows = Vec<(usize, usize)>;
+
 /// The decode route of a forward, given the call's split (`split::choose`): its batch
 /// windows and the geometry of the widest, or `None` for a call the decode kernel does not
 /// run (not [`decode_shaped`], or one batch past a binding). Head dims the windows cannot
@@ -41,7 +44,7 @@ pub(super) fn route(
     cfg: &AttentionConfig,
     split: Option<&Split>,
     env: &PlanEnv,
-) -> Result<Option<(Vec<(usize, usize)>, DecodeShape)>> {
+) -> Result<Option<(BatchWindows, DecodeShape)>> {
     if !decode_shaped(cfg) {
         return Ok(None);
     }

@@ -18,7 +18,7 @@ pub enum Route {
     /// The decode kernel (a forward of a few query rows) over windows of whole batches (one
     /// window of every batch when the call fits one binding), with its geometry.
     Decode {
-        batches: Vec<(usize, usize)>,
+        batches: decode::BatchWindows,
         shape: decode::DecodeShape,
     },
     /// One dispatch per tiled pass: the forward's, or the backward's dK/dV then dQ.
