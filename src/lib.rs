@@ -66,7 +66,7 @@ pub use wgpu;
 pub use backend::{AttentionBackend, Backend};
 pub use backward::{Gradients, HostGradients};
 pub use bias::ScoreBias;
-pub use block_mask::BlockMask;
+pub use block_mask::{BlockMask, FlexBlocks};
 pub use bool_mask::BoolMask;
 pub use config::{
     Algorithm, AttentionConfig, Shape, Window, MAX_HEAD_DIM, MAX_HEAD_DIM_QK, MAX_HEAD_DIM_V,

@@ -3,6 +3,8 @@
 
 use crate::error::{Error, Result};
 
+pub use super::flex_blocks::FlexBlocks;
+
 /// A block mask (block-sparse FlashAttention): query rows and keys are cut into blocks of
 /// `block_q` rows and `block_kv` keys, and pair (i, j) takes part only when block
 /// `(i / block_q, j / block_kv)` is on (and the other masks let it). `blocks` is

@@ -15,12 +15,19 @@
 //! captured tensors by the same names. A call with a
 //! `mask_mod` and no block mask evaluates it at every pair of every tile; with the block mask
 //! `create_block_mask` gives, only in the blocks it leaves on.
+//!
+//! Masks combine as FlexAttention's do: [`MaskMod::and_masks`], [`MaskMod::or_masks`] and
+//! [`MaskMod::noop_mask`] build one mask from others, WGSL, CUDA C and host predicate alike.
+//!
+//! The indices are `u32`, so FlexAttention's `kv_idx - q_idx` wraps where the key comes
+//! before the row. Write a signed distance as `i32(j) - i32(i)` (CUDA:
+//! `(int)j - (int)i`): exact for every index a call can have (each below 2^31).
 
 use std::fmt;
 use std::sync::Arc;
 
 use super::user_code::{self, Required, Snippet};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// A host predicate of (batch, query head, row, key), for the f64 reference.
 pub type HostMaskFn = Arc<dyn Fn(usize, usize, usize, usize) -> bool + Send + Sync>;
@@ -105,6 +112,96 @@ impl MaskMod {
     }
 }
 
+impl MaskMod {
+    /// The mask that lets every pair through (FlexAttention's `noop_mask`), with its CUDA C
+    /// and host predicate: the identity of [`and_masks`](Self::and_masks).
+    pub fn noop_mask() -> MaskMod {
+        MaskMod::wgsl("fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return true; }")
+            .and_then(|m| {
+                m.with_cuda(
+                    "__device__ bool mask_mod(unsigned int b, unsigned int h, unsigned int i, \
+                     unsigned int j) { return true; }",
+                )
+            })
+            .expect("the noop mask's code passes the checks (a unit test holds it)")
+            .with_reference(|_, _, _, _| true)
+    }
+
+    /// The mask that lets a pair through where every one of `masks` does (FlexAttention's
+    /// `and_masks`). Each mask's functions and captured tensors are renamed apart (so two
+    /// masks may share helper or tensor names), and the result is checked as any mask; it
+    /// has CUDA C where every mask has, and a host predicate where every mask has. No mask
+    /// is a typed error.
+    pub fn and_masks(masks: &[&MaskMod]) -> Result<MaskMod> {
+        compose(masks, "and")
+    }
+
+    /// The mask that lets a pair through where any of `masks` does (FlexAttention's
+    /// `or_masks`), built as [`and_masks`](Self::and_masks).
+    pub fn or_masks(masks: &[&MaskMod]) -> Result<MaskMod> {
+        compose(masks, "or")
+    }
+}
+
+/// `masks` joined by `op` ("and", "or"): each one's module-scope names and captured tensors
+/// prefixed by `{op}{k}_`, then a `mask_mod` that asks each in turn.
+fn compose(masks: &[&MaskMod], op: &str) -> Result<MaskMod> {
+    if masks.is_empty() {
+        return Err(Error::invalid(format!(
+            "{op}_masks needs at least one mask, got none"
+        )));
+    }
+    let (mut wgsl, mut cuda, mut captured, mut calls) =
+        (String::new(), Some(String::new()), Vec::new(), Vec::new());
+    for (k, m) in masks.iter().enumerate() {
+        let prefix = format!("{op}{k}_");
+        let renamed = |n: &str| format!("{prefix}{n}");
+        let names: std::collections::HashMap<String, String> =
+            user_code::declarations(m.wgsl_source())
+                .into_iter()
+                .map(|(n, _)| n)
+                .chain(m.captured().iter().map(|(n, _)| n.clone()))
+                .map(|n| (n.clone(), renamed(&n)))
+                .collect();
+        wgsl.push_str(&user_code::rename_identifiers(m.wgsl_source(), &names));
+        wgsl.push('\n');
+        cuda = match (cuda, m.cuda_source()) {
+            (Some(mut c), Some(src)) => {
+                c.push_str(&user_code::rename_identifiers(src, &names));
+                c.push('\n');
+                Some(c)
+            }
+            _ => None,
+        };
+        captured.extend(m.captured().iter().map(|(n, v)| (renamed(n), v.clone())));
+        calls.push(format!("{}(b, h, i, j)", renamed("mask_mod")));
+    }
+    let joined = calls.join(if op == "and" { " && " } else { " || " });
+    wgsl.push_str(&format!(
+        "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool {{ return {joined}; }}\n"
+    ));
+    let mut out = MaskMod::wgsl_with(&wgsl, captured)?;
+    if let Some(mut c) = cuda {
+        c.push_str(&format!(
+            "__device__ __forceinline__ bool mask_mod(unsigned int b, unsigned int h, \
+             unsigned int i, unsigned int j) {{ return {joined}; }}\n"
+        ));
+        out = out.with_cuda(&c)?;
+    }
+    let hosts: Option<Vec<HostMaskFn>> = masks.iter().map(|m| m.host.clone()).collect();
+    if let Some(fs) = hosts {
+        let all = op == "and";
+        out.host = Some(Arc::new(move |b, h, i, j| {
+            if all {
+                fs.iter().all(|f| f(b, h, i, j))
+            } else {
+                fs.iter().any(|f| f(b, h, i, j))
+            }
+        }));
+    }
+    Ok(out)
+}
+
 impl PartialEq for MaskMod {
     /// Two masks are equal when their code (WGSL and CUDA C) and captured tensors are.
     fn eq(&self, other: &MaskMod) -> bool {
@@ -119,5 +216,66 @@ impl fmt::Debug for MaskMod {
             .field("cuda", &self.cuda)
             .field("host", &self.host.is_some())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(w: u32) -> MaskMod {
+        // two masks may share helper and tensor names: the composition renames them apart
+        MaskMod::wgsl_with(
+            &format!(
+                "fn near(i: u32, j: u32) -> bool {{ return abs(i32(j) - i32(i)) <= {w}; }}\n\
+                 fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool {{ return near(i, j) && t(0u) > 0.0; }}"
+            ),
+            [("t", vec![1.0])],
+        )
+        .unwrap()
+        .with_cuda(&format!(
+            "__device__ bool near(unsigned int i, unsigned int j) {{ return abs((int)j - (int)i) <= {w}; }}\n\
+             __device__ bool mask_mod(unsigned int b, unsigned int h, unsigned int i, unsigned int j) \
+             {{ return near(i, j) && t(0u) > 0.f; }}"
+        ))
+        .unwrap()
+        .with_reference(move |_, _, i, j| (j as i64 - i as i64).abs() <= w as i64)
+    }
+
+    #[test]
+    fn masks_compose_with_their_names_apart_in_wgsl_cuda_and_on_the_host() {
+        let (a, b) = (window(2), window(5));
+        let and = MaskMod::and_masks(&[&a, &b, &MaskMod::noop_mask()]).unwrap();
+        let or = MaskMod::or_masks(&[&a, &b]).unwrap();
+        for (m, want) in [(&and, [true, false, false]), (&or, [true, true, false])] {
+            for (k, (i, j)) in [(10, 8), (10, 14), (10, 30)].into_iter().enumerate() {
+                assert_eq!(m.host(0, 0, i, j), want[k], "{i} {j}");
+            }
+            let names: Vec<&str> = m.captured().iter().map(|(n, _)| n.as_str()).collect();
+            assert!(
+                names.len() >= 2 && names.iter().all(|n| n.ends_with("_t")),
+                "{names:?}"
+            );
+        }
+        let w = and.wgsl_source();
+        assert!(
+            w.contains("and0_near(i, j)") && w.contains("fn and1_near("),
+            "{w}"
+        );
+        assert!(w.contains("and0_mask_mod(b, h, i, j) && and1_mask_mod(b, h, i, j)"));
+        let c = or.cuda_source().unwrap();
+        assert!(c.contains("or1_t(0u)") && c.contains("or0_mask_mod(b, h, i, j) || or1_mask_mod"));
+        // a mask without CUDA C makes one without; a mask without a host predicate, one
+        // whose reference is absent (false); no mask is an error
+        let bare =
+            MaskMod::wgsl("fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return i >= j; }")
+                .unwrap();
+        let mixed = MaskMod::and_masks(&[&a, &bare]).unwrap();
+        assert!(mixed.cuda_source().is_none() && mixed.host.is_none());
+        assert!(
+            matches!(MaskMod::or_masks(&[]), Err(Error::InvalidConfig(m)) if m.contains("or_masks"))
+        );
+        // compositions compose
+        assert!(MaskMod::or_masks(&[&and, &or]).unwrap().host(0, 0, 10, 14));
     }
 }

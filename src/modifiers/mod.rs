@@ -12,6 +12,7 @@ pub mod bias;
 pub mod block_mask;
 pub mod bool_mask;
 pub mod dropout;
+pub mod flex_blocks;
 pub mod mask_mod;
 pub mod paged;
 pub mod score_mod;

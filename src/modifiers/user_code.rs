@@ -252,6 +252,71 @@ pub(crate) fn declarations(source: &str) -> Vec<(String, usize)> {
     names
 }
 
+/// `source` (WGSL or CUDA C) with every identifier that `names` maps renamed to its image:
+/// whole identifiers only, not a member after a `.`; comments as they are.
+pub(crate) fn rename_identifiers(
+    source: &str,
+    names: &std::collections::HashMap<String, String>,
+) -> String {
+    let mut out = String::with_capacity(source.len());
+    let (mut block, mut line_comment) = (0usize, false);
+    let mut chars = source.chars().peekable();
+    let mut last_code = ' ';
+    while let Some(c) = chars.next() {
+        let next = chars.peek().copied();
+        if line_comment {
+            line_comment = c != '\n';
+            out.push(c);
+            continue;
+        }
+        match c {
+            '/' if next == Some('*') => {
+                block += 1;
+                out.push(c);
+                out.push(chars.next().unwrap_or('*'));
+            }
+            '*' if block > 0 && next == Some('/') => {
+                block -= 1;
+                out.push(c);
+                out.push(chars.next().unwrap_or('/'));
+            }
+            _ if block > 0 => out.push(c),
+            '/' if next == Some('/') => {
+                line_comment = true;
+                out.push(c);
+            }
+            c if c.is_alphabetic() || c == '_' => {
+                let mut word = String::from(c);
+                while let Some(&c) = chars.peek().filter(|c| c.is_alphanumeric() || **c == '_') {
+                    word.push(c);
+                    chars.next();
+                }
+                match names.get(&word) {
+                    Some(to) if last_code != '.' => out.push_str(to),
+                    _ => out.push_str(&word),
+                }
+                last_code = 'a';
+            }
+            c if c.is_numeric() => {
+                // a number with its suffix (`1u`, `2.5f`): no identifier starts here
+                out.push(c);
+                while let Some(&c) = chars.peek().filter(|c| c.is_alphanumeric() || **c == '.') {
+                    out.push(c);
+                    chars.next();
+                }
+                last_code = '0';
+            }
+            c => {
+                if !c.is_whitespace() {
+                    last_code = c;
+                }
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
 /// No name `source` declares is one the kernels define ([`reserved`]), but the functions it
 /// must define (`required`), which take the place of the kernels' stand-ins.
 fn check_declarations(what: &str, source: &str, required: &[Required]) -> Result<()> {

@@ -171,35 +171,58 @@ pub fn documents(doc_id: Vec<f32>) -> flash_attn_wgpu::MaskMod {
     .with_reference(move |_, _, i, j| host[i] == host[j])
 }
 
-/// Prefix-LM: every row sees the first `prefix` keys, and the others causally.
+/// Prefix-LM: every row sees the first `prefix` keys, and the others causally: FlexAttention's
+/// `or_masks(prefix, causal)`, the causal half written with the signed distance
+/// `i32(j) - i32(i)` a port of `kv_idx - q_idx` takes (`MaskMod`'s docs).
 pub fn prefix_lm(prefix: u32) -> flash_attn_wgpu::MaskMod {
-    flash_attn_wgpu::MaskMod::wgsl(&format!(
-        "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool {{ return j < {prefix}u || j <= i; }}"
+    let keys = flash_attn_wgpu::MaskMod::wgsl(&format!(
+        "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool {{ return j < {prefix}u; }}"
     ))
     .unwrap()
     .with_cuda(&format!(
         "__device__ bool mask_mod(unsigned int b, unsigned int h, unsigned int i, unsigned int j) \
-         {{ return j < {prefix}u || j <= i; }}"
+         {{ return j < {prefix}u; }}"
     ))
     .unwrap()
-    .with_reference(move |_, _, i, j| j < prefix as usize || j <= i)
+    .with_reference(move |_, _, _, j| j < prefix as usize);
+    flash_attn_wgpu::MaskMod::or_masks(&[&keys, &causal()]).unwrap()
+}
+
+/// Causal (top-left aligned: key j seen from row i when j <= i), as a user mask over the
+/// signed distance.
+pub fn causal() -> flash_attn_wgpu::MaskMod {
+    flash_attn_wgpu::MaskMod::wgsl(
+        "fn distance(i: u32, j: u32) -> i32 { return i32(j) - i32(i); }
+fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return distance(i, j) <= 0; }",
+    )
+    .unwrap()
+    .with_cuda(
+        "__device__ int distance(unsigned int i, unsigned int j) { return (int)j - (int)i; }
+__device__ bool mask_mod(unsigned int b, unsigned int h, unsigned int i, unsigned int j) \
+         { return distance(i, j) <= 0; }",
+    )
+    .unwrap()
+    .with_reference(|_, _, i, j| j <= i)
 }
 
 /// A dilated (strided) mask, a different stride per head: key j is seen from row i when
-/// i - j is a multiple of h + 2, or j is the row itself.
+/// i - j is a multiple of h + 2 (j = i included), over the signed distance; as
+/// `and_masks(dilated, noop_mask)`, the noop mask being and's identity.
 pub fn dilated() -> flash_attn_wgpu::MaskMod {
-    flash_attn_wgpu::MaskMod::wgsl(
+    let strided = flash_attn_wgpu::MaskMod::wgsl(
         "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool {
-    return ((i + 1000u - j) % (h + 2u)) == 0u;
+    return (i32(i) - i32(j)) % i32(h + 2u) == 0;
 }",
     )
     .unwrap()
     .with_cuda(
         "__device__ bool mask_mod(unsigned int b, unsigned int h, unsigned int i,
                          unsigned int j) {
-    return ((i + 1000u - j) % (h + 2u)) == 0u;
+    return ((int)i - (int)j) % (int)(h + 2u) == 0;
 }",
     )
     .unwrap()
-    .with_reference(|_, h, i, j| (i + 1000 - j) % (h + 2) == 0)
+    .with_reference(|_, h, i, j| (i as i64 - j as i64) % (h as i64 + 2) == 0);
+    flash_attn_wgpu::MaskMod::and_masks(&[&strided, &flash_attn_wgpu::MaskMod::noop_mask()])
+        .unwrap()
 }

@@ -160,6 +160,12 @@ fn a_document_mask_with_its_block_mask_is_the_varlen_call() {
     });
     assert_eq!(blocks.blocks, on.blocks);
     assert_eq!(blocks.full, Some(full.blocks.clone()));
+    // FlexAttention's form of it (partial and full blocks, both sides) gives it back
+    let flex = blocks.to_flex(total, total);
+    assert_eq!(
+        flash_attn_wgpu::BlockMask::from_flex(16, 32, &flex).unwrap(),
+        blocks
+    );
     assert!(full.blocks.iter().any(|&f| f));
     assert!(blocks.blocks.iter().filter(|&&b| !b).count() > blocks.blocks.len() / 3);
     let mut c = cfg(1, total, total, 4, 2, 32, true);
