@@ -40,6 +40,7 @@ from ._interface import (
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
+    flex_attention,
 )
 from ._kvcache import QuantizedCache, e4m3_head_scales, flash_attn_with_kvcache, quantize_cache
 from ._tensor import Tensor, tensor
@@ -62,6 +63,7 @@ __all__ = [
     "quantize_cache",
     "e4m3_head_scales",
     "create_block_mask",
+    "flex_attention",
     "FlashAttnError",
     "InvalidInputError",
     "UnsupportedError",

@@ -19,6 +19,7 @@ def _options(dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -
              score_mod_tensors=None, mask_mod=None, mask_mod_tensors=None, block_mask=None):
     """The native module's options dict, every argument checked in the caller's words."""
     dropout_p = _args.number(dropout_p, "dropout_p", 0.0, 1.0, high_open=True)
+    mask_mod, mask_mod_tensors = _mask_of(block_mask, mask_mod, mask_mod_tensors)
 
     def listed(a):
         return None if a is None else [int(n) for n in a.ravel()]
@@ -40,7 +41,7 @@ def _options(dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -
         "score_mod_tensors": _captured(score_mod_tensors, "score_mod_tensors"),
         "mask_mod": None if mask_mod is None else str(mask_mod),
         "mask_mod_tensors": _captured(mask_mod_tensors, "mask_mod_tensors"),
-        "block_mask": _block_mask(block_mask, mask_mod),
+        "block_mask": block_mask,
     }
 
 
@@ -60,15 +61,23 @@ def _captured(tensors, name):
     return out
 
 
-def _block_mask(block_mask, mask_mod):
+def _mask_of(block_mask, mask_mod, mask_mod_tensors):
+    """The mask a call applies, and its tensors: those given, or the block mask's own (a block
+    mask knows the mask it was made from, as FlexAttention's does). A block mask made from
+    another mask is refused: its full blocks skip the mask, and would skip the wrong one."""
     if block_mask is None:
-        return None
+        return mask_mod, mask_mod_tensors
     if not isinstance(block_mask, _native.BlockMask):
         raise InvalidInputError(
             f"block_mask must come from create_block_mask, got {type(block_mask).__name__}")
-    if mask_mod is None:
-        raise InvalidInputError("block_mask goes with the mask_mod it was made from: give both")
-    return block_mask
+    if mask_mod is None and mask_mod_tensors is None:
+        return block_mask.mask_mod, dict(block_mask.mask_mod_tensors)
+    given = _captured(mask_mod_tensors, "mask_mod_tensors")
+    if str(mask_mod) != block_mask.mask_mod or given != block_mask.mask_mod_tensors:
+        raise InvalidInputError(
+            "block_mask was made from another mask_mod or other mask_mod_tensors than the "
+            "ones given: give the mask it was made from, or none (the block mask's is applied)")
+    return mask_mod, mask_mod_tensors
 
 
 def _table(block_table, batch, num_pages, name="block_table"):
@@ -116,11 +125,16 @@ class FlashAttnCall:
             raise InvalidInputError(f"dout has shape {list(got)}, expected out's shape "
                                     f"{list(want)}")
         varlen = self._layout.startswith("varlen")
+        bhsd = self._layout == "bhsd"
+        if bhsd:
+            dout = _bhsd(dout, "dout")
         d = _packed(dout, "dout") if varlen else tensor(dout, "dout")
         grads = _native.backward(d._t, q, k, v, out, lse, options)
         dq, dk, dv = (out_of(self._numpy, g) for g in grads)
         if varlen and self._numpy:
             dq, dk, dv = dq[0], dk[0], dv[0]
+        if bhsd:
+            return tuple(_bhsd(g, name) for g, name in ((dq, "dq"), (dk, "dk"), (dv, "dv")))
         if self._layout.endswith("qkvpacked"):
             return np.stack([dq, dk, dv], axis=-3)
         if self._layout.endswith("kvpacked"):
@@ -187,7 +201,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     score_mod, after the built-in modifiers; docs/SEMANTICS.md), reading the float32 arrays
     of ``score_mod_tensors`` (a dict) by name; ``mask_mod``: WGSL defining
     ``mask_mod(b, h, i, j) -> bool`` (pairs where it is false are hidden), reading
-    ``mask_mod_tensors``, with ``block_mask`` from :func:`create_block_mask` where given.
+    ``mask_mod_tensors``; ``block_mask`` from :func:`create_block_mask`, which applies the mask
+    it was made from (give that mask, or none).
     lse is ``[batch, nheads, seqlen_q]`` float32."""
     as_numpy = not isinstance(q, Tensor)
     user = _user(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
@@ -438,9 +453,10 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128, mask_mod_te
     GPU: ``mask_mod`` the WGSL given to :func:`flash_attn_func` (with its ``mask_mod_tensors``),
     over ``B x H`` grids (``None`` or 1: the mask does not depend on the batch or the head, and
     the block mask is shared) of ``Q_LEN x KV_LEN`` pairs, in blocks of ``BLOCK_SIZE`` (an int,
-    or (rows, keys)). Pass it as ``block_mask=`` beside the same ``mask_mod``: blocks the mask
-    hides are never visited, and blocks it keeps whole skip its evaluation. Make it once and
-    reuse it across calls and layers (it depends on the mask and the shape only)."""
+    or (rows, keys)). Pass it as ``block_mask=``: it carries the mask it was made from
+    (``.mask_mod``, ``.mask_mod_tensors``), which the call applies; blocks the mask hides are
+    never visited, and blocks it keeps whole skip its evaluation. Make it once and reuse it
+    across calls and layers (it depends on the mask and the shape only)."""
     if np.isscalar(BLOCK_SIZE):
         bq = bkv = _args.integer(BLOCK_SIZE, "BLOCK_SIZE", low=1)
     else:
@@ -456,3 +472,51 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128, mask_mod_te
     return _native.create_block_mask(str(mask_mod), _captured(mask_mod_tensors,
                                                               "mask_mod_tensors"),
                                      grid, (bq, bkv))
+
+
+# ---- FlexAttention's call
+
+def _bhsd(x, name):
+    """A numpy array's [B, H, S, D] as [B, S, H, D] (and back: the swap is its own inverse)."""
+    if isinstance(x, Tensor):
+        raise InvalidInputError(
+            f"{name}: flex_attention takes numpy arrays in FlexAttention's [B, H, S, D] layout; "
+            f"device tensors go to flash_attn_func in [B, S, H, D]")
+    a = np.asarray(x)
+    if a.ndim != 4:
+        raise InvalidInputError(f"{name} must have 4 dimensions [B, H, S, D], got shape "
+                                f"{list(a.shape)}")
+    return np.ascontiguousarray(np.swapaxes(a, 1, 2))
+
+
+def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
+                   enable_gqa=False, return_lse=False, *, score_mod_tensors=None,
+                   mask_mod=None, mask_mod_tensors=None, return_handle=False):
+    """PyTorch's ``flex_attention`` in its layout: query ``[B, Hq, L, E]``, key ``[B, Hkv, S,
+    E]``, value ``[B, Hkv, S, Ev]`` (numpy, float32, float16 or bfloat16), out ``[B, Hq, L,
+    Ev]``. ``score_mod`` is WGSL defining ``score_mod(s, b, h, i, j)`` and its derivative
+    ``score_mod_ds`` (a WGSL string, not a Python function; see :func:`flash_attn_func`),
+    reading ``score_mod_tensors`` by name; ``block_mask`` from :func:`create_block_mask`,
+    whose mask the call applies (``mask_mod`` alone: a mask evaluated at every pair);
+    ``scale`` the softmax scale (default ``1/sqrt(E)``); ``enable_gqa`` lets Hq be a multiple
+    of Hkv, as there. ``return_lse`` returns ``(out, lse)`` with lse ``[B, Hq, L]`` (natural
+    log); ``return_handle`` a :class:`FlashAttnCall` whose ``backward(dout)`` gives ``(dq,
+    dk, dv)`` in this layout."""
+    q, k, v = _bhsd(query, "query"), _bhsd(key, "key"), _bhsd(value, "value")
+    hq, hkv = q.shape[2], k.shape[2]
+    if hq != hkv and not _args.flag(enable_gqa, "enable_gqa"):
+        raise InvalidInputError(
+            f"query has {hq} heads and key {hkv}: grouped-query attention needs enable_gqa=True "
+            f"(as in FlexAttention)")
+    r = flash_attn_func(q, k, v, softmax_scale=scale, return_lse=not return_handle,
+                        return_handle=return_handle, score_mod=score_mod,
+                        score_mod_tensors=score_mod_tensors, mask_mod=mask_mod,
+                        mask_mod_tensors=mask_mod_tensors, block_mask=block_mask)
+    if return_handle:
+        r.out = _bhsd(r.out, "out")
+        r._layout = "bhsd"
+        return r
+    out, lse = r
+    out = _bhsd(out, "out")
+    return (out, lse) if _args.flag(return_lse, "return_lse") else out
+

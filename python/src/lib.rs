@@ -220,6 +220,10 @@ struct Options {
 #[pyclass(name = "BlockMask", module = "flash_attn_wgpu._native", frozen)]
 struct PyBlockMask {
     inner: BlockMask,
+    /// The mask it was made from (WGSL and captured tensors), which a call with this block
+    /// mask applies: its full blocks are that mask's.
+    mask_mod: String,
+    mask_mod_tensors: Vec<(String, Vec<f32>)>,
 }
 
 #[pymethods]
@@ -228,6 +232,18 @@ impl PyBlockMask {
     #[getter]
     fn block_size(&self) -> (usize, usize) {
         (self.inner.block_q, self.inner.block_kv)
+    }
+
+    /// The mask's WGSL, which the block mask was made from and a call with it applies.
+    #[getter]
+    fn mask_mod(&self) -> String {
+        self.mask_mod.clone()
+    }
+
+    /// The mask's captured tensors, as (name, values) pairs.
+    #[getter]
+    fn mask_mod_tensors(&self) -> Vec<(String, Vec<f32>)> {
+        self.mask_mod_tensors.clone()
     }
 
     /// (blocks on, blocks full, blocks in all) over every grid: the visited fraction is the
@@ -253,11 +269,15 @@ fn create_block_mask(
     blocks: (usize, usize),
 ) -> PyResult<PyBlockMask> {
     let ctx = context(py)?;
-    let mask = MaskMod::wgsl_with(&mask_mod, mask_mod_tensors).map_err(|e| to_py(py, e))?;
+    let mask = MaskMod::wgsl_with(&mask_mod, mask_mod_tensors.clone()).map_err(|e| to_py(py, e))?;
     let inner = py
         .detach(|| ctx.create_block_mask(&mask, grid, blocks))
         .map_err(|e| to_py(py, e))?;
-    Ok(PyBlockMask { inner })
+    Ok(PyBlockMask {
+        inner,
+        mask_mod,
+        mask_mod_tensors,
+    })
 }
 
 fn dims4(py: Python<'_>, name: &str, t: &Tensor) -> PyResult<[usize; 4]> {

@@ -450,9 +450,15 @@ def test_a_document_mask_with_its_block_mask_is_the_varlen_call(rng):
     grads = fa.flash_attn_backward(dout, q, k, v, out, lse, **opts)
     for got, w, name in zip(grads, want[2:], ("dq", "dk", "dv")):
         close(got[0], w, 4e-5, name)
-    # a block mask needs its mask, and comes from create_block_mask
-    with pytest.raises(fa.InvalidInputError, match="mask_mod"):
-        fa.flash_attn_func(q, k, v, block_mask=bm)
+    # a block mask carries its mask: alone it applies it, with another it is refused
+    alone = fa.flash_attn_func(q, k, v, causal=True, block_mask=bm)
+    assert np.array_equal(alone, out)
+    with pytest.raises(fa.InvalidInputError, match="another mask_mod"):
+        fa.flash_attn_func(q, k, v, block_mask=bm, mask_mod=docs.replace("==", "!="),
+                           mask_mod_tensors=tensors)
+    with pytest.raises(fa.InvalidInputError, match="another mask_mod"):
+        fa.flash_attn_func(q, k, v, block_mask=bm, mask_mod=docs,
+                           mask_mod_tensors={"doc": ids[::-1].copy()})
     with pytest.raises(fa.InvalidInputError, match="create_block_mask"):
         fa.flash_attn_func(q, k, v, mask_mod=docs, mask_mod_tensors=tensors, block_mask="dense")
     with pytest.raises(fa.InvalidInputError, match=r"BLOCK_SIZE\[0\]"):

@@ -1,0 +1,76 @@
+"""flex_attention: FlexAttention's call in its [B, H, S, D] layout, forward and backward
+against float64 numpy, with a score modifier reading a captured table, a block mask that
+carries its mask, and grouped-query heads."""
+
+import numpy as np
+import pytest
+
+import flash_attn_wgpu as fa
+from helpers import close, rand
+
+# a bias per key (the score modifier of test_flash_attn.py) and documents (its mask)
+BIAS = "fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s + t(j); }\n" \
+       "fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return 1.0; }"
+DOCS = "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return doc(i) == doc(j); }"
+
+
+def reference(q, k, v, dout, scale, visible, bias):
+    """out, lse, dq, dk, dv in float64, [B, H, S, D] (grouped heads: query head h reads kv
+    head h // (Hq / Hkv)); visible a [L, S] bool matrix, bias a [S] term on the scores."""
+    q, k, v, dout = (x.astype(np.float64) for x in (q, k, v, dout))
+    b, hq, n, _ = q.shape
+    g = hq // k.shape[1]
+    out, lse, dq = np.zeros_like(q), np.zeros((b, hq, n)), np.zeros_like(q)
+    dk, dv = np.zeros_like(k), np.zeros_like(v)
+    for x in range(b):
+        for h in range(hq):
+            kh, vh = k[x, h // g], v[x, h // g]
+            s = np.where(visible, q[x, h] @ kh.T * scale + bias, -np.inf)
+            m = s.max(axis=1, keepdims=True)
+            p = np.exp(s - m)
+            lse[x, h] = (m + np.log(p.sum(axis=1, keepdims=True)))[:, 0]
+            p /= p.sum(axis=1, keepdims=True)
+            out[x, h] = p @ vh
+            dp = dout[x, h] @ vh.T
+            ds = p * (dp - (dout[x, h] * out[x, h]).sum(axis=1, keepdims=True))
+            dq[x, h] = ds @ kh * scale
+            dk[x, h // g] += ds.T @ q[x, h] * scale
+            dv[x, h // g] += p.T @ dout[x, h]
+    return out, lse, dq, dk, dv
+
+
+def test_flex_attention_takes_its_layout_its_block_mask_and_grouped_heads(rng):
+    b, hq, hkv, n, d = 2, 4, 2, 70, 16
+    cu = [0, 17, 41, 70]
+    ids = np.repeat(np.arange(3), np.diff(cu)).astype(np.float32)
+    q, k, v = rand(rng, (b, hq, n, d)), rand(rng, (b, hkv, n, d)), rand(rng, (b, hkv, n, d))
+    dout = rand(rng, (b, hq, n, d))
+    t = rng.uniform(-1, 1, n).astype(np.float32)
+    bm = fa.create_block_mask(DOCS, None, None, n, n, BLOCK_SIZE=8,
+                              mask_mod_tensors={"doc": ids})
+    scale = 0.3
+    call = fa.flex_attention(q, k, v, score_mod=BIAS, block_mask=bm, scale=scale,
+                             enable_gqa=True, score_mod_tensors={"t": t}, return_handle=True)
+    want = reference(q, k, v, dout, scale, ids[:, None] == ids[None, :], t)
+    assert call.out.shape == (b, hq, n, d)
+    close(call.out, want[0], 2e-5, "out")
+    close(call.softmax_lse, want[1], 2e-5, "lse")
+    for got, w, name in zip(call.backward(dout), want[2:], ("dq", "dk", "dv")):
+        assert got.shape == w.shape, name
+        close(got, w, 4e-5, name)
+    out, lse = fa.flex_attention(q, k, v, score_mod=BIAS, block_mask=bm, scale=scale,
+                                 enable_gqa=True, score_mod_tensors={"t": t}, return_lse=True)
+    assert np.array_equal(out, call.out) and np.array_equal(lse, call.softmax_lse)
+
+
+def test_flex_attention_refuses_what_flexattention_refuses_by_name(rng):
+    q, k = rand(rng, (1, 4, 9, 16)), rand(rng, (1, 2, 9, 16))
+    with pytest.raises(fa.InvalidInputError, match="enable_gqa"):
+        fa.flex_attention(q, k, k)
+    with pytest.raises(fa.InvalidInputError, match=r"query must have 4 dimensions"):
+        fa.flex_attention(q[0], k, k, enable_gqa=True)
+    with pytest.raises(fa.InvalidInputError, match="numpy arrays"):
+        fa.flex_attention(fa.tensor(q), k, k, enable_gqa=True)
+    call = fa.flex_attention(q, k, k, enable_gqa=True, return_handle=True)
+    with pytest.raises(fa.InvalidInputError, match="dout has shape"):
+        call.backward(np.zeros((1, 9, 4, 16), np.float32))
