@@ -127,7 +127,8 @@ fn run(a: &Args, seed: u64) -> flash_attn_wgpu::Result<bool> {
     c.mask_mod = Some(lm);
     cases.push((format!("prefix-LM, prefix {prefix}"), c));
 
-    // 3. T5 relative positions: a learned bias per (head, bucket)
+    // 3. T5 relative positions: a learned bias per (head, bucket); its derivative derived
+    //    from the WGSL (src/modifiers/derive.rs), as FlexAttention differentiates score_mod
     let table: Vec<f32> = (0..h * 16).map(|_| rng.random_range(-1.0..1.0)).collect();
     let host_table = table.clone();
     let t5 = ScoreMod::wgsl_with(
@@ -135,8 +136,7 @@ fn run(a: &Args, seed: u64) -> flash_attn_wgpu::Result<bool> {
             "{T5_BUCKET}
 fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {{
     return s + t5_bias(h * 16u + t5_bucket(i, j));
-}}
-fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {{ return 1.0; }}"
+}}"
         ),
         [("t5_bias", table)],
     )?

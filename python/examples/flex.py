@@ -33,9 +33,6 @@ fn t5_bucket(i: u32, j: u32) -> u32 {
 fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
     return s + table(h * 16u + t5_bucket(i, j));
 }
-fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
-    return 1.0;
-}
 """
 
 

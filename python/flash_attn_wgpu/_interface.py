@@ -197,9 +197,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     Keyword-only extras: ``return_handle`` returns a :class:`FlashAttnCall` whose
     ``backward(dout)`` gives the gradients with this call's options and seed;
     ``return_lse`` returns ``(out, lse)``; ``seed``; ``score_mod``: WGSL defining
-    ``score_mod(s, b, h, i, j)`` and its derivative ``score_mod_ds`` (FlexAttention's
-    score_mod, after the built-in modifiers; docs/SEMANTICS.md), reading the float32 arrays
-    of ``score_mod_tensors`` (a dict) by name; ``mask_mod``: WGSL defining
+    ``score_mod(s, b, h, i, j)`` (FlexAttention's score_mod, after the built-in modifiers;
+    its derivative ``score_mod_ds`` derived, or given; docs/SEMANTICS.md), reading the arrays
+    (float32) of ``score_mod_tensors`` (a dict) by name; ``mask_mod``: WGSL defining
     ``mask_mod(b, h, i, j) -> bool`` (pairs where it is false are hidden), reading
     ``mask_mod_tensors``; ``block_mask`` from :func:`create_block_mask`, which applies the mask
     it was made from (give that mask, or none).
@@ -494,9 +494,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                    mask_mod=None, mask_mod_tensors=None, return_handle=False):
     """PyTorch's ``flex_attention`` in its layout: query ``[B, Hq, L, E]``, key ``[B, Hkv, S,
     E]``, value ``[B, Hkv, S, Ev]`` (numpy, float32, float16 or bfloat16), out ``[B, Hq, L,
-    Ev]``. ``score_mod`` is WGSL defining ``score_mod(s, b, h, i, j)`` and its derivative
-    ``score_mod_ds`` (a WGSL string, not a Python function; see :func:`flash_attn_func`),
-    reading ``score_mod_tensors`` by name; ``block_mask`` from :func:`create_block_mask`,
+    Ev]``. ``score_mod`` is WGSL defining ``score_mod(s, b, h, i, j)``, its derivative
+    derived (a WGSL string, not a Python function; see :func:`flash_attn_func`), reading
+    ``score_mod_tensors`` by name; ``block_mask`` from :func:`create_block_mask`,
     whose mask the call applies (``mask_mod`` alone: a mask evaluated at every pair);
     ``scale`` the softmax scale (default ``1/sqrt(E)``); ``enable_gqa`` lets Hq be a multiple
     of Hkv, as there. ``return_lse`` returns ``(out, lse)`` with lse ``[B, Hq, L]`` (natural

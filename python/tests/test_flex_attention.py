@@ -8,9 +8,9 @@ import pytest
 import flash_attn_wgpu as fa
 from helpers import close, rand
 
-# a bias per key (the score modifier of test_flash_attn.py) and documents (its mask)
-BIAS = "fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s + t(j); }\n" \
-       "fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return 1.0; }"
+# a bias per key, its derivative derived (as FlexAttention differentiates score_mod), and
+# documents (the mask of test_flash_attn.py)
+BIAS = "fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s + t(j); }"
 DOCS = "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return doc(i) == doc(j); }"
 
 

@@ -11,6 +11,8 @@
 pub mod bias;
 pub mod block_mask;
 pub mod bool_mask;
+#[cfg(not(target_arch = "wasm32"))]
+mod derive;
 pub mod dropout;
 pub mod flex_blocks;
 pub mod mask_mod;

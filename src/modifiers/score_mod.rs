@@ -3,12 +3,21 @@
 //! every kernel applies in its score chain after the built-in modifiers, forward and backward
 //! (the backward through the user's derivative).
 //!
-//! The user's WGSL defines two functions, and may define helpers beside them:
+//! The user's WGSL defines `score_mod`, and may define helpers and its derivative beside it:
 //!
 //! ```wgsl
 //! fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { ... }
 //! fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { ... } // d score_mod / ds
 //! ```
+//!
+//! Where it does not define `score_mod_ds`, the crate derives it from `score_mod` (module
+//! `derive`: forward mode on naga's IR, appended to the snippet, so `wgsl_source` shows it):
+//! arithmetic, comparisons and `select`, `abs` `min` `max` `clamp` `sign` `exp` `exp2` `log`
+//! `log2` `sqrt` `inverseSqrt` `pow` `tanh` `sin` `cos` and more, conversions, `let` and
+//! `var`, `if`, loops, the user's helpers and captured-tensor reads (constant in `s`).
+//! What it does not differentiate is an `Error::UserCode` naming the line. The wasm32 build
+//! has no naga and derives nothing: there the snippet defines `score_mod_ds` itself. The CUDA
+//! C of [`ScoreMod::with_cuda`] still defines both.
 //!
 //! `s` is the pair's scaled score `q.k * scale` after the built-in score modifiers (softcap,
 //! ALiBi, bias), in natural-log units as in PyTorch; `b` the batch, `h` the query head, `i` the
@@ -27,7 +36,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::user_code::{check_cuda, Required, Snippet};
+use super::user_code::{self, check_cuda, Required, Snippet};
 use crate::error::Result;
 
 /// The functions a score modifier's WGSL defines.
@@ -75,8 +84,11 @@ impl ScoreMod {
         source: &str,
         captured: impl IntoIterator<Item = (N, Vec<f32>)>,
     ) -> Result<ScoreMod> {
+        let captured: Vec<(String, Vec<f32>)> =
+            captured.into_iter().map(|(n, v)| (n.into(), v)).collect();
+        let source = with_derivative(source, &captured)?;
         Ok(ScoreMod {
-            code: Snippet::new("score_mod", source, captured, &REQUIRED)?,
+            code: Snippet::new("score_mod", &source, captured, &REQUIRED)?,
             cuda: None,
             host: None,
         })
@@ -128,6 +140,40 @@ impl ScoreMod {
     /// The host functions `with_reference` gave, if any.
     pub(crate) fn host(&self) -> Option<(&HostScoreFn, &HostScoreFn)> {
         self.host.as_ref().map(|(f, df)| (f, df))
+    }
+}
+
+/// `source` as given where it defines `score_mod_ds`, else with `score_mod_ds` derived from
+/// its `score_mod` appended (the module `derive`: off the web; on wasm32, which has no naga,
+/// a typed error asks for it).
+fn with_derivative(source: &str, captured: &[(String, Vec<f32>)]) -> Result<String> {
+    if user_code::declarations(source)
+        .iter()
+        .any(|(n, _)| n == "score_mod_ds")
+    {
+        return Ok(source.to_string());
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        // the snippet's own checks first, so that a bad one fails as it would with a
+        // hand-written derivative
+        user_code::check_captured("score_mod", captured)?;
+        let (_, stubs) = user_code::accessors(captured, 0);
+        let ds = super::derive::score_mod_ds(source, &stubs)?;
+        Ok(format!(
+            "{source}\n// derived from score_mod (src/modifiers/derive.rs)\n{ds}"
+        ))
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = captured;
+        Err(user_code::user_error(
+            "score_mod WGSL",
+            None,
+            "expected `fn score_mod_ds(..)`: the wasm32 build does not derive it (it has no \
+             naga); write it"
+                .into(),
+        ))
     }
 }
 
@@ -192,9 +238,30 @@ fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
         );
         assert_eq!(line, Some(10), "{msg}");
         assert!(msg.contains("@group"), "{msg}");
-        let (_, msg) =
-            line_of(ScoreMod::wgsl(&CAP.replace("fn score_mod_ds", "fn other")).unwrap_err());
-        assert!(msg.contains("score_mod_ds"), "{msg}");
+        // without score_mod_ds it is derived; what the derivation does not take names its line
+        let derived = ScoreMod::wgsl(&CAP.replace("fn score_mod_ds", "fn other")).unwrap();
+        assert!(derived.wgsl_source().contains("fn score_mod_ds("));
+        let vector = "fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    let v = vec2<f32>(s, 1.0);
+    return v.x * 2.0;
+}";
+        let (line, msg) = line_of(ScoreMod::wgsl(vector).unwrap_err());
+        assert_eq!(line, Some(2), "{msg}");
+        assert!(
+            msg.contains("vectors") && msg.contains("score_mod_ds"),
+            "{msg}"
+        );
+        let switch = "fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    var t = s;
+    switch h {
+        case 0u: { t = 2.0 * s; }
+        default: { }
+    }
+    return t;
+}";
+        let (line, msg) = line_of(ScoreMod::wgsl(switch).unwrap_err());
+        assert!(line.is_some_and(|l| (3..=6).contains(&l)), "{line:?} {msg}");
+        assert!(msg.contains("switch"), "{msg}");
         let (line, msg) = line_of(
             ScoreMod::wgsl(&CAP.replace(
                 "j: u32) -> f32 {\n    return 2",

@@ -39,7 +39,8 @@ pub fn keys(ctx: &Context, cfg: &AttentionConfig, dtype: DType) -> HashSet<Kerne
     .collect()
 }
 
-/// One property case for a slot: `ctx`'s variant set to the slot's, a case drawn by `strategy`
+/// One property case for a slot: `ctx`'s variant set to the slot's (a context of the test's
+/// own, not the shared one: `common::ctx`), a case drawn by `strategy`
 /// and redrawn until its pipelines (its config by `cfg_of`) are those of the slot's `fixed`
 /// config in the slot's `dtype`, then `test` on it. A failure panics with `slot` and
 /// proptest's minimal case.

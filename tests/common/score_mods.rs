@@ -1,6 +1,7 @@
 //! User score modifiers (`ScoreMod`) the tests share: each as WGSL, CUDA C and host functions
 //! for the f64 reference, written three times so that each backend is checked against an
-//! independent definition.
+//! independent definition. `softcap` writes its WGSL derivative by hand; `rational` and `t5`
+//! leave it to the crate to derive.
 
 use flash_attn_wgpu::ScoreMod;
 
@@ -40,7 +41,9 @@ __device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned 
 }
 
 /// One no built-in expresses: a rational cap s / (1 + |s| / 3) scaled per (batch, head),
-/// plus a term by row and key, so that every argument reaches the function.
+/// plus a term by row and key, so that every argument reaches the function. Its WGSL
+/// derivative is derived (no `score_mod_ds`): the backward against the reference's
+/// hand-written slope checks the derivation on the GPU; the CUDA C keeps its own.
 pub fn rational() -> ScoreMod {
     ScoreMod::wgsl(
         "
@@ -49,10 +52,6 @@ fn my_scale(b: u32, h: u32) -> f32 {
 }
 fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
     return my_scale(b, h) * s / (1.0 + abs(s) / 3.0) + 0.05 * f32((i + 2u * j) % 5u);
-}
-fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
-    let d = 1.0 + abs(s) / 3.0;
-    return my_scale(b, h) / (d * d);
 }
 ",
     )
@@ -88,7 +87,8 @@ __device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned 
 
 /// T5's bucketed relative positions: a learned bias per (query head, bucket of j - i), read
 /// from a captured table `t5_bias` of `heads * 16` values (8 buckets each side: distances
-/// 0-3 exact, then 4-7, 8-15, 16-31, 32 and more).
+/// 0-3 exact, then 4-7, 8-15, 16-31, 32 and more). Its WGSL derivative is derived, as
+/// `rational`'s.
 pub fn t5(heads: usize, table: Vec<f32>) -> ScoreMod {
     assert_eq!(table.len(), heads * 16);
     let host_table = table.clone();
@@ -105,9 +105,6 @@ fn my_bucket(i: u32, j: u32) -> u32 {
 }
 fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
     return s + t5_bias(h * 16u + my_bucket(i, j));
-}
-fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
-    return 1.0;
 }
 ",
         [("t5_bias", table)],

@@ -11,7 +11,7 @@
 
 use crate::common;
 
-use common::{check_dtype_dyn, ctx, pipelines};
+use common::{check_dtype_dyn, pipelines};
 use flash_attn_wgpu::{Algorithm, AttentionConfig, DType, Tuning, Variant, Varlen, Window};
 use proptest::prelude::*;
 
@@ -198,7 +198,8 @@ fn case(s: Slot) -> impl Strategy<Value = Case> {
 
 #[test]
 fn any_combination_of_features_matches_the_reference() {
-    let ctx = ctx();
+    // a context of its own: each slot sets its variant (common::ctx)
+    let ctx = &flash_attn_wgpu::Context::new().expect("context");
     for n in 0..common::prop_cases(3, 12) as usize {
         let s = slot(n);
         pipelines::run_slot(

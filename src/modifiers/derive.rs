@@ -1,0 +1,1150 @@
+//! The derivative of a user's `score_mod` with respect to the score, derived from its WGSL
+//! (forward mode, on naga's IR), so that a `ScoreMod` needs no hand-written `score_mod_ds`.
+//!
+//! Each function the score flows through gets a twin `{name}__d` that returns
+//! `vec2<f32>(value, derivative)` and takes, beside each f32 argument, that argument's
+//! derivative. Every expression becomes a `let` of its value and, where it is an f32 that
+//! depends on the score, one of its derivative, by the rules of calculus (`a * b` gives
+//! `a' b + a b'`, `exp(a)` gives `exp(a) a'`, `select` selects the derivatives, ...); local
+//! variables get a derivative variable; `if`, loops, `break`, `continue` and `return` keep
+//! their shape. Values that do not depend on the score (indices, captured tensors, constants)
+//! have a derivative of zero, so a helper that returns no f32 is called as it is.
+//! `score_mod_ds` then returns the derivative of `score_mod__d(s, 1.0, b, h, i, j)`.
+//!
+//! What it does not differentiate (vectors, structs, pointers, private variables, `switch`,
+//! functions outside the list in [`Rules`]) is an `Error::UserCode` naming the line. At a kink
+//! (`abs` at 0, `min` and `max` where both sides are equal, `select`'s switch) it takes one
+//! side, as automatic differentiation does. Off the web only: the wasm32 build has no naga.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write;
+
+use naga::{
+    BinaryOperator as B, Expression as E, Handle, Literal, MathFunction as M, Module, Scalar,
+    ScalarKind, Statement as S, TypeInner, UnaryOperator as U,
+};
+
+use super::user_code::user_error;
+use crate::error::Result;
+
+/// `score_mod_ds` and the twins it calls, as WGSL to append to `source` (the user's snippet;
+/// `stubs` declare its captured tensors' accessors after it for the parse).
+pub(crate) fn score_mod_ds(source: &str, stubs: &str) -> Result<String> {
+    let whole = format!("{source}\n{stubs}");
+    let lines = source.lines().count();
+    let what = "score_mod WGSL (deriving score_mod_ds)";
+    let at = |span: naga::Span| {
+        Some(span.location(&whole).line_number as usize).filter(|&l| l <= lines && l > 0)
+    };
+    let module = naga::front::wgsl::parse_str(&whole).map_err(|e| {
+        user_error(
+            what,
+            e.location(&whole).map(|l| l.line_number as usize),
+            e.message().to_string(),
+        )
+    })?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::empty(),
+    )
+    .validate(&module)
+    .map_err(|e| user_error(what, None, e.as_inner().to_string()))?;
+    let Some((root, _)) = module
+        .functions
+        .iter()
+        .find(|(_, f)| f.name.as_deref() == Some("score_mod"))
+    else {
+        return Err(user_error(
+            what,
+            None,
+            "expected `fn score_mod(..)`, found none".into(),
+        ));
+    };
+    let mut d = Deriver {
+        module: &module,
+        info: &info,
+        done: HashSet::new(),
+        queue: vec![root],
+        out: String::new(),
+    };
+    while let Some(f) = d.queue.pop() {
+        if d.done.insert(f) {
+            d.twin(f).map_err(|(span, msg)| {
+                let msg = format!("{msg}; write score_mod_ds by hand to use it");
+                user_error(what, span.and_then(at), msg)
+            })?;
+        }
+    }
+    let mut out = d.out;
+    out.push_str(
+        "fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {\n    \
+         return score_mod__d(s, 1.0, b, h, i, j).y;\n}\n",
+    );
+    Ok(out)
+}
+
+/// A failure: where (a span of the user's source, if any) and what.
+type Fail = (Option<naga::Span>, String);
+
+struct Deriver<'a> {
+    module: &'a Module,
+    info: &'a naga::valid::ModuleInfo,
+    done: HashSet<Handle<naga::Function>>,
+    queue: Vec<Handle<naga::Function>>,
+    out: String,
+}
+
+/// One function's twin being written.
+struct Twin<'a> {
+    module: &'a Module,
+    f: &'a naga::Function,
+    fi: &'a naga::valid::FunctionInfo,
+    /// Expressions whose derivative is zero (or that have none).
+    zero: HashSet<Handle<naga::Expression>>,
+    /// Functions the twin calls the twins of.
+    calls: Vec<Handle<naga::Function>>,
+    /// The names of call results: `r{n}`, a `vec2` for twins.
+    results: HashMap<Handle<naga::Expression>, (String, bool)>,
+    body: String,
+}
+
+fn scalar_name(s: Scalar) -> Option<&'static str> {
+    Some(match (s.kind, s.width) {
+        (ScalarKind::Float, 4) => "f32",
+        (ScalarKind::Uint, 4) => "u32",
+        (ScalarKind::Sint, 4) => "i32",
+        (ScalarKind::Bool, _) => "bool",
+        _ => return None,
+    })
+}
+
+fn is_f32(t: &TypeInner) -> bool {
+    matches!(t, TypeInner::Scalar(Scalar::F32))
+}
+
+impl Deriver<'_> {
+    fn twin(&mut self, fh: Handle<naga::Function>) -> std::result::Result<(), Fail> {
+        let (module, info) = (self.module, self.info);
+        let f = &module.functions[fh];
+        let name = f.name.clone().unwrap_or_default();
+        let ty = |h| &module.types[h].inner;
+        if !f.result.as_ref().is_some_and(|r| is_f32(ty(r.ty))) {
+            return Err((
+                None,
+                format!("`{name}` must return f32 to be differentiated"),
+            ));
+        }
+        let mut t = Twin {
+            module,
+            f,
+            fi: &info[fh],
+            zero: HashSet::new(),
+            calls: Vec::new(),
+            results: HashMap::new(),
+            body: String::new(),
+        };
+        let mut params = Vec::new();
+        for (k, a) in f.arguments.iter().enumerate() {
+            let Some(n) = (match ty(a.ty) {
+                TypeInner::Scalar(s) => scalar_name(*s),
+                _ => None,
+            }) else {
+                return Err((None, format!("`{name}`'s argument {k} is not a scalar")));
+            };
+            params.push(format!("a{k}: {n}"));
+            if n == "f32" {
+                params.push(format!("da{k}: f32"));
+            }
+        }
+        for (lh, l) in f.local_variables.iter() {
+            let span = Some(f.local_variables.get_span(lh));
+            let Some(n) = (match ty(l.ty) {
+                TypeInner::Scalar(s) => scalar_name(*s),
+                _ => None,
+            }) else {
+                return Err((span, "only scalar variables are differentiated".into()));
+            };
+            let init = match l.init {
+                Some(e) => t.value(e)?,
+                None => format!("{n}()"),
+            };
+            let _ = writeln!(t.body, "    var l{}: {n} = {init};", lh.index());
+            if n == "f32" {
+                let _ = writeln!(t.body, "    var dl{}: f32 = 0.0;", lh.index());
+            }
+        }
+        t.block(&f.body, 1)?;
+        let _ = writeln!(
+            self.out,
+            "fn {name}__d({}) -> vec2<f32> {{\n{}}}",
+            params.join(", "),
+            t.body
+        );
+        self.queue.extend(t.calls);
+        Ok(())
+    }
+}
+
+impl Twin<'_> {
+    fn ty(&self, e: Handle<naga::Expression>) -> &TypeInner {
+        self.fi[e].ty.inner_with(&self.module.types)
+    }
+
+    fn span(&self, e: Handle<naga::Expression>) -> Option<naga::Span> {
+        Some(self.f.expressions.get_span(e))
+    }
+
+    fn fail<T>(&self, e: Handle<naga::Expression>, msg: String) -> std::result::Result<T, Fail> {
+        Err((self.span(e), msg))
+    }
+
+    /// The value of an expression as WGSL: its `let` where it was emitted, else its text.
+    fn value(&self, e: Handle<naga::Expression>) -> std::result::Result<String, Fail> {
+        Ok(match self.f.expressions[e] {
+            E::Literal(l) => match l {
+                Literal::F32(x) => format!("{x:?}f"),
+                Literal::U32(x) => format!("{x}u"),
+                Literal::I32(x) => format!("i32({x})"),
+                Literal::Bool(x) => x.to_string(),
+                Literal::AbstractFloat(x) => format!("{:?}f", x as f32),
+                Literal::AbstractInt(x) => format!("{x}"),
+                _ => return self.fail(e, "a literal of a type not differentiated".into()),
+            },
+            E::Constant(c) => match &self.module.constants[c].name {
+                Some(n) => n.clone(),
+                None => return self.fail(e, "an unnamed constant".into()),
+            },
+            E::FunctionArgument(k) => format!("a{k}"),
+            E::LocalVariable(l) => format!("l{}", l.index()),
+            E::CallResult(_) => match self.results.get(&e) {
+                Some((n, true)) => format!("{n}.x"),
+                Some((n, false)) => n.clone(),
+                None => return self.fail(e, "a call result before its call".into()),
+            },
+            E::ZeroValue(t) => match &self.module.types[t].inner {
+                TypeInner::Scalar(s) if scalar_name(*s).is_some() => {
+                    format!("{}()", scalar_name(*s).unwrap_or("f32"))
+                }
+                _ => return self.fail(e, "a zero value of a type not differentiated".into()),
+            },
+            _ => format!("v{}", e.index()),
+        })
+    }
+
+    /// The derivative of an expression as WGSL ("0.0" where it is zero).
+    fn deriv(&self, e: Handle<naga::Expression>) -> String {
+        if self.zero.contains(&e) || !is_f32(self.ty(e)) {
+            return "0.0".into();
+        }
+        match self.f.expressions[e] {
+            E::Literal(_) | E::Constant(_) | E::ZeroValue(_) | E::Override(_) => "0.0".into(),
+            E::FunctionArgument(k) => format!("da{k}"),
+            E::CallResult(_) => match self.results.get(&e) {
+                Some((n, true)) => format!("{n}.y"),
+                _ => "0.0".into(),
+            },
+            _ => format!("d{}", e.index()),
+        }
+    }
+
+    fn is_zero(&self, e: Handle<naga::Expression>) -> bool {
+        self.deriv(e) == "0.0"
+    }
+
+    fn block(&mut self, b: &naga::Block, depth: usize) -> std::result::Result<(), Fail> {
+        let pad = "    ".repeat(depth);
+        for (st, span) in b.span_iter() {
+            match st {
+                S::Emit(range) => {
+                    for e in range.clone() {
+                        self.emit(e, &pad)?;
+                    }
+                }
+                S::Block(inner) => {
+                    let _ = writeln!(self.body, "{pad}{{");
+                    self.block(inner, depth + 1)?;
+                    let _ = writeln!(self.body, "{pad}}}");
+                }
+                S::If {
+                    condition,
+                    accept,
+                    reject,
+                } => {
+                    let c = self.value(*condition)?;
+                    let _ = writeln!(self.body, "{pad}if ({c}) {{");
+                    self.block(accept, depth + 1)?;
+                    let _ = writeln!(self.body, "{pad}}} else {{");
+                    self.block(reject, depth + 1)?;
+                    let _ = writeln!(self.body, "{pad}}}");
+                }
+                S::Loop {
+                    body,
+                    continuing,
+                    break_if,
+                } => {
+                    let _ = writeln!(self.body, "{pad}loop {{");
+                    self.block(body, depth + 1)?;
+                    let _ = writeln!(self.body, "{pad}    continuing {{");
+                    self.block(continuing, depth + 2)?;
+                    if let Some(c) = break_if {
+                        let c = self.value(*c)?;
+                        let _ = writeln!(self.body, "{pad}        break if {c};");
+                    }
+                    let _ = writeln!(self.body, "{pad}    }}");
+                    let _ = writeln!(self.body, "{pad}}}");
+                }
+                S::Break => {
+                    let _ = writeln!(self.body, "{pad}break;");
+                }
+                S::Continue => {
+                    let _ = writeln!(self.body, "{pad}continue;");
+                }
+                S::Return { value: Some(v) } => {
+                    let (x, d) = (self.value(*v)?, self.deriv(*v));
+                    let _ = writeln!(self.body, "{pad}return vec2<f32>({x}, {d});");
+                }
+                S::Store { pointer, value } => {
+                    let E::LocalVariable(l) = self.f.expressions[*pointer] else {
+                        return Err((Some(*span), "only local variables are stored to".into()));
+                    };
+                    let x = self.value(*value)?;
+                    let _ = writeln!(self.body, "{pad}l{} = {x};", l.index());
+                    if is_f32(self.ty(*value)) {
+                        let d = self.deriv(*value);
+                        let _ = writeln!(self.body, "{pad}dl{} = {d};", l.index());
+                    }
+                }
+                S::Call {
+                    function,
+                    arguments,
+                    result,
+                } => {
+                    let callee = &self.module.functions[*function];
+                    let name = callee.name.clone().unwrap_or_default();
+                    let returns_f32 = callee
+                        .result
+                        .as_ref()
+                        .is_some_and(|r| is_f32(&self.module.types[r.ty].inner));
+                    let depends = arguments.iter().any(|&a| !self.is_zero(a));
+                    let twin = returns_f32 && depends;
+                    let mut args = Vec::new();
+                    for &a in arguments {
+                        args.push(self.value(a)?);
+                        if twin && is_f32(self.ty(a)) {
+                            args.push(self.deriv(a));
+                        }
+                    }
+                    let callee_name = if twin {
+                        self.calls.push(*function);
+                        format!("{name}__d")
+                    } else {
+                        name
+                    };
+                    match result {
+                        Some(r) => {
+                            let n = format!("r{}", r.index());
+                            let _ = writeln!(
+                                self.body,
+                                "{pad}let {n} = {callee_name}({});",
+                                args.join(", ")
+                            );
+                            if !twin {
+                                self.zero.insert(*r);
+                            }
+                            self.results.insert(*r, (n, twin));
+                        }
+                        None => {
+                            let _ = writeln!(self.body, "{pad}{callee_name}({});", args.join(", "));
+                        }
+                    }
+                }
+                _ => {
+                    return Err((
+                        Some(*span),
+                        "a statement not differentiated here (switch, barriers, atomics, \
+                         images, discard, or a return without a value)"
+                            .into(),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `let v{e} = value;` and, for an f32 that depends on the score, `let d{e} = ...;`.
+    fn emit(&mut self, e: Handle<naga::Expression>, pad: &str) -> std::result::Result<(), Fail> {
+        let v = |h| self.value(h);
+        let d = |h| self.deriv(h);
+        let mine = format!("v{}", e.index());
+        let (value, deriv): (String, Option<String>) = match self.f.expressions[e] {
+            E::Load { pointer } => match self.f.expressions[pointer] {
+                E::LocalVariable(l) => {
+                    (format!("l{}", l.index()), Some(format!("dl{}", l.index())))
+                }
+                _ => return self.fail(e, "only local variables are read through pointers".into()),
+            },
+            E::Unary { op, expr } => {
+                let x = v(expr)?;
+                match op {
+                    U::Negate => (format!("-({x})"), Some(format!("-({})", d(expr)))),
+                    U::LogicalNot => (format!("!({x})"), None),
+                    U::BitwiseNot => (format!("~({x})"), None),
+                }
+            }
+            E::Binary { op, left, right } => {
+                let (a, b, da, db) = (v(left)?, v(right)?, d(left), d(right));
+                let sym = match op {
+                    B::Add => "+",
+                    B::Subtract => "-",
+                    B::Multiply => "*",
+                    B::Divide => "/",
+                    B::Modulo => "%",
+                    B::Equal => "==",
+                    B::NotEqual => "!=",
+                    B::Less => "<",
+                    B::LessEqual => "<=",
+                    B::Greater => ">",
+                    B::GreaterEqual => ">=",
+                    B::And => "&",
+                    B::ExclusiveOr => "^",
+                    B::InclusiveOr => "|",
+                    B::LogicalAnd => "&&",
+                    B::LogicalOr => "||",
+                    B::ShiftLeft => "<<",
+                    B::ShiftRight => ">>",
+                };
+                let value = format!("({a}) {sym} ({b})");
+                let deriv = match op {
+                    B::Add => format!("({da}) + ({db})"),
+                    B::Subtract => format!("({da}) - ({db})"),
+                    B::Multiply => format!("({da}) * ({b}) + ({a}) * ({db})"),
+                    B::Divide => format!("(({da}) - ({mine}) * ({db})) / ({b})"),
+                    B::Modulo => format!("({da}) - ({db}) * trunc(({a}) / ({b}))"),
+                    _ => "0.0".into(),
+                };
+                (value, Some(deriv))
+            }
+            E::Select {
+                condition,
+                accept,
+                reject,
+            } => (
+                format!("select({}, {}, {})", v(reject)?, v(accept)?, v(condition)?),
+                Some(format!(
+                    "select({}, {}, {})",
+                    d(reject),
+                    d(accept),
+                    v(condition)?
+                )),
+            ),
+            E::As {
+                expr,
+                kind,
+                convert,
+            } => {
+                let Some(to) = scalar_name(Scalar {
+                    kind,
+                    width: convert.unwrap_or(4),
+                }) else {
+                    return self.fail(e, "a conversion to a type not differentiated".into());
+                };
+                let x = v(expr)?;
+                let value = match convert {
+                    Some(_) => format!("{to}({x})"),
+                    None => format!("bitcast<{to}>({x})"),
+                };
+                let same = convert.is_some() && is_f32(self.ty(expr));
+                (value, Some(if same { d(expr) } else { "0.0".into() }))
+            }
+            E::Math {
+                fun,
+                arg,
+                arg1,
+                arg2,
+                ..
+            } => self.math(e, fun, arg, arg1, arg2)?,
+            E::Access { base, index } if self.is_zero(base) => {
+                (format!("{}[{}]", v(base)?, v(index)?), None)
+            }
+            E::AccessIndex { base, index } if self.is_zero(base) => {
+                (format!("{}[{index}]", v(base)?), None)
+            }
+            E::Relational { fun, argument } => {
+                let name = match fun {
+                    naga::RelationalFunction::All => "all",
+                    naga::RelationalFunction::Any => "any",
+                    _ => return self.fail(e, "a relational function not differentiated".into()),
+                };
+                (format!("{name}({})", v(argument)?), None)
+            }
+            E::Literal(_)
+            | E::Constant(_)
+            | E::ZeroValue(_)
+            | E::FunctionArgument(_)
+            | E::LocalVariable(_)
+            | E::CallResult(_) => return Ok(()),
+            _ => {
+                return self.fail(
+                    e,
+                    "an expression not differentiated here (vectors, matrices, arrays that \
+                     depend on the score, structs, pointers, private or global variables)"
+                        .into(),
+                )
+            }
+        };
+        if !matches!(
+            self.ty(e),
+            TypeInner::Scalar(s) if scalar_name(*s).is_some()
+        ) {
+            return self.fail(e, "only scalar expressions are differentiated".into());
+        }
+        let _ = writeln!(self.body, "{pad}let {mine} = {value};");
+        // an expression of operands that do not depend on the score does not either (a
+        // load may: its variable holds what was stored)
+        let constant = match self.f.expressions[e] {
+            E::Load { .. } => false,
+            ref x => operands(x).iter().all(|&o| self.is_zero(o)),
+        };
+        match deriv {
+            Some(d) if is_f32(self.ty(e)) && d != "0.0" && !constant => {
+                let _ = writeln!(self.body, "{pad}let d{} = {d};", e.index());
+            }
+            _ => {
+                self.zero.insert(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// A math function's value and derivative (see the module's list).
+    #[allow(clippy::type_complexity)]
+    fn math(
+        &self,
+        e: Handle<naga::Expression>,
+        fun: M,
+        arg: Handle<naga::Expression>,
+        arg1: Option<Handle<naga::Expression>>,
+        arg2: Option<Handle<naga::Expression>>,
+    ) -> std::result::Result<(String, Option<String>), Fail> {
+        let mine = format!("v{}", e.index());
+        let x = self.value(arg)?;
+        let dx = self.deriv(arg);
+        let second = |h: Option<Handle<naga::Expression>>| -> std::result::Result<_, Fail> {
+            match h {
+                Some(h) => Ok((self.value(h)?, self.deriv(h), self.is_zero(h))),
+                None => self.fail(e, "a math function without its arguments".into()),
+            }
+        };
+        const LN2: &str = "0.6931471805599453";
+        let one = |name: &str, d: String| Ok((format!("{name}({x})"), Some(d)));
+        match fun {
+            M::Abs => one("abs", format!("sign({x}) * ({dx})")),
+            M::Sign | M::Floor | M::Ceil | M::Round | M::Trunc => {
+                let name = match fun {
+                    M::Sign => "sign",
+                    M::Floor => "floor",
+                    M::Ceil => "ceil",
+                    M::Round => "round",
+                    _ => "trunc",
+                };
+                Ok((format!("{name}({x})"), None))
+            }
+            M::Fract => one("fract", dx),
+            M::Exp => one("exp", format!("{mine} * ({dx})")),
+            M::Exp2 => one("exp2", format!("{mine} * {LN2} * ({dx})")),
+            M::Log => one("log", format!("({dx}) / ({x})")),
+            M::Log2 => one("log2", format!("({dx}) / (({x}) * {LN2})")),
+            M::Sqrt => one("sqrt", format!("({dx}) / (2.0 * {mine})")),
+            M::InverseSqrt => one("inverseSqrt", format!("-0.5 * {mine} / ({x}) * ({dx})")),
+            M::Tanh => one("tanh", format!("(1.0 - {mine} * {mine}) * ({dx})")),
+            M::Sin => one("sin", format!("cos({x}) * ({dx})")),
+            M::Cos => one("cos", format!("-sin({x}) * ({dx})")),
+            M::Tan => one("tan", format!("(1.0 + {mine} * {mine}) * ({dx})")),
+            M::Atan => one("atan", format!("({dx}) / (1.0 + ({x}) * ({x}))")),
+            M::Sinh => one("sinh", format!("cosh({x}) * ({dx})")),
+            M::Cosh => one("cosh", format!("sinh({x}) * ({dx})")),
+            M::Saturate => one(
+                "saturate",
+                format!("select(0.0, {dx}, ({x}) > 0.0 && ({x}) < 1.0)"),
+            ),
+            M::Min | M::Max => {
+                let (y, dy, _) = second(arg1)?;
+                let (name, cmp) = if fun == M::Min {
+                    ("min", "<")
+                } else {
+                    ("max", ">")
+                };
+                Ok((
+                    format!("{name}({x}, {y})"),
+                    Some(format!("select({dy}, {dx}, ({x}) {cmp} ({y}))")),
+                ))
+            }
+            M::Clamp => {
+                let (lo, dlo, _) = second(arg1)?;
+                let (hi, dhi, _) = second(arg2)?;
+                Ok((
+                    format!("clamp({x}, {lo}, {hi})"),
+                    Some(format!(
+                        "select(select({dx}, {dlo}, ({x}) < ({lo})), {dhi}, ({x}) > ({hi}))"
+                    )),
+                ))
+            }
+            M::Pow => {
+                let (y, dy, const_exp) = second(arg1)?;
+                let d = if const_exp {
+                    format!("({y}) * pow({x}, ({y}) - 1.0) * ({dx})")
+                } else {
+                    format!("{mine} * (({dy}) * log({x}) + ({y}) * ({dx}) / ({x}))")
+                };
+                Ok((format!("pow({x}, {y})"), Some(d)))
+            }
+            M::Fma => {
+                let (y, dy, _) = second(arg1)?;
+                let (z, dz, _) = second(arg2)?;
+                Ok((
+                    format!("fma({x}, {y}, {z})"),
+                    Some(format!("({dx}) * ({y}) + ({x}) * ({dy}) + ({dz})")),
+                ))
+            }
+            M::Step => {
+                let (y, _, _) = second(arg1)?;
+                Ok((format!("step({x}, {y})"), None))
+            }
+            other => self.fail(e, format!("`{other:?}` is not differentiated here")),
+        }
+    }
+}
+
+/// The expressions an expression reads (those the twin differentiates).
+fn operands(e: &naga::Expression) -> Vec<Handle<naga::Expression>> {
+    match *e {
+        E::Unary { expr, .. } | E::As { expr, .. } => vec![expr],
+        E::Binary { left, right, .. } => vec![left, right],
+        E::Select {
+            condition,
+            accept,
+            reject,
+        } => vec![condition, accept, reject],
+        E::Math {
+            arg,
+            arg1,
+            arg2,
+            arg3,
+            ..
+        } => [Some(arg), arg1, arg2, arg3]
+            .into_iter()
+            .flatten()
+            .collect(),
+        E::Access { base, index } => vec![base, index],
+        E::AccessIndex { base, .. } => vec![base],
+        E::Relational { argument, .. } => vec![argument],
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use naga::{Expression as E, Function};
+
+    /// A value of the interpreter, in f64 where WGSL has f32.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum V {
+        F(f64),
+        U(u32),
+        I(i32),
+        B(bool),
+        /// The twins' `vec2<f32>(value, derivative)`.
+        F2(f64, f64),
+    }
+
+    impl V {
+        fn f(self) -> f64 {
+            match self {
+                V::F(x) => x,
+                other => panic!("not a float: {other:?}"),
+            }
+        }
+    }
+
+    enum Flow {
+        Next,
+        Break,
+        Continue,
+        Return(V),
+    }
+
+    /// A naga interpreter in f64 over what the derivation takes: the tests run the user's
+    /// `score_mod` and the derived `score_mod_ds` through it, so that finite differences in
+    /// f64 judge the derivation with no GPU.
+    struct Run<'a> {
+        m: &'a Module,
+    }
+
+    struct Frame<'a> {
+        f: &'a Function,
+        args: Vec<V>,
+        vals: HashMap<Handle<naga::Expression>, V>,
+        locals: HashMap<Handle<naga::LocalVariable>, V>,
+    }
+
+    impl<'a> Run<'a> {
+        fn call(&self, name: &str, args: &[V]) -> V {
+            let (h, _) = self
+                .m
+                .functions
+                .iter()
+                .find(|(_, f)| f.name.as_deref() == Some(name))
+                .unwrap();
+            self.invoke(h, args.to_vec())
+        }
+
+        fn invoke(&self, h: Handle<Function>, args: Vec<V>) -> V {
+            let f = &self.m.functions[h];
+            let mut fr = Frame {
+                f,
+                args,
+                vals: HashMap::new(),
+                locals: HashMap::new(),
+            };
+            for (lh, l) in f.local_variables.iter() {
+                let v = match l.init {
+                    Some(e) => self.eval(&mut fr, e),
+                    None => match self.m.types[l.ty].inner {
+                        TypeInner::Scalar(Scalar::F32) => V::F(0.0),
+                        TypeInner::Scalar(Scalar::U32) => V::U(0),
+                        TypeInner::Scalar(Scalar::I32) => V::I(0),
+                        _ => V::B(false),
+                    },
+                };
+                fr.locals.insert(lh, v);
+            }
+            match self.block(&mut fr, &f.body) {
+                Flow::Return(v) => v,
+                _ => panic!("no return"),
+            }
+        }
+
+        fn block(&self, fr: &mut Frame<'a>, b: &naga::Block) -> Flow {
+            for st in b.iter() {
+                let flow = match st {
+                    S::Emit(r) => {
+                        for e in r.clone() {
+                            // afresh: a loop emits the same expressions each iteration
+                            fr.vals.remove(&e);
+                            let v = self.eval(fr, e);
+                            fr.vals.insert(e, v);
+                        }
+                        Flow::Next
+                    }
+                    S::Block(inner) => self.block(fr, inner),
+                    S::If {
+                        condition,
+                        accept,
+                        reject,
+                    } => {
+                        if self.eval(fr, *condition) == V::B(true) {
+                            self.block(fr, accept)
+                        } else {
+                            self.block(fr, reject)
+                        }
+                    }
+                    S::Loop {
+                        body,
+                        continuing,
+                        break_if,
+                    } => loop {
+                        match self.block(fr, body) {
+                            Flow::Break => break Flow::Next,
+                            Flow::Return(v) => break Flow::Return(v),
+                            _ => {}
+                        }
+                        let _ = self.block(fr, continuing);
+                        if break_if.is_some_and(|c| self.eval(fr, c) == V::B(true)) {
+                            break Flow::Next;
+                        }
+                    },
+                    S::Break => Flow::Break,
+                    S::Continue => Flow::Continue,
+                    S::Return { value } => Flow::Return(self.eval(fr, value.unwrap())),
+                    S::Store { pointer, value } => {
+                        let E::LocalVariable(l) = fr.f.expressions[*pointer] else {
+                            panic!("store")
+                        };
+                        let v = self.eval(fr, *value);
+                        fr.locals.insert(l, v);
+                        Flow::Next
+                    }
+                    S::Call {
+                        function,
+                        arguments,
+                        result,
+                    } => {
+                        let args = arguments.iter().map(|&a| self.eval(fr, a)).collect();
+                        let v = self.invoke(*function, args);
+                        if let Some(r) = result {
+                            fr.vals.insert(*r, v);
+                        }
+                        Flow::Next
+                    }
+                    other => panic!("{other:?}"),
+                };
+                if !matches!(flow, Flow::Next) {
+                    return flow;
+                }
+            }
+            Flow::Next
+        }
+
+        fn eval(&self, fr: &mut Frame<'a>, e: Handle<naga::Expression>) -> V {
+            if let Some(v) = fr.vals.get(&e) {
+                return *v;
+            }
+            let f = fr.f;
+            let mut ev = |h| self.eval(fr, h);
+            match f.expressions[e] {
+                E::Literal(l) => lit(l),
+                E::Constant(c) => match self.m.global_expressions[self.m.constants[c].init] {
+                    E::Literal(l) => lit(l),
+                    ref other => panic!("{other:?}"),
+                },
+                E::FunctionArgument(k) => fr.args[k as usize],
+                E::Load { pointer } => match f.expressions[pointer] {
+                    E::LocalVariable(l) => fr.locals[&l],
+                    _ => panic!("load"),
+                },
+                E::Unary { op, expr } => match (op, ev(expr)) {
+                    (U::Negate, V::F(x)) => V::F(-x),
+                    (U::Negate, V::I(x)) => V::I(x.wrapping_neg()),
+                    (U::LogicalNot, V::B(x)) => V::B(!x),
+                    (U::BitwiseNot, V::U(x)) => V::U(!x),
+                    other => panic!("{other:?}"),
+                },
+                E::Binary { op, left, right } => binary(op, ev(left), ev(right)),
+                E::Select {
+                    condition,
+                    accept,
+                    reject,
+                } => {
+                    let (c, a, r) = (ev(condition), ev(accept), ev(reject));
+                    if c == V::B(true) {
+                        a
+                    } else {
+                        r
+                    }
+                }
+                E::As { expr, kind, .. } => match (kind, ev(expr)) {
+                    (ScalarKind::Float, V::F(x)) => V::F(x),
+                    (ScalarKind::Float, V::U(x)) => V::F(x as f64),
+                    (ScalarKind::Float, V::I(x)) => V::F(x as f64),
+                    (ScalarKind::Uint, V::F(x)) => V::U(x as u32),
+                    (ScalarKind::Uint, V::I(x)) => V::U(x as u32),
+                    (ScalarKind::Uint, V::U(x)) => V::U(x),
+                    (ScalarKind::Sint, V::U(x)) => V::I(x as i32),
+                    (ScalarKind::Sint, V::F(x)) => V::I(x as i32),
+                    (ScalarKind::Sint, V::I(x)) => V::I(x),
+                    other => panic!("{other:?}"),
+                },
+                E::Math {
+                    fun,
+                    arg,
+                    arg1,
+                    arg2,
+                    ..
+                } => {
+                    let x = ev(arg);
+                    let y = arg1.map(&mut ev);
+                    let z = arg2.map(&mut ev);
+                    math(fun, x, y, z)
+                }
+                E::CallResult(_) => fr.vals[&e],
+                E::ZeroValue(t) => match self.m.types[t].inner {
+                    TypeInner::Scalar(Scalar::F32) => V::F(0.0),
+                    TypeInner::Scalar(Scalar::U32) => V::U(0),
+                    TypeInner::Scalar(Scalar::I32) => V::I(0),
+                    ref other => panic!("{other:?}"),
+                },
+                E::Compose { ref components, .. } => {
+                    let c: Vec<f64> = components.clone().into_iter().map(|h| ev(h).f()).collect();
+                    V::F2(c[0], c[1])
+                }
+                E::AccessIndex { base, index } => match ev(base) {
+                    V::F2(x, y) => V::F([x, y][index as usize]),
+                    other => panic!("{other:?}"),
+                },
+                ref other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    fn lit(l: Literal) -> V {
+        match l {
+            Literal::F32(x) => V::F(x as f64),
+            Literal::AbstractFloat(x) => V::F(x),
+            Literal::U32(x) => V::U(x),
+            Literal::I32(x) => V::I(x),
+            Literal::AbstractInt(x) => V::I(x as i32),
+            Literal::Bool(x) => V::B(x),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn binary(op: B, a: V, b: V) -> V {
+        match (a, b) {
+            (V::F(x), V::F(y)) => match op {
+                B::Add => V::F(x + y),
+                B::Subtract => V::F(x - y),
+                B::Multiply => V::F(x * y),
+                B::Divide => V::F(x / y),
+                B::Modulo => V::F(x % y),
+                B::Less => V::B(x < y),
+                B::LessEqual => V::B(x <= y),
+                B::Greater => V::B(x > y),
+                B::GreaterEqual => V::B(x >= y),
+                B::Equal => V::B(x == y),
+                B::NotEqual => V::B(x != y),
+                other => panic!("{other:?}"),
+            },
+            (V::U(x), V::U(y)) => match op {
+                B::Add => V::U(x.wrapping_add(y)),
+                B::Subtract => V::U(x.wrapping_sub(y)),
+                B::Multiply => V::U(x.wrapping_mul(y)),
+                B::Divide => V::U(x.checked_div(y).unwrap_or(x)),
+                B::Modulo => V::U(x.checked_rem(y).unwrap_or(0)),
+                B::Less => V::B(x < y),
+                B::LessEqual => V::B(x <= y),
+                B::Greater => V::B(x > y),
+                B::GreaterEqual => V::B(x >= y),
+                B::Equal => V::B(x == y),
+                B::NotEqual => V::B(x != y),
+                other => panic!("{other:?}"),
+            },
+            (V::I(x), V::I(y)) => match op {
+                B::Add => V::I(x.wrapping_add(y)),
+                B::Subtract => V::I(x.wrapping_sub(y)),
+                B::Multiply => V::I(x.wrapping_mul(y)),
+                B::Less => V::B(x < y),
+                B::Greater => V::B(x > y),
+                B::Equal => V::B(x == y),
+                other => panic!("{other:?}"),
+            },
+            (V::B(x), V::B(y)) => match op {
+                B::LogicalAnd | B::And => V::B(x && y),
+                B::LogicalOr | B::InclusiveOr => V::B(x || y),
+                B::Equal => V::B(x == y),
+                B::NotEqual => V::B(x != y),
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn math(fun: M, x: V, y: Option<V>, z: Option<V>) -> V {
+        // integers: what index arithmetic uses
+        match (fun, x, y) {
+            (M::Abs, V::I(a), _) => return V::I(a.wrapping_abs()),
+            (M::Min, V::I(a), Some(V::I(b))) => return V::I(a.min(b)),
+            (M::Max, V::I(a), Some(V::I(b))) => return V::I(a.max(b)),
+            (M::Min, V::U(a), Some(V::U(b))) => return V::U(a.min(b)),
+            (M::Max, V::U(a), Some(V::U(b))) => return V::U(a.max(b)),
+            _ => {}
+        }
+        let (a, b, c) = (x.f(), y.map(V::f), z.map(V::f));
+        V::F(match fun {
+            M::Abs => a.abs(),
+            M::Min => a.min(b.unwrap()),
+            M::Max => a.max(b.unwrap()),
+            M::Clamp => a.max(b.unwrap()).min(c.unwrap()),
+            M::Sign => {
+                if a > 0.0 {
+                    1.0
+                } else if a < 0.0 {
+                    -1.0
+                } else {
+                    0.0
+                }
+            }
+            M::Floor => a.floor(),
+            M::Ceil => a.ceil(),
+            M::Round => a.round_ties_even(),
+            M::Trunc => a.trunc(),
+            M::Fract => a - a.floor(),
+            M::Exp => a.exp(),
+            M::Exp2 => a.exp2(),
+            M::Log => a.ln(),
+            M::Log2 => a.log2(),
+            M::Sqrt => a.sqrt(),
+            M::InverseSqrt => 1.0 / a.sqrt(),
+            M::Pow => a.powf(b.unwrap()),
+            M::Tanh => a.tanh(),
+            M::Sin => a.sin(),
+            M::Cos => a.cos(),
+            M::Tan => a.tan(),
+            M::Atan => a.atan(),
+            M::Sinh => a.sinh(),
+            M::Cosh => a.cosh(),
+            M::Saturate => a.clamp(0.0, 1.0),
+            M::Fma => a * b.unwrap() + c.unwrap(),
+            M::Step => (b.unwrap() >= a) as u32 as f64,
+            other => panic!("{other:?}"),
+        })
+    }
+
+    /// The snippet with its derived `score_mod_ds`, parsed.
+    fn derived(source: &str) -> Module {
+        let ds = score_mod_ds(source, "").unwrap_or_else(|e| panic!("{e}\n{source}"));
+        let whole = format!("{source}\n{ds}");
+        naga::front::wgsl::parse_str(&whole).unwrap_or_else(|e| panic!("{e}\n{whole}"))
+    }
+
+    /// Central differences in f64 where both one-sided ones agree (no kink between), against
+    /// the derived derivative; returns the points compared.
+    fn agrees(source: &str, points: &[(f64, u32, u32)]) -> usize {
+        let m = derived(source);
+        let run = Run { m: &m };
+        let f = |s: f64, i, j| {
+            run.call("score_mod", &[V::F(s), V::U(0), V::U(1), V::U(i), V::U(j)])
+                .f()
+        };
+        let mut compared = 0;
+        for &(s, i, j) in points {
+            let h = 1e-6 * (1.0 + s.abs());
+            let (lo, mid, hi) = (f(s - h, i, j), f(s, i, j), f(s + h, i, j));
+            let (left, right) = ((mid - lo) / h, (hi - mid) / h);
+            let scale = 1.0 + left.abs().max(right.abs());
+            if (left - right).abs() > 1e-3 * scale || !mid.is_finite() {
+                continue; // a kink (or a jump) within h
+            }
+            let fd = (hi - lo) / (2.0 * h);
+            let ad = run
+                .call(
+                    "score_mod_ds",
+                    &[V::F(s), V::U(0), V::U(1), V::U(i), V::U(j)],
+                )
+                .f();
+            assert!(
+                (ad - fd).abs() <= 1e-5 * scale,
+                "d/ds at s = {s}, i = {i}, j = {j}: derived {ad}, finite differences {fd}\n{source}"
+            );
+            compared += 1;
+        }
+        compared
+    }
+
+    /// A random expression of the score `s` (f32) and the indices (u32) over the constructs
+    /// the derivation takes, kept finite (arguments of log, sqrt, pow and division positive).
+    fn expr(r: &mut dyn FnMut() -> u64, depth: u32) -> String {
+        let leaf = |r: &mut dyn FnMut() -> u64| match r() % 5 {
+            0 | 1 => "s".to_string(),
+            2 => format!("{}.{}", r() % 3, r() % 10),
+            3 => "f32(i) * 0.1".into(),
+            _ => "t".into(), // a variable of the snippet
+        };
+        if depth == 0 {
+            return leaf(&mut *r);
+        }
+        let sub = |r: &mut dyn FnMut() -> u64| expr(r, depth - 1);
+        let a = sub(&mut *r);
+        let b = sub(&mut *r);
+        match r() % 22 {
+            0 => format!("({a} + {b})"),
+            1 => format!("({a} - {b})"),
+            2 | 3 => format!("({a} * {b})"),
+            4 => format!("({a} / (1.5 + abs({b})))"),
+            5 => format!("select({a}, {b}, {a} < {b} * 0.5)"),
+            6 => format!("abs({a})"),
+            7 => format!("min({a}, {b})"),
+            8 => format!("max({a}, {b})"),
+            9 => format!("clamp({a}, -1.5, 2.0)"),
+            10 => format!("exp(clamp({a}, -3.0, 3.0))"),
+            11 => format!("exp2(clamp({a}, -3.0, 3.0))"),
+            12 => format!("log(1.0 + abs({a}))"),
+            13 => format!("log2(2.0 + {a} * {a})"),
+            14 => format!("sqrt(1.0 + abs({a}))"),
+            15 => format!("inverseSqrt(1.0 + {a} * {a})"),
+            16 => format!("pow(1.0 + abs({a}), 1.5)"),
+            17 => format!("tanh({a})"),
+            18 => format!("sin({a})"),
+            19 => format!("cos({a})"),
+            20 => format!("helper({a}, j)"),
+            _ => format!("(sign({a}) + {b})"),
+        }
+    }
+
+    #[test]
+    fn derived_derivatives_equal_finite_differences_on_random_snippets() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ std::process::id() as u64;
+        let mut r = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut compared = 0;
+        for n in 0..60 {
+            let (e1, e2, e3) = (expr(&mut r, 3), expr(&mut r, 2), expr(&mut r, 2));
+            // let and var, if/else, a bounded loop and a helper that depends on the score
+            let source = format!(
+                "fn helper(x: f32, k: u32) -> f32 {{
+    if (k % 2u == 0u) {{
+        return x * 0.5 + f32(k) * 0.01;
+    }}
+    return tanh(x) - 0.25;
+}}
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {{
+    var t = s * 0.75;
+    let u = {e2};
+    if (u > 0.3) {{
+        t = t + {e3};
+    }} else {{
+        t = t * 0.5;
+    }}
+    for (var k = 0u; k < (i % 3u); k = k + 1u) {{
+        t = t + 0.1 * u;
+    }}
+    return {e1};
+}}"
+            );
+            let points: Vec<(f64, u32, u32)> = (0..8)
+                .map(|_| {
+                    let s = (r() % 4001) as f64 / 1000.0 - 2.0;
+                    (s, (r() % 7) as u32, (r() % 5) as u32)
+                })
+                .collect();
+            compared += agrees(&source, &points);
+            assert!(n < 59 || compared > 300, "only {compared} points compared");
+        }
+    }
+
+    #[test]
+    fn the_derivation_equals_the_hand_written_derivatives_of_the_tests() {
+        // softcap, T5-style buckets (a table read: derivative 1), ALiBi by distance
+        let cases = [
+            (
+                "fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return 2.0 * tanh(s / 2.0); }",
+                "fn hand(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { let t = tanh(s / 2.0); return 1.0 - t * t; }",
+            ),
+            (
+                "fn t(k: u32) -> f32 { return f32(k) * 0.125; }
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s + t(h * 8u + u32(min(abs(i32(j) - i32(i)), 7))); }",
+                "fn hand(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return 1.0; }",
+            ),
+            (
+                "fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s - 0.25 * f32(h + 1u) * abs(f32(i) - f32(j)); }",
+                "fn hand(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return 1.0; }",
+            ),
+        ];
+        for (source, hand) in cases {
+            let m = derived(&format!("{source}\n{hand}"));
+            let run = Run { m: &m };
+            for (s, i, j) in [(-1.3, 4, 1), (0.2, 0, 6), (2.5, 9, 9)] {
+                let args = [V::F(s), V::U(0), V::U(1), V::U(i), V::U(j)];
+                let (ad, want) = (run.call("score_mod_ds", &args), run.call("hand", &args));
+                assert!(
+                    (ad.f() - want.f()).abs() < 1e-12,
+                    "{source}: {ad:?} vs {want:?}"
+                );
+            }
+        }
+    }
+}
