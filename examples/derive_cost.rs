@@ -1,0 +1,133 @@
+//! What a derived `score_mod_ds` costs beside a hand-written one (issue 52's goal: at most 5%
+//! on the backward): T5's relative buckets and a softcap as user modifiers, each with its
+//! WGSL derivative written by hand and derived by the crate (src/modifiers/derive.rs), the
+//! backward at B = 1, H = 8, D = 64, N = 2048 by default, the four calls interleaved round
+//! by round on one context. Prints each one's best and median milliseconds and the derived
+//! one's ratio to the hand-written.
+//!
+//! cargo run --release --example derive_cost -- [--seq 2048] [--rounds 5]
+
+use std::time::Instant;
+
+use clap::Parser;
+use flash_attn_wgpu::{AttentionConfig, Context, ScoreMod};
+
+#[path = "common/cli.rs"]
+mod cli;
+use cli::positive;
+
+/// Backward time of user score modifiers with hand-written and derived derivatives.
+#[derive(Parser, Debug)]
+#[command(name = "derive_cost", version)]
+struct Args {
+    /// Queries and keys
+    #[arg(long, default_value_t = 2048, value_parser = positive)]
+    seq: usize,
+    /// Rounds (each times every modifier once)
+    #[arg(long, default_value_t = 5, value_parser = positive)]
+    rounds: usize,
+}
+
+const T5: &str = "
+fn bucket(i: u32, j: u32) -> u32 {
+    let rel = i32(j) - i32(i);
+    let side = select(0u, 8u, rel > 0);
+    let n = u32(abs(rel));
+    if (n < 4u) {
+        return side + n;
+    }
+    return side + select(select(select(7u, 6u, n < 32u), 5u, n < 16u), 4u, n < 8u);
+}
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    return s + table(h * 16u + bucket(i, j));
+}
+";
+const T5_DS: &str = "
+fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return 1.0; }
+";
+const SOFTCAP: &str = "
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    return 2.5 * tanh(s / 2.5);
+}
+";
+const SOFTCAP_DS: &str = "
+fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    let t = tanh(s / 2.5);
+    return 1.0 - t * t;
+}
+";
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let a = Args::parse();
+    let ctx = Context::new()?;
+    let (n, h, d) = (a.seq, 8, 64);
+    let table: Vec<f32> = (0..h * 16)
+        .map(|k| ((k * 7) % 13) as f32 / 13.0 - 0.5)
+        .collect();
+    let t5 = |src: String| ScoreMod::wgsl_with(&src, [("table", table.clone())]);
+    let mods = [
+        ("T5 buckets, hand-written", t5(format!("{T5}{T5_DS}"))?),
+        ("T5 buckets, derived", t5(T5.to_string())?),
+        (
+            "softcap, hand-written",
+            ScoreMod::wgsl(&format!("{SOFTCAP}{SOFTCAP_DS}"))?,
+        ),
+        ("softcap, derived", ScoreMod::wgsl(SOFTCAP)?),
+    ];
+    let filled = |salt: usize| -> Vec<f32> {
+        (0..n * h * d)
+            .map(|i| (((i * 7 + salt) % 23) as f32 - 11.0) / 22.0)
+            .collect()
+    };
+    let shape = [1, n, h, d];
+    let (q, k, v, dout) = (
+        ctx.upload(&filled(1), &shape)?,
+        ctx.upload(&filled(2), &shape)?,
+        ctx.upload(&filled(3), &shape)?,
+        ctx.upload(&filled(4), &shape)?,
+    );
+    let mut calls = Vec::new();
+    for (name, m) in &mods {
+        let mut cfg = AttentionConfig::new(1, n, n, h, h, d);
+        cfg.causal = true;
+        cfg.score_mod = Some(m.clone());
+        let f = ctx.forward(&cfg, &q, &k, &v)?;
+        calls.push((*name, cfg, f));
+    }
+    let mut ms: Vec<Vec<f64>> = vec![Vec::new(); calls.len()];
+    for round in 0..=a.rounds {
+        for (c, (_, cfg, f)) in calls.iter().enumerate() {
+            let t = Instant::now();
+            let g = ctx.backward(cfg, &q, &k, &v, &f.out, &f.lse, &dout)?;
+            let _: Vec<f32> = ctx.download(&g.dq)?; // waits
+            if round > 0 {
+                ms[c].push(t.elapsed().as_secs_f64() * 1e3); // round 0 compiles
+            }
+        }
+    }
+    println!("{}", ctx.adapter_info());
+    println!(
+        "backward, causal, B = 1, H = {h}, D = {d}, N = {n}, {} rounds:",
+        a.rounds
+    );
+    let stat = |v: &Vec<f64>| {
+        let mut v = v.clone();
+        v.sort_by(f64::total_cmp);
+        (v[0], v[v.len() / 2])
+    };
+    for (c, (name, _, _)) in calls.iter().enumerate() {
+        let (best, median) = stat(&ms[c]);
+        let ratio = if c % 2 == 1 {
+            let (hb, hm) = stat(&ms[c - 1]);
+            format!(
+                "  derived / hand-written: best {:.3}, median {:.3}",
+                best / hb,
+                median / hm
+            )
+        } else {
+            String::new()
+        };
+        println!("  {name:26} best {best:8.1} ms  median {median:8.1} ms{ratio}");
+    }
+    Ok(())
+}
