@@ -190,16 +190,33 @@ fn captured_tensors_reach_the_cuda_user_code() {
             .unwrap_or_else(|e| panic!("{}: {e}", key.label()));
         assert_eq!(&c.cubin[..4], b"\x7fELF", "{}", key.label());
     }
-    // WGSL alone: refused, naming the modifier
+    // WGSL alone: its translation compiles; WGSL the translation does not take is refused,
+    // naming the modifier and why
     cfg.mask_mod = Some(
         flash_attn_wgpu::MaskMod::wgsl(
-            "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return true; }",
+            "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return (i32(i) - i32(j)) % 3 == 0; }",
         )
         .unwrap(),
     );
     let mut key = CudaKey::new(CudaKernel::SimtForward, DType::F32, 40, 80).unwrap();
+    key.set_user_code(&cfg).unwrap();
+    let c = nvrtc
+        .compile(&key)
+        .unwrap_or_else(|e| panic!("{}: {e}", key.label()));
+    assert_eq!(&c.cubin[..4], b"\x7fELF", "{}", key.label());
+    cfg.mask_mod = Some(
+        flash_attn_wgpu::MaskMod::wgsl(
+            "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool {\n    return all(vec2<bool>(i >= j, h < 4u));\n}",
+        )
+        .unwrap(),
+    );
     match key.set_user_code(&cfg) {
-        Err(Error::Unsupported { feature, .. }) => assert!(feature.contains("mask_mod")),
+        Err(Error::Unsupported {
+            feature, reason, ..
+        }) => assert!(
+            feature.contains("mask_mod") && reason.contains("line 2"),
+            "{feature}: {reason}"
+        ),
         other => panic!("expected Unsupported, got {other:?}"),
     }
 }

@@ -383,18 +383,26 @@ impl CudaKey {
     /// their captured tensors' accessors), or a typed `Unsupported` for a modifier given as
     /// WGSL alone.
     pub fn set_user_code(&mut self, cfg: &AttentionConfig) -> Result<()> {
-        let missing = |what: &str, with: &str| Error::Unsupported {
-            feature: format!("a {what} given as WGSL alone"),
+        let missing = |what: &str, why: Option<&str>, with: &str| Error::Unsupported {
+            feature: format!("a {what} whose WGSL is not translated to CUDA C"),
             backend: crate::Backend::Cuda,
-            reason: format!("the CUDA kernels need its CUDA C: {with}"),
+            reason: format!(
+                "{}; give its CUDA C: {with}",
+                why.unwrap_or("the translation does not take it")
+            ),
         };
         if let Some(m) = &cfg.score_mod {
             let code = m.cuda_source();
-            self.score_mod = Some(code.ok_or_else(|| missing("score_mod", "ScoreMod::with_cuda"))?);
+            self.score_mod =
+                Some(code.ok_or_else(|| {
+                    missing("score_mod", m.cuda_missing(), "ScoreMod::with_cuda")
+                })?);
         }
         if let Some(m) = &cfg.mask_mod {
             let code = m.cuda_source();
-            self.mask_mod = Some(code.ok_or_else(|| missing("mask_mod", "MaskMod::with_cuda"))?);
+            self.mask_mod = Some(
+                code.ok_or_else(|| missing("mask_mod", m.cuda_missing(), "MaskMod::with_cuda"))?,
+            );
         }
         self.captured = crate::registry::user_code::kernel_cuda_captured(cfg);
         Ok(())

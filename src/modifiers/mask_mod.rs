@@ -44,7 +44,8 @@ const REQUIRED: [Required; 1] = [Required {
 #[derive(Clone)]
 pub struct MaskMod {
     code: Snippet,
-    cuda: Option<&'static str>,
+    /// The CUDA C: the caller's (`with_cuda`), else the WGSL translated, else why not.
+    cuda: std::result::Result<&'static str, String>,
     host: Option<HostMaskFn>,
 }
 
@@ -61,19 +62,21 @@ impl MaskMod {
         source: &str,
         captured: impl IntoIterator<Item = (N, Vec<f32>)>,
     ) -> Result<MaskMod> {
+        let code = Snippet::new("mask_mod", source, captured, &REQUIRED)?;
         Ok(MaskMod {
-            code: Snippet::new("mask_mod", source, captured, &REQUIRED)?,
-            cuda: None,
+            cuda: code.cuda(),
+            code,
             host: None,
         })
     }
 
     /// The same predicate as CUDA C, for the CUDA backend: `__device__ bool
-    /// mask_mod(unsigned int b, unsigned int h, unsigned int i, unsigned int j)`. Without it
-    /// the CUDA backend refuses the call with a typed `Unsupported`. Checked as
+    /// mask_mod(unsigned int b, unsigned int h, unsigned int i, unsigned int j)`, in place of
+    /// the WGSL's translation (which a snippet the translation does not take lacks: the CUDA
+    /// backend then refuses the call with a typed `Unsupported`). Checked as
     /// [`ScoreMod::with_cuda`](crate::ScoreMod::with_cuda)'s.
     pub fn with_cuda(mut self, source: &str) -> Result<MaskMod> {
-        self.cuda = Some(user_code::check_cuda(
+        self.cuda = Ok(user_code::check_cuda(
             "mask_mod CUDA",
             source,
             &["mask_mod"],
@@ -81,9 +84,16 @@ impl MaskMod {
         Ok(self)
     }
 
-    /// The CUDA C, if given.
+    /// The CUDA C: as given to [`with_cuda`](Self::with_cuda), else the WGSL translated;
+    /// `None` where the translation does not take the snippet
+    /// ([`cuda_missing`](Self::cuda_missing) says why).
     pub fn cuda_source(&self) -> Option<&'static str> {
-        self.cuda
+        self.cuda.as_ref().ok().copied()
+    }
+
+    /// Why the snippet has no CUDA C (what the translation does not take), if it has none.
+    pub fn cuda_missing(&self) -> Option<&str> {
+        self.cuda.as_ref().err().map(String::as_str)
     }
 
     /// The host predicate equal to `mask_mod`, which the f64 reference applies; without it
@@ -265,13 +275,17 @@ mod tests {
         assert!(w.contains("and0_mask_mod(b, h, i, j) && and1_mask_mod(b, h, i, j)"));
         let c = or.cuda_source().unwrap();
         assert!(c.contains("or1_t(0u)") && c.contains("or0_mask_mod(b, h, i, j) || or1_mask_mod"));
-        // a mask without CUDA C makes one without; a mask without a host predicate, one
-        // whose reference is absent (false); no mask is an error
+        // a mask without CUDA C of its own has its WGSL's translation; a mask without a host
+        // predicate makes one whose reference is absent (false); no mask is an error
         let bare =
             MaskMod::wgsl("fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return i >= j; }")
                 .unwrap();
+        assert!(bare
+            .cuda_source()
+            .unwrap()
+            .contains("bool mask_mod(unsigned int fa_a0"));
         let mixed = MaskMod::and_masks(&[&a, &bare]).unwrap();
-        assert!(mixed.cuda_source().is_none() && mixed.host.is_none());
+        assert!(mixed.cuda_source().is_some() && mixed.host.is_none());
         assert!(
             matches!(MaskMod::or_masks(&[]), Err(Error::InvalidConfig(m)) if m.contains("or_masks"))
         );

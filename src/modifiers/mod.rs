@@ -18,6 +18,8 @@ pub mod flex_blocks;
 pub mod mask_mod;
 pub mod paged;
 pub mod score_mod;
+#[cfg(not(target_arch = "wasm32"))]
+mod to_cuda;
 pub(crate) mod user_code;
 pub mod varlen;
 

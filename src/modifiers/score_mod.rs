@@ -61,7 +61,8 @@ pub type HostScoreFn = Arc<dyn Fn(f64, usize, usize, usize, usize) -> f64 + Send
 #[derive(Clone)]
 pub struct ScoreMod {
     code: Snippet,
-    cuda: Option<&'static str>,
+    /// The CUDA C: the caller's (`with_cuda`), else the WGSL translated, else why not.
+    cuda: std::result::Result<&'static str, String>,
     host: Option<(HostScoreFn, HostScoreFn)>,
 }
 
@@ -87,22 +88,25 @@ impl ScoreMod {
         let captured: Vec<(String, Vec<f32>)> =
             captured.into_iter().map(|(n, v)| (n.into(), v)).collect();
         let source = with_derivative(source, &captured)?;
+        let code = Snippet::new("score_mod", &source, captured, &REQUIRED)?;
         Ok(ScoreMod {
-            code: Snippet::new("score_mod", &source, captured, &REQUIRED)?,
-            cuda: None,
+            cuda: code.cuda(),
+            code,
             host: None,
         })
     }
 
     /// The same functions as CUDA C, for the CUDA backend:
     /// `__device__ float score_mod(float s, unsigned int b, unsigned int h, unsigned int i,
-    /// unsigned int j)` and `score_mod_ds` alike. Without it the CUDA backend refuses the
-    /// call with a typed `Unsupported`. NVRTC compiles it with the kernels (its errors are
+    /// unsigned int j)` and `score_mod_ds` alike, in place of the WGSL's translation (module
+    /// `to_cuda`, its derived derivative included), which a snippet the translation does not
+    /// take lacks: the CUDA backend then refuses the call with a typed `Unsupported` saying
+    /// why. NVRTC compiles it with the kernels (its errors are
     /// `Error::CudaCompile`); here only the rules are checked (no shared memory, barriers,
     /// inline assembly or includes). Captured tensors are read by name as in the WGSL:
     /// `float name(unsigned int i)`.
     pub fn with_cuda(mut self, source: &str) -> Result<ScoreMod> {
-        self.cuda = Some(check_cuda(
+        self.cuda = Ok(check_cuda(
             "score_mod CUDA",
             source,
             &["score_mod", "score_mod_ds"],
@@ -127,9 +131,16 @@ impl ScoreMod {
         self.code.source
     }
 
-    /// The CUDA C, if given.
+    /// The CUDA C: as given to [`with_cuda`](Self::with_cuda), else the WGSL (its derived
+    /// derivative included) translated; `None` where the translation does not take the
+    /// snippet ([`cuda_missing`](Self::cuda_missing) says why).
     pub fn cuda_source(&self) -> Option<&'static str> {
-        self.cuda
+        self.cuda.as_ref().ok().copied()
+    }
+
+    /// Why the snippet has no CUDA C (what the translation does not take), if it has none.
+    pub fn cuda_missing(&self) -> Option<&str> {
+        self.cuda.as_ref().err().map(String::as_str)
     }
 
     /// The captured tensors' names and values, in order.

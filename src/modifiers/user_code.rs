@@ -39,6 +39,21 @@ impl Snippet {
     }
 }
 
+impl Snippet {
+    /// The snippet as CUDA C (module `to_cuda`), interned, or why it cannot be: what a
+    /// modifier runs on the CUDA backend when its caller gives no CUDA C of its own.
+    pub(crate) fn cuda(&self) -> std::result::Result<&'static str, String> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let (_, stubs) = accessors(&self.captured, 0);
+            let names: Vec<&str> = self.captured.iter().map(|(n, _)| n.as_str()).collect();
+            super::to_cuda::translate(self.source, &stubs, &names).map(|c| intern(&c))
+        }
+        #[cfg(target_arch = "wasm32")]
+        Err("the wasm32 build translates no WGSL to CUDA C".into())
+    }
+}
+
 impl fmt::Debug for Snippet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let sizes: Vec<_> = self.captured.iter().map(|(n, v)| (n, v.len())).collect();

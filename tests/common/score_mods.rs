@@ -1,7 +1,8 @@
 //! User score modifiers (`ScoreMod`) the tests share: each as WGSL, CUDA C and host functions
 //! for the f64 reference, written three times so that each backend is checked against an
 //! independent definition. `softcap` writes its WGSL derivative by hand; `rational` and `t5`
-//! leave it to the crate to derive.
+//! leave it to the crate to derive; `t5` and `dilated` leave their CUDA C to the crate's
+//! translation of the WGSL.
 
 use flash_attn_wgpu::ScoreMod;
 
@@ -88,7 +89,8 @@ __device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned 
 /// T5's bucketed relative positions: a learned bias per (query head, bucket of j - i), read
 /// from a captured table `t5_bias` of `heads * 16` values (8 buckets each side: distances
 /// 0-3 exact, then 4-7, 8-15, 16-31, 32 and more). Its WGSL derivative is derived, as
-/// `rational`'s.
+/// `rational`'s, and its CUDA C is the WGSL's translation (src/modifiers/to_cuda.rs): one
+/// definition, three backends.
 pub fn t5(heads: usize, table: Vec<f32>) -> ScoreMod {
     assert_eq!(table.len(), heads * 16);
     let host_table = table.clone();
@@ -108,28 +110,6 @@ fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
 }
 ",
         [("t5_bias", table)],
-    )
-    .unwrap()
-    .with_cuda(
-        "
-__device__ unsigned int my_bucket(unsigned int i, unsigned int j) {
-    const int rel = (int)j - (int)i;
-    const unsigned int side = rel > 0 ? 8u : 0u;
-    const unsigned int n = (unsigned int)abs(rel);
-    if (n < 4u) {
-        return side + n;
-    }
-    return side + (n < 8u ? 4u : (n < 16u ? 5u : (n < 32u ? 6u : 7u)));
-}
-__device__ float score_mod(float s, unsigned int b, unsigned int h, unsigned int i,
-                           unsigned int j) {
-    return s + t5_bias(h * 16u + my_bucket(i, j));
-}
-__device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned int i,
-                              unsigned int j) {
-    return 1.f;
-}
-",
     )
     .unwrap()
     .with_reference(
@@ -204,18 +184,12 @@ __device__ bool mask_mod(unsigned int b, unsigned int h, unsigned int i, unsigne
 
 /// A dilated (strided) mask, a different stride per head: key j is seen from row i when
 /// i - j is a multiple of h + 2 (j = i included), over the signed distance; as
-/// `and_masks(dilated, noop_mask)`, the noop mask being and's identity.
+/// `and_masks(dilated, noop_mask)`, the noop mask being and's identity; its CUDA C is the
+/// WGSL's translation.
 pub fn dilated() -> flash_attn_wgpu::MaskMod {
     let strided = flash_attn_wgpu::MaskMod::wgsl(
         "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool {
     return (i32(i) - i32(j)) % i32(h + 2u) == 0;
-}",
-    )
-    .unwrap()
-    .with_cuda(
-        "__device__ bool mask_mod(unsigned int b, unsigned int h, unsigned int i,
-                         unsigned int j) {
-    return ((int)i - (int)j) % (int)(h + 2u) == 0;
 }",
     )
     .unwrap()
