@@ -147,7 +147,7 @@ pub struct AttentionConfig {
     pub softmax_scale: Option<f32>,
     /// Tiled (FlashAttention, the default) or naive (for comparison).
     pub algorithm: Algorithm,
-    /// Decode calls (a few query rows: [`crate::plan::decode::eligible`]) split the keys
+    /// Decode calls (a few query rows: [`crate::plan::route::Route::Decode`]) split the keys
     /// into this many parts computed in parallel and merged exactly (split-KV,
     /// FlashDecoding); `None`: as many as [`crate::plan::decode::kv_splits`] picks. 1 to
     /// [`MAX_KV_SPLITS`]; splits past the keys are empty. Other calls ignore it.
