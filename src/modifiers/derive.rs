@@ -21,7 +21,7 @@ use std::fmt::Write;
 
 use naga::{
     BinaryOperator as B, Expression as E, Handle, Literal, MathFunction as M, Module, Scalar,
-    ScalarKind, Statement as S, TypeInner, UnaryOperator as U,
+    ScalarKind, TypeInner, UnaryOperator as U,
 };
 
 use super::user_code::user_error;
@@ -83,8 +83,7 @@ pub(crate) fn score_mod_ds(source: &str, stubs: &str) -> Result<String> {
     Ok(out)
 }
 
-/// A failure: where (a span of the user's source, if any) and what.
-type Fail = (Option<naga::Span>, String);
+use super::ir_walk::{self, Fail};
 
 struct Deriver<'a> {
     module: &'a Module,
@@ -173,7 +172,7 @@ impl Deriver<'_> {
                 let _ = writeln!(t.body, "    var dl{}: f32 = 0.0;", lh.index());
             }
         }
-        t.block(&f.body, 1)?;
+        ir_walk::block(&mut t, &f.body, 1)?;
         let _ = writeln!(
             self.out,
             "fn {name}__d({}) -> vec2<f32> {{\n{}}}",
@@ -249,126 +248,6 @@ impl Twin<'_> {
 
     fn is_zero(&self, e: Handle<naga::Expression>) -> bool {
         self.deriv(e) == "0.0"
-    }
-
-    fn block(&mut self, b: &naga::Block, depth: usize) -> std::result::Result<(), Fail> {
-        let pad = "    ".repeat(depth);
-        for (st, span) in b.span_iter() {
-            match st {
-                S::Emit(range) => {
-                    for e in range.clone() {
-                        self.emit(e, &pad)?;
-                    }
-                }
-                S::Block(inner) => {
-                    let _ = writeln!(self.body, "{pad}{{");
-                    self.block(inner, depth + 1)?;
-                    let _ = writeln!(self.body, "{pad}}}");
-                }
-                S::If {
-                    condition,
-                    accept,
-                    reject,
-                } => {
-                    let c = self.value(*condition)?;
-                    let _ = writeln!(self.body, "{pad}if ({c}) {{");
-                    self.block(accept, depth + 1)?;
-                    let _ = writeln!(self.body, "{pad}}} else {{");
-                    self.block(reject, depth + 1)?;
-                    let _ = writeln!(self.body, "{pad}}}");
-                }
-                S::Loop {
-                    body,
-                    continuing,
-                    break_if,
-                } => {
-                    let _ = writeln!(self.body, "{pad}loop {{");
-                    self.block(body, depth + 1)?;
-                    let _ = writeln!(self.body, "{pad}    continuing {{");
-                    self.block(continuing, depth + 2)?;
-                    if let Some(c) = break_if {
-                        let c = self.value(*c)?;
-                        let _ = writeln!(self.body, "{pad}        break if {c};");
-                    }
-                    let _ = writeln!(self.body, "{pad}    }}");
-                    let _ = writeln!(self.body, "{pad}}}");
-                }
-                S::Break => {
-                    let _ = writeln!(self.body, "{pad}break;");
-                }
-                S::Continue => {
-                    let _ = writeln!(self.body, "{pad}continue;");
-                }
-                S::Return { value: Some(v) } => {
-                    let (x, d) = (self.value(*v)?, self.deriv(*v));
-                    let _ = writeln!(self.body, "{pad}return vec2<f32>({x}, {d});");
-                }
-                S::Store { pointer, value } => {
-                    let E::LocalVariable(l) = self.f.expressions[*pointer] else {
-                        return Err((Some(*span), "only local variables are stored to".into()));
-                    };
-                    let x = self.value(*value)?;
-                    let _ = writeln!(self.body, "{pad}l{} = {x};", l.index());
-                    if is_f32(self.ty(*value)) {
-                        let d = self.deriv(*value);
-                        let _ = writeln!(self.body, "{pad}dl{} = {d};", l.index());
-                    }
-                }
-                S::Call {
-                    function,
-                    arguments,
-                    result,
-                } => {
-                    let callee = &self.module.functions[*function];
-                    let name = callee.name.clone().unwrap_or_default();
-                    let returns_f32 = callee
-                        .result
-                        .as_ref()
-                        .is_some_and(|r| is_f32(&self.module.types[r.ty].inner));
-                    let depends = arguments.iter().any(|&a| !self.is_zero(a));
-                    let twin = returns_f32 && depends;
-                    let mut args = Vec::new();
-                    for &a in arguments {
-                        args.push(self.value(a)?);
-                        if twin && is_f32(self.ty(a)) {
-                            args.push(self.deriv(a));
-                        }
-                    }
-                    let callee_name = if twin {
-                        self.calls.push(*function);
-                        format!("{name}__d")
-                    } else {
-                        name
-                    };
-                    match result {
-                        Some(r) => {
-                            let n = format!("r{}", r.index());
-                            let _ = writeln!(
-                                self.body,
-                                "{pad}let {n} = {callee_name}({});",
-                                args.join(", ")
-                            );
-                            if !twin {
-                                self.zero.insert(*r);
-                            }
-                            self.results.insert(*r, (n, twin));
-                        }
-                        None => {
-                            let _ = writeln!(self.body, "{pad}{callee_name}({});", args.join(", "));
-                        }
-                    }
-                }
-                _ => {
-                    return Err((
-                        Some(*span),
-                        "a statement not differentiated here (switch, barriers, atomics, \
-                         images, discard, or a return without a value)"
-                            .into(),
-                    ))
-                }
-            }
-        }
-        Ok(())
     }
 
     /// `let v{e} = value;` and, for an f32 that depends on the score, `let d{e} = ...;`.
@@ -615,6 +494,122 @@ impl Twin<'_> {
     }
 }
 
+impl ir_walk::Target for Twin<'_> {
+    fn out(&mut self) -> &mut String {
+        &mut self.body
+    }
+
+    fn value(&self, e: Handle<naga::Expression>) -> std::result::Result<String, Fail> {
+        Twin::value(self, e)
+    }
+
+    fn emit(&mut self, e: Handle<naga::Expression>, pad: &str) -> std::result::Result<(), Fail> {
+        Twin::emit(self, e, pad)
+    }
+
+    fn looped(
+        &mut self,
+        body: &naga::Block,
+        continuing: &naga::Block,
+        break_if: Option<Handle<naga::Expression>>,
+        depth: usize,
+    ) -> std::result::Result<(), Fail> {
+        let pad = "    ".repeat(depth);
+        let _ = writeln!(self.body, "{pad}loop {{");
+        ir_walk::block(self, body, depth + 1)?;
+        let _ = writeln!(self.body, "{pad}    continuing {{");
+        ir_walk::block(self, continuing, depth + 2)?;
+        if let Some(c) = break_if {
+            let c = Twin::value(self, c)?;
+            let _ = writeln!(self.body, "{pad}        break if {c};");
+        }
+        let _ = writeln!(self.body, "{pad}    }}");
+        let _ = writeln!(self.body, "{pad}}}");
+        Ok(())
+    }
+
+    fn ret(
+        &mut self,
+        value: Option<Handle<naga::Expression>>,
+        pad: &str,
+    ) -> std::result::Result<(), Fail> {
+        let Some(v) = value else {
+            return Err((None, "a return without a value".into()));
+        };
+        let (x, d) = (Twin::value(self, v)?, self.deriv(v));
+        let _ = writeln!(self.body, "{pad}return vec2<f32>({x}, {d});");
+        Ok(())
+    }
+
+    fn store(
+        &mut self,
+        pointer: Handle<naga::Expression>,
+        value: Handle<naga::Expression>,
+        pad: &str,
+        span: naga::Span,
+    ) -> std::result::Result<(), Fail> {
+        let E::LocalVariable(l) = self.f.expressions[pointer] else {
+            return Err((Some(span), "only local variables are stored to".into()));
+        };
+        let x = Twin::value(self, value)?;
+        let _ = writeln!(self.body, "{pad}l{} = {x};", l.index());
+        if is_f32(self.ty(value)) {
+            let d = self.deriv(value);
+            let _ = writeln!(self.body, "{pad}dl{} = {d};", l.index());
+        }
+        Ok(())
+    }
+
+    fn call(
+        &mut self,
+        function: Handle<naga::Function>,
+        arguments: &[Handle<naga::Expression>],
+        result: Option<Handle<naga::Expression>>,
+        pad: &str,
+        _: naga::Span,
+    ) -> std::result::Result<(), Fail> {
+        let callee = &self.module.functions[function];
+        let name = callee.name.clone().unwrap_or_default();
+        let returns_f32 = callee
+            .result
+            .as_ref()
+            .is_some_and(|r| is_f32(&self.module.types[r.ty].inner));
+        let depends = arguments.iter().any(|&a| !self.is_zero(a));
+        let twin = returns_f32 && depends;
+        let mut args = Vec::new();
+        for &a in arguments {
+            args.push(Twin::value(self, a)?);
+            if twin && is_f32(self.ty(a)) {
+                args.push(self.deriv(a));
+            }
+        }
+        let callee_name = if twin {
+            self.calls.push(function);
+            format!("{name}__d")
+        } else {
+            name
+        };
+        match result {
+            Some(r) => {
+                let n = format!("r{}", r.index());
+                let _ = writeln!(
+                    self.body,
+                    "{pad}let {n} = {callee_name}({});",
+                    args.join(", ")
+                );
+                if !twin {
+                    self.zero.insert(r);
+                }
+                self.results.insert(r, (n, twin));
+            }
+            None => {
+                let _ = writeln!(self.body, "{pad}{callee_name}({});", args.join(", "));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The expressions an expression reads (those the twin differentiates).
 fn operands(e: &naga::Expression) -> Vec<Handle<naga::Expression>> {
     match *e {
@@ -645,7 +640,7 @@ fn operands(e: &naga::Expression) -> Vec<Handle<naga::Expression>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use naga::{Expression as E, Function};
+    use naga::{Expression as E, Function, Statement as S};
 
     /// A value of the interpreter, in f64 where WGSL has f32.
     #[derive(Debug, Clone, Copy, PartialEq)]

@@ -15,6 +15,8 @@ pub mod bool_mask;
 mod derive;
 pub mod dropout;
 pub mod flex_blocks;
+#[cfg(not(target_arch = "wasm32"))]
+mod ir_walk;
 pub mod mask_mod;
 pub mod paged;
 pub mod score_mod;

@@ -15,7 +15,7 @@ use std::fmt::Write;
 
 use naga::{
     BinaryOperator as B, Expression as E, Handle, Literal, MathFunction as M, Module, Scalar,
-    ScalarKind, Statement as S, TypeInner, UnaryOperator as U, VectorSize,
+    ScalarKind, TypeInner, UnaryOperator as U, VectorSize,
 };
 
 /// The CUDA C of `source` (with `stubs`, the captured tensors' stand-ins named `captured`,
@@ -46,7 +46,7 @@ pub(crate) fn translate(source: &str, stubs: &str, captured: &[&str]) -> Result<
         let head = c.head(&name).map_err(|(s, m)| at(s.map(line), m))?;
         let _ = writeln!(protos, "{head};");
         c.locals().map_err(|(s, m)| at(s.map(line), m))?;
-        c.block(&f.body, 1).map_err(|(s, m)| at(s.map(line), m))?;
+        ir_walk::block(&mut c, &f.body, 1).map_err(|(s, m)| at(s.map(line), m))?;
         let _ = writeln!(bodies, "{head} {{\n{}}}", c.out);
     }
     Ok(format!(
@@ -61,7 +61,7 @@ fn at(line: Option<u32>, msg: String) -> String {
     }
 }
 
-type Fail = (Option<naga::Span>, String);
+use super::ir_walk::{self, Fail};
 
 struct Cuda<'a> {
     module: &'a Module,
@@ -147,116 +147,6 @@ impl Cuda<'_> {
             },
             _ => format!("fa_v{}", e.index()),
         })
-    }
-
-    fn block(&mut self, b: &naga::Block, depth: usize) -> Result<(), Fail> {
-        let pad = "    ".repeat(depth);
-        for (st, span) in b.span_iter() {
-            match st {
-                S::Emit(range) => {
-                    for e in range.clone() {
-                        self.emit(e, &pad)?;
-                    }
-                }
-                S::Block(inner) => {
-                    let _ = writeln!(self.out, "{pad}{{");
-                    self.block(inner, depth + 1)?;
-                    let _ = writeln!(self.out, "{pad}}}");
-                }
-                S::If {
-                    condition,
-                    accept,
-                    reject,
-                } => {
-                    let c = self.value(*condition)?;
-                    let _ = writeln!(self.out, "{pad}if ({c}) {{");
-                    self.block(accept, depth + 1)?;
-                    let _ = writeln!(self.out, "{pad}}} else {{");
-                    self.block(reject, depth + 1)?;
-                    let _ = writeln!(self.out, "{pad}}}");
-                }
-                S::Loop {
-                    body,
-                    continuing,
-                    break_if,
-                } => {
-                    // WGSL runs `continuing` (and its `break if`) after each pass of the body,
-                    // `continue` included: here at the top of every pass but the first
-                    let first = format!("fa_first{}", self.out.len());
-                    let _ = writeln!(
-                        self.out,
-                        "{pad}for (bool {first} = true;; {first} = false) {{\n{pad}    if (!{first}) {{"
-                    );
-                    self.block(continuing, depth + 2)?;
-                    if let Some(c) = break_if {
-                        let c = self.value(*c)?;
-                        let _ = writeln!(self.out, "{pad}        if ({c}) break;");
-                    }
-                    let _ = writeln!(self.out, "{pad}    }}");
-                    self.block(body, depth + 1)?;
-                    let _ = writeln!(self.out, "{pad}}}");
-                }
-                S::Break => {
-                    let _ = writeln!(self.out, "{pad}break;");
-                }
-                S::Continue => {
-                    let _ = writeln!(self.out, "{pad}continue;");
-                }
-                S::Return { value } => match value {
-                    Some(v) => {
-                        let v = self.value(*v)?;
-                        let _ = writeln!(self.out, "{pad}return {v};");
-                    }
-                    None => {
-                        let _ = writeln!(self.out, "{pad}return;");
-                    }
-                },
-                S::Store { pointer, value } => {
-                    let E::LocalVariable(l) = self.f.expressions[*pointer] else {
-                        return Err((Some(*span), "a store to other than a local variable".into()));
-                    };
-                    let v = self.value(*value)?;
-                    let _ = writeln!(self.out, "{pad}fa_l{} = {v};", l.index());
-                }
-                S::Call {
-                    function,
-                    arguments,
-                    result,
-                } => {
-                    let name = self.module.functions[*function]
-                        .name
-                        .clone()
-                        .unwrap_or_default();
-                    let args = arguments
-                        .iter()
-                        .map(|&a| self.value(a))
-                        .collect::<Result<Vec<_>, _>>()?
-                        .join(", ");
-                    match result {
-                        Some(r) => {
-                            let t = type_name(self.ty(*r))
-                                .ok_or((Some(*span), "a call result not translated".to_string()))?;
-                            let _ = writeln!(
-                                self.out,
-                                "{pad}const {t} fa_v{} = {name}({args});",
-                                r.index()
-                            );
-                        }
-                        None => {
-                            let _ = writeln!(self.out, "{pad}{name}({args});");
-                        }
-                    }
-                }
-                _ => {
-                    return Err((
-                        Some(*span),
-                        "a statement not translated (switch, barriers, atomics, images, discard)"
-                            .into(),
-                    ))
-                }
-            }
-        }
-        Ok(())
     }
 
     fn emit(&mut self, e: Handle<naga::Expression>, pad: &str) -> Result<(), Fail> {
@@ -418,6 +308,108 @@ impl Cuda<'_> {
         };
         let t = type_name(self.ty(e)).map_or_else(|| self.fail(e, "a type not translated"), Ok)?;
         let _ = writeln!(self.out, "{pad}const {t} fa_v{} = {text};", e.index());
+        Ok(())
+    }
+}
+
+impl ir_walk::Target for Cuda<'_> {
+    fn out(&mut self) -> &mut String {
+        &mut self.out
+    }
+
+    fn value(&self, e: Handle<naga::Expression>) -> Result<String, Fail> {
+        Cuda::value(self, e)
+    }
+
+    fn emit(&mut self, e: Handle<naga::Expression>, pad: &str) -> Result<(), Fail> {
+        Cuda::emit(self, e, pad)
+    }
+
+    fn looped(
+        &mut self,
+        body: &naga::Block,
+        continuing: &naga::Block,
+        break_if: Option<Handle<naga::Expression>>,
+        depth: usize,
+    ) -> Result<(), Fail> {
+        // WGSL runs `continuing` (and its `break if`) after each pass of the body, `continue`
+        // included: here at the top of every pass but the first
+        let pad = "    ".repeat(depth);
+        let first = format!("fa_first{}", self.out.len());
+        let _ = writeln!(
+            self.out,
+            "{pad}for (bool {first} = true;; {first} = false) {{\n{pad}    if (!{first}) {{"
+        );
+        ir_walk::block(self, continuing, depth + 2)?;
+        if let Some(c) = break_if {
+            let c = Cuda::value(self, c)?;
+            let _ = writeln!(self.out, "{pad}        if ({c}) break;");
+        }
+        let _ = writeln!(self.out, "{pad}    }}");
+        ir_walk::block(self, body, depth + 1)?;
+        let _ = writeln!(self.out, "{pad}}}");
+        Ok(())
+    }
+
+    fn ret(&mut self, value: Option<Handle<naga::Expression>>, pad: &str) -> Result<(), Fail> {
+        match value {
+            Some(v) => {
+                let v = Cuda::value(self, v)?;
+                let _ = writeln!(self.out, "{pad}return {v};");
+            }
+            None => {
+                let _ = writeln!(self.out, "{pad}return;");
+            }
+        }
+        Ok(())
+    }
+
+    fn store(
+        &mut self,
+        pointer: Handle<naga::Expression>,
+        value: Handle<naga::Expression>,
+        pad: &str,
+        span: naga::Span,
+    ) -> Result<(), Fail> {
+        let E::LocalVariable(l) = self.f.expressions[pointer] else {
+            return Err((Some(span), "a store to other than a local variable".into()));
+        };
+        let v = Cuda::value(self, value)?;
+        let _ = writeln!(self.out, "{pad}fa_l{} = {v};", l.index());
+        Ok(())
+    }
+
+    fn call(
+        &mut self,
+        function: Handle<naga::Function>,
+        arguments: &[Handle<naga::Expression>],
+        result: Option<Handle<naga::Expression>>,
+        pad: &str,
+        span: naga::Span,
+    ) -> Result<(), Fail> {
+        let name = self.module.functions[function]
+            .name
+            .clone()
+            .unwrap_or_default();
+        let args = arguments
+            .iter()
+            .map(|&a| Cuda::value(self, a))
+            .collect::<Result<Vec<_>, _>>()?
+            .join(", ");
+        match result {
+            Some(r) => {
+                let t = type_name(self.ty(r))
+                    .ok_or((Some(span), "a call result not translated".to_string()))?;
+                let _ = writeln!(
+                    self.out,
+                    "{pad}const {t} fa_v{} = {name}({args});",
+                    r.index()
+                );
+            }
+            None => {
+                let _ = writeln!(self.out, "{pad}{name}({args});");
+            }
+        }
         Ok(())
     }
 }
