@@ -272,26 +272,7 @@ impl Twin<'_> {
             }
             E::Binary { op, left, right } => {
                 let (a, b, da, db) = (v(left)?, v(right)?, d(left), d(right));
-                let sym = match op {
-                    B::Add => "+",
-                    B::Subtract => "-",
-                    B::Multiply => "*",
-                    B::Divide => "/",
-                    B::Modulo => "%",
-                    B::Equal => "==",
-                    B::NotEqual => "!=",
-                    B::Less => "<",
-                    B::LessEqual => "<=",
-                    B::Greater => ">",
-                    B::GreaterEqual => ">=",
-                    B::And => "&",
-                    B::ExclusiveOr => "^",
-                    B::InclusiveOr => "|",
-                    B::LogicalAnd => "&&",
-                    B::LogicalOr => "||",
-                    B::ShiftLeft => "<<",
-                    B::ShiftRight => ">>",
-                };
+                let sym = ir_walk::symbol(op);
                 let value = format!("({a}) {sym} ({b})");
                 let deriv = match op {
                     B::Add => format!("({da}) + ({db})"),

@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use naga::{Handle, Statement as S};
+use naga::{BinaryOperator as B, Handle, Statement as S};
 
 /// A failure: where (a span of the user's source, if any) and what.
 pub(super) type Fail = (Option<naga::Span>, String);
@@ -101,4 +101,28 @@ pub(super) fn block<T: Target>(t: &mut T, b: &naga::Block, depth: usize) -> Resu
         }
     }
     Ok(())
+}
+
+/// A binary operator's symbol, the same in WGSL and in CUDA C.
+pub(super) fn symbol(op: B) -> &'static str {
+    match op {
+        B::Add => "+",
+        B::Subtract => "-",
+        B::Multiply => "*",
+        B::Divide => "/",
+        B::Modulo => "%",
+        B::Equal => "==",
+        B::NotEqual => "!=",
+        B::Less => "<",
+        B::LessEqual => "<=",
+        B::Greater => ">",
+        B::GreaterEqual => ">=",
+        B::And => "&",
+        B::ExclusiveOr => "^",
+        B::InclusiveOr => "|",
+        B::LogicalAnd => "&&",
+        B::LogicalOr => "||",
+        B::ShiftLeft => "<<",
+        B::ShiftRight => ">>",
+    }
 }

@@ -173,25 +173,7 @@ impl Cuda<'_> {
                     B::ShiftLeft => format!("({a}) << (({b}) & 31u)"),
                     B::ShiftRight => format!("({a}) >> (({b}) & 31u)"),
                     _ => {
-                        let sym = match op {
-                            B::Add => "+",
-                            B::Subtract => "-",
-                            B::Multiply => "*",
-                            B::Divide => "/",
-                            B::Modulo => "%",
-                            B::Equal => "==",
-                            B::NotEqual => "!=",
-                            B::Less => "<",
-                            B::LessEqual => "<=",
-                            B::Greater => ">",
-                            B::GreaterEqual => ">=",
-                            B::And => "&",
-                            B::ExclusiveOr => "^",
-                            B::InclusiveOr => "|",
-                            B::LogicalAnd => "&&",
-                            B::LogicalOr => "||",
-                            B::ShiftLeft | B::ShiftRight => unreachable!(),
-                        };
+                        let sym = ir_walk::symbol(op);
                         format!("({a}) {sym} ({b})")
                     }
                 }
