@@ -25,6 +25,7 @@ impl Context {
         let out = self.execute(&plan, &[])?;
         let flags: Vec<f32> = self.download(&out[0])?;
         Ok(crate::plan::mask_blocks::block_mask(
+            mask,
             &flags,
             (batch, heads),
             (block_q, block_kv),

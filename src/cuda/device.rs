@@ -823,7 +823,12 @@ impl CudaContext {
         a.arg(&mut *flags.data).arg(&params).arg(&items);
         self.launch(&mut timeline, &launch, a)?;
         let flags: Vec<f32> = self.download(&flags)?;
-        Ok(block_mask(&flags, (batch, heads), (block_q, block_kv)))
+        Ok(block_mask(
+            mask,
+            &flags,
+            (batch, heads),
+            (block_q, block_kv),
+        ))
     }
 
     /// Merges partial results over disjoint key shards into the exact result over all their

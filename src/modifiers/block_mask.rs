@@ -1,6 +1,7 @@
 //! Block-sparse attention: a mask over blocks of (query rows x keys) that the kernels consult
 //! per pair and per tile, skipping tiles whose blocks are all off.
 
+use super::mask_mod::MaskMod;
 use crate::error::{Error, Result};
 
 pub use super::flex_blocks::FlexBlocks;
@@ -29,6 +30,12 @@ pub struct BlockMask {
     /// (`Context::create_block_mask` fills it; FlexAttention's full blocks). Each must be on.
     /// None: the mask is evaluated in every visited block.
     pub full: Option<Vec<bool>>,
+    /// The user mask it was made from (`Context::create_block_mask` sets it, as
+    /// FlexAttention's block mask keeps its `mask_mod`): a call with this block mask must
+    /// carry that same mask (`Error::InvalidConfig` otherwise), since its full blocks skip
+    /// that mask's evaluation. None for a block mask made by hand, whose full blocks are
+    /// taken at their word.
+    pub mask_mod: Option<MaskMod>,
 }
 
 impl BlockMask {
@@ -61,6 +68,7 @@ impl BlockMask {
             heads,
             blocks,
             full: None,
+            mask_mod: None,
         }
     }
 
@@ -133,6 +141,23 @@ impl BlockMask {
     }
 
     /// Checks the mask against a call of `batch x heads_q`, `seq_q x seq_kv`.
+    /// A block mask made from a user mask goes with that mask: `call` is the call's.
+    pub(crate) fn check_mask(&self, call: Option<&MaskMod>) -> Result<()> {
+        match (&self.mask_mod, call) {
+            (Some(made), Some(given)) if made != given => Err(Error::invalid(
+                "block_mask was made (create_block_mask) from another mask_mod than the call's: \
+                 its full blocks skip that mask's evaluation; give the call the mask it was \
+                 made from (block_mask.mask_mod)",
+            )),
+            (Some(_), None) => Err(Error::invalid(
+                "block_mask was made (create_block_mask) from a mask_mod and the call has none: \
+                 set mask_mod to block_mask.mask_mod (FlexAttention applies it), or clear \
+                 block_mask.mask_mod for block sparsity alone",
+            )),
+            _ => Ok(()),
+        }
+    }
+
     pub(crate) fn validate(
         &self,
         batch: usize,

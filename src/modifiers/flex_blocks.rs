@@ -82,7 +82,8 @@ impl BlockMask {
     }
 
     /// The block mask of FlexAttention's form, with blocks of `block_q x block_kv`: on where
-    /// a block is partial or full, full where it is full. Read from the kv side; the q side,
+    /// a block is partial or full, full where it is full (the mask it goes with is the
+    /// caller's to set: `mask_mod`). Read from the kv side; the q side,
     /// where given (non-empty), must say the same. Typed errors name the tensor: a length
     /// that is not its shape's, a count past the blocks of a row, an index out of range or
     /// listed twice in a row, a block both partial and full, a q side that disagrees.
@@ -153,6 +154,7 @@ impl BlockMask {
             heads,
             blocks,
             full,
+            mask_mod: None,
         };
         if !flex.q_num_blocks.is_empty() {
             let back = mask.to_flex(rows * block_q, cols * block_kv);
@@ -236,6 +238,7 @@ mod tests {
             heads: 2,
             blocks: on.concat(),
             full: Some(full.concat()),
+            mask_mod: None,
         };
         let f = m.to_flex(40, 30);
         assert_eq!(f.shape, (1, 2, 3, 4));

@@ -90,8 +90,10 @@ pub(crate) fn block_grid(
     Ok((rows, cols, n))
 }
 
-/// The block mask from the kernels' flags (0 off, 1 partly on, 2 full), on every backend.
+/// The block mask of `mask` from the kernels' flags (0 off, 1 partly on, 2 full), on every
+/// backend.
 pub(crate) fn block_mask(
+    mask: &crate::MaskMod,
     flags: &[f32],
     (batch, heads): (usize, usize),
     (block_q, block_kv): (usize, usize),
@@ -103,5 +105,6 @@ pub(crate) fn block_mask(
         heads,
         blocks: flags.iter().map(|&x| x != 0.0).collect(),
         full: Some(flags.iter().map(|&x| x == 2.0).collect()),
+        mask_mod: Some(mask.clone()),
     }
 }

@@ -8,7 +8,10 @@ pub(crate) const MODIFIER: Modifier = Modifier {
     hooks: &hooks::BLOCKS,
     active: |cfg| cfg.block_mask.is_some(),
     check: |cfg| match &cfg.block_mask {
-        Some(m) => m.validate(cfg.batch, cfg.heads_q, cfg.seq_q, cfg.seq_kv),
+        Some(m) => {
+            m.validate(cfg.batch, cfg.heads_q, cfg.seq_q, cfg.seq_kv)?;
+            m.check_mask(cfg.mask_mod.as_ref())
+        }
         None => Ok(()),
     },
     encode: super::no_params,

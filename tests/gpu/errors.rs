@@ -313,6 +313,7 @@ fn block_masks_that_do_not_fit_the_call_are_invalid_and_named() {
         heads: h,
         blocks: vec![true; n],
         full: None,
+        mask_mod: None,
     };
     for (m, want) in [
         (mask(0, 3, 1, 1, 9), "block_mask.block_q must be in 1..=2^32-1 (rows or keys per block), got 0"),

@@ -162,10 +162,9 @@ fn a_document_mask_with_its_block_mask_is_the_varlen_call() {
     assert_eq!(blocks.full, Some(full.blocks.clone()));
     // FlexAttention's form of it (partial and full blocks, both sides) gives it back
     let flex = blocks.to_flex(total, total);
-    assert_eq!(
-        flash_attn_wgpu::BlockMask::from_flex(16, 32, &flex).unwrap(),
-        blocks
-    );
+    let back = flash_attn_wgpu::BlockMask::from_flex(16, 32, &flex).unwrap();
+    assert_eq!((&back.blocks, &back.full), (&blocks.blocks, &blocks.full));
+    assert_eq!(blocks.mask_mod.as_ref(), Some(&mask));
     assert!(full.blocks.iter().any(|&f| f));
     assert!(blocks.blocks.iter().filter(|&&b| !b).count() > blocks.blocks.len() / 3);
     let mut c = cfg(1, total, total, 4, 2, 32, true);
@@ -243,7 +242,18 @@ fn the_kernels_skip_the_user_mask_in_full_blocks() {
     with.mask_mod = Some(m);
     let mut without = with.clone();
     without.mask_mod = None;
+    // the block mask knows its mask: without it (or with another) the call is refused; as
+    // block sparsity alone, its own mask cleared
     let data = inputs(&with, 1.0);
+    for other in [None, Some(score_mods::dilated())] {
+        without.mask_mod = other;
+        assert!(matches!(
+            ctx().forward_host(&without, &data.q, &data.k, &data.v),
+            Err(flash_attn_wgpu::Error::InvalidConfig(m)) if m.contains("block_mask was made")
+        ));
+    }
+    without.mask_mod = None;
+    without.block_mask.as_mut().unwrap().mask_mod = None;
     let a = ctx()
         .forward_host(&with, &data.q, &data.k, &data.v)
         .unwrap();
