@@ -393,16 +393,23 @@ impl CudaKey {
         };
         if let Some(m) = &cfg.score_mod {
             let code = m.cuda_source();
-            self.score_mod =
-                Some(code.ok_or_else(|| {
-                    missing("score_mod", m.cuda_missing(), "ScoreMod::with_cuda")
-                })?);
+            self.score_mod = Some(code.ok_or_else(|| {
+                missing(
+                    "score_mod",
+                    m.cuda_missing().as_deref(),
+                    "ScoreMod::with_cuda",
+                )
+            })?);
         }
         if let Some(m) = &cfg.mask_mod {
             let code = m.cuda_source();
-            self.mask_mod = Some(
-                code.ok_or_else(|| missing("mask_mod", m.cuda_missing(), "MaskMod::with_cuda"))?,
-            );
+            self.mask_mod = Some(code.ok_or_else(|| {
+                missing(
+                    "mask_mod",
+                    m.cuda_missing().as_deref(),
+                    "MaskMod::with_cuda",
+                )
+            })?);
         }
         self.captured = crate::registry::user_code::kernel_cuda_captured(cfg);
         Ok(())

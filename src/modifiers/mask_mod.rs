@@ -44,8 +44,8 @@ const REQUIRED: [Required; 1] = [Required {
 #[derive(Clone)]
 pub struct MaskMod {
     code: Snippet,
-    /// The CUDA C: the caller's (`with_cuda`), else the WGSL translated, else why not.
-    cuda: std::result::Result<&'static str, String>,
+    /// The caller's CUDA C (`with_cuda`); without it the WGSL's translation is asked for.
+    cuda: Option<&'static str>,
     host: Option<HostMaskFn>,
 }
 
@@ -62,10 +62,9 @@ impl MaskMod {
         source: &str,
         captured: impl IntoIterator<Item = (N, Vec<f32>)>,
     ) -> Result<MaskMod> {
-        let code = Snippet::new("mask_mod", source, captured, &REQUIRED)?;
         Ok(MaskMod {
-            cuda: code.cuda(),
-            code,
+            code: Snippet::new("mask_mod", source, captured, &REQUIRED)?,
+            cuda: None,
             host: None,
         })
     }
@@ -76,7 +75,7 @@ impl MaskMod {
     /// backend then refuses the call with a typed `Unsupported`). Checked as
     /// [`ScoreMod::with_cuda`](crate::ScoreMod::with_cuda)'s.
     pub fn with_cuda(mut self, source: &str) -> Result<MaskMod> {
-        self.cuda = Ok(user_code::check_cuda(
+        self.cuda = Some(user_code::check_cuda(
             "mask_mod CUDA",
             source,
             &["mask_mod"],
@@ -88,12 +87,12 @@ impl MaskMod {
     /// `None` where the translation does not take the snippet
     /// ([`cuda_missing`](Self::cuda_missing) says why).
     pub fn cuda_source(&self) -> Option<&'static str> {
-        self.cuda.as_ref().ok().copied()
+        self.cuda.or_else(|| self.code.cuda().ok())
     }
 
     /// Why the snippet has no CUDA C (what the translation does not take), if it has none.
-    pub fn cuda_missing(&self) -> Option<&str> {
-        self.cuda.as_ref().err().map(String::as_str)
+    pub fn cuda_missing(&self) -> Option<String> {
+        self.cuda.map_or_else(|| self.code.cuda().err(), |_| None)
     }
 
     /// The host predicate equal to `mask_mod`, which the f64 reference applies; without it

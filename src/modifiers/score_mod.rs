@@ -61,8 +61,8 @@ pub type HostScoreFn = Arc<dyn Fn(f64, usize, usize, usize, usize) -> f64 + Send
 #[derive(Clone)]
 pub struct ScoreMod {
     code: Snippet,
-    /// The CUDA C: the caller's (`with_cuda`), else the WGSL translated, else why not.
-    cuda: std::result::Result<&'static str, String>,
+    /// The caller's CUDA C (`with_cuda`); without it the WGSL's translation is asked for.
+    cuda: Option<&'static str>,
     host: Option<(HostScoreFn, HostScoreFn)>,
 }
 
@@ -88,10 +88,9 @@ impl ScoreMod {
         let captured: Vec<(String, Vec<f32>)> =
             captured.into_iter().map(|(n, v)| (n.into(), v)).collect();
         let source = with_derivative(source, &captured)?;
-        let code = Snippet::new("score_mod", &source, captured, &REQUIRED)?;
         Ok(ScoreMod {
-            cuda: code.cuda(),
-            code,
+            code: Snippet::new("score_mod", &source, captured, &REQUIRED)?,
+            cuda: None,
             host: None,
         })
     }
@@ -106,7 +105,7 @@ impl ScoreMod {
     /// inline assembly or includes). Captured tensors are read by name as in the WGSL:
     /// `float name(unsigned int i)`.
     pub fn with_cuda(mut self, source: &str) -> Result<ScoreMod> {
-        self.cuda = Ok(check_cuda(
+        self.cuda = Some(check_cuda(
             "score_mod CUDA",
             source,
             &["score_mod", "score_mod_ds"],
@@ -135,12 +134,12 @@ impl ScoreMod {
     /// derivative included) translated; `None` where the translation does not take the
     /// snippet ([`cuda_missing`](Self::cuda_missing) says why).
     pub fn cuda_source(&self) -> Option<&'static str> {
-        self.cuda.as_ref().ok().copied()
+        self.cuda.or_else(|| self.code.cuda().ok())
     }
 
     /// Why the snippet has no CUDA C (what the translation does not take), if it has none.
-    pub fn cuda_missing(&self) -> Option<&str> {
-        self.cuda.as_ref().err().map(String::as_str)
+    pub fn cuda_missing(&self) -> Option<String> {
+        self.cuda.map_or_else(|| self.code.cuda().err(), |_| None)
     }
 
     /// The captured tensors' names and values, in order.
@@ -169,11 +168,15 @@ fn with_derivative(source: &str, captured: &[(String, Vec<f32>)]) -> Result<Stri
         // the snippet's own checks first, so that a bad one fails as it would with a
         // hand-written derivative
         user_code::check_captured("score_mod", captured)?;
-        let (_, stubs) = user_code::accessors(captured, 0);
-        let ds = super::derive::score_mod_ds(source, &stubs)?;
-        Ok(format!(
-            "{source}\n// derived from score_mod (src/modifiers/derive.rs)\n{ds}"
-        ))
+        static DONE: user_code::Memo<String> = std::sync::OnceLock::new();
+        let names: Vec<&str> = captured.iter().map(|(n, _)| n.as_str()).collect();
+        user_code::memo(&DONE, source, &names, || {
+            let (_, stubs) = user_code::accessors(captured, 0);
+            let ds = super::derive::score_mod_ds(source, &stubs)?;
+            Ok(format!(
+                "{source}\n// derived from score_mod (src/modifiers/derive.rs)\n{ds}"
+            ))
+        })
     }
     #[cfg(target_arch = "wasm32")]
     {

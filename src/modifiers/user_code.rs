@@ -41,13 +41,23 @@ impl Snippet {
 
 impl Snippet {
     /// The snippet as CUDA C (module `to_cuda`), interned, or why it cannot be: what a
-    /// modifier runs on the CUDA backend when its caller gives no CUDA C of its own.
+    /// modifier runs on the CUDA backend when its caller gives no CUDA C of its own. Asked
+    /// for by the CUDA backend only (wgpu never pays for it), and translated once a process
+    /// per text.
     pub(crate) fn cuda(&self) -> std::result::Result<&'static str, String> {
         #[cfg(not(target_arch = "wasm32"))]
         {
-            let (_, stubs) = accessors(&self.captured, 0);
+            static DONE: Memo<std::result::Result<&'static str, String>> = OnceLock::new();
             let names: Vec<&str> = self.captured.iter().map(|(n, _)| n.as_str()).collect();
-            super::to_cuda::translate(self.source, &stubs, &names).map(|c| intern(&c))
+            let made = memo(&DONE, self.source, &names, || {
+                let (_, stubs) = accessors(&self.captured, 0);
+                let c = super::to_cuda::translate(self.source, &stubs, &names);
+                Ok::<_, std::convert::Infallible>(c.map(|c| intern(&c)))
+            });
+            match made {
+                Ok(c) => c,
+                Err(never) => match never {},
+            }
         }
         #[cfg(target_arch = "wasm32")]
         Err("the wasm32 build translates no WGSL to CUDA C".into())
@@ -78,6 +88,34 @@ pub(crate) fn intern(source: &str) -> &'static str {
     let t: &'static str = Box::leak(source.to_owned().into_boxed_str());
     texts.insert(t);
     t
+}
+
+/// Values computed from a snippet's text and its captured tensors' names, once a process.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) type Memo<T> = OnceLock<Mutex<std::collections::HashMap<String, T>>>;
+
+/// `make`'s value for (`source`, `names`), computed once a process where it succeeds: a
+/// program that makes the same modifier every call (the Python package does) pays once.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn memo<T: Clone, E>(
+    table: &Memo<T>,
+    source: &str,
+    names: &[&str],
+    make: impl FnOnce() -> std::result::Result<T, E>,
+) -> std::result::Result<T, E> {
+    let key = format!("{source}\0{}", names.join(","));
+    let lock = || {
+        table
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    };
+    if let Some(v) = lock().get(&key) {
+        return Ok(v.clone());
+    }
+    let v = make()?;
+    lock().insert(key, v.clone());
+    Ok(v)
 }
 
 pub(crate) fn user_error(what: &str, line: Option<usize>, message: String) -> Error {
