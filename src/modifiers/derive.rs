@@ -480,6 +480,10 @@ impl ir_walk::Target for Twin<'_> {
         &mut self.body
     }
 
+    fn expressions(&self) -> &naga::Arena<naga::Expression> {
+        &self.f.expressions
+    }
+
     fn value(&self, e: Handle<naga::Expression>) -> std::result::Result<String, Fail> {
         Twin::value(self, e)
     }
@@ -524,14 +528,10 @@ impl ir_walk::Target for Twin<'_> {
 
     fn store(
         &mut self,
-        pointer: Handle<naga::Expression>,
+        l: Handle<naga::LocalVariable>,
         value: Handle<naga::Expression>,
         pad: &str,
-        span: naga::Span,
     ) -> std::result::Result<(), Fail> {
-        let E::LocalVariable(l) = self.f.expressions[pointer] else {
-            return Err((Some(span), "only local variables are stored to".into()));
-        };
         let x = Twin::value(self, value)?;
         let _ = writeln!(self.body, "{pad}l{} = {x};", l.index());
         if is_f32(self.ty(value)) {
@@ -865,7 +865,30 @@ mod tests {
         }
     }
 
+    /// A comparison of two values of one ordered kind, or None for another operator.
+    fn compare<T: PartialOrd>(op: B, x: T, y: T) -> Option<bool> {
+        Some(match op {
+            B::Less => x < y,
+            B::LessEqual => x <= y,
+            B::Greater => x > y,
+            B::GreaterEqual => x >= y,
+            B::Equal => x == y,
+            B::NotEqual => x != y,
+            _ => return None,
+        })
+    }
+
     fn binary(op: B, a: V, b: V) -> V {
+        let cmp = match (a, b) {
+            (V::F(x), V::F(y)) => compare(op, x, y),
+            (V::U(x), V::U(y)) => compare(op, x, y),
+            (V::I(x), V::I(y)) => compare(op, x, y),
+            (V::B(x), V::B(y)) => compare(op, x, y),
+            _ => None,
+        };
+        if let Some(c) = cmp {
+            return V::B(c);
+        }
         match (a, b) {
             (V::F(x), V::F(y)) => match op {
                 B::Add => V::F(x + y),
@@ -873,12 +896,6 @@ mod tests {
                 B::Multiply => V::F(x * y),
                 B::Divide => V::F(x / y),
                 B::Modulo => V::F(x % y),
-                B::Less => V::B(x < y),
-                B::LessEqual => V::B(x <= y),
-                B::Greater => V::B(x > y),
-                B::GreaterEqual => V::B(x >= y),
-                B::Equal => V::B(x == y),
-                B::NotEqual => V::B(x != y),
                 other => panic!("{other:?}"),
             },
             (V::U(x), V::U(y)) => match op {
@@ -887,28 +904,17 @@ mod tests {
                 B::Multiply => V::U(x.wrapping_mul(y)),
                 B::Divide => V::U(x.checked_div(y).unwrap_or(x)),
                 B::Modulo => V::U(x.checked_rem(y).unwrap_or(0)),
-                B::Less => V::B(x < y),
-                B::LessEqual => V::B(x <= y),
-                B::Greater => V::B(x > y),
-                B::GreaterEqual => V::B(x >= y),
-                B::Equal => V::B(x == y),
-                B::NotEqual => V::B(x != y),
                 other => panic!("{other:?}"),
             },
             (V::I(x), V::I(y)) => match op {
                 B::Add => V::I(x.wrapping_add(y)),
                 B::Subtract => V::I(x.wrapping_sub(y)),
                 B::Multiply => V::I(x.wrapping_mul(y)),
-                B::Less => V::B(x < y),
-                B::Greater => V::B(x > y),
-                B::Equal => V::B(x == y),
                 other => panic!("{other:?}"),
             },
             (V::B(x), V::B(y)) => match op {
                 B::LogicalAnd | B::And => V::B(x && y),
                 B::LogicalOr | B::InclusiveOr => V::B(x || y),
-                B::Equal => V::B(x == y),
-                B::NotEqual => V::B(x != y),
                 other => panic!("{other:?}"),
             },
             other => panic!("{other:?}"),

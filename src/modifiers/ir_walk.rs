@@ -13,6 +13,8 @@ pub(super) type Fail = (Option<naga::Span>, String);
 pub(super) trait Target {
     /// The text written so far.
     fn out(&mut self) -> &mut String;
+    /// The function's expressions.
+    fn expressions(&self) -> &naga::Arena<naga::Expression>;
     /// An expression's value as the target writes it.
     fn value(&self, e: Handle<naga::Expression>) -> Result<String, Fail>;
     /// The lines of an emitted expression.
@@ -27,13 +29,12 @@ pub(super) trait Target {
     ) -> Result<(), Fail>;
     /// `return`.
     fn ret(&mut self, value: Option<Handle<naga::Expression>>, pad: &str) -> Result<(), Fail>;
-    /// A store of `value` through `pointer`.
+    /// A store of `value` into the local variable `local` (the only pointer either takes).
     fn store(
         &mut self,
-        pointer: Handle<naga::Expression>,
+        local: Handle<naga::LocalVariable>,
         value: Handle<naga::Expression>,
         pad: &str,
-        span: naga::Span,
     ) -> Result<(), Fail>;
     /// A call, its result named after `result`.
     fn call(
@@ -85,7 +86,12 @@ pub(super) fn block<T: Target>(t: &mut T, b: &naga::Block, depth: usize) -> Resu
                 let _ = writeln!(t.out(), "{pad}continue;");
             }
             S::Return { value } => t.ret(*value, &pad)?,
-            S::Store { pointer, value } => t.store(*pointer, *value, &pad, *span)?,
+            S::Store { pointer, value } => {
+                let naga::Expression::LocalVariable(l) = t.expressions()[*pointer] else {
+                    return Err((Some(*span), "a store to other than a local variable".into()));
+                };
+                t.store(l, *value, &pad)?
+            }
             S::Call {
                 function,
                 arguments,

@@ -299,6 +299,10 @@ impl ir_walk::Target for Cuda<'_> {
         &mut self.out
     }
 
+    fn expressions(&self) -> &naga::Arena<naga::Expression> {
+        &self.f.expressions
+    }
+
     fn value(&self, e: Handle<naga::Expression>) -> Result<String, Fail> {
         Cuda::value(self, e)
     }
@@ -348,14 +352,10 @@ impl ir_walk::Target for Cuda<'_> {
 
     fn store(
         &mut self,
-        pointer: Handle<naga::Expression>,
+        l: Handle<naga::LocalVariable>,
         value: Handle<naga::Expression>,
         pad: &str,
-        span: naga::Span,
     ) -> Result<(), Fail> {
-        let E::LocalVariable(l) = self.f.expressions[pointer] else {
-            return Err((Some(span), "a store to other than a local variable".into()));
-        };
         let v = Cuda::value(self, value)?;
         let _ = writeln!(self.out, "{pad}fa_l{} = {v};", l.index());
         Ok(())
