@@ -238,44 +238,12 @@ fn reserved(name: &str) -> bool {
 /// naga does not (wasm32) and finds what naga's module drops (aliases); the unit tests check
 /// it against naga on every kernel.
 pub(crate) fn declarations(source: &str) -> Vec<(String, usize)> {
-    // tokens (identifiers, or one punctuation character) with their lines, comments dropped
-    // (block comments nest in WGSL)
-    let mut tokens: Vec<(String, usize)> = Vec::new();
-    let (mut line, mut block) = (1, 0usize);
-    let mut chars = source.chars().peekable();
-    while let Some(c) = chars.next() {
-        let next = chars.peek().copied();
-        match c {
-            '\n' => line += 1,
-            '/' if next == Some('*') => {
-                chars.next();
-                block += 1;
-            }
-            '*' if block > 0 && next == Some('/') => {
-                chars.next();
-                block -= 1;
-            }
-            _ if block > 0 => {}
-            '/' if next == Some('/') => {
-                for c in chars.by_ref() {
-                    if c == '\n' {
-                        line += 1;
-                        break;
-                    }
-                }
-            }
-            c if c.is_alphanumeric() || c == '_' => {
-                let mut word = String::from(c);
-                while let Some(&c) = chars.peek().filter(|c| c.is_alphanumeric() || **c == '_') {
-                    word.push(c);
-                    chars.next();
-                }
-                tokens.push((word, line));
-            }
-            c if c.is_whitespace() => {}
-            c => tokens.push((c.to_string(), line)),
-        }
-    }
+    // the code's tokens (words, or one punctuation character) with their lines
+    let tokens: Vec<(String, usize)> = lex(source)
+        .into_iter()
+        .filter(|t| t.code)
+        .map(|t| (t.text.to_string(), t.line))
+        .collect();
     let mut names = Vec::new();
     let mut depth = 0usize;
     let mut i = 0;
@@ -305,6 +273,61 @@ pub(crate) fn declarations(source: &str) -> Vec<(String, usize)> {
     names
 }
 
+/// A piece of a source: a word (an identifier, a keyword or a number with its suffix), one
+/// punctuation character, or text that is not code (white space, a comment: block comments
+/// nest, as in WGSL), with the line it starts on.
+struct Token<'a> {
+    text: &'a str,
+    line: usize,
+    code: bool,
+}
+
+/// `source` cut into [`Token`]s, which put together give it back: what [`declarations`] and
+/// [`rename_identifiers`] read it by.
+fn lex(source: &str) -> Vec<Token<'_>> {
+    let bytes = source.as_bytes();
+    let at = |k: usize| bytes.get(k).copied().unwrap_or(0);
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    let (mut tokens, mut k, mut line) = (Vec::new(), 0, 1);
+    while k < source.len() {
+        let start = k;
+        let c = source[k..].chars().next().unwrap_or(' ');
+        let code = if at(k) == b'/' && at(k + 1) == b'*' {
+            let mut depth = 0usize;
+            while k < source.len() {
+                if at(k) == b'/' && at(k + 1) == b'*' {
+                    depth += 1;
+                    k += 2;
+                } else if at(k) == b'*' && at(k + 1) == b'/' {
+                    depth -= 1;
+                    k += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    k += 1;
+                }
+            }
+            false
+        } else if at(k) == b'/' && at(k + 1) == b'/' {
+            k += source[k..].find('\n').unwrap_or(source.len() - k);
+            false
+        } else if word(c) {
+            k += source[k..]
+                .find(|c: char| !word(c))
+                .unwrap_or(source.len() - k);
+            true
+        } else {
+            k += c.len_utf8();
+            !c.is_whitespace()
+        };
+        let text = &source[start..k.min(source.len())];
+        tokens.push(Token { text, line, code });
+        line += text.matches('\n').count();
+    }
+    tokens
+}
+
 /// `source` (WGSL or CUDA C) with every identifier that `names` maps renamed to its image:
 /// whole identifiers only, not a member after a `.`; comments as they are.
 pub(crate) fn rename_identifiers(
@@ -312,59 +335,14 @@ pub(crate) fn rename_identifiers(
     names: &std::collections::HashMap<String, String>,
 ) -> String {
     let mut out = String::with_capacity(source.len());
-    let (mut block, mut line_comment) = (0usize, false);
-    let mut chars = source.chars().peekable();
-    let mut last_code = ' ';
-    while let Some(c) = chars.next() {
-        let next = chars.peek().copied();
-        if line_comment {
-            line_comment = c != '\n';
-            out.push(c);
-            continue;
+    let mut last_code = "";
+    for t in lex(source) {
+        match names.get(t.text) {
+            Some(to) if t.code && last_code != "." => out.push_str(to),
+            _ => out.push_str(t.text),
         }
-        match c {
-            '/' if next == Some('*') => {
-                block += 1;
-                out.push(c);
-                out.push(chars.next().unwrap_or('*'));
-            }
-            '*' if block > 0 && next == Some('/') => {
-                block -= 1;
-                out.push(c);
-                out.push(chars.next().unwrap_or('/'));
-            }
-            _ if block > 0 => out.push(c),
-            '/' if next == Some('/') => {
-                line_comment = true;
-                out.push(c);
-            }
-            c if c.is_alphabetic() || c == '_' => {
-                let mut word = String::from(c);
-                while let Some(&c) = chars.peek().filter(|c| c.is_alphanumeric() || **c == '_') {
-                    word.push(c);
-                    chars.next();
-                }
-                match names.get(&word) {
-                    Some(to) if last_code != '.' => out.push_str(to),
-                    _ => out.push_str(&word),
-                }
-                last_code = 'a';
-            }
-            c if c.is_numeric() => {
-                // a number with its suffix (`1u`, `2.5f`): no identifier starts here
-                out.push(c);
-                while let Some(&c) = chars.peek().filter(|c| c.is_alphanumeric() || **c == '.') {
-                    out.push(c);
-                    chars.next();
-                }
-                last_code = '0';
-            }
-            c => {
-                if !c.is_whitespace() {
-                    last_code = c;
-                }
-                out.push(c);
-            }
+        if t.code {
+            last_code = t.text;
         }
     }
     out
