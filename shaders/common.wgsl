@@ -420,10 +420,10 @@ fn begin_head(b: u32, h: u32) {
     }
     if (BIAS()) {
         head_bias = (params.batch_base + b) * params.bias_b_stride + h * params.bias_h_stride;
-        // this head's grid of the bias gradients' scratch (`keep_bias_grad`)
-        head_grads = ((params.batch_base + b) * params.heads_q + h) * params.row_stride
-            * params.mask_cols;
     }
+    // this head's grid of the kept gradients' scratch (`keep_grad`: for d_bias or d_table)
+    head_grads = ((params.batch_base + b) * params.heads_q + h) * params.row_stride
+        * params.mask_cols;
     if (DROPOUT()) {
         head_stream = (params.batch_base + b) * params.heads_q + h;
     }
@@ -659,8 +659,9 @@ fn through_score(g: f32, p: f32, slope: f32) -> f32 {
 // Backward, one pair from its finished score and slope (`finish_pair`), the row's lse (exp2
 // domain), dP = dO . v and delta: the weight of the row's dO in dV (P, times the dropout factor Z) and dS, whose dP
 // takes Z too (out used P Z). Every tiled backward kernel goes through this; the dQ kernels
-// of a call that asks for d_bias also keep the gradient at the finished score there
-// (`keep_bias_grad`, from the generated prelude; nothing elsewhere).
+// of a call that asks for d_bias or d_table also keep the gradient at the finished score
+// (and for d_table the score score_mod took) there
+// (`keep_grad`, from the generated prelude; nothing elsewhere).
 struct PairGrads {
     pz: f32,
     ds: f32,
@@ -670,7 +671,7 @@ fn pair_grads(f: Finished, lse2: f32, dp: f32, delta: f32, i: u32, j: u32) -> Pa
     let p = recompute_p(f.s, lse2);
     let z = dropout_scale(i, j);
     let g = finished_grad(p, dp * z, delta);
-    keep_bias_grad(i, j, g);
+    keep_grad(i, j, g, f.pre);
     return PairGrads(p * z, through_score(g, p, f.slope));
 }
 

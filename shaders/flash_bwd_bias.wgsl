@@ -2,7 +2,8 @@
 // (batch, query head) slices the entry reaches (its own, or every batch and/or head it
 // broadcasts over, in a fixed order), of the gradients at pair (i, j)'s finished score,
 // P * (Z dP - delta), that the dQ kernels (or the naive dS kernel) kept in the f32 scratch
-// `kept_grads` [batch, heads_q, seq_q, seq_kv] (`keep_bias_grad`; 0 where a tile was skipped).
+// `kept_grads` [batch, heads_q, seq_q, seq_kv] (`keep_grad`; 0 where a tile was skipped;
+// KEPT_WORDS words a pair, the first the gradient).
 // One invocation per bias entry: deterministic, no atomics.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
@@ -28,7 +29,7 @@ fn item(e: u32) {
     var acc = 0.0;
     for (var b = b_lo; b < b_hi; b++) {
         for (var h = h_lo; h < h_hi; h++) {
-            acc += kept_grads[(b * params.heads_q + h) * grid_len + pair];
+            acc += kept_grads[((b * params.heads_q + h) * grid_len + pair) * KEPT_WORDS];
         }
     }
     store_d_bias(e, acc);

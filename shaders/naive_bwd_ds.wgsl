@@ -1,7 +1,7 @@
 // Standard attention backward, step 3: dS = P * (dP - delta), written over dP (times
 // d(score)/dx where a score transform such as the softcap is on, at the raw score x, which
 // this recomputes: the naive path keeps P alone); P * (dP - delta) itself is kept for d_bias
-// where the call asks for it.
+// or d_table where the call asks for them (with, for d_table, the score score_mod took).
 // One thread per element.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
@@ -14,8 +14,8 @@ fn item(e: u32) {
     let p = probs[e];
     let j = e % params.seq_kv;
     let g = finished_grad(p, ds[e] * dropout_scale(at.i, j), pair.y);
-    keep_bias_grad(at.i, j, g);
     var slope = 1.0;
+    var pre = 0.0;
     if (SCORE_TRANSFORMED() && p != 0.0) {
         let qb = q_at(at.b, at.i, at.h, 0u);
         let kb = k_at(at.b, j, at.h / params.group, 0u);
@@ -24,7 +24,10 @@ fn item(e: u32) {
         for (var d = 0u; d < HEAD_DIM; d++) {
             x = fma(load_q(qb + d), load_k(kb + d), x);
         }
-        slope = score_chain_slope(x * params.scale_log2, at.i, j).slope;
+        let f = score_chain_slope(x * params.scale_log2, at.i, j);
+        slope = f.slope;
+        pre = f.pre;
     }
+    keep_grad(at.i, j, g, pre);
     ds[e] = through_score(g, p, slope);
 }

@@ -282,6 +282,7 @@ pub trait AttentionBackend {
             dv: self.download(&g.dv)?,
             d_sinks: g.d_sinks.as_ref().map(|t| self.download(t)).transpose()?,
             d_bias: g.d_bias.as_ref().map(|t| self.download(t)).transpose()?,
+            d_table: g.d_table.as_ref().map(|t| self.download(t)).transpose()?,
         })
     }
 }

@@ -116,9 +116,15 @@ impl Context {
                 dq,
                 dk,
                 dv,
-                // the plan's outputs after dv: d_sinks, then d_bias, each where asked for
+                // the plan's outputs after dv: d_sinks, then d_bias, then d_table, each where
+                // asked for
                 d_sinks: cfg.sinks.as_ref().and_then(|_| g.next()),
                 d_bias: cfg.bias.as_ref().filter(|b| b.grad).and_then(|_| g.next()),
+                d_table: cfg
+                    .score_mod
+                    .as_ref()
+                    .and_then(|m| m.trainable())
+                    .and_then(|_| g.next()),
             }),
             _ => Err(crate::Error::Device(
                 "internal: backward plan without dq, dk, dv".into(),

@@ -49,6 +49,8 @@ pub enum TensorRole {
     Bias,
     /// The bias's gradient (the bias's shape and dtype).
     DBias,
+    /// A trainable captured tensor's gradient (`[len]`, f32).
+    DTable,
     /// A rotary embedding's cosine table (`[table_rows, rotary_dim / 2]`, q's dtype).
     RotaryCos,
     /// A rotary embedding's sine table (the cosine table's shape and dtype).
@@ -70,6 +72,7 @@ impl fmt::Display for TensorRole {
             TensorRole::DSinks => "d_sinks",
             TensorRole::Bias => "bias",
             TensorRole::DBias => "d_bias",
+            TensorRole::DTable => "d_table",
             TensorRole::RotaryCos => "rotary_cos",
             TensorRole::RotarySin => "rotary_sin",
         })

@@ -53,7 +53,7 @@ mod validate;
 
 // The modifiers' public types keep their paths (`flash_attn_wgpu::bias::ScoreBias`, ...).
 pub use modifiers::mask_mod::MaskMod;
-pub use modifiers::score_mod::ScoreMod;
+pub use modifiers::score_mod::{HostTableFn, ScoreMod};
 pub use modifiers::{bias, block_mask, bool_mask, dropout, paged, varlen};
 
 // Internal paths stay `crate::plan` etc. inside the crate.

@@ -40,7 +40,8 @@ impl Forward {
 
 /// Device-resident gradients. dq is shaped like q; dk and dv like k and v; all in q's dtype.
 /// With sinks (`AttentionConfig::sinks`), `d_sinks` (`[heads_q]`, f32); with a bias that asks
-/// for it (`ScoreBias::grad`), `d_bias` (the bias's shape and dtype). `X` is the backend's
+/// for it (`ScoreBias::grad`), `d_bias` (the bias's shape and dtype); with a trainable captured
+/// tensor (`ScoreMod::with_trainable`), `d_table` (`[len]`, f32). `X` is the backend's
 /// tensor type.
 #[derive(Debug)]
 pub struct Gradients<X = Tensor> {
@@ -54,6 +55,9 @@ pub struct Gradients<X = Tensor> {
     pub d_sinks: Option<X>,
     /// With a bias that asks for it (`ScoreBias::grad`): its gradient, the bias's shape and dtype.
     pub d_bias: Option<X>,
+    /// With a trainable captured tensor (`ScoreMod::with_trainable`): its gradient, the
+    /// tensor's length, f32.
+    pub d_table: Option<X>,
 }
 
 /// Host copy of the gradients.
@@ -69,4 +73,6 @@ pub struct HostGradients<T = f32> {
     pub d_sinks: Option<Vec<f32>>,
     /// With a bias that asks for it: the bias's shape.
     pub d_bias: Option<Vec<T>>,
+    /// With a trainable captured tensor: its gradient (`[len]`).
+    pub d_table: Option<Vec<f32>>,
 }

@@ -24,6 +24,9 @@ pub struct RefGradients {
     pub d_sinks: Option<Vec<f64>>,
     /// With a bias that asks for it (`ScoreBias::grad`): the bias's shape.
     pub d_bias: Option<Vec<f64>>,
+    /// With a trainable captured tensor (`ScoreMod::with_trainable`): its length; NaN without
+    /// the modifier's `with_table_reference`.
+    pub d_table: Option<Vec<f64>>,
 }
 
 /// Row i and key j in their sequence's own numbering, i' (bottom-right aligned: i + seq_kv -
@@ -288,7 +291,9 @@ pub fn merge(out_shape: [usize; 4], shards: &[(&[f64], &[f64])]) -> RefForward {
 /// softcap: times its slope; ALiBi's bias has slope 1). With sinks, `d_sink[h] = -sum over
 /// rows of P_sink * rowsum(dO * O)`, P_sink = exp(sink - lse). With a bias that asks for it,
 /// `d_bias = P * (dP - rowsum(dO * O))` (the gradient at the finished score, after the
-/// softcap), summed over the dimensions the bias broadcasts.
+/// softcap), summed over the dimensions the bias broadcasts. With a trainable captured tensor,
+/// `d_table[e]` sums that gradient times d score_mod / d entry over the pairs that read entry e
+/// (the modifier's `with_table_reference`).
 pub fn backward(
     cfg: &AttentionConfig,
     q: &[f32],
@@ -331,6 +336,14 @@ fn backward_impl(
         Some(b) if b.grad => Some(vec![0.0; b.len()]),
         _ => None,
     };
+    let table = cfg.score_mod.as_ref().and_then(|m| {
+        let t = m.trainable_parts()?;
+        Some((m.captured()[t.index].1.len(), t.host.clone()))
+    });
+    let mut d_table = table.as_ref().map(|(len, host)| match host {
+        Some(_) => vec![0.0; *len],
+        None => vec![f64::NAN; *len],
+    });
     for b in 0..cfg.batch {
         for h in 0..cfg.heads_q {
             let hk = h / cfg.group();
@@ -376,6 +389,12 @@ fn backward_impl(
                         let (bb, bh) = (b.min(bias.batch - 1), h.min(bias.heads - 1));
                         db[((bb * bias.heads + bh) * cfg.seq_q + i) * cfg.seq_kv + j] += finished;
                     }
+                    if let (Some(dt), Some((len, Some(partial)))) = (d_table.as_mut(), &table) {
+                        let x = raw_score(cfg, q, k, (b, h, i, j));
+                        let pre = crate::registry::reference_before_score_mod(cfg, (b, h, i, j), x);
+                        let (e, d) = partial(pre, b, h, i, j);
+                        dt[e.min(len - 1)] += finished * d;
+                    }
                     let ds = finished * score_slope(cfg, q, k, (b, h, i, j));
                     let (ko, vo) = (ki(cfg, b, j, hk), vi(cfg, b, j, hk));
                     for x in 0..dvw {
@@ -395,5 +414,6 @@ fn backward_impl(
         dv,
         d_sinks,
         d_bias,
+        d_table,
     }
 }

@@ -178,7 +178,7 @@ impl Plan {
                             // the bias gradients' scratch (written)
                             read_only: match s.key.kernel.bindings().get(i) {
                                 Some(b) => b.access == Access::Read,
-                                None => !(s.key.bias_grad && i + 1 == s.buffers.len()),
+                                None => !(s.key.keeps_grads && i + 1 == s.buffers.len()),
                             },
                             uniform: *r == BufRef::Extras,
                             offset: s.window(i).map(|w| w.offset),

@@ -49,7 +49,7 @@ fn key_of(kernel: Kernel, elem: ElemFormat, all: bool) -> KernelKey {
         runtime: if all { kernel.reads_flags() } else { 0 },
         flags: 0,
         wide: if all { 2 } else { 0 },
-        bias_grad: all && kernel.keeps_bias_grads(),
+        keeps_grads: all && kernel.keeps_grads(),
         // the quantizing append exists for a cache format only
         kv: (kernel == Kernel::KvQuantize).then_some(flash_attn_wgpu::CacheFormat::Q8_0),
         ..KernelKey::plain(kernel)
@@ -69,7 +69,7 @@ fn shader_bindings_match_the_host_layout() {
         // bits, bias entries, block table) read-only storage binding and the bias gradients'
         // scratch, where the pipeline has them
         let extra_slots =
-            key.uses_extras() as usize + key.uses_pairs() as usize + key.bias_grad as usize;
+            key.uses_extras() as usize + key.uses_pairs() as usize + key.keeps_grads as usize;
         let mut found = vec![None; kernel.bindings().len() + 1 + extra_slots];
         for (_, var) in module.global_variables.iter() {
             let Some(binding) = &var.binding else {
@@ -124,12 +124,12 @@ fn shader_bindings_match_the_host_layout() {
                 found[slot]
             );
         }
-        if key.bias_grad {
-            let slot = key.bias_grads_slot() as usize;
+        if key.keeps_grads {
+            let slot = key.kept_grads_slot() as usize;
             assert_eq!(slot, found.len() - 1);
             assert!(
                 matches!(&found[slot], Some((naga::AddressSpace::Storage { access }, n))
-                    if n.as_deref() == Some("bias_grads") && access.contains(naga::StorageAccess::STORE)),
+                    if n.as_deref() == Some("kept_grads") && access.contains(naga::StorageAccess::STORE)),
                 "{kernel:?} bias gradients: {:?}",
                 found[slot]
             );

@@ -1,5 +1,5 @@
 // BIAS: an additive bias over pairs (src/modifiers/bias.rs); its entries come from the
-// prelude's `bias_entry`, its gradient goes to the prelude's `keep_bias_grad`.
+// prelude's `bias_entry`, its gradient goes to the prelude's `keep_grad`.
 
 // With BIAS, the bias's entry for pair (i, j) of the current head (`begin_head`) in the exp2
 // domain, indexed as the boolean mask; 0 without.

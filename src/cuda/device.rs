@@ -267,6 +267,17 @@ impl CudaContext {
                     .into(),
             });
         }
+        if let Some(name) = cfg.score_mod.as_ref().and_then(|m| m.trainable()) {
+            if pass != Pass::Forward {
+                return Err(Error::Unsupported {
+                    feature: format!("the gradient of a trainable captured tensor (`{name}`)"),
+                    backend: crate::Backend::Cuda,
+                    reason: "the CUDA kernels keep no per-pair gradients and scores for it; \
+                             run the backward on the wgpu path, or freeze the tensor"
+                        .into(),
+                });
+            }
+        }
         let kernel = match pass {
             Pass::Forward => CudaKernel::for_forward(cfg, dtype),
             Pass::Backward => CudaKernel::for_pass(pass, dtype, cfg.head_dim as u32),
@@ -710,6 +721,7 @@ impl CudaContext {
             dv,
             d_sinks,
             d_bias,
+            d_table: None,
         })
     }
 }

@@ -123,9 +123,9 @@ impl Context {
                             wgpu::BufferBindingType::Storage { read_only: true },
                         )
                     }))
-                    .chain(key.bias_grad.then(|| {
+                    .chain(key.keeps_grads.then(|| {
                         entry(
-                            key.bias_grads_slot(),
+                            key.kept_grads_slot(),
                             wgpu::BufferBindingType::Storage { read_only: false },
                         )
                     }))

@@ -65,8 +65,9 @@ pub fn devices() -> [Device; 3] {
 
 /// At most this many distinct pipelines in [`pipeline_keys`] over [`devices`]: the compiler
 /// checks' cost is this count (about 0.1 s each through naga, seconds through Tint on
-/// lavapipe). Raise it only with a reason written here.
-pub const PIPELINE_BUDGET: usize = 1000;
+/// lavapipe). Raise it only with a reason written here. 1,010: the trainable tensor's gradient
+/// (issue 52) added two kernels, three pipelines here.
+pub const PIPELINE_BUDGET: usize = 1010;
 
 /// Every pipeline the plans can ask for on `devices`, over [`HEAD_DIMS`] and the samples
 /// `variants_of` takes, one key per distinct source.
@@ -208,7 +209,8 @@ fn variants_of(
         runtime: kernel.reads_flags() & !flags::COMPILED,
         flags: 0,
         wide: 0,
-        bias_grad: false,
+        keeps_grads: false,
+        keeps_scores: false,
         subgroup,
         accumulate: false,
         user_code: None,
@@ -250,7 +252,7 @@ fn variants_of(
                 let per_word = if elem == ElemFormat::F32 { 4 } else { 8 };
                 out.push(KernelKey {
                     flags: compiled,
-                    bias_grad: compiled & flags::BIAS != 0 && kernel.keeps_bias_grads(),
+                    keeps_grads: compiled & flags::BIAS != 0 && kernel.keeps_grads(),
                     wide: match kernel.is_decode() {
                         true if head_dim.is_multiple_of(2 * per_word) => 2,
                         true if head_dim.is_multiple_of(per_word) => 1,

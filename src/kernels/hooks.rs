@@ -246,9 +246,13 @@ pub(crate) const ALL: [&Hooks; 15] = [
 
 /// What pipelines without a user score modifier take in its place (never called: their
 /// SCORE_MOD() is false).
+/// Its `score_mod_dt` (a trainable tensor's partial, which the gradient's kernel appends to a
+/// real modifier: module `derive`) reads nothing.
 pub(crate) const SCORE_MOD_STUB: &str = "
 fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s; }
 fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return 1.0; }
+var<private> score_mod__read: u32;
+fn score_mod_dt(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { score_mod__read = 0xffffffffu; return 0.0; }
 ";
 
 /// What pipelines without a user mask take in its place (never called).
@@ -318,7 +322,7 @@ pub(crate) fn wgsl_score_chain() -> String {
             ScoreHook::Transform { apply, slope: d } => {
                 chain.push_str(&format!("    if ({on}) {{ s = {apply}(s, i, j); }}\n"));
                 slope.push_str(&format!(
-                    "    if ({on}) {{ let t = {apply}(f.s, i, j); f.slope *= {d}(f.s, t, i, j); f.s = t; }}\n"
+                    "    if ({on}) {{ let t = {apply}(f.s, i, j); f.slope *= {d}(f.s, t, i, j); f.pre = f.s; f.s = t; }}\n"
                 ));
                 any.push(on);
             }
@@ -340,14 +344,16 @@ fn score_chain(x: f32, i: u32, j: u32) -> f32 {{
 {chain}    return s;
 }}
 
-// A finished score and d(score)/dx at it.
+// A finished score, d(score)/dx at it, and the score the last transform took (the user's
+// score_mod is last: its argument, kept for a trainable tensor's gradient).
 struct Finished {{
     s: f32,
     slope: f32,
+    pre: f32,
 }}
 
 fn score_chain_slope(x: f32, i: u32, j: u32) -> Finished {{
-    var f = Finished(x, 1.0);
+    var f = Finished(x, 1.0, x);
 {slope}    return f;
 }}
 

@@ -30,6 +30,11 @@ pub enum Kernel {
     FlashBwdPreprocess,
     FlashBwdSinks,
     FlashBwdBias,
+    /// A trainable captured tensor's gradient, in parts (`shaders/flash_bwd_table.wgsl`).
+    FlashBwdTable,
+    /// The parts of a trainable tensor's gradient summed in order
+    /// (`shaders/flash_bwd_table_sum.wgsl`).
+    FlashBwdTableSum,
     Merge,
     FlashDecode,
     FlashDecodeOne,
@@ -120,7 +125,7 @@ use Access::{Read as R, ReadWrite as W};
 use BindType::{Elem as E, Vec2F32 as V2, Vec4F32 as V4, F32, U32};
 
 impl Kernel {
-    pub const ALL: [Kernel; 33] = [
+    pub const ALL: [Kernel; 35] = [
         Kernel::FlashBwdPreprocess,
         Kernel::Flash(Variant::Rows, Pass::Forward),
         Kernel::Flash(Variant::Rows, Pass::DkDv),
@@ -133,6 +138,8 @@ impl Kernel {
         Kernel::Flash(Variant::Coop, Pass::Dq),
         Kernel::FlashBwdSinks,
         Kernel::FlashBwdBias,
+        Kernel::FlashBwdTable,
+        Kernel::FlashBwdTableSum,
         Kernel::Merge,
         Kernel::FlashDecode,
         Kernel::FlashDecodeOne,
@@ -170,6 +177,8 @@ impl Kernel {
             Kernel::Flash(Variant::Coop, Pass::Dq) => "flash_bwd_dq_coop",
             Kernel::FlashBwdSinks => "flash_bwd_sinks",
             Kernel::FlashBwdBias => "flash_bwd_bias",
+            Kernel::FlashBwdTable => "flash_bwd_table",
+            Kernel::FlashBwdTableSum => "flash_bwd_table_sum",
             Kernel::Merge => "merge",
             Kernel::FlashDecode => "flash_decode",
             Kernel::FlashDecodeOne => "flash_decode_one",
@@ -226,6 +235,8 @@ impl Kernel {
             }
             Kernel::FlashBwdSinks => include_str!("../../shaders/flash_bwd_sinks.wgsl"),
             Kernel::FlashBwdBias => include_str!("../../shaders/flash_bwd_bias.wgsl"),
+            Kernel::FlashBwdTable => include_str!("../../shaders/flash_bwd_table.wgsl"),
+            Kernel::FlashBwdTableSum => include_str!("../../shaders/flash_bwd_table_sum.wgsl"),
             Kernel::Merge => include_str!("../../shaders/merge.wgsl"),
             Kernel::FlashDecode | Kernel::FlashDecodeOne => {
                 include_str!("../../shaders/flash_decode.wgsl")
@@ -280,6 +291,9 @@ impl Kernel {
             Kernel::Flash(_, Pass::Dq) => const { &[Q, K, V, D_OUT, LSE_DELTA, b("dq", E, W)] },
             Kernel::FlashBwdSinks => const { &[LSE_DELTA, b("d_sinks", F32, W)] },
             Kernel::FlashBwdBias => const { &[b("kept_grads", F32, R), b("d_bias", E, W)] },
+            // the kept gradients and scores (two words a pair) in, a part per workgroup out
+            Kernel::FlashBwdTable => const { &[b("kept_grads", F32, R), b("parts", F32, W)] },
+            Kernel::FlashBwdTableSum => const { &[b("parts", F32, R), b("d_table", F32, W)] },
             // one shard folded into the running merge: lse ping-pongs between two scratch
             // buffers (a binding cannot be read-only and read-write in one dispatch)
             Kernel::Merge => {
@@ -398,8 +412,8 @@ impl Kernel {
     }
 
     /// True when the kernel meets the gradient at every visited pair's finished score where
-    /// the bias's gradient can be kept (`keep_bias_grad`: the dQ kernels, the naive dS kernel).
-    pub fn keeps_bias_grads(self) -> bool {
+    /// the bias's gradient can be kept (`keep_grad`: the dQ kernels, the naive dS kernel).
+    pub fn keeps_grads(self) -> bool {
         matches!(self, Kernel::Flash(_, Pass::Dq) | Kernel::NaiveBwdDs)
     }
 
@@ -429,6 +443,8 @@ impl Kernel {
             Kernel::NaivePv | Kernel::NaiveBwdDq => CAUSAL | WINDOW,
             Kernel::NaiveBwdDkDv => CAUSAL | WINDOW | ALIBI | SINKS | SEQLENS | BLOCKS | MASK,
             Kernel::MaskBlocks => MASK_MOD,
+            // runs the user's score_mod (its derivative in the trainable tensor)
+            Kernel::FlashBwdTable => SCORE_MOD,
             _ => 0,
         };
         if self.applies_dropout() {
@@ -451,6 +467,8 @@ impl Kernel {
             self,
             Kernel::FlashBwdSinks
                 | Kernel::FlashBwdBias
+                | Kernel::FlashBwdTable
+                | Kernel::FlashBwdTableSum
                 | Kernel::Merge
                 | Kernel::NaiveSoftmax
                 | Kernel::Cast
@@ -534,6 +552,7 @@ impl Kernel {
                 | Kernel::MaskBlocks
                 | Kernel::FlashBwdPreprocess
                 | Kernel::FlashBwdBias
+                | Kernel::FlashBwdTableSum
                 | Kernel::Merge
                 | Kernel::FlashDecodeCombine
                 | Kernel::NaiveScores

@@ -87,10 +87,14 @@ pub struct KernelKey {
     /// and a wide one costs about what a scalar one does. Set by the decode plan where every
     /// row starts on a whole word (`plan::decode::wide_words`).
     pub wide: u32,
-    /// The kernel stores each pair's gradient at its finished score for the bias's gradient
-    /// (`keep_bias_grad`: the dQ kernels and the naive dS kernel of a call whose bias asks for
-    /// `d_bias`), into an f32 scratch bound after the pair data (`bias_grads_slot`).
-    pub bias_grad: bool,
+    /// The kernel stores each pair's gradient at its finished score (`keep_grad`: the dQ
+    /// kernels and the naive dS kernel of a call that asks for `d_bias` or `d_table`), into
+    /// an f32 scratch bound after the pair data (`kept_grads_slot`); the bias's gradient
+    /// reads it there (`KEPT_WORDS` words a pair).
+    pub keeps_grads: bool,
+    /// Beside each kept gradient, the score the user's `score_mod` took there (natural-log
+    /// units), for a trainable captured tensor's gradient (`d_table`): two words a pair.
+    pub keeps_scores: bool,
     /// A user's score modifier and mask (`AttentionConfig::score_mod`, `mask_mod`): their
     /// WGSL, appended to the source, where the kernel reads their bits and the call has one.
     pub user_code: Option<&'static str>,
@@ -117,7 +121,8 @@ impl KernelKey {
             runtime: 0,
             flags: 0,
             wide: 0,
-            bias_grad: false,
+            keeps_grads: false,
+            keeps_scores: false,
             subgroup: 0,
             accumulate: false,
             user_code: None,
@@ -144,7 +149,11 @@ impl KernelKey {
             super::flags::names(self.runtime),
             super::flags::names(self.flags),
             if self.wide > 0 { " wide" } else { "" },
-            if self.bias_grad { " bias_grad" } else { "" },
+            match (self.keeps_grads, self.keeps_scores) {
+                (_, true) => " keeps_grads_scores",
+                (true, false) => " keeps_grads",
+                _ => "",
+            },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" },
             self.user_code
@@ -200,14 +209,14 @@ impl KernelKey {
     }
 
     /// The binding slot of the bias gradients' scratch: after the pair data.
-    pub fn bias_grads_slot(&self) -> u32 {
+    pub fn kept_grads_slot(&self) -> u32 {
         self.pairs_slot() + self.uses_pairs() as u32
     }
 
     /// Storage bindings the pipeline declares: the kernel's, the pair data's and the bias
     /// gradients' scratch.
     pub fn storage_bindings(&self) -> u32 {
-        self.kernel.bindings().len() as u32 + self.uses_pairs() as u32 + self.bias_grad as u32
+        self.kernel.bindings().len() as u32 + self.uses_pairs() as u32 + self.keeps_grads as u32
     }
 
     /// True when binding `b` is read in whole 16-byte words (`wide`: the decode kernel's k
@@ -394,9 +403,11 @@ impl KernelKey {
     /// bias (as f32, from the key's dtype, two entries a word for halves), from the pair data
     /// (`Plan::pairs`), a read-only storage array of words; constant true and 0 for pipelines
     /// without them; `page_entry(k)`: entry k of a paged call's block table (0 without).
-    /// `keep_bias_grad(i, j, g)`: with `bias_grad`, stores pair (i, j)'s
-    /// gradient of the current head (`begin_head`) into the bias gradients' scratch, laid out
-    /// `[batch, heads_q, seq_q, seq_kv]` by the whole call's indices; nothing without.
+    /// `keep_grad(i, j, g, pre)`: with `keeps_grads`, stores pair (i, j)'s gradient g of the
+    /// current head (`begin_head`) into the kept gradients' scratch, laid out
+    /// `[batch, heads_q, seq_q, seq_kv]` by the whole call's indices, and with `keeps_scores`
+    /// beside it the score `pre` that `score_mod` took (exp2 domain, stored in natural-log
+    /// units); nothing without.
     fn pairs_wgsl(&self) -> String {
         let mut s = String::new();
         if self.uses_pairs() {
@@ -433,16 +444,25 @@ impl KernelKey {
         } else {
             "fn page_entry(k: u32) -> u32 { return 0u; }\n"
         });
-        if self.bias_grad {
+        // the bias's gradient reads the kept gradients too (flash_bwd_bias.wgsl)
+        let words = if self.keeps_scores { 2 } else { 1 };
+        let _ = writeln!(s, "const KEPT_WORDS: u32 = {words}u;");
+        if self.keeps_grads {
             let _ = writeln!(
                 s,
-                "@group(0) @binding({}) var<storage, read_write> bias_grads: array<f32>;\n\
-                 fn keep_bias_grad(i: u32, j: u32, g: f32) {{ if (i < params.seq_q && j < params.seq_kv) {{ \
-                 bias_grads[head_grads + (params.q_base + i) * params.mask_cols + params.kv_base + j] = g; }} }}",
-                self.bias_grads_slot()
+                "@group(0) @binding({}) var<storage, read_write> kept_grads: array<f32>;\n\
+                 fn keep_grad(i: u32, j: u32, g: f32, pre: f32) {{ if (i < params.seq_q && j < params.seq_kv) {{ \
+                 let at = (head_grads + (params.q_base + i) * params.mask_cols + params.kv_base + j) * KEPT_WORDS; \
+                 kept_grads[at] = g;{} }} }}",
+                self.kept_grads_slot(),
+                if self.keeps_scores {
+                    " kept_grads[at + 1u] = pre * LN2;"
+                } else {
+                    ""
+                }
             );
         } else {
-            s.push_str("fn keep_bias_grad(i: u32, j: u32, g: f32) {}\n");
+            s.push_str("fn keep_grad(i: u32, j: u32, g: f32, pre: f32) {}\n");
         }
         s
     }

@@ -30,9 +30,41 @@ use crate::error::Result;
 /// `score_mod_ds` and the twins it calls, as WGSL to append to `source` (the user's snippet;
 /// `stubs` declare its captured tensors' accessors after it for the parse).
 pub(crate) fn score_mod_ds(source: &str, stubs: &str) -> Result<String> {
+    let what = "score_mod WGSL (deriving score_mod_ds)";
+    let mut out = derive(source, stubs, what, None)?;
+    out.push_str(
+        "fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {\n    \
+         return score_mod__d(s, 1.0, b, h, i, j).y;\n}\n",
+    );
+    Ok(out)
+}
+
+/// The derivative of `score_mod` with respect to the entry of captured tensor `tensor` that
+/// it reads, as WGSL for the kernel of a trainable tensor's gradient (appended to the call's
+/// user code there, never to the snippet): `score_mod_dt(s, b, h, i, j) -> f32`, which also
+/// leaves the entry's index in the private `score_mod__read` (`0xffffffff` where no entry was
+/// read). Forward mode again, seeded at the read rather than at the score (twins
+/// `{name}__t`). The read must be one call in `score_mod`'s own body, outside loops, so
+/// that one index and one partial describe a pair: anything else is an `Error::UserCode`
+/// naming the line.
+pub(crate) fn score_mod_dt(source: &str, stubs: &str, tensor: &str) -> Result<String> {
+    let what = "score_mod WGSL (its trainable tensor's gradient)";
+    let mut out = String::from("var<private> score_mod__read: u32;\n");
+    out.push_str(&derive(source, stubs, what, Some(tensor))?);
+    out.push_str(
+        "fn score_mod_dt(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {\n    \
+         score_mod__read = 0xffffffffu;\n    \
+         return score_mod__t(s, 0.0, b, h, i, j).y;\n}\n",
+    );
+    Ok(out)
+}
+
+/// The twins of `score_mod` and the functions it reaches: seeded at the score (`seed`
+/// `None`, twins `{name}__d`) or at the one read of captured tensor `seed` (twins
+/// `{name}__t`).
+fn derive(source: &str, stubs: &str, what: &str, seed: Option<&str>) -> Result<String> {
     let whole = format!("{source}\n{stubs}");
     let lines = source.lines().count();
-    let what = "score_mod WGSL (deriving score_mod_ds)";
     let at = |span: naga::Span| {
         Some(span.location(&whole).line_number as usize).filter(|&l| l <= lines && l > 0)
     };
@@ -49,20 +81,39 @@ pub(crate) fn score_mod_ds(source: &str, stubs: &str) -> Result<String> {
     )
     .validate(&module)
     .map_err(|e| user_error(what, None, e.as_inner().to_string()))?;
-    let Some((root, _)) = module
-        .functions
-        .iter()
-        .find(|(_, f)| f.name.as_deref() == Some("score_mod"))
-    else {
+    let find = |name: &str| {
+        module
+            .functions
+            .iter()
+            .find(|(_, f)| f.name.as_deref() == Some(name))
+            .map(|(h, _)| h)
+    };
+    let Some(root) = find("score_mod") else {
         return Err(user_error(
             what,
             None,
             "expected `fn score_mod(..)`, found none".into(),
         ));
     };
+    let seed = match seed {
+        None => None,
+        Some(name) => {
+            let Some(accessor) = find(name) else {
+                return Err(user_error(
+                    what,
+                    None,
+                    format!("expected a captured tensor named `{name}`, found none"),
+                ));
+            };
+            one_read(&module, root, accessor, name)
+                .map_err(|(span, msg)| user_error(what, span.and_then(at), msg))?;
+            Some(accessor)
+        }
+    };
     let mut d = Deriver {
         module: &module,
         info: &info,
+        seed,
         done: HashSet::new(),
         queue: vec![root],
         out: String::new(),
@@ -70,17 +121,91 @@ pub(crate) fn score_mod_ds(source: &str, stubs: &str) -> Result<String> {
     while let Some(f) = d.queue.pop() {
         if d.done.insert(f) {
             d.twin(f).map_err(|(span, msg)| {
-                let msg = format!("{msg}; write score_mod_ds by hand to use it");
+                let msg = match seed {
+                    None => format!("{msg}; write score_mod_ds by hand to use it"),
+                    Some(_) => msg,
+                };
                 user_error(what, span.and_then(at), msg)
             })?;
         }
     }
-    let mut out = d.out;
-    out.push_str(
-        "fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {\n    \
-         return score_mod__d(s, 1.0, b, h, i, j).y;\n}\n",
-    );
-    Ok(out)
+    Ok(d.out)
+}
+
+/// Checks that `score_mod` (`root`) reads the captured tensor `accessor` exactly once, in its
+/// own body and outside loops: where the read is in a helper or a loop, or is two calls, one
+/// pair could read several entries, which one partial cannot describe.
+fn one_read(
+    module: &Module,
+    root: Handle<naga::Function>,
+    accessor: Handle<naga::Function>,
+    name: &str,
+) -> std::result::Result<(), Fail> {
+    /// The calls in `b`: (callee, where, in a loop).
+    fn scan(
+        b: &naga::Block,
+        in_loop: bool,
+        out: &mut Vec<(Handle<naga::Function>, naga::Span, bool)>,
+    ) {
+        use naga::Statement as S;
+        for (st, span) in b.span_iter() {
+            match st {
+                S::Block(inner) => scan(inner, in_loop, out),
+                S::If { accept, reject, .. } => {
+                    scan(accept, in_loop, out);
+                    scan(reject, in_loop, out);
+                }
+                S::Switch { cases, .. } => {
+                    for c in cases {
+                        scan(&c.body, in_loop, out);
+                    }
+                }
+                S::Loop {
+                    body, continuing, ..
+                } => {
+                    scan(body, true, out);
+                    scan(continuing, true, out);
+                }
+                S::Call { function, .. } => out.push((*function, *span, in_loop)),
+                _ => {}
+            }
+        }
+    }
+    let rule = "a trainable tensor is read once, in score_mod itself and outside loops, so \
+                that a pair reads one entry";
+    // the functions score_mod reaches (not the snippet's score_mod_ds and its twins)
+    let (mut seen, mut queue) = (HashSet::from([root]), vec![root]);
+    let mut own = Vec::new();
+    while let Some(fh) = queue.pop() {
+        let mut calls = Vec::new();
+        scan(&module.functions[fh].body, false, &mut calls);
+        let f = &module.functions[fh];
+        queue.extend(
+            calls
+                .iter()
+                .map(|c| c.0)
+                .filter(|&c| c != accessor && seen.insert(c)),
+        );
+        let reads: Vec<(naga::Span, bool)> = calls
+            .iter()
+            .filter(|c| c.0 == accessor)
+            .map(|c| (c.1, c.2))
+            .collect();
+        if fh != root {
+            if let Some(&(span, _)) = reads.first() {
+                let helper = f.name.as_deref().unwrap_or("a helper");
+                return Err((Some(span), format!("`{helper}` reads `{name}`: {rule}")));
+            }
+        } else {
+            own = reads;
+        }
+    }
+    match own.as_slice() {
+        [] => Err((None, format!("score_mod never reads `{name}`"))),
+        [(span, true), ..] => Err((Some(*span), format!("`{name}` is read in a loop: {rule}"))),
+        [_, (span, _), ..] => Err((Some(*span), format!("`{name}` is read twice: {rule}"))),
+        [_] => Ok(()),
+    }
 }
 
 use super::ir_walk::{self, Fail};
@@ -88,6 +213,8 @@ use super::ir_walk::{self, Fail};
 struct Deriver<'a> {
     module: &'a Module,
     info: &'a naga::valid::ModuleInfo,
+    /// The captured tensor's accessor the twins are seeded at (`None`: the score).
+    seed: Option<Handle<naga::Function>>,
     done: HashSet<Handle<naga::Function>>,
     queue: Vec<Handle<naga::Function>>,
     out: String,
@@ -96,6 +223,7 @@ struct Deriver<'a> {
 /// One function's twin being written.
 struct Twin<'a> {
     module: &'a Module,
+    seed: Option<Handle<naga::Function>>,
     f: &'a naga::Function,
     fi: &'a naga::valid::FunctionInfo,
     /// Expressions whose derivative is zero (or that have none).
@@ -105,6 +233,15 @@ struct Twin<'a> {
     /// The names of call results: `r{n}`, a `vec2` for twins.
     results: HashMap<Handle<naga::Expression>, (String, bool)>,
     body: String,
+}
+
+/// The twins' suffix: `__d` seeded at the score, `__t` at a captured tensor's read.
+fn suffix(seed: Option<Handle<naga::Function>>) -> &'static str {
+    if seed.is_some() {
+        "__t"
+    } else {
+        "__d"
+    }
 }
 
 fn scalar_name(s: Scalar) -> Option<&'static str> {
@@ -135,6 +272,7 @@ impl Deriver<'_> {
         }
         let mut t = Twin {
             module,
+            seed: self.seed,
             f,
             fi: &info[fh],
             zero: HashSet::new(),
@@ -175,7 +313,8 @@ impl Deriver<'_> {
         ir_walk::block(&mut t, &f.body, 1)?;
         let _ = writeln!(
             self.out,
-            "fn {name}__d({}) -> vec2<f32> {{\n{}}}",
+            "fn {name}{}({}) -> vec2<f32> {{\n{}}}",
+            suffix(self.seed),
             params.join(", "),
             t.body
         );
@@ -551,6 +690,21 @@ impl ir_walk::Target for Twin<'_> {
     ) -> std::result::Result<(), Fail> {
         let callee = &self.module.functions[function];
         let name = callee.name.clone().unwrap_or_default();
+        if Some(function) == self.seed {
+            // the read the twins are seeded at (one, in score_mod: `one_read`): its value,
+            // a derivative of 1, and its index kept for the gradient's kernel
+            let (Some(r), [index]) = (result, arguments) else {
+                return Err((None, format!("`{name}` is called without its index")));
+            };
+            let index = Twin::value(self, *index)?;
+            let n = format!("r{}", r.index());
+            let _ = writeln!(
+                self.body,
+                "{pad}let {n} = vec2<f32>({name}({index}), 1.0);\n{pad}score_mod__read = {index};"
+            );
+            self.results.insert(r, (n, true));
+            return Ok(());
+        }
         let returns_f32 = callee
             .result
             .as_ref()
@@ -566,7 +720,7 @@ impl ir_walk::Target for Twin<'_> {
         }
         let callee_name = if twin {
             self.calls.push(function);
-            format!("{name}__d")
+            format!("{name}{}", suffix(self.seed))
         } else {
             name
         };

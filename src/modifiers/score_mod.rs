@@ -64,7 +64,23 @@ pub struct ScoreMod {
     /// The caller's CUDA C (`with_cuda`); without it the WGSL's translation is asked for.
     cuda: Option<&'static str>,
     host: Option<(HostScoreFn, HostScoreFn)>,
+    trainable: Option<Trainable>,
 }
+
+/// A captured tensor whose gradient the backward returns ([`ScoreMod::with_trainable`]).
+#[derive(Clone)]
+pub(crate) struct Trainable {
+    /// Its place in [`ScoreMod::captured`].
+    pub index: usize,
+    /// `score_mod_dt` and its twins (module `derive`), for the gradient's kernel.
+    pub wgsl: &'static str,
+    /// The host function of `with_table_reference`, for the f64 reference.
+    pub host: Option<HostTableFn>,
+}
+
+/// A host function of (score, batch, query head, query row, key) giving the index of the
+/// trainable tensor's entry that `score_mod` reads there and d score_mod / d entry.
+pub type HostTableFn = Arc<dyn Fn(f64, usize, usize, usize, usize) -> (usize, f64) + Send + Sync>;
 
 impl ScoreMod {
     /// A modifier from its WGSL (the module's two functions and any helpers), checked: a
@@ -92,7 +108,93 @@ impl ScoreMod {
             code: Snippet::new("score_mod", &source, captured, &REQUIRED)?,
             cuda: None,
             host: None,
+            trainable: None,
         })
+    }
+
+    /// Marks captured tensor `name` trainable: the backward then also returns its gradient
+    /// (`Gradients::d_table`, f32, the tensor's length), the sum over every visible pair of
+    /// the gradient at its finished score times d score_mod / d entry, summed in a fixed
+    /// order (run to run the same bits) in f32. The partial is derived from the WGSL (forward
+    /// mode, module `derive`), so `score_mod` must read the tensor once, in its own body and
+    /// outside loops (a pair then reads one entry); anything else, a name that is not
+    /// captured, or a second trainable tensor is an `Error::UserCode` here. The wasm32 build
+    /// has no naga to derive it with (the same error there). CUDA: `Unsupported`
+    /// (docs/CUDA.md).
+    pub fn with_trainable(mut self, name: &str) -> Result<ScoreMod> {
+        let what = format!("score_mod trainable tensor `{name}`");
+        let Some(index) = self.captured().iter().position(|(n, _)| n == name) else {
+            let names: Vec<&str> = self.captured().iter().map(|(n, _)| n.as_str()).collect();
+            return Err(user_code::user_error(
+                &what,
+                None,
+                format!("expected one of the captured tensors {names:?}, found `{name}`"),
+            ));
+        };
+        if let Some(t) = &self.trainable {
+            return Err(user_code::user_error(
+                &what,
+                None,
+                format!(
+                    "one captured tensor is trainable per modifier, and `{}` already is",
+                    self.captured()[t.index].0
+                ),
+            ));
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            static DONE: user_code::Memo<&'static str> = std::sync::OnceLock::new();
+            let mut names: Vec<&str> = self.captured().iter().map(|(n, _)| n.as_str()).collect();
+            names.push(name);
+            let captured = self.code.captured.clone();
+            let wgsl = user_code::memo(&DONE, self.code.source, &names, || {
+                let (_, stubs) = user_code::accessors(&captured, 0);
+                super::derive::score_mod_dt(self.code.source, &stubs, name)
+                    .map(|w| user_code::intern(&w))
+            })?;
+            self.trainable = Some(Trainable {
+                index,
+                wgsl,
+                host: None,
+            });
+            Ok(self)
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = index;
+            Err(user_code::user_error(
+                &what,
+                None,
+                "the wasm32 build cannot derive d score_mod / d entry (it has no naga)".into(),
+            ))
+        }
+    }
+
+    /// For a trainable tensor ([`with_trainable`](Self::with_trainable)), a host function
+    /// giving, at (score, batch, query head, query row, key), the index of the entry
+    /// `score_mod` reads and d score_mod / d entry, which the f64 reference sums into
+    /// `d_table`; without it the reference gives NaN there. Does nothing without a trainable
+    /// tensor.
+    pub fn with_table_reference(
+        mut self,
+        partial: impl Fn(f64, usize, usize, usize, usize) -> (usize, f64) + Send + Sync + 'static,
+    ) -> ScoreMod {
+        if let Some(t) = &mut self.trainable {
+            t.host = Some(Arc::new(partial));
+        }
+        self
+    }
+
+    /// The trainable captured tensor's name, if one is.
+    pub fn trainable(&self) -> Option<&str> {
+        self.trainable
+            .as_ref()
+            .map(|t| self.captured()[t.index].0.as_str())
+    }
+
+    /// The trainable tensor's kernel side and reference.
+    pub(crate) fn trainable_parts(&self) -> Option<&Trainable> {
+        self.trainable.as_ref()
     }
 
     /// The same functions as CUDA C, for the CUDA backend:
@@ -195,7 +297,9 @@ impl PartialEq for ScoreMod {
     /// Two modifiers are equal when their code and captured tensors are (the host functions
     /// are not compared).
     fn eq(&self, other: &ScoreMod) -> bool {
-        self.code == other.code && self.cuda == other.cuda
+        self.code == other.code
+            && self.cuda == other.cuda
+            && self.trainable.as_ref().map(|t| t.index) == other.trainable.as_ref().map(|t| t.index)
     }
 }
 
@@ -205,6 +309,7 @@ impl fmt::Debug for ScoreMod {
             .field("code", &self.code)
             .field("cuda", &self.cuda)
             .field("host", &self.host.is_some())
+            .field("trainable", &self.trainable())
             .finish()
     }
 }
@@ -229,6 +334,51 @@ fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
             Error::UserCode { line, message, .. } => (line, message),
             e => panic!("expected UserCode, got {e:?}"),
         }
+    }
+
+    #[test]
+    fn a_trainable_tensor_is_read_once_in_score_mod_outside_loops() {
+        let make = |body: &str| {
+            ScoreMod::wgsl_with(
+                &format!(
+                    "fn helper(h: u32) -> f32 {{ return t(h); }}\n\
+                     fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {{\n{body}\n}}"
+                ),
+                [("t", vec![0.5; 4]), ("u", vec![1.0; 4])],
+            )
+            .unwrap()
+        };
+        // one read, also under an `if`, is taken; its partial is derived
+        let ok = make("    if (i > j) { return s + t(h); }\n    return s * u(h);");
+        let ok = ok.with_trainable("t").unwrap();
+        assert_eq!(ok.trainable(), Some("t"));
+        assert!(ok
+            .trainable_parts()
+            .unwrap()
+            .wgsl
+            .contains("fn score_mod_dt("));
+        for (body, name, line, says) in [
+            ("    return s + t(h) * t(i);", "t", Some(3), "read twice"),
+            (
+                "    var a = s;\n    for (var k = 0u; k < 2u; k++) { a += t(k); }\n    return a;",
+                "t",
+                Some(4),
+                "in a loop",
+            ),
+            ("    return s + helper(h);", "t", Some(1), "`helper` reads"),
+            ("    return s + u(h);", "t", None, "never reads"),
+            ("    return s + t(h);", "w", None, "captured tensors"),
+        ] {
+            let (l, message) = line_of(make(body).with_trainable(name).unwrap_err());
+            assert_eq!(l, line, "{body}: {message}");
+            assert!(message.contains(says), "{body}: {message}");
+        }
+        // one trainable tensor per modifier
+        let two = make("    return s * u(h) + t(h);")
+            .with_trainable("t")
+            .unwrap();
+        let (_, message) = line_of(two.with_trainable("u").unwrap_err());
+        assert!(message.contains("already"), "{message}");
     }
 
     #[test]

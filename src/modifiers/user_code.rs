@@ -188,7 +188,8 @@ pub(crate) fn host_keys() -> Vec<KernelKey> {
         let base = KernelKey {
             runtime: flags::every(),
             elem: ElemFormat::F16Native,
-            bias_grad: true,
+            keeps_grads: kernel.keeps_grads(),
+            keeps_scores: kernel.keeps_grads(),
             ..KernelKey::plain(kernel)
         };
         for subgroup in [0, 8] {
@@ -652,7 +653,7 @@ fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s; }";
                 assert!(reserved(b.name), "{k:?}: binding `{}`", b.name);
             }
         }
-        for name in ["params", "extras", "pair_data", "bias_grads"] {
+        for name in ["params", "extras", "pair_data", "kept_grads"] {
             assert!(reserved(name), "`{name}`");
         }
     }

@@ -13,9 +13,9 @@ use crate::kernels::{Kernel, Params, Tiles};
 use super::backward_buffers::{DK, DQ, DV, D_OUT, D_SINKS, K, LSE, LSE_DELTA, OUT, Q, V};
 use BufRef::{Output, Scratch};
 
-/// Plans `dq, dk, dv` (and, with sinks, `d_sinks`; with a bias that asks for it, `d_bias`)
-/// from q, k, v, out, lse (f32) and d_out. dq, dk, dv and d_bias take the inputs' dtype;
-/// d_sinks is f32.
+/// Plans `dq, dk, dv` (and, with sinks, `d_sinks`; with a bias that asks for it, `d_bias`;
+/// with a trainable captured tensor, `d_table`) from q, k, v, out, lse (f32) and d_out. dq,
+/// dk, dv and d_bias take the inputs' dtype; d_sinks and d_table are f32.
 pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Plan> {
     let route = route::backward(cfg, dtype, env)?;
     let mut plan = passes(cfg, dtype, env, route)?;
@@ -36,23 +36,14 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
             workgroups: cfg.heads_q as u32,
         });
     }
+    let table = cfg.score_mod.as_ref().and_then(|m| m.trainable_parts());
     if let Some(bias) = cfg.bias.as_ref().filter(|b| b.grad) {
         // the dQ kernels (or the naive dS kernel) keep every pair's gradient at its finished
         // score in an f32 scratch [batch, heads_q, seq_q, seq_kv] (bound whole: past one
         // binding it is a DeviceLimit naming it); one invocation per bias entry then sums the
         // slices it reaches into d_bias
-        let grads = plan.scratch.len();
-        plan.scratch.push(ScratchSpec {
-            label: "bias gradients (f32, batch x heads_q x seq_q x seq_kv)",
-            bytes: [cfg.batch, cfg.heads_q, cfg.seq_q, cfg.seq_kv, 4]
-                .iter()
-                .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
-                .unwrap_or(u64::MAX),
-        });
-        plan.bias_grads = Some(grads);
-        for s in &mut plan.steps {
-            s.key.bias_grad = s.key.kernel.keeps_bias_grads();
-        }
+        let grads = kept_grads(&mut plan, cfg, table.is_some());
+        plan.kept_grads = Some(grads);
         let d_bias = Output(plan.outputs.len());
         plan.outputs.push(OutputSpec {
             role: TensorRole::DBias,
@@ -61,16 +52,122 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
         });
         let mut params = Params::from_config(cfg);
         params.total_items = bias.len() as u32;
+        let mut k = key(Kernel::FlashBwdBias, cfg, Tiles::ONE, dtype, env);
+        // the kept scores of a trainable tensor sit between the gradients (`KEPT_WORDS`)
+        k.keeps_scores = table.is_some();
         plan.steps.push(Step {
-            key: key(Kernel::FlashBwdBias, cfg, Tiles::ONE, dtype, env),
+            key: k,
             params,
             buffers: vec![Scratch(grads), d_bias],
             windows: Vec::new(),
             workgroups: bias.len().div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
         });
     }
+    if let (Some(t), Some(m)) = (table, cfg.score_mod.as_ref()) {
+        let grads = kept_grads(&mut plan, cfg, true);
+        table_steps(&mut plan, cfg, env, (t, m), grads);
+    }
     plan.attach_extras(cfg)?;
     Ok(plan)
+}
+
+/// The scratch where the dQ kernels (or the naive dS kernel) keep every pair's gradient at
+/// its finished score, f32 [batch, heads_q, seq_q, seq_kv], and with `scores` the score
+/// score_mod took beside each (two words a pair), for d_bias and d_table (bound whole: past
+/// one binding it is a DeviceLimit naming it); made once, the keeping steps marked.
+fn kept_grads(plan: &mut Plan, cfg: &AttentionConfig, scores: bool) -> usize {
+    if let Some(grads) = plan.kept_grads {
+        return grads;
+    }
+    let grads = plan.scratch.len();
+    plan.scratch.push(ScratchSpec {
+        label: if scores {
+            "kept gradients and scores (f32, 2 x batch x heads_q x seq_q x seq_kv)"
+        } else {
+            "bias gradients (f32, batch x heads_q x seq_q x seq_kv)"
+        },
+        bytes: [
+            cfg.batch,
+            cfg.heads_q,
+            cfg.seq_q,
+            cfg.seq_kv,
+            4 << scores as usize,
+        ]
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+        .unwrap_or(u64::MAX),
+    });
+    plan.kept_grads = Some(grads);
+    for s in &mut plan.steps {
+        s.key.keeps_grads = s.key.kernel.keeps_grads();
+        s.key.keeps_scores = scores && s.key.keeps_grads;
+    }
+    grads
+}
+
+/// Pairs a workgroup of the trainable tensor's gradient sums at most: with fewer, up to
+/// `TABLE_PARTS` parts (a fixed count for a shape, so the sums' order is too).
+const TABLE_PAIRS_PER_PART: usize = 4096;
+/// Parts of a trainable tensor's gradient at most, and their words at most in all.
+const TABLE_PARTS: usize = 256;
+const TABLE_PART_WORDS: usize = 1 << 22;
+/// Entries a workgroup holds (`SLAB` in shaders/flash_bwd_table.wgsl).
+const TABLE_SLAB: usize = 2048;
+
+/// d_table: a part per workgroup of the pairs into each slab of entries
+/// (`Kernel::FlashBwdTable`, which runs `score_mod_dt` on the kept gradient and score of each
+/// pair), then the parts summed in order (`Kernel::FlashBwdTableSum`).
+fn table_steps(
+    plan: &mut Plan,
+    cfg: &AttentionConfig,
+    env: &PlanEnv,
+    (table, score_mod): (&crate::modifiers::score_mod::Trainable, &crate::ScoreMod),
+    grads: usize,
+) {
+    let len = score_mod.captured()[table.index].1.len();
+    let pairs = cfg.batch * cfg.heads_q * cfg.seq_q * cfg.seq_kv;
+    let parts = pairs
+        .div_ceil(TABLE_PAIRS_PER_PART)
+        .min(TABLE_PARTS)
+        .min((TABLE_PART_WORDS / len).max(1))
+        .max(1);
+    let per_part = pairs.div_ceil(parts).next_multiple_of(64);
+    let slabs = len.div_ceil(TABLE_SLAB);
+    let parts_buf = plan.scratch.len();
+    plan.scratch.push(ScratchSpec {
+        label: "trainable tensor's gradient in parts (f32, parts x entries)",
+        bytes: (parts * len * 4) as u64,
+    });
+    let mut params = Params::from_config(cfg);
+    params.total_items = len as u32;
+    params.splits = parts as u32;
+    params.split_keys = per_part as u32;
+    params.total_wg = (parts * slabs) as u32;
+    let mut k = key(Kernel::FlashBwdTable, cfg, Tiles::ONE, DType::F32, env);
+    // this kernel's pipelines alone take the derivative in the tensor
+    k.user_code = k
+        .user_code
+        .map(|u| crate::modifiers::user_code::intern(&format!("{u}\n{}", table.wgsl)));
+    plan.steps.push(Step {
+        key: k,
+        params,
+        buffers: vec![Scratch(grads), Scratch(parts_buf)],
+        windows: Vec::new(),
+        workgroups: params.total_wg,
+    });
+    let d_table = Output(plan.outputs.len());
+    plan.outputs.push(OutputSpec {
+        role: TensorRole::DTable,
+        shape: vec![len],
+        dtype: DType::F32,
+    });
+    plan.steps.push(Step {
+        key: key(Kernel::FlashBwdTableSum, cfg, Tiles::ONE, DType::F32, env),
+        params,
+        buffers: vec![Scratch(parts_buf), d_table],
+        windows: Vec::new(),
+        workgroups: len.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
+    });
 }
 
 /// The preprocess (delta) and the dq, dk, dv passes, on the route's path.
@@ -108,7 +205,7 @@ fn passes(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv, route: Route) -> R
         steps: Vec::new(),
         extras: Vec::new(),
         pairs: Vec::new(),
-        bias_grads: None,
+        kept_grads: None,
         copies: Vec::new(),
     };
     let preprocess = |plan: &mut Plan| {

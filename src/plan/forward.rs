@@ -33,7 +33,7 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
         steps: Vec::new(),
         extras: Vec::new(),
         pairs: Vec::new(),
-        bias_grads: None,
+        kept_grads: None,
         copies: Vec::new(),
     };
     match route {

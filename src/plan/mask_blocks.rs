@@ -42,7 +42,7 @@ pub fn mask_blocks(
         scratch: Vec::new(),
         extras: Vec::new(),
         pairs: Vec::new(),
-        bias_grads: None,
+        kept_grads: None,
         copies: Vec::new(),
         steps: vec![Step {
             key,

@@ -89,7 +89,7 @@ pub fn merge(out_shape: [usize; 4], shards: usize, dtype: DType, env: &PlanEnv) 
         steps,
         extras: Vec::new(),
         pairs: Vec::new(),
-        bias_grads: None,
+        kept_grads: None,
         copies: Vec::new(),
     })
 }

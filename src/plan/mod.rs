@@ -122,7 +122,7 @@ pub struct Plan {
     /// The scratch buffer (its index) where the steps with `KernelKey::bias_grad` keep each
     /// pair's gradient for d_bias, bound after the pair data; `None` unless d_bias is asked
     /// for.
-    pub bias_grads: Option<usize>,
+    pub kept_grads: Option<usize>,
     /// Buffer-to-buffer copies recorded before the first step, in order (a KV cache's
     /// append: `Context::forward_with_kvcache`). Replays (`Plan::replay`) do not carry them.
     pub copies: Vec<BufferCopy>,
@@ -170,12 +170,12 @@ impl Plan {
         if self.pairs.is_empty() && self.steps.iter().any(|s| s.key.uses_pairs()) {
             self.pairs = vec![0];
         }
-        let bias_grads = self.bias_grads.map(BufRef::Scratch);
+        let kept_grads = self.kept_grads.map(BufRef::Scratch);
         for s in &mut self.steps {
             for r in [
                 s.key.uses_extras().then_some(BufRef::Extras),
                 s.key.uses_pairs().then_some(BufRef::Pairs),
-                bias_grads.filter(|_| s.key.bias_grad),
+                kept_grads.filter(|_| s.key.keeps_grads),
             ]
             .into_iter()
             .flatten()
@@ -274,7 +274,7 @@ pub fn cast(shape: &[usize], dtype: DType, env: &PlanEnv) -> Plan {
         scratch: Vec::new(),
         extras: Vec::new(),
         pairs: Vec::new(),
-        bias_grads: None,
+        kept_grads: None,
         copies: Vec::new(),
         steps: vec![Step {
             key,

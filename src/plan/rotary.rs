@@ -50,7 +50,7 @@ pub fn rotary(
         scratch: Vec::new(),
         extras: Vec::new(),
         pairs: positions.start.iter().map(|&p| p as u32).collect(),
-        bias_grads: None,
+        kept_grads: None,
         copies: Vec::new(),
         steps: (n > 0)
             .then(|| Step {

@@ -97,7 +97,8 @@ pub(crate) fn key(
         // set by the decode plan where K/V rows start on whole words
         wide: 0,
         // set by the backward plan where d_bias is asked for
-        bias_grad: false,
+        keeps_grads: false,
+        keeps_scores: false,
         subgroup: if kernel.is_rows_variant() {
             env.tuning.rows_subgroup
         } else {

@@ -135,6 +135,23 @@ pub(crate) fn reference_chain(cfg: &AttentionConfig, at: Pair, x: f64) -> (f64, 
     (s, slope)
 }
 
+/// The score the user's `score_mod` takes at pair `at` from raw score x: the chain before it
+/// (it is the chain's last transform), for a trainable tensor's reference gradient.
+pub(crate) fn reference_before_score_mod(cfg: &AttentionConfig, at: Pair, x: f64) -> f64 {
+    let mut s = x;
+    for m in ALL.iter().filter(|m| (m.active)(cfg)) {
+        if std::ptr::eq(m.hooks, &hooks::SCORE_MOD) {
+            break;
+        }
+        match m.reference {
+            Reference::None => {}
+            Reference::Transform { value, .. } => s = value(cfg, at, s),
+            Reference::Term(term) => s += term(cfg, at),
+        }
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

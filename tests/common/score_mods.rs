@@ -131,6 +131,66 @@ fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
     )
 }
 
+/// T5's buckets of `t5` (the same WGSL, so the same forward pipelines) with the table
+/// trainable: the backward also returns `d_table`; the reference's partial is 1 at the entry
+/// of the pair's (head, bucket).
+pub fn t5_trainable(heads: usize, table: Vec<f32>) -> ScoreMod {
+    t5(heads, table)
+        .with_trainable("t5_bias")
+        .unwrap()
+        .with_table_reference(|_, _, h, i, j| (h * 16 + t5_bucket(i, j), 1.0))
+}
+
+/// The bucket of `t5`'s WGSL for row i and key j.
+pub fn t5_bucket(i: usize, j: usize) -> usize {
+    let rel = j as i64 - i as i64;
+    let side = if rel > 0 { 8 } else { 0 };
+    let n = rel.unsigned_abs() as usize;
+    side + match n {
+        0..=3 => n,
+        4..=7 => 4,
+        8..=15 => 5,
+        16..=31 => 6,
+        _ => 7,
+    }
+}
+
+/// Learnable ALiBi-style slopes (`[heads]`) and a per-(head, key) gain (`[heads, keys]`), two
+/// captured tensors of one WGSL text, so that both share their attention pipelines; `which`
+/// ("slope" or "gain") is trainable. The slope's partial is -|j - i| / 8; the gain's is the
+/// score itself, so its gradient checks the score the kernels keep for it.
+pub fn slope_and_gain(keys: usize, slope: Vec<f32>, gain: Vec<f32>, which: &str) -> ScoreMod {
+    assert_eq!(gain.len(), slope.len() * keys);
+    let (hs, hg) = (slope.clone(), gain.clone());
+    let dg = gain.clone();
+    let m = ScoreMod::wgsl_with(
+        &format!(
+            "
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {{
+    let d = f32(abs(i32(j) - i32(i)));
+    return s * gain(h * {keys}u + j) - slope(h) * d * 0.125;
+}}
+"
+        ),
+        [("slope", slope), ("gain", gain)],
+    )
+    .unwrap()
+    .with_reference(
+        move |s, _, h, i, j| {
+            s * hg[h * keys + j] as f64 - hs[h] as f64 * (j as f64 - i as f64).abs() * 0.125
+        },
+        move |_, _, h, _, j| dg[h * keys + j] as f64,
+    )
+    .with_trainable(which)
+    .unwrap();
+    match which {
+        "slope" => {
+            m.with_table_reference(|_, _, h, i, j| (h, -(j as f64 - i as f64).abs() * 0.125))
+        }
+        _ => m.with_table_reference(move |s, _, h, _, j| (h * keys + j, s)),
+    }
+}
+
 /// A document mask: pair (i, j) takes part when row i and key j lie in the same document, the
 /// documents given as one id per position in a captured tensor `doc_id`.
 pub fn documents(doc_id: Vec<f32>) -> flash_attn_wgpu::MaskMod {

@@ -29,5 +29,6 @@ mod nonfinite;
 mod paged;
 mod score_mod;
 mod split;
+mod trainable;
 mod variants;
 mod views;
