@@ -9,8 +9,9 @@
 // of 64, in order) into the entries of slab w / params.splits (SLAB entries of the table's
 // params.total_items), held in workgroup memory; parts[part * total_items + entry] gets them.
 // Within a workgroup each entry has one owner invocation, which adds a batch of 64 pairs'
-// contributions in the pairs' order: every sum has a fixed order (no atomics), so the bits are
-// the same run to run; flash_bwd_table_sum.wgsl adds the parts in order.
+// contributions in the pairs' order (a batch of one entry: their sum in order): every sum has
+// a fixed order (no float atomics), so the bits are the same run to run;
+// flash_bwd_table_sum.wgsl adds the parts in order.
 // Bindings 1..: declared by the generated prelude from Kernel::bindings (src/kernels/mod.rs).
 
 const SLAB: u32 = 2048u;
@@ -19,6 +20,9 @@ const NONE: u32 = 0xffffffffu;
 var<workgroup> acc: array<f32, SLAB>;
 var<workgroup> batch_entry: array<u32, 64>;
 var<workgroup> batch_value: array<f32, 64>;
+// per batch parity: its least entry and its greatest one other than NONE
+var<workgroup> least: array<atomic<u32>, 2>;
+var<workgroup> greatest: array<atomic<u32>, 2>;
 
 @compute @workgroup_size(64)
 fn main(
@@ -36,6 +40,11 @@ fn main(
     for (var e = t; e < SLAB; e += 64u) {
         acc[e] = 0.0;
     }
+    if (t == 0u) {
+        atomicStore(&least[0], NONE);
+        atomicStore(&greatest[0], 0u);
+    }
+    workgroupBarrier();
     let grid = params.seq_q * params.seq_kv;
     let pairs = params.batch * params.heads_q * grid;
     let first = part * params.split_keys;
@@ -61,12 +70,38 @@ fn main(
         }
         batch_entry[t] = entry;
         batch_value[t] = value;
+        // the batch's entries, least and greatest (NONE ignored by the greatest): a batch that
+        // reads one entry (a per-head slope, T5's far buckets) is summed by one invocation, one
+        // that reads none (hidden pairs) skipped; atomics on integers, so the same bits
+        let parity = (base / 64u) & 1u;
+        atomicMin(&least[parity], entry);
+        atomicMax(&greatest[parity], select(entry, 0u, entry == NONE));
         workgroupBarrier();
-        for (var k = 0u; k < 64u; k++) {
-            // an entry below the slab wraps past it
-            let e = batch_entry[k] - lo;
-            if (e < entries && e % 64u == t) {
-                acc[e] += batch_value[k];
+        let lo_e = atomicLoad(&least[parity]);
+        let hi_e = atomicLoad(&greatest[parity]);
+        if (t == 0u) {
+            // the next batch's pair, untouched until the barrier below
+            atomicStore(&least[parity ^ 1u], NONE);
+            atomicStore(&greatest[parity ^ 1u], 0u);
+        }
+        if (lo_e != NONE) {
+            if (lo_e == hi_e) {
+                let e = lo_e - lo;
+                if (t == 0u && e < entries) {
+                    var sum = 0.0;
+                    for (var k = 0u; k < 64u; k++) {
+                        sum += batch_value[k];
+                    }
+                    acc[e] += sum;
+                }
+            } else {
+                for (var k = 0u; k < 64u; k++) {
+                    // an entry below the slab wraps past it
+                    let e = batch_entry[k] - lo;
+                    if (e < entries && e % 64u == t) {
+                        acc[e] += batch_value[k];
+                    }
+                }
             }
         }
         workgroupBarrier();

@@ -1,0 +1,112 @@
+//! What a trainable captured tensor costs (issue 52's goal: forward + backward at most 1.3x
+//! the same call with the tensor frozen): T5's relative buckets as a user modifier, its
+//! [H, 16] table frozen and trainable (`ScoreMod::with_trainable`, which adds `d_table`: the
+//! dQ kernel keeps each pair's gradient and score, 8 bytes a pair, and two kernels sum them),
+//! causal, B = 1, H = 8, D = 64, N = 1024 by default (N = 2048 keeps 256 MiB, past lavapipe's
+//! 128 MiB binding), the two calls interleaved round by round on one context. Prints each
+//! one's best and median milliseconds and the ratio.
+//!
+//! cargo run --release --example trainable_cost -- [--seq 1024] [--rounds 5]
+
+use std::time::Instant;
+
+use clap::Parser;
+use flash_attn_wgpu::{AttentionConfig, Context, ScoreMod};
+
+#[path = "common/cli.rs"]
+mod cli;
+use cli::positive;
+
+/// Forward + backward time of a T5 table, frozen and trainable.
+#[derive(Parser, Debug)]
+#[command(name = "trainable_cost", version)]
+struct Args {
+    /// Queries and keys
+    #[arg(long, default_value_t = 1024, value_parser = positive)]
+    seq: usize,
+    /// Rounds (each times both calls once)
+    #[arg(long, default_value_t = 5, value_parser = positive)]
+    rounds: usize,
+}
+
+const T5: &str = "
+fn bucket(i: u32, j: u32) -> u32 {
+    let rel = i32(j) - i32(i);
+    let side = select(0u, 8u, rel > 0);
+    let n = u32(abs(rel));
+    if (n < 4u) {
+        return side + n;
+    }
+    return side + select(select(select(7u, 6u, n < 32u), 5u, n < 16u), 4u, n < 8u);
+}
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    return s + table(h * 16u + bucket(i, j));
+}
+";
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let a = Args::parse();
+    let ctx = Context::new()?;
+    let (n, h, d) = (a.seq, 8, 64);
+    let table: Vec<f32> = (0..h * 16)
+        .map(|k| ((k * 7) % 13) as f32 / 13.0 - 0.5)
+        .collect();
+    let frozen = ScoreMod::wgsl_with(T5, [("table", table.clone())])?;
+    let trainable = frozen.clone().with_trainable("table")?;
+    let filled = |salt: usize| -> Vec<f32> {
+        (0..n * h * d)
+            .map(|i| (((i * 7 + salt) % 23) as f32 - 11.0) / 22.0)
+            .collect()
+    };
+    let shape = [1, n, h, d];
+    let (q, k, v, dout) = (
+        ctx.upload(&filled(1), &shape)?,
+        ctx.upload(&filled(2), &shape)?,
+        ctx.upload(&filled(3), &shape)?,
+        ctx.upload(&filled(4), &shape)?,
+    );
+    let calls: Vec<(&str, AttentionConfig)> = [("frozen", frozen), ("trainable", trainable)]
+        .into_iter()
+        .map(|(name, m)| {
+            let mut cfg = AttentionConfig::new(1, n, n, h, h, d);
+            cfg.causal = true;
+            cfg.score_mod = Some(m);
+            (name, cfg)
+        })
+        .collect();
+    let mut ms: Vec<Vec<f64>> = vec![Vec::new(); calls.len()];
+    for round in 0..=a.rounds {
+        for (c, (_, cfg)) in calls.iter().enumerate() {
+            let t = Instant::now();
+            let f = ctx.forward(cfg, &q, &k, &v)?;
+            let g = ctx.backward(cfg, &q, &k, &v, &f.out, &f.lse, &dout)?;
+            let _: Vec<f32> = ctx.download(&g.dq)?; // waits
+            if let Some(dt) = &g.d_table {
+                let _: Vec<f32> = ctx.download(dt)?;
+            }
+            if round > 0 {
+                ms[c].push(t.elapsed().as_secs_f64() * 1e3); // round 0 compiles
+            }
+        }
+    }
+    println!("{}", ctx.adapter_info());
+    println!(
+        "forward + backward, causal, T5 buckets, B = 1, H = {h}, D = {d}, N = {n}, {} rounds:",
+        a.rounds
+    );
+    let stat = |v: &Vec<f64>| {
+        let mut v = v.clone();
+        v.sort_by(f64::total_cmp);
+        (v[0], v[v.len() / 2])
+    };
+    let (fb, fm) = stat(&ms[0]);
+    for (c, (name, _)) in calls.iter().enumerate() {
+        let (best, median) = stat(&ms[c]);
+        println!(
+            "  {name:10} best {best:8.1} ms  median {median:8.1} ms  / frozen: best {:.3}, median {:.3}",
+            best / fb,
+            median / fm
+        );
+    }
+    Ok(())
+}
