@@ -20,8 +20,11 @@ export FLASH_ATTN_REQUIRE_WGPU=1
 # fixed slot's (tests/common/pipelines.rs), so the count does not move with their draws; a new
 # test should reuse the shapes, dtypes and modifiers other tests compile (the count's report
 # lists the tests that compile pipelines no other test does). Dawn's replays compile in
-# Node.js and are not counted here.
-CI_PIPELINE_BUDGET=${CI_PIPELINE_BUDGET:-450}
+# Node.js and are not counted here. 460 since issue 52's trainable tensors: their two kernels
+# (three snippets' gradient kernels and the sum), the dQ and naive dS kernels that keep the
+# scores, and one more snippet's attention pipelines, 8 more than the 445 before (about 20 s
+# of lavapipe compiling; docs/log/ci-time.md).
+CI_PIPELINE_BUDGET=${CI_PIPELINE_BUDGET:-460}
 plog=$(mktemp -d)
 trap 'rm -rf "$plog"' EXIT
 export FLASH_ATTN_PIPELINE_LOG=$plog

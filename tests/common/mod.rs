@@ -486,6 +486,15 @@ pub fn check_backward_on(c: &Context, base: &AttentionConfig, amp: f32) {
             (None, None) => {}
             (got, _) => panic!("d_bias: got {got:?}, bias {:?} ({msg})", cfg.bias),
         }
+        match (&g.d_table, &want.d_table) {
+            (Some(got), Some(want)) => {
+                // each entry sums many pairs' terms, which cancel (a row's gradients sum to 0)
+                let floor = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+                assert_close_floor("d_table", got, want, 2e-4, floor, &msg);
+            }
+            (None, None) => {}
+            (got, _) => panic!("d_table: got {got:?} ({msg})"),
+        }
     }
 }
 

@@ -72,12 +72,13 @@ fn a_t5_relative_position_table_is_read_from_captured_tensors() {
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(common::fresh_seed());
     let table = common::random(&mut rng, c0.heads_q * 16, 1.0);
     let mut c = c0.clone();
-    c.score_mod = Some(score_mods::t5(c.heads_q, table.clone()));
+    // trainable: the backward's d_table too (trainable.rs checks it further on this shape)
+    c.score_mod = Some(score_mods::t5_trainable(c.heads_q, table.clone()));
     check_backward(&c, 1.0);
     // the table reaches the kernels: another table, another result
     let other: Vec<f32> = table.iter().map(|x| x + 0.5 * (x * 7.0).sin()).collect();
     let mut d = c0.clone();
-    d.score_mod = Some(score_mods::t5(d.heads_q, other));
+    d.score_mod = Some(score_mods::t5_trainable(d.heads_q, other));
     let data = inputs(&c, 1.0);
     let a = ctx().forward_host(&c, &data.q, &data.k, &data.v).unwrap();
     let b = ctx().forward_host(&d, &data.q, &data.k, &data.v).unwrap();

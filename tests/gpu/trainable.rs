@@ -87,8 +87,7 @@ fn t5_buckets_learn_their_gradient() {
     let make = move |t: Vec<f32>| score_mods::t5_trainable(heads, t);
     let mut c = c0.clone();
     c.score_mod = Some(make(table.clone()));
-    // with a bias that asks for d_bias too: both gradients from one kept scratch
-    c.bias = Some(common::random_bias(&c, true, false, 0.2, 3));
+    // (score_mod.rs checks this call's d_table on the naive path too)
     // buckets near the diagonal, far left, and one no row reaches (causal: j > i never)
     check(&c, &make, &table, &[0, 3, 7, 16 + 5, 3 * 16 + 9]);
 }
@@ -104,6 +103,8 @@ fn per_head_slopes_and_a_per_key_gain_learn_their_gradients() {
         .collect();
     let keys = c0.seq_kv;
     let mut c = c0.clone();
+    // with a bias that asks for d_bias too: both gradients from one kept scratch
+    c.bias = Some(common::random_bias(&c, true, false, 0.2, 3));
     let (g, s) = (gain.clone(), slope.clone());
     let slopes = move |t: Vec<f32>| score_mods::slope_and_gain(keys, t, g.clone(), "slope");
     c.score_mod = Some(slopes(slope.clone()));
