@@ -121,6 +121,8 @@ impl ScoreMod {
     /// captured, or a second trainable tensor is an `Error::UserCode` here. The wasm32 build
     /// has no naga to derive it with (the same error there). CUDA: `Unsupported`
     /// (docs/CUDA.md).
+    // the wasm32 build only refuses
+    #[cfg_attr(target_arch = "wasm32", allow(unused_mut))]
     pub fn with_trainable(mut self, name: &str) -> Result<ScoreMod> {
         let what = format!("score_mod trainable tensor `{name}`");
         let Some(index) = self.captured().iter().position(|(n, _)| n == name) else {
