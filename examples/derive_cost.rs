@@ -14,7 +14,10 @@ use flash_attn_wgpu::{AttentionConfig, Context, ScoreMod};
 
 #[path = "common/cli.rs"]
 mod cli;
+#[path = "common/t5.rs"]
+mod t5;
 use cli::positive;
+use t5::{filled, t5_score_mod, t5_table};
 
 /// Backward time of user score modifiers with hand-written and derived derivatives.
 #[derive(Parser, Debug)]
@@ -28,20 +31,6 @@ struct Args {
     rounds: usize,
 }
 
-const T5: &str = "
-fn bucket(i: u32, j: u32) -> u32 {
-    let rel = i32(j) - i32(i);
-    let side = select(0u, 8u, rel > 0);
-    let n = u32(abs(rel));
-    if (n < 4u) {
-        return side + n;
-    }
-    return side + select(select(select(7u, 6u, n < 32u), 5u, n < 16u), 4u, n < 8u);
-}
-fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
-    return s + table(h * 16u + bucket(i, j));
-}
-";
 const T5_DS: &str = "
 fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return 1.0; }
 ";
@@ -61,24 +50,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = Args::parse();
     let ctx = Context::new()?;
     let (n, h, d) = (a.seq, 8, 64);
-    let table: Vec<f32> = (0..h * 16)
-        .map(|k| ((k * 7) % 13) as f32 / 13.0 - 0.5)
-        .collect();
-    let t5 = |src: String| ScoreMod::wgsl_with(&src, [("table", table.clone())]);
+    let t5 = |src: String| ScoreMod::wgsl_with(&src, [("table", t5_table(h))]);
     let mods = [
-        ("T5 buckets, hand-written", t5(format!("{T5}{T5_DS}"))?),
-        ("T5 buckets, derived", t5(T5.to_string())?),
+        (
+            "T5 buckets, hand-written",
+            t5(format!("{}{T5_DS}", t5_score_mod()))?,
+        ),
+        ("T5 buckets, derived", t5(t5_score_mod())?),
         (
             "softcap, hand-written",
             ScoreMod::wgsl(&format!("{SOFTCAP}{SOFTCAP_DS}"))?,
         ),
         ("softcap, derived", ScoreMod::wgsl(SOFTCAP)?),
     ];
-    let filled = |salt: usize| -> Vec<f32> {
-        (0..n * h * d)
-            .map(|i| (((i * 7 + salt) % 23) as f32 - 11.0) / 22.0)
-            .collect()
-    };
+    let filled = |salt| filled(n * h * d, salt);
     let shape = [1, n, h, d];
     let (q, k, v, dout) = (
         ctx.upload(&filled(1), &shape)?,

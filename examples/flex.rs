@@ -13,7 +13,10 @@ use std::process::ExitCode;
 
 #[path = "common/cli.rs"]
 mod cli;
+#[path = "common/t5.rs"]
+mod t5;
 use cli::positive;
+use t5::T5_BUCKET;
 
 use clap::Parser;
 use flash_attn_wgpu::{unstable::reference, AttentionConfig, Context, MaskMod, ScoreMod};
@@ -36,18 +39,6 @@ struct Args {
     #[arg(long)]
     seed: Option<u64>,
 }
-
-/// T5's bucket of j - i: 8 a side, distances 0-3 exact, then 4-7, 8-15, 16-31, 32 and more.
-const T5_BUCKET: &str = "
-fn t5_bucket(i: u32, j: u32) -> u32 {
-    let rel = i32(j) - i32(i);
-    let side = select(0u, 8u, rel > 0);
-    let n = u32(abs(rel));
-    if (n < 4u) {
-        return side + n;
-    }
-    return side + select(select(select(7u, 6u, n < 32u), 5u, n < 16u), 4u, n < 8u);
-}";
 
 fn t5_bucket(i: usize, j: usize) -> usize {
     let rel = j as i64 - i as i64;

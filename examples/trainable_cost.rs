@@ -15,7 +15,10 @@ use flash_attn_wgpu::{AttentionConfig, Context, ScoreMod};
 
 #[path = "common/cli.rs"]
 mod cli;
+#[path = "common/t5.rs"]
+mod t5;
 use cli::positive;
+use t5::{filled, t5_score_mod, t5_table};
 
 /// Forward + backward time of a T5 table, frozen and trainable.
 #[derive(Parser, Debug)]
@@ -29,35 +32,13 @@ struct Args {
     rounds: usize,
 }
 
-const T5: &str = "
-fn bucket(i: u32, j: u32) -> u32 {
-    let rel = i32(j) - i32(i);
-    let side = select(0u, 8u, rel > 0);
-    let n = u32(abs(rel));
-    if (n < 4u) {
-        return side + n;
-    }
-    return side + select(select(select(7u, 6u, n < 32u), 5u, n < 16u), 4u, n < 8u);
-}
-fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
-    return s + table(h * 16u + bucket(i, j));
-}
-";
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = Args::parse();
     let ctx = Context::new()?;
     let (n, h, d) = (a.seq, 8, 64);
-    let table: Vec<f32> = (0..h * 16)
-        .map(|k| ((k * 7) % 13) as f32 / 13.0 - 0.5)
-        .collect();
-    let frozen = ScoreMod::wgsl_with(T5, [("table", table.clone())])?;
+    let frozen = ScoreMod::wgsl_with(&t5_score_mod(), [("table", t5_table(h))])?;
     let trainable = frozen.clone().with_trainable("table")?;
-    let filled = |salt: usize| -> Vec<f32> {
-        (0..n * h * d)
-            .map(|i| (((i * 7 + salt) % 23) as f32 - 11.0) / 22.0)
-            .collect()
-    };
+    let filled = |salt| filled(n * h * d, salt);
     let shape = [1, n, h, d];
     let (q, k, v, dout) = (
         ctx.upload(&filled(1), &shape)?,

@@ -245,7 +245,7 @@ fi
 TEST_STEPS=("tests: attention" "tests: every backend" "tests: decode, caches"
     "tests: modifiers, layouts" "tests: edges")
 TEST_MODULES=("forward backward dtypes variants" "backends" "decode kvcache paged merge head_dims"
-    "score_mod bias views hidden split interop concurrency"
+    "score_mod bias views hidden split interop concurrency trainable"
     "nonfinite errors limits combinations fuzz driver")
 # worst cases from counts (docs/GPU.md, "Budgets"): 5 s + (warm test time on lavapipe +
 # 0.15 s a distinct pipeline, over 8 threads) + the longest test; backends:: adds NVRTC
