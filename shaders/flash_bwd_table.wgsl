@@ -1,7 +1,7 @@
 // Backward, a trainable captured tensor's gradient (ScoreMod::with_trainable), in parts:
 // d_table[e] = sum over the visible pairs that read entry e of g * d score_mod / d entry,
 // where g is the gradient at the pair's finished score and the score score_mod took there,
-// both kept by the dQ kernels (or the naive dS kernel) in `kept_grads` (two words a pair,
+// both kept by the dQ kernels (or the naive dS kernel) in `kept_grads` (KEPT_WORDS = 2 a pair,
 // [batch, heads_q, seq_q, seq_kv]; 0 where a tile was skipped), and the partial and the
 // entry's index come from `score_mod_dt` (derived from the user's WGSL: src/modifiers/derive.rs,
 // appended to the user code of this kernel's pipelines alone).
@@ -54,9 +54,9 @@ fn main(
         var value = 0.0;
         let p = base + t;
         if (p < end) {
-            let g = kept_grads[2u * p];
+            let g = kept_grads[KEPT_WORDS * p];
             if (g != 0.0) {
-                let s = kept_grads[2u * p + 1u];
+                let s = kept_grads[KEPT_WORDS * p + 1u];
                 let pair = p % grid;
                 let slice = p / grid;
                 let d = score_mod_dt(s, slice / params.heads_q, slice % params.heads_q,

@@ -412,9 +412,16 @@ impl Kernel {
     }
 
     /// True when the kernel meets the gradient at every visited pair's finished score where
-    /// the bias's gradient can be kept (`keep_grad`: the dQ kernels, the naive dS kernel).
+    /// that gradient can be kept for d_bias and d_table (`keep_grad`: the dQ kernels, the
+    /// naive dS kernel).
     pub fn keeps_grads(self) -> bool {
         matches!(self, Kernel::Flash(_, Pass::Dq) | Kernel::NaiveBwdDs)
+    }
+
+    /// True when the kernel reads the kept gradients (`keep_grad`'s scratch, bound as
+    /// `kept_grads`): d_bias's and d_table's.
+    pub fn reads_kept_grads(self) -> bool {
+        self.bindings().iter().any(|b| b.name == "kept_grads")
     }
 
     /// The modifier bits ([`flags`]) this kernel's code reads, when a pipeline is planned for

@@ -93,7 +93,8 @@ pub struct KernelKey {
     /// reads it there (`KEPT_WORDS` words a pair).
     pub keeps_grads: bool,
     /// Beside each kept gradient, the score the user's `score_mod` took there (natural-log
-    /// units), for a trainable captured tensor's gradient (`d_table`): two words a pair.
+    /// units), for a trainable captured tensor's gradient (`d_table`): two words a pair
+    /// (`KEPT_WORDS`), for the kernels that keep them and those that read them.
     pub keeps_scores: bool,
     /// A user's score modifier and mask (`AttentionConfig::score_mod`, `mask_mod`): their
     /// WGSL, appended to the source, where the kernel reads their bits and the call has one.
@@ -208,12 +209,12 @@ impl KernelKey {
         self.extras_slot() + self.uses_extras() as u32
     }
 
-    /// The binding slot of the bias gradients' scratch: after the pair data.
+    /// The binding slot of the kept gradients' scratch (`keep_grad`): after the pair data.
     pub fn kept_grads_slot(&self) -> u32 {
         self.pairs_slot() + self.uses_pairs() as u32
     }
 
-    /// Storage bindings the pipeline declares: the kernel's, the pair data's and the bias
+    /// Storage bindings the pipeline declares: the kernel's, the pair data's and the kept
     /// gradients' scratch.
     pub fn storage_bindings(&self) -> u32 {
         self.kernel.bindings().len() as u32 + self.uses_pairs() as u32 + self.keeps_grads as u32

@@ -36,52 +36,26 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
             workgroups: cfg.heads_q as u32,
         });
     }
-    let table = cfg.score_mod.as_ref().and_then(|m| m.trainable_parts());
-    if let Some(bias) = cfg.bias.as_ref().filter(|b| b.grad) {
-        // the dQ kernels (or the naive dS kernel) keep every pair's gradient at its finished
-        // score in an f32 scratch [batch, heads_q, seq_q, seq_kv] (bound whole: past one
-        // binding it is a DeviceLimit naming it); one invocation per bias entry then sums the
-        // slices it reaches into d_bias
-        let grads = kept_grads(&mut plan, cfg, table.is_some());
-        plan.kept_grads = Some(grads);
-        let d_bias = Output(plan.outputs.len());
-        plan.outputs.push(OutputSpec {
-            role: TensorRole::DBias,
-            shape: bias.shape().to_vec(),
-            dtype,
-        });
-        let mut params = Params::from_config(cfg);
-        params.total_items = bias.len() as u32;
-        let mut k = key(Kernel::FlashBwdBias, cfg, Tiles::ONE, dtype, env);
-        // the kept scores of a trainable tensor sit between the gradients (`KEPT_WORDS`)
-        k.keeps_scores = table.is_some();
-        plan.steps.push(Step {
-            key: k,
-            params,
-            buffers: vec![Scratch(grads), d_bias],
-            windows: Vec::new(),
-            workgroups: bias.len().div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
-        });
-    }
-    if let (Some(t), Some(m)) = (table, cfg.score_mod.as_ref()) {
-        let grads = kept_grads(&mut plan, cfg, true);
-        table_steps(&mut plan, cfg, env, (t, m), grads);
-    }
+    kept_steps(&mut plan, cfg, dtype, env);
     plan.attach_extras(cfg)?;
     Ok(plan)
 }
 
-/// The scratch where the dQ kernels (or the naive dS kernel) keep every pair's gradient at
-/// its finished score, f32 [batch, heads_q, seq_q, seq_kv], and with `scores` the score
-/// score_mod took beside each (two words a pair), for d_bias and d_table (bound whole: past
-/// one binding it is a DeviceLimit naming it); made once, the keeping steps marked.
-fn kept_grads(plan: &mut Plan, cfg: &AttentionConfig, scores: bool) -> usize {
-    if let Some(grads) = plan.kept_grads {
-        return grads;
+/// d_bias and d_table, where the call asks for them: the scratch the keeping kernels fill and
+/// the steps that sum it.
+fn kept_steps(plan: &mut Plan, cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) {
+    let table = cfg.score_mod.as_ref().and_then(|m| m.trainable_parts());
+    let bias = cfg.bias.as_ref().filter(|b| b.grad);
+    if bias.is_none() && table.is_none() {
+        return;
     }
+    // the dQ kernels (or the naive dS kernel) keep every pair's gradient at its finished
+    // score in an f32 scratch [batch, heads_q, seq_q, seq_kv], and for d_table the score
+    // score_mod took beside each (two words a pair; bound whole: past one binding it is a
+    // DeviceLimit naming it)
     let grads = plan.scratch.len();
     plan.scratch.push(ScratchSpec {
-        label: if scores {
+        label: if table.is_some() {
             "kept gradients and scores (f32, 2 x batch x heads_q x seq_q x seq_kv)"
         } else {
             "bias gradients (f32, batch x heads_q x seq_q x seq_kv)"
@@ -91,18 +65,41 @@ fn kept_grads(plan: &mut Plan, cfg: &AttentionConfig, scores: bool) -> usize {
             cfg.heads_q,
             cfg.seq_q,
             cfg.seq_kv,
-            4 << scores as usize,
+            4 << table.is_some() as usize,
         ]
         .iter()
         .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
         .unwrap_or(u64::MAX),
     });
     plan.kept_grads = Some(grads);
+    if let Some(bias) = bias {
+        // one invocation per bias entry sums the slices it reaches into d_bias
+        let d_bias = Output(plan.outputs.len());
+        plan.outputs.push(OutputSpec {
+            role: TensorRole::DBias,
+            shape: bias.shape().to_vec(),
+            dtype,
+        });
+        let mut params = Params::from_config(cfg);
+        params.total_items = bias.len() as u32;
+        plan.steps.push(Step {
+            key: key(Kernel::FlashBwdBias, cfg, Tiles::ONE, dtype, env),
+            params,
+            buffers: vec![Scratch(grads), d_bias],
+            windows: Vec::new(),
+            workgroups: bias.len().div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
+        });
+    }
+    if let (Some(t), Some(m)) = (table, cfg.score_mod.as_ref()) {
+        table_steps(plan, cfg, env, (t, m), grads);
+    }
+    // the steps that keep into the scratch, and every step that binds it, agree on its words
+    // a pair (`KEPT_WORDS`)
     for s in &mut plan.steps {
         s.key.keeps_grads = s.key.kernel.keeps_grads();
-        s.key.keeps_scores = scores && s.key.keeps_grads;
+        s.key.keeps_scores =
+            table.is_some() && (s.key.keeps_grads || s.key.kernel.reads_kept_grads());
     }
-    grads
 }
 
 /// Pairs a workgroup of the trainable tensor's gradient sums at most: with fewer, up to
