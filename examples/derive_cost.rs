@@ -7,16 +7,17 @@
 //!
 //! cargo run --release --example derive_cost -- [--seq 2048] [--rounds 5]
 
-use std::time::Instant;
-
 use clap::Parser;
 use flash_attn_wgpu::{AttentionConfig, Context, ScoreMod};
 
 #[path = "common/cli.rs"]
 mod cli;
+#[path = "common/stats.rs"]
+mod stats;
 #[path = "common/t5.rs"]
 mod t5;
 use cli::positive;
+use stats::interleaved_ms;
 use t5::{filled, t5_score_mod, t5_table};
 
 /// Backward time of user score modifiers with hand-written and derived derivatives.
@@ -79,35 +80,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let f = ctx.forward(&cfg, &q, &k, &v)?;
         calls.push((*name, cfg, f));
     }
-    let mut ms: Vec<Vec<f64>> = vec![Vec::new(); calls.len()];
-    for round in 0..=a.rounds {
-        for (c, (_, cfg, f)) in calls.iter().enumerate() {
-            let t = Instant::now();
-            let g = ctx.backward(cfg, &q, &k, &v, &f.out, &f.lse, &dout)?;
-            let _: Vec<f32> = ctx.download(&g.dq)?; // waits
-            if round > 0 {
-                ms[c].push(t.elapsed().as_secs_f64() * 1e3); // round 0 compiles
-            }
-        }
-    }
+    let ms = interleaved_ms(a.rounds, calls.len(), |c| {
+        let (_, cfg, f) = &calls[c];
+        let g = ctx.backward(cfg, &q, &k, &v, &f.out, &f.lse, &dout)?;
+        ctx.download::<f32>(&g.dq).map(|_| ()) // waits
+    })?;
     println!("{}", ctx.adapter_info());
     println!(
         "backward, causal, B = 1, H = {h}, D = {d}, N = {n}, {} rounds:",
         a.rounds
     );
-    let stat = |v: &Vec<f64>| {
-        let mut v = v.clone();
-        v.sort_by(f64::total_cmp);
-        (v[0], v[v.len() / 2])
-    };
     for (c, (name, _, _)) in calls.iter().enumerate() {
-        let (best, median) = stat(&ms[c]);
+        let (best, median) = (ms[c].min, ms[c].median);
         let ratio = if c % 2 == 1 {
-            let (hb, hm) = stat(&ms[c - 1]);
+            let hand = ms[c - 1];
             format!(
                 "  derived / hand-written: best {:.3}, median {:.3}",
-                best / hb,
-                median / hm
+                best / hand.min,
+                median / hand.median
             )
         } else {
             String::new()

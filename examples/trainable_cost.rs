@@ -8,16 +8,17 @@
 //!
 //! cargo run --release --example trainable_cost -- [--seq 1024] [--rounds 5]
 
-use std::time::Instant;
-
 use clap::Parser;
 use flash_attn_wgpu::{AttentionConfig, Context, ScoreMod};
 
 #[path = "common/cli.rs"]
 mod cli;
+#[path = "common/stats.rs"]
+mod stats;
 #[path = "common/t5.rs"]
 mod t5;
 use cli::positive;
+use stats::interleaved_ms;
 use t5::{filled, t5_score_mod, t5_table};
 
 /// Forward + backward time of a T5 table, frozen and trainable.
@@ -55,38 +56,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (name, cfg)
         })
         .collect();
-    let mut ms: Vec<Vec<f64>> = vec![Vec::new(); calls.len()];
-    for round in 0..=a.rounds {
-        for (c, (_, cfg)) in calls.iter().enumerate() {
-            let t = Instant::now();
-            let f = ctx.forward(cfg, &q, &k, &v)?;
-            let g = ctx.backward(cfg, &q, &k, &v, &f.out, &f.lse, &dout)?;
-            let _: Vec<f32> = ctx.download(&g.dq)?; // waits
-            if let Some(dt) = &g.d_table {
-                let _: Vec<f32> = ctx.download(dt)?;
-            }
-            if round > 0 {
-                ms[c].push(t.elapsed().as_secs_f64() * 1e3); // round 0 compiles
-            }
+    let ms = interleaved_ms(a.rounds, calls.len(), |c| {
+        let cfg = &calls[c].1;
+        let f = ctx.forward(cfg, &q, &k, &v)?;
+        let g = ctx.backward(cfg, &q, &k, &v, &f.out, &f.lse, &dout)?;
+        ctx.download::<f32>(&g.dq)?; // waits
+        match &g.d_table {
+            Some(dt) => ctx.download::<f32>(dt).map(|_| ()),
+            None => Ok(()),
         }
-    }
+    })?;
     println!("{}", ctx.adapter_info());
     println!(
         "forward + backward, causal, T5 buckets, B = 1, H = {h}, D = {d}, N = {n}, {} rounds:",
         a.rounds
     );
-    let stat = |v: &Vec<f64>| {
-        let mut v = v.clone();
-        v.sort_by(f64::total_cmp);
-        (v[0], v[v.len() / 2])
-    };
-    let (fb, fm) = stat(&ms[0]);
+    let frozen = ms[0];
     for (c, (name, _)) in calls.iter().enumerate() {
-        let (best, median) = stat(&ms[c]);
+        let (best, median) = (ms[c].min, ms[c].median);
         println!(
             "  {name:10} best {best:8.1} ms  median {median:8.1} ms  / frozen: best {:.3}, median {:.3}",
-            best / fb,
-            median / fm
+            best / frozen.min,
+            median / frozen.median
         );
     }
     Ok(())

@@ -1,6 +1,8 @@
 //! Every bench reports the median of a point's repeats (the figure its tables, JSON and plots
 //! use) with their min and max beside it: on a busy machine the best of the repeats flatters,
-//! and the spread says how busy it was. Included by the examples as `mod stats`.
+//! and the spread says how busy it was. Included by the examples as `mod stats`, each using
+//! the part it needs.
+#![allow(dead_code)]
 
 /// Median, min and max of a point's timed repeats, in the unit they were given in.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -42,4 +44,25 @@ impl Stats {
     pub fn range(&self, prec: usize) -> String {
         format!("{:.prec$}-{:.prec$}", self.min, self.max)
     }
+}
+
+/// Wall milliseconds of `calls` calls timed side by side: `rounds` rounds, each running call 0,
+/// 1, ... in turn, after one untimed round (it compiles the pipelines); `run(c)` runs call c
+/// and waits for its results. One `Stats` a call.
+pub fn interleaved_ms<E>(
+    rounds: usize,
+    calls: usize,
+    mut run: impl FnMut(usize) -> Result<(), E>,
+) -> Result<Vec<Stats>, E> {
+    let mut ms: Vec<Vec<f64>> = vec![Vec::new(); calls];
+    for round in 0..=rounds {
+        for (c, times) in ms.iter_mut().enumerate() {
+            let t = std::time::Instant::now();
+            run(c)?;
+            if round > 0 {
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+    }
+    Ok(ms.iter().map(|v| Stats::of(v)).collect())
 }
