@@ -1,10 +1,9 @@
 //! What a trainable captured tensor costs (issue 52's goal: forward + backward at most 1.3x
 //! the same call with the tensor frozen): T5's relative buckets as a user modifier, its
-//! [H, 16] table frozen and trainable (`ScoreMod::with_trainable`, which adds `d_table`: the
-//! dQ kernel keeps each pair's gradient and score, 8 bytes a pair, and two kernels sum them),
-//! causal, B = 1, H = 8, D = 64, N = 1024 by default (N = 2048 keeps 256 MiB, past lavapipe's
-//! 128 MiB binding), the two calls interleaved round by round on one context. Prints each
-//! one's best and median milliseconds and the ratio.
+//! [H, 16] table frozen and trainable (`ScoreMod::with_trainable`, which adds `d_table`: 128
+//! entries, which the dQ kernel sums as it goes, a part per workgroup, and one kernel adds the
+//! parts), causal, B = 1, H = 8, D = 64, N = 1024 by default, the two calls interleaved round
+//! by round on one context. Prints each one's best and median milliseconds and the ratio.
 //!
 //! cargo run --release --example trainable_cost -- [--seq 1024] [--rounds 5]
 

@@ -19,6 +19,17 @@ const OV: u32 = OK + BC * RS;
 const ODS: u32 = OV + BC * RSV;
 var<workgroup> sm: array<vec4<f32>, ODS + BR * WS>;
 
+// a trainable tensor's gradient folds through sm once the key loop is done (table_flush,
+// from the generated prelude): a value a vec4, each stored whole (no invocation writes a
+// part of a vector another one writes)
+const FOLD_WORDS: u32 = ODS + BR * WS;
+fn fold_store(k: u32, x: f32) {
+    sm[k] = vec4<f32>(x);
+}
+fn fold_load(k: u32) -> f32 {
+    return sm[k].x;
+}
+
 @compute @workgroup_size(NT)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -99,4 +110,5 @@ fn main(
             }
         }
     }
+    table_flush(wg, t);
 }

@@ -25,6 +25,16 @@ const FDP: u32 = BR * BC;           // dP in fs, after S
 var<workgroup> hs: array<f16, ODS + BR * BC>;
 var<workgroup> fs: array<f32, BR * max(2u * BC, DP)>;
 
+// a trainable tensor's gradient folds through fs's words once the key loop is done
+// (table_flush, from the generated prelude)
+const FOLD_WORDS: u32 = BR * max(2u * BC, DP);
+fn fold_store(k: u32, x: f32) {
+    fs[k] = x;
+}
+fn fold_load(k: u32) -> f32 {
+    return fs[k];
+}
+
 @compute @workgroup_size(NT)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -108,4 +118,5 @@ fn main(
             }
         }
     }
+    table_flush(linear_workgroup(wid, nwg), t);
 }

@@ -24,6 +24,17 @@ var<private> dq_tile: array<array<f32, DPAD>, RPT>;
 // `add_dq_rows` (src/kernels/rows.rs)
 var<private> kc: array<TileVec, DPAD_V / SG>;
 
+// a trainable tensor's gradient folds through sk once the key loop is done (table_flush,
+// from the generated prelude): a value a TileVec, each stored whole (no invocation writes a
+// part of a vector another one writes)
+const FOLD_WORDS: u32 = BC * DPAD_V;
+fn fold_store(k: u32, x: f32) {
+    sk[k] = TileVec(x);
+}
+fn fold_load(k: u32) -> f32 {
+    return tile_first(sk[k]);
+}
+
 // One K/V tile against this invocation's rows: for each of the tile's keys, the scores and dP
 // (q . k and dO . v), dS, then dQ_tile += dS k. Each lane reads one TileVec of the key's k and
 // v chunk (`sk`/`sv` reads are per-lane loads, the costly part on CPU drivers) and keeps the k
@@ -126,4 +137,5 @@ fn main(
             }
         }
     }
+    table_flush(wg, t);
 }

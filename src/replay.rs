@@ -175,10 +175,10 @@ impl Plan {
                         .map(|(i, r)| ReplayBinding {
                             buffer: index(r),
                             // past the kernel's own: the extras and the pair data (read), then
-                            // the bias gradients' scratch (written)
+                            // the kept gradients' scratch (written)
                             read_only: match s.key.kernel.bindings().get(i) {
                                 Some(b) => b.access == Access::Read,
-                                None => !(s.key.keeps_grads && i + 1 == s.buffers.len()),
+                                None => !(s.key.binds_kept() && i + 1 == s.buffers.len()),
                             },
                             uniform: *r == BufRef::Extras,
                             offset: s.window(i).map(|w| w.offset),

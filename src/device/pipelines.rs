@@ -123,7 +123,7 @@ impl Context {
                             wgpu::BufferBindingType::Storage { read_only: true },
                         )
                     }))
-                    .chain(key.keeps_grads.then(|| {
+                    .chain(key.binds_kept().then(|| {
                         entry(
                             key.kept_grads_slot(),
                             wgpu::BufferBindingType::Storage { read_only: false },

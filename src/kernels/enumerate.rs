@@ -66,7 +66,8 @@ pub fn devices() -> [Device; 3] {
 /// At most this many distinct pipelines in [`pipeline_keys`] over [`devices`]: the compiler
 /// checks' cost is this count (about 0.1 s each through naga, seconds through Tint on
 /// lavapipe). Raise it only with a reason written here. 1,010: the trainable tensor's gradient
-/// (issue 52) added two kernels, three pipelines here.
+/// (issue 52) added two kernels, three pipelines here; the dQ kernels' form that sums a small
+/// trainable tensor's gradient itself (`KernelKey::sums_table`) six more (1,009).
 pub const PIPELINE_BUDGET: usize = 1010;
 
 /// Every pipeline the plans can ask for on `devices`, over [`HEAD_DIMS`] and the samples
@@ -211,6 +212,7 @@ fn variants_of(
         wide: 0,
         keeps_grads: false,
         keeps_scores: false,
+        sums_table: false,
         subgroup,
         accumulate: false,
         user_code: None,
@@ -244,6 +246,17 @@ fn variants_of(
             if extras && SPECIALIZED_DIMS.contains(&head_dim) && elem == formats_first {
                 out.push(KernelKey {
                     runtime: kernel.reads_flags() & flags::SPECIALIZED,
+                    ..key
+                });
+            }
+            // summing a trainable tensor's gradient (the stub's `score_mod_dt`)
+            if extras
+                && SPECIALIZED_DIMS.contains(&head_dim)
+                && elem == formats_first
+                && kernel.sums_table()
+            {
+                out.push(KernelKey {
+                    sums_table: true,
                     ..key
                 });
             }

@@ -418,6 +418,12 @@ impl Kernel {
         matches!(self, Kernel::Flash(_, Pass::Dq) | Kernel::NaiveBwdDs)
     }
 
+    /// True when the kernel can sum a small trainable tensor's gradient itself
+    /// (`KernelKey::sums_table`: the tiled dQ kernels, which call `table_flush` last).
+    pub fn sums_table(self) -> bool {
+        matches!(self, Kernel::Flash(_, Pass::Dq))
+    }
+
     /// True when the kernel reads the kept gradients (`keep_grad`'s scratch, bound as
     /// `kept_grads`): d_bias's and d_table's.
     pub fn reads_kept_grads(self) -> bool {

@@ -183,6 +183,8 @@ pub fn lane_prelude(subgroup: u32, head_dim: u32, pin_words: u32) -> String {
     format!(
         "const SG: u32 = {sg}u;\nconst DPAD: u32 = {}u;\n\
          const VW: u32 = {vw}u;\nconst DPAD_V: u32 = DPAD / VW;\nalias TileVec = {};\n\
+         // a TileVec's first component (f32 sums folded through a tile: table_flush)\n\
+         fn tile_first(v: TileVec) -> f32 {{\n    return {first};\n}}\n\
          // lane l's x, for every l < SG\n\
          fn lane_values(x: TileVec) -> array<TileVec, SG> {{\n    return array<TileVec, SG>({});\n}}\n\
          // lane l's x, for one l < SG known only at run time\n\
@@ -195,7 +197,8 @@ pub fn lane_prelude(subgroup: u32, head_dim: u32, pin_words: u32) -> String {
          return workgroupUniformLoad(&pins[slot]);\n}}\n",
         head_dim.next_multiple_of(sg),
         tile_vec_type(vw),
-        lanes.join(", ")
+        lanes.join(", "),
+        first = if vw == 1 { "v" } else { "v.x" },
     )
 }
 

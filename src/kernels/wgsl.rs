@@ -30,6 +30,11 @@ const KV_FORMAT: &str = include_str!("../../shaders/kv_format.wgsl");
 /// that many.
 pub const EXTRAS_WORDS: u32 = 16384;
 
+/// Entries of a trainable captured tensor that the dQ kernels sum in place at most
+/// (`KernelKey::sums_table`: a private f32 each per invocation); a longer tensor's gradient
+/// goes through the kept pairs' scratch and `Kernel::FlashBwdTable`.
+pub const TABLE_SUM_ENTRIES: usize = 256;
+
 /// The entry point of every element-parallel kernel: 64 invocations per workgroup over a
 /// grid folded into (x, y); each invocation below `total_items` runs the kernel's `item`.
 pub const ELEMENTWISE_WORKGROUP: u32 = 64;
@@ -96,6 +101,10 @@ pub struct KernelKey {
     /// units), for a trainable captured tensor's gradient (`d_table`): two words a pair
     /// (`KEPT_WORDS`), for the kernels that keep them and those that read them.
     pub keeps_scores: bool,
+    /// The dQ kernel sums a trainable captured tensor's gradient itself (`keep_grad` into
+    /// per-invocation sums, `table_flush` into a part per workgroup of `kept_grads`), for a
+    /// tensor of at most [`TABLE_SUM_ENTRIES`] entries; `score_mod_dt` is in its user code.
+    pub sums_table: bool,
     /// A user's score modifier and mask (`AttentionConfig::score_mod`, `mask_mod`): their
     /// WGSL, appended to the source, where the kernel reads their bits and the call has one.
     pub user_code: Option<&'static str>,
@@ -124,6 +133,7 @@ impl KernelKey {
             wide: 0,
             keeps_grads: false,
             keeps_scores: false,
+            sums_table: false,
             subgroup: 0,
             accumulate: false,
             user_code: None,
@@ -133,7 +143,7 @@ impl KernelKey {
 
     pub fn label(&self) -> String {
         format!(
-            "{} {}{} d={}{} br={} bc={} tpr={} rpt={} runtime=[{}] compiled=[{}]{}{} sg={}{}{}",
+            "{} {}{} d={}{} br={} bc={} tpr={} rpt={} runtime=[{}] compiled=[{}]{}{}{} sg={}{}{}",
             self.kernel.name(),
             self.elem.name(),
             self.kv.map_or(String::new(), |f| format!(" kv={f}")),
@@ -155,6 +165,7 @@ impl KernelKey {
                 (true, false) => " keeps_grads",
                 _ => "",
             },
+            if self.sums_table { " sums_table" } else { "" },
             self.subgroup,
             if self.accumulate { " accumulate" } else { "" },
             self.user_code
@@ -217,7 +228,13 @@ impl KernelKey {
     /// Storage bindings the pipeline declares: the kernel's, the pair data's and the kept
     /// gradients' scratch.
     pub fn storage_bindings(&self) -> u32 {
-        self.kernel.bindings().len() as u32 + self.uses_pairs() as u32 + self.keeps_grads as u32
+        self.kernel.bindings().len() as u32 + self.uses_pairs() as u32 + self.binds_kept() as u32
+    }
+
+    /// True when the pipeline binds the kept gradients' scratch at `kept_grads_slot`: it keeps
+    /// pairs' gradients there or sums a trainable tensor's gradient into its parts.
+    pub fn binds_kept(&self) -> bool {
+        self.keeps_grads || self.sums_table
     }
 
     /// True when binding `b` is read in whole 16-byte words (`wide`: the decode kernel's k
@@ -448,24 +465,89 @@ impl KernelKey {
         // the bias's gradient reads the kept gradients too (flash_bwd_bias.wgsl)
         let words = if self.keeps_scores { 2 } else { 1 };
         let _ = writeln!(s, "const KEPT_WORDS: u32 = {words}u;");
-        if self.keeps_grads {
+        if self.binds_kept() {
             let _ = writeln!(
                 s,
-                "@group(0) @binding({}) var<storage, read_write> kept_grads: array<f32>;\n\
-                 fn keep_grad(i: u32, j: u32, g: f32, pre: f32) {{ if (i < params.seq_q && j < params.seq_kv) {{ \
+                "@group(0) @binding({}) var<storage, read_write> kept_grads: array<f32>;",
+                self.kept_grads_slot()
+            );
+        }
+        let keep = if self.keeps_grads {
+            format!(
+                "if (i < params.seq_q && j < params.seq_kv) {{ \
                  let at = (head_grads + (params.q_base + i) * params.mask_cols + params.kv_base + j) * KEPT_WORDS; \
-                 kept_grads[at] = g;{} }} }}",
-                self.kept_grads_slot(),
+                 kept_grads[at] = g;{} }}",
                 if self.keeps_scores {
                     " kept_grads[at + 1u] = pre * LN2;"
                 } else {
                     ""
                 }
-            );
+            )
         } else {
-            s.push_str("fn keep_grad(i: u32, j: u32, g: f32, pre: f32) {}\n");
-        }
+            String::new()
+        };
+        let sum = if self.sums_table {
+            // a hidden pair's gradient is exactly 0: skipped before score_mod_dt sees its
+            // score, which may be NaN or -inf there
+            "if (g != 0.0 && i < params.seq_q && j < params.seq_kv) { \
+             let d = score_mod_dt(pre * LN2, head_b, head_h, params.q_base + i, params.kv_base + j); \
+             if (score_mod__read != 0xffffffffu) { table_acc[min(score_mod__read, table_len() - 1u)] += g * d; } }"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            s,
+            "fn keep_grad(i: u32, j: u32, g: f32, pre: f32) {{ {keep} {sum} }}"
+        );
+        s.push_str(&self.table_wgsl());
         s
+    }
+
+    /// With `sums_table`: the per-invocation sums of the trainable tensor's gradient
+    /// (`table_acc`, which `keep_grad` adds each visible pair's g * d score_mod / d entry to)
+    /// and `table_flush(wg, t)`, which the dQ kernels call last: the workgroup's invocations'
+    /// sums folded in a fixed tree through the kernel's own workgroup memory (`fold_store`,
+    /// `fold_load`, `FOLD_WORDS`: free once the key loop is done), FOLD_WORDS / NT entries a
+    /// round, into part `params.splits + wg` of the parts at word `params.slice_base` of
+    /// `kept_grads` (the table's length: `params.total_items`). An empty `table_flush`
+    /// without.
+    fn table_wgsl(&self) -> String {
+        if !self.sums_table {
+            return "fn table_flush(wg: u32, t: u32) {}\n".into();
+        }
+        format!(
+            "const TABLE_SLOTS: u32 = {TABLE_SUM_ENTRIES}u;
+var<private> table_acc: array<f32, TABLE_SLOTS>;
+fn table_len() -> u32 {{ return params.total_items; }}
+// every invocation folds one entry a round at least
+const_assert FOLD_WORDS >= NT;
+fn table_flush(wg: u32, t: u32) {{
+    let per = FOLD_WORDS / NT;
+    var top = 1u;
+    while (top * 2u < NT) {{
+        top *= 2u;
+    }}
+    for (var e0 = 0u; e0 < table_len(); e0 += per) {{
+        workgroupBarrier(); // the fold's words are free (the key loop's, or the last round's)
+        for (var c = 0u; c < per; c++) {{
+            fold_store(c * NT + t, table_acc[min(e0 + c, TABLE_SLOTS - 1u)]);
+        }}
+        workgroupBarrier();
+        for (var half = top; half > 0u; half >>= 1u) {{
+            if (t < half && t + half < NT) {{
+                for (var c = 0u; c < per; c++) {{
+                    fold_store(c * NT + t, fold_load(c * NT + t) + fold_load(c * NT + t + half));
+                }}
+            }}
+            workgroupBarrier();
+        }}
+        if (wg < params.total_wg && t < per && e0 + t < table_len()) {{
+            kept_grads[params.slice_base + (params.splits + wg) * table_len() + e0 + t] = fold_load(t * NT);
+        }}
+    }}
+}}
+"
+        )
     }
 
     fn shape_constants(&self) -> String {

@@ -190,6 +190,7 @@ pub(crate) fn host_keys() -> Vec<KernelKey> {
             elem: ElemFormat::F16Native,
             keeps_grads: kernel.keeps_grads(),
             keeps_scores: kernel.keeps_grads(),
+            sums_table: kernel.sums_table(),
             ..KernelKey::plain(kernel)
         };
         for subgroup in [0, 8] {

@@ -7,7 +7,7 @@ use super::{split, BufRef, OutputSpec, Plan, PlanEnv, ScratchSpec, Step};
 use crate::config::AttentionConfig;
 use crate::dtype::DType;
 use crate::error::{Result, TensorRole};
-use crate::kernels::wgsl::ELEMENTWISE_WORKGROUP;
+use crate::kernels::wgsl::{ELEMENTWISE_WORKGROUP, TABLE_SUM_ENTRIES};
 use crate::kernels::{Kernel, Params, Tiles};
 
 use super::backward_buffers::{DK, DQ, DV, D_OUT, D_SINKS, K, LSE, LSE_DELTA, OUT, Q, V};
@@ -44,32 +44,69 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
 /// d_bias and d_table, where the call asks for them: the scratch the keeping kernels fill and
 /// the steps that sum it.
 fn kept_steps(plan: &mut Plan, cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) {
-    let table = cfg.score_mod.as_ref().and_then(|m| m.trainable_parts());
+    let table = cfg
+        .score_mod
+        .as_ref()
+        .and_then(|m| Some((m.trainable_parts()?, m)));
     let bias = cfg.bias.as_ref().filter(|b| b.grad);
     if bias.is_none() && table.is_none() {
         return;
     }
-    // the dQ kernels (or the naive dS kernel) keep every pair's gradient at its finished
-    // score in an f32 scratch [batch, heads_q, seq_q, seq_kv], and for d_table the score
-    // score_mod took beside each (two words a pair; bound whole: past one binding it is a
-    // DeviceLimit naming it)
-    let grads = plan.scratch.len();
-    plan.scratch.push(ScratchSpec {
-        label: if table.is_some() {
-            "kept gradients and scores (f32, 2 x batch x heads_q x seq_q x seq_kv)"
-        } else {
-            "bias gradients (f32, batch x heads_q x seq_q x seq_kv)"
-        },
-        bytes: [
-            cfg.batch,
-            cfg.heads_q,
-            cfg.seq_q,
-            cfg.seq_kv,
-            4 << table.is_some() as usize,
-        ]
+    let len = table.map_or(0, |(t, m)| m.captured()[t.index].1.len());
+    // a tensor of a few entries is summed by the tiled dQ kernels as they go (a part per
+    // workgroup); a longer one, or on the naive path, from every pair's gradient and score
+    // kept in the scratch (`Kernel::FlashBwdTable`)
+    let summed = table.is_some()
+        && len <= TABLE_SUM_ENTRIES
+        && plan
+            .steps
+            .iter()
+            .filter(|s| s.key.kernel.keeps_grads())
+            .all(|s| s.key.kernel.sums_table());
+    let kept_scores = table.is_some() && !summed;
+    // words a pair of the scratch [batch, heads_q, seq_q, seq_kv]: the gradient at the
+    // finished score (d_bias, and d_table from kept pairs), and for d_table from kept pairs the
+    // score score_mod took beside it
+    let pair_words: u64 = if kept_scores {
+        2
+    } else {
+        bias.is_some() as u64
+    };
+    let pairs = [cfg.batch, cfg.heads_q, cfg.seq_q, cfg.seq_kv]
         .iter()
         .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
-        .unwrap_or(u64::MAX),
+        .unwrap_or(u64::MAX);
+    let pair_part = pairs.saturating_mul(pair_words);
+    // the dQ kernels' parts follow the pairs' words, a part per workgroup of each dQ step
+    let mut parts = 0u32;
+    for s in &mut plan.steps {
+        s.key.keeps_grads = pair_words > 0 && s.key.kernel.keeps_grads();
+        if let (true, Some((t, _))) = (summed && s.key.kernel.sums_table(), table) {
+            s.key.sums_table = true;
+            s.key.user_code = s
+                .key
+                .user_code
+                .map(|u| crate::modifiers::user_code::intern(&format!("{u}\n{}", t.wgsl)));
+            s.params.total_items = len as u32;
+            s.params.splits = parts;
+            s.params.slice_base = pair_part as u32;
+            parts += s.params.total_wg;
+        }
+    }
+    let grads = plan.scratch.len();
+    plan.scratch.push(ScratchSpec {
+        label: match (kept_scores, summed) {
+            (true, _) => "kept gradients and scores (f32, 2 x batch x heads_q x seq_q x seq_kv)",
+            (false, true) if bias.is_some() => {
+                "bias gradients (f32, batch x heads_q x seq_q x seq_kv), then the trainable \
+                 tensor's gradient in parts (f32, dQ workgroups x entries)"
+            }
+            (false, true) => "trainable tensor's gradient in parts (f32, dQ workgroups x entries)",
+            (false, false) => "bias gradients (f32, batch x heads_q x seq_q x seq_kv)",
+        },
+        bytes: pair_part
+            .saturating_add(parts as u64 * len as u64)
+            .saturating_mul(4),
     });
     plan.kept_grads = Some(grads);
     if let Some(bias) = bias {
@@ -90,15 +127,35 @@ fn kept_steps(plan: &mut Plan, cfg: &AttentionConfig, dtype: DType, env: &PlanEn
             workgroups: bias.len().div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
         });
     }
-    if let (Some(t), Some(m)) = (table, cfg.score_mod.as_ref()) {
-        table_steps(plan, cfg, env, (t, m), grads);
+    if let Some((t, _)) = table {
+        // the parts to add, in order: where, how many, from which word
+        let (parts_buf, parts, first) = if summed {
+            (grads, parts as usize, pair_part)
+        } else {
+            let (buf, n) = table_steps(plan, cfg, env, (t, len), grads);
+            (buf, n, 0)
+        };
+        let d_table = Output(plan.outputs.len());
+        plan.outputs.push(OutputSpec {
+            role: TensorRole::DTable,
+            shape: vec![len],
+            dtype: DType::F32,
+        });
+        let mut params = Params::from_config(cfg);
+        params.total_items = len as u32;
+        params.splits = parts as u32;
+        params.slice_base = first as u32;
+        plan.steps.push(Step {
+            key: key(Kernel::FlashBwdTableSum, cfg, Tiles::ONE, DType::F32, env),
+            params,
+            buffers: vec![Scratch(parts_buf), d_table],
+            windows: Vec::new(),
+            workgroups: len.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
+        });
     }
-    // the steps that keep into the scratch, and every step that binds it, agree on its words
-    // a pair (`KEPT_WORDS`)
+    // every step that binds the scratch reads its words a pair (`KEPT_WORDS`)
     for s in &mut plan.steps {
-        s.key.keeps_grads = s.key.kernel.keeps_grads();
-        s.key.keeps_scores =
-            table.is_some() && (s.key.keeps_grads || s.key.kernel.reads_kept_grads());
+        s.key.keeps_scores = kept_scores && (s.key.keeps_grads || s.key.kernel.reads_kept_grads());
     }
 }
 
@@ -111,17 +168,17 @@ const TABLE_PART_WORDS: usize = 1 << 22;
 /// Entries a workgroup holds (`SLAB` in shaders/flash_bwd_table.wgsl).
 const TABLE_SLAB: usize = 2048;
 
-/// d_table: a part per workgroup of the pairs into each slab of entries
+/// d_table from the kept pairs: a part per workgroup of the pairs into each slab of entries
 /// (`Kernel::FlashBwdTable`, which runs `score_mod_dt` on the kept gradient and score of each
-/// pair), then the parts summed in order (`Kernel::FlashBwdTableSum`).
+/// pair), into a parts buffer: returns it and its parts (`Kernel::FlashBwdTableSum` then adds
+/// them in order).
 fn table_steps(
     plan: &mut Plan,
     cfg: &AttentionConfig,
     env: &PlanEnv,
-    (table, score_mod): (&crate::modifiers::score_mod::Trainable, &crate::ScoreMod),
+    (table, len): (&crate::modifiers::score_mod::Trainable, usize),
     grads: usize,
-) {
-    let len = score_mod.captured()[table.index].1.len();
+) -> (usize, usize) {
     let pairs = cfg.batch * cfg.heads_q * cfg.seq_q * cfg.seq_kv;
     let parts = pairs
         .div_ceil(TABLE_PAIRS_PER_PART)
@@ -152,19 +209,7 @@ fn table_steps(
         windows: Vec::new(),
         workgroups: params.total_wg,
     });
-    let d_table = Output(plan.outputs.len());
-    plan.outputs.push(OutputSpec {
-        role: TensorRole::DTable,
-        shape: vec![len],
-        dtype: DType::F32,
-    });
-    plan.steps.push(Step {
-        key: key(Kernel::FlashBwdTableSum, cfg, Tiles::ONE, DType::F32, env),
-        params,
-        buffers: vec![Scratch(parts_buf), d_table],
-        windows: Vec::new(),
-        workgroups: len.div_ceil(ELEMENTWISE_WORKGROUP as usize) as u32,
-    });
+    (parts_buf, parts)
 }
 
 /// The preprocess (delta) and the dq, dk, dv passes, on the route's path.

@@ -175,7 +175,7 @@ impl Plan {
             for r in [
                 s.key.uses_extras().then_some(BufRef::Extras),
                 s.key.uses_pairs().then_some(BufRef::Pairs),
-                kept_grads.filter(|_| s.key.keeps_grads),
+                kept_grads.filter(|_| s.key.binds_kept()),
             ]
             .into_iter()
             .flatten()

@@ -99,6 +99,7 @@ pub(crate) fn key(
         // set by the backward plan where d_bias is asked for
         keeps_grads: false,
         keeps_scores: false,
+        sums_table: false,
         subgroup: if kernel.is_rows_variant() {
             env.tuning.rows_subgroup
         } else {

@@ -2,8 +2,9 @@
 //! the f64 reference, the reference against central finite differences of its own loss
 //! (sum(d_out * out)) in the table's entries, and the same bits run to run. T5's buckets (an
 //! additive [heads, 16] table), per-head slopes and a per-(head, key) gain (`[heads, keys]`,
-//! whose partial is the score itself), beside a bias's gradient. The snippet rules are the
-//! library's unit tests.
+//! whose partial is the score itself), beside a bias's gradient; tensors the dQ kernels sum
+//! themselves and a longer one summed from kept pairs. The snippet rules are the library's
+//! unit tests.
 
 use crate::common;
 use common::{assert_close_floor, cfg, ctx, inputs, score_mods};
@@ -94,22 +95,32 @@ fn t5_buckets_learn_their_gradient() {
 
 #[test]
 fn per_head_slopes_and_a_per_key_gain_learn_their_gradients() {
-    let c0 = cfg(1, 48, 64, 4, 2, 32, false);
-    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(common::fresh_seed());
-    let slope = common::random(&mut rng, c0.heads_q, 1.0);
-    let gain: Vec<f32> = common::random(&mut rng, c0.heads_q * c0.seq_kv, 0.5)
-        .into_iter()
-        .map(|x| 1.0 + x)
-        .collect();
-    let keys = c0.seq_kv;
-    let mut c = c0.clone();
-    // with a bias that asks for d_bias too: both gradients from one kept scratch
-    c.bias = Some(common::random_bias(&c, true, false, 0.2, 3));
-    let (g, s) = (gain.clone(), slope.clone());
-    let slopes = move |t: Vec<f32>| score_mods::slope_and_gain(keys, t, g.clone(), "slope");
-    c.score_mod = Some(slopes(slope.clone()));
-    check(&c, &slopes, &slope, &[0, 3]);
-    let gains = move |t: Vec<f32>| score_mods::slope_and_gain(keys, s.clone(), t, "gain");
-    c.score_mod = Some(gains(gain.clone()));
-    check(&c, &gains, &gain, &[5, keys + 17, 3 * keys + 63]);
+    // 80 keys: a gain per (head, key) is 320 entries at 4 heads, past what the dQ kernels sum
+    // themselves (TABLE_SUM_ENTRIES, 256), so it comes from kept pairs; at 2 heads (the same
+    // snippet and pipelines) 160 entries, summed in the dQ kernels, as the slopes are
+    let keys = 80;
+    for heads in [4, 2] {
+        let c0 = cfg(1, 48, keys, heads, heads / 2, 32, false);
+        let mut rng =
+            <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(common::fresh_seed());
+        let slope = common::random(&mut rng, c0.heads_q, 1.0);
+        let gain: Vec<f32> = common::random(&mut rng, c0.heads_q * keys, 0.5)
+            .into_iter()
+            .map(|x| 1.0 + x)
+            .collect();
+        let mut c = c0.clone();
+        // with a bias that asks for d_bias too (both gradients from one scratch), which hides
+        // a fifth of the pairs with -inf: score_mod takes -inf there, so the gain's partial
+        // (the score) is -inf, and a hidden pair that reached d_table would make it NaN
+        c.bias = Some(common::random_bias(&c, true, false, 0.2, 3));
+        let (g, s) = (gain.clone(), slope.clone());
+        let slopes = move |t: Vec<f32>| score_mods::slope_and_gain(keys, t, g.clone(), "slope");
+        if heads == 4 {
+            c.score_mod = Some(slopes(slope.clone()));
+            check(&c, &slopes, &slope, &[0, 3]);
+        }
+        let gains = move |t: Vec<f32>| score_mods::slope_and_gain(keys, s.clone(), t, "gain");
+        c.score_mod = Some(gains(gain.clone()));
+        check(&c, &gains, &gain, &[5, keys + 17, (heads - 1) * keys + 63]);
+    }
 }
