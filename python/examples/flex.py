@@ -5,7 +5,8 @@ against a float64 numpy computation of the same definition:
 - a document mask (``mask_mod`` over captured document ids) with its block mask made on the
   GPU (``create_block_mask``), so that blocks across documents are never visited;
 - prefix-LM (every row sees the first keys, the rest causally);
-- T5's bucketed relative positions (``score_mod`` reading a captured table per head).
+- T5's bucketed relative positions (``score_mod`` reading a captured table per head), the
+  table trainable: the backward also returns its gradient (``score_mod_trainable``).
 
     python python/examples/flex.py [--seq 256] [--heads 4] [--head-dim 32] [--seed N]
 """
@@ -43,12 +44,15 @@ def t5_bucket(i, j):
     return np.where(rel > 0, 8, 0) + np.where(n < 4, n, far)
 
 
-def reference(q, k, v, dout, visible, bias):
+def reference(q, k, v, dout, visible, bias, entries=None):
     """out and dq, dk, dv in float64 for one batch: q [n, h, d]; visible(h) a [n, n] bool
-    matrix, bias(h) a [n, n] term added to the scaled scores."""
+    matrix, bias(h) a [n, n] term added to the scaled scores; with entries(h) (the [n, n]
+    table entries the bias reads) also the table's gradient, each pair's dS summed into its
+    entry."""
     n, heads, d = q.shape
     q, k, v, dout = (x.astype(np.float64) for x in (q, k, v, dout))
     out, dq, dk, dv = (np.zeros_like(q) for _ in range(4))
+    d_table = np.zeros(heads * 16)
     for h in range(heads):
         s = np.where(visible(h), q[:, h] @ k[:, h].T / np.sqrt(d) + bias(h), -np.inf)
         p = np.exp(s - s.max(axis=1, keepdims=True))
@@ -59,12 +63,15 @@ def reference(q, k, v, dout, visible, bias):
         dq[:, h] = ds @ k[:, h] / np.sqrt(d)
         dk[:, h] = ds.T @ q[:, h] / np.sqrt(d)
         dv[:, h] = p.T @ dout[:, h]
-    return out, dq, dk, dv
+        if entries is not None:
+            np.add.at(d_table, entries(h), ds)
+    return (out, dq, dk, dv) + ((d_table,) if entries is not None else ())
 
 
 def check(name, got, want):
     err = max(float(np.max(np.abs(g.astype(np.float64) - w))) for g, w in zip(got, want))
-    print(f"{name:28} max |error| {err:.2e} (out, dq, dk, dv)")
+    what = "out, dq, dk, dv" + (", d_table" if len(want) > 4 else "")
+    print(f"{name:28} max |error| {err:.2e} ({what})")
     assert err < 1e-4, f"{name}: error {err}"
 
 
@@ -83,11 +90,12 @@ def main():
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     none = lambda head: 0.0  # noqa: E731
 
-    def run(name, visible, bias, **opts):
+    def run(name, visible, bias, entries=None, trainable=None, **opts):
         out, lse = fa.flash_attn_func(q, k, v, return_lse=True, **opts)
-        grads = fa.flash_attn_backward(dout, q, k, v, out, lse, **opts)
-        want = reference(q[0], k[0], v[0], dout[0], visible, bias)
-        check(name, [out[0]] + [g[0] for g in grads], want)
+        grads = fa.flash_attn_backward(dout, q, k, v, out, lse, score_mod_trainable=trainable,
+                                       **opts)
+        want = reference(q[0], k[0], v[0], dout[0], visible, bias, entries)
+        check(name, [out[0]] + [g[0] for g in grads[:3]] + list(grads[3:]), want)
 
     # four documents of uneven lengths, packed in one sequence
     ids = np.repeat(np.arange(4), np.diff([0, n // 8, n // 2, 3 * n // 4, n])).astype(np.float32)
@@ -100,7 +108,8 @@ def main():
     run("prefix-LM", lambda head: (j < 32) | (j <= i), none, mask_mod=PREFIX_LM)
     table = rng.uniform(-1, 1, h * 16).astype(np.float32)
     run("T5 relative positions", lambda head: np.ones((n, n), bool),
-        lambda head: table[head * 16 + t5_bucket(i, j)], score_mod=T5,
+        lambda head: table[head * 16 + t5_bucket(i, j)],
+        lambda head: head * 16 + t5_bucket(i, j), "table", score_mod=T5,
         score_mod_tensors={"table": table})
 
 

@@ -16,7 +16,8 @@ from ._tensor import Tensor, out_of, tensor
 def _options(dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
              softcap=0.0, alibi_slopes=None, seed=None, cu_seqlens_q=None, cu_seqlens_k=None,
              block_table=None, num_splits=0, leftpad_k=None, score_mod=None,
-             score_mod_tensors=None, mask_mod=None, mask_mod_tensors=None, block_mask=None):
+             score_mod_tensors=None, mask_mod=None, mask_mod_tensors=None, block_mask=None,
+             score_mod_trainable=None):
     """The native module's options dict, every argument checked in the caller's words."""
     dropout_p = _args.number(dropout_p, "dropout_p", 0.0, 1.0, high_open=True)
     mask_mod, mask_mod_tensors = _mask_of(block_mask, mask_mod, mask_mod_tensors)
@@ -39,6 +40,7 @@ def _options(dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -
         "leftpad_k": listed(leftpad_k),
         "score_mod": None if score_mod is None else str(score_mod),
         "score_mod_tensors": _captured(score_mod_tensors, "score_mod_tensors"),
+        "score_mod_trainable": _trainable(score_mod_trainable, score_mod_tensors),
         "mask_mod": None if mask_mod is None else str(mask_mod),
         "mask_mod_tensors": _captured(mask_mod_tensors, "mask_mod_tensors"),
         "block_mask": block_mask,
@@ -59,6 +61,30 @@ def _captured(tensors, name):
             raise InvalidInputError(f"{name}[{key!r}] must be an array of floats") from None
         out.append((str(key), [float(x) for x in values]))
     return out
+
+
+def _trainable(name, tensors):
+    """The name of the captured tensor whose gradient the backward returns: one of
+    ``score_mod_tensors``' names (the library checks the rest: that score_mod reads it once)."""
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise InvalidInputError(f"score_mod_trainable must be the name of one of "
+                                f"score_mod_tensors, got {type(name).__name__}")
+    if not isinstance(tensors, dict) or name not in tensors:
+        names = sorted(tensors) if isinstance(tensors, dict) else []
+        raise InvalidInputError(f"score_mod_trainable={name!r} is not one of score_mod_tensors' "
+                                f"names {names}")
+    return name
+
+
+def _table_grad(d_table, options, tensors):
+    """The trainable tensor's gradient, a float32 numpy array of the tensor's shape as given:
+    the gradients' last element, after (dq, dk, dv); nothing without one."""
+    if d_table is None:
+        return ()
+    shape = np.shape(tensors[options["score_mod_trainable"]])
+    return (np.asarray(out_of(True, d_table)).reshape(shape),)
 
 
 def _mask_of(block_mask, mask_mod, mask_mod_tensors):
@@ -105,9 +131,11 @@ class FlashAttnCall:
     The saved tensors are the uploaded copies, so changing the caller's arrays after the
     forward does not change the gradients."""
 
-    __slots__ = ("out", "softmax_lse", "seed", "options", "_saved", "_layout", "_numpy")
+    __slots__ = ("out", "softmax_lse", "seed", "options", "_saved", "_layout", "_numpy",
+                 "_tables")
 
-    def __init__(self, out, softmax_lse, options, user_options, saved, layout, as_numpy):
+    def __init__(self, out, softmax_lse, options, user_options, saved, layout, as_numpy,
+                 tables=None):
         self.out = out
         self.softmax_lse = softmax_lse
         self.seed = options["seed"]
@@ -115,6 +143,7 @@ class FlashAttnCall:
         self._saved = (options, saved)
         self._layout = layout
         self._numpy = as_numpy
+        self._tables = tables
 
     def backward(self, dout):
         """The gradients of this call for ``dout``, the gradient of ``out`` (its shape)."""
@@ -130,16 +159,18 @@ class FlashAttnCall:
             dout = _bhsd(dout, "dout")
         d = _packed(dout, "dout") if varlen else tensor(dout, "dout")
         grads = _native.backward(d._t, q, k, v, out, lse, options)
-        dq, dk, dv = (out_of(self._numpy, g) for g in grads)
+        dq, dk, dv = (out_of(self._numpy, g) for g in grads[:3])
+        table = _table_grad(grads[3], options, self._tables)
         if varlen and self._numpy:
             dq, dk, dv = dq[0], dk[0], dv[0]
         if bhsd:
-            return tuple(_bhsd(g, name) for g, name in ((dq, "dq"), (dk, "dk"), (dv, "dv")))
+            return tuple(_bhsd(g, name) for g, name in ((dq, "dq"), (dk, "dk"), (dv, "dv"))) \
+                + table
         if self._layout.endswith("qkvpacked"):
             return np.stack([dq, dk, dv], axis=-3)
         if self._layout.endswith("kvpacked"):
             return dq, np.stack([dk, dv], axis=-3)
-        return dq, dk, dv
+        return (dq, dk, dv) + table
 
     def __repr__(self):
         return (f"flash_attn_wgpu.FlashAttnCall(out shape {tuple(self.out.shape)}, "
@@ -147,7 +178,7 @@ class FlashAttnCall:
 
 
 def _finish(out, lse, options, user_options, saved, layout, as_numpy, return_attn_probs,
-            return_lse, return_handle):
+            return_lse, return_handle, tables=None):
     """What a forward returns: out; (out, softmax_lse, S_dmask) with return_attn_probs
     (S_dmask None); (out, lse) with return_lse; the handle with return_handle."""
     if return_handle and return_attn_probs:
@@ -158,7 +189,8 @@ def _finish(out, lse, options, user_options, saved, layout, as_numpy, return_att
     if layout.startswith("varlen") and as_numpy:
         o, l = o[0], l[0]
     if return_handle:
-        return FlashAttnCall(o, l, options, user_options, saved + (out, lse), layout, as_numpy)
+        return FlashAttnCall(o, l, options, user_options, saved + (out, lse), layout, as_numpy,
+                             tables)
     if _args.flag(return_attn_probs, "return_attn_probs"):
         return o, l, None
     if _args.flag(return_lse, "return_lse"):
@@ -178,7 +210,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False, *, return_lse=False, return_handle=False,
                     seed=None, score_mod=None, score_mod_tensors=None, mask_mod=None,
-                    mask_mod_tensors=None, block_mask=None):
+                    mask_mod_tensors=None, block_mask=None, score_mod_trainable=None):
     """flash-attn 2's ``flash_attn_func``: attention of q ``[batch, seqlen_q, nheads,
     headdim]`` over k, v ``[batch, seqlen_k, nheads_k, headdim]`` (nheads a multiple of
     nheads_k: GQA/MQA). v may be narrower or wider than q and k (``headdim_v``, as flash-attn
@@ -199,7 +231,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     ``return_lse`` returns ``(out, lse)``; ``seed``; ``score_mod``: WGSL defining
     ``score_mod(s, b, h, i, j)`` (FlexAttention's score_mod, after the built-in modifiers;
     its derivative ``score_mod_ds`` derived, or given; docs/SEMANTICS.md), reading the arrays
-    (float32) of ``score_mod_tensors`` (a dict) by name; ``mask_mod``: WGSL defining
+    (float32) of ``score_mod_tensors`` (a dict) by name; ``score_mod_trainable``: the name of
+    one of them to learn (read once, in ``score_mod``'s own body): a handle's backward then
+    returns its gradient (float32, its shape) after ``(dq, dk, dv)``, summed in a fixed order
+    (the same bits every run; wgpu only); ``mask_mod``: WGSL defining
     ``mask_mod(b, h, i, j) -> bool`` (pairs where it is false are hidden), reading
     ``mask_mod_tensors``; ``block_mask`` from :func:`create_block_mask`, which applies the mask
     it was made from (give that mask, or none).
@@ -210,11 +245,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, seed,
                     score_mod=score_mod, score_mod_tensors=score_mod_tensors,
                     mask_mod=mask_mod, mask_mod_tensors=mask_mod_tensors,
-                    block_mask=block_mask)
+                    block_mask=block_mask, score_mod_trainable=score_mod_trainable)
     qt, kt, vt = tensor(q, "q"), tensor(k, "k"), tensor(v, "v")
     out, lse = _native.forward(qt._t, kt._t, vt._t, opts)
     return _finish(out, lse, opts, user, (qt._t, kt._t, vt._t), "dense", as_numpy,
-                   return_attn_probs, return_lse, return_handle)
+                   return_attn_probs, return_lse, return_handle, score_mod_tensors)
 
 
 def _as_layout(result, return_handle, layout):
@@ -412,20 +447,23 @@ def _backward_seed(seed, dropout_p):
 def flash_attn_backward(dout, q, k, v, out, lse, dropout_p=0.0, softmax_scale=None,
                         causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                         seed=None, score_mod=None, score_mod_tensors=None, mask_mod=None,
-                        mask_mod_tensors=None, block_mask=None):
+                        mask_mod_tensors=None, block_mask=None, score_mod_trainable=None):
     """Gradients (dq, dk, dv) of attention from the forward's ``out`` and ``lse`` and the
     output's gradient ``dout``, with the forward's options, which must be repeated exactly
     (``return_handle=True`` on the forward and ``handle.backward(dout)`` need none).
-    The probabilities are recomputed, never stored. Shapes and dtypes as q, k and v."""
+    The probabilities are recomputed, never stored. Shapes and dtypes as q, k and v. With
+    ``score_mod_trainable``, the named tensor's gradient follows (float32, its shape)."""
     as_numpy = not isinstance(q, Tensor)
     opts = _options(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                     _backward_seed(seed, dropout_p), score_mod=score_mod,
                     score_mod_tensors=score_mod_tensors, mask_mod=mask_mod,
-                    mask_mod_tensors=mask_mod_tensors, block_mask=block_mask)
+                    mask_mod_tensors=mask_mod_tensors, block_mask=block_mask,
+                    score_mod_trainable=score_mod_trainable)
     grads = _native.backward(tensor(dout, "dout")._t, tensor(q, "q")._t, tensor(k, "k")._t,
                              tensor(v, "v")._t, tensor(out, "out")._t, tensor(lse, "lse")._t,
                              opts)
-    return tuple(out_of(as_numpy, g) for g in grads)
+    return tuple(out_of(as_numpy, g) for g in grads[:3]) \
+        + _table_grad(grads[3], opts, score_mod_tensors)
 
 
 def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
@@ -444,7 +482,7 @@ def flash_attn_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
         lse = np.asarray(lse)[None]
     grads = _native.backward(_packed(dout, "dout")._t, qt._t, kt._t, _packed(v, "v")._t,
                              _packed(out, "out")._t, tensor(lse, "lse")._t, opts)
-    grads = tuple(out_of(as_numpy, g) for g in grads)
+    grads = tuple(out_of(as_numpy, g) for g in grads[:3])
     return tuple(g[0] for g in grads) if as_numpy else grads
 
 
@@ -491,7 +529,8 @@ def _bhsd(x, name):
 
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
                    enable_gqa=False, return_lse=False, *, score_mod_tensors=None,
-                   mask_mod=None, mask_mod_tensors=None, return_handle=False):
+                   mask_mod=None, mask_mod_tensors=None, return_handle=False,
+                   score_mod_trainable=None):
     """PyTorch's ``flex_attention`` in its layout: query ``[B, Hq, L, E]``, key ``[B, Hkv, S,
     E]``, value ``[B, Hkv, S, Ev]`` (numpy, float32, float16 or bfloat16), out ``[B, Hq, L,
     Ev]``. ``score_mod`` is WGSL defining ``score_mod(s, b, h, i, j)``, its derivative
@@ -501,7 +540,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     ``scale`` the softmax scale (default ``1/sqrt(E)``); ``enable_gqa`` lets Hq be a multiple
     of Hkv, as there. ``return_lse`` returns ``(out, lse)`` with lse ``[B, Hq, L]`` (natural
     log); ``return_handle`` a :class:`FlashAttnCall` whose ``backward(dout)`` gives ``(dq,
-    dk, dv)`` in this layout."""
+    dk, dv)`` in this layout, and with ``score_mod_trainable`` (a name of
+    ``score_mod_tensors``, as FlexAttention trains a captured tensor that requires grad) that
+    tensor's gradient after them."""
     q, k, v = _bhsd(query, "query"), _bhsd(key, "key"), _bhsd(value, "value")
     hq, hkv = q.shape[2], k.shape[2]
     if hq != hkv and not _args.flag(enable_gqa, "enable_gqa"):
@@ -511,7 +552,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     r = flash_attn_func(q, k, v, softmax_scale=scale, return_lse=not return_handle,
                         return_handle=return_handle, score_mod=score_mod,
                         score_mod_tensors=score_mod_tensors, mask_mod=mask_mod,
-                        mask_mod_tensors=mask_mod_tensors, block_mask=block_mask)
+                        mask_mod_tensors=mask_mod_tensors, block_mask=block_mask,
+                        score_mod_trainable=score_mod_trainable)
     if return_handle:
         r.out = _bhsd(r.out, "out")
         r._layout = "bhsd"

@@ -205,6 +205,10 @@ struct Options {
     score_mod: Option<String>,
     #[pyo3(item)]
     score_mod_tensors: Vec<(String, Vec<f32>)>,
+    /// The captured tensor of `score_mod` whose gradient the backward returns
+    /// (`ScoreMod::with_trainable`).
+    #[pyo3(item)]
+    score_mod_trainable: Option<String>,
     /// A user mask's WGSL (`MaskMod`), and its captured tensors by name.
     #[pyo3(item)]
     mask_mod: Option<String>,
@@ -345,7 +349,19 @@ fn config_for(
     cfg.leftpad_kv = o.leftpad_k.clone();
     if let Some(src) = &o.score_mod {
         let captured = o.score_mod_tensors.iter().cloned();
-        cfg.score_mod = Some(ScoreMod::wgsl_with(src, captured).map_err(|e| to_py(py, e))?);
+        let mut m = ScoreMod::wgsl_with(src, captured).map_err(|e| to_py(py, e))?;
+        if let Some(name) = &o.score_mod_trainable {
+            m = m.with_trainable(name).map_err(|e| to_py(py, e))?;
+        }
+        cfg.score_mod = Some(m);
+    } else if let Some(name) = &o.score_mod_trainable {
+        return Err(invalid(
+            py,
+            format!(
+                "score_mod_trainable={name:?} names a tensor of a score_mod, but no score_mod \
+                 was given"
+            ),
+        ));
     }
     if let Some(src) = &o.mask_mod {
         let captured = o.mask_mod_tensors.iter().cloned();
@@ -376,7 +392,8 @@ fn forward(
     Ok((PyTensor { inner: f.out }, PyTensor { inner: f.lse }))
 }
 
-/// Backward from the forward's out and lse: (dq, dk, dv).
+/// Backward from the forward's out and lse: (dq, dk, dv, d_table), d_table the trainable
+/// captured tensor's gradient (f32) where the options name one, else None.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn backward(
@@ -388,7 +405,7 @@ fn backward(
     out: PyRef<'_, PyTensor>,
     lse: PyRef<'_, PyTensor>,
     options: Options,
-) -> PyResult<(PyTensor, PyTensor, PyTensor)> {
+) -> PyResult<(PyTensor, PyTensor, PyTensor, Option<PyTensor>)> {
     let ctx = context(py)?;
     let (q, k, v) = (&q.inner, &k.inner, &v.inner);
     let (out, lse, d_out) = (&out.inner, &lse.inner, &d_out.inner);
@@ -400,6 +417,7 @@ fn backward(
         PyTensor { inner: g.dq },
         PyTensor { inner: g.dk },
         PyTensor { inner: g.dv },
+        g.d_table.map(|t| PyTensor { inner: t }),
     ))
 }
 

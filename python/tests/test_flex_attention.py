@@ -15,13 +15,15 @@ DOCS = "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return doc(i) == d
 
 
 def reference(q, k, v, dout, scale, visible, bias):
-    """out, lse, dq, dk, dv in float64, [B, H, S, D] (grouped heads: query head h reads kv
-    head h // (Hq / Hkv)); visible a [L, S] bool matrix, bias a [S] term on the scores."""
+    """out, lse, dq, dk, dv and d_bias in float64, [B, H, S, D] (grouped heads: query head h
+    reads kv head h // (Hq / Hkv)); visible a [L, S] bool matrix, bias a [S] term on the
+    scores, whose gradient (d_bias, [S]) sums each key's gradients at its scores."""
     q, k, v, dout = (x.astype(np.float64) for x in (q, k, v, dout))
     b, hq, n, _ = q.shape
     g = hq // k.shape[1]
     out, lse, dq = np.zeros_like(q), np.zeros((b, hq, n)), np.zeros_like(q)
     dk, dv = np.zeros_like(k), np.zeros_like(v)
+    d_bias = np.zeros(k.shape[2])
     for x in range(b):
         for h in range(hq):
             kh, vh = k[x, h // g], v[x, h // g]
@@ -36,7 +38,8 @@ def reference(q, k, v, dout, scale, visible, bias):
             dq[x, h] = ds @ kh * scale
             dk[x, h // g] += ds.T @ q[x, h] * scale
             dv[x, h // g] += p.T @ dout[x, h]
-    return out, lse, dq, dk, dv
+            d_bias += ds.sum(axis=0)
+    return out, lse, dq, dk, dv, d_bias
 
 
 def test_flex_attention_takes_its_layout_its_block_mask_and_grouped_heads(rng):
@@ -55,12 +58,64 @@ def test_flex_attention_takes_its_layout_its_block_mask_and_grouped_heads(rng):
     assert call.out.shape == (b, hq, n, d)
     close(call.out, want[0], 2e-5, "out")
     close(call.softmax_lse, want[1], 2e-5, "lse")
-    for got, w, name in zip(call.backward(dout), want[2:], ("dq", "dk", "dv")):
+    for got, w, name in zip(call.backward(dout), want[2:5], ("dq", "dk", "dv")):
         assert got.shape == w.shape, name
         close(got, w, 4e-5, name)
     out, lse = fa.flex_attention(q, k, v, score_mod=BIAS, block_mask=bm, scale=scale,
                                  enable_gqa=True, score_mod_tensors={"t": t}, return_lse=True)
     assert np.array_equal(out, call.out) and np.array_equal(lse, call.softmax_lse)
+
+
+def test_a_captured_tensor_marked_trainable_gets_its_gradient(rng):
+    # FlexAttention trains a captured tensor that requires grad; here score_mod_trainable
+    # names it, and the backward returns its gradient after (dq, dk, dv)
+    b, hq, hkv, n, d = 2, 4, 2, 70, 16
+    cu = [0, 17, 41, 70]
+    ids = np.repeat(np.arange(3), np.diff(cu)).astype(np.float32)
+    q, k, v = rand(rng, (b, hq, n, d)), rand(rng, (b, hkv, n, d)), rand(rng, (b, hkv, n, d))
+    dout = rand(rng, (b, hq, n, d))
+    t = rng.uniform(-1, 1, n).astype(np.float32)
+    bm = fa.create_block_mask(DOCS, None, None, n, n, BLOCK_SIZE=8,
+                              mask_mod_tensors={"doc": ids})
+    scale = 0.3
+    want = reference(q, k, v, dout, scale, ids[:, None] == ids[None, :], t)
+    opts = dict(score_mod=BIAS, block_mask=bm, scale=scale, enable_gqa=True,
+                score_mod_tensors={"t": t}, score_mod_trainable="t")
+    call = fa.flex_attention(q, k, v, return_handle=True, **opts)
+    grads = call.backward(dout)
+    assert len(grads) == 4
+    for got, w, name in zip(grads, want[2:], ("dq", "dk", "dv", "d_t")):
+        assert got.shape == w.shape, name
+        close(got, w, 4e-5, name)
+    assert grads[3].dtype == np.float32
+    # summed in a fixed order: the same bits again
+    assert np.array_equal(call.backward(dout)[3], grads[3])
+    # the explicit backward, in flash_attn_func's layout, gives the same gradient
+    sw = lambda x: np.ascontiguousarray(np.swapaxes(x, 1, 2))
+    out, lse = fa.flash_attn_func(sw(q), sw(k), sw(v), softmax_scale=scale, return_lse=True,
+                                  score_mod=BIAS, score_mod_tensors={"t": t}, block_mask=bm)
+    again = fa.flash_attn_backward(sw(dout), sw(q), sw(k), sw(v), out, lse,
+                                   softmax_scale=scale, score_mod=BIAS,
+                                   score_mod_tensors={"t": t}, block_mask=bm,
+                                   score_mod_trainable="t")
+    assert len(again) == 4 and np.array_equal(again[3], grads[3])
+
+
+def test_a_trainable_name_must_be_a_captured_tensor_of_a_score_mod(rng):
+    q = rand(rng, (1, 2, 9, 16))
+    t = np.ones(9, np.float32)
+    with pytest.raises(fa.InvalidInputError, match=r"score_mod_trainable='u' is not one of "
+                                                   r"score_mod_tensors' names \['t'\]"):
+        fa.flex_attention(q, q, q, score_mod=BIAS, score_mod_tensors={"t": t},
+                          score_mod_trainable="u")
+    with pytest.raises(fa.InvalidInputError, match="no score_mod was given"):
+        fa.flex_attention(q, q, q, score_mod_tensors={"t": t}, score_mod_trainable="t")
+    # read twice: the derivative in the tensor is refused, naming the line
+    twice = ("fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {\n"
+             "    return s + t(j) * t(i);\n}")
+    with pytest.raises(fa.InvalidInputError, match="line 2"):
+        fa.flex_attention(q, q, q, score_mod=twice, score_mod_tensors={"t": t},
+                          score_mod_trainable="t")
 
 
 def test_flex_attention_refuses_what_flexattention_refuses_by_name(rng):

@@ -541,8 +541,11 @@ fn table_flush(wg: u32, t: u32) {{
             }}
             workgroupBarrier();
         }}
-        if (wg < params.total_wg && t < per && e0 + t < table_len()) {{
-            kept_grads[params.slice_base + (params.splits + wg) * table_len() + e0 + t] = fold_load(t * NT);
+        // (a small workgroup folds more entries a round than it has invocations)
+        for (var c = t; c < per; c += NT) {{
+            if (wg < params.total_wg && e0 + c < table_len()) {{
+                kept_grads[params.slice_base + (params.splits + wg) * table_len() + e0 + c] = fold_load(c * NT);
+            }}
         }}
     }}
 }}
