@@ -137,6 +137,11 @@ fn kv_index(b: u32, j: u32, hk: u32, d: u32) -> u32 {
 }
 
 fn v_index(b: u32, j: u32, hk: u32, d: u32) -> u32 {
+    // an MLA latent cache: v is k's buffer, and a value row the first HEAD_DIM_V dims of its
+    // key row
+    if (LATENT()) {
+        return kv_index(b, j, hk, d);
+    }
     return kv_row(b, j, hk) * HEAD_DIM_V + d + params.kv_shift;
 }
 

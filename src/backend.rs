@@ -185,6 +185,29 @@ pub trait AttentionBackend {
         rotary: Rotary<'_, Self::Tensor>,
     ) -> Result<Forward<Self::Tensor>>;
 
+    /// Attention over an MLA latent cache (values the first head_dim_v dims of each key row)
+    /// after an optional append of keys
+    /// ([`Context::forward_with_latent_cache`](crate::Context::forward_with_latent_cache)).
+    fn forward_with_latent_cache(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Self::Tensor,
+        cache: &mut Self::Tensor,
+        cache_seqlens: &[usize],
+        k_new: Option<&Self::Tensor>,
+    ) -> Result<Forward<Self::Tensor>>;
+
+    /// The same over an 8-bit latent cache
+    /// ([`Context::forward_with_quantized_latent_cache`](crate::Context::forward_with_quantized_latent_cache)).
+    fn forward_with_quantized_latent_cache(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Self::Tensor,
+        cache: &mut QuantizedCache<Self::Tensor>,
+        cache_seqlens: &[usize],
+        k_new: Option<&Self::Tensor>,
+    ) -> Result<Forward<Self::Tensor>>;
+
     /// GPU time of the most recent call, where the backend measures it
     /// ([`Context::last_gpu_timing`](crate::Context::last_gpu_timing)).
     fn last_gpu_timing(&self) -> Option<GpuTiming>;
@@ -388,6 +411,26 @@ macro_rules! attention_backend {
                 <$ctx>::forward_with_quantized_kvcache_rotary(
                     self, cfg, q, caches, cache_seqlens, append, rotary,
                 )
+            }
+            fn forward_with_latent_cache(
+                &self,
+                cfg: &crate::config::AttentionConfig,
+                q: &$tensor,
+                cache: &mut $tensor,
+                cache_seqlens: &[usize],
+                k_new: Option<&$tensor>,
+            ) -> crate::error::Result<crate::outputs::Forward<$tensor>> {
+                <$ctx>::forward_with_latent_cache(self, cfg, q, cache, cache_seqlens, k_new)
+            }
+            fn forward_with_quantized_latent_cache(
+                &self,
+                cfg: &crate::config::AttentionConfig,
+                q: &$tensor,
+                cache: &mut crate::kvcache::QuantizedCache<$tensor>,
+                cache_seqlens: &[usize],
+                k_new: Option<&$tensor>,
+            ) -> crate::error::Result<crate::outputs::Forward<$tensor>> {
+                <$ctx>::forward_with_quantized_latent_cache(self, cfg, q, cache, cache_seqlens, k_new)
             }
             fn last_gpu_timing(
                 &self,

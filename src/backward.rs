@@ -94,6 +94,7 @@ impl Context {
         into: Option<&mut wgpu::CommandEncoder>,
     ) -> Result<Gradients> {
         cfg.validate()?;
+        crate::kvcache::separate_v(cfg)?;
         let dtype = q.dtype();
         check_tensor(self, TensorRole::Q, q, &cfg.q_shape(), dtype)?;
         check_tensor(self, TensorRole::K, k, &cfg.kv_shape(), dtype)?;

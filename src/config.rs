@@ -80,6 +80,12 @@ pub struct AttentionConfig {
     /// Not every path runs a call whose dims differ: the others refuse it with
     /// `Error::Unsupported` (docs/SEMANTICS.md, "Head dims").
     pub head_dim_v: Option<usize>,
+    /// MLA's latent cache (FlashMLA's layout): the values are the first `head_dim_v` dims of
+    /// each key row, stored once; there is no separate v. Set by the latent-cache calls
+    /// ([`Context::forward_with_latent_cache`](crate::Context::forward_with_latent_cache) and
+    /// its 8-bit form), which take the one cache; a call that takes a separate v refuses it
+    /// (`Error::InvalidConfig`). `head_dim_v` must be at most `head_dim`. Default false.
+    pub values_in_keys: bool,
     /// Bottom-right aligned causal mask: query i sees key j iff `j <= i + seq_kv - seq_q`.
     pub causal: bool,
     /// Sliding window (local attention); composes with `causal`. Default: none.
@@ -242,6 +248,7 @@ impl AttentionConfig {
             heads_kv,
             head_dim,
             head_dim_v: None,
+            values_in_keys: false,
             causal: false,
             window: Window::default(),
             softcap: None,
@@ -332,6 +339,27 @@ impl AttentionConfig {
     /// v (and dv): as k's, `dv()` wide.
     pub fn v_shape(&self) -> [usize; 4] {
         self.kv_shape_of(self.dv())
+    }
+
+    /// Bytes one token (one key position, every kv head) takes in a KV cache of this call's
+    /// shape, for one layer: keys and values stored apart (`latent` false: `head_dim +
+    /// head_dim_v` elements a kv head), or an MLA latent cache (`latent`: `head_dim`, the
+    /// values inside: [`Context::forward_with_latent_cache`](crate::Context::forward_with_latent_cache)),
+    /// in `dtype` or in the 8-bit `format` (its records, each its own dim wide; E4M3's
+    /// per-head scales are a cache's, not a token's). A paged pool takes this per row it
+    /// holds, used or not.
+    pub fn cache_bytes_per_token(
+        &self,
+        dtype: crate::DType,
+        format: Option<crate::CacheFormat>,
+        latent: bool,
+    ) -> u64 {
+        let row = |dim: usize| match format {
+            Some(f) => f.record_words(dim) as u64 * 4,
+            None => (dim * dtype.size_bytes()) as u64,
+        };
+        let values = if latent { 0 } else { row(self.dv()) };
+        self.heads_kv as u64 * (row(self.head_dim) + values)
     }
 
     fn kv_shape_of(&self, dim: usize) -> [usize; 4] {

@@ -103,6 +103,7 @@ impl Context {
         dst: Option<&Forward>,
     ) -> Result<Forward> {
         cfg.validate()?;
+        crate::kvcache::separate_v(cfg)?;
         let dtype = q.dtype();
         check_tensor(self, TensorRole::Q, q, &cfg.q_shape(), dtype)?;
         check_tensor(self, TensorRole::K, k, &cfg.kv_shape(), dtype)?;

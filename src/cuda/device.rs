@@ -258,6 +258,8 @@ impl CudaContext {
             });
         }
         crate::plan::check_bias_dtype(cfg, dtype)?;
+        // every CUDA call takes a separate v (the latent-cache calls are Unsupported here)
+        crate::kvcache::separate_v(cfg)?;
         if cfg.paged.is_some() && pass != Pass::Forward {
             return Err(Error::Unsupported {
                 feature: "the backward of a paged call (AttentionConfig::paged)".into(),
@@ -934,7 +936,11 @@ impl CudaContext {
             Some((k, v)) => {
                 k.check_owner(self.owner, || "k_new".into())?;
                 v.check_owner(self.owner, || "v_new".into())?;
-                append_rows(cfg, ((&k.shape, k.dtype), (&v.shape, v.dtype)), dtype)?
+                append_rows(
+                    cfg,
+                    ((&k.shape, k.dtype), Some((&v.shape[..], v.dtype))),
+                    dtype,
+                )?
             }
             None => 0,
         };
@@ -986,7 +992,11 @@ impl CudaContext {
     ) -> Result<Forward<CudaTensor>> {
         let dtype = q.dtype;
         let new_rows = match append {
-            Some((k, v)) => append_rows(cfg, ((&k.shape, k.dtype), (&v.shape, v.dtype)), dtype)?,
+            Some((k, v)) => append_rows(
+                cfg,
+                ((&k.shape, k.dtype), Some((&v.shape[..], v.dtype))),
+                dtype,
+            )?,
             None => 0,
         };
         let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
@@ -1118,6 +1128,46 @@ impl CudaContext {
         _rotary: Rotary<'_, CudaTensor>,
     ) -> Result<Forward<CudaTensor>> {
         Err(eight_bit_caches_unsupported())
+    }
+
+    /// [`Context::forward_with_latent_cache`](crate::Context::forward_with_latent_cache) on
+    /// CUDA: a typed `Unsupported` (docs/CUDA.md): the CUDA kernels read values from a v
+    /// buffer of their own.
+    pub fn forward_with_latent_cache(
+        &self,
+        _cfg: &AttentionConfig,
+        _q: &CudaTensor,
+        _cache: &mut CudaTensor,
+        _cache_seqlens: &[usize],
+        _k_new: Option<&CudaTensor>,
+    ) -> Result<Forward<CudaTensor>> {
+        Err(latent_caches_unsupported())
+    }
+
+    /// [`Context::forward_with_quantized_latent_cache`](crate::Context::forward_with_quantized_latent_cache)
+    /// on CUDA: a typed `Unsupported`, as
+    /// [`forward_with_latent_cache`](Self::forward_with_latent_cache).
+    pub fn forward_with_quantized_latent_cache(
+        &self,
+        _cfg: &AttentionConfig,
+        _q: &CudaTensor,
+        _cache: &mut crate::QuantizedCache<CudaTensor>,
+        _cache_seqlens: &[usize],
+        _k_new: Option<&CudaTensor>,
+    ) -> Result<Forward<CudaTensor>> {
+        Err(latent_caches_unsupported())
+    }
+}
+
+fn latent_caches_unsupported() -> Error {
+    Error::Unsupported {
+        feature: "an MLA latent cache (forward_with_latent_cache: values read from the key \
+                  rows)"
+            .into(),
+        backend: Backend::Cuda,
+        reason: "the CUDA kernels read values from a v buffer of their own; pass k and v \
+                 caches (the values stored apart) or use the wgpu path"
+            .into(),
     }
 }
 

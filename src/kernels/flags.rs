@@ -40,6 +40,9 @@ pub const VIEWS: u32 = m::VIEWS.bit;
 pub const SCORE_MOD: u32 = m::SCORE_MOD.bit;
 /// A user's mask (`AttentionConfig::mask_mod`): compiled in, its code in the key.
 pub const MASK_MOD: u32 = m::MASK_MOD.bit;
+/// An MLA latent cache: the values are read from the key rows
+/// (`AttentionConfig::values_in_keys`).
+pub const LATENT: u32 = m::LATENT.bit;
 
 /// Every bit with its WGSL name, in bit order.
 pub const ALL: [(u32, &str); m::ALL.len()] = {

@@ -238,10 +238,23 @@ pub(crate) const MASK_MOD: Hooks = Hooks {
     cuda: include_str!("../../cuda/modifiers/mask_mod.cuh"),
 };
 
+/// A run-time bit: an MLA latent cache, whose values are the first `head_dim_v` dims of each
+/// key row (`AttentionConfig::values_in_keys`): `v` is bound to k's buffer and read with
+/// k's rows (`v_index`; an 8-bit cache's records are k's).
+pub(crate) const LATENT: Hooks = Hooks {
+    name: "LATENT",
+    bit: 1 << 15,
+    compiled: false,
+    data: Data::Params,
+    score: ScoreHook::None,
+    wgsl: "",
+    cuda: "",
+};
+
 /// Every modifier, in bit order (bit i is `1 << i`).
-pub(crate) const ALL: [&Hooks; 15] = [
+pub(crate) const ALL: [&Hooks; 16] = [
     &CAUSAL, &WINDOW, &SOFTCAP, &ALIBI, &SINKS, &SEQLENS, &DROPOUT, &BLOCKS, &VARLEN, &MASK, &BIAS,
-    &PAGED, &VIEWS, &SCORE_MOD, &MASK_MOD,
+    &PAGED, &VIEWS, &SCORE_MOD, &MASK_MOD, &LATENT,
 ];
 
 /// What pipelines without a user score modifier take in its place (never called: their

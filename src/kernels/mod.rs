@@ -449,8 +449,8 @@ impl Kernel {
                 CAUSAL | WINDOW | ALIBI | SINKS | SEQLENS | BLOCKS | VARLEN | MASK
             }
             // the naive dS kernel finishes scores of pairs P already masked
-            Kernel::NaiveBwdDs => !(DROPOUT | PAGED | VIEWS | MASK_MOD) & every(),
-            k if k.finishes_scores() => !(DROPOUT | PAGED | VIEWS) & every(),
+            Kernel::NaiveBwdDs => !(DROPOUT | PAGED | VIEWS | MASK_MOD | LATENT) & every(),
+            k if k.finishes_scores() => !(DROPOUT | PAGED | VIEWS | LATENT) & every(),
             // the naive kernels that bound their loops by the band, and the naive dK/dV's
             // per-head state (begin_head)
             Kernel::NaivePv | Kernel::NaiveBwdDq => CAUSAL | WINDOW,
@@ -465,6 +465,10 @@ impl Kernel {
         }
         if reads(&["k", "v"]) {
             bits |= PAGED;
+        }
+        // v and dv rows are found by v_index, which a latent cache turns into key rows
+        if self.bindings().iter().any(|b| matches!(b.name, "v" | "dv")) {
+            bits |= LATENT;
         }
         if reads(&["q", "k", "v", "out", "d_out"]) {
             bits |= VIEWS;

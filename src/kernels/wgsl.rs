@@ -762,9 +762,13 @@ pub const CACHE_COLUMN_VEC4S: u32 = 4;
 /// (16 elements, one word) of the record starting at element `base`, unscaled, and
 /// `colscale_<name>(base, c)` the column's scale, which the kernel applies once per column.
 fn cache_wgsl(slot: u32, n: &str, columns: bool) -> String {
-    // its records: the values' are HEAD_DIM_V elements (KV_RW_V words), the keys' HEAD_DIM
+    // its records: the values' are HEAD_DIM_V elements (KV_RW_V words), the keys' HEAD_DIM;
+    // an MLA latent cache's values are read from the keys' records (v is k's buffer)
     let (dim, rw) = match dim_of(n) {
-        "HEAD_DIM_V" => ("HEAD_DIM_V", "KV_RW_V"),
+        "HEAD_DIM_V" => (
+            "select(HEAD_DIM_V, HEAD_DIM, LATENT())",
+            "select(KV_RW_V, KV_RW, LATENT())",
+        ),
         _ => ("HEAD_DIM", "KV_RW"),
     };
     let loads = format!(

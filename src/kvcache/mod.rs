@@ -10,6 +10,7 @@
 //! `AttentionConfig::leftpad_kv`: batch b's keys before it are hidden.
 
 mod cache;
+mod latent;
 mod quantized;
 
 pub use cache::QuantizedCache;
@@ -34,6 +35,7 @@ pub(crate) fn kvcache_config(
     new_rows: usize,
 ) -> Result<AttentionConfig> {
     cfg.validate()?;
+    separate_v(cfg)?;
     if cfg.seqlens_kv.is_some() || cfg.align_to_seqlens {
         return Err(Error::invalid(
             "forward_with_kvcache takes each batch's key length from cache_seqlens: \
@@ -73,6 +75,40 @@ pub(crate) fn kvcache_config(
     let mut c = cfg.clone();
     c.seqlens_kv = Some(lens);
     c.align_to_seqlens = true;
+    c.validate()?;
+    Ok(c)
+}
+
+/// A call that takes a separate v refuses a config whose values are in its keys
+/// (`values_in_keys`: an MLA latent cache, which the latent-cache calls take alone).
+pub(crate) fn separate_v(cfg: &AttentionConfig) -> Result<()> {
+    if cfg.values_in_keys {
+        return Err(Error::invalid(
+            "values_in_keys: a latent cache holds the values in its key rows, so this call's \
+             separate v would not be read; pass the one cache to forward_with_latent_cache \
+             (or forward_with_quantized_latent_cache), or set values_in_keys false",
+        ));
+    }
+    Ok(())
+}
+
+/// [`kvcache_config`] for a latent cache (`latent`: v is k's first head_dim_v dims, no v
+/// passed), or for separate k and v caches.
+pub(crate) fn step_config(
+    cfg: &AttentionConfig,
+    cache_seqlens: &[usize],
+    new_rows: usize,
+    latent: bool,
+) -> Result<AttentionConfig> {
+    if !latent {
+        return kvcache_config(cfg, cache_seqlens, new_rows);
+    }
+    let plain = AttentionConfig {
+        values_in_keys: false,
+        ..cfg.clone()
+    };
+    let mut c = kvcache_config(&plain, cache_seqlens, new_rows)?;
+    c.values_in_keys = true;
     c.validate()?;
     Ok(c)
 }
@@ -119,17 +155,20 @@ fn check_append_targets(
 pub(crate) type Meta<'a> = (&'a [usize], DType);
 
 /// The rows an append brings (`k_new`'s second dimension), after checking both tensors are
-/// `[batch, new, heads_kv, head_dim]` in `dtype`.
+/// `[batch, new, heads_kv, head_dim]` in `dtype` (v `head_dim_v` wide; a latent cache's
+/// append has no v).
 pub(crate) fn append_rows(
     cfg: &AttentionConfig,
-    (k, v): (Meta<'_>, Meta<'_>),
+    (k, v): (Meta<'_>, Option<Meta<'_>>),
     dtype: DType,
 ) -> Result<usize> {
     let rows = if k.0.len() == 4 { k.0[1] } else { 0 };
     let expected = [cfg.batch, rows.max(1), cfg.heads_kv, cfg.head_dim];
     check_meta(TensorRole::K, k.0, k.1, &expected, dtype)?;
-    let expected_v = [cfg.batch, rows.max(1), cfg.heads_kv, cfg.dv()];
-    check_meta(TensorRole::V, v.0, v.1, &expected_v, dtype)?;
+    if let Some(v) = v {
+        let expected_v = [cfg.batch, rows.max(1), cfg.heads_kv, cfg.dv()];
+        check_meta(TensorRole::V, v.0, v.1, &expected_v, dtype)?;
+    }
     Ok(rows)
 }
 
@@ -255,9 +294,9 @@ impl Context {
         self.kvcache_impl(
             cfg,
             q,
-            (k_cache, v_cache),
+            (&*k_cache, Some(&*v_cache)),
             cache_seqlens,
-            append,
+            append.map(|(k, v)| (k, Some(v))),
             None,
             None,
         )
@@ -278,9 +317,9 @@ impl Context {
         self.kvcache_impl(
             cfg,
             q,
-            (k_cache, v_cache),
+            (&*k_cache, Some(&*v_cache)),
             cache_seqlens,
-            append,
+            append.map(|(k, v)| (k, Some(v))),
             Some(dst),
             None,
         )
@@ -307,7 +346,13 @@ impl Context {
         rotary: Rotary<'_, Tensor>,
     ) -> Result<Forward> {
         // the call's checks before the rotation's GPU work
-        self.kvcache_step(cfg, q, cache_seqlens, append)?;
+        self.kvcache_step(
+            cfg,
+            q,
+            cache_seqlens,
+            append.map(|(k, v)| (k, Some(v))),
+            false,
+        )?;
         let mut enc = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -319,9 +364,9 @@ impl Context {
         let f = self.kvcache_impl(
             cfg,
             &q_rot,
-            (k_cache, v_cache),
+            (&*k_cache, Some(&*v_cache)),
             cache_seqlens,
-            append,
+            append.map(|(k, v)| (k, Some(v))),
             None,
             Some(&mut enc),
         )?;
@@ -414,49 +459,67 @@ impl Context {
     }
 
     /// What every KV-cache call checks first, before any GPU work: the new keys and values
-    /// (this context's, of the shapes `append_rows` takes), and q against the step's config.
-    /// Returns that config (`kvcache_config`) and the rows each batch appends.
+    /// (this context's, of the shapes `append_rows` takes; no values for a latent cache,
+    /// `latent`), and q against the step's config. Returns that config (`step_config`) and the
+    /// rows each batch appends.
     pub(crate) fn kvcache_step(
         &self,
         cfg: &AttentionConfig,
         q: &Tensor,
         cache_seqlens: &[usize],
-        append: Option<(&Tensor, &Tensor)>,
+        append: Option<(&Tensor, Option<&Tensor>)>,
+        latent: bool,
     ) -> Result<(AttentionConfig, usize)> {
         let dtype = q.dtype();
         let new_rows = match append {
             Some((k, v)) => {
                 self.check_owned(k, || "k_new".into())?;
-                self.check_owned(v, || "v_new".into())?;
-                append_rows(cfg, ((k.shape(), k.dtype()), (v.shape(), v.dtype())), dtype)?
+                if let Some(v) = v {
+                    self.check_owned(v, || "v_new".into())?;
+                }
+                let v = v.map(|v| (v.shape(), v.dtype()));
+                append_rows(cfg, ((k.shape(), k.dtype()), v), dtype)?
             }
             None => 0,
         };
-        let c = kvcache_config(cfg, cache_seqlens, new_rows)?;
+        let c = step_config(cfg, cache_seqlens, new_rows, latent)?;
         crate::tensor::check_tensor(self, TensorRole::Q, q, &c.q_shape(), dtype)?;
         Ok((c, new_rows))
     }
 
+    /// A dense or paged KV-cache call: separate k and v caches, or a latent cache
+    /// (`v_cache` None: the values are k's first head_dim_v dims, bound from k's buffer, and
+    /// an append brings keys alone).
     #[allow(clippy::too_many_arguments)]
-    fn kvcache_impl(
+    pub(crate) fn kvcache_impl(
         &self,
         cfg: &AttentionConfig,
         q: &Tensor,
-        (k_cache, v_cache): (&mut Tensor, &mut Tensor),
+        (k_cache, v_cache): (&Tensor, Option<&Tensor>),
         cache_seqlens: &[usize],
-        append: Option<(&Tensor, &Tensor)>,
+        append: Option<(&Tensor, Option<&Tensor>)>,
         dst: Option<&Forward>,
         enc: Option<&mut wgpu::CommandEncoder>,
     ) -> Result<Forward> {
         let dtype = q.dtype();
-        let (c, new_rows) = self.kvcache_step(cfg, q, cache_seqlens, append)?;
+        let latent = v_cache.is_none();
+        let (c, new_rows) = self.kvcache_step(cfg, q, cache_seqlens, append, latent)?;
         crate::tensor::check_tensor(self, TensorRole::K, k_cache, &c.kv_shape(), dtype)?;
-        crate::tensor::check_tensor(self, TensorRole::V, v_cache, &c.v_shape(), dtype)?;
+        if let Some(v_cache) = v_cache {
+            crate::tensor::check_tensor(self, TensorRole::V, v_cache, &c.v_shape(), dtype)?;
+        } else if k_cache.needs_view() {
+            return Err(crate::tensor::strided_unsupported(
+                "a latent cache (its values are read from its own key rows)",
+                k_cache,
+            ));
+        }
         let mut plan = crate::plan::forward(&c, dtype, &self.plan_env())?;
-        let mut inputs: Vec<&Tensor> = vec![q, k_cache, v_cache];
+        let mut inputs: Vec<&Tensor> = vec![q, k_cache, v_cache.unwrap_or(k_cache)];
         if let Some((k_new, v_new)) = append {
-            let odd = [c.head_dim, c.dv()]
+            let dims = [Some(c.head_dim), v_new.map(|_| c.dv())];
+            let odd = dims
                 .into_iter()
+                .flatten()
                 .find(|&d| !((c.heads_kv * d * dtype.size_bytes()) as u64).is_multiple_of(4));
             if let Some(d) = odd {
                 return Err(Error::Unsupported {
@@ -470,16 +533,16 @@ impl Context {
                         .into(),
                 });
             }
+            // each new row is written once: a latent cache's values are in its keys
             let first = plan.inputs.len();
-            plan.inputs.extend([TensorRole::K, TensorRole::V]);
-            inputs.extend([k_new, v_new]);
-            for (n, t) in [(k_new, c.head_dim), (v_new, c.dv())]
-                .into_iter()
-                .enumerate()
-            {
+            let news = [Some((k_new, c.head_dim)), v_new.map(|v| (v, c.dv()))];
+            for (n, (t, hd)) in news.into_iter().flatten().enumerate() {
+                plan.inputs
+                    .push(if n == 0 { TensorRole::K } else { TensorRole::V });
+                inputs.push(t);
                 plan.copies.extend(append_copies(
                     &c,
-                    t,
+                    (t, hd),
                     (first + n, 1 + n),
                     cache_seqlens,
                     new_rows,

@@ -45,9 +45,9 @@ impl Context {
         self.quantized_kvcache_impl(
             cfg,
             q,
-            (k_cache, v_cache),
+            (&*k_cache, Some(&*v_cache)),
             cache_seqlens,
-            append,
+            append.map(|(k, v)| (k, Some(v))),
             (None, None),
         )
     }
@@ -69,9 +69,9 @@ impl Context {
         self.quantized_kvcache_impl(
             cfg,
             q,
-            (k_cache, v_cache),
+            (&*k_cache, Some(&*v_cache)),
             cache_seqlens,
-            append,
+            append.map(|(k, v)| (k, Some(v))),
             (None, Some(rotary)),
         )
     }
@@ -91,30 +91,34 @@ impl Context {
         self.quantized_kvcache_impl(
             cfg,
             q,
-            (k_cache, v_cache),
+            (&*k_cache, Some(&*v_cache)),
             cache_seqlens,
-            append,
+            append.map(|(k, v)| (k, Some(v))),
             (Some(dst), None),
         )
         .map(drop)
     }
 
-    fn quantized_kvcache_impl(
+    /// Separate 8-bit k and v caches, or a latent one (`v_cache` None: the values are read
+    /// from the keys' records, and an append brings keys alone).
+    pub(crate) fn quantized_kvcache_impl(
         &self,
         cfg: &AttentionConfig,
         q: &Tensor,
-        (k_cache, v_cache): (&mut QuantizedCache, &mut QuantizedCache),
+        (k_cache, v_cache): (&QuantizedCache, Option<&QuantizedCache>),
         cache_seqlens: &[usize],
-        append: Option<(&Tensor, &Tensor)>,
+        append: Option<(&Tensor, Option<&Tensor>)>,
         (dst, rotary): (Option<&Forward>, Option<Rotary<'_, Tensor>>),
     ) -> Result<Forward> {
         let dtype = q.dtype();
-        let (c, new_rows) = self.kvcache_step(cfg, q, cache_seqlens, append)?;
+        let latent = v_cache.is_none();
+        let (c, new_rows) = self.kvcache_step(cfg, q, cache_seqlens, append, latent)?;
         // the quantizing kernel reads row-major new rows
-        for (name, t) in append
-            .into_iter()
-            .flat_map(|(k, v)| [("k_new", k), ("v_new", v)])
-        {
+        for (name, t) in append.into_iter().flat_map(|(k, v)| {
+            [("k_new", Some(k)), ("v_new", v)]
+                .into_iter()
+                .filter_map(|(n, t)| Some((n, t?)))
+        }) {
             if t.needs_view() {
                 return Err(crate::tensor::strided_unsupported(
                     &format!("a quantizing append ({name})"),
@@ -123,10 +127,11 @@ impl Context {
             }
         }
         let format = k_cache.format;
-        for (role, cache, shape, name) in [
-            (TensorRole::K, &*k_cache, c.kv_shape(), "cfg.kv_shape()"),
-            (TensorRole::V, &*v_cache, c.v_shape(), "cfg.v_shape()"),
-        ] {
+        let caches = [
+            Some((TensorRole::K, k_cache, c.kv_shape(), "cfg.kv_shape()")),
+            v_cache.map(|v| (TensorRole::V, v, c.v_shape(), "cfg.v_shape()")),
+        ];
+        for (role, cache, shape, name) in caches.into_iter().flatten() {
             self.check_owned(&cache.words, || format!("{role} cache"))?;
             if cache.shape != shape || cache.format != format {
                 return Err(Error::invalid(format!(
@@ -153,10 +158,11 @@ impl Context {
             Some((q_rot, k_rot)) => (q_rot, append.zip(k_rot.as_ref()).map(|((_, v), k)| (k, v))),
             None => (q, append),
         };
+        let v_words = &v_cache.unwrap_or(k_cache).words;
         let env = self.plan_env();
         let mut plan = crate::plan::forward(&c, dtype, &env)?;
         crate::plan::quantized::read_cache(&mut plan, format, &c, &env)?;
-        let mut inputs: Vec<&Tensor> = vec![q, &k_cache.words, &v_cache.words];
+        let mut inputs: Vec<&Tensor> = vec![q, &k_cache.words, v_words];
         if let Some((k_new, v_new)) = append {
             // new row r (batch-major) goes to cache row rows[r]
             let mut rows = vec![0u32; c.batch * new_rows];
@@ -169,11 +175,17 @@ impl Context {
                     }
                 }
             }
+            // each cache's records are its own head dim wide (head_dim_v for the values); a
+            // latent cache's new rows are quantized once, as keys
             let first = plan.inputs.len();
-            plan.inputs.extend([TensorRole::K, TensorRole::V]);
-            inputs.extend([k_new, v_new]);
-            // each cache's records are its own head dim wide (head_dim_v for the values)
-            let pairs = [(first, 1, c.head_dim), (first + 1, 2, c.dv())];
+            let mut pairs = vec![(first, 1, c.head_dim)];
+            plan.inputs.push(TensorRole::K);
+            inputs.push(k_new);
+            if let Some(v_new) = v_new {
+                pairs.push((first + 1, 2, c.dv()));
+                plan.inputs.push(TensorRole::V);
+                inputs.push(v_new);
+            }
             crate::plan::quantized::append(&mut plan, format, (&c, dtype, &env), &pairs, &rows)?;
         }
         let given = dst.map(|d| [&d.out, &d.lse]);

@@ -14,6 +14,7 @@ mod bias;
 mod block_mask;
 mod bool_mask;
 mod dropout;
+mod latent;
 mod mask_mod;
 mod paged;
 pub(crate) mod params;
@@ -81,7 +82,7 @@ const VIEWS: Modifier = Modifier {
 };
 
 /// Every modifier, in bit order (entry i's hooks are `hooks::ALL[i]`).
-pub(crate) const ALL: [&Modifier; 15] = [
+pub(crate) const ALL: [&Modifier; 16] = [
     &band::CAUSAL,
     &band::WINDOW,
     &softcap::MODIFIER,
@@ -97,6 +98,7 @@ pub(crate) const ALL: [&Modifier; 15] = [
     &VIEWS,
     &score_mod::MODIFIER,
     &mask_mod::MODIFIER,
+    &latent::MODIFIER,
 ];
 
 /// The modifier bits of a call (VIEWS, which belongs to tensors, is added at record time).

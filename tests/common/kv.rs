@@ -420,23 +420,9 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
                     continue;
                 }
                 for (e, (&got, &want)) in now[span.clone()].iter().zip(&exact[span]).enumerate() {
-                    let bound = match format {
-                        CacheFormat::Q8_0 => {
-                            let blk = r * row + e / 32 * 32;
-                            let amax = exact[blk..blk + 32]
-                                .iter()
-                                .fold(0f32, |a, v| a.max(v.abs()));
-                            // ggml's rule: q = round(x / d) with d in f32, stored as f16(d):
-                            // half a step, plus |q| <= 127 times the scale's rounding
-                            let d = amax / 127.0;
-                            let d16 = half::f16::from_f32(d).to_f32();
-                            0.51 * d16 + 127.0 * (d - d16).abs() + slack * amax
-                        }
-                        CacheFormat::E4M3 => {
-                            let s = sc_.as_ref().unwrap()[(e / dim) % c.heads_kv];
-                            want.abs() / 15.9 + s / 1000.0 + slack * want.abs()
-                        }
-                    };
+                    let head_scale = sc_.as_ref().map_or(0.0, |s| s[(e / dim) % c.heads_kv]);
+                    let block = &exact[r * row + e / 32 * 32..][..32];
+                    let bound = stored_bound(format, want, block, head_scale, slack);
                     assert!(
                         (got - want).abs() <= bound,
                         "{what} cache row {r} elem {e}: {want} stored as {got} (bound {bound}) at step {step} ({msg})"
@@ -484,4 +470,176 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
         }
     }
     worst
+}
+
+/// How far an 8-bit cache may store `want` from itself: q8_0 by its block of 32 (`block`),
+/// E4M3 by its kv head's scale; `slack` a relative allowance beside (rotated keys).
+fn stored_bound(
+    format: flash_attn_wgpu::CacheFormat,
+    want: f32,
+    block: &[f32],
+    head_scale: f32,
+    slack: f32,
+) -> f32 {
+    match format {
+        flash_attn_wgpu::CacheFormat::Q8_0 => {
+            let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
+            // ggml's rule: q = round(x / d) with d in f32, stored as f16(d): half a step, plus
+            // |q| <= 127 times the scale's rounding
+            let d = amax / 127.0;
+            let d16 = half::f16::from_f32(d).to_f32();
+            0.51 * d16 + 127.0 * (d - d16).abs() + slack * amax
+        }
+        flash_attn_wgpu::CacheFormat::E4M3 => {
+            want.abs() / 15.9 + head_scale / 1000.0 + slack * want.abs()
+        }
+    }
+}
+
+/// The cache of [`latent_append_and_attend`]: f32/f16/bf16 or 8-bit.
+enum Latent<B: AttentionBackend> {
+    Plain(B::Tensor),
+    Eight(flash_attn_wgpu::QuantizedCache<B::Tensor>),
+}
+
+/// Two steps (`new` rows, then 1) on an MLA latent cache (`forward_with_latent_cache`, or its
+/// 8-bit form with `format`): one cache `base.kv_shape()` (dense, or the pool of `base.paged`),
+/// whose values are the first `head_dim_v` dims of each key row. Every pool row but those from
+/// each left padding to each length holds NaN, which must never reach a result. After each
+/// step: the new rows sit at each batch's length (exactly, or within the format's rounding),
+/// written once; no other row changed; every batch's out and lse equal the f64 reference over
+/// exactly its keys, its values cut from them.
+pub fn latent_append_and_attend<B: AttentionBackend, T: Element>(
+    x: &B,
+    base: &AttentionConfig,
+    lens: &[usize],
+    new: usize,
+    format: Option<flash_attn_wgpu::CacheFormat>,
+) {
+    use flash_attn_wgpu::CacheFormat;
+    let seed = fresh_seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let c = base;
+    let (row, dv) = (c.heads_kv * c.head_dim, c.dv());
+    let shape = c.kv_shape();
+    let msg = format!(
+        "latent {} {format:?} lens {lens:?} new {new} seed {seed}",
+        T::DTYPE
+    );
+    let at = |b: usize, pos: usize| match &c.paged {
+        Some(p) => p.row(b, pos),
+        None => b * c.seq_kv + pos,
+    };
+    let pool_rows = shape[0] * shape[1];
+    let mut kc = vec![f32::NAN; pool_rows * row];
+    for (bi, &n) in lens.iter().enumerate() {
+        for pos in c.kv_start(bi)..n {
+            let r = at(bi, pos);
+            let fresh = to_f32_vec(&from_f32_slice::<T>(&random(&mut rng, row, 1.5)));
+            kc[r * row..(r + 1) * row].copy_from_slice(&fresh);
+        }
+    }
+    let scales = format
+        .filter(|&f| f == CacheFormat::E4M3)
+        .map(|_| CacheFormat::e4m3_head_scales(&kc, shape));
+    let mut cache: Latent<B> = match format {
+        None => Latent::Plain(x.upload(&from_f32_slice::<T>(&kc), &shape).unwrap()),
+        Some(f) => Latent::Eight(x.quantized_cache(f, &kc, shape, scales.as_deref()).unwrap()),
+    };
+    let read = |cache: &Latent<B>| match cache {
+        Latent::Plain(t) => to_f32_vec(&x.download::<T>(t).unwrap()),
+        Latent::Eight(q) => x.dequantize_cache(q).unwrap(),
+    };
+    let mut held = read(&cache);
+    let mut lens = lens.to_vec();
+    for (step, rows) in [new, 1].into_iter().enumerate() {
+        let mut sc = c.clone();
+        sc.seq_q = rows;
+        let q = to_f32_vec(&from_f32_slice::<T>(&random(
+            &mut rng,
+            c.batch * rows * c.heads_q * c.head_dim,
+            1.5,
+        )));
+        let kn = to_f32_vec(&from_f32_slice::<T>(&random(
+            &mut rng,
+            c.batch * rows * row,
+            1.5,
+        )));
+        let up = |t: &[f32], s: &[usize]| x.upload(&from_f32_slice::<T>(t), s).unwrap();
+        let (qd, knd) = (
+            up(&q, &sc.q_shape()),
+            up(&kn, &[c.batch, rows, c.heads_kv, c.head_dim]),
+        );
+        let f = match &mut cache {
+            Latent::Plain(t) => x.forward_with_latent_cache(&sc, &qd, t, &lens, Some(&knd)),
+            Latent::Eight(q8) => {
+                x.forward_with_quantized_latent_cache(&sc, &qd, q8, &lens, Some(&knd))
+            }
+        }
+        .unwrap_or_else(|e| panic!("step {step}: {e} ({msg})"));
+        let out = to_f32_vec(&x.download::<T>(&f.out).unwrap());
+        let lse = x.download::<f32>(&f.lse).unwrap();
+        let now = read(&cache);
+        let mut appended = vec![None; pool_rows];
+        for (bi, &n) in lens.iter().enumerate() {
+            for i in 0..rows {
+                appended[at(bi, n + i)] = Some((bi * rows + i) * row);
+            }
+        }
+        for (r, src) in appended.iter().enumerate() {
+            let span = r * row..(r + 1) * row;
+            let Some(src) = *src else {
+                let same = now[span.clone()]
+                    .iter()
+                    .zip(&held[span])
+                    .all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
+                assert!(same, "cache row {r} changed at step {step} ({msg})");
+                continue;
+            };
+            let want = &kn[src..src + row];
+            for (e, (&got, &w)) in now[span].iter().zip(want).enumerate() {
+                let bound = match format {
+                    None => 0.0,
+                    Some(f) => {
+                        let hs = scales.as_ref().map_or(0.0, |s| s[e / c.head_dim]);
+                        stored_bound(f, w, &want[e / 32 * 32..][..32], hs, 0.0)
+                    }
+                };
+                assert!(
+                    (got - w).abs() <= bound,
+                    "cache row {r} elem {e}: {w} stored as {got} at step {step} ({msg})"
+                );
+            }
+        }
+        held = now;
+        for (bi, n) in lens.iter_mut().enumerate() {
+            *n += rows;
+            let pad = sc.kv_start(bi);
+            let mut one = sc.clone();
+            one.batch = 1;
+            one.seq_kv = *n - pad;
+            one.leftpad_kv = None;
+            one.paged = None;
+            let keys: Vec<f32> = (pad..*n)
+                .flat_map(|pos| held[at(bi, pos) * row..(at(bi, pos) + 1) * row].to_vec())
+                .collect();
+            // each key head's values: the first dv dims of its row
+            let values: Vec<f32> = keys
+                .chunks(c.head_dim)
+                .flat_map(|h| h[..dv].to_vec())
+                .collect();
+            let (qs, os) = (rows * c.heads_q * c.head_dim, rows * c.heads_q * dv);
+            let want = reference::forward(&one, &q[bi * qs..(bi + 1) * qs], &keys, &values);
+            let m = format!("batch {bi} step {step} ({msg})");
+            assert_close_tol(
+                "out",
+                &out[bi * os..(bi + 1) * os],
+                &want.out,
+                rel_tol(T::DTYPE),
+                &m,
+            );
+            let ls = c.heads_q * rows;
+            assert_lse_close(&lse[bi * ls..(bi + 1) * ls], &want.lse, &m);
+        }
+    }
 }

@@ -23,6 +23,7 @@ mod head_dims;
 mod hidden;
 mod interop;
 mod kvcache;
+mod latent;
 mod limits;
 mod merge;
 mod nonfinite;
