@@ -14,7 +14,9 @@
 //! (bytes per element): each key and value read once (GQA packing reads a kv head's tile once
 //! for all the query heads that share it). `--mla-values Dv` (MLA: the values are the first Dv
 //! dims of each key row, one latent cache read through a view): FLOPs 2 * B * H_q * S_q * S_kv
-//! * (D + Dv), KV bytes B * S_kv * H_kv * D * (bytes per element), the latent cache once.
+//! * (D + Dv), KV bytes B * S_kv * H_kv * D * (bytes per element), the latent cache once; each
+//! point adds the KV-cache calls side by side, the latent cache (`forward_with_latent_cache`)
+//! against the values stored apart (`forward_with_kvcache` over k and a v of Dv dims a row).
 
 use std::time::Instant;
 
@@ -348,7 +350,7 @@ fn points<T: Element>(
                 &cfg.q_shape(),
             )?;
             let kv_n = b * s * a.kv_heads * a.head_dim;
-            let k = ctx.upload(&fill(kv_n, 2), &cfg.kv_shape())?;
+            let mut k = ctx.upload(&fill(kv_n, 2), &cfg.kv_shape())?;
             let v = match a.mla_values {
                 // the first dims of each key row, in place
                 Some(_) => ctx.tensor_from_buffer(
@@ -443,7 +445,38 @@ fn points<T: Element>(
                     one_gpu.median / split.median,
                     100.0 * gbps(split.median) / copy_gbps,
                 );
-                if a.mla_values.is_some() {
+                if let Some(dv) = a.mla_values {
+                    // the KV-cache calls: the latent cache (each row once) against the values
+                    // stored apart (k 576 and v 512 dims a row), one split count
+                    let lens = vec![s; b];
+                    let mut apart = ctx.upload(&fill(b * s * a.kv_heads * dv, 3), &cfg.v_shape())?;
+                    let mut timed = |latent: bool| -> flash_attn_wgpu::Result<Stats> {
+                        let mut gpu = Vec::new();
+                        for r in 0..=a.repeats {
+                            let f = if latent {
+                                ctx.forward_with_latent_cache(&cfg, &q, &mut k, &lens, None)?
+                            } else {
+                                ctx.forward_with_kvcache(&cfg, &q, &mut k, &mut apart, &lens, None)?
+                            };
+                            ctx.download::<f32>(&f.lse)?;
+                            if r > 0 {
+                                gpu.push(ctx.last_gpu_timing().map_or(f64::NAN, |t| t.seconds));
+                            }
+                        }
+                        Ok(Stats::of(&gpu).scaled(1e3))
+                    };
+                    let (sep, lat) = (timed(false)?, timed(true)?);
+                    println!(
+                        "|   | KV-cache calls: values apart {:.3} ms [{}], latent cache {:.3} ms \
+                         [{}]: latent/apart {:.3} ({} vs {} bytes a token) |",
+                        sep.median,
+                        sep.range(3),
+                        lat.median,
+                        lat.range(3),
+                        lat.median / sep.median,
+                        cfg.cache_bytes_per_token(a.dtype, None, false),
+                        cfg.cache_bytes_per_token(a.dtype, None, true)
+                    );
                     let floor = flops / (fma_gflops * 1e9) * 1e3;
                     println!(
                         "|   | compute floor {floor:.3} ms ({:.1} GFLOP at {fma_gflops:.1} \
