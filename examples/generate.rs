@@ -10,10 +10,13 @@
 //! bits (`forward_with_quantized_kvcache`: the appends quantize on the GPU); the recompute then
 //! reads the caches back dequantized, so it checks the attention over what the cache holds.
 //! `--mla` makes the attention MLA-shaped (DeepSeek-V2/V3's absorbed form, scaled down): one
-//! latent kv head shared by every query head, keys of 80 dims (16 decoupled rotary dims, then
-//! the 64-dim latent) and values of 64 (the latent again: `head_dim_v`); the prompts' prefill
-//! runs on the naive path (the tiled prefill kernels take one head dim), the decode steps on the
-//! decode kernel.
+//! latent kv head shared by every query head, keys of 96 dims (the 64-dim latent, then 32
+//! decoupled rotary dims: FlashMLA's layout) and values of 64, the latent itself, read from the
+//! key rows of one latent cache (`forward_with_latent_cache`, or its 8-bit form): each token
+//! stored once. With `--rope` the rotary dims are the keys' last, which the fused rotation
+//! (a head's first dims) does not turn: the example turns q's and the new keys' on the host.
+//! Prints the cache's bytes a token (from `MemoryStats`) beside the same cache with the values
+//! stored apart.
 //!
 //! cargo run --release --example generate -- [--steps 32] [--batch 2] [--layers 2]
 //!     [--dtype f32|f16|bf16] [--page-size 16] [--rope] [--kv-cache q8_0|e4m3] [--mla]
@@ -60,12 +63,11 @@ struct Args {
     #[arg(long)]
     rope: bool,
     /// Keep the KV caches in 8 bits: q8_0 (a scale per 32 values) or e4m3 (a static scale
-    /// per kv head of 16/448: values past 16 saturate); not with --mla, whose 80-dim keys are
-    /// no whole number of q8_0 blocks of 32
-    #[arg(long, conflicts_with = "mla")]
+    /// per kv head of 16/448: values past 16 saturate)
+    #[arg(long)]
     kv_cache: Option<CacheFormat>,
-    /// MLA-shaped attention: one latent kv head of 16 rotary + 64 latent dims as keys, the
-    /// latent as values (head_dim 80, head_dim_v 64); the prefill on the naive path
+    /// MLA-shaped attention: one latent kv head of 64 latent + 32 rotary dims as keys, the
+    /// latent as values (head_dim 96, head_dim_v 64), in one latent cache
     #[arg(long)]
     mla: bool,
     /// Seed of the weights and prompts [default: a fresh random seed, printed]
@@ -79,14 +81,14 @@ const HEADS_Q: usize = 4;
 const D_FF: usize = 128;
 
 /// The attention's shape: GQA (2 kv heads of 32 dims), or with `--mla` one latent head whose
-/// keys are `[rotary dims; latent]` and whose values are the latent (`rope_dims` ..).
+/// keys are `[latent; rotary dims]` and whose values are the latent (its first `dv` dims).
 #[derive(Debug, Clone, Copy)]
 struct Dims {
     heads_kv: usize,
     head_dim: usize,
     dv: usize,
-    /// MLA: the keys' first dims, which alone take the rotary embedding; the values are the
-    /// keys' dims after them
+    /// MLA: the keys' last dims, which alone take the rotary embedding; the values are the
+    /// keys' dims before them
     mla_rope: Option<usize>,
 }
 
@@ -95,9 +97,9 @@ impl Dims {
         if mla {
             Dims {
                 heads_kv: 1,
-                head_dim: 80,
+                head_dim: 96,
                 dv: 64,
-                mla_rope: Some(16),
+                mla_rope: Some(32),
             }
         } else {
             Dims {
@@ -216,10 +218,13 @@ impl Model {
     }
 }
 
-/// A layer's keys and values on the GPU: in the call's dtype, or in 8 bits.
+/// A layer's keys and values on the GPU: in the call's dtype, or in 8 bits; MLA's one latent
+/// cache, the values inside the keys.
 enum Store {
     Plain(Tensor, Tensor),
     Quantized(QuantizedCache, QuantizedCache),
+    Latent(Tensor),
+    QuantizedLatent(QuantizedCache),
 }
 
 /// One layer's paged caches on the GPU, and their host copies for the recompute check.
@@ -287,20 +292,32 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
     let (cos, sin) = (table(f32::cos), table(f32::sin));
     let cos_d = ctx.upload(&from_f32_slice::<T>(&cos), &[positions, cols])?;
     let sin_d = ctx.upload(&from_f32_slice::<T>(&sin), &[positions, cols])?;
-    // the host's rotation of `v` (`[1, n, heads, head_dim]` at positions first..), rounded
-    // to T as the device stores it
+    // the host's rotation of `v` (`[1, n, heads, head_dim]` at positions first..): each
+    // head's first rd dims, or with MLA its last (FlashMLA's layout), rounded to T as the
+    // device stores it
+    let lead = x.head_dim - rd;
     let rotate = |v: &[f32], heads: usize, first: usize| -> Vec<f32> {
+        let at = if x.mla_rope.is_some() { lead } else { 0 };
+        let part: Vec<f32> = v
+            .chunks(x.head_dim)
+            .flat_map(|h| h[at..at + rd].to_vec())
+            .collect();
         let y = reference::rotary(
-            v,
-            [1, v.len() / (heads * x.head_dim), heads, x.head_dim],
+            &part,
+            [1, part.len() / (heads * rd), heads, rd],
             (&cos, &sin, cols),
             false,
             &Positions::from_starts(vec![first]),
         );
-        to_f32_vec(&from_f32_slice::<T>(
-            &y.iter().map(|&v| v as f32).collect::<Vec<_>>(),
-        ))
+        let mut out = v.to_vec();
+        for (h, turned) in out.chunks_mut(x.head_dim).zip(y.chunks(rd)) {
+            for (o, &t) in h[at..at + rd].iter_mut().zip(turned) {
+                *o = t as f32;
+            }
+        }
+        to_f32_vec(&from_f32_slice::<T>(&out))
     };
+    let before = ctx.memory_stats().live_bytes;
     let mut caches: Vec<LayerCache> = (0..a.layers)
         .map(|_| {
             let zeros = vec![0f32; pool];
@@ -309,19 +326,47 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
                 let scales = (f == CacheFormat::E4M3).then(|| vec![16.0 / 448.0; x.heads_kv]);
                 ctx.quantized_cache(f, &zeros, shape, scales.as_deref())
             };
+            let quantized_v = |f: CacheFormat| {
+                let scales = (f == CacheFormat::E4M3).then(|| vec![16.0 / 448.0; x.heads_kv]);
+                ctx.quantized_cache(f, &vec![0f32; pool_v], cfg.v_shape(), scales.as_deref())
+            };
             Ok(LayerCache {
-                store: match a.kv_cache {
-                    None => Store::Plain(
+                store: match (a.kv_cache, a.mla) {
+                    (None, false) => Store::Plain(
                         ctx.upload(&from_f32_slice::<T>(&zeros), &shape)?,
                         ctx.upload(&from_f32_slice::<T>(&vec![0f32; pool_v]), &cfg.v_shape())?,
                     ),
-                    Some(f) => Store::Quantized(quantized(f)?, quantized(f)?),
+                    (Some(f), false) => Store::Quantized(quantized(f)?, quantized_v(f)?),
+                    (None, true) => {
+                        Store::Latent(ctx.upload(&from_f32_slice::<T>(&zeros), &shape)?)
+                    }
+                    (Some(f), true) => Store::QuantizedLatent(quantized(f)?),
                 },
                 host_k: vec![Vec::new(); a.batch],
                 host_v: vec![Vec::new(); a.batch],
             })
         })
         .collect::<flash_attn_wgpu::Result<_>>()?;
+    // what the caches take, counted by MemoryStats, a token (a pool row) a layer, beside the
+    // same layout with the values stored apart
+    let rows = (a.layers * cfg.kv_shape()[0] * cfg.kv_shape()[1]) as u64;
+    let held = ctx.memory_stats().live_bytes - before;
+    let apart = cfg.cache_bytes_per_token(T::DTYPE, a.kv_cache, false);
+    println!(
+        "KV cache: {} bytes a token a layer ({held} bytes for {} layers x {} pool rows, \
+         MemoryStats){}; with the values stored apart {apart}",
+        held / rows,
+        a.layers,
+        rows / a.layers as u64,
+        if a.mla {
+            format!(
+                ", one latent cache ({} x {} elements a row, the values inside)",
+                x.heads_kv, x.head_dim
+            )
+        } else {
+            String::new()
+        }
+    );
     println!(
         "model: {} layers, d_model {D_MODEL}, heads {HEADS_Q}/{}, head_dim {}{}, vocab {VOCAB}; \
          {} sequences, prompts of {:?} tokens, {} steps, paged cache of {} pages x {} keys, {} \
@@ -331,7 +376,7 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         x.head_dim,
         match x.mla_rope {
             Some(r) => format!(
-                " (MLA: {r} rotary + {} latent dims; values the latent, head_dim_v {})",
+                " (MLA: {} latent + {r} rotary dims; values the latent, head_dim_v {})",
                 x.dv, x.dv
             ),
             None => String::new(),
@@ -376,34 +421,37 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
             for (b, hb) in h.iter().enumerate() {
                 let xn = rms_norm(hb);
                 let n = xn.len() / D_MODEL;
-                let qb = matmul(&xn, &layer.wq, D_MODEL, qs);
-                q[b * rows * qs..b * rows * qs + n * qs].copy_from_slice(&qb);
+                let mut qb = matmul(&xn, &layer.wq, D_MODEL, qs);
                 let kb = to_f32_vec(&from_f32_slice::<T>(&matmul(&xn, &layer.wk, D_MODEL, ks)));
                 let vb = match x.mla_rope {
-                    // MLA: the values are the latent, the keys' dims after the rotary ones
-                    Some(r) => kb
+                    // MLA: the values are the latent, the keys' first dims (read from the key
+                    // rows of the latent cache: the call gets no values)
+                    Some(_) => kb
                         .chunks(x.head_dim)
-                        .flat_map(|k| k[r..].to_vec())
+                        .flat_map(|k| k[..x.dv].to_vec())
                         .collect(),
                     None => to_f32_vec(&from_f32_slice::<T>(&matmul(&xn, &layer.wv, D_MODEL, vs))),
                 };
-                kn[b * rows * ks..b * rows * ks + n * ks].copy_from_slice(&kb);
-                vn[b * rows * vs..b * rows * vs + n * vs].copy_from_slice(&vb);
                 // the cache holds rotated keys with rotary embeddings
                 let kb_cached = if a.rope {
                     rotate(&kb, x.heads_kv, lens[b])
                 } else {
-                    kb
+                    kb.clone()
                 };
+                // MLA's rotary dims are the last: q and the new keys turn here, on the host
+                let host_turns = a.rope && a.mla;
+                if host_turns {
+                    qb = rotate(&qb, HEADS_Q, lens[b]);
+                }
+                let kb = if host_turns { kb_cached.clone() } else { kb };
+                q[b * rows * qs..b * rows * qs + n * qs].copy_from_slice(&qb);
+                kn[b * rows * ks..b * rows * ks + n * ks].copy_from_slice(&kb);
+                vn[b * rows * vs..b * rows * vs + n * vs].copy_from_slice(&vb);
                 cache.host_k[b].extend_from_slice(&kb_cached);
                 cache.host_v[b].extend_from_slice(&vb);
             }
             let mut c = cfg.clone();
             c.seq_q = rows;
-            // MLA's prefill on the naive path: the tiled prefill kernels take one head dim
-            if a.mla && rows > MAX_DECODE_QUERIES {
-                c.algorithm = Algorithm::Naive;
-            }
             let new_shape = [a.batch, rows, x.heads_kv, x.head_dim];
             let new_v = [a.batch, rows, x.heads_kv, x.dv];
             let qd = ctx.upload(&from_f32_slice::<T>(&q), &c.q_shape())?;
@@ -428,21 +476,41 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
                 (Store::Quantized(k, v), false) => {
                     ctx.forward_with_quantized_kvcache(&c, &qd, (k, v), lens, append)?
                 }
+                // each new row written once, its values inside it
+                (Store::Latent(k), _) => {
+                    ctx.forward_with_latent_cache(&c, &qd, k, lens, Some(&knd))?
+                }
+                (Store::QuantizedLatent(k), _) => {
+                    ctx.forward_with_quantized_latent_cache(&c, &qd, k, lens, Some(&knd))?
+                }
             };
             // what an 8-bit cache holds is what the recompute attends over
-            if let (true, Store::Quantized(k, v)) = (check, &cache.store) {
-                let (kd, vd) = (ctx.dequantize_cache(k)?, ctx.dequantize_cache(v)?);
+            let eight_bit = match &cache.store {
+                Store::Quantized(k, v) => Some((k, Some(v))),
+                Store::QuantizedLatent(k) => Some((k, None)),
+                _ => None,
+            };
+            if let (true, Some((k, v))) = (check, eight_bit) {
+                let kd = ctx.dequantize_cache(k)?;
+                // the latent cache's values: its rows' first dv dims
+                let vd = match v {
+                    Some(v) => ctx.dequantize_cache(v)?,
+                    None => kd
+                        .chunks(x.head_dim)
+                        .flat_map(|r| r[..x.dv].to_vec())
+                        .collect(),
+                };
                 let p = c.paged.as_ref().expect("a paged cache");
-                let row = x.heads_kv * x.head_dim;
-                let gather = |t: &[f32], b: usize, keys: usize| -> Vec<f32> {
+                let gather = |t: &[f32], b: usize, keys: usize, dim: usize| -> Vec<f32> {
+                    let row = x.heads_kv * dim;
                     (0..keys)
                         .flat_map(|pos| t[p.row(b, pos) * row..(p.row(b, pos) + 1) * row].to_vec())
                         .collect()
                 };
                 for (b, t) in tokens.iter().enumerate() {
                     let keys = lens[b] + t.len();
-                    cache.host_k[b] = gather(&kd, b, keys);
-                    cache.host_v[b] = gather(&vd, b, keys);
+                    cache.host_k[b] = gather(&kd, b, keys, x.head_dim);
+                    cache.host_v[b] = gather(&vd, b, keys, x.dv);
                 }
             }
             let att = to_f32_vec(&ctx.download::<T>(&f.out)?);
@@ -456,7 +524,8 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
                     // cache (rows aligned to the end of the keys)
                     let keys = lens[b] + tokens[b].len();
                     let q_own = &q[b * rows * qs..b * rows * qs + n * qs];
-                    let qb = if a.rope {
+                    // (MLA's q turned on the host already)
+                    let qb = if a.rope && !a.mla {
                         rotate(q_own, HEADS_Q, lens[b])
                     } else {
                         to_f32_vec(&from_f32_slice::<T>(q_own))

@@ -449,7 +449,8 @@ fn points<T: Element>(
                     // the KV-cache calls: the latent cache (each row once) against the values
                     // stored apart (k 576 and v 512 dims a row), one split count
                     let lens = vec![s; b];
-                    let mut apart = ctx.upload(&fill(b * s * a.kv_heads * dv, 3), &cfg.v_shape())?;
+                    let mut apart =
+                        ctx.upload(&fill(b * s * a.kv_heads * dv, 3), &cfg.v_shape())?;
                     let mut timed = |latent: bool| -> flash_attn_wgpu::Result<Stats> {
                         let mut gpu = Vec::new();
                         for r in 0..=a.repeats {
