@@ -433,7 +433,8 @@ impl Kernel {
     /// The modifier bits ([`flags`]) this kernel's code reads, when a pipeline is planned for
     /// a call (`plan::key`): every bit where scores are finished (dropout only where
     /// probabilities weigh values), the band where naive kernels bound their work by it, paged
-    /// K/V where K or V is bound, views where an input is read. Every other bit is compiled in
+    /// K/V where K or V is bound, a latent cache where v or dv is, views where an input is
+    /// read. Every other bit is compiled in
     /// as false, so that calls differing only in bits a kernel never reads share its pipeline.
     /// tests/shaders.rs checks this against the flag functions each entry point reaches.
     pub fn reads_flags(self) -> u32 {
