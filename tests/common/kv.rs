@@ -89,21 +89,9 @@ pub fn append_and_attend_with<B: AttentionBackend, T: Element>(
     for (step, rows) in [new, 1].into_iter().enumerate() {
         let mut sc = c.clone();
         sc.seq_q = rows;
-        let q = to_f32_vec(&from_f32_slice::<T>(&random(
-            &mut rng,
-            c.batch * rows * c.heads_q * c.head_dim,
-            1.5,
-        )));
-        let kn = to_f32_vec(&from_f32_slice::<T>(&random(
-            &mut rng,
-            c.batch * rows * row,
-            1.5,
-        )));
-        let vn = to_f32_vec(&from_f32_slice::<T>(&random(
-            &mut rng,
-            c.batch * rows * vrow,
-            1.0,
-        )));
+        let q = rounded::<T>(&mut rng, c.batch * rows * c.heads_q * c.head_dim, 1.5);
+        let kn = rounded::<T>(&mut rng, c.batch * rows * row, 1.5);
+        let vn = rounded::<T>(&mut rng, c.batch * rows * vrow, 1.0);
         let new_shape = [c.batch, rows, c.heads_kv, c.head_dim];
         let new_v = [c.batch, rows, c.heads_kv, c.dv()];
         let (qd, knd, vnd) = (
@@ -164,34 +152,13 @@ pub fn append_and_attend_with<B: AttentionBackend, T: Element>(
         same(to_f32_vec(&b.download::<T>(&vd).unwrap()), &vc, "v_cache");
         for (bi, n) in lens.iter_mut().enumerate() {
             *n += rows;
-            // batch bi alone, over exactly its keys: from its left padding to its length
             let pad = sc.kv_start(bi);
-            let mut one = sc.clone();
-            one.batch = 1;
-            one.seq_kv = *n - pad;
-            one.leftpad_kv = None;
-            if let Some(s) = &sc.alibi_slopes {
-                if s.len() != sc.heads_q {
-                    one.alibi_slopes = Some(s[bi * sc.heads_q..(bi + 1) * sc.heads_q].to_vec());
-                }
-            }
-            let (qs, os) = (rows * c.heads_q * c.head_dim, rows * c.heads_q * c.dv());
-            let want = reference::forward(
-                &one,
-                &q[bi * qs..(bi + 1) * qs],
+            let held = (
                 &kc[(bi * cap + pad) * row..(bi * cap + *n) * row],
                 &vc[(bi * cap + pad) * vrow..(bi * cap + *n) * vrow],
             );
             let m = format!("batch {bi} step {step} ({msg})");
-            assert_close_tol(
-                "out",
-                &out[bi * os..(bi + 1) * os],
-                &want.out,
-                rel_tol(T::DTYPE),
-                &m,
-            );
-            let ls = c.heads_q * rows;
-            assert_lse_close(&lse[bi * ls..(bi + 1) * ls], &want.lse, &m);
+            check_batch(&sc, (bi, *n), &q, held, (&out, &lse), T::DTYPE, &m);
         }
     }
 }
@@ -346,12 +313,9 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
     for (step, rows) in [new, 1].into_iter().enumerate() {
         let mut sc = c.clone();
         sc.seq_q = rows;
-        let fresh = |rng: &mut StdRng, n: usize, amp: f32| {
-            to_f32_vec(&from_f32_slice::<T>(&random(rng, n, amp)))
-        };
-        let q = fresh(&mut rng, c.batch * rows * c.heads_q * c.head_dim, 1.5);
-        let kn = fresh(&mut rng, c.batch * rows * row, 1.5);
-        let vn = fresh(&mut rng, c.batch * rows * vrow, 1.0);
+        let q = rounded::<T>(&mut rng, c.batch * rows * c.heads_q * c.head_dim, 1.5);
+        let kn = rounded::<T>(&mut rng, c.batch * rows * row, 1.5);
+        let vn = rounded::<T>(&mut rng, c.batch * rows * vrow, 1.0);
         let new_shape = [c.batch, rows, c.heads_kv, c.head_dim];
         let new_v = [c.batch, rows, c.heads_kv, c.dv()];
         let up = |t: &[f32], s: &[usize]| x.upload(&from_f32_slice::<T>(t), s).unwrap();
@@ -434,34 +398,16 @@ pub fn quantized_append_and_attend<B: AttentionBackend, T: Element>(
         for (bi, n) in lens.iter_mut().enumerate() {
             *n += rows;
             let pad = sc.kv_start(bi);
-            let mut one = sc.clone();
-            one.batch = 1;
-            one.seq_kv = *n - pad;
-            one.leftpad_kv = None;
-            one.paged = None;
-            if let Some(s) = &sc.alibi_slopes {
-                if s.len() != sc.heads_q {
-                    one.alibi_slopes = Some(s[bi * sc.heads_q..(bi + 1) * sc.heads_q].to_vec());
-                }
-            }
             let gather = |t: &[f32], row: usize| -> Vec<f32> {
                 (pad..*n)
                     .flat_map(|pos| t[at(bi, pos) * row..(at(bi, pos) + 1) * row].to_vec())
                     .collect()
             };
+            let m = format!("batch {bi} step {step} ({msg})");
+            let held = (&gather(&kq, row)[..], &gather(&vq, vrow)[..]);
+            let one = check_batch(&sc, (bi, *n), &q, held, (&out, &lse), T::DTYPE, &m);
             let (qs, os) = (rows * c.heads_q * c.head_dim, rows * c.heads_q * c.dv());
             let qb = &q[bi * qs..(bi + 1) * qs];
-            let want = reference::forward(&one, qb, &gather(&kq, row), &gather(&vq, vrow));
-            let m = format!("batch {bi} step {step} ({msg})");
-            assert_close_tol(
-                "out",
-                &out[bi * os..(bi + 1) * os],
-                &want.out,
-                rel_tol(T::DTYPE),
-                &m,
-            );
-            let ls = c.heads_q * rows;
-            assert_lse_close(&lse[bi * ls..(bi + 1) * ls], &want.lse, &m);
             let exact = reference::forward(&one, qb, &gather(&kc, row), &gather(&vc, vrow));
             let scale = exact.out.iter().fold(1e-30f64, |m, w| m.max(w.abs()));
             for (g, w) in out[bi * os..(bi + 1) * os].iter().zip(&exact.out) {
@@ -535,8 +481,7 @@ pub fn latent_append_and_attend<B: AttentionBackend, T: Element>(
     for (bi, &n) in lens.iter().enumerate() {
         for pos in c.kv_start(bi)..n {
             let r = at(bi, pos);
-            let fresh = to_f32_vec(&from_f32_slice::<T>(&random(&mut rng, row, 1.5)));
-            kc[r * row..(r + 1) * row].copy_from_slice(&fresh);
+            kc[r * row..(r + 1) * row].copy_from_slice(&rounded::<T>(&mut rng, row, 1.5));
         }
     }
     let scales = format
@@ -555,16 +500,8 @@ pub fn latent_append_and_attend<B: AttentionBackend, T: Element>(
     for (step, rows) in [new, 1].into_iter().enumerate() {
         let mut sc = c.clone();
         sc.seq_q = rows;
-        let q = to_f32_vec(&from_f32_slice::<T>(&random(
-            &mut rng,
-            c.batch * rows * c.heads_q * c.head_dim,
-            1.5,
-        )));
-        let kn = to_f32_vec(&from_f32_slice::<T>(&random(
-            &mut rng,
-            c.batch * rows * row,
-            1.5,
-        )));
+        let q = rounded::<T>(&mut rng, c.batch * rows * c.heads_q * c.head_dim, 1.5);
+        let kn = rounded::<T>(&mut rng, c.batch * rows * row, 1.5);
         let up = |t: &[f32], s: &[usize]| x.upload(&from_f32_slice::<T>(t), s).unwrap();
         let (qd, knd) = (
             up(&q, &sc.q_shape()),
@@ -614,13 +551,7 @@ pub fn latent_append_and_attend<B: AttentionBackend, T: Element>(
         held = now;
         for (bi, n) in lens.iter_mut().enumerate() {
             *n += rows;
-            let pad = sc.kv_start(bi);
-            let mut one = sc.clone();
-            one.batch = 1;
-            one.seq_kv = *n - pad;
-            one.leftpad_kv = None;
-            one.paged = None;
-            let keys: Vec<f32> = (pad..*n)
+            let keys: Vec<f32> = (sc.kv_start(bi)..*n)
                 .flat_map(|pos| held[at(bi, pos) * row..(at(bi, pos) + 1) * row].to_vec())
                 .collect();
             // each key head's values: the first dv dims of its row
@@ -628,18 +559,58 @@ pub fn latent_append_and_attend<B: AttentionBackend, T: Element>(
                 .chunks(c.head_dim)
                 .flat_map(|h| h[..dv].to_vec())
                 .collect();
-            let (qs, os) = (rows * c.heads_q * c.head_dim, rows * c.heads_q * dv);
-            let want = reference::forward(&one, &q[bi * qs..(bi + 1) * qs], &keys, &values);
             let m = format!("batch {bi} step {step} ({msg})");
-            assert_close_tol(
-                "out",
-                &out[bi * os..(bi + 1) * os],
-                &want.out,
-                rel_tol(T::DTYPE),
+            check_batch(
+                &sc,
+                (bi, *n),
+                &q,
+                (&keys, &values),
+                (&out, &lse),
+                T::DTYPE,
                 &m,
             );
-            let ls = c.heads_q * rows;
-            assert_lse_close(&lse[bi * ls..(bi + 1) * ls], &want.lse, &m);
         }
     }
+}
+
+/// `n` random values of amplitude `amp`, rounded to `T` (as f32).
+fn rounded<T: Element>(rng: &mut StdRng, n: usize, amp: f32) -> Vec<f32> {
+    to_f32_vec(&from_f32_slice::<T>(&random(rng, n, amp)))
+}
+
+/// Batch `bi` of a KV-cache step `sc`, holding `n` keys after it: its out and lse (in `out`,
+/// `lse`: the whole step's) against the f64 reference of the batch alone over exactly its keys
+/// and values (from its left padding to `n`, standard bottom-right alignment), q its rows of
+/// `q`. Returns that one-batch config.
+fn check_batch(
+    sc: &AttentionConfig,
+    (bi, n): (usize, usize),
+    q: &[f32],
+    (keys, values): (&[f32], &[f32]),
+    (out, lse): (&[f32], &[f32]),
+    dtype: flash_attn_wgpu::DType,
+    msg: &str,
+) -> AttentionConfig {
+    let mut one = sc.clone();
+    one.batch = 1;
+    one.seq_kv = n - sc.kv_start(bi);
+    one.leftpad_kv = None;
+    one.paged = None;
+    if let Some(s) = &sc.alibi_slopes {
+        if s.len() != sc.heads_q {
+            one.alibi_slopes = Some(s[bi * sc.heads_q..(bi + 1) * sc.heads_q].to_vec());
+        }
+    }
+    let rows = sc.seq_q * sc.heads_q;
+    let (qs, os) = (rows * sc.head_dim, rows * sc.dv());
+    let want = reference::forward(&one, &q[bi * qs..(bi + 1) * qs], keys, values);
+    assert_close_tol(
+        "out",
+        &out[bi * os..(bi + 1) * os],
+        &want.out,
+        rel_tol(dtype),
+        msg,
+    );
+    assert_lse_close(&lse[bi * rows..(bi + 1) * rows], &want.lse, msg);
+    one
 }
