@@ -65,17 +65,19 @@ fn eight_bit_latent_caches_read_values_from_the_key_records() {
 #[test]
 fn latent_calls_refuse_bad_inputs_in_the_callers_words() {
     let x = ctx();
-    let c = latent(cfg(1, 1, 16, 2, 1, 32, false), 16);
-    let q = x.zeros(&c.q_shape()).unwrap();
-    let mut cache = x.zeros(&c.kv_shape()).unwrap();
+    // f16, as the dense test above (its pipelines)
+    let c = latent(cfg(1, 1, 16, 2, 1, 32, true), 16);
+    let zeros = |shape: &[usize]| x.zeros_of(shape, flash_attn_wgpu::DType::F16).unwrap();
+    let q = zeros(&c.q_shape());
+    let mut cache = zeros(&c.kv_shape());
     let invalid = |r: Result<flash_attn_wgpu::Forward, Error>, want: &str| match r {
         Err(Error::InvalidConfig(m)) => assert!(m.contains(want), "{m}"),
         other => panic!("expected InvalidConfig naming {want:?}, got {other:?}"),
     };
     // values wider than the keys they are cut from
     let wide = latent(cfg(1, 1, 16, 2, 1, 32, false), 48);
-    let mut wide_cache = x.zeros(&wide.kv_shape()).unwrap();
-    let wq = x.zeros(&wide.q_shape()).unwrap();
+    let mut wide_cache = zeros(&wide.kv_shape());
+    let wq = zeros(&wide.q_shape());
     invalid(
         x.forward_with_latent_cache(&wide, &wq, &mut wide_cache, &[3], None),
         "head_dim_v must be at most head_dim (32), got 48",
@@ -83,22 +85,22 @@ fn latent_calls_refuse_bad_inputs_in_the_callers_words() {
     // a latent config with a separate v: the call that takes one refuses it
     let mut lc = c.clone();
     lc.values_in_keys = true;
-    let mut v = x.zeros(&c.v_shape()).unwrap();
+    let mut v = zeros(&c.v_shape());
     invalid(
         x.forward_with_kvcache(&lc, &q, &mut cache, &mut v, &[3], None),
         "values_in_keys",
     );
-    let k = x.zeros(&c.kv_shape()).unwrap();
+    let k = zeros(&c.kv_shape());
     invalid(x.forward(&lc, &q, &k, &v), "values_in_keys");
     // a cache of another shape, named
-    let mut short = x.zeros(&[1, 8, 1, 32]).unwrap();
+    let mut short = zeros(&[1, 8, 1, 32]);
     match x.forward_with_latent_cache(&c, &q, &mut short, &[3], None) {
         Err(e @ Error::Shape { .. }) => assert!(e.to_string().contains('k'), "{e}"),
         other => panic!("expected a Shape error, got {other:?}"),
     }
     // new values beside the keys have nowhere to go: the append takes k_new alone, so its
     // shape is the keys' (a v-shaped append is a Shape error)
-    let v_new = x.zeros(&[1, 1, 1, 16]).unwrap();
+    let v_new = zeros(&[1, 1, 1, 16]);
     assert!(matches!(
         x.forward_with_latent_cache(&c, &q, &mut cache, &[3], Some(&v_new)),
         Err(Error::Shape { .. })
