@@ -23,8 +23,11 @@ export FLASH_ATTN_REQUIRE_WGPU=1
 # Node.js and are not counted here. 460 since issue 52's trainable tensors: their two kernels
 # (three snippets' gradient kernels and the sum), the dQ and naive dS kernels that keep the
 # scores, and one more snippet's attention pipelines, 8 more than the 445 before (about 20 s
-# of lavapipe compiling; docs/log/ci-time.md).
-CI_PIPELINE_BUDGET=${CI_PIPELINE_BUDGET:-460}
+# of lavapipe compiling; docs/log/ci-time.md). 470 since issue 53's latent cache: its tests
+# reach MLA's 576/512 in bf16 (decode and the blocks prefill) and the tiled prefill of a cache
+# of narrower values, and the dQ kernels' summing form of issue 52 replaced the kept-score
+# ones: 460 in all, at the old budget exactly, so 10 of headroom.
+CI_PIPELINE_BUDGET=${CI_PIPELINE_BUDGET:-470}
 plog=$(mktemp -d)
 trap 'rm -rf "$plog"' EXIT
 export FLASH_ATTN_PIPELINE_LOG=$plog
