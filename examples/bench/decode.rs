@@ -381,21 +381,11 @@ fn points<T: Element>(
                 )),
                 None => None,
             };
-            // (GPU ms, wall ms) of the repeats, after a call that compiles and warms
-            let time = |c: &AttentionConfig,
-                        (k, v): (&flash_attn_wgpu::Tensor, &flash_attn_wgpu::Tensor)|
-             -> flash_attn_wgpu::Result<(Stats, Stats)> {
-                ctx.forward(c, &q, k, v)?;
-                let (mut gpu, mut wall) = (Vec::new(), Vec::new());
-                for _ in 0..a.repeats {
-                    let t = Instant::now();
-                    let f = ctx.forward(c, &q, k, v)?;
-                    wall.push(t.elapsed().as_secs_f64());
-                    gpu.push(ctx.last_gpu_timing().map_or(f64::NAN, |t| t.seconds));
-                    drop(f);
-                }
-                Ok((Stats::of(&gpu).scaled(1e3), Stats::of(&wall).scaled(1e3)))
-            };
+            let time =
+                |c: &AttentionConfig,
+                 (k, v): (&flash_attn_wgpu::Tensor, &flash_attn_wgpu::Tensor)| {
+                    repeats_ms(ctx, a.repeats, || ctx.forward(c, &q, k, v))
+                };
             for &tuning in &a.tunings {
                 ctx.set_tuning(tuning)?;
                 let shape = flash_attn_wgpu::unstable::plan::decode::shape(&cfg, &ctx.plan_env())?;
@@ -451,22 +441,12 @@ fn points<T: Element>(
                     let lens = vec![s; b];
                     let mut apart =
                         ctx.upload(&fill(b * s * a.kv_heads * dv, 3), &cfg.v_shape())?;
-                    let mut timed = |latent: bool| -> flash_attn_wgpu::Result<Stats> {
-                        let mut gpu = Vec::new();
-                        for r in 0..=a.repeats {
-                            let f = if latent {
-                                ctx.forward_with_latent_cache(&cfg, &q, &mut k, &lens, None)?
-                            } else {
-                                ctx.forward_with_kvcache(&cfg, &q, &mut k, &mut apart, &lens, None)?
-                            };
-                            ctx.download::<f32>(&f.lse)?;
-                            if r > 0 {
-                                gpu.push(ctx.last_gpu_timing().map_or(f64::NAN, |t| t.seconds));
-                            }
-                        }
-                        Ok(Stats::of(&gpu).scaled(1e3))
-                    };
-                    let (sep, lat) = (timed(false)?, timed(true)?);
+                    let (sep, _) = repeats_ms(ctx, a.repeats, || {
+                        ctx.forward_with_kvcache(&cfg, &q, &mut k, &mut apart, &lens, None)
+                    })?;
+                    let (lat, _) = repeats_ms(ctx, a.repeats, || {
+                        ctx.forward_with_latent_cache(&cfg, &q, &mut k, &lens, None)
+                    })?;
                     println!(
                         "|   | KV-cache calls: values apart {:.3} ms [{}], latent cache {:.3} ms \
                          [{}]: latent/apart {:.3} ({} vs {} bytes a token) |",
@@ -491,4 +471,22 @@ fn points<T: Element>(
         }
     }
     Ok(())
+}
+
+/// (GPU ms, wall ms) of `repeats` calls of `call`, after one that compiles and warms.
+fn repeats_ms(
+    ctx: &Context,
+    repeats: usize,
+    mut call: impl FnMut() -> flash_attn_wgpu::Result<flash_attn_wgpu::Forward>,
+) -> flash_attn_wgpu::Result<(Stats, Stats)> {
+    call()?;
+    let (mut gpu, mut wall) = (Vec::new(), Vec::new());
+    for _ in 0..repeats {
+        let t = Instant::now();
+        let f = call()?;
+        wall.push(t.elapsed().as_secs_f64());
+        gpu.push(ctx.last_gpu_timing().map_or(f64::NAN, |t| t.seconds));
+        drop(f);
+    }
+    Ok((Stats::of(&gpu).scaled(1e3), Stats::of(&wall).scaled(1e3)))
 }
