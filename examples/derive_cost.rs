@@ -18,7 +18,7 @@ mod stats;
 mod t5;
 use cli::positive;
 use stats::interleaved_ms;
-use t5::{filled, t5_score_mod, t5_table};
+use t5::{t5_score_mod, t5_table, uploaded};
 
 /// Backward time of user score modifiers with hand-written and derived derivatives.
 #[derive(Parser, Debug)]
@@ -64,14 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ),
         ("softcap, derived", ScoreMod::wgsl(SOFTCAP)?),
     ];
-    let filled = |salt| filled(n * h * d, salt);
-    let shape = [1, n, h, d];
-    let (q, k, v, dout) = (
-        ctx.upload(&filled(1), &shape)?,
-        ctx.upload(&filled(2), &shape)?,
-        ctx.upload(&filled(3), &shape)?,
-        ctx.upload(&filled(4), &shape)?,
-    );
+    let [q, k, v, dout] = uploaded(&ctx, [1, n, h, d])?;
     let mut calls = Vec::new();
     for (name, m) in &mods {
         let mut cfg = AttentionConfig::new(1, n, n, h, h, d);

@@ -18,7 +18,7 @@ mod stats;
 mod t5;
 use cli::positive;
 use stats::interleaved_ms;
-use t5::{filled, t5_score_mod, t5_table};
+use t5::{t5_score_mod, t5_table, uploaded};
 
 /// Forward + backward time of a T5 table, frozen and trainable.
 #[derive(Parser, Debug)]
@@ -38,14 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (n, h, d) = (a.seq, 8, 64);
     let frozen = ScoreMod::wgsl_with(&t5_score_mod(), [("table", t5_table(h))])?;
     let trainable = frozen.clone().with_trainable("table")?;
-    let filled = |salt| filled(n * h * d, salt);
-    let shape = [1, n, h, d];
-    let (q, k, v, dout) = (
-        ctx.upload(&filled(1), &shape)?,
-        ctx.upload(&filled(2), &shape)?,
-        ctx.upload(&filled(3), &shape)?,
-        ctx.upload(&filled(4), &shape)?,
-    );
+    let [q, k, v, dout] = uploaded(&ctx, [1, n, h, d])?;
     let calls: Vec<(&str, AttentionConfig)> = [("frozen", frozen), ("trainable", trainable)]
         .into_iter()
         .map(|(name, m)| {

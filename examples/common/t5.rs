@@ -41,3 +41,15 @@ pub fn filled(len: usize, salt: usize) -> Vec<f32> {
         .map(|i| (((i * 7 + salt) % 23) as f32 - 11.0) / 22.0)
         .collect()
 }
+
+/// q, k, v and d_out of `shape` (`[batch, seq, heads, head_dim]`, one shape for all four) on
+/// the device, [`filled`] with salts 1 to 4.
+#[allow(dead_code)]
+pub fn uploaded(
+    ctx: &flash_attn_wgpu::Context,
+    shape: [usize; 4],
+) -> flash_attn_wgpu::Result<[flash_attn_wgpu::Tensor; 4]> {
+    let len = shape.iter().product();
+    let up = |salt| ctx.upload(&filled(len, salt), &shape);
+    Ok([up(1)?, up(2)?, up(3)?, up(4)?])
+}
