@@ -322,25 +322,24 @@ fn run<T: Element>(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         .map(|_| {
             let zeros = vec![0f32; pool];
             let shape = cfg.kv_shape();
-            let quantized = |f: CacheFormat| {
+            // an empty 8-bit cache of `s` (the keys' or the values' shape)
+            let quantized = |f: CacheFormat, s: [usize; 4]| {
                 let scales = (f == CacheFormat::E4M3).then(|| vec![16.0 / 448.0; x.heads_kv]);
-                ctx.quantized_cache(f, &zeros, shape, scales.as_deref())
-            };
-            let quantized_v = |f: CacheFormat| {
-                let scales = (f == CacheFormat::E4M3).then(|| vec![16.0 / 448.0; x.heads_kv]);
-                ctx.quantized_cache(f, &vec![0f32; pool_v], cfg.v_shape(), scales.as_deref())
+                ctx.quantized_cache(f, &zeros[..s.iter().product()], s, scales.as_deref())
             };
             Ok(LayerCache {
                 store: match (a.kv_cache, a.mla) {
                     (None, false) => Store::Plain(
                         ctx.upload(&from_f32_slice::<T>(&zeros), &shape)?,
-                        ctx.upload(&from_f32_slice::<T>(&vec![0f32; pool_v]), &cfg.v_shape())?,
+                        ctx.upload(&from_f32_slice::<T>(&zeros[..pool_v]), &cfg.v_shape())?,
                     ),
-                    (Some(f), false) => Store::Quantized(quantized(f)?, quantized_v(f)?),
+                    (Some(f), false) => {
+                        Store::Quantized(quantized(f, shape)?, quantized(f, cfg.v_shape())?)
+                    }
                     (None, true) => {
                         Store::Latent(ctx.upload(&from_f32_slice::<T>(&zeros), &shape)?)
                     }
-                    (Some(f), true) => Store::QuantizedLatent(quantized(f)?),
+                    (Some(f), true) => Store::QuantizedLatent(quantized(f, shape)?),
                 },
                 host_k: vec![Vec::new(); a.batch],
                 host_v: vec![Vec::new(); a.batch],
