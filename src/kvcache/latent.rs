@@ -44,8 +44,7 @@ impl Context {
         cache_seqlens: &[usize],
         k_new: Option<&Tensor>,
     ) -> Result<Forward> {
-        let append = k_new.map(|k| (k, None));
-        self.kvcache_impl(cfg, q, (&*cache, None), cache_seqlens, append, None, None)
+        self.latent_impl(cfg, q, cache, cache_seqlens, k_new, None)
     }
 
     /// [`forward_with_latent_cache`](Context::forward_with_latent_cache) writing into `dst`
@@ -60,17 +59,23 @@ impl Context {
         k_new: Option<&Tensor>,
         dst: &Forward,
     ) -> Result<()> {
+        self.latent_impl(cfg, q, cache, cache_seqlens, k_new, Some(dst))
+            .map(drop)
+    }
+
+    /// The dense or paged latent-cache call: the KV-cache call with no v (its values bound
+    /// from the cache) and keys alone appended.
+    fn latent_impl(
+        &self,
+        cfg: &AttentionConfig,
+        q: &Tensor,
+        cache: &Tensor,
+        cache_seqlens: &[usize],
+        k_new: Option<&Tensor>,
+        dst: Option<&Forward>,
+    ) -> Result<Forward> {
         let append = k_new.map(|k| (k, None));
-        self.kvcache_impl(
-            cfg,
-            q,
-            (&*cache, None),
-            cache_seqlens,
-            append,
-            Some(dst),
-            None,
-        )
-        .map(drop)
+        self.kvcache_impl(cfg, q, (cache, None), cache_seqlens, append, dst, None)
     }
 
     /// [`forward_with_latent_cache`](Context::forward_with_latent_cache) over an 8-bit latent
