@@ -78,6 +78,14 @@ pub(crate) struct Trainable {
     pub host: Option<HostTableFn>,
 }
 
+impl Trainable {
+    /// A pipeline's user code (`KernelKey::user_code`) with `score_mod_dt` appended: the
+    /// kernels that take the tensor's partial (the table kernel, the dQ kernels that sum it).
+    pub(crate) fn with_partial(&self, user_code: Option<&'static str>) -> Option<&'static str> {
+        user_code.map(|u| super::user_code::intern(&format!("{u}\n{}", self.wgsl)))
+    }
+}
+
 /// A host function of (score, batch, query head, query row, key) giving the index of the
 /// trainable tensor's entry that `score_mod` reads there and d score_mod / d entry.
 pub type HostTableFn = Arc<dyn Fn(f64, usize, usize, usize, usize) -> (usize, f64) + Send + Sync>;

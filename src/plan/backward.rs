@@ -83,10 +83,7 @@ fn kept_steps(plan: &mut Plan, cfg: &AttentionConfig, dtype: DType, env: &PlanEn
         s.key.keeps_grads = pair_words > 0 && s.key.kernel.keeps_grads();
         if let (true, Some((t, _))) = (summed && s.key.kernel.sums_table(), table) {
             s.key.sums_table = true;
-            s.key.user_code = s
-                .key
-                .user_code
-                .map(|u| crate::modifiers::user_code::intern(&format!("{u}\n{}", t.wgsl)));
+            s.key.user_code = t.with_partial(s.key.user_code);
             s.params.total_items = len as u32;
             s.params.splits = parts;
             s.params.slice_base = pair_part as u32;
@@ -198,10 +195,8 @@ fn table_steps(
     params.split_keys = per_part as u32;
     params.total_wg = (parts * slabs) as u32;
     let mut k = key(Kernel::FlashBwdTable, cfg, Tiles::ONE, DType::F32, env);
-    // this kernel's pipelines alone take the derivative in the tensor
-    k.user_code = k
-        .user_code
-        .map(|u| crate::modifiers::user_code::intern(&format!("{u}\n{}", table.wgsl)));
+    // this kernel's pipelines take the derivative in the tensor
+    k.user_code = table.with_partial(k.user_code);
     plan.steps.push(Step {
         key: k,
         params,
