@@ -42,7 +42,10 @@ def reference(q, k, v, dout, scale, visible, bias):
     return out, lse, dq, dk, dv, d_bias
 
 
-def test_flex_attention_takes_its_layout_its_block_mask_and_grouped_heads(rng):
+def documents_case(rng):
+    """Two batches of 4 query heads over 2 kv heads, 70 positions of 16 dims in three
+    documents (their block mask in blocks of 8), a per-key bias t, scale 0.3: (q, k, v, dout,
+    t, the block mask, the scale, the float64 reference)."""
     b, hq, hkv, n, d = 2, 4, 2, 70, 16
     cu = [0, 17, 41, 70]
     ids = np.repeat(np.arange(3), np.diff(cu)).astype(np.float32)
@@ -52,10 +55,15 @@ def test_flex_attention_takes_its_layout_its_block_mask_and_grouped_heads(rng):
     bm = fa.create_block_mask(DOCS, None, None, n, n, BLOCK_SIZE=8,
                               mask_mod_tensors={"doc": ids})
     scale = 0.3
+    want = reference(q, k, v, dout, scale, ids[:, None] == ids[None, :], t)
+    return q, k, v, dout, t, bm, scale, want
+
+
+def test_flex_attention_takes_its_layout_its_block_mask_and_grouped_heads(rng):
+    q, k, v, dout, t, bm, scale, want = documents_case(rng)
     call = fa.flex_attention(q, k, v, score_mod=BIAS, block_mask=bm, scale=scale,
                              enable_gqa=True, score_mod_tensors={"t": t}, return_handle=True)
-    want = reference(q, k, v, dout, scale, ids[:, None] == ids[None, :], t)
-    assert call.out.shape == (b, hq, n, d)
+    assert call.out.shape == q.shape
     close(call.out, want[0], 2e-5, "out")
     close(call.softmax_lse, want[1], 2e-5, "lse")
     for got, w, name in zip(call.backward(dout), want[2:5], ("dq", "dk", "dv")):
@@ -69,16 +77,7 @@ def test_flex_attention_takes_its_layout_its_block_mask_and_grouped_heads(rng):
 def test_a_captured_tensor_marked_trainable_gets_its_gradient(rng):
     # FlexAttention trains a captured tensor that requires grad; here score_mod_trainable
     # names it, and the backward returns its gradient after (dq, dk, dv)
-    b, hq, hkv, n, d = 2, 4, 2, 70, 16
-    cu = [0, 17, 41, 70]
-    ids = np.repeat(np.arange(3), np.diff(cu)).astype(np.float32)
-    q, k, v = rand(rng, (b, hq, n, d)), rand(rng, (b, hkv, n, d)), rand(rng, (b, hkv, n, d))
-    dout = rand(rng, (b, hq, n, d))
-    t = rng.uniform(-1, 1, n).astype(np.float32)
-    bm = fa.create_block_mask(DOCS, None, None, n, n, BLOCK_SIZE=8,
-                              mask_mod_tensors={"doc": ids})
-    scale = 0.3
-    want = reference(q, k, v, dout, scale, ids[:, None] == ids[None, :], t)
+    q, k, v, dout, t, bm, scale, want = documents_case(rng)
     opts = dict(score_mod=BIAS, block_mask=bm, scale=scale, enable_gqa=True,
                 score_mod_tensors={"t": t}, score_mod_trainable="t")
     call = fa.flex_attention(q, k, v, return_handle=True, **opts)
