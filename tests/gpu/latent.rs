@@ -38,6 +38,12 @@ fn a_latent_cache_is_read_as_keys_and_values_dense_and_paged() {
     // a chunked prefill of 20 rows: past the decode kernel's queries, on the tiled forward
     let c = latent(cfg(2, 1, 64, 4, 2, 32, true), 16);
     latent_append_and_attend::<_, f16>(ctx(), &paged(&c, 8, 8), &[9, 30], 20, None);
+    // and the naive path, whose value products read v through the same v_index
+    let naive = AttentionConfig {
+        algorithm: flash_attn_wgpu::Algorithm::Naive,
+        ..c
+    };
+    latent_append_and_attend::<_, f16>(ctx(), &naive, &[9, 30], 20, None);
 }
 
 #[test]
