@@ -1,20 +1,44 @@
 //! The derivative of a user's `score_mod` with respect to the score, derived from its WGSL
 //! (forward mode, on naga's IR), so that a `ScoreMod` needs no hand-written `score_mod_ds`.
 //!
-//! Each function the score flows through gets a twin `{name}__d` that returns
-//! `vec2<f32>(value, derivative)` and takes, beside each f32 argument, that argument's
-//! derivative. Every expression becomes a `let` of its value and, where it is an f32 that
-//! depends on the score, one of its derivative, by the rules of calculus (`a * b` gives
-//! `a' b + a b'`, `exp(a)` gives `exp(a) a'`, `select` selects the derivatives, ...); local
-//! variables get a derivative variable; `if`, loops, `break`, `continue` and `return` keep
-//! their shape. Values that do not depend on the score (indices, captured tensors, constants)
-//! have a derivative of zero, so a helper that returns no f32 is called as it is.
-//! `score_mod_ds` then returns the derivative of `score_mod__d(s, 1.0, b, h, i, j)`.
+//! Each function the score flows through gets a twin that returns `vec2<f32>(value,
+//! derivative)` and takes, beside each f32 argument, that argument's derivative. Every
+//! expression becomes a `let` of its value and, where it is an f32 that depends on the score,
+//! one of its derivative, by the rules of calculus (`a * b` gives `a' b + a b'`, `exp(a)` gives
+//! `exp(a) a'`, `select` selects the derivatives, ...); local variables get a derivative
+//! variable; `if`, loops, `break`, `continue` and `return` keep their shape. Values that do not
+//! depend on the score (indices, captured tensors, constants) have a derivative of zero, and so
+//! does a helper's integer or boolean result (constant almost everywhere): such a helper is
+//! called as it is. `score_mod_ds` then returns the derivative of `score_mod`'s twin at
+//! `(s, 1.0, b, h, i, j)`.
 //!
-//! What it does not differentiate (vectors, structs, pointers, private variables, `switch`,
-//! functions outside the list in [`Rules`]) is an `Error::UserCode` naming the line. At a kink
-//! (`abs` at 0, `min` and `max` where both sides are equal, `select`'s switch) it takes one
-//! side, as automatic differentiation does. Off the web only: the wasm32 build has no naga.
+//! **Names.** Every name the derivation writes (twins, their arguments, variables, values,
+//! derivatives and call results) begins with one prefix, `gen_` or `gen{k}_`, chosen so that
+//! no identifier of the snippet begins with it (`user_code::fresh_prefix`; the kernels write
+//! none that begins with `gen`): a twin is `{p}d_{name}` (`{p}t_{name}` for a trainable
+//! tensor's partial), an argument `{p}a0`, a value `{p}v12`, its derivative `{p}d12`, a variable
+//! `{p}l3` and `{p}dl3`, a call's result `{p}r7`. So no name the user declares can equal,
+//! shadow or be hidden by a generated one. The derived code is compiled beside the snippet
+//! before it is returned; should the derivation ever write code naga refuses (a defect), the
+//! error names the user's `score_mod` and asks for `score_mod_ds`, never the generated code.
+//!
+//! **Taken:** scalar `f32`, `u32`, `i32` and `bool` values, literals, constants, arguments and
+//! function-scope `let` and `var`; `+ - * / %`, comparisons, logical and bitwise operators,
+//! `select`, conversions (`f32(..)`, `u32(..)`, `i32(..)`, `bitcast`); `all` and `any`; the
+//! math functions `abs` `sign` `floor` `ceil` `round` `trunc` `fract` `exp` `exp2` `log` `log2`
+//! `sqrt` `inverseSqrt` `pow` `tanh` `sin` `cos` `tan` `atan` `sinh` `cosh` `saturate` `min`
+//! `max` `clamp` `fma` `step`; `if`, `loop`/`for`/`while`, `break`, `continue`, `return`; calls
+//! of the snippet's own helpers and reads of captured tensors.
+//!
+//! **Refused** (an `Error::UserCode` naming the user's line and what stands there, before any
+//! code is derived): every other math function (`atan2`, `asin`, `acos`, `asinh`, `acosh`,
+//! `atanh`, `mix`, `smoothstep`, `length`, `dot`, `ldexp`, `degrees`, ... ), vectors, matrices,
+//! arrays and structs that depend on the score (a helper that returns one), pointers (a helper
+//! that takes `ptr<function, f32>`), module-scope `var<private>` variables (a snippet may
+//! declare them, but not in what is derived), and `switch`. Then write `score_mod_ds` by hand.
+//! At a kink (`abs` at 0, `min` and `max` where both sides are equal, `select`'s switch) it
+//! takes one side, as automatic differentiation does. Off the web only: the wasm32 build has
+//! no naga.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
@@ -24,18 +48,22 @@ use naga::{
     ScalarKind, TypeInner, UnaryOperator as U,
 };
 
-use super::user_code::user_error;
+use super::user_code::{self, user_error};
 use crate::error::Result;
 
 /// `score_mod_ds` and the twins it calls, as WGSL to append to `source` (the user's snippet;
 /// `stubs` declare its captured tensors' accessors after it for the parse).
 pub(crate) fn score_mod_ds(source: &str, stubs: &str) -> Result<String> {
     let what = "score_mod WGSL (deriving score_mod_ds)";
-    let mut out = derive(source, stubs, what, None)?;
-    out.push_str(
-        "fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {\n    \
-         return score_mod__d(s, 1.0, b, h, i, j).y;\n}\n",
+    let p = user_code::fresh_prefix(&[source, stubs]);
+    let mut out = derive(source, stubs, what, None, &p)?;
+    let _ = writeln!(
+        out,
+        "fn score_mod_ds({p}s: f32, {p}b: u32, {p}h: u32, {p}i: u32, {p}j: u32) -> f32 {{\n    \
+         return {}({p}s, 1.0, {p}b, {p}h, {p}i, {p}j).y;\n}}",
+        twin_name(&p, false, "score_mod")
     );
+    compiles(source, &out, stubs, what)?;
     Ok(out)
 }
 
@@ -43,35 +71,67 @@ pub(crate) fn score_mod_ds(source: &str, stubs: &str) -> Result<String> {
 /// it reads, as WGSL for the kernel of a trainable tensor's gradient (appended to the call's
 /// user code there, never to the snippet): `score_mod_dt(s, b, h, i, j) -> f32`, which also
 /// leaves the entry's index in the private `score_mod__read` (`0xffffffff` where no entry was
-/// read). Forward mode again, seeded at the read rather than at the score (twins
-/// `{name}__t`). The read must be one call in `score_mod`'s own body, outside loops, so
-/// that one index and one partial describe a pair: anything else is an `Error::UserCode`
-/// naming the line.
+/// read; both names are the kernels', which no snippet may declare). Forward mode again,
+/// seeded at the read rather than at the score (twins `{p}t_{name}`). The read must be one
+/// call in `score_mod`'s own body, outside loops, so that one index and one partial describe
+/// a pair: anything else is an `Error::UserCode` naming the line.
 pub(crate) fn score_mod_dt(source: &str, stubs: &str, tensor: &str) -> Result<String> {
     let what = "score_mod WGSL (its trainable tensor's gradient)";
+    let p = user_code::fresh_prefix(&[source, stubs]);
     let mut out = String::from("var<private> score_mod__read: u32;\n");
-    out.push_str(&derive(source, stubs, what, Some(tensor))?);
-    out.push_str(
-        "fn score_mod_dt(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {\n    \
+    out.push_str(&derive(source, stubs, what, Some(tensor), &p)?);
+    let _ = writeln!(
+        out,
+        "fn score_mod_dt({p}s: f32, {p}b: u32, {p}h: u32, {p}i: u32, {p}j: u32) -> f32 {{\n    \
          score_mod__read = 0xffffffffu;\n    \
-         return score_mod__t(s, 0.0, b, h, i, j).y;\n}\n",
+         return {}({p}s, 0.0, {p}b, {p}h, {p}i, {p}j).y;\n}}",
+        twin_name(&p, true, "score_mod")
     );
+    compiles(source, &out, stubs, what)?;
     Ok(out)
 }
 
+/// The derived code compiles beside the snippet: what the derivation takes it writes as
+/// valid WGSL, so this fails only on a defect of the derivation's; then the user is told which
+/// of their functions it was, at its line, and to write the derivative by hand, never the
+/// compiler's words about code they did not write.
+fn compiles(source: &str, derived: &str, stubs: &str, what: &str) -> Result<()> {
+    let whole = format!("{source}\n{derived}\n{stubs}");
+    let ok = naga::front::wgsl::parse_str(&whole).ok().is_some_and(|m| {
+        naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::empty(),
+        )
+        .validate(&m)
+        .is_ok()
+    });
+    if ok {
+        return Ok(());
+    }
+    let line = source
+        .lines()
+        .position(|l| l.contains("fn score_mod("))
+        .map(|n| n + 1);
+    Err(user_error(
+        what,
+        line,
+        "the derivation does not take this `score_mod` (a defect of the derivation's: please \
+         report it); write score_mod_ds by hand"
+            .into(),
+    ))
+}
+
 /// The twins of `score_mod` and the functions it reaches: seeded at the score (`seed`
-/// `None`, twins `{name}__d`) or at the one read of captured tensor `seed` (twins
-/// `{name}__t`).
-fn derive(source: &str, stubs: &str, what: &str, seed: Option<&str>) -> Result<String> {
+/// `None`, twins `{p}d_{name}`) or at the one read of captured tensor `seed` (twins
+/// `{p}t_{name}`). Every error names a line of `source` and what the user wrote there.
+fn derive(source: &str, stubs: &str, what: &str, seed: Option<&str>, p: &str) -> Result<String> {
     let whole = format!("{source}\n{stubs}");
     let lines = source.lines().count();
-    let at = |span: naga::Span| {
-        Some(span.location(&whole).line_number as usize).filter(|&l| l <= lines && l > 0)
-    };
+    let at = |span: naga::Span| at_line(span.location(&whole).line_number, lines);
     let module = naga::front::wgsl::parse_str(&whole).map_err(|e| {
         user_error(
             what,
-            e.location(&whole).map(|l| l.line_number as usize),
+            e.location(&whole).and_then(|l| at_line(l.line_number, lines)),
             e.message().to_string(),
         )
     })?;
@@ -80,7 +140,13 @@ fn derive(source: &str, stubs: &str, what: &str, seed: Option<&str>) -> Result<S
         naga::valid::Capabilities::empty(),
     )
     .validate(&module)
-    .map_err(|e| user_error(what, None, e.as_inner().to_string()))?;
+    .map_err(|e| {
+        user_error(
+            what,
+            e.location(&whole).and_then(|l| at_line(l.line_number, lines)),
+            e.as_inner().to_string(),
+        )
+    })?;
     let find = |name: &str| {
         module
             .functions
@@ -114,6 +180,7 @@ fn derive(source: &str, stubs: &str, what: &str, seed: Option<&str>) -> Result<S
         module: &module,
         info: &info,
         seed,
+        p,
         done: HashSet::new(),
         queue: vec![root],
         out: String::new(),
@@ -130,6 +197,11 @@ fn derive(source: &str, stubs: &str, what: &str, seed: Option<&str>) -> Result<S
         }
     }
     Ok(d.out)
+}
+
+/// Line `l` where it is one of the snippet's `lines`.
+fn at_line(l: u32, lines: usize) -> Option<usize> {
+    Some(l as usize).filter(|&l| l <= lines && l > 0)
 }
 
 /// Checks that `score_mod` (`root`) reads the captured tensor `accessor` exactly once, in its
@@ -215,6 +287,8 @@ struct Deriver<'a> {
     info: &'a naga::valid::ModuleInfo,
     /// The captured tensor's accessor the twins are seeded at (`None`: the score).
     seed: Option<Handle<naga::Function>>,
+    /// The generated names' prefix (module `user_code`'s `fresh_prefix`).
+    p: &'a str,
     done: HashSet<Handle<naga::Function>>,
     queue: Vec<Handle<naga::Function>>,
     out: String,
@@ -224,24 +298,26 @@ struct Deriver<'a> {
 struct Twin<'a> {
     module: &'a Module,
     seed: Option<Handle<naga::Function>>,
+    /// The generated names' prefix: every parameter, variable, value and derivative the twin
+    /// writes is `{p}` and a letter or two and a number (`{p}a0`, `{p}dl3`, `{p}v12`).
+    p: &'a str,
     f: &'a naga::Function,
     fi: &'a naga::valid::FunctionInfo,
     /// Expressions whose derivative is zero (or that have none).
     zero: HashSet<Handle<naga::Expression>>,
     /// Functions the twin calls the twins of.
     calls: Vec<Handle<naga::Function>>,
-    /// The names of call results: `r{n}`, a `vec2` for twins.
+    /// The names of call results: `{p}r{n}`, a `vec2` for twins.
     results: HashMap<Handle<naga::Expression>, (String, bool)>,
     body: String,
 }
 
-/// The twins' suffix: `__d` seeded at the score, `__t` at a captured tensor's read.
-fn suffix(seed: Option<Handle<naga::Function>>) -> &'static str {
-    if seed.is_some() {
-        "__t"
-    } else {
-        "__d"
-    }
+/// The twin of the user's function `name`: `{p}d_{name}` seeded at the score, `{p}t_{name}`
+/// at a captured tensor's read (`p` the generated names' prefix, which no name of the
+/// snippet starts with).
+fn twin_name(p: &str, seeded: bool, name: &str) -> String {
+    let kind = if seeded { "t" } else { "d" };
+    format!("{p}{kind}_{name}")
 }
 
 fn scalar_name(s: Scalar) -> Option<&'static str> {
@@ -264,15 +340,18 @@ impl Deriver<'_> {
         let f = &module.functions[fh];
         let name = f.name.clone().unwrap_or_default();
         let ty = |h| &module.types[h].inner;
+        // where the function is defined: its line, for the errors about its signature
+        let defined = Some(module.functions.get_span(fh));
         if !f.result.as_ref().is_some_and(|r| is_f32(ty(r.ty))) {
             return Err((
-                None,
+                defined,
                 format!("`{name}` must return f32 to be differentiated"),
             ));
         }
         let mut t = Twin {
             module,
             seed: self.seed,
+            p: self.p,
             f,
             fi: &info[fh],
             zero: HashSet::new(),
@@ -286,11 +365,19 @@ impl Deriver<'_> {
                 TypeInner::Scalar(s) => scalar_name(*s),
                 _ => None,
             }) else {
-                return Err((None, format!("`{name}`'s argument {k} is not a scalar")));
+                let what = match ty(a.ty) {
+                    TypeInner::Pointer { .. } => "a pointer",
+                    _ => "not a scalar",
+                };
+                let arg = a.name.as_deref().unwrap_or("?");
+                return Err((
+                    defined,
+                    format!("`{name}`'s argument `{arg}` is {what}, which is not differentiated"),
+                ));
             };
-            params.push(format!("a{k}: {n}"));
+            params.push(format!("{}a{k}: {n}", self.p));
             if n == "f32" {
-                params.push(format!("da{k}: f32"));
+                params.push(format!("{}da{k}: f32", self.p));
             }
         }
         for (lh, l) in f.local_variables.iter() {
@@ -305,16 +392,16 @@ impl Deriver<'_> {
                 Some(e) => t.value(e)?,
                 None => format!("{n}()"),
             };
-            let _ = writeln!(t.body, "    var l{}: {n} = {init};", lh.index());
+            let _ = writeln!(t.body, "    var {}l{}: {n} = {init};", t.p, lh.index());
             if n == "f32" {
-                let _ = writeln!(t.body, "    var dl{}: f32 = 0.0;", lh.index());
+                let _ = writeln!(t.body, "    var {}dl{}: f32 = 0.0;", t.p, lh.index());
             }
         }
         ir_walk::block(&mut t, &f.body, 1)?;
         let _ = writeln!(
             self.out,
-            "fn {name}{}({}) -> vec2<f32> {{\n{}}}",
-            suffix(self.seed),
+            "fn {}({}) -> vec2<f32> {{\n{}}}",
+            twin_name(self.p, self.seed.is_some(), &name),
             params.join(", "),
             t.body
         );
@@ -352,8 +439,8 @@ impl Twin<'_> {
                 Some(n) => n.clone(),
                 None => return self.fail(e, "an unnamed constant".into()),
             },
-            E::FunctionArgument(k) => format!("a{k}"),
-            E::LocalVariable(l) => format!("l{}", l.index()),
+            E::FunctionArgument(k) => format!("{}a{k}", self.p),
+            E::LocalVariable(l) => format!("{}l{}", self.p, l.index()),
             E::CallResult(_) => match self.results.get(&e) {
                 Some((n, true)) => format!("{n}.x"),
                 Some((n, false)) => n.clone(),
@@ -365,7 +452,7 @@ impl Twin<'_> {
                 }
                 _ => return self.fail(e, "a zero value of a type not differentiated".into()),
             },
-            _ => format!("v{}", e.index()),
+            _ => format!("{}v{}", self.p, e.index()),
         })
     }
 
@@ -376,12 +463,12 @@ impl Twin<'_> {
         }
         match self.f.expressions[e] {
             E::Literal(_) | E::Constant(_) | E::ZeroValue(_) | E::Override(_) => "0.0".into(),
-            E::FunctionArgument(k) => format!("da{k}"),
+            E::FunctionArgument(k) => format!("{}da{k}", self.p),
             E::CallResult(_) => match self.results.get(&e) {
                 Some((n, true)) => format!("{n}.y"),
                 _ => "0.0".into(),
             },
-            _ => format!("d{}", e.index()),
+            _ => format!("{}d{}", self.p, e.index()),
         }
     }
 
@@ -393,11 +480,14 @@ impl Twin<'_> {
     fn emit(&mut self, e: Handle<naga::Expression>, pad: &str) -> std::result::Result<(), Fail> {
         let v = |h| self.value(h);
         let d = |h| self.deriv(h);
-        let mine = format!("v{}", e.index());
+        let mine = format!("{}v{}", self.p, e.index());
         let (value, deriv): (String, Option<String>) = match self.f.expressions[e] {
             E::Load { pointer } => match self.f.expressions[pointer] {
                 E::LocalVariable(l) => {
-                    (format!("l{}", l.index()), Some(format!("dl{}", l.index())))
+                    (
+                    format!("{}l{}", self.p, l.index()),
+                    Some(format!("{}dl{}", self.p, l.index())),
+                )
                 }
                 _ => return self.fail(e, "only local variables are read through pointers".into()),
             },
@@ -506,7 +596,7 @@ impl Twin<'_> {
         };
         match deriv {
             Some(d) if is_f32(self.ty(e)) && d != "0.0" && !constant => {
-                let _ = writeln!(self.body, "{pad}let d{} = {d};", e.index());
+                let _ = writeln!(self.body, "{pad}let {}d{} = {d};", self.p, e.index());
             }
             _ => {
                 self.zero.insert(e);
@@ -525,7 +615,7 @@ impl Twin<'_> {
         arg1: Option<Handle<naga::Expression>>,
         arg2: Option<Handle<naga::Expression>>,
     ) -> std::result::Result<(String, Option<String>), Fail> {
-        let mine = format!("v{}", e.index());
+        let mine = format!("{}v{}", self.p, e.index());
         let x = self.value(arg)?;
         let dx = self.deriv(arg);
         let second = |h: Option<Handle<naga::Expression>>| -> std::result::Result<_, Fail> {
@@ -609,9 +699,25 @@ impl Twin<'_> {
                 let (y, _, _) = second(arg1)?;
                 Ok((format!("step({x}, {y})"), None))
             }
-            other => self.fail(e, format!("`{other:?}` is not differentiated here")),
+            other => self.fail(
+                e,
+                format!("`{}` is not differentiated here", wgsl_math_name(other)),
+            ),
         }
     }
+}
+
+/// A math function as WGSL spells it (naga's name with its first letter lowered, but
+/// `smoothstep`), for errors in the user's words.
+fn wgsl_math_name(fun: M) -> String {
+    let name = format!("{fun:?}");
+    if fun == M::SmoothStep {
+        return "smoothstep".into();
+    }
+    let mut c = name.chars();
+    c.next()
+        .map(|f| f.to_lowercase().chain(c).collect())
+        .unwrap_or_default()
 }
 
 impl ir_walk::Target for Twin<'_> {
@@ -672,10 +778,10 @@ impl ir_walk::Target for Twin<'_> {
         pad: &str,
     ) -> std::result::Result<(), Fail> {
         let x = Twin::value(self, value)?;
-        let _ = writeln!(self.body, "{pad}l{} = {x};", l.index());
+        let _ = writeln!(self.body, "{pad}{}l{} = {x};", self.p, l.index());
         if is_f32(self.ty(value)) {
             let d = self.deriv(value);
-            let _ = writeln!(self.body, "{pad}dl{} = {d};", l.index());
+            let _ = writeln!(self.body, "{pad}{}dl{} = {d};", self.p, l.index());
         }
         Ok(())
     }
@@ -686,10 +792,21 @@ impl ir_walk::Target for Twin<'_> {
         arguments: &[Handle<naga::Expression>],
         result: Option<Handle<naga::Expression>>,
         pad: &str,
-        _: naga::Span,
+        span: naga::Span,
     ) -> std::result::Result<(), Fail> {
         let callee = &self.module.functions[function];
         let name = callee.name.clone().unwrap_or_default();
+        // a helper that writes through a pointer (`ptr<function, f32>`) changes a variable
+        // the twin cannot follow: refused here, at the call, before any code is written
+        if arguments
+            .iter()
+            .any(|&a| matches!(self.ty(a), TypeInner::Pointer { .. }))
+        {
+            return Err((
+                Some(span),
+                format!("`{name}` takes a pointer, which is not differentiated"),
+            ));
+        }
         if Some(function) == self.seed {
             // the read the twins are seeded at (one, in score_mod: `one_read`): its value,
             // a derivative of 1, and its index kept for the gradient's kernel
@@ -697,7 +814,7 @@ impl ir_walk::Target for Twin<'_> {
                 return Err((None, format!("`{name}` is called without its index")));
             };
             let index = Twin::value(self, *index)?;
-            let n = format!("r{}", r.index());
+            let n = format!("{}r{}", self.p, r.index());
             let _ = writeln!(
                 self.body,
                 "{pad}let {n} = vec2<f32>({name}({index}), 1.0);\n{pad}score_mod__read = {index};"
@@ -710,6 +827,20 @@ impl ir_walk::Target for Twin<'_> {
             .as_ref()
             .is_some_and(|r| is_f32(&self.module.types[r.ty].inner));
         let depends = arguments.iter().any(|&a| !self.is_zero(a));
+        // a result of integers or booleans is constant almost everywhere (derivative 0);
+        // a vector, matrix, array or struct could carry the score's derivative, untracked
+        let aggregate = callee.result.as_ref().is_some_and(|r| {
+            !matches!(self.module.types[r.ty].inner, TypeInner::Scalar(_))
+        });
+        if depends && aggregate {
+            return Err((
+                Some(span),
+                format!(
+                    "`{name}` returns a vector, matrix, array or struct of the score; only \
+                     scalar results are differentiated"
+                ),
+            ));
+        }
         let twin = returns_f32 && depends;
         let mut args = Vec::new();
         for &a in arguments {
@@ -720,13 +851,13 @@ impl ir_walk::Target for Twin<'_> {
         }
         let callee_name = if twin {
             self.calls.push(function);
-            format!("{name}{}", suffix(self.seed))
+            twin_name(self.p, self.seed.is_some(), &name)
         } else {
             name
         };
         match result {
             Some(r) => {
-                let n = format!("r{}", r.index());
+                let n = format!("{}r{}", self.p, r.index());
                 let _ = writeln!(
                     self.body,
                     "{pad}let {n} = {callee_name}({});",
@@ -809,6 +940,17 @@ mod tests {
     /// f64 judge the derivation with no GPU.
     struct Run<'a> {
         m: &'a Module,
+        /// The last value stored to a module-scope variable (`score_mod__read`).
+        global: std::cell::Cell<Option<V>>,
+    }
+
+    impl<'a> Run<'a> {
+        fn new(m: &'a Module) -> Run<'a> {
+            Run {
+                m,
+                global: Default::default(),
+            }
+        }
     }
 
     struct Frame<'a> {
@@ -898,11 +1040,14 @@ mod tests {
                     S::Continue => Flow::Continue,
                     S::Return { value } => Flow::Return(self.eval(fr, value.unwrap())),
                     S::Store { pointer, value } => {
-                        let E::LocalVariable(l) = fr.f.expressions[*pointer] else {
-                            panic!("store")
-                        };
                         let v = self.eval(fr, *value);
-                        fr.locals.insert(l, v);
+                        match fr.f.expressions[*pointer] {
+                            E::LocalVariable(l) => {
+                                fr.locals.insert(l, v);
+                            }
+                            E::GlobalVariable(_) => self.global.set(Some(v)),
+                            _ => panic!("store"),
+                        }
                         Flow::Next
                     }
                     S::Call {
@@ -1137,7 +1282,7 @@ mod tests {
     /// the derived derivative; returns the points compared.
     fn agrees(source: &str, points: &[(f64, u32, u32)]) -> usize {
         let m = derived(source);
-        let run = Run { m: &m };
+        let run = Run::new(&m);
         let f = |s: f64, i, j| {
             run.call("score_mod", &[V::F(s), V::U(0), V::U(1), V::U(i), V::U(j)])
                 .f()
@@ -1272,7 +1417,7 @@ fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s + t(h * 8
         ];
         for (source, hand) in cases {
             let m = derived(&format!("{source}\n{hand}"));
-            let run = Run { m: &m };
+            let run = Run::new(&m);
             for (s, i, j) in [(-1.3, 4, 1), (0.2, 0, 6), (2.5, 9, 9)] {
                 let args = [V::F(s), V::U(0), V::U(1), V::U(i), V::U(j)];
                 let (ad, want) = (run.call("score_mod_ds", &args), run.call("hand", &args));
@@ -1282,5 +1427,242 @@ fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s + t(h * 8
                 );
             }
         }
+    }
+
+    /// The names the derivation wrote for `source` (seeded at the score, or at captured
+    /// tensor `tensor`'s read, with `stubs` its accessors): every name the derived code
+    /// declares (functions, arguments, variables, `let`s), as naga reads them.
+    fn generated_names(source: &str, stubs: &str, tensor: Option<&str>) -> Vec<String> {
+        let derived = match tensor {
+            None => score_mod_ds(source, stubs),
+            Some(t) => score_mod_dt(source, stubs, t),
+        }
+        .unwrap_or_else(|e| panic!("{e}\n{source}"));
+        let whole = format!("{source}\n{stubs}\n{derived}");
+        let m = naga::front::wgsl::parse_str(&whole).unwrap_or_else(|e| panic!("{e}\n{whole}"));
+        let from_source = naga::front::wgsl::parse_str(&format!("{source}\n{stubs}")).unwrap();
+        let user_fns: HashSet<String> = from_source
+            .functions
+            .iter()
+            .filter_map(|(_, f)| f.name.clone())
+            .collect();
+        let mut names = Vec::new();
+        for (_, f) in m.functions.iter() {
+            let name = f.name.clone().unwrap_or_default();
+            if user_fns.contains(&name) {
+                continue;
+            }
+            if !["score_mod_ds", "score_mod_dt"].contains(&name.as_str()) {
+                names.push(name);
+            }
+            names.extend(f.arguments.iter().filter_map(|a| a.name.clone()));
+            names.extend(f.local_variables.iter().filter_map(|(_, l)| l.name.clone()));
+            names.extend(f.named_expressions.values().cloned());
+        }
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// `base` with every name in `names` declared by the user at module scope and read in
+    /// `score_mod`'s own body (where its twin's generated locals live): the twins' names as
+    /// helpers, the rest as constants; each moves the result by a small, different amount.
+    fn declaring(base: &str, names: &[String]) -> String {
+        let (mut decls, mut terms) = (String::new(), Vec::new());
+        for (k, n) in names.iter().enumerate() {
+            let c = 0.001 * (k + 1) as f64;
+            if n.contains("__") || n.starts_with("gen_d_") || n.starts_with("gen_t_") {
+                decls.push_str(&format!("fn {n}(x: f32) -> f32 {{ return x * {c:?}; }}\n"));
+                terms.push(format!("{n}(s)"));
+            } else {
+                decls.push_str(&format!("const {n}: f32 = {c:?};\n"));
+                terms.push(format!("{n} * s"));
+            }
+        }
+        base.replace("/*USER*/", &format!("+ {}", terms.join(" + "))) + "\n" + &decls
+    }
+
+    /// A snippet whose derivation writes every kind of name: twins of helpers, arguments
+    /// (f32 and u32), variables (f32 and u32), values, derivatives and call results.
+    const EVERY_KIND: &str = "fn u_lin(x: f32, k: u32) -> f32 {
+    var acc = x;
+    for (var n = 0u; n < k % 3u; n++) {
+        acc = acc * 0.75 + 0.125;
+    }
+    return acc - 0.25 * x * x;
+}
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    let t = u_lin(s, i + j) - 0.25 * tanh(s);
+    return t * f32(h + 1u) /*USER*/;
+}";
+
+    #[test]
+    fn no_name_a_snippet_declares_reaches_the_derived_code() {
+        // what the derivation writes for the snippet alone, and the names it wrote before
+        // (issue 61: `a0`.., `da0`.., `v{n}`, `d{n}`, `l{n}`, `dl{n}`, `r{n}`, `{name}__d`)
+        let base = EVERY_KIND.replace("/*USER*/", "");
+        let mut names = generated_names(&base, "", None);
+        assert!(
+            names.iter().any(|n| n.starts_with("gen_d_")) && names.len() > 20,
+            "{names:?}"
+        );
+        for old in [
+            "a0", "a1", "da0", "v3", "d3", "l0", "dl0", "l1", "r7", "u_lin__d", "score_mod__d",
+        ] {
+            names.push(old.to_string());
+        }
+        let source = declaring(EVERY_KIND, &names);
+        // every one is the user's: the derivation's names are apart from them
+        let again = generated_names(&source, "", None);
+        let users: HashSet<&str> = user_code::identifiers(&source).into_iter().collect();
+        assert!(again.iter().all(|n| !users.contains(n.as_str())));
+        assert!(again.iter().all(|n| n.starts_with("gen1_")), "{again:?}");
+        // and the derivative is the function's
+        let points: Vec<(f64, u32, u32)> = (0..24)
+            .map(|k| (-2.0 + 0.17 * k as f64, k % 5, (k * 7) % 4))
+            .collect();
+        assert!(agrees(&source, &points) >= 20);
+    }
+
+    #[test]
+    fn the_issues_snippet_that_declares_a0_is_differentiated_right() {
+        // issue 61: the twin named its first argument `a0` and read the user's constant as it
+        let source = "const a0: f32 = 0.75;
+fn u_lin(x: f32) -> f32 { return a0 * x - 0.25 * x * x; }
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return u_lin(s) - 0.25 * tanh(s); }";
+        let m = derived(source);
+        let run = Run::new(&m);
+        for s in [-1.5, -0.2, 0.4, 2.0] {
+            let args = [V::F(s), V::U(0), V::U(1), V::U(2), V::U(3)];
+            let want = 0.75 - 0.5 * s - 0.25 * (1.0 - s.tanh().powi(2));
+            let got = run.call("score_mod_ds", &args).f();
+            assert!((got - want).abs() < 1e-12, "at {s}: {got} vs {want}");
+        }
+        // `a1` was refused for code the user never wrote
+        assert!(score_mod_ds(&source.replace("a0", "a1"), "").is_ok());
+    }
+
+    #[test]
+    fn no_name_a_snippet_declares_reaches_the_trainable_partial() {
+        // d score_mod / d tab(h) = u_lin(s, i + j): the twins seeded at the read, with every
+        // name the partial's derivation writes declared by the user
+        let stubs = "fn tab(k: u32) -> f32 { return 0.5 + 0.25 * f32(k); }";
+        let base = EVERY_KIND
+            .replace("t * f32(h + 1u)", "u_lin(s, i + j) * tab(h) + t")
+            .replace("/*USER*/", "");
+        let mut names = generated_names(&base, stubs, Some("tab"));
+        assert!(names.iter().any(|n| n.starts_with("gen_t_")), "{names:?}");
+        names.extend(["a0", "v5", "r3", "u_lin__t", "score_mod__t"].map(String::from));
+        let source = declaring(
+            &EVERY_KIND.replace("t * f32(h + 1u)", "u_lin(s, i + j) * tab(h) + t"),
+            &names,
+        );
+        let dt = score_mod_dt(&source, stubs, "tab").unwrap();
+        let users: HashSet<&str> = user_code::identifiers(&source).into_iter().collect();
+        let whole = format!("{source}\n{stubs}\n{dt}");
+        let m = naga::front::wgsl::parse_str(&whole).unwrap_or_else(|e| panic!("{e}\n{whole}"));
+        let run = Run::new(&m);
+        for (s, h, i, j) in [(-1.2, 0, 1, 2), (0.3, 2, 4, 0), (1.7, 1, 2, 2)] {
+            let args = [V::F(s), V::U(0), V::U(h), V::U(i), V::U(j)];
+            let got = run.call("score_mod_dt", &args).f();
+            let want = run.call("u_lin", &[V::F(s), V::U(i + j)]).f();
+            assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+            assert_eq!(run.global.get(), Some(V::U(h)), "the entry read");
+        }
+        assert!(generated_names(&source, stubs, Some("tab"))
+            .iter()
+            .all(|n| !users.contains(n.as_str())));
+    }
+
+    #[test]
+    fn what_the_derivation_refuses_it_names_at_the_users_line_before_any_code() {
+        let refused = |source: &str, line: usize, words: &[&str]| {
+            let e = score_mod_ds(source, "").unwrap_err();
+            let crate::Error::UserCode {
+                line: at, message, ..
+            } = &e
+            else {
+                panic!("{e:?}")
+            };
+            assert_eq!(*at, Some(line), "{e}");
+            for w in words {
+                assert!(message.contains(w), "{w}: {e}");
+            }
+            assert!(!message.contains("gen_") && !message.contains("invalid"), "{e}");
+        };
+        // a helper that writes through a pointer (issue 61's 8-line snippet)
+        refused(
+            "fn add(p: ptr<function, f32>, x: f32) {
+    *p = *p + x;
+}
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    var t = s;
+    add(&t, 0.5 * s);
+    return t;
+}",
+            6,
+            &["`add`", "pointer"],
+        );
+        // a helper that takes one and returns f32
+        refused(
+            "fn read_twice(p: ptr<function, f32>) -> f32 {
+    return *p * 2.0;
+}
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    var t = s;
+    return read_twice(&t);
+}",
+            6,
+            &["`read_twice`", "pointer"],
+        );
+        // a module-scope private variable: the snippet may declare one, the derivation
+        // does not follow it
+        refused(
+            "var<private> k: f32;
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    k = 2.0 * s;
+    return k;
+}",
+            3,
+            &["store"],
+        );
+        // the math functions outside the list, by their WGSL names
+        for (call, name) in [
+            ("atan2(s, 2.0)", "atan2"),
+            ("mix(s, 1.0, 0.25)", "mix"),
+            ("asinh(s)", "asinh"),
+            ("smoothstep(0.0, 1.0, s)", "smoothstep"),
+        ] {
+            refused(
+                &format!(
+                    "fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {{\n    \
+                     return {call};\n}}"
+                ),
+                2,
+                &[&format!("`{name}`")],
+            );
+        }
+        // a helper of the score that returns a vector (its derivative would be lost)
+        refused(
+            "fn both(x: f32) -> vec2<f32> {
+    return vec2<f32>(x, x * x);
+}
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    return both(s).y;
+}",
+            5,
+            &["`both`", "vector"],
+        );
+        // a helper of the score returning f32 whose argument is a vector
+        refused(
+            "fn first(v: vec2<f32>) -> f32 {
+    return v.x;
+}
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    return first(vec2<f32>(s, 1.0));
+}",
+            5,
+            &["vectors"],
+        );
     }
 }

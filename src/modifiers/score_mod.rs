@@ -11,11 +11,16 @@
 //! ```
 //!
 //! Where it does not define `score_mod_ds`, the crate derives it from `score_mod` (module
-//! `derive`: forward mode on naga's IR, appended to the snippet, so `wgsl_source` shows it):
-//! arithmetic, comparisons and `select`, `abs` `min` `max` `clamp` `sign` `exp` `exp2` `log`
-//! `log2` `sqrt` `inverseSqrt` `pow` `tanh` `sin` `cos` and more, conversions, `let` and
-//! `var`, `if`, loops, the user's helpers and captured-tensor reads (constant in `s`).
-//! What it does not differentiate is an `Error::UserCode` naming the line. The wasm32 build
+//! `derive`: forward mode on naga's IR, appended to the snippet, so `wgsl_source` shows it,
+//! every generated name under a prefix no name of the snippet begins with):
+//! arithmetic, comparisons and `select`, conversions, `let` and `var`, `if`, loops, the user's
+//! helpers, captured-tensor reads (constant in `s`) and the math functions `abs` `sign`
+//! `floor` `ceil` `round` `trunc` `fract` `exp` `exp2` `log` `log2` `sqrt` `inverseSqrt` `pow`
+//! `tanh` `sin` `cos` `tan` `atan` `sinh` `cosh` `saturate` `min` `max` `clamp` `fma` `step`.
+//! What it does not differentiate (the other math functions, such as `atan2`, `mix`, `asinh`
+//! and `smoothstep`; vectors, pointers, module-scope `var<private>` variables, `switch`) is an
+//! `Error::UserCode` naming the user's line, as is a `score_mod` of another signature (checked
+//! first); then write `score_mod_ds` by hand. The wasm32 build
 //! has no naga and derives nothing: there the snippet defines `score_mod_ds` itself. The CUDA
 //! C of [`ScoreMod::with_cuda`] still defines both.
 //!
@@ -237,7 +242,8 @@ impl ScoreMod {
         self
     }
 
-    /// The WGSL, as given.
+    /// The WGSL the kernels compile: the snippet as given, followed, where it defines no
+    /// `score_mod_ds`, by the derived one and its twins (module `derive`).
     pub fn wgsl_source(&self) -> &'static str {
         self.code.source
     }
@@ -277,13 +283,15 @@ fn with_derivative(source: &str, captured: &[(String, Vec<f32>)]) -> Result<Stri
     }
     #[cfg(not(target_arch = "wasm32"))]
     {
-        // the snippet's own checks first, so that a bad one fails as it would with a
-        // hand-written derivative
+        // the snippet's own checks first (its captured tensors, that it compiles, the
+        // signature of its `score_mod`, its names), so that a bad one fails as it would with
+        // a hand-written derivative, naming the user's line, before any code is derived
         user_code::check_captured("score_mod", captured)?;
         static DONE: user_code::Memo<String> = std::sync::OnceLock::new();
         let names: Vec<&str> = captured.iter().map(|(n, _)| n.as_str()).collect();
         user_code::memo(&DONE, source, &names, || {
             let (_, stubs) = user_code::accessors(captured, 0);
+            user_code::check_wgsl("score_mod WGSL", source, &stubs, &REQUIRED[..1])?;
             let ds = super::derive::score_mod_ds(source, &stubs)?;
             Ok(format!(
                 "{source}\n// derived from score_mod (src/modifiers/derive.rs)\n{ds}"
@@ -455,5 +463,42 @@ fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
                 .unwrap_err(),
         );
         assert_eq!(line, Some(1), "{msg}");
+    }
+
+    #[test]
+    fn a_score_mod_of_another_signature_is_told_so_before_anything_is_derived() {
+        // issue 61: a one-argument score_mod (what a Python port writes first) was refused for
+        // the derived code ("Function [2] 'score_mod_ds' is invalid", at a line past the
+        // snippet); one returning u32 was told to write score_mod_ds by hand
+        for (source, line) in [
+            ("fn score_mod(s: f32) -> f32 { return s * 0.5; }", 1),
+            (
+                "fn half(x: f32) -> f32 { return x * 0.5; }\n\
+                 fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> u32 {\n\
+                 return u32(half(s)); }",
+                2,
+            ),
+        ] {
+            let (l, msg) = line_of(ScoreMod::wgsl(source).unwrap_err());
+            assert_eq!(l, Some(line), "{msg}");
+            assert!(
+                msg.contains("must be `fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32`"),
+                "{msg}"
+            );
+            assert!(!msg.contains("score_mod_ds") && !msg.contains("gen_"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn a_snippet_that_declares_the_derivations_old_names_gets_its_derivative_right() {
+        // issue 61's snippet with `a1`, refused as "Function [3] 'score_mod__d' is invalid"
+        let m = ScoreMod::wgsl(
+            "const a1: f32 = 0.75;
+fn u_lin(x: f32) -> f32 { return a1 * x - 0.25 * x * x; }
+fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return u_lin(s) - 0.25 * tanh(s); }",
+        )
+        .unwrap();
+        assert!(m.wgsl_source().contains("fn gen_d_u_lin(gen_a0: f32, gen_da0: f32)"));
+        assert!(m.cuda_missing().is_none(), "{:?}", m.cuda_missing());
     }
 }

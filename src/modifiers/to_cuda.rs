@@ -5,7 +5,9 @@
 //! defined below); each expression a `const` of its type; variables, `if`, loops, `break`,
 //! `continue` and `return` keep their shape; math functions map to CUDA's float ones. The
 //! captured tensors' accessors are the kernels' own (`float name(unsigned int)`), so the
-//! stand-ins the parse needs are left out.
+//! stand-ins the parse needs are left out. The names the translation writes itself (arguments,
+//! variables, values, loop flags) begin with a prefix that begins no name of the snippet
+//! (`user_code::fresh_prefix`), so none can hide a function or constant of the user's.
 //!
 //! The subset is the derivation's (src/modifiers/derive.rs) plus `vec2<f32>` (the twins'
 //! `float2`). What falls outside is an error message: the modifier then has no CUDA C and
@@ -30,6 +32,7 @@ pub(crate) fn translate(source: &str, stubs: &str, captured: &[&str]) -> Result<
     .validate(&module)
     .map_err(|e| e.as_inner().to_string())?;
     let line = |span: naga::Span| span.location(&whole).line_number;
+    let p = super::user_code::fresh_prefix(&[source, stubs]);
     let mut protos = String::new();
     let mut bodies = String::new();
     for (fh, f) in module.functions.iter() {
@@ -39,6 +42,7 @@ pub(crate) fn translate(source: &str, stubs: &str, captured: &[&str]) -> Result<
         }
         let mut c = Cuda {
             module: &module,
+            p: &p,
             f,
             fi: &info[fh],
             out: String::new(),
@@ -65,6 +69,10 @@ use super::ir_walk::{self, Fail};
 
 struct Cuda<'a> {
     module: &'a Module,
+    /// The prefix of every name the translation writes (`user_code::fresh_prefix`: no name
+    /// of the snippet begins with it): `{p}a0` an argument, `{p}l1` a variable, `{p}v2` a
+    /// value, `{p}first3` a loop's first pass.
+    p: &'a str,
     f: &'a naga::Function,
     fi: &'a naga::valid::FunctionInfo,
     out: String,
@@ -105,7 +113,7 @@ impl Cuda<'_> {
                 None,
                 format!("`{name}`'s argument {k}: a type not translated"),
             ))?;
-            params.push(format!("{t} fa_a{k}"));
+            params.push(format!("{t} {}a{k}", self.p));
         }
         Ok(format!(
             "__device__ __forceinline__ {ret} {name}({})",
@@ -122,7 +130,7 @@ impl Cuda<'_> {
                 Some(e) => self.value(e)?,
                 None => format!("{t}()"),
             };
-            let _ = writeln!(self.out, "    {t} fa_l{} = {init};", lh.index());
+            let _ = writeln!(self.out, "    {t} {}l{} = {init};", self.p, lh.index());
         }
         Ok(())
     }
@@ -138,14 +146,14 @@ impl Cuda<'_> {
                     .or_else(|_| self.fail(e, "a constant not translated"))?,
                 _ => return self.fail(e, "a constant other than a number"),
             },
-            E::FunctionArgument(k) => format!("fa_a{k}"),
-            E::LocalVariable(l) => format!("fa_l{}", l.index()),
+            E::FunctionArgument(k) => format!("{}a{k}", self.p),
+            E::LocalVariable(l) => format!("{}l{}", self.p, l.index()),
             E::ZeroValue(t) => match type_name(&self.module.types[t].inner) {
                 Some("float2") => "make_float2(0.f, 0.f)".into(),
                 Some(t) => format!("({t})0"),
                 None => return self.fail(e, "a zero value not translated"),
             },
-            _ => format!("fa_v{}", e.index()),
+            _ => format!("{}v{}", self.p, e.index()),
         })
     }
 
@@ -154,7 +162,7 @@ impl Cuda<'_> {
         let float = |h| matches!(self.ty(h), TypeInner::Scalar(Scalar::F32));
         let text = match self.f.expressions[e] {
             E::Load { pointer } => match self.f.expressions[pointer] {
-                E::LocalVariable(l) => format!("fa_l{}", l.index()),
+                E::LocalVariable(l) => format!("{}l{}", self.p, l.index()),
                 _ => return self.fail(e, "a read through a pointer other than a variable"),
             },
             E::Unary { op, expr } => {
@@ -289,7 +297,7 @@ impl Cuda<'_> {
             }
         };
         let t = type_name(self.ty(e)).map_or_else(|| self.fail(e, "a type not translated"), Ok)?;
-        let _ = writeln!(self.out, "{pad}const {t} fa_v{} = {text};", e.index());
+        let _ = writeln!(self.out, "{pad}const {t} {}v{} = {text};", self.p, e.index());
         Ok(())
     }
 }
@@ -321,7 +329,7 @@ impl ir_walk::Target for Cuda<'_> {
         // WGSL runs `continuing` (and its `break if`) after each pass of the body, `continue`
         // included: here at the top of every pass but the first
         let pad = "    ".repeat(depth);
-        let first = format!("fa_first{}", self.out.len());
+        let first = format!("{}first{}", self.p, self.out.len());
         let _ = writeln!(
             self.out,
             "{pad}for (bool {first} = true;; {first} = false) {{\n{pad}    if (!{first}) {{"
@@ -357,7 +365,7 @@ impl ir_walk::Target for Cuda<'_> {
         pad: &str,
     ) -> Result<(), Fail> {
         let v = Cuda::value(self, value)?;
-        let _ = writeln!(self.out, "{pad}fa_l{} = {v};", l.index());
+        let _ = writeln!(self.out, "{pad}{}l{} = {v};", self.p, l.index());
         Ok(())
     }
 
@@ -384,7 +392,8 @@ impl ir_walk::Target for Cuda<'_> {
                     .ok_or((Some(span), "a call result not translated".to_string()))?;
                 let _ = writeln!(
                     self.out,
-                    "{pad}const {t} fa_v{} = {name}({args});",
+                    "{pad}const {t} {}v{} = {name}({args});",
+                    self.p,
                     r.index()
                 );
             }
@@ -429,11 +438,11 @@ fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
 }";
         let c = translate(src, "fn table(i: u32) -> f32 { return 0.0; }", &["table"]).unwrap();
         for want in [
-            "__device__ __forceinline__ unsigned int bucket(unsigned int fa_a0, unsigned int fa_a1);",
-            "__device__ __forceinline__ float score_mod(float fa_a0, unsigned int fa_a1",
+            "__device__ __forceinline__ unsigned int bucket(unsigned int gen_a0, unsigned int gen_a1);",
+            "__device__ __forceinline__ float score_mod(float gen_a0, unsigned int gen_a1",
             "tanhf(",
             "fmodf(",
-            "for (bool fa_first",
+            "for (bool gen_first",
             "continue;",
             "= table(",
             "abs(",

@@ -330,6 +330,34 @@ fn lex(source: &str) -> Vec<Token<'_>> {
     tokens
 }
 
+/// Every identifier of `source` (WGSL or CUDA C; keywords and type names among them), in
+/// order: the words of its code that do not start with a digit, comments skipped.
+pub(crate) fn identifiers(source: &str) -> Vec<&str> {
+    lex(source)
+        .into_iter()
+        .filter(|t| t.code && t.text.starts_with(|c: char| c.is_alphabetic() || c == '_'))
+        .map(|t| t.text)
+        .collect()
+}
+
+/// The prefix of every name that code generated around a user's snippet writes (the derived
+/// derivatives' twins and temporaries, the CUDA translation's): `gen_`, or `gen{k}_` for the
+/// first k that begins no identifier of `texts` (the snippet, its stand-ins, code derived
+/// before), so that no name the user wrote can equal or shadow a generated one and no
+/// generated name can hide one of the user's. The kernels, WGSL and CUDA, define no name that
+/// begins with `gen` (a unit test), so a generated module-scope name meets none of theirs
+/// either.
+pub(crate) fn fresh_prefix(texts: &[&str]) -> String {
+    let words: Vec<&str> = texts.iter().flat_map(|t| identifiers(t)).collect();
+    (0..)
+        .map(|k| match k {
+            0 => "gen_".to_string(),
+            k => format!("gen{k}_"),
+        })
+        .find(|p| !words.iter().any(|w| w.starts_with(p.as_str())))
+        .unwrap_or_default()
+}
+
 /// `source` (WGSL or CUDA C) with every identifier that `names` maps renamed to its image:
 /// whole identifiers only, not a member after a `.`; comments as they are.
 pub(crate) fn rename_identifiers(
@@ -744,5 +772,27 @@ fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s; }";
             kernels.len(),
             Kernel::ALL.iter().filter(|k| k.takes_user_code()).count()
         );
+    }
+
+    /// Generated names (module `derive`'s twins, the CUDA translation's) begin with `gen`
+    /// ([`fresh_prefix`]): no kernel, WGSL or CUDA, writes an identifier that does, so no
+    /// generated name can meet one of theirs.
+    #[test]
+    fn no_kernel_writes_a_name_that_begins_as_generated_names_do() {
+        for key in host_keys() {
+            let source = key.wgsl();
+            let hit = identifiers(&source).into_iter().find(|w| w.starts_with("gen"));
+            assert!(hit.is_none(), "{}: `{hit:?}`", key.label());
+        }
+        for arch in [80, 90] {
+            for key in crate::cuda::kernels::CudaKey::all_for_arch(arch) {
+                let source = key.program();
+                let hit = identifiers(&source).into_iter().find(|w| w.starts_with("gen"));
+                assert!(hit.is_none(), "{}: `{hit:?}`", key.label());
+            }
+        }
+        // and the prefix steps past every name of the user's that begins with it
+        assert_eq!(fresh_prefix(&["fn f() {}"]), "gen_");
+        assert_eq!(fresh_prefix(&["const gen_a0 = 1.0;", "gen1_x"]), "gen2_");
     }
 }

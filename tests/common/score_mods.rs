@@ -44,15 +44,20 @@ __device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned 
 /// One no built-in expresses: a rational cap s / (1 + |s| / 3) scaled per (batch, head),
 /// plus a term by row and key, so that every argument reaches the function. Its WGSL
 /// derivative is derived (no `score_mod_ds`): the backward against the reference's
-/// hand-written slope checks the derivation on the GPU; the CUDA C keeps its own.
+/// hand-written slope checks the derivation on the GPU; the CUDA C keeps its own. Its
+/// constants bear names that generated code has used (issue 61): `a0` was the twins' first
+/// argument, which hid the constant inside them; `gen_v3` begins as the derivation's names do
+/// now, so that they step to the next prefix.
 pub fn rational() -> ScoreMod {
     ScoreMod::wgsl(
         "
+const a0: f32 = 1.0;
+const gen_v3: f32 = 0.05;
 fn my_scale(b: u32, h: u32) -> f32 {
-    return 1.0 + 0.1 * f32(h) + 0.05 * f32(b);
+    return a0 + 0.1 * f32(h) + gen_v3 * f32(b);
 }
 fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
-    return my_scale(b, h) * s / (1.0 + abs(s) / 3.0) + 0.05 * f32((i + 2u * j) % 5u);
+    return my_scale(b, h) * s / (a0 + abs(s) / 3.0) + 0.05 * f32((i + 2u * j) % 5u);
 }
 ",
     )
@@ -90,12 +95,19 @@ __device__ float score_mod_ds(float s, unsigned int b, unsigned int h, unsigned 
 /// from a captured table `t5_bias` of `heads * 16` values (8 buckets each side: distances
 /// 0-3 exact, then 4-7, 8-15, 16-31, 32 and more). Its WGSL derivative is derived, as
 /// `rational`'s, and its CUDA C is the WGSL's translation (src/modifiers/to_cuda.rs): one
-/// definition, three backends.
+/// definition, three backends. Names that generated code has used (issue 61) are the
+/// snippet's own: `a0` (the derived twins' first argument, which hid the constant; here it
+/// scales the table read, so the trainable partial reads it too) and `fa_a0` (the CUDA
+/// translation's, which hid the helper inside a function whose first argument it named).
 pub fn t5(heads: usize, table: Vec<f32>) -> ScoreMod {
     assert_eq!(table.len(), heads * 16);
     let host_table = table.clone();
     ScoreMod::wgsl_with(
         "
+const a0: f32 = 1.0;
+fn fa_a0(n: u32) -> u32 {
+    return select(select(select(7u, 6u, n < 32u), 5u, n < 16u), 4u, n < 8u);
+}
 fn my_bucket(i: u32, j: u32) -> u32 {
     let rel = i32(j) - i32(i);
     let side = select(0u, 8u, rel > 0);
@@ -103,10 +115,10 @@ fn my_bucket(i: u32, j: u32) -> u32 {
     if (n < 4u) {
         return side + n;
     }
-    return side + select(select(select(7u, 6u, n < 32u), 5u, n < 16u), 4u, n < 8u);
+    return side + fa_a0(n);
 }
 fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
-    return s + t5_bias(h * 16u + my_bucket(i, j));
+    return s + a0 * t5_bias(h * 16u + my_bucket(i, j));
 }
 ",
         [("t5_bias", table)],
