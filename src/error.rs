@@ -22,8 +22,9 @@ impl fmt::Display for Backend {
     }
 }
 
-/// Which tensor an error is about.
+/// Which tensor an error is about. Non-exhaustive: new calls bring new tensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TensorRole {
     /// The queries.
     Q,
@@ -55,6 +56,10 @@ pub enum TensorRole {
     RotaryCos,
     /// A rotary embedding's sine table (the cosine table's shape and dtype).
     RotarySin,
+    /// The keys a KV-cache call appends (`k_new`, `[batch, new, heads_kv, head_dim]`).
+    KNew,
+    /// The values a KV-cache call appends (`v_new`, `[batch, new, heads_kv, head_dim_v]`).
+    VNew,
 }
 
 impl fmt::Display for TensorRole {
@@ -75,6 +80,8 @@ impl fmt::Display for TensorRole {
             TensorRole::DTable => "d_table",
             TensorRole::RotaryCos => "rotary_cos",
             TensorRole::RotarySin => "rotary_sin",
+            TensorRole::KNew => "k_new",
+            TensorRole::VNew => "v_new",
         })
     }
 }

@@ -74,15 +74,7 @@ impl CacheFormat {
     /// checking head_dim is a multiple of 32; a typed error where it overflows.
     pub fn cache_words(self, shape: [usize; 4]) -> Result<usize> {
         let [b, s, h, d] = shape;
-        if d == 0 || !d.is_multiple_of(Q8_BLOCK) {
-            return Err(Error::Unsupported {
-                feature: format!("a {} KV cache with head_dim {d}", self.name()),
-                backend: crate::Backend::Wgpu,
-                reason: "8-bit caches need head_dim a multiple of 32 (whole blocks and \
-                         16-byte words per record)"
-                    .into(),
-            });
-        }
+        self.check_dim("head_dim", d)?;
         b.checked_mul(s)
             .and_then(|r| r.checked_mul(h))
             .and_then(|r| r.checked_mul(self.record_words(d)))
@@ -93,6 +85,22 @@ impl CacheFormat {
                     self.name()
                 ))
             })
+    }
+
+    /// A typed `Unsupported` where a record's dims `d` (the config's field `name`: head_dim,
+    /// or head_dim_v for the values) are not a whole number of 32-element blocks.
+    pub(crate) fn check_dim(self, name: &str, d: usize) -> Result<()> {
+        if d == 0 || !d.is_multiple_of(Q8_BLOCK) {
+            return Err(Error::Unsupported {
+                feature: format!("a {} KV cache with {name} {d}", self.name()),
+                backend: crate::Backend::Wgpu,
+                reason: format!(
+                    "8-bit caches need {name} a multiple of 32 (whole blocks and 16-byte \
+                     words per record)"
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Bytes a cache element takes on average at `head_dim` (scales and padding included):

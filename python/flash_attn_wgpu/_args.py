@@ -76,14 +76,37 @@ def int_array(x, name, ndim=1, low=0, high=U32_MAX):
 
 
 def window(x, name="window_size"):
-    """(left, right), each -1 (unbounded) or a key count >= 0."""
+    """(left, right), each a key count >= 0, or negative for unbounded (flash-attn 2 takes any
+    negative side as unbounded, not only -1): a negative side is returned as -1."""
     try:
         left, right = x
     except Exception:
         raise InvalidInputError(
-            f"{name} must be a pair (left, right) of ints, -1 for unbounded, got {x!r}") from None
-    return (integer(left, f"{name}[0]", low=-1, high=2**31 - 1),
-            integer(right, f"{name}[1]", low=-1, high=2**31 - 1))
+            f"{name} must be a pair (left, right) of ints, negative for unbounded, got {x!r}"
+        ) from None
+    return tuple(max(integer(side, f"{name}[{k}]", low=-2**63, high=2**31 - 1), -1)
+                 for k, side in enumerate((left, right)))
+
+
+# the signatures of the functions a user's WGSL defines
+SIGNATURES = {
+    "score_mod": "fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32",
+    "mask_mod": "fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool",
+}
+
+
+def wgsl(x, name):
+    """A user modifier's WGSL (``name`` is score_mod or mask_mod): a str, or None. A Python
+    function (what a FlexAttention port passes first) is told that WGSL is expected."""
+    if x is None or isinstance(x, str):
+        return x
+    want = f"{name} must be a WGSL string defining `{SIGNATURES[name]}`"
+    if callable(x):
+        what = getattr(x, "__name__", type(x).__name__)
+        raise InvalidInputError(
+            f"{want}, got the Python callable {what!r}: the kernels compile WGSL, not Python "
+            f"(write its body in WGSL; flex_attention's docstring shows one)")
+    raise InvalidInputError(f"{want}, got {type(x).__name__}")
 
 
 def alibi(x, name="alibi_slopes"):

@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _args, _native
 from ._errors import InvalidInputError, UnsupportedError
-from ._tensor import Tensor, out_of, tensor
+from ._tensor import Tensor, _dtype_name, out_of, tensor
 
 
 # ---- options
@@ -38,10 +38,10 @@ def _options(dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -
         "block_table": block_table,
         "num_splits": _args.integer(num_splits, "num_splits"),
         "leftpad_k": listed(leftpad_k),
-        "score_mod": None if score_mod is None else str(score_mod),
+        "score_mod": _args.wgsl(score_mod, "score_mod"),
         "score_mod_tensors": _captured(score_mod_tensors, "score_mod_tensors"),
         "score_mod_trainable": _trainable(score_mod_trainable, score_mod_tensors),
-        "mask_mod": None if mask_mod is None else str(mask_mod),
+        "mask_mod": _args.wgsl(mask_mod, "mask_mod"),
         "mask_mod_tensors": _captured(mask_mod_tensors, "mask_mod_tensors"),
         "block_mask": block_mask,
     }
@@ -99,7 +99,8 @@ def _mask_of(block_mask, mask_mod, mask_mod_tensors):
     if mask_mod is None and mask_mod_tensors is None:
         return block_mask.mask_mod, dict(block_mask.mask_mod_tensors)
     given = _captured(mask_mod_tensors, "mask_mod_tensors")
-    if str(mask_mod) != block_mask.mask_mod or given != block_mask.mask_mod_tensors:
+    if _args.wgsl(mask_mod, "mask_mod") != block_mask.mask_mod or \
+            given != block_mask.mask_mod_tensors:
         raise InvalidInputError(
             "block_mask was made from another mask_mod or other mask_mod_tensors than the "
             "ones given: give the mask it was made from, or none (the block mask's is applied)")
@@ -218,7 +219,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     wgpu; CUDA runs one head dim for all three, up to 256).
 
     flash-attn 2's parameters, in its order: ``causal`` bottom-right aligned (query i sees
-    keys j <= i + seqlen_k - seqlen_q); ``window_size`` (left, right), -1 unbounded;
+    keys j <= i + seqlen_k - seqlen_q); ``window_size`` (left, right), negative unbounded;
     ``softcap`` > 0 caps the scaled scores with tanh; ``alibi_slopes`` ``[nheads]`` or
     ``[batch, nheads]`` float32; ``dropout_p`` drops probabilities (Philox keyed by ``seed``:
     a fresh seed each call unless given); ``deterministic`` is accepted and changes nothing
@@ -505,10 +506,16 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128, mask_mod_te
                                     f"{BLOCK_SIZE!r}") from None
         bq = _args.integer(bq, "BLOCK_SIZE[0]", low=1)
         bkv = _args.integer(bkv, "BLOCK_SIZE[1]", low=1)
-    grid = (_args.integer(B or 1, "B", low=1), _args.integer(H or 1, "H", low=1),
+    # None means one grid shared by every batch entry or head, as in FlexAttention; 0 is
+    # no grid at all, an error rather than a silent 1
+    grid = (1 if B is None else _args.integer(B, "B", low=1),
+            1 if H is None else _args.integer(H, "H", low=1),
             _args.integer(Q_LEN, "Q_LEN"), _args.integer(KV_LEN, "KV_LEN"))
-    return _native.create_block_mask(str(mask_mod), _captured(mask_mod_tensors,
-                                                              "mask_mod_tensors"),
+    if mask_mod is None:
+        raise InvalidInputError(f"mask_mod must be a WGSL string defining "
+                                f"`{_args.SIGNATURES['mask_mod']}`, got None")
+    return _native.create_block_mask(_args.wgsl(mask_mod, "mask_mod"),
+                                     _captured(mask_mod_tensors, "mask_mod_tensors"),
                                      grid, (bq, bkv))
 
 
@@ -527,6 +534,45 @@ def _bhsd(x, name):
     return np.ascontiguousarray(np.swapaxes(a, 1, 2))
 
 
+def _flex_inputs(query, key, value, enable_gqa):
+    """query, key and value checked in FlexAttention's words and layout ([B, Hq, L, E], [B,
+    Hkv, S, E], [B, Hkv, S, Ev]: every error names the argument and the shape as passed),
+    then as [B, S, H, D] for flash_attn_func, which then finds nothing more to refuse in them."""
+    arrays = {n: x for n, x in (("query", query), ("key", key), ("value", value))}
+    swapped = [_bhsd(x, n) for n, x in arrays.items()]  # numpy arrays of 4 dimensions
+    shapes = {n: list(np.shape(x)) for n, x in arrays.items()}
+    for n, shape in shapes.items():
+        if 0 in shape:
+            raise InvalidInputError(f"{n} has an empty dimension: shape {shape} [B, H, S, D]; "
+                                    f"each must be at least 1")
+    dtypes = {n: x.dtype for n, x in zip(arrays, swapped)}
+    for n, d in dtypes.items():
+        _dtype_name(d, n)
+    if len(set(dtypes.values())) != 1:
+        raise InvalidInputError(
+            "query, key and value must share one dtype, got " +
+            ", ".join(f"{n} {d}" for n, d in dtypes.items()))
+    (b, hq, _, e), (bk, hkv, s, ek), (bv, hv, sv, _) = shapes.values()
+    if bk != b or bv != b:
+        raise InvalidInputError(f"query, key and value must share B, got query "
+                                f"{shapes['query']}, key {shapes['key']}, value "
+                                f"{shapes['value']}")
+    if ek != e:
+        raise InvalidInputError(f"key's E must be query's ({e}), got key {shapes['key']} "
+                                f"for query {shapes['query']}")
+    if (hv, sv) != (hkv, s):
+        raise InvalidInputError(f"value must have key's heads and length [B, {hkv}, {s}, Ev], "
+                                f"got {shapes['value']}")
+    if hq != hkv and not _args.flag(enable_gqa, "enable_gqa"):
+        raise InvalidInputError(
+            f"query has {hq} heads and key {hkv}: grouped-query attention needs enable_gqa=True "
+            f"(as in FlexAttention)")
+    if hq % hkv:
+        raise InvalidInputError(f"query's heads ({hq}) must be a multiple of key's ({hkv}), "
+                                f"got query {shapes['query']} and key {shapes['key']}")
+    return swapped
+
+
 def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None,
                    enable_gqa=False, return_lse=False, *, score_mod_tensors=None,
                    mask_mod=None, mask_mod_tensors=None, return_handle=False,
@@ -542,13 +588,13 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     log); ``return_handle`` a :class:`FlashAttnCall` whose ``backward(dout)`` gives ``(dq,
     dk, dv)`` in this layout, and with ``score_mod_trainable`` (a name of
     ``score_mod_tensors``, as FlexAttention trains a captured tensor that requires grad) that
-    tensor's gradient after them."""
-    q, k, v = _bhsd(query, "query"), _bhsd(key, "key"), _bhsd(value, "value")
-    hq, hkv = q.shape[2], k.shape[2]
-    if hq != hkv and not _args.flag(enable_gqa, "enable_gqa"):
-        raise InvalidInputError(
-            f"query has {hq} heads and key {hkv}: grouped-query attention needs enable_gqa=True "
-            f"(as in FlexAttention)")
+    tensor's gradient after them.
+
+    A FlexAttention ``score_mod`` written in Python, such as ``lambda score, b, h, q_idx,
+    kv_idx: score + bias[kv_idx]``, is here the WGSL string ``"fn score_mod(s: f32, b: u32,
+    h: u32, i: u32, j: u32) -> f32 { return s + bias(j); }"`` with
+    ``score_mod_tensors={"bias": bias}``."""
+    q, k, v = _flex_inputs(query, key, value, enable_gqa)
     r = flash_attn_func(q, k, v, softmax_scale=scale, return_lse=not return_handle,
                         return_handle=return_handle, score_mod=score_mod,
                         score_mod_tensors=score_mod_tensors, mask_mod=mask_mod,

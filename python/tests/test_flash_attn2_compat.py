@@ -219,11 +219,20 @@ def bad(fn, match, *args, **kwargs):
     assert isinstance(e.value, ValueError)
 
 
+def test_any_negative_window_side_is_unbounded_as_in_flash_attn_2(rng):
+    # flash-attn 2 tests `window_size[0] < 0`, so (-2, 0) is a causal call without a window
+    q, k, v = rand(rng, (1, 12, 2, 16)), rand(rng, (1, 12, 2, 16)), rand(rng, (1, 12, 2, 16))
+    want = fa.flash_attn_func(q, k, v, causal=True, window_size=(-1, -1))
+    for window in [(-2, 0), (-1, -7), (-(2**40), -3)]:
+        got = fa.flash_attn_func(q, k, v, causal=True, window_size=window)
+        assert np.array_equal(got, want), window
+
+
 def test_flash_attn_func_arguments_are_named(rng):
     q, k = rand(rng, (1, 8, 2, 16)), rand(rng, (1, 8, 2, 16))
     f = fa.flash_attn_func
     bad(f, r"window_size must be a pair", q, k, k, window_size=None)
-    bad(f, r"window_size\[0\]", q, k, k, window_size=(-2, 0))
+    bad(f, r"window_size\[0\] must be an integer", q, k, k, window_size=("x", 0))
     bad(f, r"window_size\[1\] must be an integer", q, k, k, window_size=(1, 2.5))
     bad(f, r"dropout_p must be a finite number in \[0.0, 1.0\)", q, k, k, 1.5)
     bad(f, r"softmax_scale must be a number", q, k, k, softmax_scale="0.1")

@@ -128,3 +128,62 @@ def test_flex_attention_refuses_what_flexattention_refuses_by_name(rng):
     call = fa.flex_attention(q, k, k, enable_gqa=True, return_handle=True)
     with pytest.raises(fa.InvalidInputError, match="dout has shape"):
         call.backward(np.zeros((1, 9, 4, 16), np.float32))
+
+
+def test_flex_attention_names_its_arguments_in_its_layout(rng):
+    # issue 61: these named q and k with the [B, S, H, D] shape flash_attn_func sees
+    q, k = rand(rng, (2, 4, 9, 16)), rand(rng, (2, 2, 9, 16))
+    f = fa.flex_attention
+    bad = [
+        (r"key's E must be query's \(16\), got key \[2, 2, 9, 8\] for query \[2, 4, 9, 16\]",
+         (q, rand(rng, (2, 2, 9, 8)), rand(rng, (2, 2, 9, 8)))),
+        (r"value must have key's heads and length \[B, 2, 9, Ev\], got \[2, 2, 7, 16\]",
+         (q, k, rand(rng, (2, 2, 7, 16)))),
+        (r"query, key and value must share B, got query \[2, 4, 9, 16\], key \[1, 2, 9, 16\]",
+         (q, rand(rng, (1, 2, 9, 16)), rand(rng, (1, 2, 9, 16)))),
+        (r"query has an empty dimension: shape \[2, 0, 9, 16\] \[B, H, S, D\]",
+         (rand(rng, (2, 0, 9, 16)), k, k)),
+        (r"key has an empty dimension: shape \[2, 2, 0, 16\]",
+         (q, rand(rng, (2, 2, 0, 16)), rand(rng, (2, 2, 0, 16)))),
+        (r"value must be a float32, float16 or bfloat16 array, got dtype int64",
+         (q, k, np.ones((2, 2, 9, 16), np.int64))),
+        (r"query, key and value must share one dtype, got query float32, key float16",
+         (q, k.astype(np.float16), k)),
+        (r"query's heads \(3\) must be a multiple of key's \(2\)",
+         (rand(rng, (2, 3, 9, 16)), k, k)),
+    ]
+    for message, args in bad:
+        with pytest.raises(fa.InvalidInputError, match=message):
+            f(*args, enable_gqa=True)
+
+
+def test_a_python_function_for_score_mod_or_mask_mod_is_told_that_wgsl_is_expected(rng):
+    q = rand(rng, (1, 2, 9, 16))
+    with pytest.raises(fa.InvalidInputError,
+                       match=r"score_mod must be a WGSL string defining `fn score_mod\(s: f32, "
+                             r"b: u32, h: u32, i: u32, j: u32\) -> f32`, got the Python "
+                             r"callable '<lambda>'"):
+        fa.flex_attention(q, q, q, score_mod=lambda score, b, h, i, j: score)
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    with pytest.raises(fa.InvalidInputError, match=r"mask_mod must be a WGSL string .* got "
+                                                   r"the Python callable 'causal'"):
+        fa.create_block_mask(causal, None, None, 9, 9)
+    with pytest.raises(fa.InvalidInputError, match=r"mask_mod must be a WGSL string .* got int"):
+        fa.flex_attention(q, q, q, mask_mod=3)
+    # a one-argument score_mod (a Python port's first WGSL) is told its signature, at line 1
+    with pytest.raises(fa.InvalidInputError, match=r"line 1 of the snippet: `score_mod` must be "
+                                                   r"`fn score_mod\(s: f32, b: u32"):
+        fa.flex_attention(q, q, q, score_mod="fn score_mod(s: f32) -> f32 { return s; }")
+
+
+def test_create_block_mask_takes_none_for_a_shared_grid_and_refuses_zero():
+    bm = fa.create_block_mask(DOCS, None, None, 16, 16, BLOCK_SIZE=8,
+                              mask_mod_tensors={"doc": np.zeros(16, np.float32)})
+    assert bm is not None
+    for b, h, name in [(0, None, "B"), (None, 0, "H")]:
+        with pytest.raises(fa.InvalidInputError, match=rf"{name} must be an integer in \[1, "):
+            fa.create_block_mask(DOCS, b, h, 16, 16, BLOCK_SIZE=8,
+                                 mask_mod_tensors={"doc": np.zeros(16, np.float32)})

@@ -1005,7 +1005,7 @@ impl CudaContext {
         let (q_pos, k_pos) = Positions::for_kvcache(cfg, cache_seqlens);
         let q_rot = self.rotary_of((TensorRole::Q, q), rotary, &q_pos)?;
         let k_rot = match append {
-            Some((k, _)) => Some(self.rotary_of((TensorRole::K, k), rotary, &k_pos)?),
+            Some((k, _)) => Some(self.rotary_of((TensorRole::KNew, k), rotary, &k_pos)?),
             None => None,
         };
         let append = append.zip(k_rot.as_ref()).map(|((_, v), k)| (k, v));

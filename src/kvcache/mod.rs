@@ -164,10 +164,10 @@ pub(crate) fn append_rows(
 ) -> Result<usize> {
     let rows = if k.0.len() == 4 { k.0[1] } else { 0 };
     let expected = [cfg.batch, rows.max(1), cfg.heads_kv, cfg.head_dim];
-    check_meta(TensorRole::K, k.0, k.1, &expected, dtype)?;
+    check_meta(TensorRole::KNew, k.0, k.1, &expected, dtype)?;
     if let Some(v) = v {
         let expected_v = [cfg.batch, rows.max(1), cfg.heads_kv, cfg.dv()];
-        check_meta(TensorRole::V, v.0, v.1, &expected_v, dtype)?;
+        check_meta(TensorRole::VNew, v.0, v.1, &expected_v, dtype)?;
     }
     Ok(rows)
 }
@@ -411,7 +411,7 @@ impl Context {
         let (q_pos, k_pos) = Positions::for_kvcache(cfg, cache_seqlens);
         let q_rot = self.rotary_into(enc, (TensorRole::Q, q), rotary, &q_pos)?;
         let k_rot = match k_new {
-            Some(k) => Some(self.rotary_into(enc, (TensorRole::K, k), rotary, &k_pos)?),
+            Some(k) => Some(self.rotary_into(enc, (TensorRole::KNew, k), rotary, &k_pos)?),
             None => None,
         };
         Ok((q_rot, k_rot))
@@ -537,8 +537,11 @@ impl Context {
             let first = plan.inputs.len();
             let news = [Some((k_new, c.head_dim)), v_new.map(|v| (v, c.dv()))];
             for (n, (t, hd)) in news.into_iter().flatten().enumerate() {
-                plan.inputs
-                    .push(if n == 0 { TensorRole::K } else { TensorRole::V });
+                plan.inputs.push(if n == 0 {
+                    TensorRole::KNew
+                } else {
+                    TensorRole::VNew
+                });
                 inputs.push(t);
                 plan.copies.extend(append_copies(
                     &c,

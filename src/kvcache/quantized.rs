@@ -133,11 +133,18 @@ impl Context {
         ];
         for (role, cache, shape, name) in caches.into_iter().flatten() {
             self.check_owned(&cache.words, || format!("{role} cache"))?;
-            if cache.shape != shape || cache.format != format {
+            if cache.shape != shape {
+                return Err(Error::Shape {
+                    tensor: role,
+                    expected: shape.to_vec(),
+                    got: cache.shape.to_vec(),
+                });
+            }
+            if cache.format != format {
                 return Err(Error::invalid(format!(
-                    "the {role} cache must be {format} of shape {shape:?} (the k cache's format, \
-                     {name}), got {} of shape {:?}",
-                    cache.format, cache.shape
+                    "the {role} cache must be {format} (the k cache's format; its shape is \
+                     {name}), got {}",
+                    cache.format
                 )));
             }
         }
@@ -179,11 +186,11 @@ impl Context {
             // latent cache's new rows are quantized once, as keys
             let first = plan.inputs.len();
             let mut pairs = vec![(first, 1, c.head_dim)];
-            plan.inputs.push(TensorRole::K);
+            plan.inputs.push(TensorRole::KNew);
             inputs.push(k_new);
             if let Some(v_new) = v_new {
                 pairs.push((first + 1, 2, c.dv()));
-                plan.inputs.push(TensorRole::V);
+                plan.inputs.push(TensorRole::VNew);
                 inputs.push(v_new);
             }
             crate::plan::quantized::append(&mut plan, format, (&c, dtype, &env), &pairs, &rows)?;

@@ -21,6 +21,9 @@ pub fn read_cache(
     cfg: &AttentionConfig,
     env: &PlanEnv,
 ) -> Result<()> {
+    // each by its own name: a latent cache's values are head_dim_v wide in its key records
+    f.check_dim("head_dim", cfg.head_dim)?;
+    f.check_dim("head_dim_v", cfg.dv())?;
     let cache_bytes = f
         .cache_words(cfg.kv_shape())?
         .max(f.cache_words(cfg.v_shape())?) as u64

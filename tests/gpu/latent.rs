@@ -107,10 +107,41 @@ fn latent_calls_refuse_bad_inputs_in_the_callers_words() {
     // new values beside the keys have nowhere to go: the append takes k_new alone, so its
     // shape is the keys' (a v-shaped append is a Shape error)
     let v_new = zeros(&[1, 1, 1, 16]);
-    assert!(matches!(
-        x.forward_with_latent_cache(&c, &q, &mut cache, &[3], Some(&v_new)),
-        Err(Error::Shape { .. })
-    ));
+    match x.forward_with_latent_cache(&c, &q, &mut cache, &[3], Some(&v_new)) {
+        // named as the caller passed it (issue 61: it was called "k", the cache's name)
+        Err(e @ Error::Shape { .. }) => assert!(e.to_string().starts_with("k_new "), "{e}"),
+        other => panic!("expected a Shape error naming k_new, got {other:?}"),
+    }
+    // an 8-bit latent cache of another shape is a Shape error too, as SEMANTICS.md says
+    // (issue 61: it was InvalidConfig), naming the cache and both shapes
+    let q8 = |shape: [usize; 4]| {
+        let n = shape.iter().product();
+        x.quantized_cache(CacheFormat::Q8_0, &vec![0.0; n], shape, None)
+            .unwrap()
+    };
+    let mut short_q8 = q8([1, 8, 1, 32]);
+    match x.forward_with_quantized_latent_cache(&c, &q, &mut short_q8, &[3], None) {
+        Err(Error::Shape {
+            tensor,
+            expected,
+            got,
+        }) => {
+            assert_eq!(tensor, flash_attn_wgpu::TensorRole::K);
+            assert_eq!((expected, got), (c.kv_shape().to_vec(), vec![1, 8, 1, 32]));
+        }
+        other => panic!("expected a Shape error, got {other:?}"),
+    }
+    // q8_0 values 48 wide under 64-dim keys: refused by head_dim_v's name (issue 61: the
+    // message said head_dim, which is fine at 64)
+    let narrow = latent(cfg(1, 1, 16, 2, 1, 64, true), 48);
+    let mut narrow_q8 = q8(narrow.kv_shape());
+    let nq = zeros(&narrow.q_shape());
+    match x.forward_with_quantized_latent_cache(&narrow, &nq, &mut narrow_q8, &[3], None) {
+        Err(Error::Unsupported { feature, .. }) => {
+            assert!(feature.contains("with head_dim_v 48"), "{feature}")
+        }
+        other => panic!("expected Unsupported naming head_dim_v, got {other:?}"),
+    }
     // and the call itself runs
     x.forward_with_latent_cache(&c, &q, &mut cache, &[3], None)
         .unwrap();
