@@ -55,3 +55,6 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps "$@"
 if [ $# -gt 0 ]; then
     RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
 fi
+# The public API against its committed snapshot (issue 61): a change to it is made on purpose,
+# with `bash scripts/public-api.sh --bless` and a CHANGELOG entry.
+bash scripts/public-api.sh

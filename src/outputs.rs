@@ -42,8 +42,10 @@ impl Forward {
 /// With sinks (`AttentionConfig::sinks`), `d_sinks` (`[heads_q]`, f32); with a bias that asks
 /// for it (`ScoreBias::grad`), `d_bias` (the bias's shape and dtype); with a trainable captured
 /// tensor (`ScoreMod::with_trainable`), `d_table` (`[len]`, f32). `X` is the backend's
-/// tensor type.
+/// tensor type. Non-exhaustive: a new gradient is a new field, which no caller's code breaks
+/// on (the library makes these; callers read them).
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Gradients<X = Tensor> {
     /// The queries' gradient, shaped like q.
     pub dq: X,
@@ -60,8 +62,9 @@ pub struct Gradients<X = Tensor> {
     pub d_table: Option<X>,
 }
 
-/// Host copy of the gradients.
+/// Host copy of the gradients. Non-exhaustive, as [`Gradients`].
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct HostGradients<T = f32> {
     /// The queries' gradient, q's layout.
     pub dq: Vec<T>,

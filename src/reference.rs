@@ -5,8 +5,9 @@
 
 use crate::config::AttentionConfig;
 
-/// Reference forward output.
+/// Reference forward output. Non-exhaustive: the reference makes it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RefForward {
     /// `[batch, seq_q, heads_q, dv]` (`AttentionConfig::dv`: head_dim unless head_dim_v)
     pub out: Vec<f64>,
@@ -14,8 +15,10 @@ pub struct RefForward {
     pub lse: Vec<f64>,
 }
 
-/// Reference gradients.
+/// Reference gradients. Non-exhaustive: the reference makes them, and a new modifier's
+/// gradient is a new field.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RefGradients {
     pub dq: Vec<f64>,
     pub dk: Vec<f64>,

@@ -26,8 +26,9 @@ impl MemTracker {
 
 /// Device memory held by storage and readback buffers the library created: tensors, scratch
 /// and staging copies. Per-call uniform and timestamp buffers (a few hundred bytes) are not
-/// counted.
+/// counted. Non-exhaustive: the library makes it, and may count more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemoryStats {
     /// Bytes held now.
     pub live_bytes: u64,

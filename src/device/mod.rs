@@ -35,8 +35,10 @@ use crate::kernels::{DeviceCaps, Kernel, Tiles, Variant};
 use crate::plan::PlanEnv;
 use pipeline_cache::PipelineCache;
 
-/// What the library knows about the adapter and the limits it runs under.
+/// What the library knows about the adapter and the limits it runs under. Non-exhaustive:
+/// the library makes it, and may know more.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct AdapterSummary {
     /// The adapter's name (e.g. `llvmpipe (LLVM 19.1.7, 256 bits)`).
     pub name: String,

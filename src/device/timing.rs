@@ -2,7 +2,9 @@
 //! one and the recording that measures it (record.rs).
 
 /// GPU time of the last `run`, from timestamp queries where the adapter has them.
+/// Non-exhaustive: the library makes it.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct GpuTiming {
     /// Seconds between the first dispatch's start and the last one's end.
     pub seconds: f64,

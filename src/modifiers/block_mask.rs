@@ -13,7 +13,12 @@ pub use super::flex_blocks::FlexBlocks;
 /// is 1 or the call's batch and `heads` is 1 or its heads_q (a dimension of 1 is broadcast).
 /// Block sizes are the caller's and need not match the kernels' tiles: a tile whose blocks are
 /// all off is skipped, one that is partly on is masked pair by pair.
+///
+/// Non-exhaustive (it gained `full`, then `mask_mod`): make one with [`BlockMask::new`],
+/// [`BlockMask::from_fn`], [`BlockMask::from_flex`] or `Context::create_block_mask`, then set
+/// the fields you need.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct BlockMask {
     /// Query rows per block.
     pub block_q: usize,
@@ -39,6 +44,26 @@ pub struct BlockMask {
 }
 
 impl BlockMask {
+    /// A mask of `batch x heads` grids of blocks of `block_q` rows and `block_kv` keys, from
+    /// their bits (`blocks`, laid out as the field says); no full blocks, no user mask.
+    pub fn new(
+        block_q: usize,
+        block_kv: usize,
+        batch: usize,
+        heads: usize,
+        blocks: Vec<bool>,
+    ) -> BlockMask {
+        BlockMask {
+            block_q,
+            block_kv,
+            batch,
+            heads,
+            blocks,
+            full: None,
+            mask_mod: None,
+        }
+    }
+
     /// A mask of `batch x heads` grids of blocks for a call of `seq_q x seq_kv`, every block
     /// set by `on(b, h, block_row, block_col)`.
     pub fn from_fn(

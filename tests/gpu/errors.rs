@@ -306,15 +306,7 @@ fn per_batch_alibi_slopes_past_the_uniform_extras_are_a_device_limit_error() {
 fn block_masks_that_do_not_fit_the_call_are_invalid_and_named() {
     // batch 2, heads_q 4, 10 x 7 in blocks of 4 x 3: grids of 3 x 3
     let c = cfg(2, 10, 7, 4, 2, 8, false);
-    let mask = |bq, bkv, b, h, n| flash_attn_wgpu::BlockMask {
-        block_q: bq,
-        block_kv: bkv,
-        batch: b,
-        heads: h,
-        blocks: vec![true; n],
-        full: None,
-        mask_mod: None,
-    };
+    let mask = |bq, bkv, b, h, n| flash_attn_wgpu::BlockMask::new(bq, bkv, b, h, vec![true; n]);
     for (m, want) in [
         (mask(0, 3, 1, 1, 9), "block_mask.block_q must be in 1..=2^32-1 (rows or keys per block), got 0"),
         (mask(4, 0, 1, 1, 9), "block_mask.block_kv must be in 1..=2^32-1 (rows or keys per block), got 0"),
