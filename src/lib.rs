@@ -63,20 +63,21 @@ use unstable::{kernels, plan, reference, roofline};
 /// buffers you pass in, so your code and this crate agree on one wgpu version.
 pub use wgpu;
 
-pub use backend::{AttentionBackend, Backend};
-pub use backward::{Gradients, HostGradients};
+pub use backend::AttentionBackend;
 pub use bias::ScoreBias;
 pub use block_mask::{BlockMask, FlexBlocks};
 pub use bool_mask::BoolMask;
 pub use config::{
     Algorithm, AttentionConfig, Shape, Window, MAX_HEAD_DIM, MAX_HEAD_DIM_QK, MAX_HEAD_DIM_V,
 };
-pub use device::{AdapterSummary, Context, GpuTiming, MemoryStats, Tuning};
+pub use device::memory::MemoryStats;
+pub use device::timing::GpuTiming;
+pub use device::{AdapterSummary, Context};
 pub use dropout::Dropout;
 pub use dtype::{from_f32_slice, to_f32_vec, DType, Element, HalfStorage};
-pub use error::{Error, Result, TensorRole};
-pub use forward::{Forward, HostForward};
-pub use kernels::Variant;
+pub use error::{Backend, Error, Result, TensorRole};
+pub use outputs::{Forward, Gradients, HostForward, HostGradients};
+pub use kernels::{Tuning, Variant};
 pub use kv_format::CacheFormat;
 pub use kvcache::QuantizedCache;
 pub use paged::PagedKv;

@@ -32,7 +32,7 @@ enum Storage {
     Owned(TrackedBuffer),
     Wrapped {
         buffer: wgpu::Buffer,
-        owner: std::sync::Arc<crate::device::buffers::MemTracker>,
+        owner: std::sync::Arc<crate::device::memory::MemTracker>,
     },
 }
 

@@ -7,6 +7,8 @@ pub(crate) mod buffers;
 mod canary;
 pub(crate) mod clock;
 mod coop;
+pub(crate) mod memory;
+mod open;
 pub(crate) mod pipeline_cache;
 #[doc(hidden)]
 pub mod pipelines;
@@ -15,13 +17,14 @@ mod scope;
 pub(crate) mod spirv;
 pub(crate) mod timing;
 mod variant_env;
+mod wgpu_error;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
 pub use crate::kernels::Tuning;
-pub use buffers::MemoryStats;
-pub(crate) use buffers::{MemTracker, TrackedBuffer};
+pub(crate) use memory::{MemTracker, TrackedBuffer};
+pub use memory::MemoryStats;
 pub use canary::CANARY_ITERATIONS;
 pub use coop::{COOP_ENV, COOP_TIMEOUT_ENV, DEFAULT_SELF_CHECK_TIMEOUT_S};
 #[cfg(not(target_arch = "wasm32"))]
@@ -143,74 +146,7 @@ impl fmt::Debug for Context {
     }
 }
 
-const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
-    .union(wgpu::Features::SUBGROUP)
-    .union(wgpu::Features::TIMESTAMP_QUERY);
-
 impl Context {
-    /// Picks the default adapter (honouring `WGPU_BACKEND`, `WGPU_ADAPTER_NAME` and
-    /// `WGPU_POWER_PREF`), requests its real limits and the optional features we use, and
-    /// runs the driver canary. Blocking.
-    pub fn new() -> Result<Self> {
-        pollster::block_on(Self::new_async())
-    }
-
-    /// [`Context::new`] as a future: in a browser (wasm32, the WebGPU backend) it never blocks
-    /// (the canary's readback is awaited); on native the canary waits for the device when
-    /// polled.
-    pub async fn new_async() -> Result<Self> {
-        let instance =
-            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = pick_adapter(&instance).await?;
-        let mut features = adapter.features() & WANTED_FEATURES;
-        // Vulkan takes our layout-clean SPIR-V through the passthrough path (device/spirv.rs)
-        if adapter.get_info().backend == wgpu::Backend::Vulkan {
-            features |= adapter.features() & wgpu::Features::PASSTHROUGH_SHADERS;
-        }
-        // Cooperative matrices are an experimental wgpu feature: asked for only where the
-        // adapter offers the configuration the coop kernels use, and picked only after
-        // they pass their self-check below.
-        let coop = adapter.features().contains(
-            wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
-                | wgpu::Features::SHADER_F16
-                | wgpu::Features::SUBGROUP,
-        ) && coop::offers_coop_f16(&adapter.cooperative_matrix_properties());
-        if coop {
-            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
-        }
-        let limits = adapter.limits();
-        // The coop kernels prove themselves on a device of their own first: a kernel no CI
-        // machine can run must not be able to take the caller's device down with it (a
-        // driver fault loses only the probe device), nor hang this call (a deadline).
-        let coop_verdict = if coop {
-            Some(coop::verdict(&adapter, features, &limits).await)
-        } else {
-            None
-        };
-        let coop_ok = matches!(coop_verdict, Some(Ok(())));
-        if !coop_ok {
-            features.remove(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
-        }
-        let (device, queue) = request(&adapter, features, &limits, coop_ok).await?;
-        check_device_limits(&device.limits())?;
-        let mut ctx = Self::build(device, queue, Some(adapter.get_info()), coop_ok);
-        ctx.driver_canary_async().await?;
-        match coop_verdict {
-            Some(Ok(())) => {
-                ctx.info.cooperative_matrices = "16x16x16 f16/f32, in use (Variant::Coop)".into();
-                let t = ctx.tuning();
-                ctx.set_tuning_unchecked(Tuning {
-                    variant: Variant::Coop,
-                    ..t
-                });
-            }
-            Some(Err(why)) => ctx.info.cooperative_matrices = format!("offered, not used: {why}"),
-            None => {}
-        }
-        ctx.apply_variant_env()?;
-        Ok(ctx)
-    }
-
     /// Wraps a device the caller already has. Uses that device's limits and features; the
     /// coop variant is not used (a device does not tell its cooperative-matrix
     /// configurations: `Context::new` asks the adapter). On Vulkan, a device created with
@@ -231,7 +167,7 @@ impl Context {
         Ok(ctx)
     }
 
-    fn build(
+    pub(super) fn build(
         device: wgpu::Device,
         queue: wgpu::Queue,
         info: Option<wgpu::AdapterInfo>,
@@ -301,9 +237,9 @@ impl Context {
             let cb = slot.clone();
             device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
                 let err = match &e {
-                    wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory(scope::describe(&e)),
-                    wgpu::Error::Validation { .. } => Error::Validation(scope::describe(&e)),
-                    wgpu::Error::Internal { .. } => Error::Device(scope::describe(&e)),
+                    wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory(wgpu_error::describe(&e)),
+                    wgpu::Error::Validation { .. } => Error::Validation(wgpu_error::describe(&e)),
+                    wgpu::Error::Internal { .. } => Error::Device(wgpu_error::describe(&e)),
                 };
                 if let Ok(mut s) = cb.lock() {
                     s.get_or_insert(err);
@@ -528,7 +464,7 @@ fn spirv_target(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Option<spirv
 
 /// A device with `features` (and the experimental cooperative matrices when `coop`) and the
 /// adapter's own limits.
-async fn request(
+pub(super) async fn request(
     adapter: &wgpu::Adapter,
     features: wgpu::Features,
     limits: &wgpu::Limits,
@@ -553,39 +489,10 @@ async fn request(
         .map_err(|e| Error::RequestDevice(e.to_string()))
 }
 
-async fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
-    if let Ok(wanted) = std::env::var("WGPU_ADAPTER_NAME") {
-        let wanted_lc = wanted.to_lowercase();
-        let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
-        let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
-        return adapters
-            .into_iter()
-            .find(|a| a.get_info().name.to_lowercase().contains(&wanted_lc))
-            .ok_or_else(|| Error::NoAdapter {
-                detail: format!(
-                    "WGPU_ADAPTER_NAME={wanted:?} matches none of the adapters found: {names:?}"
-                ),
-            });
-    }
-    instance
-        .request_adapter(&wgpu::RequestAdapterOptions {
-            power_preference: wgpu::PowerPreference::from_env()
-                .unwrap_or(wgpu::PowerPreference::HighPerformance),
-            force_fallback_adapter: false,
-            compatible_surface: None,
-            // We want the adapter's real limits (workgroup storage, binding sizes).
-            apply_limit_buckets: false,
-        })
-        .await
-        .map_err(|e| Error::NoAdapter {
-            detail: e.to_string(),
-        })
-}
-
 /// The limits below which no kernel of the crate can run (each call checks what its own
 /// kernels need beyond these), checked before anything is created so that a too-small device
 /// is named as such, not as a failing first buffer. WebGPU's default limits are far above.
-fn check_device_limits(limits: &wgpu::Limits) -> Result<()> {
+pub(super) fn check_device_limits(limits: &wgpu::Limits) -> Result<()> {
     let checks = [
         (
             "storage buffers per shader stage (max_storage_buffers_per_shader_stage)",

@@ -411,6 +411,39 @@ pub fn fit_to_blocks(kernel: Kernel, dense: Tiles, blocks: (u32, u32), subgroup:
 /// to pay, and pair-by-pair masking inside the tile costs less.
 pub const MIN_FITTED: u32 = 16;
 
+/// Where a variant's kernel for a pass is chosen by whether its tiles fit (here, beside the
+/// tile chooser it asks, so that the kernels' catalogue in mod.rs does not import it back).
+impl Variant {
+    /// The kernel `self` runs for `pass` on
+    /// tensors in element format `elem` at `head_dim` on a device with `caps`: a coop kernel
+    /// only for f16 in native storage (its operands are f16, so f32 and bf16 values would be
+    /// rounded; packed f16 stores are atomics, which naga's SPIR-V for cooperative matrices
+    /// scopes to the device without declaring it) and where its tiles fit the workgroup
+    /// memory; the blocks kernel of the same pass otherwise.
+    pub fn kernel_for(
+        self,
+        pass: Pass,
+        elem: crate::dtype::ElemFormat,
+        head_dim: u32,
+        caps: DeviceCaps,
+    ) -> Kernel {
+        let kernel = Kernel::Flash(self, pass);
+        if !kernel.is_coop() {
+            return kernel;
+        }
+        let fits = !matches!(
+            choose_tiles(kernel, head_dim, caps),
+            Err(crate::Error::DeviceLimit { .. })
+        );
+        if elem == crate::dtype::ElemFormat::F16Native && fits {
+            kernel
+        } else {
+            Kernel::Flash(Variant::Blocks, pass)
+        }
+    }
+
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

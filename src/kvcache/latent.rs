@@ -24,7 +24,7 @@ use super::QuantizedCache;
 use crate::config::AttentionConfig;
 use crate::device::Context;
 use crate::error::Result;
-use crate::forward::Forward;
+use crate::outputs::Forward;
 use crate::tensor::Tensor;
 
 impl Context {

@@ -20,7 +20,7 @@ use crate::config::AttentionConfig;
 use crate::device::Context;
 use crate::dtype::DType;
 use crate::error::{Error, Result, TensorRole};
-use crate::forward::Forward;
+use crate::outputs::Forward;
 use crate::plan::{BufRef, BufferCopy};
 use crate::rotary::{check_rotation, Positions, Rotary};
 use crate::tensor::Tensor;

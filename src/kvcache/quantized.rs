@@ -20,7 +20,7 @@ use super::append_runs;
 use crate::config::AttentionConfig;
 use crate::device::Context;
 use crate::error::{Error, Result, TensorRole};
-use crate::forward::Forward;
+use crate::outputs::Forward;
 use crate::rotary::Rotary;
 use crate::tensor::Tensor;
 

@@ -14,7 +14,7 @@
 //!
 //! **Names.** Every name the derivation writes (twins, their arguments, variables, values,
 //! derivatives and call results) begins with one prefix, `gen_` or `gen{k}_`, chosen so that
-//! no identifier of the snippet begins with it (`user_code::fresh_prefix`; the kernels write
+//! no identifier of the snippet begins with it (`names::fresh_prefix`; the kernels write
 //! none that begins with `gen`): a twin is `{p}d_{name}` (`{p}t_{name}` for a trainable
 //! tensor's partial), an argument `{p}a0`, a value `{p}v12`, its derivative `{p}d12`, a variable
 //! `{p}l3` and `{p}dl3`, a call's result `{p}r7`. So no name the user declares can equal,
@@ -48,14 +48,15 @@ use naga::{
     ScalarKind, TypeInner, UnaryOperator as U,
 };
 
-use super::user_code::{self, user_error};
+use super::names;
+use super::user_code::user_error;
 use crate::error::Result;
 
 /// `score_mod_ds` and the twins it calls, as WGSL to append to `source` (the user's snippet;
 /// `stubs` declare its captured tensors' accessors after it for the parse).
 pub(crate) fn score_mod_ds(source: &str, stubs: &str) -> Result<String> {
     let what = "score_mod WGSL (deriving score_mod_ds)";
-    let p = user_code::fresh_prefix(&[source, stubs]);
+    let p = names::fresh_prefix(&[source, stubs]);
     let mut out = derive(source, stubs, what, None, &p)?;
     let _ = writeln!(
         out,
@@ -77,7 +78,7 @@ pub(crate) fn score_mod_ds(source: &str, stubs: &str) -> Result<String> {
 /// a pair: anything else is an `Error::UserCode` naming the line.
 pub(crate) fn score_mod_dt(source: &str, stubs: &str, tensor: &str) -> Result<String> {
     let what = "score_mod WGSL (its trainable tensor's gradient)";
-    let p = user_code::fresh_prefix(&[source, stubs]);
+    let p = names::fresh_prefix(&[source, stubs]);
     let mut out = String::from("var<private> score_mod__read: u32;\n");
     out.push_str(&derive(source, stubs, what, Some(tensor), &p)?);
     let _ = writeln!(
@@ -1514,7 +1515,7 @@ fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
         let source = declaring(EVERY_KIND, &names);
         // every one is the user's: the derivation's names are apart from them
         let again = generated_names(&source, "", None);
-        let users: HashSet<&str> = user_code::identifiers(&source).into_iter().collect();
+        let users: HashSet<&str> = names::identifiers(&source).into_iter().collect();
         assert!(again.iter().all(|n| !users.contains(n.as_str())));
         assert!(again.iter().all(|n| n.starts_with("gen1_")), "{again:?}");
         // and the derivative is the function's
@@ -1558,7 +1559,7 @@ fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return u_lin(s) - 
             &names,
         );
         let dt = score_mod_dt(&source, stubs, "tab").unwrap();
-        let users: HashSet<&str> = user_code::identifiers(&source).into_iter().collect();
+        let users: HashSet<&str> = names::identifiers(&source).into_iter().collect();
         let whole = format!("{source}\n{stubs}\n{dt}");
         let m = naga::front::wgsl::parse_str(&whole).unwrap_or_else(|e| panic!("{e}\n{whole}"));
         let run = Run::new(&m);

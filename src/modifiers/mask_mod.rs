@@ -166,17 +166,17 @@ fn compose(masks: &[&MaskMod], op: &str) -> Result<MaskMod> {
         let prefix = format!("{op}{k}_");
         let renamed = |n: &str| format!("{prefix}{n}");
         let names: std::collections::HashMap<String, String> =
-            user_code::declarations(m.wgsl_source())
+            super::names::declarations(m.wgsl_source())
                 .into_iter()
                 .map(|(n, _)| n)
                 .chain(m.captured().iter().map(|(n, _)| n.clone()))
                 .map(|n| (n.clone(), renamed(&n)))
                 .collect();
-        wgsl.push_str(&user_code::rename_identifiers(m.wgsl_source(), &names));
+        wgsl.push_str(&super::names::rename_identifiers(m.wgsl_source(), &names));
         wgsl.push('\n');
         cuda = match (cuda, m.cuda_source()) {
             (Some(mut c), Some(src)) => {
-                c.push_str(&user_code::rename_identifiers(src, &names));
+                c.push_str(&super::names::rename_identifiers(src, &names));
                 c.push('\n');
                 Some(c)
             }

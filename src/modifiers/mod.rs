@@ -18,6 +18,7 @@ pub mod flex_blocks;
 #[cfg(not(target_arch = "wasm32"))]
 mod ir_walk;
 pub mod mask_mod;
+pub(crate) mod names;
 pub mod paged;
 pub mod score_mod;
 #[cfg(not(target_arch = "wasm32"))]

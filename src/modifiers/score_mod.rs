@@ -275,7 +275,7 @@ impl ScoreMod {
 /// its `score_mod` appended (the module `derive`: off the web; on wasm32, which has no naga,
 /// a typed error asks for it).
 fn with_derivative(source: &str, captured: &[(String, Vec<f32>)]) -> Result<String> {
-    if user_code::declarations(source)
+    if super::names::declarations(source)
         .iter()
         .any(|(n, _)| n == "score_mod_ds")
     {

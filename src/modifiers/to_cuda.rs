@@ -7,7 +7,7 @@
 //! captured tensors' accessors are the kernels' own (`float name(unsigned int)`), so the
 //! stand-ins the parse needs are left out. The names the translation writes itself (arguments,
 //! variables, values, loop flags) begin with a prefix that begins no name of the snippet
-//! (`user_code::fresh_prefix`), so none can hide a function or constant of the user's.
+//! (`names::fresh_prefix`), so none can hide a function or constant of the user's.
 //!
 //! The subset is the derivation's (src/modifiers/derive.rs) plus `vec2<f32>` (the twins'
 //! `float2`). What falls outside is an error message: the modifier then has no CUDA C and
@@ -32,7 +32,7 @@ pub(crate) fn translate(source: &str, stubs: &str, captured: &[&str]) -> Result<
     .validate(&module)
     .map_err(|e| e.as_inner().to_string())?;
     let line = |span: naga::Span| span.location(&whole).line_number;
-    let p = super::user_code::fresh_prefix(&[source, stubs]);
+    let p = super::names::fresh_prefix(&[source, stubs]);
     let mut protos = String::new();
     let mut bodies = String::new();
     for (fh, f) in module.functions.iter() {
@@ -69,7 +69,7 @@ use super::ir_walk::{self, Fail};
 
 struct Cuda<'a> {
     module: &'a Module,
-    /// The prefix of every name the translation writes (`user_code::fresh_prefix`: no name
+    /// The prefix of every name the translation writes (`names::fresh_prefix`: no name
     /// of the snippet begins with it): `{p}a0` an argument, `{p}l1` a variable, `{p}v2` a
     /// value, `{p}first3` a loop's first pass.
     p: &'a str,

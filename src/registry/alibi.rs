@@ -3,7 +3,7 @@
 //! (`AttentionConfig::alibi_slopes`). Slopes live in the extras; kernels:
 //! shaders/modifiers/alibi.wgsl and cuda/modifiers/alibi.cuh.
 
-use super::{Modifier, Pair, Reference};
+use super::modifier::{Modifier, Pair, Reference};
 use crate::config::check_values;
 use crate::error::Result;
 use crate::kernels::hooks;
@@ -13,7 +13,7 @@ pub(crate) const MODIFIER: Modifier = Modifier {
     hooks: &hooks::ALIBI,
     active: |cfg| cfg.alibi_slopes.is_some(),
     check,
-    encode: super::no_params,
+    encode: super::modifier::no_params,
     reference: Reference::Term(reference),
 };
 
@@ -35,7 +35,7 @@ fn check(cfg: &AttentionConfig) -> Result<()> {
 fn reference(cfg: &AttentionConfig, (b, h, i, j): Pair) -> f64 {
     let (Some(slope), Some((ip, j))) = (
         cfg.alibi_slope(b, h),
-        crate::reference::aligned(cfg, b, i, j),
+        super::positions::aligned(cfg, b, i, j),
     ) else {
         return 0.0;
     };

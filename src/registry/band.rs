@@ -3,7 +3,7 @@
 //! `AttentionConfig::causal` and [`crate::Window`]; the kernels read the band from
 //! `Params::band_lo` / `band_hi` and the tile bounds in shaders/common.wgsl.
 
-use super::{Modifier, Reference};
+use super::modifier::{Modifier, Reference};
 use crate::config::Window;
 use crate::error::{Error, Result};
 use crate::kernels::hooks;
@@ -14,8 +14,8 @@ use crate::AttentionConfig;
 pub(crate) const CAUSAL: Modifier = Modifier {
     hooks: &hooks::CAUSAL,
     active: |cfg| cfg.causal,
-    check: super::no_check,
-    encode: super::no_params,
+    check: super::modifier::no_check,
+    encode: super::modifier::no_params,
     reference: Reference::None,
 };
 

@@ -1,7 +1,7 @@
 //! The bias's rules over a call ([`ScoreBias`](crate::bias::ScoreBias)): a term per pair,
 //! its entries after the boolean mask's words in the pair data.
 
-use super::{Modifier, Reference};
+use super::modifier::{Modifier, Reference};
 use crate::kernels::hooks;
 
 pub(crate) const MODIFIER: Modifier = Modifier {

@@ -1,7 +1,7 @@
 //! The block mask's rules over a call ([`BlockMask`](crate::BlockMask)); its geometry is
 //! `Params::with_block_grid`'s, from the whole call.
 
-use super::{Modifier, Reference};
+use super::modifier::{Modifier, Reference};
 use crate::kernels::hooks;
 
 pub(crate) const MODIFIER: Modifier = Modifier {
@@ -14,6 +14,6 @@ pub(crate) const MODIFIER: Modifier = Modifier {
         }
         None => Ok(()),
     },
-    encode: super::no_params,
+    encode: super::modifier::no_params,
     reference: Reference::None,
 };

@@ -1,6 +1,6 @@
 //! The boolean mask's rules over a call ([`BoolMask`](crate::bool_mask::BoolMask)).
 
-use super::{Modifier, Reference};
+use super::modifier::{Modifier, Reference};
 use crate::kernels::hooks;
 
 pub(crate) const MODIFIER: Modifier = Modifier {

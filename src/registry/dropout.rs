@@ -1,7 +1,7 @@
 //! Dropout's rules over a call ([`Dropout`](crate::Dropout)): its probability, seed and
 //! offset in the parameter block.
 
-use super::{Modifier, Reference};
+use super::modifier::{Modifier, Reference};
 use crate::error::Error;
 use crate::kernels::hooks;
 

@@ -1,7 +1,7 @@
 //! An MLA latent cache's rule over a call ([`AttentionConfig::values_in_keys`]): the values
 //! are the first `head_dim_v` dims of each key row, so they cannot be wider than the keys.
 
-use super::{Modifier, Reference};
+use super::modifier::{Modifier, Reference};
 use crate::error::Error;
 use crate::kernels::hooks;
 

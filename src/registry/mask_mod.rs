@@ -1,7 +1,7 @@
 //! A user mask's rules over a call ([`MaskMod`](crate::MaskMod)): its captured names must
 //! differ from the score modifier's; the f64 reference applies its host predicate.
 
-use super::{Modifier, Reference};
+use super::modifier::{Modifier, Reference};
 use crate::kernels::hooks;
 use crate::AttentionConfig;
 
@@ -9,7 +9,7 @@ pub(crate) const MODIFIER: Modifier = Modifier {
     hooks: &hooks::MASK_MOD,
     active: |cfg| cfg.mask_mod.is_some(),
     check: super::user_code::check_names,
-    encode: super::no_params,
+    encode: super::modifier::no_params,
     reference: Reference::None,
 };
 

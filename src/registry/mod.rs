@@ -16,8 +16,10 @@ mod bool_mask;
 mod dropout;
 mod latent;
 mod mask_mod;
+mod modifier;
 mod paged;
 pub(crate) mod params;
+pub(crate) mod positions;
 mod score_mod;
 mod seqlens;
 mod sinks;
@@ -26,51 +28,12 @@ pub(crate) mod user_code;
 mod varlen;
 
 use crate::error::Result;
-use crate::kernels::hooks::{self, Hooks};
+use crate::kernels::hooks;
 use crate::kernels::params::Params;
 use crate::AttentionConfig;
 
 pub(crate) use mask_mod::reference as mask_mod_reference;
-
-/// A pair of a call: (batch, query head, query row, key).
-pub(crate) type Pair = (usize, usize, usize, usize);
-
-/// The f64 reference of how a modifier acts on a visible pair's score, at natural-log scores:
-/// the same kind as its hook ([`ScoreHook`]).
-#[derive(Clone, Copy)]
-pub(crate) enum Reference {
-    /// It does not touch scores.
-    None,
-    /// t = value(s), and dt/ds at s.
-    Transform {
-        value: fn(&AttentionConfig, Pair, f64) -> f64,
-        slope: fn(&AttentionConfig, Pair, f64) -> f64,
-    },
-    /// A term added to the score.
-    Term(fn(&AttentionConfig, Pair) -> f64),
-}
-
-/// One modifier's rules over a call.
-pub(crate) struct Modifier {
-    /// Its kernel side.
-    pub hooks: &'static Hooks,
-    /// The call has it.
-    pub active: fn(&AttentionConfig) -> bool,
-    /// Its part of `AttentionConfig::validate`: a typed error for a bad value.
-    pub check: fn(&AttentionConfig) -> Result<()>,
-    /// Its scalars in the parameter block (extras offsets are `params::extras_layout`'s).
-    pub encode: fn(&AttentionConfig, &mut Params),
-    /// Its f64 reference on scores.
-    pub reference: Reference,
-}
-
-fn never(_: &AttentionConfig) -> bool {
-    false
-}
-fn no_check(_: &AttentionConfig) -> Result<()> {
-    Ok(())
-}
-fn no_params(_: &AttentionConfig, _: &mut Params) {}
+use modifier::{never, no_check, no_params, Modifier, Pair, Reference};
 
 /// Strided input views: a property of the tensors, not of the config (set at record time).
 const VIEWS: Modifier = Modifier {

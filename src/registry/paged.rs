@@ -1,7 +1,7 @@
 //! A paged K/V layout's rules over a call ([`PagedKv`](crate::PagedKv)): the block table
 //! follows the boolean mask's and the bias's words in the pair data.
 
-use super::{Modifier, Reference};
+use super::modifier::{Modifier, Reference};
 use crate::error::Error;
 use crate::kernels::hooks;
 

@@ -1,15 +1,15 @@
 //! A user score modifier's rules over a call ([`ScoreMod`](crate::ScoreMod)): its captured
 //! tensors live in the extras; the f64 reference applies the host functions it was given.
 
-use super::{Modifier, Pair, Reference};
+use super::modifier::{Modifier, Pair, Reference};
 use crate::kernels::hooks;
 use crate::AttentionConfig;
 
 pub(crate) const MODIFIER: Modifier = Modifier {
     hooks: &hooks::SCORE_MOD,
     active: |cfg| cfg.score_mod.is_some(),
-    check: super::no_check,
-    encode: super::no_params,
+    check: super::modifier::no_check,
+    encode: super::modifier::no_params,
     reference: Reference::Transform {
         value: |cfg, at, s| host(cfg, at, s, 0),
         slope: |cfg, at, s| host(cfg, at, s, 1),

@@ -3,7 +3,7 @@
 //! and ALiBi aligned to its own length (`align_to_seqlens`, a KV cache). The ranges live in
 //! the extras; kernels: shaders/modifiers/seqlens.wgsl and `for_batch` in cuda/common.cuh.
 
-use super::{Modifier, Reference};
+use super::modifier::{Modifier, Reference};
 use crate::error::{Error, Result};
 use crate::kernels::hooks;
 use crate::kernels::params::Params;

@@ -3,7 +3,7 @@
 //! (`Gradients::d_sinks`). Sinks live in the extras; kernels: shaders/modifiers/sinks.wgsl and
 //! the lse/merge functions of shaders/common.wgsl, whose rows they join.
 
-use super::{Modifier, Reference};
+use super::modifier::{Modifier, Reference};
 use crate::config::check_values;
 use crate::error::Result;
 use crate::kernels::hooks;
@@ -13,7 +13,7 @@ pub(crate) const MODIFIER: Modifier = Modifier {
     hooks: &hooks::SINKS,
     active: |cfg| cfg.sinks.is_some(),
     check,
-    encode: super::no_params,
+    encode: super::modifier::no_params,
     reference: Reference::None,
 };
 

@@ -2,7 +2,7 @@
 //! softmax (`AttentionConfig::softcap`). Kernels: shaders/modifiers/softcap.wgsl and
 //! cuda/modifiers/softcap.cuh, in the exp2 domain (`Params::softcap2` = c log2(e)).
 
-use super::{Modifier, Reference};
+use super::modifier::{Modifier, Reference};
 use crate::error::{Error, Result};
 use crate::kernels::hooks;
 use crate::kernels::params::Params;

@@ -1,6 +1,6 @@
 //! Packed variable-length sequences' rules over a call ([`Varlen`](crate::Varlen)).
 
-use super::{Modifier, Reference};
+use super::modifier::{Modifier, Reference};
 use crate::error::Error;
 use crate::kernels::hooks;
 

@@ -1,0 +1,109 @@
+//! Opening the default adapter (`Context::new`): pick it, ask for the features the kernels use,
+//! let the coop kernels prove themselves on a probe device of their own (coop.rs), request the
+//! device and run the driver canary. Above the context (mod.rs: the struct, `build`,
+//! `request`) and the coop self-check, which both make contexts, so that neither imports this.
+
+use super::coop;
+use super::{check_device_limits, request, Context};
+use crate::error::{Error, Result};
+use crate::kernels::{Tuning, Variant};
+
+const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::TIMESTAMP_QUERY);
+
+impl Context {
+    /// Picks the default adapter (honouring `WGPU_BACKEND`, `WGPU_ADAPTER_NAME` and
+    /// `WGPU_POWER_PREF`), requests its real limits and the optional features we use, and
+    /// runs the driver canary. Blocking.
+    pub fn new() -> Result<Self> {
+        pollster::block_on(Self::new_async())
+    }
+
+    /// [`Context::new`] as a future: in a browser (wasm32, the WebGPU backend) it never blocks
+    /// (the canary's readback is awaited); on native the canary waits for the device when
+    /// polled.
+    pub async fn new_async() -> Result<Self> {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = pick_adapter(&instance).await?;
+        let mut features = adapter.features() & WANTED_FEATURES;
+        // Vulkan takes our layout-clean SPIR-V through the passthrough path (device/spirv.rs)
+        if adapter.get_info().backend == wgpu::Backend::Vulkan {
+            features |= adapter.features() & wgpu::Features::PASSTHROUGH_SHADERS;
+        }
+        // Cooperative matrices are an experimental wgpu feature: asked for only where the
+        // adapter offers the configuration the coop kernels use, and picked only after
+        // they pass their self-check below.
+        let coop = adapter.features().contains(
+            wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+                | wgpu::Features::SHADER_F16
+                | wgpu::Features::SUBGROUP,
+        ) && coop::offers_coop_f16(&adapter.cooperative_matrix_properties());
+        if coop {
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
+        let limits = adapter.limits();
+        // The coop kernels prove themselves on a device of their own first: a kernel no CI
+        // machine can run must not be able to take the caller's device down with it (a
+        // driver fault loses only the probe device), nor hang this call (a deadline).
+        let coop_verdict = if coop {
+            Some(coop::verdict(&adapter, features, &limits).await)
+        } else {
+            None
+        };
+        let coop_ok = matches!(coop_verdict, Some(Ok(())));
+        if !coop_ok {
+            features.remove(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        }
+        let (device, queue) = request(&adapter, features, &limits, coop_ok).await?;
+        check_device_limits(&device.limits())?;
+        let mut ctx = Self::build(device, queue, Some(adapter.get_info()), coop_ok);
+        ctx.driver_canary_async().await?;
+        match coop_verdict {
+            Some(Ok(())) => {
+                ctx.info.cooperative_matrices = "16x16x16 f16/f32, in use (Variant::Coop)".into();
+                let t = ctx.tuning();
+                ctx.set_tuning_unchecked(Tuning {
+                    variant: Variant::Coop,
+                    ..t
+                });
+            }
+            Some(Err(why)) => ctx.info.cooperative_matrices = format!("offered, not used: {why}"),
+            None => {}
+        }
+        ctx.apply_variant_env()?;
+        Ok(ctx)
+    }
+
+}
+
+async fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
+    if let Ok(wanted) = std::env::var("WGPU_ADAPTER_NAME") {
+        let wanted_lc = wanted.to_lowercase();
+        let adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
+        let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+        return adapters
+            .into_iter()
+            .find(|a| a.get_info().name.to_lowercase().contains(&wanted_lc))
+            .ok_or_else(|| Error::NoAdapter {
+                detail: format!(
+                    "WGPU_ADAPTER_NAME={wanted:?} matches none of the adapters found: {names:?}"
+                ),
+            });
+    }
+    instance
+        .request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::from_env()
+                .unwrap_or(wgpu::PowerPreference::HighPerformance),
+            force_fallback_adapter: false,
+            compatible_surface: None,
+            // We want the adapter's real limits (workgroup storage, binding sizes).
+            apply_limit_buckets: false,
+        })
+        .await
+        .map_err(|e| Error::NoAdapter {
+            detail: e.to_string(),
+        })
+}
+
