@@ -31,3 +31,49 @@ fn readme_runs_the_quickstart_example() {
         .iter()
         .any(|c| c.ends_with("cargo run --release --example quickstart")));
 }
+
+/// docs/PERFORMANCE.md's rule: a current figure is the median of at least three interleaved
+/// rounds, or it says it is not. Each speed row of "Current figures" names its rounds or runs.
+#[test]
+fn every_current_performance_figure_says_its_rounds() {
+    let perf = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/PERFORMANCE.md"
+    ))
+    .unwrap();
+    let rows: Vec<&str> = perf
+        .lines()
+        .skip_while(|l| l.trim() != "## Current figures")
+        .skip(1)
+        .skip_while(|l| !l.starts_with("| "))
+        .skip(2) // the header and the separator
+        .take_while(|l| l.starts_with("| "))
+        .collect();
+    assert!(
+        rows.len() > 5,
+        "the table under \"## Current figures\" was not found"
+    );
+    let mut missing = Vec::new();
+    for row in rows {
+        let first = row
+            .trim_start_matches('|')
+            .split('|')
+            .next()
+            .unwrap()
+            .trim();
+        if first == "any GPU"
+            || first == "CUDA path"
+            || first.starts_with("the README test command")
+        {
+            continue;
+        }
+        let text = row.to_lowercase();
+        if !text.contains("round") && !text.contains("one run") {
+            missing.push(first.to_string());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "rows of docs/PERFORMANCE.md's current figures that say neither their rounds nor \"one run\": {missing:?}"
+    );
+}
