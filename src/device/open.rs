@@ -24,26 +24,12 @@ impl Context {
     /// (the canary's readback is awaited); on native the canary waits for the device when
     /// polled.
     pub async fn new_async() -> Result<Self> {
-        let instance =
-            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = pick_adapter(&instance).await?;
-        let mut features = adapter.features() & WANTED_FEATURES;
-        // Vulkan takes our layout-clean SPIR-V through the passthrough path (device/spirv.rs)
-        if adapter.get_info().backend == wgpu::Backend::Vulkan {
-            features |= adapter.features() & wgpu::Features::PASSTHROUGH_SHADERS;
-        }
-        // Cooperative matrices are an experimental wgpu feature: asked for only where the
-        // adapter offers the configuration the coop kernels use, and picked only after
-        // they pass their self-check below.
-        let coop = adapter.features().contains(
-            wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
-                | wgpu::Features::SHADER_F16
-                | wgpu::Features::SUBGROUP,
-        ) && coop::offers_coop_f16(&adapter.cooperative_matrix_properties());
-        if coop {
-            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
-        }
-        let limits = adapter.limits();
+        let Chosen {
+            adapter,
+            mut features,
+            limits,
+            coop,
+        } = choose_adapter().await?;
         // The coop kernels prove themselves on a device of their own first: a kernel no CI
         // machine can run must not be able to take the caller's device down with it (a
         // driver fault loses only the probe device), nor hang this call (a deadline).
@@ -76,6 +62,45 @@ impl Context {
         Ok(ctx)
     }
 
+}
+
+/// The adapter `Context::new` opens, the features it asks for, its limits, and whether the
+/// adapter offers the cooperative matrices the coop kernels use (they then still have to pass
+/// their self-check): what every way of opening the default adapter shares.
+pub(super) struct Chosen {
+    pub adapter: wgpu::Adapter,
+    pub features: wgpu::Features,
+    pub limits: wgpu::Limits,
+    pub coop: bool,
+}
+
+pub(super) async fn choose_adapter() -> Result<Chosen> {
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let adapter = pick_adapter(&instance).await?;
+    let mut features = adapter.features() & WANTED_FEATURES;
+    // Vulkan takes our layout-clean SPIR-V through the passthrough path (device/spirv.rs)
+    if adapter.get_info().backend == wgpu::Backend::Vulkan {
+        features |= adapter.features() & wgpu::Features::PASSTHROUGH_SHADERS;
+    }
+    // Cooperative matrices are an experimental wgpu feature: asked for only where the
+    // adapter offers the configuration the coop kernels use, and picked only after they pass
+    // their self-check.
+    let coop = adapter.features().contains(
+        wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+            | wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP,
+    ) && coop::offers_coop_f16(&adapter.cooperative_matrix_properties());
+    if coop {
+        features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    }
+    let limits = adapter.limits();
+    Ok(Chosen {
+        adapter,
+        features,
+        limits,
+        coop,
+    })
 }
 
 async fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {

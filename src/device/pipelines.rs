@@ -8,7 +8,8 @@ pub use super::pipeline_cache::PIPELINE_LOG_ENV;
 use super::pipeline_cache::{log_pipeline, Pipeline};
 use super::Context;
 use crate::error::{Error, Result};
-use crate::kernels::{Access, KernelKey};
+use crate::kernels::wgsl::BindingKind;
+use crate::kernels::KernelKey;
 
 impl Context {
     /// How many pipelines this context has compiled (each distinct `KernelKey` once): on a
@@ -97,39 +98,25 @@ impl Context {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let p = self.scoped(|| {
             // the Params uniform, the storage bindings, the extras' uniform where used
-            let entry = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
-                binding,
-                visibility: wgpu::ShaderStages::COMPUTE,
-                ty: wgpu::BindingType::Buffer {
-                    ty,
-                    has_dynamic_offset: false,
-                    min_binding_size: None,
-                },
-                count: None,
-            };
-            let entries: Vec<wgpu::BindGroupLayoutEntry> =
-                std::iter::once(entry(0, wgpu::BufferBindingType::Uniform))
-                    .chain(key.kernel.bindings().iter().enumerate().map(|(i, a)| {
-                        let read_only = a.access == Access::Read;
-                        entry(i as u32 + 1, wgpu::BufferBindingType::Storage { read_only })
-                    }))
-                    .chain(
-                        key.uses_extras()
-                            .then(|| entry(key.extras_slot(), wgpu::BufferBindingType::Uniform)),
-                    )
-                    .chain(key.uses_pairs().then(|| {
-                        entry(
-                            key.pairs_slot(),
-                            wgpu::BufferBindingType::Storage { read_only: true },
-                        )
-                    }))
-                    .chain(key.binds_kept().then(|| {
-                        entry(
-                            key.kept_grads_slot(),
-                            wgpu::BufferBindingType::Storage { read_only: false },
-                        )
-                    }))
-                    .collect();
+            let entries: Vec<wgpu::BindGroupLayoutEntry> = key
+                .layout()
+                .into_iter()
+                .map(|(binding, kind)| wgpu::BindGroupLayoutEntry {
+                    binding,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: match kind {
+                            BindingKind::Uniform => wgpu::BufferBindingType::Uniform,
+                            BindingKind::Storage { read_only } => {
+                                wgpu::BufferBindingType::Storage { read_only }
+                            }
+                        },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                })
+                .collect();
             let layout = self
                 .device
                 .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {

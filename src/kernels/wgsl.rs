@@ -67,6 +67,15 @@ pub enum WgslConsumer {
     Tint,
 }
 
+/// What a pipeline binding is ([`KernelKey::layout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindingKind {
+    /// A uniform buffer (the `Params` block, the extras).
+    Uniform,
+    /// A storage buffer, read-only or read-write.
+    Storage { read_only: bool },
+}
+
 /// A pipeline's identity: kernel, element format, shape constants and the modifier bits it
 /// reads at run time or has compiled in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -235,6 +244,25 @@ impl KernelKey {
     /// pairs' gradients there or sums a trainable tensor's gradient into its parts.
     pub fn binds_kept(&self) -> bool {
         self.keeps_grads || self.sums_table
+    }
+
+    /// The pipeline's bindings, group 0, in order: the `Params` uniform (0), the kernel's
+    /// storage bindings (from 1), then the extras' uniform, the pair data and the kept
+    /// gradients where the key uses them. What every backend's pipeline layout declares (the
+    /// wgpu pipelines, the compiler-statistics pipelines made on the raw Vulkan device).
+    pub fn layout(&self) -> Vec<(u32, BindingKind)> {
+        let storage = |read_only| BindingKind::Storage { read_only };
+        std::iter::once((0, BindingKind::Uniform))
+            .chain(self.kernel.bindings().iter().enumerate().map(|(i, a)| {
+                (i as u32 + 1, storage(a.access == super::Access::Read))
+            }))
+            .chain(
+                self.uses_extras()
+                    .then(|| (self.extras_slot(), BindingKind::Uniform)),
+            )
+            .chain(self.uses_pairs().then(|| (self.pairs_slot(), storage(true))))
+            .chain(self.binds_kept().then(|| (self.kept_grads_slot(), storage(false))))
+            .collect()
     }
 
     /// True when binding `b` is read in whole 16-byte words (`wide`: the decode kernel's k
