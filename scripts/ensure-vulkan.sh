@@ -25,6 +25,11 @@ mesa_major() {
 
 have_loader() { ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; }
 
+# Mesa's no-op DRM shim (mesa-drm-shim): RADV on it opens a real AMD device whose pipelines ACO
+# compiles to real ISA while submissions do nothing, so AMD's compiler reports on our kernels
+# without an AMD GPU (scripts/compiler-stats.sh, issue 62). Installed beside Mesa's drivers.
+have_shim() { dpkg-query -W -f='${Status}' mesa-drm-shim 2>/dev/null | grep -q 'ok installed'; }
+
 # A non-Mesa ICD (NVIDIA, AMD pro, ...) means a real GPU driver: leave the machine alone.
 have_vendor_icd() {
     local f
@@ -48,7 +53,7 @@ if have_loader && have_vendor_icd; then
     exit 0
 fi
 
-if have_loader && [ "$(mesa_major)" -ge "$MIN_MESA_MAJOR" ]; then
+if have_loader && [ "$(mesa_major)" -ge "$MIN_MESA_MAJOR" ] && have_shim; then
     log "Mesa $(dpkg-query -W -f='${Version}' mesa-vulkan-drivers) present: nothing to do"
     exit 0
 fi
@@ -85,8 +90,8 @@ fi
 
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq -t "$backports" libvulkan1 mesa-vulkan-drivers >/dev/null
-log "installed mesa-vulkan-drivers $(dpkg-query -W -f='${Version}' mesa-vulkan-drivers)"
+$SUDO apt-get install -y -qq -t "$backports" libvulkan1 mesa-vulkan-drivers mesa-drm-shim >/dev/null
+log "installed mesa-vulkan-drivers and mesa-drm-shim $(dpkg-query -W -f='${Version}' mesa-vulkan-drivers)"
 
 if [ "$(mesa_major)" -lt "$MIN_MESA_MAJOR" ]; then
     log "Mesa is still older than ${MIN_MESA_MAJOR}; lavapipe would corrupt long loops"

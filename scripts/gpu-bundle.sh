@@ -4,6 +4,8 @@
 #
 #   $GPU_BIN/bench.xz        the bench example (--info prints the adapter; --decode)
 #   $GPU_BIN/cuda_bench.xz   the CUDA path's bench (--features cuda)
+#   $GPU_BIN/compiler_stats.xz  what the driver's compiler makes of the planned pipelines
+#                            (examples/compiler_stats.rs: registers, spills, occupancy)
 #   $GPU_BIN/gpu-tests.xz    the suite that runs on an adapter (tests/gpu, --features cuda;
 #                            the CUDA driver and NVRTC are loaded at run time where present)
 #   $GPU_BIN/nvrtc.tar.xz    the pinned NVRTC (scripts/ensure-cuda.sh: libnvrtc and its
@@ -40,6 +42,7 @@ messages=$(mktemp)
 trap 'rm -f "$messages"' EXIT
 log "cargo build ($PROFILE): bench, cuda_bench and the gpu test binary (--features cuda)"
 cargo build "${profile[@]}" --features cuda --example bench --example cuda_bench \
+    --example compiler_stats \
     --message-format=json-render-diagnostics >"$messages"
 cargo test "${profile[@]}" --no-run --features cuda --test gpu \
     --message-format=json-render-diagnostics >>"$messages"
@@ -49,10 +52,11 @@ cargo test "${profile[@]}" --no-run --features cuda --test gpu \
 artifacts=$(grep '"reason":"compiler-artifact"' "$messages" |
     sed -n 's/.*"target":{[^}]*"name":"\([^"]*\)".*"executable":"\([^"]*\)".*/\1 \2/p')
 mkdir -p "$GPU_BIN"
-rm -f "$GPU_BIN"/bench.xz "$GPU_BIN"/cuda_bench.xz "$GPU_BIN"/gpu-tests.xz
+rm -f "$GPU_BIN"/bench.xz "$GPU_BIN"/cuda_bench.xz "$GPU_BIN"/gpu-tests.xz \
+    "$GPU_BIN"/compiler_stats.xz
 while read -r name exe; do
     case "$name" in
-        bench | cuda_bench) dest=$name ;;
+        bench | cuda_bench | compiler_stats) dest=$name ;;
         gpu) dest=gpu-tests ;;
         *) continue ;;
     esac
@@ -60,7 +64,7 @@ while read -r name exe; do
     xz -6 -T2 -f "$GPU_BIN/$dest"
     log "$(printf '%-10s %s' "$dest" "$(du -h "$GPU_BIN/$dest.xz" | cut -f1)")"
 done <<<"$artifacts"
-for b in bench cuda_bench gpu-tests; do
+for b in bench cuda_bench gpu-tests compiler_stats; do
     [ -f "$GPU_BIN/$b.xz" ] || { log "no $b among cargo's artifacts"; exit 1; }
 done
 

@@ -145,7 +145,7 @@ machine() {
     fi
     echo "host: $(uname -srm), $(nproc) cores"
     echo "NVRTC: ${FLASH_ATTN_NVRTC_DIR:-none on the device, the NVRTC step unpacks the bundled one}"
-    for b in bench cuda_bench gpu-tests; do
+    for b in bench cuda_bench gpu-tests compiler_stats; do
         if [ -f "$BIN_DIR/$b.xz" ]; then
             xz -dc "$BIN_DIR/$b.xz" >"$WORK/bin/$b" && chmod +x "$WORK/bin/$b" || return 1
         elif [ -f "$BIN_DIR/$b" ]; then
@@ -228,6 +228,11 @@ if grep -q 'self-check timed out' "$LOGS/adapter.log" 2>/dev/null ||
     echo "coop self-check hung in the adapter step: FLASH_ATTN_WGPU_COOP=off from here on" \
         >>"$LOGS/adapter.log"
 fi
+# what the driver's compiler makes of the pipelines the planner picks here (registers, spills,
+# waves: VK_KHR_pipeline_executable_properties; issue 62), beside the timings; a driver
+# without the extension (lavapipe in the rehearsal) is skipped with its reason
+step "compiler statistics" 20 "compiler_stats: the planned pipelines through the driver's compiler" \
+    "$B/compiler_stats" --or-skip --json "$LOGS/compiler-stats.json"
 if [ "$GPU" = 1 ]; then
     step "CUDA device" 15 "cuda_bench --info (fails loudly: nvidia-smi sees a GPU)" \
         "$B/cuda_bench" --info

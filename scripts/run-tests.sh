@@ -55,6 +55,26 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps "$@"
 if [ $# -gt 0 ]; then
     RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
 fi
+# AMD's shader compiler on three chips (issue 62: scripts/compiler-stats.sh, Mesa's no-op DRM
+# shim): the pipelines the planner picks for forward, backward and decode calls at head dims
+# 64 and 128 in f16 and f32, and the 8-bit decode, compiled by ACO for RDNA3 with cooperative
+# matrices (navi31), an RDNA3.5 laptop (gfx1150) and a wave64 GCN laptop (renoir); fails on a
+# compile failure, spills or scratch in a planned kernel, or occupancy below the floors of
+# docs/log/compilers.md. About 10 s a chip once the tool is built.
+if [ -e /usr/lib/x86_64-linux-gnu/libamdgpu_noop_drm_shim.so ]; then
+    cargo build --quiet --example compiler_stats "$@"
+    stats=$(mktemp -d)
+    for chip in navi31 gfx1150 renoir; do
+        COMPILER_STATS_BIN=target/debug/examples/compiler_stats bash scripts/compiler-stats.sh \
+            "$chip" --check --markdown "$stats/$chip.md" >/dev/null
+    done
+    rm -rf "$stats"
+elif [ -n "${CI:-}" ]; then
+    echo "run-tests: no mesa-drm-shim (bash scripts/ensure-vulkan.sh installs it)" >&2
+    exit 1
+else
+    echo "run-tests: no mesa-drm-shim: AMD's compiler statistics skipped" >&2
+fi
 # The public API against its committed snapshot (issue 61): a change to it is made on purpose,
 # with `bash scripts/public-api.sh --bless` and a CHANGELOG entry.
 bash scripts/public-api.sh

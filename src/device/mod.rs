@@ -7,6 +7,10 @@ pub(crate) mod buffers;
 mod canary;
 pub(crate) mod clock;
 mod coop;
+/// The inner loop of an AMD disassembly and its mix (the compiler-statistics tool's): no
+/// stability promise, hidden.
+#[doc(hidden)]
+pub mod isa;
 pub(crate) mod memory;
 mod open;
 pub(crate) mod pipeline_cache;
@@ -15,6 +19,10 @@ pub mod pipelines;
 mod scope;
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) mod spirv;
+/// Compiler statistics (the compiler-statistics tool's): no stability promise, hidden.
+#[cfg(not(target_arch = "wasm32"))]
+#[doc(hidden)]
+pub mod statistics;
 pub(crate) mod timing;
 mod variant_env;
 mod wgpu_error;
@@ -133,6 +141,9 @@ pub struct Context {
     tuning: Mutex<Tuning>,
     /// The modifier bits compiled into pipelines (`kernels::flags`), the rest read at run time.
     compiled_flags: std::sync::atomic::AtomicU32,
+    /// Plan the blocks kernels' tiles as on a wave64 GPU (`DeviceCaps::wave64_cu`), whatever
+    /// this adapter is: the tests run those tiles on lavapipe (`plan_as_wave64_gpu`).
+    wave64_tiles: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for Context {
@@ -223,6 +234,9 @@ impl Context {
             } else {
                 crate::kernels::GPU_PRIVATE_FLOATS
             },
+            // GCN, Vega, CDNA: wave64 only (RDNA offers 32..64; NVIDIA 32, Intel 8..32)
+            wave64_cu: info.device_type != wgpu::DeviceType::Cpu
+                && fixed_subgroup == 64,
         };
         let lost = Arc::new(Mutex::new(None));
         let lost_cb = lost.clone();
@@ -284,6 +298,7 @@ impl Context {
             params_pool: Mutex::new(Vec::new()),
             tuning: Mutex::new(tuning),
             fixed_subgroup,
+            wave64_tiles: std::sync::atomic::AtomicBool::new(false),
             compiled_flags: std::sync::atomic::AtomicU32::new(
                 crate::kernels::flags::compiled_from_env(),
             ),
@@ -373,13 +388,26 @@ impl Context {
 
     /// Everything planning needs to know about this device, with the tuning in force.
     pub fn plan_env(&self) -> PlanEnv {
+        let wave64 = self.wave64_tiles.load(std::sync::atomic::Ordering::Relaxed);
         PlanEnv {
-            caps: self.caps,
+            caps: DeviceCaps {
+                wave64_cu: self.caps.wave64_cu || wave64,
+                ..self.caps
+            },
             tuning: self.tuning(),
             max_binding_bytes: self.binding_limit().min(u32::MAX as u64),
             offset_align: self.limits.min_storage_buffer_offset_alignment as u64,
             compiled_flags: self.compiled_flags(),
         }
+    }
+
+    /// Plans the blocks kernels' tiles as a wave64 GPU (AMD's GCN, Vega, CDNA) takes them
+    /// (`kernels::tiles::WAVE64_CU_TILES`), on any adapter: for tests, which run those
+    /// tiles where no such GPU is. Not for callers: the tiles are chosen for that hardware.
+    #[doc(hidden)]
+    pub fn plan_as_wave64_gpu(&self, on: bool) {
+        self.wave64_tiles
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The modifier bits compiled into this context's pipelines ([`crate::kernels::flags`]);

@@ -48,6 +48,7 @@ pub fn devices() -> [Device; 3] {
                 max_invocations_per_workgroup: 256,
                 coop_f16: false,
                 private_floats: super::CPU_PRIVATE_FLOATS,
+                wave64_cu: false,
             },
             subgroup: 8,
         },
@@ -57,6 +58,7 @@ pub fn devices() -> [Device; 3] {
                 max_invocations_per_workgroup: 1024,
                 coop_f16: true,
                 private_floats: super::GPU_PRIVATE_FLOATS,
+                wave64_cu: false,
             },
             subgroup: 32,
         },
@@ -67,8 +69,9 @@ pub fn devices() -> [Device; 3] {
 /// checks' cost is this count (about 0.1 s each through naga, seconds through Tint on
 /// lavapipe). Raise it only with a reason written here. 1,010: the trainable tensor's gradient
 /// (issue 52) added two kernels, three pipelines here; the dQ kernels' form that sums a small
-/// trainable tensor's gradient itself (`KernelKey::sums_table`) six more (1,009).
-pub const PIPELINE_BUDGET: usize = 1010;
+/// trainable tensor's gradient itself (`KernelKey::sums_table`) six more (1,009). 1,015: the
+/// blocks kernels' tiles on wave64 GPUs (issue 62, `tiles::WAVE64_CU_TILES`), four more.
+pub const PIPELINE_BUDGET: usize = 1015;
 
 /// Every pipeline the plans can ask for on `devices`, over [`HEAD_DIMS`] and the samples
 /// `variants_of` takes, one key per distinct source.
@@ -87,6 +90,11 @@ pub fn pipeline_keys(devices: &[Device]) -> Vec<KernelKey> {
         };
         for &head_dim in head_dims {
             for (n, device) in devices.iter().enumerate() {
+                // cooperative matrices exist only where the device offers them (the coop
+                // roofline probe too: no SPIR-V without the capability)
+                if kernel.is_coop() && !device.caps.coop_f16 {
+                    continue;
+                }
                 let tiles = match choose_tiles(kernel, head_dim, device.caps) {
                     // coop kernels exist where the device has cooperative matrices and their
                     // tiles fit (the blocks kernels run otherwise: Variant::kernel_for)
@@ -110,12 +118,37 @@ pub fn pipeline_keys(devices: &[Device]) -> Vec<KernelKey> {
             }
         }
     }
-    for key in value_dim_keys(devices) {
+    for key in value_dim_keys(devices).into_iter().chain(wave64_keys()) {
         if sources.insert(key.wgsl_for(WgslConsumer::Naga)) {
             keys.push(key);
         }
     }
     keys
+}
+
+/// The blocks kernels' tiles on a wave64 GPU ([`super::tiles::WAVE64_CU_TILES`]: AMD's GCN,
+/// Vega, CDNA), in f32 with the run-time bits read: the shapes no device above plans, so that
+/// the compiler checks see them.
+fn wave64_keys() -> Vec<KernelKey> {
+    super::tiles::WAVE64_CU_TILES
+        .iter()
+        .flat_map(|&(pass, head_dim, _)| {
+            let kernel = Kernel::Flash(Variant::Blocks, pass);
+            let caps = DeviceCaps {
+                max_workgroup_storage_bytes: 65536,
+                max_invocations_per_workgroup: 1024,
+                coop_f16: false,
+                private_floats: super::GPU_PRIVATE_FLOATS,
+                wave64_cu: true,
+            };
+            let tiles = choose_tiles(kernel, head_dim, caps)
+                .unwrap_or_else(|e| panic!("{kernel:?} at head_dim {head_dim}: {e}"));
+            variants_of(kernel, head_dim, tiles, 0, false)
+                .into_iter()
+                .filter(|k| k.elem == ElemFormat::F32)
+                .take(1)
+        })
+        .collect()
 }
 
 /// The kernels that read values of their own head dim (`AttentionConfig::head_dim_v`: the

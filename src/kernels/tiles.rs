@@ -55,6 +55,12 @@ pub struct DeviceCaps {
     /// registers, and addresses and loop state need their share), [`CPU_PRIVATE_FLOATS`] on
     /// CPU drivers (lavapipe, SwiftShader, WARP), whose private arrays live in memory anyway.
     pub private_floats: u32,
+    /// A GPU that runs only 64-wide subgroups on compute units of four SIMDs sharing 64 KiB
+    /// of workgroup memory, with 256 registers a lane (AMD's GCN, Vega and CDNA: a GPU whose
+    /// subgroup is 64..64): there a blocks workgroup needs at most 32 KiB and 128 registers an
+    /// invocation for two waves a SIMD, which the default tiles miss (one wave). The blocks
+    /// kernels then take [`WAVE64_CU_TILES`].
+    pub wave64_cu: bool,
 }
 
 /// [`DeviceCaps::private_floats`] on a GPU.
@@ -69,8 +75,24 @@ impl DeviceCaps {
         max_invocations_per_workgroup: 256,
         coop_f16: false,
         private_floats: GPU_PRIVATE_FLOATS,
+        wave64_cu: false,
     };
 }
+
+/// The blocks kernels' tiles on a [`DeviceCaps::wave64_cu`] GPU, by pass and the largest
+/// head dim each serves, as `(resident, streamed, NTX, TM)` entries of the chooser's
+/// candidates: from AMD's compiler's statistics on Renoir (`compiler_stats --search`, the
+/// table in docs/log/compilers.md, "Wave64 tiles"), the largest tile of each with at least
+/// two waves a SIMD (forward d=64: 32 x 32, 128 registers, 2 waves, against 1 with the default
+/// 64 x 64). Past these head dims, and for dK/dV past 64 (its K and V tiles leave no 16 x 16
+/// tile within 32 KiB at 128: one wave either way), the default choice stands.
+pub const WAVE64_CU_TILES: [(Pass, u32, (u32, u32, u32, u32)); 5] = [
+    (Pass::Forward, 64, (32, 32, 16, 2)),
+    (Pass::Forward, 128, (16, 16, 16, 1)),
+    (Pass::DkDv, 64, (16, 16, 16, 1)),
+    (Pass::Dq, 64, (16, 16, 16, 1)),
+    (Pass::Dq, 128, (8, 4, 4, 1)),
+];
 
 /// Invocations of a coop workgroup: a multiple of every subgroup size (4 subgroups of 32, 2
 /// of 64); the matrix blocks are shared out by subgroup id, whatever the size.
@@ -218,6 +240,36 @@ pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
 /// The pure tile chooser: the largest tiles (most reuse per byte loaded) that fit the device's
 /// workgroup memory and invocation limits. Preference order favours square-ish tiles.
 pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<Tiles> {
+    if kernel.is_decode() {
+        return decode_tiles_for(DECODE_MAX_ROWS, head_dim, caps, true);
+    }
+    if !kernel.is_tiled() {
+        return Ok(Tiles::ONE);
+    }
+    let budget = caps.max_workgroup_storage_bytes / 4;
+    let mut smallest_need = u32::MAX;
+    for t in tile_candidates(kernel, head_dim, caps)? {
+        let words = workgroup_words(kernel, head_dim, t);
+        smallest_need = smallest_need.min(words);
+        if words <= budget && t.threads(kernel) <= caps.max_invocations_per_workgroup {
+            return Ok(t);
+        }
+    }
+    Err(Error::DeviceLimit {
+        what: format!(
+            "{} with head_dim {head_dim}: workgroup memory",
+            kernel.name()
+        ),
+        needed: smallest_need as u64 * 4,
+        limit: caps.max_workgroup_storage_bytes as u64,
+        hint: "use a smaller head_dim or an adapter with more workgroup storage".into(),
+    })
+}
+
+/// The tiles a tiled kernel may take on `caps`, in the chooser's order of preference (the
+/// largest first): [`choose_tiles`] takes the first whose workgroup memory and invocations
+/// fit; the compiler-statistics tool compiles them all to see what a driver makes of each.
+pub fn tile_candidates(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<Vec<Tiles>> {
     // (rows per workgroup, streamed rows per tile, rows per thread); the streamed count also
     // sizes each invocation's private score array. Four rows per thread quarter the tile reads
     // per FMA in the forward and dQ kernels (their products are written out with literal
@@ -262,11 +314,8 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
         (4, 2, 2, 1),
         (2, 1, 1, 1),
     ];
-    if kernel.is_decode() {
-        return decode_tiles_for(DECODE_MAX_ROWS, head_dim, caps, true);
-    }
-    if !kernel.is_tiled() {
-        return Ok(Tiles::ONE);
+    if !kernel.is_tiled() || kernel.is_decode() {
+        return Ok(vec![choose_tiles(kernel, head_dim, caps)?]);
     }
     if kernel.is_coop() && !caps.coop_f16 {
         return Err(Error::Unsupported {
@@ -296,27 +345,25 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
                 }
             })
             .collect()
+    } else if let (true, Kernel::Flash(Variant::Blocks, pass)) = (caps.wave64_cu, kernel) {
+        let listed = WAVE64_CU_TILES
+            .iter()
+            .filter(|(p, max_d, _)| *p == pass && head_dim <= *max_d)
+            .map(|&(_, _, entry)| blocks_tiles(kernel, entry))
+            .take(1);
+        let default = tile_candidates(kernel, head_dim, DeviceCaps { wave64_cu: false, ..caps })?;
+        listed.chain(default).collect()
     } else if kernel.is_blocks_variant() {
-        // registers for the output blocks: dK/dV keeps two
+        // registers for the output blocks: dK/dV keeps two; a third of the private floats
+        // (64 of a GPU's 192: the score block, the operands and the addresses take the rest)
         let outputs = if kernel.rows_are_keys() { 2 } else { 1 };
+        let budget = caps.private_floats / 3;
         BLOCKS
             .iter()
             .filter(|&&(_, _, ntx, tm)| {
-                outputs * tm * 4 * head_dim.div_ceil(4).div_ceil(ntx) <= 64 || tm == 1
+                outputs * tm * 4 * head_dim.div_ceil(4).div_ceil(ntx) <= budget || tm == 1
             })
-            .map(|&(resident, streamed, ntx, tm)| {
-                let (br, bc) = if kernel.rows_are_keys() {
-                    (streamed, resident)
-                } else {
-                    (resident, streamed)
-                };
-                Tiles {
-                    br,
-                    bc,
-                    tpr: ntx,
-                    rpt: tm,
-                }
-            })
+            .map(|&entry| blocks_tiles(kernel, entry))
             .collect()
     } else if kernel.is_rows_variant() {
         // rows (keys for dK/dV) a thread may own. dK/dV keeps four arrays per key (k, v and
@@ -354,24 +401,7 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
     } else {
         unreachable!("every tiled kernel is of the rows, blocks or coop family")
     };
-    let budget = caps.max_workgroup_storage_bytes / 4;
-    let mut smallest_need = u32::MAX;
-    for t in candidates {
-        let words = workgroup_words(kernel, head_dim, t);
-        smallest_need = smallest_need.min(words);
-        if words <= budget && t.threads(kernel) <= caps.max_invocations_per_workgroup {
-            return Ok(t);
-        }
-    }
-    Err(Error::DeviceLimit {
-        what: format!(
-            "{} with head_dim {head_dim}: workgroup memory",
-            kernel.name()
-        ),
-        needed: smallest_need as u64 * 4,
-        limit: caps.max_workgroup_storage_bytes as u64,
-        hint: "use a smaller head_dim or an adapter with more workgroup storage".into(),
-    })
+    Ok(candidates)
 }
 
 /// `dense` (the chooser's tiles) halved until its query rows fit in `block_q` and its keys in
@@ -410,6 +440,22 @@ pub fn fit_to_blocks(kernel: Kernel, dense: Tiles, blocks: (u32, u32), subgroup:
 /// a workgroup loads would serve too few queries (and each query too few keys) for the loads
 /// to pay, and pair-by-pair masking inside the tile costs less.
 pub const MIN_FITTED: u32 = 16;
+
+/// A blocks kernel's tiles from a `(resident, streamed, NTX, TM)` entry: NT = resident / TM *
+/// NTX threads, each with a TM x (streamed / NTX) score block.
+fn blocks_tiles(kernel: Kernel, (resident, streamed, ntx, tm): (u32, u32, u32, u32)) -> Tiles {
+    let (br, bc) = if kernel.rows_are_keys() {
+        (streamed, resident)
+    } else {
+        (resident, streamed)
+    };
+    Tiles {
+        br,
+        bc,
+        tpr: ntx,
+        rpt: tm,
+    }
+}
 
 /// Where a variant's kernel for a pass is chosen by whether its tiles fit (here, beside the
 /// tile chooser it asks, so that the kernels' catalogue in mod.rs does not import it back).

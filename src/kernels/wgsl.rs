@@ -882,3 +882,58 @@ fn decode_results_wgsl(kernel: Kernel) -> String {
      part_out[split * params.batch * params.seq_q * params.heads_q * HEAD_DIM_V + e - params.q_shift] = x; }\n"
         .into()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The decode kernel's lane logic (the one subgroup path a GPU plans: NVIDIA's 32-wide
+    /// decode) is one text for every width: a key at subgroup 32 or 64 differs from the same
+    /// key at 16 (the widest lavapipe runs correctly, `LP_NATIVE_VECTOR_WIDTH=512`, CI's
+    /// 16-wide tier) only in the line that states the width (`SG`) and in its broadcast lists,
+    /// one entry a lane. So what runs at 16 (and at 8, the suite's default) is what a 32- or
+    /// 64-wide GPU runs. (The rows family, which only CPU drivers plan, writes its products
+    /// out lane by lane: its text grows with the width.)
+    #[test]
+    fn wider_subgroups_change_only_the_width_constants_and_broadcast_lists() {
+        use crate::kernels::{choose_tiles, DeviceCaps, Kernel};
+        let caps = DeviceCaps {
+            max_workgroup_storage_bytes: 65536,
+            max_invocations_per_workgroup: 1024,
+            ..DeviceCaps::WEBGPU_DEFAULT
+        };
+        // the lines a width states: constants, and the decode kernel's per-lane broadcasts
+        let body = |text: String| -> Vec<String> {
+            text.lines()
+                .filter(|l| {
+                    let t = l.trim_start();
+                    !(t.starts_with("// generated:")
+                        || t.starts_with("const SG:")
+                        || t.starts_with("fn lanes1(")
+                        || t.starts_with("fn lanes4("))
+                })
+                .map(String::from)
+                .collect()
+        };
+        for kernel in [Kernel::FlashDecode] {
+            let key = |subgroup| KernelKey {
+                head_dim: 128,
+                tiles: choose_tiles(kernel, 128, caps).unwrap(),
+                subgroup,
+                ..KernelKey::plain(kernel)
+            };
+            let at16 = body(key(16).wgsl());
+            for wide in [32, 64] {
+                let other = body(key(wide).wgsl());
+                let differing: Vec<(&String, &String)> =
+                    at16.iter().zip(&other).filter(|(a, b)| a != b).collect();
+                assert!(
+                    at16.len() == other.len() && differing.is_empty(),
+                    "{kernel:?} at subgroup {wide}: {} lines differ from 16, first {:?}",
+                    differing.len(),
+                    differing.first()
+                );
+            }
+        }
+    }
+}

@@ -71,6 +71,46 @@ fn every_variant_matches_reference_at_odd_sizes() {
 }
 
 #[test]
+fn the_blocks_tiles_of_wave64_gpus_match_the_reference() {
+    // AMD's GCN, Vega and CDNA take other blocks tiles (kernels::tiles::WAVE64_CU_TILES:
+    // 32 x 32 forwards, 16 x 16 and 8 x 4 backward passes, chosen from AMD's compiler's
+    // statistics for two waves a SIMD); lavapipe runs them when asked to plan as such a GPU
+    let ctx = Context::new().expect("context");
+    ctx.plan_as_wave64_gpu(true);
+    ctx.set_tuning(Tuning {
+        variant: Variant::Blocks,
+        ..ctx.tuning()
+    })
+    .unwrap();
+    for c in [cfg(2, 77, 61, 4, 2, 64, true), cfg(1, 45, 70, 2, 1, 128, false)] {
+        let data = inputs(&c, 1.0);
+        let msg = common::describe(&c, data.seed);
+        let want_f = reference::forward(&c, &data.q, &data.k, &data.v);
+        let want_g = reference::backward(&c, &data.q, &data.k, &data.v, &data.d_out);
+        let f = ctx.forward_host(&c, &data.q, &data.k, &data.v).unwrap();
+        assert_close("out", &f.out, &want_f.out, &msg);
+        assert_lse_close(&f.lse, &want_f.lse, &msg);
+        let g = ctx
+            .backward_host(&c, &data.q, &data.k, &data.v, &f.out, &f.lse, &data.d_out)
+            .unwrap();
+        assert_close("dq", &g.dq, &want_g.dq, &msg);
+        assert_close("dk", &g.dk, &want_g.dk, &msg);
+        assert_close("dv", &g.dv, &want_g.dv, &msg);
+    }
+    // the planner took the table's tiles, not the adapter's own
+    let env = ctx.plan_env();
+    let c = cfg(2, 77, 61, 4, 2, 64, true);
+    let plan = flash_attn_wgpu::unstable::plan::forward(&c, flash_attn_wgpu::DType::F32, &env)
+        .unwrap();
+    let fwd = plan
+        .steps
+        .iter()
+        .find(|s| s.key.kernel == Kernel::Flash(Variant::Blocks, Pass::Forward))
+        .unwrap();
+    assert_eq!((fwd.key.tiles.br, fwd.key.tiles.bc, fwd.key.tiles.tpr), (32, 32, 16));
+}
+
+#[test]
 #[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn every_variant_handles_odd_and_large_head_dims() {
     for d in [1, 13, 80, 256] {

@@ -1,0 +1,247 @@
+//! The inner loop of a kernel in AMD's disassembly (GCN, CDNA and RDNA, as RADV prints it
+//! through `VK_KHR_pipeline_executable_properties`: `BBn:` labels, one instruction a line),
+//! and its instruction mix: what the kernel does each trip through its hottest loop.
+//!
+//! A loop is a backward branch (`s_branch` or `s_cbranch_*` to a label above it); the inner
+//! loop is the loop holding the most matrix instructions (WMMA, MFMA, FMA and dot products,
+//! nested loops' counted in), the innermost of equals. A kernel without a loop (every trip
+//! unrolled) is measured whole. Pure text: unit-tested on written samples, no GPU.
+
+use std::collections::BTreeMap;
+
+/// What one loop (or a whole program) issues, by kind.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Mix {
+    /// The loop's first and last line in the disassembly (1-based), `None` for a whole program.
+    pub lines: Option<(usize, usize)>,
+    /// Every instruction (VOPD's two halves count as two).
+    pub instructions: usize,
+    /// Matrix instructions on the matrix cores: RDNA's `v_wmma_*`, CDNA's `v_mfma_*`.
+    pub matrix: usize,
+    /// Multiply-adds and dot products on the vector ALUs (`v_fma*`, `v_fmac*`, `v_pk_fma*`,
+    /// `v_dot*`, the `v_dual_fmac` half of a VOPD pair).
+    pub fma: usize,
+    /// Of `fma`, the packed 16-bit ones (`v_pk_fma_f16`, `v_dot2*`): two products a lane.
+    pub packed: usize,
+    /// Workgroup-memory (LDS) loads by opcode, without the `ds_load_`/`ds_read_` prefix
+    /// (`b128`, `2addr_b32`, `u16_d16`, ...): their widths.
+    pub lds_loads: BTreeMap<String, usize>,
+    /// Workgroup-memory stores.
+    pub lds_stores: usize,
+    /// Other LDS instructions (atomics, swizzles, permutes).
+    pub lds_other: usize,
+    /// Loads and stores to memory (`buffer_*`, `global_*`, `flat_*`).
+    pub vmem: usize,
+    /// Scratch (private memory spilled or indexed): `scratch_*` and `buffer_*` on the
+    /// scratch resource show as this where RADV names them so.
+    pub scratch: usize,
+    /// Other vector ALU instructions (conversions, moves, compares, integer math).
+    pub other_valu: usize,
+    /// Scalar ALU and memory instructions (branches and waits apart).
+    pub salu: usize,
+    /// `s_waitcnt*` and `s_wait_*`: where the wave stops for memory.
+    pub waits: usize,
+}
+
+impl Mix {
+    /// LDS load instructions of every width.
+    pub fn lds_load_count(&self) -> usize {
+        self.lds_loads.values().sum()
+    }
+
+    /// The share of issue slots that do matrix work, at one slot an instruction: what the
+    /// loop's mix predicts of the chip's peak before occupancy (a crude model, to be checked
+    /// on hardware; docs/log/compilers.md says how it is used).
+    pub fn math_share(&self) -> f64 {
+        let issued = self.instructions - self.waits;
+        if issued == 0 {
+            return 0.0;
+        }
+        (self.matrix + self.fma) as f64 / issued as f64
+    }
+
+    fn count(&mut self, op: &str) {
+        self.instructions += 1;
+        let lds_load = op
+            .strip_prefix("ds_load_")
+            .or_else(|| op.strip_prefix("ds_read_"))
+            .or_else(|| op.strip_prefix("ds_read"));
+        if op.starts_with("v_wmma") || op.starts_with("v_mfma") || op.starts_with("v_swmmac") {
+            self.matrix += 1;
+        } else if op.starts_with("v_fma")
+            || op.starts_with("v_fmac")
+            || op.starts_with("v_pk_fma")
+            || op.starts_with("v_dot")
+            || op.starts_with("v_dual_fmac")
+            || op.starts_with("v_dual_fma_")
+            || op.starts_with("v_mac_")
+            || op.starts_with("v_mad_f32")
+        {
+            self.fma += 1;
+            if op.starts_with("v_pk_fma") || op.starts_with("v_dot2") {
+                self.packed += 1;
+            }
+        } else if let Some(width) = lds_load {
+            *self.lds_loads.entry(width.to_string()).or_default() += 1;
+        } else if op.starts_with("ds_store") || op.starts_with("ds_write") {
+            self.lds_stores += 1;
+        } else if op.starts_with("ds_") {
+            self.lds_other += 1;
+        } else if op.starts_with("scratch_") {
+            self.scratch += 1;
+        } else if op.starts_with("buffer_") || op.starts_with("global_") || op.starts_with("flat_")
+        {
+            self.vmem += 1;
+        } else if op.starts_with("s_waitcnt") || op.starts_with("s_wait_") {
+            self.waits += 1;
+        } else if op.starts_with("v_") {
+            self.other_valu += 1;
+        } else if op.starts_with("s_") {
+            self.salu += 1;
+        }
+    }
+}
+
+/// One line's opcodes: a VOPD pair (`v_dual_a ... :: v_dual_b ...`) gives two; a label,
+/// a comment or a blank line none.
+fn opcodes(line: &str) -> Vec<&str> {
+    let code = line.split(';').next().unwrap_or("").trim();
+    if code.is_empty() || code.ends_with(':') {
+        return Vec::new();
+    }
+    code.split("::")
+        .filter_map(|half| half.split_whitespace().next())
+        .collect()
+}
+
+/// The label a line defines (`BB12:` gives `BB12`).
+fn label(line: &str) -> Option<&str> {
+    let t = line.trim();
+    t.strip_suffix(':').filter(|l| !l.contains(' '))
+}
+
+/// The label a branch on this line jumps to.
+fn branch_target(line: &str) -> Option<&str> {
+    let code = line.split(';').next().unwrap_or("").trim();
+    let mut words = code.split_whitespace();
+    let op = words.next()?;
+    (op == "s_branch" || op.starts_with("s_cbranch")).then(|| words.next())?
+}
+
+/// The mix of lines `from..=to` (0-based indices into `lines`).
+fn mix_of(lines: &[&str], from: usize, to: usize) -> Mix {
+    let mut m = Mix {
+        lines: Some((from + 1, to + 1)),
+        ..Mix::default()
+    };
+    for line in &lines[from..=to] {
+        for op in opcodes(line) {
+            m.count(op);
+        }
+    }
+    m
+}
+
+/// The inner loop of `asm` and its mix (module docs), or the whole program's mix
+/// (`lines: None`) where it has no loop.
+pub fn inner_loop(asm: &str) -> Mix {
+    let lines: Vec<&str> = asm.lines().collect();
+    let labels: BTreeMap<&str, usize> = lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| label(l).map(|name| (name, i)))
+        .collect();
+    let loops: Vec<(usize, usize)> = lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let target = *labels.get(branch_target(l)?)?;
+            (target < i).then_some((target, i))
+        })
+        .collect();
+    let best = loops
+        .iter()
+        .map(|&(from, to)| mix_of(&lines, from, to))
+        .max_by(|a, b| {
+            let len = |m: &Mix| m.lines.map_or(0, |(f, t)| t - f);
+            (a.matrix + a.fma)
+                .cmp(&(b.matrix + b.fma))
+                // the innermost of equals: the shorter loop is the greater
+                .then(len(b).cmp(&len(a)))
+        });
+    match best {
+        Some(m) if m.matrix + m.fma > 0 => m,
+        _ => {
+            let mut whole = mix_of(&lines, 0, lines.len().saturating_sub(1));
+            whole.lines = None;
+            whole
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "BB0:
+\ts_mov_b32 s0, s3                                            ; be800003
+\ts_waitcnt lgkmcnt(0)                                        ; bf89fc07
+BB1:
+\tds_load_b128 v[4:7], v1                                     ; d8fc0000 04000001
+\tds_load_u16_d16 v8, v2                                      ; d8980000 08000002
+\tv_wmma_f32_16x16x16_f16 v[10:17], v[4:7], v[20:23], v[10:17] ; cc404010 1c2a0904
+\tv_dual_fmac_f32 v1, v2, v3 :: v_dual_mov_b32 v4, v5        ; c8000000 00000000
+\ts_waitcnt lgkmcnt(0)                                        ; bf89fc07
+\tv_add_nc_u32_e32 v1, 4, v1                                  ; 4a020284
+\ts_add_u32 s1, s1, 1                                         ; 80018101
+\ts_cmp_lt_u32 s1, s2                                         ; bf0a0201
+\ts_cbranch_scc1 BB1                                          ; bfa2fff6
+BB2:
+\tv_fma_f32 v1, v2, v3, v4                                    ; d6130001 04120702
+\tglobal_store_b32 v[0:1], v1, off                            ; dc6a0000 007c0100
+\ts_endpgm                                                    ; bfb00000
+";
+
+    #[test]
+    fn the_loop_with_the_matrix_work_is_found_and_counted_by_kind() {
+        let m = inner_loop(SAMPLE);
+        assert_eq!(m.lines, Some((4, 13)));
+        assert_eq!(m.matrix, 1);
+        assert_eq!(m.fma, 1, "the VOPD pair's fmac half");
+        assert_eq!(m.lds_loads.get("b128"), Some(&1));
+        assert_eq!(m.lds_loads.get("u16_d16"), Some(&1));
+        assert_eq!(m.lds_load_count(), 2);
+        assert_eq!(m.waits, 1);
+        // add_nc and the VOPD's mov half
+        assert_eq!(m.other_valu, 2);
+        // add, cmp and the branch
+        assert_eq!(m.salu, 3);
+        assert_eq!(m.instructions, 10);
+        assert!((m.math_share() - 2.0 / 9.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_program_without_a_loop_is_measured_whole() {
+        let flat = "BB0:\n\tv_fma_f32 v1, v2, v3, v4 ; x\n\tbuffer_load_b32 v1, off ; y\n";
+        let m = inner_loop(flat);
+        assert_eq!(m.lines, None);
+        assert_eq!((m.fma, m.vmem, m.instructions), (1, 1, 2));
+    }
+
+    #[test]
+    fn of_nested_loops_the_innermost_with_the_most_math_wins() {
+        let nested = "BB0:
+\tv_fma_f32 v1, v2, v3, v4
+BB1:
+\tv_fma_f32 v1, v2, v3, v4
+\tv_fma_f32 v1, v2, v3, v4
+\ts_cbranch_scc1 BB1
+\ts_cbranch_scc1 BB0
+";
+        // the outer loop holds 3 FMAs, the inner 2: the outer has more math
+        assert_eq!(inner_loop(nested).lines, Some((1, 7)));
+        let equal = nested.replacen("\tv_fma_f32 v1, v2, v3, v4\nBB1:", "BB1:", 1);
+        // equal math: the inner (shorter) loop
+        assert_eq!(inner_loop(&equal).lines, Some((2, 5)));
+    }
+}
