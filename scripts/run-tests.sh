@@ -48,6 +48,17 @@ if [ -n "${CI:-}" ]; then
 fi
 bash scripts/validation-layer.sh "$@"
 bash scripts/swiftshader-tier.sh "$@"
+# A 16-wide subgroup (issue 62): lavapipe with 512-bit vectors (LP_NATIVE_VECTOR_WIDTH=512, on a
+# processor with AVX-512) reports subgroup 16 and runs every subgroup operation correctly (1024
+# and 2048 report 32 and 64 with wrong lane ids and reductions: no tier for them). The rows
+# family's and the decode kernel's lane paths at that width against the reference; the decode
+# kernel's 32- and 64-wide text differs from its 16-wide only in the width (a unit test).
+if grep -qw avx512f /proc/cpuinfo 2>/dev/null && cargo nextest --version >/dev/null 2>&1; then
+    LP_NATIVE_VECTOR_WIDTH=512 FLASH_ATTN_EXPECT_SUBGROUP=16 cargo nextest run "$@" -E \
+        'test(=variants::every_variant_matches_reference_at_odd_sizes) | test(=decode::the_subgroup_path_runs_at_the_adapters_own_width)'
+else
+    echo "run-tests: no AVX-512 (or no nextest): the 16-wide subgroup tier is skipped" >&2
+fi
 # The rustdoc builds without a warning (broken links included; lib.rs denies missing docs), with
 # the features asked for (docs.rs builds with `cuda`) and with the default ones (a user's
 # `cargo doc`).

@@ -107,6 +107,25 @@ fn decode_runs_every_dtype_storage_and_gqa_shape() {
 }
 
 #[test]
+fn the_subgroup_path_runs_at_the_adapters_own_width() {
+    // the decode kernel's lanes hand q and the weights round the subgroup (lanes1, lanes4) at
+    // the adapter's fixed width: 8 on lavapipe by default, 16 in CI's 16-wide tier
+    // (LP_NATIVE_VECTOR_WIDTH=512, which sets FLASH_ATTN_EXPECT_SUBGROUP=16 so that a machine
+    // whose lavapipe falls back to 8 fails rather than passes untested); the 32- and 64-wide
+    // text differs from it only in its width (a unit test in kernels/wgsl.rs)
+    let x = ctx();
+    let width = x.tuning().rows_subgroup;
+    if let Ok(want) = std::env::var("FLASH_ATTN_EXPECT_SUBGROUP") {
+        assert_eq!(width.to_string(), want, "the adapter's subgroup width");
+    }
+    let c = cfg(2, 1, 300, 8, 2, 64, false);
+    let p = plan::forward(&c, DType::F32, &x.plan_env()).unwrap();
+    let decode = p.steps.iter().find(|s| s.key.kernel.is_decode()).unwrap();
+    assert_eq!(decode.key.subgroup, width, "{}", decode.key.label());
+    splits_agree::<f32>(&c, &[Some(1), None]);
+}
+
+#[test]
 fn decode_takes_every_mask_and_score_modifier() {
     // with every modifier on (a user's score_mod too; and with each group alone), split and
     // unsplit, forward and the backward from the decode forward's out and lse
