@@ -275,8 +275,9 @@ fn check(rows: &[Row], wave64: bool) -> Vec<String> {
     out
 }
 
-fn pass_name(k: Kernel) -> String {
-    match k {
+fn pass_name(key: &KernelKey) -> String {
+    let kv = key.kv.map_or(String::new(), |f| format!(" ({f})"));
+    let name = match key.kernel {
         Kernel::Flash(v, p) => format!(
             "{} {}",
             v.name(),
@@ -287,7 +288,8 @@ fn pass_name(k: Kernel) -> String {
             }
         ),
         other => other.name().to_string(),
-    }
+    };
+    format!("{name}{kv}")
 }
 
 /// The markdown table: a row a pipeline, planned first.
@@ -296,7 +298,7 @@ fn markdown(chip: &str, adapter: &str, rows: &[Row]) -> String {
     let _ = writeln!(s, "### {chip}\n\n{adapter}\n");
     let _ = writeln!(
         s,
-        "| kernel | dtype | d | planned | wave | VGPRs | SGPRs | spills | scratch B | LDS B | waves/SIMD | instr | inner loop: math / LDS loads (widths) / other VALU / SALU / waits | math share |"
+        "| kernel | dtype | d | planned | wave | VGPRs | SGPRs | spills | scratch B | LDS B | waves/SIMD | instr | inner loop: math / LDS loads (widths) / other VALU / SALU / waits | predicted fraction of peak |"
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut order: Vec<&Row> = rows.iter().collect();
@@ -305,7 +307,7 @@ fn markdown(chip: &str, adapter: &str, rows: &[Row]) -> String {
         let k = &r.key;
         let head = format!(
             "| {} | {:?} | {} | {} |",
-            pass_name(k.kernel),
+            pass_name(k),
             k.elem,
             k.head_dim,
             if r.planned { "yes" } else { "no" }
@@ -332,7 +334,7 @@ fn markdown(chip: &str, adapter: &str, rows: &[Row]) -> String {
                             m.salu,
                             m.waits
                         ),
-                        format!("{:.2}", m.math_share()),
+                        format!("{:.2}", predicted(m, rep)),
                     ),
                     None => ("-".into(), "-".into()),
                 };
@@ -354,13 +356,28 @@ fn markdown(chip: &str, adapter: &str, rows: &[Row]) -> String {
     s
 }
 
+/// Cycles a matrix instruction keeps a SIMD busy, in VALU issue cycles (RDNA3's 16x16x16 f16
+/// WMMA: 8,192 FLOPs at 256 a cycle).
+const MATRIX_CYCLES: f64 = 32.0;
+
+/// Waves a SIMD needs to hide memory latency, in the model: fewer scale the prediction down.
+const WAVES_TO_HIDE_LATENCY: f64 = 4.0;
+
+/// The fraction of the chip's peak a kernel's inner loop and occupancy predict (the model of
+/// docs/log/compilers.md): the loop's mix (`Mix::predicted_fraction`) times the share of the
+/// waves that latency hiding wants.
+fn predicted(m: &Mix, rep: &PipelineReport) -> f64 {
+    let waves = rep.get("Subgroups per SIMD").unwrap_or(WAVES_TO_HIDE_LATENCY);
+    m.predicted_fraction(MATRIX_CYCLES) * (waves / WAVES_TO_HIDE_LATENCY).min(1.0)
+}
+
 fn json(chip: &str, adapter: &str, rows: &[Row]) -> serde_json::Value {
     let items: Vec<serde_json::Value> = rows
         .iter()
         .map(|r| {
             let mut o = serde_json::json!({
                 "label": r.key.label(),
-                "kernel": pass_name(r.key.kernel),
+                "kernel": pass_name(&r.key),
                 "head_dim": r.key.head_dim,
                 "elem": format!("{:?}", r.key.elem),
                 "planned": r.planned,
@@ -392,6 +409,7 @@ fn json(chip: &str, adapter: &str, rows: &[Row]) -> serde_json::Value {
                     "salu": m.salu,
                     "waits": m.waits,
                     "math_share": m.math_share(),
+                    "predicted_fraction": r.report.as_ref().map_or(0.0, |rep| predicted(m, rep)),
                 });
             }
             o
@@ -410,7 +428,7 @@ fn search(ctx: &Context, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(f) = a.private_floats {
         env.caps.private_floats = f;
     }
-    println!("| kernel | d | br | bc | tpr | rpt | LDS B | VGPRs | spills | waves/SIMD | math share |");
+    println!("| kernel | d | br | bc | tpr | rpt | LDS B | VGPRs | spills | waves/SIMD | predicted |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut cfg = AttentionConfig::new(1, 512, 512, 8, 2, 64);
     cfg.causal = true;
@@ -429,10 +447,13 @@ fn search(ctx: &Context, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 let k = KernelKey { tiles: t, ..key };
                 let r = ctx.compiler_statistics(&k)?;
                 let g = |n: &str| r.get(n).unwrap_or(0.0);
-                let share = r.representation("assembly").map(inner_loop).map_or(0.0, |m| m.math_share());
+                let share = r
+                    .representation("assembly")
+                    .map(inner_loop)
+                    .map_or(0.0, |m| predicted(&m, &r));
                 println!(
                     "| {} | {d} | {} | {} | {} | {} | {} | {} | {} | {} | {share:.2} |",
-                    pass_name(k.kernel), t.br, t.bc, t.tpr, t.rpt, g("LDS size"), g("VGPRs"),
+                    pass_name(&k), t.br, t.bc, t.tpr, t.rpt, g("LDS size"), g("VGPRs"),
                     g("Spilled VGPRs"), g("Subgroups per SIMD")
                 );
             }

@@ -60,6 +60,22 @@ impl Mix {
         (self.matrix + self.fma) as f64 / issued as f64
     }
 
+    /// The fraction of the chip's peak the loop's mix predicts, before occupancy: the issue
+    /// cycles of matrix work over all the loop's issue cycles, counting one cycle an
+    /// instruction and `matrix_cycles` a matrix instruction (RDNA3's 16x16x16 f16 WMMA keeps
+    /// a SIMD busy 32 cycles a wave: 8,192 FLOPs at 256 a cycle), waits apart. A crude model
+    /// that assumes every other instruction issues without overlapping the matrix work and
+    /// latency hidden: docs/log/compilers.md compares it with what hardware gives, when it
+    /// does.
+    pub fn predicted_fraction(&self, matrix_cycles: f64) -> f64 {
+        let other = (self.instructions - self.waits - self.matrix) as f64;
+        let matrix = self.matrix as f64 * matrix_cycles;
+        if matrix + other == 0.0 {
+            return 0.0;
+        }
+        (matrix + self.fma as f64) / (matrix + other)
+    }
+
     fn count(&mut self, op: &str) {
         self.instructions += 1;
         let lds_load = op
@@ -218,6 +234,8 @@ BB2:
         assert_eq!(m.salu, 3);
         assert_eq!(m.instructions, 10);
         assert!((m.math_share() - 2.0 / 9.0).abs() < 1e-12);
+        // one WMMA of 32 cycles and one FMA among 8 other cycles
+        assert!((m.predicted_fraction(32.0) - 33.0 / 40.0).abs() < 1e-12);
     }
 
     #[test]
