@@ -158,6 +158,35 @@ pub struct AttentionConfig {
     /// FlashDecoding); `None`: as many as [`crate::plan::decode::kv_splits`] picks. 1 to
     /// [`MAX_KV_SPLITS`]; splits past the keys are empty. Other calls ignore it.
     pub kv_splits: Option<usize>,
+    /// This call is one block of a larger call ([`Block`]): its rows and keys are a range of
+    /// that call's, and every position-aware mask and modifier sees the larger call's
+    /// indices. None: the call is whole. What context parallelism and key shards merge.
+    pub block: Option<Block>,
+}
+
+/// One block of a larger call: rows `q0..q0 + seq_q` and keys `k0..k0 + seq_kv` of a call of
+/// `whole_seq_q` rows and `whole_seq_kv` keys (the batch, the heads and every modifier are
+/// the block call's own config's), where `seq_q`, `seq_kv` are the block call's. The causal
+/// diagonal and the window are aligned in the whole call (bottom-right, as ever), ALiBi's
+/// distances, a user `score_mod`'s and `mask_mod`'s `i` and `j`, a block mask's blocks and
+/// dropout's random numbers are the whole call's at those indices; `out` and `lse` are the
+/// block's over its keys alone, which [`Context::merge`](crate::Context::merge) folds with
+/// the other key blocks of the same rows into the whole call's, and the backward of a block
+/// with the whole call's `out` and `lse` gives its keys' dK, dV and its part of dQ (the parts
+/// sum to the whole call's). Sinks count as one more key: give them to one block of a row's.
+/// Refused (`Unsupported`) with a bias, a boolean mask, per-batch key lengths, varlen,
+/// paged or latent caches, and calls past one storage binding; the CUDA backend refuses
+/// blocks. Checked by `validate`: the ranges within the whole call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Block {
+    /// The whole call's query rows.
+    pub whole_seq_q: usize,
+    /// The whole call's keys.
+    pub whole_seq_kv: usize,
+    /// The block's first row in the whole call.
+    pub q0: usize,
+    /// The block's first key in the whole call.
+    pub k0: usize,
 }
 
 /// The most key splits a decode call may ask for ([`AttentionConfig::kv_splits`]).
@@ -268,6 +297,21 @@ impl AttentionConfig {
             softmax_scale: None,
             algorithm: Algorithm::default(),
             kv_splits: None,
+            block: None,
+        }
+    }
+
+    /// The whole call a block call is part of ([`AttentionConfig::block`]): this config with
+    /// the whole call's lengths and no block; the config itself where it is whole.
+    pub fn whole_call(&self) -> AttentionConfig {
+        match self.block {
+            None => self.clone(),
+            Some(b) => AttentionConfig {
+                seq_q: b.whole_seq_q,
+                seq_kv: b.whole_seq_kv,
+                block: None,
+                ..self.clone()
+            },
         }
     }
 

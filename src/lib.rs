@@ -68,7 +68,8 @@ pub use bias::ScoreBias;
 pub use block_mask::{BlockMask, FlexBlocks};
 pub use bool_mask::BoolMask;
 pub use config::{
-    Algorithm, AttentionConfig, Shape, Window, MAX_HEAD_DIM, MAX_HEAD_DIM_QK, MAX_HEAD_DIM_V,
+    Algorithm, AttentionConfig, Block, Shape, Window, MAX_HEAD_DIM, MAX_HEAD_DIM_QK,
+    MAX_HEAD_DIM_V,
 };
 pub use device::memory::MemoryStats;
 pub use device::timing::GpuTiming;

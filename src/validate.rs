@@ -46,7 +46,11 @@ impl AttentionConfig {
                 self.heads_q, self.heads_kv
             )));
         }
-        crate::registry::check_all(self)?;
+        match self.block {
+            // the modifiers' values are the whole call's (a block mask's grid, ...)
+            Some(b) => self.check_block(b)?,
+            None => crate::registry::check_all(self)?,
+        }
         if let Some(s) = self.softmax_scale {
             if !s.is_finite() {
                 return Err(Error::invalid(format!(
@@ -79,5 +83,45 @@ impl AttentionConfig {
             }
         }
         Ok(())
+    }
+
+    /// A block call ([`crate::Block`]): its ranges within the whole call, the whole call
+    /// valid, and none of what a block does not take.
+    fn check_block(&self, b: crate::Block) -> Result<()> {
+        for (what, first, len, whole, field) in [
+            ("rows", b.q0, self.seq_q, b.whole_seq_q, "q0 + seq_q <= whole_seq_q"),
+            ("keys", b.k0, self.seq_kv, b.whole_seq_kv, "k0 + seq_kv <= whole_seq_kv"),
+        ] {
+            if first.checked_add(len).is_none_or(|end| end > whole) {
+                return Err(Error::invalid(format!(
+                    "block: the {what} {first}..{} lie outside the whole call's {whole}                      ({field})",
+                    first.saturating_add(len)
+                )));
+            }
+        }
+        let refused = [
+            (self.bias.is_some(), "a bias (its tensor is the block call's shape)"),
+            (self.mask.is_some(), "a boolean mask (its tensor is the block call's shape)"),
+            (self.seqlens_kv.is_some(), "per-batch key lengths"),
+            (self.varlen.is_some(), "varlen (packed sequences)"),
+            (self.paged.is_some(), "a paged KV cache"),
+            (self.values_in_keys, "a latent cache"),
+            (self.leftpad_kv.is_some(), "left-padded caches"),
+            (
+                self.score_mod.as_ref().is_some_and(|m| m.trainable().is_some()),
+                "a trainable captured tensor",
+            ),
+        ];
+        if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
+            return Err(Error::Unsupported {
+                feature: format!("a block of a call with {what}"),
+                backend: crate::Backend::Wgpu,
+                reason: "a block call takes the position-aware masks and modifiers (causal, \
+                         window, ALiBi, score_mod, mask_mod, block masks, dropout, softcap, \
+                         sinks); run this call whole"
+                    .into(),
+            });
+        }
+        self.whole_call().validate()
     }
 }

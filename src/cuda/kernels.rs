@@ -203,6 +203,15 @@ impl CudaKernel {
 /// paths) with the pair data placed after the extras, or a typed error where a size does not
 /// fit the kernels' 32-bit indices.
 pub fn cuda_params(cfg: &AttentionConfig) -> Result<Params> {
+    if cfg.block.is_some() {
+        return Err(Error::Unsupported {
+            feature: "a block of a call (AttentionConfig::block)".into(),
+            backend: crate::Backend::Cuda,
+            reason: "the CUDA kernels take whole calls: run the blocks on wgpu, or the call \
+                     whole"
+                .into(),
+        });
+    }
     let fits = |what: &str, x: usize| {
         u32::try_from(x)
             .ok()

@@ -38,6 +38,7 @@ pub fn backward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pl
     }
     kept_steps(&mut plan, cfg, dtype, env);
     plan.attach_extras(cfg)?;
+    super::block::apply(&mut plan, cfg);
     Ok(plan)
 }
 

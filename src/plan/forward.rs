@@ -104,5 +104,6 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Pla
         }
     }
     plan.attach_extras(cfg)?;
+    super::block::apply(&mut plan, cfg);
     Ok(plan)
 }

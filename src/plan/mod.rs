@@ -6,6 +6,7 @@
 
 mod backward;
 mod backward_buffers;
+mod block;
 pub mod decode;
 mod forward;
 pub(crate) mod head_dims;
@@ -315,7 +316,7 @@ mod tests {
     use crate::dtype::HalfStorage;
     use crate::kernels::{Pass, Variant};
 
-    fn env(variant: Variant, half: HalfStorage) -> PlanEnv {
+    pub(super) fn env(variant: Variant, half: HalfStorage) -> PlanEnv {
         test_env(variant, half)
     }
 

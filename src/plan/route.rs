@@ -40,8 +40,11 @@ pub fn forward(cfg: &AttentionConfig, dtype: DType, env: &PlanEnv) -> Result<Rou
         });
     }
     let split = split::choose(cfg, dtype, env)?;
-    if let Some((batches, shape)) = decode::route(cfg, split.as_ref(), env)? {
-        return Ok(Route::Decode { batches, shape });
+    // a block (of a larger call) runs tiled: its positions are the tiled kernels' bases
+    if cfg.block.is_none() {
+        if let Some((batches, shape)) = decode::route(cfg, split.as_ref(), env)? {
+            return Ok(Route::Decode { batches, shape });
+        }
     }
     tiled(cfg, dtype, env, split, &[Pass::Forward], "a tiled forward")
 }
@@ -87,6 +90,15 @@ fn tiled(
     passes: &[Pass],
     call: &str,
 ) -> Result<Route> {
+    if split.is_some() && cfg.block.is_some() {
+        return Err(crate::Error::Unsupported {
+            feature: format!("{call} of a block of a call past one storage binding"),
+            backend: crate::Backend::Wgpu,
+            reason: "a block runs in one dispatch a pass; cut it into smaller blocks (context \
+                     parallelism does: more ranks, or a block per chunk)"
+                .into(),
+        });
+    }
     let blocks_only = head_dims::blocks_only(cfg, split.is_some().then_some(call))?;
     let passes = passes
         .iter()
@@ -155,7 +167,8 @@ pub(crate) fn tiles_for(
 ) -> crate::Result<Tiles> {
     // sized for the wider of q/k's and v's rows (head_dim_v)
     let dense = crate::kernels::choose_tiles(kernel, cfg.head_dim.max(cfg.dv()) as u32, env.caps)?;
-    let Some(mask) = &cfg.block_mask else {
+    // (a block of a call keeps the chooser's tiles: the mask's grid is the whole call's)
+    let Some(mask) = cfg.block_mask.as_ref().filter(|_| cfg.block.is_none()) else {
         return Ok(dense);
     };
     let blocks = (

@@ -11,6 +11,7 @@ mod common;
 mod backends;
 mod backward;
 mod bias;
+mod call_blocks;
 mod combinations;
 mod concurrency;
 mod decode;
