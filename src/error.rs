@@ -154,6 +154,17 @@ pub enum Error {
         tensor: String,
     },
 
+    /// A context-parallel call across ranks (module `distributed`) failed between ranks:
+    /// they disagree on the call (the field and both values named), or a rank did not answer
+    /// in time (`FLASH_ATTN_MPI_TIMEOUT_S`). Every rank of the call gets it.
+    #[error("rank {rank}: {message}")]
+    Distributed {
+        /// The rank that reports it.
+        rank: usize,
+        /// What went wrong, naming the other rank and the field.
+        message: String,
+    },
+
     /// User-written kernel code (a [`crate::ScoreMod`]) that breaks a rule or that the shader
     /// compiler refuses: the compiler's message, and the line in the user's snippet.
     #[error(

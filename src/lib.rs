@@ -35,6 +35,8 @@ mod checks;
 pub mod config;
 pub mod cuda;
 pub mod device;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod distributed;
 pub mod dtype;
 pub mod error;
 pub mod forward;

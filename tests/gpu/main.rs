@@ -14,6 +14,7 @@ mod bias;
 mod call_blocks;
 mod combinations;
 mod concurrency;
+mod context_parallel;
 mod decode;
 mod driver;
 mod dtypes;
