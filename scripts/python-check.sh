@@ -26,7 +26,9 @@ python3 -m venv "$tmp/venv"
 # the test extra, at the versions the development virtualenv pins
 grep -vE '^(#|maturin)' python/requirements-dev.txt >"$tmp/pins.txt"
 "$tmp/venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    -c "$tmp/pins.txt" "$wheel[test,bf16]" >&2
+    -c "$tmp/pins.txt" "$wheel[test,bf16,mpi]" >&2
+# CI runs the distributed tests (mpiexec, scripts/ensure-mpi.sh) rather than skip them
+if [ -n "${CI:-}" ]; then export FLASH_ATTN_REQUIRE_MPI=1; fi
 cp -r python/tests "$tmp/tests"
 cp python/examples/flex.py "$tmp/flex.py"
 cd "$tmp"

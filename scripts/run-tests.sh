@@ -86,6 +86,8 @@ elif [ -n "${CI:-}" ]; then
 else
     echo "run-tests: no mesa-drm-shim: AMD's compiler statistics skipped" >&2
 fi
+# Context parallelism over MPI at 2 and 4 ranks (issue 63: scripts/mpi-check.sh).
+bash scripts/mpi-check.sh "$@"
 # The public API against its committed snapshot (issue 61): a change to it is made on purpose,
 # with `bash scripts/public-api.sh --bless` and a CHANGELOG entry.
 bash scripts/public-api.sh

@@ -6,6 +6,8 @@
 
 use std::sync::OnceLock;
 
+mod distributed;
+
 use flash_attn_wgpu::{
     AttentionConfig, BlockMask, CacheFormat, Context, DType, Dropout, Error, MaskMod, PagedKv,
     QuantizedCache, Rotary, ScoreMod, Tensor, Window,
@@ -336,6 +338,15 @@ fn config_for(
             ))
         }
     };
+    apply_options(py, &mut cfg, o)?;
+    if dv != cfg.head_dim {
+        cfg.head_dim_v = Some(dv);
+    }
+    Ok(cfg)
+}
+
+/// The options on top of a config of the call's sizes: masks, modifiers, scale, dropout.
+fn apply_options(py: Python<'_>, cfg: &mut AttentionConfig, o: &Options) -> PyResult<()> {
     cfg.causal = o.causal;
     cfg.softmax_scale = o.softmax_scale;
     let side = |n: i64| (n >= 0).then_some(n as usize);
@@ -368,10 +379,7 @@ fn config_for(
         cfg.mask_mod = Some(MaskMod::wgsl_with(src, captured).map_err(|e| to_py(py, e))?);
     }
     cfg.block_mask = o.block_mask.as_ref().map(|m| m.get().inner.clone());
-    if dv != cfg.head_dim {
-        cfg.head_dim_v = Some(dv);
-    }
-    Ok(cfg)
+    Ok(())
 }
 
 /// Forward: (out, lse).
@@ -598,5 +606,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
     m.add_function(wrap_pyfunction!(forward_with_kvcache, m)?)?;
+    m.add_function(wrap_pyfunction!(distributed::cp_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(distributed::cp_backward, m)?)?;
     Ok(())
 }

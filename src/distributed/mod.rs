@@ -86,6 +86,7 @@ pub struct ContextParallel<'a> {
     ctx: &'a Context,
     comm: &'a dyn Comm,
     schedule: Schedule,
+    layout: Option<Layout>,
     traffic: Cell<Traffic>,
 }
 
@@ -106,6 +107,7 @@ impl<'a> ContextParallel<'a> {
             ctx,
             comm,
             schedule: Schedule::Ring,
+            layout: None,
             traffic: Cell::new(Traffic::default()),
         }
     }
@@ -115,9 +117,20 @@ impl<'a> ContextParallel<'a> {
         ContextParallel { schedule, ..self }
     }
 
-    /// How `cfg`'s sequence is spread: zigzag where it is causal, contiguous otherwise.
+    /// The layout every call takes, in place of [`Layout::for_causal`] (ring-flash-attn's
+    /// `ring_flash_attn_func` keeps a causal sequence contiguous, at the cost of balance); every
+    /// rank must take the same.
+    pub fn with_layout(self, layout: Layout) -> Self {
+        ContextParallel {
+            layout: Some(layout),
+            ..self
+        }
+    }
+
+    /// How `cfg`'s sequence is spread: as [`with_layout`](Self::with_layout) set, else zigzag
+    /// where it is causal and contiguous otherwise.
     pub fn layout(&self, cfg: &AttentionConfig) -> Layout {
-        Layout::for_causal(cfg.causal)
+        self.layout.unwrap_or(Layout::for_causal(cfg.causal))
     }
 
     /// The rows of `cfg`'s sequence this rank holds, in the order of its local tensors.
@@ -344,7 +357,7 @@ impl<'a> ContextParallel<'a> {
             format!("{:?}", cfg.whole_call()).hash(&mut h);
             h.finish()
         };
-        let fields: [(&str, u64); 12] = [
+        let fields: [(&str, u64); 13] = [
             ("call (forward, backward or decode_sharded)", call),
             ("ranks", self.comm.size() as u64),
             ("batch", cfg.batch as u64),
@@ -356,6 +369,7 @@ impl<'a> ContextParallel<'a> {
             ("head_dim_v", cfg.dv() as u64),
             ("dtype", dtype as u64),
             ("schedule", self.schedule as u64),
+            ("layout", self.layout(cfg) as u64),
             ("config (causal, window, the modifiers and their values)", digest),
         ];
         let mut words: Vec<u64> = fields.iter().map(|f| f.1).collect();
