@@ -123,10 +123,25 @@ fn planned_keys(ctx: &Context, a: &Args) -> Result<Vec<KernelKey>, Box<dyn std::
         for &d in &a.head_dims {
             let mut cfg = AttentionConfig::new(1, 512, 512, 8, 2, d);
             cfg.causal = true;
-            keys.extend(plan::forward(&cfg, dtype, &env)?.steps.iter().map(|s| s.key));
-            keys.extend(plan::backward(&cfg, dtype, &env)?.steps.iter().map(|s| s.key));
+            keys.extend(
+                plan::forward(&cfg, dtype, &env)?
+                    .steps
+                    .iter()
+                    .map(|s| s.key),
+            );
+            keys.extend(
+                plan::backward(&cfg, dtype, &env)?
+                    .steps
+                    .iter()
+                    .map(|s| s.key),
+            );
             let decode = AttentionConfig::new(1, 1, 4096, 32, 8, d);
-            keys.extend(plan::forward(&decode, dtype, &env)?.steps.iter().map(|s| s.key));
+            keys.extend(
+                plan::forward(&decode, dtype, &env)?
+                    .steps
+                    .iter()
+                    .map(|s| s.key),
+            );
         }
     }
     for &d in a.head_dims.iter().filter(|d| d.is_multiple_of(32)) {
@@ -167,7 +182,12 @@ fn run(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
             subgroup: fixed,
         };
         let planned: BTreeSet<String> = planned_keys(&ctx, a)?.iter().map(|k| k.label()).collect();
-        for k in pipeline_keys(&[device]) {
+        // (kernels that use the f16 type only where the adapter has SHADER_F16: the planner
+        // stores f16 packed elsewhere, and probes no f16 roofline)
+        for k in pipeline_keys(&[device])
+            .into_iter()
+            .filter(|k| info.shader_f16 || !k.uses_f16())
+        {
             let p = planned.contains(&k.label());
             add(k, p, &mut keys);
         }
@@ -210,7 +230,10 @@ fn run(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         std::fs::write(path, &table)?;
     }
     if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_string_pretty(&json(&chip, &info.to_string(), &rows))?)?;
+        std::fs::write(
+            path,
+            serde_json::to_string_pretty(&json(&chip, &info.to_string(), &rows))?,
+        )?;
     }
     for f in &failures {
         eprintln!("compiler_stats: {chip}: {f}");
@@ -300,7 +323,10 @@ fn markdown(chip: &str, adapter: &str, rows: &[Row]) -> String {
         s,
         "| kernel | dtype | d | planned | wave | VGPRs | SGPRs | spills | scratch B | LDS B | waves/SIMD | instr | inner loop: math / LDS loads (widths) / other VALU / SALU / waits | predicted fraction of peak |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
     let mut order: Vec<&Row> = rows.iter().collect();
     order.sort_by_key(|r| !r.planned);
     for r in order {
@@ -314,7 +340,11 @@ fn markdown(chip: &str, adapter: &str, rows: &[Row]) -> String {
         );
         match &r.report {
             Err(e) => {
-                let _ = writeln!(s, "{head} compile failed: {} |||||||||", e.replace('|', "/"));
+                let _ = writeln!(
+                    s,
+                    "{head} compile failed: {} |||||||||",
+                    e.replace('|', "/")
+                );
             }
             Ok(rep) => {
                 let g = |n: &str| rep.get(n).map_or("-".into(), |v| format!("{v}"));
@@ -323,7 +353,11 @@ fn markdown(chip: &str, adapter: &str, rows: &[Row]) -> String {
                         format!(
                             "{}{} / {} ({}) / {} / {} / {}",
                             m.matrix + m.fma,
-                            if m.matrix > 0 { format!(" ({} WMMA)", m.matrix) } else { String::new() },
+                            if m.matrix > 0 {
+                                format!(" ({} WMMA)", m.matrix)
+                            } else {
+                                String::new()
+                            },
                             m.lds_load_count(),
                             m.lds_loads
                                 .iter()
@@ -338,7 +372,8 @@ fn markdown(chip: &str, adapter: &str, rows: &[Row]) -> String {
                     ),
                     None => ("-".into(), "-".into()),
                 };
-                let spills = rep.get("Spilled VGPRs").unwrap_or(0.0) + rep.get("Spilled SGPRs").unwrap_or(0.0);
+                let spills = rep.get("Spilled VGPRs").unwrap_or(0.0)
+                    + rep.get("Spilled SGPRs").unwrap_or(0.0);
                 let _ = writeln!(
                     s,
                     "{head} {} | {} | {} | {spills} | {} | {} | {} | {} | {mix} | {share} |",
@@ -367,7 +402,9 @@ const WAVES_TO_HIDE_LATENCY: f64 = 4.0;
 /// docs/log/compilers.md): the loop's mix (`Mix::predicted_fraction`) times the share of the
 /// waves that latency hiding wants.
 fn predicted(m: &Mix, rep: &PipelineReport) -> f64 {
-    let waves = rep.get("Subgroups per SIMD").unwrap_or(WAVES_TO_HIDE_LATENCY);
+    let waves = rep
+        .get("Subgroups per SIMD")
+        .unwrap_or(WAVES_TO_HIDE_LATENCY);
     m.predicted_fraction(MATRIX_CYCLES) * (waves / WAVES_TO_HIDE_LATENCY).min(1.0)
 }
 
@@ -428,14 +465,25 @@ fn search(ctx: &Context, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(f) = a.private_floats {
         env.caps.private_floats = f;
     }
-    println!("| kernel | d | br | bc | tpr | rpt | LDS B | VGPRs | spills | waves/SIMD | predicted |");
+    println!(
+        "| kernel | d | br | bc | tpr | rpt | LDS B | VGPRs | spills | waves/SIMD | predicted |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut cfg = AttentionConfig::new(1, 512, 512, 8, 2, 64);
     cfg.causal = true;
     for d in [64u32, 128] {
         cfg.head_dim = d as usize;
-        let mut keys = plan::forward(&cfg, DType::F16, &env)?.steps.iter().map(|s| s.key).collect::<Vec<_>>();
-        keys.extend(plan::backward(&cfg, DType::F16, &env)?.steps.iter().map(|s| s.key));
+        let mut keys = plan::forward(&cfg, DType::F16, &env)?
+            .steps
+            .iter()
+            .map(|s| s.key)
+            .collect::<Vec<_>>();
+        keys.extend(
+            plan::backward(&cfg, DType::F16, &env)?
+                .steps
+                .iter()
+                .map(|s| s.key),
+        );
         for key in keys.into_iter().filter(|k| k.kernel.is_blocks_variant()) {
             for t in tile_candidates(key.kernel, d, env.caps)? {
                 let words = workgroup_words(key.kernel, d, t);
@@ -453,8 +501,15 @@ fn search(ctx: &Context, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
                     .map_or(0.0, |m| predicted(&m, &r));
                 println!(
                     "| {} | {d} | {} | {} | {} | {} | {} | {} | {} | {} | {share:.2} |",
-                    pass_name(&k), t.br, t.bc, t.tpr, t.rpt, g("LDS size"), g("VGPRs"),
-                    g("Spilled VGPRs"), g("Subgroups per SIMD")
+                    pass_name(&k),
+                    t.br,
+                    t.bc,
+                    t.tpr,
+                    t.rpt,
+                    g("LDS size"),
+                    g("VGPRs"),
+                    g("Spilled VGPRs"),
+                    g("Subgroups per SIMD")
                 );
             }
         }

@@ -84,8 +84,10 @@ impl DeviceCaps {
 /// candidates: from AMD's compiler's statistics on Renoir (`compiler_stats --search`, the
 /// table in docs/log/compilers.md, "Wave64 tiles"), the largest tile of each with at least
 /// two waves a SIMD (forward d=64: 32 x 32, 128 registers, 2 waves, against 1 with the default
-/// 64 x 64). Past these head dims, and for dK/dV past 64 (its K and V tiles leave no 16 x 16
-/// tile within 32 KiB at 128: one wave either way), the default choice stands.
+/// 64 x 64), up to the listed head dim (dQ from 32: below, its default runs 2 waves and a
+/// 16 x 16 tile leaves too little memory for a trainable tensor's fold). Past these head dims,
+/// and for dK/dV past 64 (its K and V tiles leave no 16 x 16 tile within 32 KiB at 128: one
+/// wave either way), the default choice stands.
 pub const WAVE64_CU_TILES: [(Pass, u32, (u32, u32, u32, u32)); 5] = [
     (Pass::Forward, 64, (32, 32, 16, 2)),
     (Pass::Forward, 128, (16, 16, 16, 1)),
@@ -346,12 +348,24 @@ pub fn tile_candidates(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Resul
             })
             .collect()
     } else if let (true, Kernel::Flash(Variant::Blocks, pass)) = (caps.wave64_cu, kernel) {
+        // (dQ under head dim 32 keeps the default: a 16 x 16 dQ tile there has fewer free
+        // words than threads for a trainable tensor's fold, `FOLD_WORDS >= NT`, and its
+        // default tile already runs 2 waves)
         let listed = WAVE64_CU_TILES
             .iter()
-            .filter(|(p, max_d, _)| *p == pass && head_dim <= *max_d)
+            .filter(|(p, max_d, _)| {
+                *p == pass && head_dim <= *max_d && (head_dim >= 32 || *p != Pass::Dq)
+            })
             .map(|&(_, _, entry)| blocks_tiles(kernel, entry))
             .take(1);
-        let default = tile_candidates(kernel, head_dim, DeviceCaps { wave64_cu: false, ..caps })?;
+        let default = tile_candidates(
+            kernel,
+            head_dim,
+            DeviceCaps {
+                wave64_cu: false,
+                ..caps
+            },
+        )?;
         listed.chain(default).collect()
     } else if kernel.is_blocks_variant() {
         // registers for the output blocks: dK/dV keeps two; a third of the private floats
@@ -487,7 +501,6 @@ impl Variant {
             Kernel::Flash(Variant::Blocks, pass)
         }
     }
-
 }
 
 #[cfg(test)]

@@ -253,15 +253,25 @@ impl KernelKey {
     pub fn layout(&self) -> Vec<(u32, BindingKind)> {
         let storage = |read_only| BindingKind::Storage { read_only };
         std::iter::once((0, BindingKind::Uniform))
-            .chain(self.kernel.bindings().iter().enumerate().map(|(i, a)| {
-                (i as u32 + 1, storage(a.access == super::Access::Read))
-            }))
+            .chain(
+                self.kernel
+                    .bindings()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| (i as u32 + 1, storage(a.access == super::Access::Read))),
+            )
             .chain(
                 self.uses_extras()
                     .then(|| (self.extras_slot(), BindingKind::Uniform)),
             )
-            .chain(self.uses_pairs().then(|| (self.pairs_slot(), storage(true))))
-            .chain(self.binds_kept().then(|| (self.kept_grads_slot(), storage(false))))
+            .chain(
+                self.uses_pairs()
+                    .then(|| (self.pairs_slot(), storage(true))),
+            )
+            .chain(
+                self.binds_kept()
+                    .then(|| (self.kept_grads_slot(), storage(false))),
+            )
             .collect()
     }
 
@@ -886,6 +896,58 @@ fn decode_results_wgsl(kernel: Kernel) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A trainable tensor's sums are folded in a dQ kernel's workgroup memory once its key
+    /// loop is done, which the kernel asserts (`const_assert FOLD_WORDS >= NT`): every dQ tile
+    /// the chooser gives, on each kind of device, at head dims across 1..=256, leaves the
+    /// room. (AMD's compiler sweep found a wave64 tile at head dim 3 that did not.)
+    #[test]
+    fn every_dq_tile_leaves_room_to_fold_a_trainable_tensors_sums() {
+        use crate::kernels::{choose_tiles, DeviceCaps, Kernel, Pass, Variant, CPU_PRIVATE_FLOATS};
+        let gpu = DeviceCaps {
+            max_workgroup_storage_bytes: 65536,
+            max_invocations_per_workgroup: 1024,
+            ..DeviceCaps::WEBGPU_DEFAULT
+        };
+        let devices = [
+            DeviceCaps::WEBGPU_DEFAULT,
+            gpu,
+            DeviceCaps {
+                wave64_cu: true,
+                ..gpu
+            },
+            DeviceCaps {
+                max_workgroup_storage_bytes: 32768,
+                private_floats: CPU_PRIVATE_FLOATS,
+                ..gpu
+            },
+        ];
+        let dims = [
+            1, 2, 3, 4, 5, 7, 8, 12, 16, 20, 24, 31, 32, 33, 40, 48, 64, 65, 80, 96, 128, 160, 192,
+            256,
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for caps in devices {
+            for variant in [Variant::Rows, Variant::Blocks] {
+                let kernel = Kernel::Flash(variant, Pass::Dq);
+                for d in dims {
+                    let key = KernelKey {
+                        head_dim: d,
+                        tiles: choose_tiles(kernel, d, caps).unwrap(),
+                        sums_table: true,
+                        ..KernelKey::plain(kernel)
+                    };
+                    if !seen.insert(key.label()) {
+                        continue;
+                    }
+                    let text = key.wgsl_for(WgslConsumer::Naga);
+                    if let Err(e) = naga::front::wgsl::parse_str(&text) {
+                        panic!("{} ({caps:?}): {}", key.label(), e.emit_to_string(&text));
+                    }
+                }
+            }
+        }
+    }
 
     /// The decode kernel's lane logic (the one subgroup path a GPU plans: NVIDIA's 32-wide
     /// decode) is one text for every width: a key at subgroup 32 or 64 differs from the same
