@@ -70,8 +70,7 @@ pub use bias::ScoreBias;
 pub use block_mask::{BlockMask, FlexBlocks};
 pub use bool_mask::BoolMask;
 pub use config::{
-    Algorithm, AttentionConfig, Block, Shape, Window, MAX_HEAD_DIM, MAX_HEAD_DIM_QK,
-    MAX_HEAD_DIM_V,
+    Algorithm, AttentionConfig, Block, Shape, Window, MAX_HEAD_DIM, MAX_HEAD_DIM_QK, MAX_HEAD_DIM_V,
 };
 pub use device::memory::MemoryStats;
 pub use device::timing::GpuTiming;
@@ -79,10 +78,10 @@ pub use device::{AdapterSummary, Context};
 pub use dropout::Dropout;
 pub use dtype::{from_f32_slice, to_f32_vec, DType, Element, HalfStorage};
 pub use error::{Backend, Error, Result, TensorRole};
-pub use outputs::{Forward, Gradients, HostForward, HostGradients};
 pub use kernels::{Tuning, Variant};
 pub use kv_format::CacheFormat;
 pub use kvcache::QuantizedCache;
+pub use outputs::{Forward, Gradients, HostForward, HostGradients};
 pub use paged::PagedKv;
 pub use roofline::Roofline;
 pub use rotary::{Positions, Rotary};

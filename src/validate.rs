@@ -89,8 +89,20 @@ impl AttentionConfig {
     /// valid, and none of what a block does not take.
     fn check_block(&self, b: crate::Block) -> Result<()> {
         for (what, first, len, whole, field) in [
-            ("rows", b.q0, self.seq_q, b.whole_seq_q, "q0 + seq_q <= whole_seq_q"),
-            ("keys", b.k0, self.seq_kv, b.whole_seq_kv, "k0 + seq_kv <= whole_seq_kv"),
+            (
+                "rows",
+                b.q0,
+                self.seq_q,
+                b.whole_seq_q,
+                "q0 + seq_q <= whole_seq_q",
+            ),
+            (
+                "keys",
+                b.k0,
+                self.seq_kv,
+                b.whole_seq_kv,
+                "k0 + seq_kv <= whole_seq_kv",
+            ),
         ] {
             if first.checked_add(len).is_none_or(|end| end > whole) {
                 return Err(Error::invalid(format!(
@@ -100,15 +112,23 @@ impl AttentionConfig {
             }
         }
         let refused = [
-            (self.bias.is_some(), "a bias (its tensor is the block call's shape)"),
-            (self.mask.is_some(), "a boolean mask (its tensor is the block call's shape)"),
+            (
+                self.bias.is_some(),
+                "a bias (its tensor is the block call's shape)",
+            ),
+            (
+                self.mask.is_some(),
+                "a boolean mask (its tensor is the block call's shape)",
+            ),
             (self.seqlens_kv.is_some(), "per-batch key lengths"),
             (self.varlen.is_some(), "varlen (packed sequences)"),
             (self.paged.is_some(), "a paged KV cache"),
             (self.values_in_keys, "a latent cache"),
             (self.leftpad_kv.is_some(), "left-padded caches"),
             (
-                self.score_mod.as_ref().is_some_and(|m| m.trainable().is_some()),
+                self.score_mod
+                    .as_ref()
+                    .is_some_and(|m| m.trainable().is_some()),
                 "a trainable captured tensor",
             ),
         ];

@@ -104,7 +104,9 @@ struct Names {
 /// the tests', and an inline `mod tests`' `super` is the file itself.
 fn test_only(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| {
-        a.path().is_ident("cfg") && a.parse_args::<syn::Meta>().is_ok_and(|m| m.path().is_ident("test"))
+        a.path().is_ident("cfg")
+            && a.parse_args::<syn::Meta>()
+                .is_ok_and(|m| m.path().is_ident("test"))
     })
 }
 
@@ -259,7 +261,10 @@ fn facade(file: &Path) -> bool {
     let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
     matches!(name, "lib.rs" | "unstable.rs")
         || ast.items.iter().all(|i| {
-            matches!(i, syn::Item::Use(_) | syn::Item::Mod(syn::ItemMod { content: None, .. }))
+            matches!(
+                i,
+                syn::Item::Use(_) | syn::Item::Mod(syn::ItemMod { content: None, .. })
+            )
         })
 }
 
@@ -306,7 +311,10 @@ impl Modules {
                     continue;
                 }
                 if bound == "*" {
-                    m.globs.entry(module.clone()).or_default().push(path.clone());
+                    m.globs
+                        .entry(module.clone())
+                        .or_default()
+                        .push(path.clone());
                 } else {
                     m.reexports
                         .insert((module.clone(), bound.clone()), path.clone());

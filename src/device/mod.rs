@@ -31,10 +31,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 pub use crate::kernels::Tuning;
-pub(crate) use memory::{MemTracker, TrackedBuffer};
-pub use memory::MemoryStats;
 pub use canary::CANARY_ITERATIONS;
 pub use coop::{COOP_ENV, COOP_TIMEOUT_ENV, DEFAULT_SELF_CHECK_TIMEOUT_S};
+pub use memory::MemoryStats;
+pub(crate) use memory::{MemTracker, TrackedBuffer};
 #[cfg(not(target_arch = "wasm32"))]
 pub use spirv::SHADERS_ENV;
 pub use timing::GpuTiming;
@@ -235,8 +235,7 @@ impl Context {
                 crate::kernels::GPU_PRIVATE_FLOATS
             },
             // GCN, Vega, CDNA: wave64 only (RDNA offers 32..64; NVIDIA 32, Intel 8..32)
-            wave64_cu: info.device_type != wgpu::DeviceType::Cpu
-                && fixed_subgroup == 64,
+            wave64_cu: info.device_type != wgpu::DeviceType::Cpu && fixed_subgroup == 64,
         };
         let lost = Arc::new(Mutex::new(None));
         let lost_cb = lost.clone();

@@ -61,7 +61,6 @@ impl Context {
         ctx.apply_variant_env()?;
         Ok(ctx)
     }
-
 }
 
 /// The adapter `Context::new` opens, the features it asks for, its limits, and whether the
@@ -131,4 +130,3 @@ async fn pick_adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter> {
             detail: e.to_string(),
         })
 }
-

@@ -133,17 +133,20 @@ impl Context {
                         name.to_string_lossy()
                     )));
                 }
-                let mut wanted = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
-                    .pipeline_executable_info(true);
+                let mut wanted =
+                    vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default()
+                        .pipeline_executable_info(true);
                 let open = hal
                     .open_with_callback(
                         features,
                         &limits,
                         &wgpu::MemoryHints::Performance,
-                        Some(Box::new(|args: wgpu::hal::vulkan::CreateDeviceCallbackArgs| {
-                            args.extensions.push(name);
-                            *args.create_info = args.create_info.push_next(&mut wanted);
-                        })),
+                        Some(Box::new(
+                            |args: wgpu::hal::vulkan::CreateDeviceCallbackArgs| {
+                                args.extensions.push(name);
+                                *args.create_info = args.create_info.push_next(&mut wanted);
+                            },
+                        )),
                     )
                     .map_err(|e| Error::RequestDevice(e.to_string()))?;
                 adapter
@@ -185,7 +188,9 @@ impl Context {
     #[doc(hidden)]
     pub fn compiler_statistics(&self, key: &KernelKey) -> Result<PipelineReport> {
         let target = self.spirv.as_ref().ok_or_else(|| {
-            unsupported("the device takes no SPIR-V from the crate (not Vulkan, or no passthrough)".into())
+            unsupported(
+                "the device takes no SPIR-V from the crate (not Vulkan, or no passthrough)".into(),
+            )
         })?;
         let label = key.label();
         let words = super::spirv::kernel_spirv(&key.wgsl(), target)
@@ -314,7 +319,9 @@ unsafe fn read_report(
         })
         .collect();
     // the representations' texts: a first call for their sizes, a second into buffers
-    let fp = ext.fp().get_pipeline_executable_internal_representations_khr;
+    let fp = ext
+        .fp()
+        .get_pipeline_executable_internal_representations_khr;
     let mut count = 0u32;
     fp(ext.device(), &at, &mut count, std::ptr::null_mut()).result()?;
     let mut reps = vec![vk::PipelineExecutableInternalRepresentationKHR::default(); count as usize];
@@ -332,7 +339,10 @@ unsafe fn read_report(
         .zip(&buffers)
         .map(|(r, b)| {
             let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-            (text(&r.name), String::from_utf8_lossy(&b[..end]).into_owned())
+            (
+                text(&r.name),
+                String::from_utf8_lossy(&b[..end]).into_owned(),
+            )
         })
         .collect();
     Ok(PipelineReport {

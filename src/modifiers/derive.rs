@@ -132,7 +132,8 @@ fn derive(source: &str, stubs: &str, what: &str, seed: Option<&str>, p: &str) ->
     let module = naga::front::wgsl::parse_str(&whole).map_err(|e| {
         user_error(
             what,
-            e.location(&whole).and_then(|l| at_line(l.line_number, lines)),
+            e.location(&whole)
+                .and_then(|l| at_line(l.line_number, lines)),
             e.message().to_string(),
         )
     })?;
@@ -144,7 +145,8 @@ fn derive(source: &str, stubs: &str, what: &str, seed: Option<&str>, p: &str) ->
     .map_err(|e| {
         user_error(
             what,
-            e.location(&whole).and_then(|l| at_line(l.line_number, lines)),
+            e.location(&whole)
+                .and_then(|l| at_line(l.line_number, lines)),
             e.as_inner().to_string(),
         )
     })?;
@@ -484,12 +486,10 @@ impl Twin<'_> {
         let mine = format!("{}v{}", self.p, e.index());
         let (value, deriv): (String, Option<String>) = match self.f.expressions[e] {
             E::Load { pointer } => match self.f.expressions[pointer] {
-                E::LocalVariable(l) => {
-                    (
+                E::LocalVariable(l) => (
                     format!("{}l{}", self.p, l.index()),
                     Some(format!("{}dl{}", self.p, l.index())),
-                )
-                }
+                ),
                 _ => return self.fail(e, "only local variables are read through pointers".into()),
             },
             E::Unary { op, expr } => {
@@ -830,9 +830,10 @@ impl ir_walk::Target for Twin<'_> {
         let depends = arguments.iter().any(|&a| !self.is_zero(a));
         // a result of integers or booleans is constant almost everywhere (derivative 0);
         // a vector, matrix, array or struct could carry the score's derivative, untracked
-        let aggregate = callee.result.as_ref().is_some_and(|r| {
-            !matches!(self.module.types[r.ty].inner, TypeInner::Scalar(_))
-        });
+        let aggregate = callee
+            .result
+            .as_ref()
+            .is_some_and(|r| !matches!(self.module.types[r.ty].inner, TypeInner::Scalar(_)));
         if depends && aggregate {
             return Err((
                 Some(span),
@@ -1508,7 +1509,17 @@ fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
             "{names:?}"
         );
         for old in [
-            "a0", "a1", "da0", "v3", "d3", "l0", "dl0", "l1", "r7", "u_lin__d", "score_mod__d",
+            "a0",
+            "a1",
+            "da0",
+            "v3",
+            "d3",
+            "l0",
+            "dl0",
+            "l1",
+            "r7",
+            "u_lin__d",
+            "score_mod__d",
         ] {
             names.push(old.to_string());
         }
@@ -1589,7 +1600,10 @@ fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return u_lin(s) - 
             for w in words {
                 assert!(message.contains(w), "{w}: {e}");
             }
-            assert!(!message.contains("gen_") && !message.contains("invalid"), "{e}");
+            assert!(
+                !message.contains("gen_") && !message.contains("invalid"),
+                "{e}"
+            );
         };
         // a helper that writes through a pointer (issue 61's 8-line snippet)
         refused(

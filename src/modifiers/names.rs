@@ -149,4 +149,3 @@ pub(crate) fn rename_identifiers(
     }
     out
 }
-

@@ -482,10 +482,15 @@ fn score_mod_ds(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
             let (l, msg) = line_of(ScoreMod::wgsl(source).unwrap_err());
             assert_eq!(l, Some(line), "{msg}");
             assert!(
-                msg.contains("must be `fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32`"),
+                msg.contains(
+                    "must be `fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32`"
+                ),
                 "{msg}"
             );
-            assert!(!msg.contains("score_mod_ds") && !msg.contains("gen_"), "{msg}");
+            assert!(
+                !msg.contains("score_mod_ds") && !msg.contains("gen_"),
+                "{msg}"
+            );
         }
     }
 
@@ -498,7 +503,9 @@ fn u_lin(x: f32) -> f32 { return a1 * x - 0.25 * x * x; }
 fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return u_lin(s) - 0.25 * tanh(s); }",
         )
         .unwrap();
-        assert!(m.wgsl_source().contains("fn gen_d_u_lin(gen_a0: f32, gen_da0: f32)"));
+        assert!(m
+            .wgsl_source()
+            .contains("fn gen_d_u_lin(gen_a0: f32, gen_da0: f32)"));
         assert!(m.cuda_missing().is_none(), "{:?}", m.cuda_missing());
     }
 }

@@ -297,7 +297,12 @@ impl Cuda<'_> {
             }
         };
         let t = type_name(self.ty(e)).map_or_else(|| self.fail(e, "a type not translated"), Ok)?;
-        let _ = writeln!(self.out, "{pad}const {t} {}v{} = {text};", self.p, e.index());
+        let _ = writeln!(
+            self.out,
+            "{pad}const {t} {}v{} = {text};",
+            self.p,
+            e.index()
+        );
         Ok(())
     }
 }

@@ -448,8 +448,8 @@ fn check_compiles(what: &str, source: &str, stubs: &str, required: &[Required]) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::modifiers::names::{fresh_prefix, identifiers};
     use crate::kernels::{flags, Kernel};
+    use crate::modifiers::names::{fresh_prefix, identifiers};
     use crate::{MaskMod, ScoreMod};
 
     /// A score modifier that reads a captured tensor `NAME`.
@@ -638,13 +638,17 @@ fn score_mod(s: f32, b: u32, h: u32, i: u32, j: u32) -> f32 { return s; }";
     fn no_kernel_writes_a_name_that_begins_as_generated_names_do() {
         for key in host_keys() {
             let source = key.wgsl();
-            let hit = identifiers(&source).into_iter().find(|w| w.starts_with("gen"));
+            let hit = identifiers(&source)
+                .into_iter()
+                .find(|w| w.starts_with("gen"));
             assert!(hit.is_none(), "{}: `{hit:?}`", key.label());
         }
         for arch in [80, 90] {
             for key in crate::cuda::kernels::CudaKey::all_for_arch(arch) {
                 let source = key.program();
-                let hit = identifiers(&source).into_iter().find(|w| w.starts_with("gen"));
+                let hit = identifiers(&source)
+                    .into_iter()
+                    .find(|w| w.starts_with("gen"));
                 assert!(hit.is_none(), "{}: `{hit:?}`", key.label());
             }
         }

@@ -46,4 +46,3 @@ pub(super) fn no_check(_: &AttentionConfig) -> Result<()> {
     Ok(())
 }
 pub(super) fn no_params(_: &AttentionConfig, _: &mut Params) {}
-

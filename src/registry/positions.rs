@@ -29,4 +29,3 @@ pub(crate) fn aligned(cfg: &AttentionConfig, b: usize, i: usize, j: usize) -> Op
     }
     Some((i as i64 - q0 + (k1 - k0) - (q1 - q0), j - k0))
 }
-

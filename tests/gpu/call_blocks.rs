@@ -19,7 +19,11 @@ use flash_attn_wgpu::{
 fn rows(x: &[f32], c: (usize, usize, usize), r0: usize, r1: usize) -> Vec<f32> {
     let (batch, seq, width) = c;
     (0..batch)
-        .flat_map(|b| x[(b * seq + r0) * width..(b * seq + r1) * width].iter().copied())
+        .flat_map(|b| {
+            x[(b * seq + r0) * width..(b * seq + r1) * width]
+                .iter()
+                .copied()
+        })
         .collect()
 }
 
@@ -185,7 +189,10 @@ fn blocks_outside_the_whole_call_or_with_what_they_do_not_take_are_typed_errors(
     let kv = vec![0.5f32; 10 * 16];
     match ctx.forward_host(&c, &q, &kv, &kv) {
         Err(Error::InvalidConfig(m)) => {
-            assert!(m.contains("rows 30..45 lie outside the whole call's 40"), "{m}")
+            assert!(
+                m.contains("rows 30..45 lie outside the whole call's 40"),
+                "{m}"
+            )
         }
         other => panic!("expected InvalidConfig, got {other:?}"),
     }

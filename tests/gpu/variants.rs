@@ -82,7 +82,10 @@ fn the_blocks_tiles_of_wave64_gpus_match_the_reference() {
         ..ctx.tuning()
     })
     .unwrap();
-    for c in [cfg(2, 77, 61, 4, 2, 64, true), cfg(1, 45, 70, 2, 1, 128, false)] {
+    for c in [
+        cfg(2, 77, 61, 4, 2, 64, true),
+        cfg(1, 45, 70, 2, 1, 128, false),
+    ] {
         let data = inputs(&c, 1.0);
         let msg = common::describe(&c, data.seed);
         let want_f = reference::forward(&c, &data.q, &data.k, &data.v);
@@ -100,14 +103,17 @@ fn the_blocks_tiles_of_wave64_gpus_match_the_reference() {
     // the planner took the table's tiles, not the adapter's own
     let env = ctx.plan_env();
     let c = cfg(2, 77, 61, 4, 2, 64, true);
-    let plan = flash_attn_wgpu::unstable::plan::forward(&c, flash_attn_wgpu::DType::F32, &env)
-        .unwrap();
+    let plan =
+        flash_attn_wgpu::unstable::plan::forward(&c, flash_attn_wgpu::DType::F32, &env).unwrap();
     let fwd = plan
         .steps
         .iter()
         .find(|s| s.key.kernel == Kernel::Flash(Variant::Blocks, Pass::Forward))
         .unwrap();
-    assert_eq!((fwd.key.tiles.br, fwd.key.tiles.bc, fwd.key.tiles.tpr), (32, 32, 16));
+    assert_eq!(
+        (fwd.key.tiles.br, fwd.key.tiles.bc, fwd.key.tiles.tpr),
+        (32, 32, 16)
+    );
 }
 
 #[test]
