@@ -29,7 +29,11 @@ struct Data {
 
 fn data(c: &AttentionConfig, seed: u64) -> Data {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut r = |n: usize| (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect::<Vec<_>>();
+    let mut r = |n: usize| {
+        (0..n)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect::<Vec<_>>()
+    };
     Data {
         q: r(c.q_shape().iter().product()),
         k: r(c.kv_shape().iter().product()),
@@ -39,7 +43,11 @@ fn data(c: &AttentionConfig, seed: u64) -> Data {
 }
 
 /// Rows of each batch of a `[batch, n, width]` tensor in `ranges`, concatenated.
-fn rows_of(x: &[f32], (batch, n, width): (usize, usize, usize), ranges: &[std::ops::Range<usize>]) -> Vec<f32> {
+fn rows_of(
+    x: &[f32],
+    (batch, n, width): (usize, usize, usize),
+    ranges: &[std::ops::Range<usize>],
+) -> Vec<f32> {
     let mut out = Vec::new();
     for b in 0..batch {
         for r in ranges {
@@ -53,7 +61,9 @@ fn close(what: &str, got: &[f32], want: &[f64], tol: f64) -> Result<(), String> 
     let scale = want.iter().fold(1.0f64, |m, x| m.max(x.abs()));
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         if (*g as f64 - w).abs() > tol * scale && !(w.is_infinite() && (*g as f64) == *w) {
-            return Err(format!("{what}[{i}]: got {g}, want {w} (tol {tol} x {scale:.3})"));
+            return Err(format!(
+                "{what}[{i}]: got {g}, want {w} (tol {tol} x {scale:.3})"
+            ));
         }
     }
     if got.len() != want.len() {
@@ -101,7 +111,11 @@ fn check_call<T: Element>(
     let want_g = reference::backward(c, &d.q, &d.k, &d.v, &d.d_out);
     let f64s = |x: Vec<f32>| x.into_iter().map(|v| v as f64).collect::<Vec<_>>();
     let mine_of = |x: &[f64], width| {
-        f64s(rows_of(&x.iter().map(|&v| v as f32).collect::<Vec<_>>(), (b, n, width), &mine))
+        f64s(rows_of(
+            &x.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            (b, n, width),
+            &mine,
+        ))
     };
     close("out", &out, &mine_of(&want_f.out, hq * hd), tol)?;
     let lse_want = rows_of(
@@ -165,12 +179,30 @@ fn main() -> ExitCode {
     );
     type Check<'a> = (&'a str, Box<dyn Fn() -> Result<(), String> + 'a>);
     let checks: Vec<Check> = vec![
-        ("a causal call (zigzag), the ring", Box::new(|| check_call::<f32>(&ctx, &comm, &causal, Schedule::Ring, seed, 2e-5))),
-        ("a causal call (zigzag), the all-gather", Box::new(|| check_call::<f32>(&ctx, &comm, &causal, Schedule::AllGather, seed, 2e-5))),
-        ("a non-causal call in f16, the ring", Box::new(|| check_call::<half::f16>(&ctx, &comm, &plain, Schedule::Ring, seed, 4e-3))),
-        ("a window, ALiBi and a score_mod, Auto", Box::new(|| check_call::<f32>(&ctx, &comm, &modded, Schedule::Auto, seed, 2e-5))),
-        ("decode over sharded keys", Box::new(|| decode(&ctx, &comm, rank, size, seed))),
-        ("ranks that disagree", Box::new(|| disagree(&ctx, &comm, rank, size))),
+        (
+            "a causal call (zigzag), the ring",
+            Box::new(|| check_call::<f32>(&ctx, &comm, &causal, Schedule::Ring, seed, 2e-5)),
+        ),
+        (
+            "a causal call (zigzag), the all-gather",
+            Box::new(|| check_call::<f32>(&ctx, &comm, &causal, Schedule::AllGather, seed, 2e-5)),
+        ),
+        (
+            "a non-causal call in f16, the ring",
+            Box::new(|| check_call::<half::f16>(&ctx, &comm, &plain, Schedule::Ring, seed, 4e-3)),
+        ),
+        (
+            "a window, ALiBi and a score_mod, Auto",
+            Box::new(|| check_call::<f32>(&ctx, &comm, &modded, Schedule::Auto, seed, 2e-5)),
+        ),
+        (
+            "decode over sharded keys",
+            Box::new(|| decode(&ctx, &comm, rank, size, seed)),
+        ),
+        (
+            "ranks that disagree",
+            Box::new(|| disagree(&ctx, &comm, rank, size)),
+        ),
     ];
     let (mut passed, mut failed) = (0, 0);
     for (name, check) in checks {
@@ -186,7 +218,10 @@ fn main() -> ExitCode {
         if all.iter().all(|&x| x == 1) {
             passed += 1;
             if rank == 0 {
-                eprintln!("mpi_tests ({size} ranks): ok {name} ({:.1} s)", started.elapsed().as_secs_f64());
+                eprintln!(
+                    "mpi_tests ({size} ranks): ok {name} ({:.1} s)",
+                    started.elapsed().as_secs_f64()
+                );
             }
         } else {
             failed += 1;
@@ -203,7 +238,13 @@ fn main() -> ExitCode {
 }
 
 /// One query row a batch over 300 keys in uneven shards, one a rank.
-fn decode(ctx: &Context, comm: &dyn Comm, rank: usize, size: usize, seed: u64) -> Result<(), String> {
+fn decode(
+    ctx: &Context,
+    comm: &dyn Comm,
+    rank: usize,
+    size: usize,
+    seed: u64,
+) -> Result<(), String> {
     let mut c = AttentionConfig::new(2, 1, 300, 8, 2, 32);
     c.causal = true;
     let d = data(&c, seed);
@@ -231,7 +272,10 @@ fn disagree(ctx: &Context, comm: &dyn Comm, rank: usize, size: usize) -> Result<
     match cp.forward(&c, &q, &k, &k) {
         Err(Error::Distributed { rank: r, message })
             if r == rank
-                && message.contains(&format!("rank {}'s heads_q is 4 where rank 0's is 2", size - 1)) =>
+                && message.contains(&format!(
+                    "rank {}'s heads_q is 4 where rank 0's is 2",
+                    size - 1
+                )) =>
         {
             Ok(())
         }
@@ -241,7 +285,12 @@ fn disagree(ctx: &Context, comm: &dyn Comm, rank: usize, size: usize) -> Result<
 
 /// `--leave`: the last rank leaves before the call; the others must fail, naming a rank,
 /// within their deadline.
-fn leave(ctx: &Context, world: &mpi::topology::SimpleCommunicator, rank: usize, size: usize) -> ExitCode {
+fn leave(
+    ctx: &Context,
+    world: &mpi::topology::SimpleCommunicator,
+    rank: usize,
+    size: usize,
+) -> ExitCode {
     if rank + 1 == size {
         println!("mpi --leave rank {rank}: leaving before the call");
         return ExitCode::SUCCESS;
@@ -256,8 +305,13 @@ fn leave(ctx: &Context, world: &mpi::topology::SimpleCommunicator, rank: usize, 
     let r = cp.forward(&c, &q, &k, &k);
     let took = started.elapsed();
     match r {
-        Err(Error::Distributed { message, .. }) if message.contains("from rank") && took < Duration::from_secs(30) => {
-            println!("mpi --leave rank {rank}: 1 passed, 0 failed ({message}; {:.1} s)", took.as_secs_f64());
+        Err(Error::Distributed { message, .. })
+            if message.contains("from rank") && took < Duration::from_secs(30) =>
+        {
+            println!(
+                "mpi --leave rank {rank}: 1 passed, 0 failed ({message}; {:.1} s)",
+                took.as_secs_f64()
+            );
             // the abandoned transfers stay with MPI: end the job rather than finalize
             std::process::exit(0);
         }

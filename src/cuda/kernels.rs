@@ -839,6 +839,29 @@ mod tests {
     }
 
     #[test]
+    fn a_block_of_a_call_is_unsupported_on_cuda_naming_the_field() {
+        // every CUDA call (forward, backward, caches, decode) takes its scalars here
+        let mut cfg = AttentionConfig::new(1, 64, 128, 2, 1, 32);
+        cfg.causal = true;
+        assert!(cuda_params(&cfg).is_ok());
+        cfg.block = Some(crate::Block {
+            whole_seq_q: 256,
+            whole_seq_kv: 256,
+            q0: 128,
+            k0: 0,
+        });
+        match cuda_params(&cfg) {
+            Err(Error::Unsupported {
+                feature, backend, ..
+            }) => {
+                assert_eq!(backend, crate::Backend::Cuda);
+                assert!(feature.contains("AttentionConfig::block"), "{feature}");
+            }
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+    }
+
+    #[test]
     fn each_pass_goes_to_the_tensor_cores_where_they_take_it_else_to_the_simt_kernels() {
         use CudaKernel::*;
         for (pass, dtype, d, want) in [

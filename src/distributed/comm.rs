@@ -136,7 +136,12 @@ impl Comm for LocalRing {
             }
         };
         if sent.is_err() {
-            return Err(late(self.rank, (self.rank + 1) % self.size, "receiver", wait));
+            return Err(late(
+                self.rank,
+                (self.rank + 1) % self.size,
+                "receiver",
+                wait,
+            ));
         }
         done?;
         if got.len() != recv_len {

@@ -77,7 +77,10 @@ mod tests {
                 }
                 assert!(seen.iter().all(|&c| c == 1), "{layout:?} {n} over {ranks}");
                 let lens: Vec<usize> = layout.chunks(n, ranks).iter().map(|c| c.len()).collect();
-                assert!(lens.windows(2).all(|w| w[0] >= w[1] && w[0] - w[1] <= 1), "{lens:?}");
+                assert!(
+                    lens.windows(2).all(|w| w[0] >= w[1] && w[0] - w[1] <= 1),
+                    "{lens:?}"
+                );
             }
         }
         assert_eq!(Layout::Zigzag.rows(16, 4, 1), vec![2..4, 12..14]);

@@ -64,8 +64,9 @@ pub enum Schedule {
 }
 
 /// [`Schedule::Auto`]'s threshold: a rank's K and V under this many bytes (f32) take the
-/// all-gather (a ring step then moves too little to pay its latency; docs/PERFORMANCE.md,
-/// "Context parallelism").
+/// all-gather (a ring step then moves too little to pay a network's latency, and the
+/// gathered K/V is small; set by that cost model, not by a measurement across machines:
+/// docs/log/distributed.md).
 pub const ALL_GATHER_BELOW: usize = 1 << 20;
 
 /// What a rank sent in its last call, by kind, in bytes: the traffic the model predicts
@@ -155,7 +156,11 @@ impl<'a> ContextParallel<'a> {
         k: &[T],
         v: &[T],
     ) -> Result<HostForward<T>> {
-        let local = self.check(cfg, T::DTYPE, &[("q", q.len()), ("k", k.len()), ("v", v.len())]);
+        let local = self.check(
+            cfg,
+            T::DTYPE,
+            &[("q", q.len()), ("k", k.len()), ("v", v.len())],
+        );
         self.agree(cfg, T::DTYPE, 0, local)?;
         self.traffic.set(Traffic::default());
         let f = ring::forward(self, cfg, (q, k, v))?;
@@ -370,7 +375,10 @@ impl<'a> ContextParallel<'a> {
             ("dtype", dtype as u64),
             ("schedule", self.schedule as u64),
             ("layout", self.layout(cfg) as u64),
-            ("config (causal, window, the modifiers and their values)", digest),
+            (
+                "config (causal, window, the modifiers and their values)",
+                digest,
+            ),
         ];
         let mut words: Vec<u64> = fields.iter().map(|f| f.1).collect();
         words.push(local.is_ok() as u64);

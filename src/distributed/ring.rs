@@ -47,7 +47,11 @@ fn chunks(ranges: Vec<Range<usize>>) -> Vec<Chunk> {
 /// Rows `off..off + len` of each batch of a `[batch, n, width]` tensor.
 fn take(x: &[f32], (batch, n, width): (usize, usize, usize), off: usize, len: usize) -> Vec<f32> {
     (0..batch)
-        .flat_map(|b| x[(b * n + off) * width..(b * n + off + len) * width].iter().copied())
+        .flat_map(|b| {
+            x[(b * n + off) * width..(b * n + off + len) * width]
+                .iter()
+                .copied()
+        })
         .collect()
 }
 
@@ -57,7 +61,10 @@ fn add(x: &mut [f32], (batch, n, width): (usize, usize, usize), off: usize, part
     let len = part.len() / (batch * width).max(1);
     for b in 0..batch {
         let dst = &mut x[(b * n + off) * width..(b * n + off + len) * width];
-        for (d, p) in dst.iter_mut().zip(&part[b * len * width..(b + 1) * len * width]) {
+        for (d, p) in dst
+            .iter_mut()
+            .zip(&part[b * len * width..(b + 1) * len * width])
+        {
             *d += p;
         }
     }
@@ -143,7 +150,9 @@ fn all_gather(cp: &ContextParallel<'_>, cfg: &AttentionConfig) -> bool {
         Schedule::Ring => false,
         Schedule::AllGather => true,
         Schedule::Auto => {
-            let n = cp.layout(cfg).local_len(cfg.seq_q, cp.comm().size(), cp.comm().rank());
+            let n = cp
+                .layout(cfg)
+                .local_len(cfg.seq_q, cp.comm().size(), cp.comm().rank());
             cfg.batch * n * cfg.heads_kv * (cfg.head_dim + cfg.dv()) * 4 < ALL_GATHER_BELOW
         }
     }
@@ -247,11 +256,11 @@ pub(super) fn forward<T: Element>(
             let (chunks, kl, vl) = owners[next].clone();
             let send = kv_bytes::<T>(&held.k, &held.v);
             cp.count(|t| &mut t.kv, send.len());
-            let got = cp.comm().shift(
-                send,
-                (kl + vl) * std::mem::size_of::<T>(),
-                &mut || attend(&held),
-            )?;
+            let got = cp
+                .comm()
+                .shift(send, (kl + vl) * std::mem::size_of::<T>(), &mut || {
+                    attend(&held)
+                })?;
             let (k, v) = kv_from::<T>(&got, kl);
             held = KvBlock { chunks, k, v };
         }
@@ -397,7 +406,10 @@ fn reduce_scatter(
     // at step s this rank passes on the sum it holds for owner r - s - 1 and takes the one
     // for owner r - s - 2 from the rank before, adding its own part
     for s in 0..size.saturating_sub(1) {
-        let (out_owner, in_owner) = ((rank + 2 * size - s - 1) % size, (rank + 2 * size - s - 2) % size);
+        let (out_owner, in_owner) = (
+            (rank + 2 * size - s - 1) % size,
+            (rank + 2 * size - s - 2) % size,
+        );
         let (dk, dv) = &acc[out_owner];
         let mut send = bytemuck::cast_slice::<f32, u8>(dk).to_vec();
         send.extend_from_slice(bytemuck::cast_slice(dv));

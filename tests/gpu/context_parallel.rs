@@ -14,7 +14,11 @@ use flash_attn_wgpu::unstable::reference;
 use flash_attn_wgpu::{AttentionConfig, Element, Error, HostForward, HostGradients, Window};
 
 /// Rows of each batch of a `[batch, n, width]` tensor in `ranges`, concatenated.
-fn rows_of(x: &[f32], (batch, n, width): (usize, usize, usize), ranges: &[std::ops::Range<usize>]) -> Vec<f32> {
+fn rows_of(
+    x: &[f32],
+    (batch, n, width): (usize, usize, usize),
+    ranges: &[std::ops::Range<usize>],
+) -> Vec<f32> {
     let mut out = Vec::new();
     for b in 0..batch {
         for r in ranges {
@@ -25,12 +29,18 @@ fn rows_of(x: &[f32], (batch, n, width): (usize, usize, usize), ranges: &[std::o
 }
 
 /// The inverse of `rows_of`: `local` written back at its rows.
-fn put_rows(x: &mut [f32], (batch, n, width): (usize, usize, usize), ranges: &[std::ops::Range<usize>], local: &[f32]) {
+fn put_rows(
+    x: &mut [f32],
+    (batch, n, width): (usize, usize, usize),
+    ranges: &[std::ops::Range<usize>],
+    local: &[f32],
+) {
     let mut at = 0;
     for b in 0..batch {
         for r in ranges {
             let len = r.len() * width;
-            x[(b * n + r.start) * width..(b * n + r.end) * width].copy_from_slice(&local[at..at + len]);
+            x[(b * n + r.start) * width..(b * n + r.end) * width]
+                .copy_from_slice(&local[at..at + len]);
             at += len;
         }
     }
@@ -44,36 +54,48 @@ fn run<T: Element>(
     ranks: usize,
     schedule: Schedule,
     data: &common::Inputs,
-) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
+) -> (
+    Vec<f32>,
+    Vec<f32>,
+    Vec<f32>,
+    Vec<f32>,
+    Vec<f32>,
+    Option<Vec<f32>>,
+) {
     let ctx = common::ctx();
     let (b, n, hq, hkv, d) = (c.batch, c.seq_q, c.heads_q, c.heads_kv, c.head_dim);
     let t = |x: &[f32]| flash_attn_wgpu::from_f32_slice::<T>(x);
-    let results: Vec<(Vec<std::ops::Range<usize>>, HostForward<T>, HostGradients<T>)> =
-        std::thread::scope(|s| {
-            let handles: Vec<_> = LocalRing::new(ranks)
-                .into_iter()
-                .map(|comm| {
-                    s.spawn(move || {
-                        let cp = ContextParallel::new(ctx, &comm).with_schedule(schedule);
-                        let mine = cp.local_rows(c);
-                        let q = t(&rows_of(&data.q, (b, n, hq * d), &mine));
-                        let k = t(&rows_of(&data.k, (b, n, hkv * d), &mine));
-                        let v = t(&rows_of(&data.v, (b, n, hkv * d), &mine));
-                        let dout = t(&rows_of(&data.d_out, (b, n, hq * d), &mine));
-                        let f = cp.forward(c, &q, &k, &v).unwrap();
-                        let g = cp
-                            .backward(c, &q, &k, &v, &f.out, &f.lse, &dout)
-                            .unwrap();
-                        (mine, f, g)
-                    })
+    let results: Vec<(
+        Vec<std::ops::Range<usize>>,
+        HostForward<T>,
+        HostGradients<T>,
+    )> = std::thread::scope(|s| {
+        let handles: Vec<_> = LocalRing::new(ranks)
+            .into_iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    let cp = ContextParallel::new(ctx, &comm).with_schedule(schedule);
+                    let mine = cp.local_rows(c);
+                    let q = t(&rows_of(&data.q, (b, n, hq * d), &mine));
+                    let k = t(&rows_of(&data.k, (b, n, hkv * d), &mine));
+                    let v = t(&rows_of(&data.v, (b, n, hkv * d), &mine));
+                    let dout = t(&rows_of(&data.d_out, (b, n, hq * d), &mine));
+                    let f = cp.forward(c, &q, &k, &v).unwrap();
+                    let g = cp.backward(c, &q, &k, &v, &f.out, &f.lse, &dout).unwrap();
+                    (mine, f, g)
                 })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
     let f32s = |x: &[T]| flash_attn_wgpu::to_f32_vec(x);
     let mut out = vec![0f32; data.q.len()];
     let mut lse = vec![0f32; b * hq * n];
-    let (mut dq, mut dk, mut dv) = (vec![0f32; data.q.len()], vec![0f32; data.k.len()], vec![0f32; data.v.len()]);
+    let (mut dq, mut dk, mut dv) = (
+        vec![0f32; data.q.len()],
+        vec![0f32; data.k.len()],
+        vec![0f32; data.v.len()],
+    );
     let mut d_sinks = None;
     for (mine, f, g) in &results {
         put_rows(&mut out, (b, n, hq * d), mine, &f32s(&f.out));
@@ -104,7 +126,11 @@ fn check<T: Element>(c: &AttentionConfig, ranks: usize, tol: f64) {
         d_out: round(&data.d_out),
         ..data
     };
-    let msg = format!("{} over {ranks} ranks, {}", common::describe(c, data.seed), T::DTYPE);
+    let msg = format!(
+        "{} over {ranks} ranks, {}",
+        common::describe(c, data.seed),
+        T::DTYPE
+    );
     let want_f = reference::forward(c, &data.q, &data.k, &data.v);
     let want_g = reference::backward(c, &data.q, &data.k, &data.v, &data.d_out);
     for schedule in [Schedule::Ring, Schedule::AllGather] {
@@ -211,7 +237,11 @@ fn ranks_that_disagree_or_leave_fail_on_every_rank_with_who_and_what() {
                     let cp = ContextParallel::new(ctx, &comm);
                     let rows = cp.local_rows(&mine);
                     let q = rows_of(&data.q, (1, 40, 2 * 16), &rows);
-                    let q = if comm.rank() == 1 { [q.clone(), q].concat() } else { q };
+                    let q = if comm.rank() == 1 {
+                        [q.clone(), q].concat()
+                    } else {
+                        q
+                    };
                     let k = rows_of(&data.k, (1, 40, 16), &rows);
                     cp.forward(&mine, &q, &k, &k).unwrap_err()
                 })
