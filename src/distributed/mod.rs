@@ -35,68 +35,36 @@ mod comm;
 mod layout;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod rank;
 mod ring;
 
-use std::cell::Cell;
 use std::ops::Range;
 
 pub use comm::{timeout, Comm, LocalRing, DEFAULT_TIMEOUT_S, TIMEOUT_ENV};
 pub use layout::Layout;
 #[cfg(feature = "mpi")]
 pub use mpi::MpiComm;
+pub use rank::{Schedule, Traffic, ALL_GATHER_BELOW};
 
 use crate::config::AttentionConfig;
 use crate::device::Context;
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::outputs::{HostForward, HostGradients};
-
-/// How the K/V blocks reach the ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Schedule {
-    /// Round the ring, a block at a time, overlapping the work.
-    Ring,
-    /// All at once: every rank gathers every block (Llama 3's context parallelism).
-    AllGather,
-    /// All-gather where each rank's K/V block (f32) is under [`ALL_GATHER_BELOW`] bytes, the
-    /// ring otherwise.
-    Auto,
-}
-
-/// [`Schedule::Auto`]'s threshold: a rank's K and V under this many bytes (f32) take the
-/// all-gather (a ring step then moves too little to pay a network's latency, and the
-/// gathered K/V is small; set by that cost model, not by a measurement across machines:
-/// docs/log/distributed.md).
-pub const ALL_GATHER_BELOW: usize = 1 << 20;
-
-/// What a rank sent in its last call, by kind, in bytes: the traffic the model predicts
-/// (the ring: K and V once round, forward; K, V, dK and dV, backward).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Traffic {
-    /// K and V blocks (the dtype's bytes).
-    pub kv: u64,
-    /// dK and dV accumulators (f32).
-    pub grads: u64,
-    /// Headers, partial results and the rest.
-    pub other: u64,
-}
+use rank::Rank;
 
 /// One rank's side of context-parallel attention: its context and its communicator (module
 /// docs).
 pub struct ContextParallel<'a> {
-    ctx: &'a Context,
-    comm: &'a dyn Comm,
-    schedule: Schedule,
-    layout: Option<Layout>,
-    traffic: Cell<Traffic>,
+    rank: Rank<'a>,
 }
 
 impl std::fmt::Debug for ContextParallel<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ContextParallel")
-            .field("rank", &self.comm.rank())
-            .field("size", &self.comm.size())
-            .field("schedule", &self.schedule)
+            .field("rank", &self.rank.comm().rank())
+            .field("size", &self.rank.comm().size())
+            .field("schedule", &self.rank.schedule)
             .finish()
     }
 }
@@ -105,17 +73,18 @@ impl<'a> ContextParallel<'a> {
     /// This rank of the call, computing on `ctx`, talking through `comm`; the ring schedule.
     pub fn new(ctx: &'a Context, comm: &'a dyn Comm) -> Self {
         ContextParallel {
-            ctx,
-            comm,
-            schedule: Schedule::Ring,
-            layout: None,
-            traffic: Cell::new(Traffic::default()),
+            rank: Rank::new(ctx, comm),
         }
     }
 
     /// The schedule the calls take ([`Schedule`]); every rank must take the same.
     pub fn with_schedule(self, schedule: Schedule) -> Self {
-        ContextParallel { schedule, ..self }
+        ContextParallel {
+            rank: Rank {
+                schedule,
+                ..self.rank
+            },
+        }
     }
 
     /// The layout every call takes, in place of [`Layout::for_causal`] (ring-flash-attn's
@@ -123,26 +92,27 @@ impl<'a> ContextParallel<'a> {
     /// rank must take the same.
     pub fn with_layout(self, layout: Layout) -> Self {
         ContextParallel {
-            layout: Some(layout),
-            ..self
+            rank: Rank {
+                layout: Some(layout),
+                ..self.rank
+            },
         }
     }
 
     /// How `cfg`'s sequence is spread: as [`with_layout`](Self::with_layout) set, else zigzag
     /// where it is causal and contiguous otherwise.
     pub fn layout(&self, cfg: &AttentionConfig) -> Layout {
-        self.layout.unwrap_or(Layout::for_causal(cfg.causal))
+        self.rank.layout(cfg)
     }
 
     /// The rows of `cfg`'s sequence this rank holds, in the order of its local tensors.
     pub fn local_rows(&self, cfg: &AttentionConfig) -> Vec<Range<usize>> {
-        self.layout(cfg)
-            .rows(cfg.seq_q, self.comm.size(), self.comm.rank())
+        self.rank.local_rows(cfg)
     }
 
     /// The bytes this rank sent in its last call.
     pub fn traffic(&self) -> Traffic {
-        self.traffic.get()
+        self.rank.traffic.get()
     }
 
     /// The forward of the whole call `cfg` over the ranks: `q`, `k`, `v` are this rank's rows
@@ -162,8 +132,8 @@ impl<'a> ContextParallel<'a> {
             &[("q", q.len()), ("k", k.len()), ("v", v.len())],
         );
         self.agree(cfg, T::DTYPE, 0, local)?;
-        self.traffic.set(Traffic::default());
-        let f = ring::forward(self, cfg, (q, k, v))?;
+        self.rank.traffic.set(Traffic::default());
+        let f = ring::forward(&self.rank, cfg, (q, k, v))?;
         Ok(HostForward {
             out: crate::dtype::from_f32_slice(&f.out),
             lse: f.lse,
@@ -198,8 +168,8 @@ impl<'a> ContextParallel<'a> {
             ],
         );
         self.agree(cfg, T::DTYPE, 1, local)?;
-        self.traffic.set(Traffic::default());
-        let g = ring::backward(self, cfg, (q, k, v, out, lse, d_out))?;
+        self.rank.traffic.set(Traffic::default());
+        let g = ring::backward(&self.rank, cfg, (q, k, v, out, lse, d_out))?;
         let to = |x: &[f32]| crate::dtype::from_f32_slice(x);
         Ok(HostGradients {
             dq: to(&g.dq),
@@ -228,30 +198,12 @@ impl<'a> ContextParallel<'a> {
     ) -> Result<HostForward<T>> {
         let local = self.check_shard(cfg, &shard, T::DTYPE, q.len(), k.len(), v.len());
         self.agree(cfg, T::DTYPE, 2, local)?;
-        self.traffic.set(Traffic::default());
-        let f = ring::decode_sharded(self, cfg, shard, (q, k, v))?;
+        self.rank.traffic.set(Traffic::default());
+        let f = ring::decode_sharded(&self.rank, cfg, shard, (q, k, v))?;
         Ok(HostForward {
             out: crate::dtype::from_f32_slice(&f.out),
             lse: f.lse,
         })
-    }
-
-    pub(crate) fn ctx(&self) -> &Context {
-        self.ctx
-    }
-
-    pub(crate) fn comm(&self) -> &dyn Comm {
-        self.comm
-    }
-
-    pub(crate) fn schedule(&self) -> Schedule {
-        self.schedule
-    }
-
-    pub(crate) fn count(&self, kind: fn(&mut Traffic) -> &mut u64, bytes: usize) {
-        let mut t = self.traffic.get();
-        *kind(&mut t) += bytes as u64;
-        self.traffic.set(t);
     }
 
     /// This rank's own inputs against the call: a typed error for its own caller (the other
@@ -295,10 +247,10 @@ impl<'a> ContextParallel<'a> {
                 return Err(Error::invalid(format!(
                     "{name} of rank {} holds {len} elements; its {n} rows of the call ({:?} \
                      of {} over {} ranks) take {want}",
-                    self.comm.rank(),
+                    self.rank.comm().rank(),
                     self.local_rows(cfg),
                     cfg.seq_q,
-                    self.comm.size()
+                    self.rank.comm().size()
                 )));
             }
         }
@@ -324,7 +276,7 @@ impl<'a> ContextParallel<'a> {
         if shard.end > cfg.seq_kv || shard.is_empty() {
             return Err(Error::invalid(format!(
                 "shard {shard:?} of rank {} must be a non-empty range of the call's {} keys",
-                self.comm.rank(),
+                self.rank.comm().rank(),
                 cfg.seq_kv
             )));
         }
@@ -337,7 +289,7 @@ impl<'a> ContextParallel<'a> {
             if len != want {
                 return Err(Error::invalid(format!(
                     "{name} of rank {} holds {len} elements; {want} expected (shard {shard:?})",
-                    self.comm.rank()
+                    self.rank.comm().rank()
                 )));
             }
         }
@@ -364,7 +316,7 @@ impl<'a> ContextParallel<'a> {
         };
         let fields: [(&str, u64); 13] = [
             ("call (forward, backward or decode_sharded)", call),
-            ("ranks", self.comm.size() as u64),
+            ("ranks", self.rank.comm().size() as u64),
             ("batch", cfg.batch as u64),
             ("seq_q", cfg.seq_q as u64),
             ("seq_kv", cfg.seq_kv as u64),
@@ -373,7 +325,7 @@ impl<'a> ContextParallel<'a> {
             ("head_dim", cfg.head_dim as u64),
             ("head_dim_v", cfg.dv() as u64),
             ("dtype", dtype as u64),
-            ("schedule", self.schedule as u64),
+            ("schedule", self.rank.schedule as u64),
             ("layout", self.layout(cfg) as u64),
             (
                 "config (causal, window, the modifiers and their values)",
@@ -382,13 +334,14 @@ impl<'a> ContextParallel<'a> {
         ];
         let mut words: Vec<u64> = fields.iter().map(|f| f.1).collect();
         words.push(local.is_ok() as u64);
-        let all = self.comm.all_gather(bytemuck::cast_slice(&words))?;
-        self.count(|t| &mut t.other, all.len() / self.comm.size());
+        let all = self.rank.comm().all_gather(bytemuck::cast_slice(&words))?;
+        self.rank
+            .count(|t| &mut t.other, all.len() / self.rank.comm().size());
         local?;
         let per = words.len();
         let all: &[u64] = &bytemuck::pod_collect_to_vec::<u8, u64>(&all);
-        let me = self.comm.rank();
-        for r in 0..self.comm.size() {
+        let me = self.rank.comm().rank();
+        for r in 0..self.rank.comm().size() {
             if all[r * per + per - 1] == 0 {
                 return Err(Error::Distributed {
                     rank: me,
@@ -396,7 +349,7 @@ impl<'a> ContextParallel<'a> {
                 });
             }
         }
-        for r in 1..self.comm.size() {
+        for r in 1..self.rank.comm().size() {
             for (i, (name, _)) in fields.iter().enumerate() {
                 let (theirs, first) = (all[r * per + i], all[i]);
                 if theirs != first {

@@ -14,7 +14,7 @@
 
 use std::ops::Range;
 
-use super::{ContextParallel, Schedule, Traffic, ALL_GATHER_BELOW};
+use super::rank::{Rank, Schedule, Traffic, ALL_GATHER_BELOW};
 use crate::config::{AttentionConfig, Block};
 use crate::dtype::{to_f32_vec, Element};
 use crate::error::Result;
@@ -129,7 +129,7 @@ fn kv_from<T: Element>(bytes: &[u8], k_len: usize) -> (Vec<f32>, Vec<f32>) {
 }
 
 /// Every rank's chunks and block sizes (elements of K and V), from the layout.
-fn owners(cp: &ContextParallel<'_>, cfg: &AttentionConfig) -> Vec<(Vec<Chunk>, usize, usize)> {
+fn owners(cp: &Rank<'_>, cfg: &AttentionConfig) -> Vec<(Vec<Chunk>, usize, usize)> {
     let (size, layout) = (cp.comm().size(), cp.layout(cfg));
     (0..size)
         .map(|o| {
@@ -145,7 +145,7 @@ fn owners(cp: &ContextParallel<'_>, cfg: &AttentionConfig) -> Vec<(Vec<Chunk>, u
 }
 
 /// Whether this call takes the all-gather form.
-fn all_gather(cp: &ContextParallel<'_>, cfg: &AttentionConfig) -> bool {
+fn all_gather(cp: &Rank<'_>, cfg: &AttentionConfig) -> bool {
     match cp.schedule() {
         Schedule::Ring => false,
         Schedule::AllGather => true,
@@ -167,11 +167,7 @@ struct Local {
     v: Vec<f32>,
 }
 
-fn local<T: Element>(
-    cp: &ContextParallel<'_>,
-    cfg: &AttentionConfig,
-    (q, k, v): (&[T], &[T], &[T]),
-) -> Local {
+fn local<T: Element>(cp: &Rank<'_>, cfg: &AttentionConfig, (q, k, v): (&[T], &[T], &[T])) -> Local {
     let chunks = chunks(cp.local_rows(cfg));
     let n = chunks.iter().map(|c| c.rows.len()).sum();
     Local {
@@ -185,7 +181,7 @@ fn local<T: Element>(
 
 /// Every rank's K and V gathered, as one block per owner.
 fn gather_all<T: Element>(
-    cp: &ContextParallel<'_>,
+    cp: &Rank<'_>,
     cfg: &AttentionConfig,
     me: &Local,
 ) -> Result<Vec<KvBlock>> {
@@ -212,7 +208,7 @@ fn gather_all<T: Element>(
 
 /// The forward: this rank's rows of out (f32) and lse.
 pub(super) fn forward<T: Element>(
-    cp: &ContextParallel<'_>,
+    cp: &Rank<'_>,
     cfg: &AttentionConfig,
     inputs: (&[T], &[T], &[T]),
 ) -> Result<HostForward<f32>> {
@@ -281,7 +277,7 @@ pub(super) fn forward<T: Element>(
 
 /// The backward: this rank's dq, dk, dv (f32) and the ranks' d_sinks summed.
 pub(super) fn backward<T: Element>(
-    cp: &ContextParallel<'_>,
+    cp: &Rank<'_>,
     cfg: &AttentionConfig,
     (q, k, v, out, lse, d_out): (&[T], &[T], &[T], &[T], &[f32], &[T]),
 ) -> Result<HostGradients<f32>> {
@@ -399,7 +395,7 @@ pub(super) fn backward<T: Element>(
 /// A ring reduce-scatter of every owner's dK, dV partials (`acc[o]`): rank r ends with the
 /// sum over the ranks of its own rows', added in ring order from rank r + 1 round to itself.
 fn reduce_scatter(
-    cp: &ContextParallel<'_>,
+    cp: &Rank<'_>,
     mut acc: Vec<(Vec<f32>, Vec<f32>)>,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
     let (size, rank) = (cp.comm().size(), cp.comm().rank());
@@ -431,7 +427,7 @@ fn reduce_scatter(
 
 /// Decode over sharded keys: this rank's partial, then every rank's merged in rank order.
 pub(super) fn decode_sharded<T: Element>(
-    cp: &ContextParallel<'_>,
+    cp: &Rank<'_>,
     cfg: &AttentionConfig,
     shard: Range<usize>,
     (q, k, v): (&[T], &[T], &[T]),

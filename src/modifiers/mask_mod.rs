@@ -279,10 +279,12 @@ mod tests {
         let bare =
             MaskMod::wgsl("fn mask_mod(b: u32, h: u32, i: u32, j: u32) -> bool { return i >= j; }")
                 .unwrap();
-        assert!(bare
-            .cuda_source()
-            .unwrap()
-            .contains("bool mask_mod(unsigned int fa_a0"));
+        // the translation's parameters under the generated prefix (modifiers/names.rs)
+        let translated = bare.cuda_source().unwrap();
+        assert!(
+            translated.contains("bool mask_mod(unsigned int gen_a0, unsigned int gen_a1"),
+            "{translated}"
+        );
         let mixed = MaskMod::and_masks(&[&a, &bare]).unwrap();
         assert!(mixed.cuda_source().is_some() && mixed.host.is_none());
         assert!(

@@ -313,17 +313,25 @@ fn bad_8_bit_cache_arguments_are_typed_errors() {
     // k and v in two formats, a cache of another shape, an overflow, a strided append
     wrong(
         x.forward_with_quantized_kvcache(&c, &q, (&mut k, &mut e4), &[3, 3], None),
-        "the v cache must be q8_0 of shape [2, 10, 1, 32]",
+        "the v cache must be q8_0 (the k cache's format",
     );
     let wide = AttentionConfig {
         seq_kv: 12,
         ..c.clone()
     };
     wide.validate().unwrap();
-    wrong(
-        x.forward_with_quantized_kvcache(&wide, &q, (&mut k, &mut v), &[3, 3], None),
-        "got q8_0 of shape [2, 10, 1, 32]",
-    );
+    // a cache of another shape is a shape error naming the cache (SEMANTICS.md)
+    match x.forward_with_quantized_kvcache(&wide, &q, (&mut k, &mut v), &[3, 3], None) {
+        Err(Error::Shape {
+            tensor,
+            expected,
+            got,
+        }) => {
+            assert_eq!(tensor, flash_attn_wgpu::TensorRole::K);
+            assert_eq!((expected, got), (vec![2, 12, 1, 32], vec![2, 10, 1, 32]));
+        }
+        other => panic!("expected a shape error for the k cache, got {other:?}"),
+    }
     wrong(
         x.forward_with_quantized_kvcache(&c, &q, (&mut k, &mut v), &[3, 10], Some((&new, &new))),
         "cache overflow: batch 1 holds 10 keys",
