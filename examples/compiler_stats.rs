@@ -174,9 +174,11 @@ fn run(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         }
     };
     if a.all {
-        let fixed = (info.subgroup_min_size == info.subgroup_max_size)
-            .then_some(info.subgroup_min_size)
-            .unwrap_or(0);
+        let fixed = if info.subgroup_min_size == info.subgroup_max_size {
+            info.subgroup_min_size
+        } else {
+            0
+        };
         let device = Device {
             caps: ctx.plan_env().caps,
             subgroup: fixed,

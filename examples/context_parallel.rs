@@ -206,7 +206,7 @@ fn run(
             });
             let want = ctx.forward_host(
                 &b,
-                &rows_of(&q, (1, c.seq_q, hq * d), &[rows.clone()]),
+                &rows_of(&q, (1, c.seq_q, hq * d), std::slice::from_ref(&rows)),
                 &k,
                 &v,
             )?;

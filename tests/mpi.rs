@@ -98,7 +98,9 @@ fn check_call<T: Element>(
     let k = t(rows_of(&d.k, (b, n, hkv * hd), &mine));
     let v = t(rows_of(&d.v, (b, n, hkv * hd), &mine));
     let dout = t(rows_of(&d.d_out, (b, n, hq * hd), &mine));
-    let run = || -> Result<(Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>), String> {
+    // out, lse, dq, dk, dv
+    type Five = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+    let run = || -> Result<Five, String> {
         let f = cp.forward(c, &q, &k, &v).map_err(|e| e.to_string())?;
         let g = cp
             .backward(c, &q, &k, &v, &f.out, &f.lse, &dout)
@@ -251,8 +253,8 @@ fn decode(
     let want = reference::forward(&c, &d.q, &d.k, &d.v);
     let cut = |r: usize| r * 300 / size + usize::from(r > 0) * 7;
     let shard = cut(rank)..if rank + 1 == size { 300 } else { cut(rank + 1) };
-    let k = rows_of(&d.k, (2, 300, 64), &[shard.clone()]);
-    let v = rows_of(&d.v, (2, 300, 64), &[shard.clone()]);
+    let k = rows_of(&d.k, (2, 300, 64), std::slice::from_ref(&shard));
+    let v = rows_of(&d.v, (2, 300, 64), std::slice::from_ref(&shard));
     let f = ContextParallel::new(ctx, comm)
         .decode_sharded(&c, shard, &d.q, &k, &v)
         .map_err(|e| e.to_string())?;

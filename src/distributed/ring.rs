@@ -275,11 +275,14 @@ pub(super) fn forward<T: Element>(
     Ok(HostForward { out, lse })
 }
 
+/// A backward's inputs, this rank's rows: q, k, v, out, lse, d_out.
+type BackwardInputs<'x, T> = (&'x [T], &'x [T], &'x [T], &'x [T], &'x [f32], &'x [T]);
+
 /// The backward: this rank's dq, dk, dv (f32) and the ranks' d_sinks summed.
 pub(super) fn backward<T: Element>(
     cp: &Rank<'_>,
     cfg: &AttentionConfig,
-    (q, k, v, out, lse, d_out): (&[T], &[T], &[T], &[T], &[f32], &[T]),
+    (q, k, v, out, lse, d_out): BackwardInputs<'_, T>,
 ) -> Result<HostGradients<f32>> {
     let me = local(cp, cfg, (q, k, v));
     let (out, d_out) = (to_f32_vec(out), to_f32_vec(d_out));

@@ -88,7 +88,7 @@ impl DeviceCaps {
 /// 16 x 16 tile leaves too little memory for a trainable tensor's fold). Past these head dims,
 /// and for dK/dV past 64 (its K and V tiles leave no 16 x 16 tile within 32 KiB at 128: one
 /// wave either way), the default choice stands.
-pub const WAVE64_CU_TILES: [(Pass, u32, (u32, u32, u32, u32)); 5] = [
+pub const WAVE64_CU_TILES: [(Pass, u32, BlocksEntry); 5] = [
     (Pass::Forward, 64, (32, 32, 16, 2)),
     (Pass::Forward, 128, (16, 16, 16, 1)),
     (Pass::DkDv, 64, (16, 16, 16, 1)),
@@ -455,9 +455,12 @@ pub fn fit_to_blocks(kernel: Kernel, dense: Tiles, blocks: (u32, u32), subgroup:
 /// to pay, and pair-by-pair masking inside the tile costs less.
 pub const MIN_FITTED: u32 = 16;
 
+/// A blocks kernel's tile entry: `(resident, streamed, NTX, TM)` rows ([`WAVE64_CU_TILES`]).
+pub type BlocksEntry = (u32, u32, u32, u32);
+
 /// A blocks kernel's tiles from a `(resident, streamed, NTX, TM)` entry: NT = resident / TM *
 /// NTX threads, each with a TM x (streamed / NTX) score block.
-fn blocks_tiles(kernel: Kernel, (resident, streamed, ntx, tm): (u32, u32, u32, u32)) -> Tiles {
+fn blocks_tiles(kernel: Kernel, (resident, streamed, ntx, tm): BlocksEntry) -> Tiles {
     let (br, bc) = if kernel.rows_are_keys() {
         (streamed, resident)
     } else {

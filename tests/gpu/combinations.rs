@@ -77,7 +77,7 @@ fn slot(n: usize) -> Slot {
             alg: algs[n % algs.len()],
             dtype: DType::ALL[(n + n / 3) % 3],
             d: [64, 16, 24, 4][n % 4],
-            softcap: n % 2 == 0,
+            softcap: n.is_multiple_of(2),
             dropout: n % 3 != 2,
             mask: n % 4 == 1,
             bias: [None, Some(true), Some(false), None, None][n % 5],

@@ -201,8 +201,8 @@ fn decode_over_keys_sharded_across_ranks_is_one_call_over_all_keys() {
                 s.spawn(move || {
                     let r = comm.rank();
                     let shard = cuts[r]..cuts[r + 1];
-                    let k = rows_of(&data.k, (b, n, hkv * d), &[shard.clone()]);
-                    let v = rows_of(&data.v, (b, n, hkv * d), &[shard.clone()]);
+                    let k = rows_of(&data.k, (b, n, hkv * d), std::slice::from_ref(&shard));
+                    let v = rows_of(&data.v, (b, n, hkv * d), std::slice::from_ref(&shard));
                     ContextParallel::new(ctx, &comm)
                         .decode_sharded(c, shard, &data.q, &k, &v)
                         .unwrap()
