@@ -21,7 +21,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use flash_attn_wgpu::distributed::{Comm, ContextParallel, LocalRing, MpiComm, Schedule};
+use flash_attn_wgpu::distributed::{
+    take_rows, Comm, ContextParallel, LocalRing, MpiComm, Schedule,
+};
 use flash_attn_wgpu::{AttentionConfig, Block, Context};
 use mpi::collective::CommunicatorCollectives;
 use mpi::topology::Communicator;
@@ -120,20 +122,6 @@ fn inputs(c: &AttentionConfig, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     )
 }
 
-fn rows_of(
-    x: &[f32],
-    (batch, n, width): (usize, usize, usize),
-    ranges: &[std::ops::Range<usize>],
-) -> Vec<f32> {
-    let mut out = Vec::new();
-    for b in 0..batch {
-        for r in ranges {
-            out.extend_from_slice(&x[(b * n + r.start) * width..(b * n + r.end) * width]);
-        }
-    }
-    out
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -159,9 +147,9 @@ fn run(
     let mine = cp.local_rows(&c);
     let (hq, hkv, d) = (c.heads_q, c.heads_kv, c.head_dim);
     let (ql, kl, vl) = (
-        rows_of(&q, (1, c.seq_q, hq * d), &mine),
-        rows_of(&k, (1, c.seq_q, hkv * d), &mine),
-        rows_of(&v, (1, c.seq_q, hkv * d), &mine),
+        take_rows(&q, (1, c.seq_q, hq * d), &mine)?,
+        take_rows(&k, (1, c.seq_q, hkv * d), &mine)?,
+        take_rows(&v, (1, c.seq_q, hkv * d), &mine)?,
     );
     if rank == 0 {
         println!(
@@ -206,7 +194,7 @@ fn run(
             });
             let want = ctx.forward_host(
                 &b,
-                &rows_of(&q, (1, c.seq_q, hq * d), std::slice::from_ref(&rows)),
+                &take_rows(&q, (1, c.seq_q, hq * d), std::slice::from_ref(&rows))?,
                 &k,
                 &v,
             )?;
@@ -246,11 +234,11 @@ fn bench(
     let d_out_all: Vec<f32> = (0..q.len())
         .map(|i| ((i % 13) as f32 - 6.0) * 0.05)
         .collect();
-    let d_out = rows_of(
+    let d_out = take_rows(
         &d_out_all,
         (1, c.seq_q, c.heads_q * c.head_dim),
         &cp.local_rows(c),
-    );
+    )?;
     let flops = 4.0 * (c.heads_q * c.seq_q * c.seq_kv * c.head_dim) as f64 / 2.0;
     let (mut one_f, mut one_fb, mut all_f, mut all_fb) = (vec![], vec![], vec![], vec![]);
     for round in 0..a.rounds {

@@ -43,18 +43,8 @@ fn data(c: &AttentionConfig, seed: u64) -> Data {
 }
 
 /// Rows of each batch of a `[batch, n, width]` tensor in `ranges`, concatenated.
-fn rows_of(
-    x: &[f32],
-    (batch, n, width): (usize, usize, usize),
-    ranges: &[std::ops::Range<usize>],
-) -> Vec<f32> {
-    let mut out = Vec::new();
-    for b in 0..batch {
-        for r in ranges {
-            out.extend_from_slice(&x[(b * n + r.start) * width..(b * n + r.end) * width]);
-        }
-    }
-    out
+fn rows_of(x: &[f32], dims: (usize, usize, usize), ranges: &[std::ops::Range<usize>]) -> Vec<f32> {
+    flash_attn_wgpu::distributed::take_rows(x, dims, ranges).expect("shapes made here")
 }
 
 fn close(what: &str, got: &[f32], want: &[f64], tol: f64) -> Result<(), String> {

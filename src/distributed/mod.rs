@@ -41,7 +41,7 @@ mod ring;
 use std::ops::Range;
 
 pub use comm::{timeout, Comm, LocalRing, DEFAULT_TIMEOUT_S, TIMEOUT_ENV};
-pub use layout::Layout;
+pub use layout::{take_rows, Layout};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiComm;
 pub use rank::{Schedule, Traffic, ALL_GATHER_BELOW};

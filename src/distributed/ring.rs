@@ -14,6 +14,7 @@
 
 use std::ops::Range;
 
+use super::layout::rows_of;
 use super::rank::{Rank, Schedule, Traffic, ALL_GATHER_BELOW};
 use crate::config::{AttentionConfig, Block};
 use crate::dtype::{to_f32_vec, Element};
@@ -45,14 +46,8 @@ fn chunks(ranges: Vec<Range<usize>>) -> Vec<Chunk> {
 }
 
 /// Rows `off..off + len` of each batch of a `[batch, n, width]` tensor.
-fn take(x: &[f32], (batch, n, width): (usize, usize, usize), off: usize, len: usize) -> Vec<f32> {
-    (0..batch)
-        .flat_map(|b| {
-            x[(b * n + off) * width..(b * n + off + len) * width]
-                .iter()
-                .copied()
-        })
-        .collect()
+fn take(x: &[f32], dims: (usize, usize, usize), off: usize, len: usize) -> Vec<f32> {
+    rows_of(x, dims, std::slice::from_ref(&(off..off + len)))
 }
 
 /// Adds `part` (`[batch, len, width]`) into rows `off..` of each batch of `x` (`[batch, n,

@@ -6,6 +6,24 @@ use flash_attn_wgpu::{unstable::reference, AttentionBackend, AttentionConfig, El
 use rand::seq::SliceRandom;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
+/// `r` is a shape error for `role` with the `expected` and `got` shapes (SEMANTICS.md: a
+/// cache of another shape is `Error::Shape`, naming the cache).
+pub fn assert_shape_error<X: std::fmt::Debug>(
+    r: flash_attn_wgpu::Result<X>,
+    role: flash_attn_wgpu::TensorRole,
+    expected: &[usize],
+    got: &[usize],
+) {
+    match r {
+        Err(flash_attn_wgpu::Error::Shape {
+            tensor,
+            expected: e,
+            got: g,
+        }) => assert_eq!((tensor, &e[..], &g[..]), (role, expected, got)),
+        other => panic!("expected a shape error for {role:?}, got {other:?}"),
+    }
+}
+
 /// Two steps on a dense cache on `b` in `T`: a prefill-like append of `new` rows with as many
 /// queries, then a decode step of one row; after each, every batch's out and lse equal the
 /// reference over exactly its keys (cache rows then new rows, standard bottom-right

@@ -14,18 +14,8 @@ use flash_attn_wgpu::unstable::reference;
 use flash_attn_wgpu::{AttentionConfig, Element, Error, HostForward, HostGradients, Window};
 
 /// Rows of each batch of a `[batch, n, width]` tensor in `ranges`, concatenated.
-fn rows_of(
-    x: &[f32],
-    (batch, n, width): (usize, usize, usize),
-    ranges: &[std::ops::Range<usize>],
-) -> Vec<f32> {
-    let mut out = Vec::new();
-    for b in 0..batch {
-        for r in ranges {
-            out.extend_from_slice(&x[(b * n + r.start) * width..(b * n + r.end) * width]);
-        }
-    }
-    out
+fn rows_of(x: &[f32], dims: (usize, usize, usize), ranges: &[std::ops::Range<usize>]) -> Vec<f32> {
+    flash_attn_wgpu::distributed::take_rows(x, dims, ranges).expect("shapes made here")
 }
 
 /// The inverse of `rows_of`: `local` written back at its rows.

@@ -321,17 +321,12 @@ fn bad_8_bit_cache_arguments_are_typed_errors() {
     };
     wide.validate().unwrap();
     // a cache of another shape is a shape error naming the cache (SEMANTICS.md)
-    match x.forward_with_quantized_kvcache(&wide, &q, (&mut k, &mut v), &[3, 3], None) {
-        Err(Error::Shape {
-            tensor,
-            expected,
-            got,
-        }) => {
-            assert_eq!(tensor, flash_attn_wgpu::TensorRole::K);
-            assert_eq!((expected, got), (vec![2, 12, 1, 32], vec![2, 10, 1, 32]));
-        }
-        other => panic!("expected a shape error for the k cache, got {other:?}"),
-    }
+    common::kv::assert_shape_error(
+        x.forward_with_quantized_kvcache(&wide, &q, (&mut k, &mut v), &[3, 3], None),
+        flash_attn_wgpu::TensorRole::K,
+        &[2, 12, 1, 32],
+        &[2, 10, 1, 32],
+    );
     wrong(
         x.forward_with_quantized_kvcache(&c, &q, (&mut k, &mut v), &[3, 10], Some((&new, &new))),
         "cache overflow: batch 1 holds 10 keys",

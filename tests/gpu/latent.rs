@@ -120,17 +120,12 @@ fn latent_calls_refuse_bad_inputs_in_the_callers_words() {
             .unwrap()
     };
     let mut short_q8 = q8([1, 8, 1, 32]);
-    match x.forward_with_quantized_latent_cache(&c, &q, &mut short_q8, &[3], None) {
-        Err(Error::Shape {
-            tensor,
-            expected,
-            got,
-        }) => {
-            assert_eq!(tensor, flash_attn_wgpu::TensorRole::K);
-            assert_eq!((expected, got), (c.kv_shape().to_vec(), vec![1, 8, 1, 32]));
-        }
-        other => panic!("expected a Shape error, got {other:?}"),
-    }
+    common::kv::assert_shape_error(
+        x.forward_with_quantized_latent_cache(&c, &q, &mut short_q8, &[3], None),
+        flash_attn_wgpu::TensorRole::K,
+        &c.kv_shape(),
+        &[1, 8, 1, 32],
+    );
     // q8_0 values 48 wide under 64-dim keys: refused by head_dim_v's name (issue 61: the
     // message said head_dim, which is fine at 64)
     let narrow = latent(cfg(1, 1, 16, 2, 1, 64, true), 48);
