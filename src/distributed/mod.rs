@@ -1,7 +1,7 @@
 //! Context parallelism: one attention call spread over ranks (processes, GPUs, machines), each
 //! holding its share of the sequence on its own [`Context`], exact (the same result as one
 //! device, to f32 rounding) and deterministic (the same bits every run: every sum in a fixed
-//! order). The ranks talk through a [`Comm`]: MPI's ([`MpiComm`], feature `mpi`: MPICH or
+//! order). The ranks talk through a [`Comm`]: MPI's (`MpiComm`, feature `mpi`: MPICH or
 //! Open MPI, across processes and machines, any vendor's GPUs) or threads of one process
 //! ([`LocalRing`]).
 //!
