@@ -250,11 +250,11 @@ fi
 TEST_STEPS=("tests: attention" "tests: every backend" "tests: decode, caches"
     "tests: modifiers, layouts" "tests: edges")
 TEST_MODULES=("forward backward dtypes variants" "backends" "decode kvcache paged merge head_dims latent"
-    "score_mod bias views hidden split interop concurrency trainable"
-    "nonfinite errors limits combinations fuzz driver")
+    "score_mod bias views hidden split interop concurrency trainable call_blocks"
+    "nonfinite errors limits combinations fuzz driver context_parallel")
 # worst cases from counts (docs/GPU.md, "Budgets"): 5 s + (warm test time on lavapipe +
 # 0.15 s a distinct pipeline, over 8 threads) + the longest test; backends:: adds NVRTC
-TEST_BUDGETS=(60 90 35 40 45)
+TEST_BUDGETS=(60 90 35 45 50)
 TEST_SAMPLES=(forward::rows_with_no_visible_key_give_zero_and_neg_inf_lse
     backends::every_backend_chains_device_tensors_and_types_its_errors
     merge::random_shards_merge_as_the_f64_reference_merges_them
