@@ -169,8 +169,11 @@ impl Context {
                     .map_err(|e| Error::RequestDevice(e.to_string()))?
             };
             check_device_limits(&device.limits())?;
-            let ctx = Self::build(device, queue, Some(info), coop);
+            let mut ctx = Self::build(device, queue, Some(info), coop);
             if coop {
+                // what the summary says: planned, never run (no self-check here)
+                ctx.info.cooperative_matrices =
+                    "16x16x16 f16/f32, planned without the self-check (compiled, never run)".into();
                 ctx.set_tuning_unchecked(Tuning {
                     variant: Variant::Coop,
                     ..ctx.tuning()
