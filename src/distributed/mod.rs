@@ -62,8 +62,8 @@ pub struct ContextParallel<'a> {
 impl std::fmt::Debug for ContextParallel<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ContextParallel")
-            .field("rank", &self.rank.comm().rank())
-            .field("size", &self.rank.comm().size())
+            .field("rank", &self.rank.comm.rank())
+            .field("size", &self.rank.comm.size())
             .field("schedule", &self.rank.schedule)
             .finish()
     }
@@ -247,10 +247,10 @@ impl<'a> ContextParallel<'a> {
                 return Err(Error::invalid(format!(
                     "{name} of rank {} holds {len} elements; its {n} rows of the call ({:?} \
                      of {} over {} ranks) take {want}",
-                    self.rank.comm().rank(),
+                    self.rank.comm.rank(),
                     self.local_rows(cfg),
                     cfg.seq_q,
-                    self.rank.comm().size()
+                    self.rank.comm.size()
                 )));
             }
         }
@@ -276,7 +276,7 @@ impl<'a> ContextParallel<'a> {
         if shard.end > cfg.seq_kv || shard.is_empty() {
             return Err(Error::invalid(format!(
                 "shard {shard:?} of rank {} must be a non-empty range of the call's {} keys",
-                self.rank.comm().rank(),
+                self.rank.comm.rank(),
                 cfg.seq_kv
             )));
         }
@@ -289,7 +289,7 @@ impl<'a> ContextParallel<'a> {
             if len != want {
                 return Err(Error::invalid(format!(
                     "{name} of rank {} holds {len} elements; {want} expected (shard {shard:?})",
-                    self.rank.comm().rank()
+                    self.rank.comm.rank()
                 )));
             }
         }
@@ -316,7 +316,7 @@ impl<'a> ContextParallel<'a> {
         };
         let fields: [(&str, u64); 13] = [
             ("call (forward, backward or decode_sharded)", call),
-            ("ranks", self.rank.comm().size() as u64),
+            ("ranks", self.rank.comm.size() as u64),
             ("batch", cfg.batch as u64),
             ("seq_q", cfg.seq_q as u64),
             ("seq_kv", cfg.seq_kv as u64),
@@ -334,14 +334,14 @@ impl<'a> ContextParallel<'a> {
         ];
         let mut words: Vec<u64> = fields.iter().map(|f| f.1).collect();
         words.push(local.is_ok() as u64);
-        let all = self.rank.comm().all_gather(bytemuck::cast_slice(&words))?;
+        let all = self.rank.comm.all_gather(bytemuck::cast_slice(&words))?;
         self.rank
-            .count(|t| &mut t.other, all.len() / self.rank.comm().size());
+            .count(|t| &mut t.other, all.len() / self.rank.comm.size());
         local?;
         let per = words.len();
         let all: &[u64] = &bytemuck::pod_collect_to_vec::<u8, u64>(&all);
-        let me = self.rank.comm().rank();
-        for r in 0..self.rank.comm().size() {
+        let me = self.rank.comm.rank();
+        for r in 0..self.rank.comm.size() {
             if all[r * per + per - 1] == 0 {
                 return Err(Error::Distributed {
                     rank: me,
@@ -349,7 +349,7 @@ impl<'a> ContextParallel<'a> {
                 });
             }
         }
-        for r in 1..self.rank.comm().size() {
+        for r in 1..self.rank.comm.size() {
             for (i, (name, _)) in fields.iter().enumerate() {
                 let (theirs, first) = (all[r * per + i], all[i]);
                 if theirs != first {

@@ -60,18 +60,6 @@ impl<'a> Rank<'a> {
         }
     }
 
-    pub(super) fn ctx(&self) -> &Context {
-        self.ctx
-    }
-
-    pub(super) fn comm(&self) -> &dyn Comm {
-        self.comm
-    }
-
-    pub(super) fn schedule(&self) -> Schedule {
-        self.schedule
-    }
-
     /// As set, else zigzag where the call is causal and contiguous otherwise.
     pub(super) fn layout(&self, cfg: &AttentionConfig) -> Layout {
         self.layout.unwrap_or(Layout::for_causal(cfg.causal))

@@ -125,7 +125,7 @@ fn kv_from<T: Element>(bytes: &[u8], k_len: usize) -> (Vec<f32>, Vec<f32>) {
 
 /// Every rank's chunks and block sizes (elements of K and V), from the layout.
 fn owners(cp: &Rank<'_>, cfg: &AttentionConfig) -> Vec<(Vec<Chunk>, usize, usize)> {
-    let (size, layout) = (cp.comm().size(), cp.layout(cfg));
+    let (size, layout) = (cp.comm.size(), cp.layout(cfg));
     (0..size)
         .map(|o| {
             let c = chunks(layout.rows(cfg.seq_q, size, o));
@@ -141,13 +141,13 @@ fn owners(cp: &Rank<'_>, cfg: &AttentionConfig) -> Vec<(Vec<Chunk>, usize, usize
 
 /// Whether this call takes the all-gather form.
 fn all_gather(cp: &Rank<'_>, cfg: &AttentionConfig) -> bool {
-    match cp.schedule() {
+    match cp.schedule {
         Schedule::Ring => false,
         Schedule::AllGather => true,
         Schedule::Auto => {
             let n = cp
                 .layout(cfg)
-                .local_len(cfg.seq_q, cp.comm().size(), cp.comm().rank());
+                .local_len(cfg.seq_q, cp.comm.size(), cp.comm.rank());
             cfg.batch * n * cfg.heads_kv * (cfg.head_dim + cfg.dv()) * 4 < ALL_GATHER_BELOW
         }
     }
@@ -188,8 +188,8 @@ fn gather_all<T: Element>(
         .unwrap_or(0);
     let mut mine = kv_bytes::<T>(&me.k, &me.v);
     mine.resize(widest, 0);
-    let all = cp.comm().all_gather(&mine)?;
-    cp.count(|t| &mut t.kv, widest * (cp.comm().size() - 1));
+    let all = cp.comm.all_gather(&mine)?;
+    cp.count(|t| &mut t.kv, widest * (cp.comm.size() - 1));
     Ok(owners
         .into_iter()
         .enumerate()
@@ -221,7 +221,7 @@ pub(super) fn forward<T: Element>(
                 };
                 let k = take(&blk.k, (cfg.batch, kn, hkv * d), kc.local, kc.rows.len());
                 let v = take(&blk.v, (cfg.batch, kn, hkv * dv), kc.local, kc.rows.len());
-                parts[ci].push((kc.rows.start, cp.ctx().forward_host(&b, &q, &k, &v)?));
+                parts[ci].push((kc.rows.start, cp.ctx.forward_host(&b, &q, &k, &v)?));
             }
         }
         Ok(())
@@ -232,7 +232,7 @@ pub(super) fn forward<T: Element>(
         }
     } else {
         let owners = owners(cp, cfg);
-        let (size, rank) = (cp.comm().size(), cp.comm().rank());
+        let (size, rank) = (cp.comm.size(), cp.comm.rank());
         let mut held = KvBlock {
             chunks: me.chunks.clone(),
             k: me.k.clone(),
@@ -248,7 +248,7 @@ pub(super) fn forward<T: Element>(
             let send = kv_bytes::<T>(&held.k, &held.v);
             cp.count(|t| &mut t.kv, send.len());
             let got = cp
-                .comm()
+                .comm
                 .shift(send, (kl + vl) * std::mem::size_of::<T>(), &mut || {
                     attend(&held)
                 })?;
@@ -263,7 +263,7 @@ pub(super) fn forward<T: Element>(
         p.sort_by_key(|x| x.0);
         let shards: Vec<HostForward<f32>> = p.into_iter().map(|x| x.1).collect();
         let shape = [cfg.batch, qc.rows.len(), hq, dv];
-        let merged = cp.ctx().merge_host(&shape, &shards)?;
+        let merged = cp.ctx.merge_host(&shape, &shards)?;
         add(&mut out, (cfg.batch, me.n, hq * dv), qc.local, &merged.out);
         put_lse(&mut lse, (cfg.batch * hq, me.n), qc.local, &merged.lse);
     }
@@ -282,7 +282,7 @@ pub(super) fn backward<T: Element>(
     let me = local(cp, cfg, (q, k, v));
     let (out, d_out) = (to_f32_vec(out), to_f32_vec(d_out));
     let (hq, hkv, d, dv) = (cfg.heads_q, cfg.heads_kv, cfg.head_dim, cfg.dv());
-    let (size, rank) = (cp.comm().size(), cp.comm().rank());
+    let (size, rank) = (cp.comm.size(), cp.comm.rank());
     let mut dq = vec![0f32; me.q.len()];
     let mut d_sinks: Option<Vec<f32>> = cfg.sinks.as_ref().map(|s| vec![0f32; s.len()]);
     // one block's gradients from this rank's rows, added into its accumulators
@@ -301,7 +301,7 @@ pub(super) fn backward<T: Element>(
                 let kl = kc.rows.len();
                 let ks = take(&blk.k, (cfg.batch, kn, hkv * d), kc.local, kl);
                 let vs = take(&blk.v, (cfg.batch, kn, hkv * dv), kc.local, kl);
-                let g = cp.ctx().backward_host(&b, &qs, &ks, &vs, &os, &ls, &ds)?;
+                let g = cp.ctx.backward_host(&b, &qs, &ks, &vs, &os, &ls, &ds)?;
                 add(&mut dq, (cfg.batch, me.n, hq * d), qc.local, &g.dq);
                 add(dk, (cfg.batch, kn, hkv * d), kc.local, &g.dk);
                 add(dvv, (cfg.batch, kn, hkv * dv), kc.local, &g.dv);
@@ -353,7 +353,7 @@ pub(super) fn backward<T: Element>(
                 (kl + vl) * std::mem::size_of::<T>()
             };
             let got = cp
-                .comm()
+                .comm
                 .shift(send, kv_len + (kl + vl) * 4, &mut || Ok(()))?;
             let (kv, g) = got.split_at(kv_len);
             let g: Vec<f32> = bytemuck::pod_collect_to_vec(g);
@@ -370,7 +370,7 @@ pub(super) fn backward<T: Element>(
     let d_sinks = match d_sinks {
         None => None,
         Some(mine) => {
-            let all = cp.comm().all_gather(bytemuck::cast_slice(&mine))?;
+            let all = cp.comm.all_gather(bytemuck::cast_slice(&mine))?;
             cp.count(|t| &mut t.other, mine.len() * 4);
             let all: Vec<f32> = bytemuck::pod_collect_to_vec(&all);
             Some(
@@ -396,7 +396,7 @@ fn reduce_scatter(
     cp: &Rank<'_>,
     mut acc: Vec<(Vec<f32>, Vec<f32>)>,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
-    let (size, rank) = (cp.comm().size(), cp.comm().rank());
+    let (size, rank) = (cp.comm.size(), cp.comm.rank());
     // at step s this rank passes on the sum it holds for owner r - s - 1 and takes the one
     // for owner r - s - 2 from the rank before, adding its own part
     for s in 0..size.saturating_sub(1) {
@@ -409,7 +409,7 @@ fn reduce_scatter(
         send.extend_from_slice(bytemuck::cast_slice(dv));
         cp.count(|t| &mut t.grads, send.len());
         let (kl, vl) = (acc[in_owner].0.len(), acc[in_owner].1.len());
-        let got = cp.comm().shift(send, (kl + vl) * 4, &mut || Ok(()))?;
+        let got = cp.comm.shift(send, (kl + vl) * 4, &mut || Ok(()))?;
         let got: Vec<f32> = bytemuck::pod_collect_to_vec(&got);
         let (dk, dv) = &mut acc[in_owner];
         // theirs first, then this rank's own part: one order on every run
@@ -430,7 +430,7 @@ pub(super) fn decode_sharded<T: Element>(
     shard: Range<usize>,
     (q, k, v): (&[T], &[T], &[T]),
 ) -> Result<HostForward<f32>> {
-    let (size, rank) = (cp.comm().size(), cp.comm().rank());
+    let (size, rank) = (cp.comm.size(), cp.comm.rank());
     // positions matter to the masks and modifiers that read them: a block of the call; the
     // rest run as a plain call over the shard (the decode kernel takes it)
     let positional = cfg.window.left.is_some()
@@ -453,11 +453,11 @@ pub(super) fn decode_sharded<T: Element>(
         ..cfg.clone()
     };
     let (q, k, v) = (to_f32_vec(q), to_f32_vec(k), to_f32_vec(v));
-    let mine = cp.ctx().forward_host(&shard_cfg, &q, &k, &v)?;
+    let mine = cp.ctx.forward_host(&shard_cfg, &q, &k, &v)?;
     let (no, nl) = (mine.out.len(), mine.lse.len());
     let mut bytes = bytemuck::cast_slice::<f32, u8>(&mine.out).to_vec();
     bytes.extend_from_slice(bytemuck::cast_slice(&mine.lse));
-    let all = cp.comm().all_gather(&bytes)?;
+    let all = cp.comm.all_gather(&bytes)?;
     cp.count(|t: &mut Traffic| &mut t.other, bytes.len() * (size - 1));
     let all: Vec<f32> = bytemuck::pod_collect_to_vec(&all);
     let shards: Vec<HostForward<f32>> = (0..size)
@@ -470,5 +470,5 @@ pub(super) fn decode_sharded<T: Element>(
         })
         .collect();
     let _ = rank;
-    cp.ctx().merge_host(&cfg.out_shape(), &shards)
+    cp.ctx.merge_host(&cfg.out_shape(), &shards)
 }
