@@ -17,6 +17,9 @@
 //! forward passes its K and V blocks once round (R - 1 blocks of `B * N/R * Hkv * D` elements
 //! each, twice: K and V), the backward the same and, R times, the block's dK and dV (f32).
 
+#[path = "common/stats.rs"]
+mod stats;
+
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -28,6 +31,7 @@ use flash_attn_wgpu::{AttentionConfig, Block, Context};
 use mpi::collective::CommunicatorCollectives;
 use mpi::topology::Communicator;
 use rand::{Rng, SeedableRng};
+use stats::Stats;
 
 #[derive(Parser, Debug)]
 #[command(name = "context_parallel")]
@@ -120,11 +124,6 @@ fn inputs(c: &AttentionConfig, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         r(c.kv_shape().iter().product()),
         r(c.v_shape().iter().product()),
     )
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn run(
@@ -273,7 +272,13 @@ fn bench(
         }
     }
     if rank == 0 {
-        let (of, ofb, af, afb) = (median(one_f), median(one_fb), median(all_f), median(all_fb));
+        let median = |v: &[f64]| Stats::of(v).median;
+        let (of, ofb, af, afb) = (
+            median(&one_f),
+            median(&one_fb),
+            median(&all_f),
+            median(&all_fb),
+        );
         let t = cp.traffic();
         println!(
             "medians of {} rounds: forward 1 rank {of:.2} s ({:.1} GFLOP/s), {size} ranks {af:.2} s: \

@@ -14,8 +14,8 @@
 //! (bytes per element): each key and value read once (GQA packing reads a kv head's tile once
 //! for all the query heads that share it). `--mla-values Dv` (MLA: the values are the first Dv
 //! dims of each key row, one latent cache read through a view): FLOPs
-//! 2 * B * H_q * S_q * S_kv * (D + Dv), KV bytes B * S_kv * H_kv * D * (bytes per element), the latent cache once; each
-//! point adds the KV-cache calls side by side, the latent cache (`forward_with_latent_cache`)
+//! 2 * B * H_q * S_q * S_kv * (D + Dv), KV bytes B * S_kv * H_kv * D * (bytes per element),
+//! the latent cache once; each point adds the KV-cache calls side by side, the latent cache (`forward_with_latent_cache`)
 //! against the values stored apart (`forward_with_kvcache` over k and a v of Dv dims a row).
 
 use std::time::Instant;
