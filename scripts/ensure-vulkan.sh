@@ -69,21 +69,7 @@ backports="${codename}-backports"
 
 # Is the backports suite already configured?
 if ! grep -rqsE "^[^#]*\b${backports}\b" /etc/apt/sources.list /etc/apt/sources.list.d/; then
-    # Take the URI of the main Debian archive from the existing configuration.
-    uri=""
-    for f in /etc/apt/sources.list.d/*.sources; do
-        [ -e "$f" ] || continue
-        uri=$(awk -v cn="$codename" '
-            /^[[:space:]]*$/ { if (u != "" && s ~ ("(^| )" cn "( |$)")) { print u; exit } u=""; s=""; next }
-            /^URIs:/   { u=$2 }
-            /^Suites:/ { $1=""; s=$0 }
-            END { if (u != "" && s ~ ("(^| )" cn "( |$)")) print u }' "$f" | head -n1)
-        [ -n "$uri" ] && break
-    done
-    if [ -z "$uri" ] && [ -e /etc/apt/sources.list ]; then
-        uri=$(awk -v cn="$codename" '$1=="deb" && $3==cn { print $2; exit }' /etc/apt/sources.list)
-    fi
-    [ -n "$uri" ] || { log "no Debian archive for ${codename} found in the apt sources"; exit 1; }
+    uri=$(bash "$(dirname "$0")/debian-archive.sh" "$codename")
     log "enabling ${backports} from the configured archive"
     echo "deb ${uri} ${backports} main" | $SUDO tee /etc/apt/sources.list.d/flash-attn-wgpu-backports.list >/dev/null
 fi

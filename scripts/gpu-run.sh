@@ -249,7 +249,7 @@ fi
 # runs in the last step. MODE=tiny lists each step's tests and runs one of them (its sample).
 TEST_STEPS=("tests: attention" "tests: every backend" "tests: decode, caches"
     "tests: modifiers, layouts" "tests: edges")
-TEST_MODULES=("forward backward dtypes variants" "backends" "decode kvcache paged merge head_dims latent"
+TEST_MODULES=("forward backward dtypes variants coop" "backends" "decode kvcache paged merge head_dims latent"
     "score_mod bias views hidden split interop concurrency trainable call_blocks"
     "nonfinite errors limits combinations fuzz driver context_parallel")
 # worst cases from counts (docs/GPU.md, "Budgets"): 5 s + (warm test time on lavapipe +

@@ -1,17 +1,18 @@
-// Shared by the coop kernels (cooperative matrices, 16x16x16, f16 operands and f32
-// accumulators): the matrix products, shared out by subgroup, and the scalar pieces around
-// them. Each coop kernel declares `hs` (f16 operands, rows of DP head dims or of a tile's
+// Shared by the coop kernels (cooperative matrices of CF x CF x CF, f16 operands and f32
+// accumulators; the prelude sets CF, 16 or 8, and the fragment types CoopA, CoopB, CoopC from
+// the adapter's offer): the matrix products, shared out by subgroup, and the scalar pieces
+// around them. Each coop kernel declares `hs` (f16 operands, rows of DP head dims or of a tile's
 // columns) and `fs` (f32 products) in workgroup memory and places its tiles there at offsets.
 //
 // Products: `coop_nt` (A B^T: both operands given as rows, as Q K^T) and `coop_nn` (A B with B
-//           row-major, as P V). Subgroup g of the workgroup takes the 16x16 output blocks g,
+//           row-major, as P V). Subgroup g of the workgroup takes the CF x CF output blocks g,
 //           g + num_subgroups, ...: no subgroup size is assumed. Every pointer index is bound
 //           to a `let` first (naga 30's SPIR-V writer panics on an inline one beside a
 //           runtime stride).
 // Scalar:  invocation t owns row t / TPR of the workgroup's resident rows, and of it the head
 //          dims (or columns) t % TPR + k * TPR.
 
-const DP: u32 = (HEAD_DIM + 15u) / 16u * 16u;   // head dims padded to whole blocks
+const DP: u32 = (HEAD_DIM + CF - 1u) / CF * CF; // head dims padded to whole blocks
 const DPR: u32 = DP / TPR;                      // head dims per invocation
 
 // fs[out + m * ldo + n] = sum over k < inner of A[m][k] B[n][k], for the mb x nb blocks; A rows
@@ -20,15 +21,15 @@ fn coop_nt(a: u32, lda: u32, b: u32, ldb: u32, inner: u32, mb: u32, nb: u32, out
     for (var blk = sg; blk < mb * nb; blk += nsg) {
         let i = blk / nb;
         let j = blk % nb;
-        var c = coop_mat16x16<f32, C>();
-        for (var kk = 0u; kk < inner; kk += 16u) {
-            let ai = a + i * 16u * lda + kk;
-            let bi = b + j * 16u * ldb + kk;
-            let x = coopLoadT<coop_mat16x16<f16, A>>(&hs[ai], lda);
-            let y = coopLoad<coop_mat16x16<f16, B>>(&hs[bi], ldb);
+        var c = CoopC();
+        for (var kk = 0u; kk < inner; kk += CF) {
+            let ai = a + i * CF * lda + kk;
+            let bi = b + j * CF * ldb + kk;
+            let x = coopLoadT<CoopA>(&hs[ai], lda);
+            let y = coopLoad<CoopB>(&hs[bi], ldb);
             c = coopMultiplyAdd(x, y, c);
         }
-        let oi = out + i * 16u * ldo + j * 16u;
+        let oi = out + i * CF * ldo + j * CF;
         coopStoreT(c, &fs[oi], ldo);
     }
 }
@@ -39,15 +40,15 @@ fn coop_nn(a: u32, lda: u32, b: u32, ldb: u32, inner: u32, mb: u32, nb: u32, out
     for (var blk = sg; blk < mb * nb; blk += nsg) {
         let i = blk / nb;
         let j = blk % nb;
-        var c = coop_mat16x16<f32, C>();
-        for (var kk = 0u; kk < inner; kk += 16u) {
-            let ai = a + i * 16u * lda + kk;
-            let bi = b + kk * ldb + j * 16u;
-            let x = coopLoadT<coop_mat16x16<f16, A>>(&hs[ai], lda);
-            let y = coopLoadT<coop_mat16x16<f16, B>>(&hs[bi], ldb);
+        var c = CoopC();
+        for (var kk = 0u; kk < inner; kk += CF) {
+            let ai = a + i * CF * lda + kk;
+            let bi = b + kk * ldb + j * CF;
+            let x = coopLoadT<CoopA>(&hs[ai], lda);
+            let y = coopLoadT<CoopB>(&hs[bi], ldb);
             c = coopMultiplyAdd(x, y, c);
         }
-        let oi = out + i * 16u * ldo + j * 16u;
+        let oi = out + i * CF * ldo + j * CF;
         coopStoreT(c, &fs[oi], ldo);
     }
 }

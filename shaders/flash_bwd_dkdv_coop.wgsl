@@ -89,8 +89,8 @@ fn main(
                 rows[BR + r] = dl;
             }
             workgroupBarrier();
-            coop_nt(OK, DP, OQ, DP, DP, BC / 16u, BR / 16u, 0u, BR, sg, nsg);
-            coop_nt(OV, DP, ODO, DP, DP, BC / 16u, BR / 16u, FDP, BR, sg, nsg);
+            coop_nt(OK, DP, OQ, DP, DP, BC / CF, BR / CF, 0u, BR, sg, nsg);
+            coop_nt(OV, DP, ODO, DP, DP, BC / CF, BR / CF, FDP, BR, sg, nsg);
             workgroupBarrier();
 
             for (var k = 0u; k < RPR; k++) {
@@ -103,14 +103,14 @@ fn main(
             workgroupBarrier(); // P^T and dS^T are in; S^T and dP^T are dead
 
             // summed apart, then folded in (f32 error on long columns)
-            coop_nn(OP, BR, ODO, DP, BR, BC / 16u, DP / 16u, 0u, DP, sg, nsg);
+            coop_nn(OP, BR, ODO, DP, BR, BC / CF, DP / CF, 0u, DP, sg, nsg);
             workgroupBarrier();
             var dv = product_row(0u, c, part);
             if (masked) {
                 dv = guarded_row(OP, BR, ODO, BR, c, part);
             }
             workgroupBarrier(); // every row is read before dK_tile takes fs
-            coop_nn(ODS, BR, OQ, DP, BR, BC / 16u, DP / 16u, 0u, DP, sg, nsg);
+            coop_nn(ODS, BR, OQ, DP, BR, BC / CF, DP / CF, 0u, DP, sg, nsg);
             workgroupBarrier();
             var dk = product_row(0u, c, part);
             if (masked) {

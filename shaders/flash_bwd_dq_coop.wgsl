@@ -87,8 +87,8 @@ fn main(
         workgroupBarrier(); // the previous tile is done with K, V, dS and fs
         stage_kv(OK, OV, b, hk, kv0, BC, t);
         workgroupBarrier();
-        coop_nt(OQ, DP, OK, DP, DP, BR / 16u, BC / 16u, 0u, BC, sg, nsg);
-        coop_nt(ODO, DP, OV, DP, DP, BR / 16u, BC / 16u, FDP, BC, sg, nsg);
+        coop_nt(OQ, DP, OK, DP, DP, BR / CF, BC / CF, 0u, BC, sg, nsg);
+        coop_nt(ODO, DP, OV, DP, DP, BR / CF, BC / CF, FDP, BC, sg, nsg);
         workgroupBarrier();
 
         for (var k = 0u; k < CPR; k++) {
@@ -98,7 +98,7 @@ fn main(
         }
         workgroupBarrier(); // dS is in; S and dP are dead
 
-        coop_nn(ODS, BC, OK, DP, BC, BR / 16u, DP / 16u, 0u, DP, sg, nsg);
+        coop_nn(ODS, BC, OK, DP, BC, BR / CF, DP / CF, 0u, DP, sg, nsg);
         workgroupBarrier();
         // summed apart, then folded in (f32 error on long rows)
         var dq = product_row(0u, r, part);

@@ -1,5 +1,5 @@
 // FlashAttention forward (exact), "coop" variant: the two matrix products on cooperative
-// matrices (tensor cores on NVIDIA, matrix cores on AMD, XMX on Intel), 16x16x16 with f16
+// matrices (tensor cores on NVIDIA, matrix cores on AMD, XMX on Intel), CF x CF x CF (16 or 8) with f16
 // operands and f32 accumulators (coop.wgsl). For f16 tensors only: q, k, v are f16 already,
 // so staging them as f16 loses nothing; P is rounded to f16 once, and the row sum adds the
 // rounded values, so out is normalized by exactly the weights it was built from.
@@ -80,7 +80,7 @@ fn main(
         workgroupBarrier(); // the previous tile is done with K, V, P and fs
         stage_kv(OK, OV, b, hk, kv0, BC, t);
         workgroupBarrier();
-        coop_nt(OQ, DP, OK, DP, DP, BR / 16u, BC / 16u, 0u, BC, sg, nsg);
+        coop_nt(OQ, DP, OK, DP, DP, BR / CF, BC / CF, 0u, BC, sg, nsg);
         workgroupBarrier();
 
         var s = array<f32, CPR>();
@@ -108,7 +108,7 @@ fn main(
         m_i = om.m;
         workgroupBarrier(); // P is in; S and the maxima are dead
 
-        coop_nn(OP, BC, OV, DP, BC, BR / 16u, DP / 16u, 0u, DP, sg, nsg);
+        coop_nn(OP, BC, OV, DP, BC, BR / CF, DP / CF, 0u, DP, sg, nsg);
         workgroupBarrier();
         // the tile was summed apart and is folded in here
         var o = product_row(0u, r, part);

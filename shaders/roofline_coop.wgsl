@@ -1,6 +1,7 @@
-// Roofline probe: cooperative-matrix multiply-add throughput, 16x16x16 with f16 operands and
-// f32 accumulators (what the coop kernels use). Each subgroup runs `total_items` iterations of
-// 4 independent coopMultiplyAdd chains (4 x 2 x 16^3 = 32,768 FLOPs per iteration), each with
+// Roofline probe: cooperative-matrix multiply-add throughput, CF x CF x CF (16 or 8, the
+// prelude's) with f16 operands and f32 accumulators (what the coop kernels use). Each subgroup
+// runs `total_items` iterations of 4 independent coopMultiplyAdd chains (4 x 2 x CF^3 FLOPs
+// per iteration: 32,768 at 16, 4,096 at 8), each with
 // an A operand of its own, so that no compiler can fold equal chains into one; the
 // invocation 0 of workgroup 0 writes the number of subgroups a workgroup has into sink[0], so
 // that the host counts FLOPs without assuming a subgroup size. Grid: workgroups of 128.
@@ -27,22 +28,22 @@ fn main(
         tb[e] = f16(f32(e % 5u) * 1.0e-3);
     }
     workgroupBarrier();
-    let a0 = coopLoadT<coop_mat16x16<f16, A>>(&ta[0], 16u);
-    let a1 = coopLoadT<coop_mat16x16<f16, A>>(&ta[256], 16u);
-    let a2 = coopLoadT<coop_mat16x16<f16, A>>(&ta[512], 16u);
-    let a3 = coopLoadT<coop_mat16x16<f16, A>>(&ta[768], 16u);
-    let b = coopLoadT<coop_mat16x16<f16, B>>(&tb[0], 16u);
-    var c0 = coop_mat16x16<f32, C>();
-    var c1 = coop_mat16x16<f32, C>();
-    var c2 = coop_mat16x16<f32, C>();
-    var c3 = coop_mat16x16<f32, C>();
+    let a0 = coopLoadT<CoopA>(&ta[0], CF);
+    let a1 = coopLoadT<CoopA>(&ta[CF * CF], CF);
+    let a2 = coopLoadT<CoopA>(&ta[2u * CF * CF], CF);
+    let a3 = coopLoadT<CoopA>(&ta[3u * CF * CF], CF);
+    let b = coopLoadT<CoopB>(&tb[0], CF);
+    var c0 = CoopC();
+    var c1 = CoopC();
+    var c2 = CoopC();
+    var c3 = CoopC();
     for (var i = 0u; i < params.total_items; i++) {
         c0 = coopMultiplyAdd(a0, b, c0);
         c1 = coopMultiplyAdd(a1, b, c1);
         c2 = coopMultiplyAdd(a2, b, c2);
         c3 = coopMultiplyAdd(a3, b, c3);
     }
-    coopStoreT(c0 + c1 + c2 + c3, &tc[(sg % 8u) * 256u], 16u);
+    coopStoreT(c0 + c1 + c2 + c3, &tc[(sg % 8u) * CF * CF], CF);
     workgroupBarrier();
     sink[1u + w * 128u + t] = tc[t];
     if (w == 0u && t == 0u) {

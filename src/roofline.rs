@@ -3,7 +3,7 @@
 
 use crate::device::Context;
 use crate::error::Result;
-use crate::kernels::{Kernel, KernelKey, Params};
+use crate::kernels::{choose_tiles, Kernel, KernelKey, Params};
 use crate::record::Dispatch;
 
 /// Measured ceilings of one adapter.
@@ -63,7 +63,7 @@ impl Context {
             None
         };
 
-        let coop_f16_gflops = if self.caps.coop_f16 {
+        let coop_f16_gflops = if self.caps.coop != 0 {
             Some(self.coop_probe(scale)?)
         } else {
             None
@@ -105,12 +105,18 @@ impl Context {
         let workgroups = 256u32;
         let iterations = ((4000.0 * scale) as u32).max(16);
         let sink = self.create_storage((1 + workgroups as u64 * 128) * 4, "coop probe sink")?;
+        // the adapter's fragment size (8 or 16): a coop kernel's tiles carry it
+        let frag = self.caps.coop;
+        let key = KernelKey {
+            tiles: choose_tiles(Kernel::RooflineCoop, 1, self.caps)?,
+            ..KernelKey::plain(Kernel::RooflineCoop)
+        };
         let mut best = f64::INFINITY;
         for _ in 0..4 {
             self.run_timed(
                 &[Dispatch {
                     windows: Vec::new(),
-                    key: KernelKey::plain(Kernel::RooflineCoop),
+                    key,
                     params: Params {
                         total_items: iterations,
                         ..Default::default()
@@ -123,8 +129,12 @@ impl Context {
             best = best.min(self.last_gpu_timing().map_or(f64::INFINITY, |t| t.seconds));
         }
         let subgroups: Vec<f32> = self.read_buffer(&sink.buffer, 1)?;
-        let flops =
-            workgroups as f64 * subgroups[0] as f64 * iterations as f64 * 4.0 * 2.0 * 4096.0;
+        let flops = workgroups as f64
+            * subgroups[0] as f64
+            * iterations as f64
+            * 4.0
+            * 2.0
+            * (frag as f64).powi(3);
         Ok(flops / best / 1e9)
     }
 }

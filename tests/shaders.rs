@@ -41,7 +41,7 @@ fn key_of(kernel: Kernel, elem: ElemFormat, all: bool) -> KernelKey {
             kernel,
             64,
             DeviceCaps {
-                coop_f16: kernel.is_coop(),
+                coop: if kernel.is_coop() { 16 } else { 0 },
                 ..DeviceCaps::WEBGPU_DEFAULT
             },
         )

@@ -1,6 +1,6 @@
-//! Cooperative matrices: whether the adapter offers the configuration the coop kernels use
-//! (16x16x16, f16 operands, f32 accumulators), and the self-check that has to pass before
-//! `Context::new` picks the coop variant: a kernel no CI machine can run proves itself on the
+//! Cooperative matrices: whether the adapter offers a configuration the coop kernels use
+//! (16x16x16 or 8x8x8, f16 operands, f32 accumulators), and the self-check that has to pass
+//! before `Context::new` picks the coop variant on a GPU: a kernel proves itself on the
 //! adapter first, against the f64 reference, or the blocks variant stays the default.
 
 use super::{Context, Tuning};
@@ -8,13 +8,24 @@ use crate::config::AttentionConfig;
 use crate::error::Result;
 use crate::kernels::Variant;
 
-/// True when `props` holds 16x16x16 with f16 A and B and an f32 accumulator.
-pub fn offers_coop_f16(props: &[wgpu::CooperativeMatrixProperties]) -> bool {
-    props.iter().any(|p| {
-        (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
-            && p.ab_type == wgpu::CooperativeScalarType::F16
-            && p.cr_type == wgpu::CooperativeScalarType::F32
-    })
+/// The fragment size of the coop kernels on an adapter offering `props`: 16 where it offers
+/// 16x16x16 with f16 A and B and an f32 accumulator (NVIDIA, AMD RDNA3/4 through Vulkan),
+/// else 8 where it offers 8x8x8 so (Apple GPUs through Metal, lavapipe 26), else 0. The
+/// kernels' text is the same at both sizes but for the size (`DeviceCaps::coop`).
+pub fn fragment_size(props: &[wgpu::CooperativeMatrixProperties]) -> u32 {
+    let offers = |n: u32| {
+        props.iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (n, n, n)
+                && p.ab_type == wgpu::CooperativeScalarType::F16
+                && p.cr_type == wgpu::CooperativeScalarType::F32
+        })
+    };
+    [16, 8].into_iter().find(|&n| offers(n)).unwrap_or(0)
+}
+
+/// What `AdapterSummary::cooperative_matrices` says of fragment size `frag` before a verdict.
+pub fn shape_name(frag: u32) -> String {
+    format!("{frag}x{frag}x{frag} f16/f32")
 }
 
 /// Worst error the self-check accepts, relative to the largest reference output: f16's unit
@@ -67,6 +78,7 @@ pub(super) async fn verdict(
     adapter: &wgpu::Adapter,
     features: wgpu::Features,
     limits: &wgpu::Limits,
+    frag: u32,
 ) -> std::result::Result<(), String> {
     if switched_off() {
         return Err(format!(
@@ -82,7 +94,7 @@ pub(super) async fn verdict(
         let spawned = std::thread::Builder::new()
             .name("flash-attn-coop-self-check".into())
             .spawn(move || {
-                let _ = tx.send(pollster::block_on(probe(&adapter, features, &limits)));
+                let _ = tx.send(pollster::block_on(probe(&adapter, features, &limits, frag)));
             });
         if let Err(e) = spawned {
             return Err(format!("no thread for the self-check: {e}"));
@@ -98,7 +110,7 @@ pub(super) async fn verdict(
     }
     #[cfg(target_arch = "wasm32")]
     {
-        probe(adapter, features, limits).await
+        probe(adapter, features, limits, frag).await
     }
 }
 
@@ -107,11 +119,12 @@ async fn probe(
     adapter: &wgpu::Adapter,
     features: wgpu::Features,
     limits: &wgpu::Limits,
+    frag: u32,
 ) -> std::result::Result<(), String> {
     let (device, queue) = super::request(adapter, features, limits, true)
         .await
         .map_err(|e| format!("no device for the self-check: {e}"))?;
-    let probe = Context::build(device, queue, Some(adapter.get_info()), true);
+    let probe = Context::build(device, queue, Some(adapter.get_info()), frag);
     match probe.check_variant(Variant::Coop) {
         Ok(None) => probe
             .check_alive()

@@ -168,7 +168,7 @@ impl Context {
     pub fn from_wgpu(device: wgpu::Device, queue: wgpu::Queue) -> Result<Self> {
         check_device_limits(&device.limits())?;
         let info = device.adapter_info();
-        let ctx = Self::build(device, queue, Some(info), false);
+        let ctx = Self::build(device, queue, Some(info), 0);
         // a browser cannot wait for the canary's readback here; its drivers are not the old
         // lavapipe the canary guards against (`driver_canary_async` runs it by hand)
         if !cfg!(target_arch = "wasm32") {
@@ -182,7 +182,7 @@ impl Context {
         device: wgpu::Device,
         queue: wgpu::Queue,
         info: Option<wgpu::AdapterInfo>,
-        coop_offered: bool,
+        coop_frag: u32,
     ) -> Self {
         let limits = device.limits();
         let features = device.features();
@@ -225,10 +225,14 @@ impl Context {
         let caps = DeviceCaps {
             max_workgroup_storage_bytes: limits.max_compute_workgroup_storage_size,
             max_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
-            coop_f16: coop_offered
-                && features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            coop: if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
                 && shader_f16
-                && features.contains(wgpu::Features::SUBGROUP),
+                && features.contains(wgpu::Features::SUBGROUP)
+            {
+                coop_frag
+            } else {
+                0
+            },
             private_floats: if info.device_type == wgpu::DeviceType::Cpu {
                 crate::kernels::CPU_PRIVATE_FLOATS
             } else {
@@ -365,7 +369,7 @@ impl Context {
                 ),
             });
         }
-        if tuning.variant == Variant::Coop && !self.caps.coop_f16 {
+        if tuning.variant == Variant::Coop && self.caps.coop == 0 {
             return Err(Error::Unsupported {
                 feature: "the coop variant (Variant::Coop)".into(),
                 backend: crate::Backend::Wgpu,

@@ -30,32 +30,44 @@ impl Context {
             limits,
             coop,
         } = choose_adapter().await?;
-        // The coop kernels prove themselves on a device of their own first: a kernel no CI
-        // machine can run must not be able to take the caller's device down with it (a
-        // driver fault loses only the probe device), nor hang this call (a deadline).
-        let coop_verdict = if coop {
-            Some(coop::verdict(&adapter, features, &limits).await)
+        // On a GPU the coop kernels become the default, so they prove themselves on a device
+        // of their own first: a kernel must not be able to take the caller's device down with
+        // it (a driver fault loses only the probe device), nor hang this call (a deadline).
+        // On a CPU driver (lavapipe 26: 8x8x8) the rows family stays the default and the coop
+        // kernels run only when asked for (`Variant::Coop`), so no call pays for the check.
+        let cpu = adapter.get_info().device_type == wgpu::DeviceType::Cpu;
+        let coop_verdict = if coop > 0 && !cpu {
+            Some(coop::verdict(&adapter, features, &limits, coop).await)
         } else {
             None
         };
-        let coop_ok = matches!(coop_verdict, Some(Ok(())));
-        if !coop_ok {
+        let coop_usable = coop > 0 && (cpu || matches!(coop_verdict, Some(Ok(()))));
+        if !coop_usable {
             features.remove(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
         }
-        let (device, queue) = request(&adapter, features, &limits, coop_ok).await?;
+        let (device, queue) = request(&adapter, features, &limits, coop_usable).await?;
         check_device_limits(&device.limits())?;
-        let mut ctx = Self::build(device, queue, Some(adapter.get_info()), coop_ok);
+        let frag = if coop_usable { coop } else { 0 };
+        let mut ctx = Self::build(device, queue, Some(adapter.get_info()), frag);
         ctx.driver_canary_async().await?;
+        let shape = coop::shape_name(coop);
         match coop_verdict {
             Some(Ok(())) => {
-                ctx.info.cooperative_matrices = "16x16x16 f16/f32, in use (Variant::Coop)".into();
+                ctx.info.cooperative_matrices = format!("{shape}, in use (Variant::Coop)");
                 let t = ctx.tuning();
                 ctx.set_tuning_unchecked(Tuning {
                     variant: Variant::Coop,
                     ..t
                 });
             }
-            Some(Err(why)) => ctx.info.cooperative_matrices = format!("offered, not used: {why}"),
+            Some(Err(why)) => {
+                ctx.info.cooperative_matrices = format!("{shape} offered, not used: {why}")
+            }
+            None if coop_usable => {
+                ctx.info.cooperative_matrices = format!(
+                    "{shape}, offered (a CPU driver: not the default; Variant::Coop when asked)"
+                )
+            }
             None => {}
         }
         ctx.apply_variant_env()?;
@@ -63,14 +75,15 @@ impl Context {
     }
 }
 
-/// The adapter `Context::new` opens, the features it asks for, its limits, and whether the
-/// adapter offers the cooperative matrices the coop kernels use (they then still have to pass
-/// their self-check): what every way of opening the default adapter shares.
+/// The adapter `Context::new` opens, the features it asks for, its limits, and the fragment
+/// size of the cooperative matrices the coop kernels would use there (0: none; on a GPU they
+/// then still have to pass their self-check): what every way of opening the default adapter
+/// shares.
 pub(super) struct Chosen {
     pub adapter: wgpu::Adapter,
     pub features: wgpu::Features,
     pub limits: wgpu::Limits,
-    pub coop: bool,
+    pub coop: u32,
 }
 
 pub(super) async fn choose_adapter() -> Result<Chosen> {
@@ -85,12 +98,16 @@ pub(super) async fn choose_adapter() -> Result<Chosen> {
     // Cooperative matrices are an experimental wgpu feature: asked for only where the
     // adapter offers the configuration the coop kernels use, and picked only after they pass
     // their self-check.
-    let coop = adapter.features().contains(
+    let coop = if adapter.features().contains(
         wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
             | wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP,
-    ) && coop::offers_coop_f16(&adapter.cooperative_matrix_properties());
-    if coop {
+    ) {
+        coop::fragment_size(&adapter.cooperative_matrix_properties())
+    } else {
+        0
+    };
+    if coop > 0 {
         features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
     }
     let limits = adapter.limits();

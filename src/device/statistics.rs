@@ -156,7 +156,7 @@ impl Context {
                             label: Some("flash-attn-wgpu compiler statistics"),
                             required_features: features,
                             required_limits: limits.clone(),
-                            experimental_features: if coop {
+                            experimental_features: if coop > 0 {
                                 // SAFETY: pipelines are only compiled on this device, never run
                                 wgpu::ExperimentalFeatures::enabled()
                             } else {
@@ -170,10 +170,12 @@ impl Context {
             };
             check_device_limits(&device.limits())?;
             let mut ctx = Self::build(device, queue, Some(info), coop);
-            if coop {
+            if coop > 0 {
                 // what the summary says: planned, never run (no self-check here)
-                ctx.info.cooperative_matrices =
-                    "16x16x16 f16/f32, planned without the self-check (compiled, never run)".into();
+                ctx.info.cooperative_matrices = format!(
+                    "{}, planned without the self-check (compiled, never run)",
+                    super::coop::shape_name(coop)
+                );
                 ctx.set_tuning_unchecked(Tuning {
                     variant: Variant::Coop,
                     ..ctx.tuning()

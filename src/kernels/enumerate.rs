@@ -34,8 +34,8 @@ pub struct Device {
 }
 
 /// The devices the list plans for: WebGPU's defaults (no fixed subgroup), lavapipe (32 KiB, a
-/// CPU driver, subgroup 8), and a desktop GPU with 48 KiB, subgroup 32 and cooperative
-/// matrices.
+/// CPU driver, subgroup 8; 8x8x8 cooperative matrices since Mesa 26, as Apple GPUs through
+/// Metal), and a desktop GPU with 48 KiB, subgroup 32 and 16x16x16 cooperative matrices.
 pub fn devices() -> [Device; 3] {
     [
         Device {
@@ -46,7 +46,7 @@ pub fn devices() -> [Device; 3] {
             caps: DeviceCaps {
                 max_workgroup_storage_bytes: 32768,
                 max_invocations_per_workgroup: 256,
-                coop_f16: false,
+                coop: 8,
                 private_floats: super::CPU_PRIVATE_FLOATS,
                 wave64_cu: false,
             },
@@ -56,7 +56,7 @@ pub fn devices() -> [Device; 3] {
             caps: DeviceCaps {
                 max_workgroup_storage_bytes: 49152,
                 max_invocations_per_workgroup: 1024,
-                coop_f16: true,
+                coop: 16,
                 private_floats: super::GPU_PRIVATE_FLOATS,
                 wave64_cu: false,
             },
@@ -71,7 +71,9 @@ pub fn devices() -> [Device; 3] {
 /// (issue 52) added two kernels, three pipelines here; the dQ kernels' form that sums a small
 /// trainable tensor's gradient itself (`KernelKey::sums_table`) six more (1,009). 1,015: the
 /// blocks kernels' tiles on wave64 GPUs (issue 62, `tiles::WAVE64_CU_TILES`), four more.
-pub const PIPELINE_BUDGET: usize = 1015;
+/// 1,035: the coop family at 8x8x8 (issue 66: lavapipe 26's cooperative matrices, as Apple
+/// GPUs' through Metal), 16 more (1,031).
+pub const PIPELINE_BUDGET: usize = 1035;
 
 /// Every pipeline the plans can ask for on `devices`, over [`HEAD_DIMS`] and the samples
 /// `variants_of` takes, one key per distinct source.
@@ -92,7 +94,7 @@ pub fn pipeline_keys(devices: &[Device]) -> Vec<KernelKey> {
             for (n, device) in devices.iter().enumerate() {
                 // cooperative matrices exist only where the device offers them (the coop
                 // roofline probe too: no SPIR-V without the capability)
-                if kernel.is_coop() && !device.caps.coop_f16 {
+                if kernel.is_coop() && device.caps.coop == 0 {
                     continue;
                 }
                 let tiles = match choose_tiles(kernel, head_dim, device.caps) {
@@ -137,7 +139,7 @@ fn wave64_keys() -> Vec<KernelKey> {
             let caps = DeviceCaps {
                 max_workgroup_storage_bytes: 65536,
                 max_invocations_per_workgroup: 1024,
-                coop_f16: false,
+                coop: 0,
                 private_floats: super::GPU_PRIVATE_FLOATS,
                 wave64_cu: true,
             };

@@ -6,7 +6,9 @@ use crate::error::{Error, Result};
 
 /// Tile shape of a tiled kernel: BR query rows and BC keys per tile; RPT rows per thread (rows
 /// family, TPR 1); the blocks family uses both: TPR threads across the streamed rows (NTX) and
-/// RPT resident rows per thread (TM); the coop family TPR invocations per resident row.
+/// RPT resident rows per thread (TM); the coop family TPR invocations per resident row and RPT
+/// the cooperative matrices' fragment size (16 or 8: [`DeviceCaps::coop`]), which sizes its
+/// padding and blocks (the prelude's CF).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tiles {
     pub br: u32,
@@ -38,6 +40,9 @@ impl Tiles {
         if kernel.is_decode() {
             return self.bc * self.tpr.max(1);
         }
+        if kernel.is_coop() {
+            return self.rows(kernel) * self.tpr;
+        }
         self.rows(kernel) * self.tpr / self.rpt.max(1)
     }
 }
@@ -47,9 +52,11 @@ impl Tiles {
 pub struct DeviceCaps {
     pub max_workgroup_storage_bytes: u32,
     pub max_invocations_per_workgroup: u32,
-    /// Cooperative matrices 16x16x16 with f16 operands and f32 accumulators, with SHADER_F16
-    /// and SUBGROUP: what the coop kernels need.
-    pub coop_f16: bool,
+    /// The fragment size of the cooperative matrices the coop kernels multiply on here: 16
+    /// (16x16x16) or 8 (8x8x8: Apple GPUs through Metal, lavapipe 26), f16 operands and f32
+    /// accumulators, with SHADER_F16 and SUBGROUP; 0 where the adapter offers neither
+    /// (`device::coop::fragment_size`).
+    pub coop: u32,
     /// Private (per-invocation) f32 values a kernel may hold in arrays before a GPU compiler
     /// spills them: [`GPU_PRIVATE_FLOATS`] on GPUs (an invocation has about 255 32-bit
     /// registers, and addresses and loop state need their share), [`CPU_PRIVATE_FLOATS`] on
@@ -73,7 +80,7 @@ impl DeviceCaps {
     pub const WEBGPU_DEFAULT: DeviceCaps = DeviceCaps {
         max_workgroup_storage_bytes: 16384,
         max_invocations_per_workgroup: 256,
-        coop_f16: false,
+        coop: 0,
         private_floats: GPU_PRIVATE_FLOATS,
         wave64_cu: false,
     };
@@ -194,20 +201,21 @@ pub fn workgroup_words(kernel: Kernel, head_dim: u32, t: Tiles) -> u32 {
             2 * br * d.next_multiple_of(8) + 2 * br + PIN_WORDS
         }
         // blocks: rows of RS vec4s (odd), weight tiles of WS vec4s per resident row
-        // Q, K, V, P as f16 (rows padded to 16 dims); S, then O_tile, as f32; row partials
+        // Q, K, V, P as f16 (rows padded to whole fragments); S, then O_tile, as f32; row
+        // partials
         Kernel::Flash(Variant::Coop, Pass::Forward) => {
-            let dp = d.next_multiple_of(16);
+            let dp = d.next_multiple_of(t.rpt);
             (br * dp + 2 * bc * dp + br * bc).div_ceil(2) + br * bc.max(dp) + br * t.tpr
         }
         // Q, dO, K, V, dS as f16; S and dP, then dQ_tile, as f32
         Kernel::Flash(Variant::Coop, Pass::Dq) => {
-            let dp = d.next_multiple_of(16);
+            let dp = d.next_multiple_of(t.rpt);
             (2 * br * dp + 2 * bc * dp + br * bc).div_ceil(2) + br * (2 * bc).max(dp)
         }
         // K, V, Q, dO, P^T, dS^T as f16; S^T and dP^T, then dV_tile and dK_tile, as f32;
         // lse and delta of the Q tile
         Kernel::Flash(Variant::Coop, Pass::DkDv) => {
-            let dp = d.next_multiple_of(16);
+            let dp = d.next_multiple_of(t.rpt);
             (2 * bc * dp + 2 * br * dp + 2 * bc * br).div_ceil(2) + bc * (2 * br).max(dp) + 2 * br
         }
         Kernel::Flash(Variant::Blocks, Pass::Forward)
@@ -246,7 +254,9 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
         return decode_tiles_for(DECODE_MAX_ROWS, head_dim, caps, true);
     }
     if !kernel.is_tiled() {
-        return Ok(Tiles::ONE);
+        // the coop roofline probe: no tiles, the fragment size
+        let rpt = if kernel.is_coop() { caps.coop } else { 1 };
+        return Ok(Tiles { rpt, ..Tiles::ONE });
     }
     let budget = caps.max_workgroup_storage_bytes / 4;
     let mut smallest_need = u32::MAX;
@@ -319,18 +329,18 @@ pub fn tile_candidates(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Resul
     if !kernel.is_tiled() || kernel.is_decode() {
         return Ok(vec![choose_tiles(kernel, head_dim, caps)?]);
     }
-    if kernel.is_coop() && !caps.coop_f16 {
+    if kernel.is_coop() && caps.coop == 0 {
         return Err(Error::Unsupported {
             feature: format!("{} (cooperative matrices)", kernel.name()),
             backend: crate::Backend::Wgpu,
-            reason: "the adapter offers no 16x16x16 f16 x f16 + f32 cooperative matrix \
-                     configuration with SHADER_F16 and SUBGROUP; use Variant::Blocks"
+            reason: "the adapter offers no 16x16x16 or 8x8x8 f16 x f16 + f32 cooperative \
+                     matrix configuration with SHADER_F16 and SUBGROUP; use Variant::Blocks"
                 .into(),
         });
     }
     let candidates: Vec<Tiles> = if kernel.is_coop() {
-        // (resident rows, streamed rows): multiples of the 16x16 blocks; COOP_THREADS /
-        // resident invocations per row
+        // (resident rows, streamed rows): multiples of the 16x16 blocks (and so of 8x8);
+        // COOP_THREADS / resident invocations per row; the fragment size in `rpt`
         [(64u32, 32u32), (32, 32), (32, 16), (16, 16)]
             .iter()
             .map(|&(resident, streamed)| {
@@ -343,7 +353,7 @@ pub fn tile_candidates(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Resul
                     br,
                     bc,
                     tpr: COOP_THREADS / resident,
-                    rpt: 1,
+                    rpt: caps.coop,
                 }
             })
             .collect()
@@ -557,7 +567,7 @@ mod tests {
         let caps = DeviceCaps {
             max_workgroup_storage_bytes: 49152,
             max_invocations_per_workgroup: 1024,
-            coop_f16: true,
+            coop: 16,
             ..DeviceCaps::WEBGPU_DEFAULT
         };
         for d in 1..=256u32 {
@@ -606,7 +616,7 @@ mod tests {
             DeviceCaps {
                 max_workgroup_storage_bytes: 32768,
                 max_invocations_per_workgroup: 256,
-                coop_f16: false,
+                coop: 0,
                 ..DeviceCaps::WEBGPU_DEFAULT
             },
         )
@@ -622,7 +632,7 @@ mod tests {
         let caps = DeviceCaps {
             max_workgroup_storage_bytes: 1024,
             max_invocations_per_workgroup: 256,
-            coop_f16: false,
+            coop: 0,
             ..DeviceCaps::WEBGPU_DEFAULT
         };
         match choose_tiles(Kernel::Flash(Variant::Blocks, Pass::Forward), 256, caps) {
@@ -639,7 +649,7 @@ mod tests {
         let caps = DeviceCaps {
             max_workgroup_storage_bytes: 65536,
             max_invocations_per_workgroup: 64,
-            coop_f16: false,
+            coop: 0,
             ..DeviceCaps::WEBGPU_DEFAULT
         };
         for kernel in [

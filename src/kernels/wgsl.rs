@@ -601,6 +601,19 @@ fn table_flush(wg: u32, t: u32) {{
             Kernel::RooflineFmaF16 => s.push_str("alias FT = f16;\n"),
             _ => {}
         }
+        if self.kernel.is_coop() {
+            // the fragment size the adapter offers (Tiles::rpt of a coop kernel): the kernels'
+            // text is written once over CF and these three types
+            let cf = t.rpt;
+            let _ = writeln!(s, "const CF: u32 = {cf}u;");
+            for (name, ty, role) in [
+                ("CoopA", "f16", "A"),
+                ("CoopB", "f16", "B"),
+                ("CoopC", "f32", "C"),
+            ] {
+                let _ = writeln!(s, "alias {name} = coop_mat{cf}x{cf}<{ty}, {role}>;");
+            }
+        }
         if self.kernel.is_tiled() {
             let cols = if self.kernel.rows_are_keys() {
                 t.br
@@ -996,6 +1009,75 @@ mod tests {
                     differing.first()
                 );
             }
+        }
+    }
+
+    /// The coop family is one text over the fragment size (issue 66): a coop kernel at 8x8x8
+    /// (Apple GPUs through Metal, lavapipe 26, the coop kernels' CI tier) differs from the
+    /// same kernel at 16x16x16 (NVIDIA, AMD) only in the lines that state the size: CF, the
+    /// three fragment types, and RPT (the tiles' field that carries it). So what the CI tier
+    /// runs at 8 is what a 16-wide GPU runs.
+    #[test]
+    fn the_coop_kernels_at_8_differ_from_16_only_in_the_fragment_size() {
+        use crate::kernels::{choose_tiles, DeviceCaps, Kernel, Pass, Tiles, Variant};
+        let size_lines = |text: String| -> (Vec<String>, Vec<String>) {
+            text.lines().map(String::from).partition(|l| {
+                let t = l.trim_start();
+                t.starts_with("// generated:")
+                    || t.starts_with("const CF:")
+                    || t.starts_with("const RPT:")
+                    || t.starts_with("alias Coop")
+            })
+        };
+        let caps = |coop| DeviceCaps {
+            max_workgroup_storage_bytes: 32768,
+            max_invocations_per_workgroup: 256,
+            coop,
+            ..DeviceCaps::WEBGPU_DEFAULT
+        };
+        let kernels = [
+            Kernel::Flash(Variant::Coop, Pass::Forward),
+            Kernel::Flash(Variant::Coop, Pass::DkDv),
+            Kernel::Flash(Variant::Coop, Pass::Dq),
+            Kernel::RooflineCoop,
+        ];
+        for kernel in kernels {
+            for head_dim in [64u32, 80] {
+                let key = |frag| KernelKey {
+                    head_dim,
+                    elem: crate::dtype::ElemFormat::F16Native,
+                    tiles: if kernel.is_tiled() {
+                        // the same tiles at both sizes: only the fragment differs
+                        Tiles {
+                            rpt: frag,
+                            ..choose_tiles(kernel, head_dim, caps(16)).unwrap()
+                        }
+                    } else {
+                        Tiles {
+                            rpt: frag,
+                            ..Tiles::ONE
+                        }
+                    },
+                    ..KernelKey::plain(kernel)
+                };
+                let (sizes16, at16) = size_lines(key(16).wgsl());
+                let (sizes8, at8) = size_lines(key(8).wgsl());
+                assert_eq!(
+                    at16, at8,
+                    "{kernel:?} d={head_dim}: the text beside the size"
+                );
+                assert!(sizes8.iter().any(|l| l.contains("coop_mat8x8<f16, A>")));
+                assert!(sizes16.iter().any(|l| l.contains("coop_mat16x16<f32, C>")));
+                assert!(
+                    !at16.iter().any(|l| l.contains("coop_mat")),
+                    "{kernel:?}: a fragment type named outside the prelude's aliases"
+                );
+            }
+        }
+        // the chooser gives the adapter's size to every coop tile
+        for kernel in &kernels[..3] {
+            assert_eq!(choose_tiles(*kernel, 64, caps(8)).unwrap().rpt, 8);
+            assert_eq!(choose_tiles(*kernel, 64, caps(16)).unwrap().rpt, 16);
         }
     }
 }

@@ -357,7 +357,7 @@ mod tests {
         e.caps = DeviceCaps {
             max_workgroup_storage_bytes: 49152,
             max_invocations_per_workgroup: 1024,
-            coop_f16: true,
+            coop: 16,
             ..DeviceCaps::WEBGPU_DEFAULT
         };
         for (dtype, want) in [
@@ -403,7 +403,7 @@ mod tests {
             "{big:?}"
         );
         // without cooperative matrices the chooser refuses the coop kernel by name
-        e.caps.coop_f16 = false;
+        e.caps.coop = 0;
         match forward(&c, DType::F16, &e) {
             Err(crate::Error::Unsupported { feature, .. }) => {
                 assert!(feature.contains("flash_fwd_coop"))

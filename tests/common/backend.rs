@@ -47,9 +47,14 @@ pub fn declared_gap(backend: Backend, _dtype: DType, cfg: &AttentionConfig) -> G
 pub fn allowance(backend: Backend) -> (f64, f64) {
     match backend {
         Backend::Wgpu => (0.0, 0.0),
-        Backend::Cuda => (2.0, 8.0),
+        Backend::Cuda => ROUNDED_P,
     }
 }
+
+/// The allowance of kernels that round P (and in the backward dS) to the input dtype before
+/// their matrix products: the CUDA kernels (tensor cores) and the wgpu coop family
+/// (cooperative matrices).
+pub const ROUNDED_P: (f64, f64) = (2.0, 8.0);
 
 fn expect_unsupported<R>(backend: Backend, got: flash_attn_wgpu::Result<R>, what: &str, msg: &str) {
     match got {
@@ -92,16 +97,30 @@ pub fn check_rounded<B: AttentionBackend, T: Element>(
     b: &B,
     cfg: &AttentionConfig,
     r: &Rounded<T>,
+    kv: (&[T], &[T]),
+    msg: &str,
+    gap: Gap,
+) -> Errors {
+    check_rounded_allowing(b, cfg, r, kv, msg, gap, allowance(b.backend()))
+}
+
+/// [`check_rounded`] with an allowance of its own (out, gradients, in unit roundoffs): for
+/// kernels that round P and dS to the dtype before their matrix products (the coop family,
+/// [`ROUNDED_P`]).
+pub fn check_rounded_allowing<B: AttentionBackend, T: Element>(
+    b: &B,
+    cfg: &AttentionConfig,
+    r: &Rounded<T>,
     (k, v): (&[T], &[T]),
     msg: &str,
     gap: Gap,
+    (extra_out, extra_grad): (f64, f64),
 ) -> Errors {
     let (seed, q, d_out) = (r.seed, &r.q[..], &r.d_out[..]);
     let (qr, kr, vr, dor) = (&r.qr[..], &r.kr[..], &r.vr[..], &r.dor[..]);
     let backend = b.backend();
     let msg = format!("{backend} {} {msg} {}", T::DTYPE, describe(cfg, seed));
     let u = T::DTYPE.unit_roundoff();
-    let (extra_out, extra_grad) = allowance(backend);
     let f = b.forward_host(cfg, q, k, v);
     if gap == Gap::Forward {
         expect_unsupported(backend, f, "forward", &msg);

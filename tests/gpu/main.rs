@@ -15,6 +15,7 @@ mod call_blocks;
 mod combinations;
 mod concurrency;
 mod context_parallel;
+mod coop;
 mod decode;
 mod driver;
 mod dtypes;
