@@ -17,12 +17,13 @@ FAST_BUDGET=${FAST_BUDGET:-120}
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 export FLASH_ATTN_PIPELINE_LOG=$log
+. scripts/mesa26-env.sh
 if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --no-fail-fast "$@" -E \
+    env "${MESA26_ENV[@]}" cargo nextest run --no-fail-fast "$@" -E \
         'kind(lib) | binary(layers) | binary(shaders) | (binary(gpu) & test(/^(backends|combinations)::/))'
 else
-    cargo test "$@" --lib
-    cargo test "$@" --test layers --test shaders
-    cargo test "$@" --test gpu -- backends:: combinations::
+    env "${MESA26_ENV[@]}" cargo test "$@" --lib
+    env "${MESA26_ENV[@]}" cargo test "$@" --test layers --test shaders
+    env "${MESA26_ENV[@]}" cargo test "$@" --test gpu -- backends:: combinations::
 fi
 bash scripts/pipeline-count.sh "$log" "$FAST_BUDGET"

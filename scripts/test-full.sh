@@ -10,9 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export FLASH_ATTN_TEST_FULL=1
 export GALLIVM_PERF=${GALLIVM_PERF-nopt}
+. scripts/mesa26-env.sh
 if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --no-fail-fast --run-ignored all "$@"
+    env "${MESA26_ENV[@]}" cargo nextest run --no-fail-fast --run-ignored all "$@"
 else
-    cargo test --tests "$@" -- --include-ignored
+    env "${MESA26_ENV[@]}" cargo test --tests "$@" -- --include-ignored
 fi
 cargo test --doc "$@"
