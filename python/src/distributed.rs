@@ -261,6 +261,16 @@ pub(crate) fn cp_forward<'py>(
     ))
 }
 
+/// A backward's arrays, this rank's rows: q, k, v, out, lse, d_out.
+type BackwardArrays<'py> = (
+    PyReadonlyArrayDyn<'py, f32>,
+    PyReadonlyArrayDyn<'py, f32>,
+    PyReadonlyArrayDyn<'py, f32>,
+    PyReadonlyArrayDyn<'py, f32>,
+    PyReadonlyArrayDyn<'py, f32>,
+    PyReadonlyArrayDyn<'py, f32>,
+);
+
 /// This rank's share of the whole call's backward: (dq, dk, dv), flat float32. `dims` are
 /// the whole call's, as the forward agreed them.
 #[pyfunction]
@@ -268,14 +278,7 @@ pub(crate) fn cp_forward<'py>(
 pub(crate) fn cp_backward<'py>(
     py: Python<'py>,
     comm: Bound<'py, PyAny>,
-    tensors: (
-        PyReadonlyArrayDyn<'py, f32>,
-        PyReadonlyArrayDyn<'py, f32>,
-        PyReadonlyArrayDyn<'py, f32>,
-        PyReadonlyArrayDyn<'py, f32>,
-        PyReadonlyArrayDyn<'py, f32>,
-        PyReadonlyArrayDyn<'py, f32>,
-    ),
+    tensors: BackwardArrays<'py>,
     dims: (usize, usize, usize, usize, usize, usize),
     options: Options,
     schedule: &str,
