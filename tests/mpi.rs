@@ -5,7 +5,8 @@
 //! failure cannot leave the others waiting. Against the f64 reference of the whole call, each
 //! rank checking its own rows: the ring and the all-gather forms, causal (zigzag) and not,
 //! GQA, an odd length, f32 and f16, a window, ALiBi and a user score modifier, decode over
-//! sharded keys, the same bits twice, and ranks that disagree. `--leave` runs one check in
+//! sharded keys (one shard empty, and all), the same bits twice, ranks that disagree (named in
+//! the caller's words), and a rank that refuses its inputs (its reason on every rank). `--leave` runs one check in
 //! which the last rank leaves before the call: the others must fail with a typed error within
 //! their deadline. Prints `N passed, M failed` on rank 0; exits non-zero on a failure.
 
@@ -192,8 +193,16 @@ fn main() -> ExitCode {
             Box::new(|| decode(&ctx, &comm, rank, size, seed)),
         ),
         (
+            "decode over shards of which one is empty, and over no key at all",
+            Box::new(|| decode_empty(&ctx, &comm, rank, size, seed)),
+        ),
+        (
             "ranks that disagree",
             Box::new(|| disagree(&ctx, &comm, rank, size)),
+        ),
+        (
+            "a rank that refuses its inputs",
+            Box::new(|| refuse(&ctx, &comm, rank, size)),
         ),
     ];
     let (mut passed, mut failed) = (0, 0);
@@ -251,27 +260,89 @@ fn decode(
     close("decode out", &f.out, &want.out, 2e-5)
 }
 
-/// The last rank calls with another head count: every rank fails naming it and the field.
+/// Rank 1 holds no key of 83 (the last rank's shard its place at 2 ranks), then every shard
+/// is empty (a cache of no key yet): out 0 and lse the sink's, as the reference of a call with
+/// no visible key. With sinks, on rank 0.
+fn decode_empty(
+    ctx: &Context,
+    comm: &dyn Comm,
+    rank: usize,
+    size: usize,
+    seed: u64,
+) -> Result<(), String> {
+    let a = if size == 2 { 83 } else { 40 };
+    // rank 0: 0..a, rank 1: a..a, the others a..83 in equal parts
+    let cut = |r: usize| match r {
+        0 => 0,
+        1 => a,
+        _ => a + (r - 1) * (83 - a) / (size - 2).max(1),
+    };
+    let shard = cut(rank)..if rank + 1 == size { 83 } else { cut(rank + 1) };
+    for (keys, shard) in [(83, shard), (0, 0..0)] {
+        // the shapes of `decode` (its pipelines)
+        let mut c = AttentionConfig::new(2, 1, keys, 8, 2, 32);
+        c.causal = true;
+        c.sinks = Some((0..8).map(|h| h as f32 * 0.5 - 2.0).collect());
+        let d = data(&c, seed);
+        let want = reference::forward(&c, &d.q, &d.k, &d.v);
+        let k = rows_of(&d.k, (2, keys, 64), std::slice::from_ref(&shard));
+        let v = rows_of(&d.v, (2, keys, 64), std::slice::from_ref(&shard));
+        let f = ContextParallel::new(ctx, comm)
+            .decode_sharded(&c, shard, &d.q, &k, &v)
+            .map_err(|e| e.to_string())?;
+        close(&format!("out of {keys} keys"), &f.out, &want.out, 2e-5)?;
+        let lse: Vec<f64> = want.lse.iter().map(|&x| x as f32 as f64).collect();
+        close(&format!("lse of {keys} keys"), &f.lse, &lse, 1e-5)?;
+    }
+    Ok(())
+}
+
+/// The last rank calls without the causal mask: every rank fails naming it, the field and
+/// both values in the caller's words.
 fn disagree(ctx: &Context, comm: &dyn Comm, rank: usize, size: usize) -> Result<(), String> {
     let mut c = AttentionConfig::new(1, 40, 40, 2, 1, 16);
-    if rank + 1 == size {
-        c.heads_q = 4;
-    }
+    c.causal = rank + 1 != size;
     let cp = ContextParallel::new(ctx, comm);
     let n: usize = cp.local_rows(&c).iter().map(|r| r.len()).sum();
-    let q = vec![0.25f32; n * c.heads_q * 16];
+    let q = vec![0.25f32; n * 32];
     let k = vec![0.5f32; n * 16];
+    let want = format!(
+        "rank {}: the ranks disagree on the call: rank {} calls with causal = false, rank 0 with \
+         causal = true",
+        rank,
+        size - 1
+    );
     match cp.forward(&c, &q, &k, &k) {
-        Err(Error::Distributed { rank: r, message })
-            if r == rank
-                && message.contains(&format!(
-                    "rank {}'s heads_q is 4 where rank 0's is 2",
-                    size - 1
-                )) =>
+        Err(e @ Error::Distributed { .. }) if e.to_string() == want => Ok(()),
+        other => Err(format!("expected {want:?}, got {other:?}")),
+    }
+}
+
+/// The last rank passes a q one row short: it gets its own error, the others its reason.
+fn refuse(ctx: &Context, comm: &dyn Comm, rank: usize, size: usize) -> Result<(), String> {
+    let c = AttentionConfig::new(1, 40, 40, 2, 1, 16);
+    let cp = ContextParallel::new(ctx, comm);
+    let n: usize = cp.local_rows(&c).iter().map(|r| r.len()).sum();
+    let short = usize::from(rank + 1 == size);
+    let q = vec![0.25f32; (n - short) * 32];
+    let k = vec![0.5f32; n * 16];
+    let why = format!(
+        "q of rank {} holds {} elements ({} rows of 32) where its rows of the call",
+        size - 1,
+        (n - 1) * 32,
+        n - 1
+    );
+    match (cp.forward(&c, &q, &k, &k), short) {
+        (Err(Error::InvalidConfig(m)), 1) if m.starts_with(&why) => Ok(()),
+        (Err(Error::Distributed { message, .. }), 0)
+            if message.starts_with(&format!(
+                "rank {} refused its inputs: invalid attention config: {why}",
+                size - 1
+            )) =>
         {
             Ok(())
         }
-        other => Err(format!("expected the ranks' disagreement, got {other:?}")),
+        (other, _) => Err(format!("expected the refusal ({why}), got {other:?}")),
     }
 }
 

@@ -13,15 +13,18 @@ package links no MPI of its own.
 
 Run under ``mpiexec -n R python your_script.py``. Which rows a rank holds:
 :func:`local_rows`. The ranks compare the call first: a rank that disagrees (a shape, an
-option) or refused its inputs makes every rank raise, naming it; a rank that does not answer
-within ``FLASH_ATTN_MPI_TIMEOUT_S`` seconds (default 120) likewise. Arrays travel as
-float32; each output is rounded once to the inputs' dtype.
+option) makes every rank raise, naming it, the field and both values (``rank 1 calls with
+causal = false, rank 0 with causal = true``); a rank that refuses its inputs raises its own
+error and every other rank one that carries its reason; a rank that does not answer within
+``FLASH_ATTN_MPI_TIMEOUT_S`` seconds (default 120) is an error naming it. Every exchange of a
+call, the first agreement included, is under that deadline (no blocking collective of
+mpi4py's). Arrays travel as float32; each output is rounded once to the inputs' dtype.
 """
 
 import numpy as np
 
 from . import _args, _native
-from ._errors import InvalidInputError
+from ._errors import FlashAttnError, InvalidInputError
 from ._interface import _options
 from ._tensor import _dtype_name
 
@@ -81,6 +84,16 @@ def _arrays(q, k, v):
     return out["q"], out["k"], out["v"]
 
 
+def _refusing(comm, error):
+    """Takes part in the first agreement of the call the other ranks make, as a rank that
+    refused its inputs (``error`` says why), so that they raise at once with its reason."""
+    reason = str(error) if isinstance(error, FlashAttnError) else f"{type(error).__name__}: {error}"
+    try:
+        _native.cp_refuse(comm, reason)
+    except Exception:  # noqa: BLE001 (the caller raises its own error, which says more)
+        pass
+
+
 class RingAttnCall:
     """One context-parallel forward, as its backward needs it: ``out`` and ``softmax_lse``
     (this rank's rows), and ``backward(dout)`` giving this rank's ``(dq, dk, dv)``."""
@@ -92,46 +105,56 @@ class RingAttnCall:
 
     def backward(self, dout):
         comm, q, k, v, out32, lse, dims, opts, schedule, layout, dtype = self._saved
-        d = np.asarray(dout)
-        if d.shape != out32.shape:
-            raise InvalidInputError(f"dout has shape {list(d.shape)}, out {list(out32.shape)}")
-        g = _native.cp_backward(comm, (q, k, v, out32, lse, np.ascontiguousarray(d, np.float32)),
-                                dims, opts, schedule, layout)
+        try:
+            d = np.asarray(dout)
+            if d.shape != out32.shape:
+                raise InvalidInputError(
+                    f"dout has shape {list(d.shape)} where this rank's out has "
+                    f"{list(out32.shape)}")
+            d = np.ascontiguousarray(d, np.float32)
+        except Exception as e:
+            _refusing(comm, e)
+            raise
+        g = _native.cp_backward(comm, (q, k, v, out32, lse, d), dims, opts, schedule, layout)
         return tuple(np.asarray(x).reshape(t.shape).astype(dtype)
                      for x, t in zip(g, (q, k, v)))
 
 
 def _ring(q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
-          return_attn_probs, group, return_handle, schedule, layout):
+          return_attn_probs, group, return_handle, schedule, function, layout):
     comm = _comm(group)
-    q, k, v = _arrays(q, k, v)
-    dtype = q.dtype
-    b, local, hq, d = q.shape
-    hkv, dv = k.shape[2], v.shape[3]
-    if k.shape[:2] != (b, local) or v.shape[:3] != k.shape[:3]:
-        raise InvalidInputError(f"k and v must hold q's rows [batch={b}, local_seq={local}, "
-                                f"heads_k, ...], got k {list(k.shape)}, v {list(v.shape)}")
-    n = comm.allreduce(local)
-    mine = local_rows(n, layout, comm)
-    if sum(e - s for s, e in mine) != local:
-        raise InvalidInputError(
-            f"q holds {local} rows, but rank {comm.Get_rank()}'s {layout} chunks of the "
-            f"{n} rows are {mine}: pass this rank's chunks (local_rows)")
-    _args.flag(deterministic, "deterministic")
-    dropout_p = _args.number(dropout_p, "dropout_p", 0.0, 1.0, high_open=True)
-    # one dropout seed for every rank: rank 0's
-    seed = comm.bcast(int(np.random.randint(0, 2**62)) if comm.Get_rank() == 0 else None)
-    opts = _options(dropout_p, softmax_scale, causal, window_size, 0.0, alibi_slopes, seed)
-    dims = (b, n, hq, hkv, d, dv)
-    f32 = [np.ascontiguousarray(x, np.float32) for x in (q, k, v)]
-    out, lse = _native.cp_forward(comm, *f32, dims, opts, schedule, layout)
+    # this rank's own checks: a rank that fails one still takes part in the agreement
+    try:
+        q, k, v = _arrays(q, k, v)
+        dtype = q.dtype
+        b, local, hq, d = q.shape
+        hkv, dv = k.shape[2], v.shape[3]
+        if k.shape[:2] != (b, local) or v.shape[:3] != k.shape[:3]:
+            raise InvalidInputError(
+                f"k and v must hold q's rows [batch={b}, local_seq={local}, heads_k, ...], got "
+                f"k {list(k.shape)}, v {list(v.shape)}")
+        if schedule not in ("ring", "all_gather", "auto"):
+            raise InvalidInputError(
+                f"schedule must be 'ring', 'all_gather' or 'auto', got {schedule!r}")
+        _args.flag(deterministic, "deterministic")
+        handle = _args.flag(return_handle, "return_handle")
+        probs = _args.flag(return_attn_probs, "return_attn_probs")
+        # each rank draws a dropout seed; the agreement gives every rank rank 0's
+        opts = _options(dropout_p, softmax_scale, causal, window_size, 0.0, alibi_slopes)
+        f32 = [np.ascontiguousarray(x, np.float32) for x in (q, k, v)]
+    except Exception as e:
+        _refusing(comm, e)
+        raise
+    # the whole call's length and its dropout seed as the ranks agreed them, for the backward
+    out, lse, n, seed = _native.cp_forward(comm, *f32, (b, local, hq, hkv, d, dv), function,
+                                           _dtype_name(dtype), opts, schedule, layout)
     out32 = np.asarray(out).reshape(b, local, hq, dv)
     lse = np.asarray(lse).reshape(b, hq, local)
     o = out32.astype(dtype)
-    if _args.flag(return_handle, "return_handle"):
-        return RingAttnCall(o, lse, (comm, *f32, out32, lse, dims, opts, schedule, layout,
-                                     dtype))
-    if _args.flag(return_attn_probs, "return_attn_probs"):
+    if handle:
+        return RingAttnCall(o, lse, (comm, *f32, out32, lse, (b, n, hq, hkv, d, dv),
+                                     dict(opts, seed=seed), schedule, layout, dtype))
+    if probs:
         return o, lse, None
     return o
 
@@ -148,7 +171,8 @@ def zigzag_ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, caus
     ``return_handle`` (a :class:`RingAttnCall` whose ``backward(dout)`` gives this rank's dq,
     dk, dv), ``schedule`` ("ring", "all_gather": every rank gathers K and V; "auto")."""
     return _ring(q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes,
-                 deterministic, return_attn_probs, group, return_handle, schedule, "zigzag")
+                 deterministic, return_attn_probs, group, return_handle, schedule,
+                 "zigzag_ring_flash_attn_func", "zigzag")
 
 
 def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -159,4 +183,5 @@ def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
     :func:`zigzag_ring_flash_attn_func` with contiguous chunks (rank r holds chunk r of R; a
     causal call then gives the last rank the most work)."""
     return _ring(q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes,
-                 deterministic, return_attn_probs, group, return_handle, schedule, "contiguous")
+                 deterministic, return_attn_probs, group, return_handle, schedule,
+                 "ring_flash_attn_func", "contiguous")

@@ -608,5 +608,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(forward_with_kvcache, m)?)?;
     m.add_function(wrap_pyfunction!(distributed::cp_forward, m)?)?;
     m.add_function(wrap_pyfunction!(distributed::cp_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(distributed::cp_refuse, m)?)?;
     Ok(())
 }

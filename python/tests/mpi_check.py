@@ -1,9 +1,12 @@
 """Context parallelism from Python, run under ``mpiexec -n R`` (test_distributed.py does, at 2
 and 4 ranks): each rank its zigzag (or contiguous) chunks, against the float64 numpy reference
 of the whole call, forward and backward; a rank that disagrees makes every rank raise, naming
-it. Prints ``N passed, M failed`` on rank 0; exits 1 on a failure."""
+it, the field and both values; a rank that refuses its inputs (its rows, its dout) raises its
+own error and the others, at once, one that carries its reason (mpi_faults.py: a rank that
+leaves). Prints ``N passed, M failed`` on rank 0; exits 1 on a failure."""
 
 import sys
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -41,19 +44,63 @@ def check_ring(fn, layout, causal, dtype, tol):
     assert np.max(np.abs(call.softmax_lse - lse_mine)) < 1e-4, "lse"
 
 
-def check_disagreement():
-    n = 24
-    heads = 4 if rank == size - 1 else 2
-    rows = dist.local_rows(n, "zigzag")
-    local = sum(e - s for s, e in rows)
-    q = np.ones((1, local, heads, 8), np.float32)
-    k = np.ones((1, local, 1, 8), np.float32)
+def expect_raised(call, mine, theirs):
+    """Every rank raises at once (well within the deadline): the rank at fault its own error
+    (``mine``: class, start of the message), every other rank one naming it (``theirs``)."""
+    start = time.monotonic()
     try:
-        dist.zigzag_ring_flash_attn_func(q, k, k, causal=True)
+        call()
     except fa.FlashAttnError as e:
-        assert f"rank {size - 1}'s heads_q is 4 where rank 0's is 2" in str(e), str(e)
+        took = time.monotonic() - start
+        kind, text = mine if mine is not None else (fa.FlashAttnError, theirs)
+        assert isinstance(e, kind) and text in str(e), f"{type(e).__name__}: {e}"
+        assert took < 10, f"raised after {took:.1f} s, not at once"
         return
-    raise AssertionError("the ranks disagreed, and nothing was raised")
+    raise AssertionError("nothing was raised")
+
+
+def inputs(n, heads, dtype=np.float32, extra=0):
+    local = sum(e - s for s, e in dist.local_rows(n, "zigzag")) + extra
+    q = rng.standard_normal((1, local, heads, 8)).astype(dtype)
+    k = rng.standard_normal((1, local, 1, 8)).astype(dtype)
+    return q, k
+
+
+def check_disagreement():
+    # the last rank without the causal mask, then in float16: named in the caller's words
+    last = rank == size - 1
+    q, k = inputs(24, 2)
+    text = f"rank {size - 1} calls with causal = false, rank 0 with causal = true"
+    expect_raised(lambda: dist.zigzag_ring_flash_attn_func(q, k, k, causal=not last),
+                  None, text)
+    q, k = inputs(24, 2, np.float16 if last else np.float32)
+    text = f"rank {size - 1} calls with dtype = float16, rank 0 with dtype = float32"
+    expect_raised(lambda: dist.zigzag_ring_flash_attn_func(q, k, k, causal=True), None, text)
+
+
+def check_refusal():
+    # rank 0 passes two rows more than its zigzag chunks of 24: the call is then one of 26
+    # rows, which rank 0's rows do not fit, nor some other ranks' (at 4 ranks, ranks 0 and 1;
+    # rank 2 once waited in a blocking collective with no deadline). Each of those says why;
+    # the rest raise at once with rank 0's reason
+    q, k = inputs(24, 2, extra=2 if rank == 0 else 0)
+    fits = q.shape[1] == sum(e - s for s, e in dist.local_rows(26, "zigzag"))
+    expect_raised(lambda: dist.zigzag_ring_flash_attn_func(q, k, k, causal=True),
+                  None if fits else (fa.InvalidInputError, f"q of rank {rank} holds"),
+                  "rank 0 refused its inputs: invalid attention config: q of rank 0 holds")
+
+
+def check_backward_refusal():
+    # the last rank's dout is a row short: its shape error, carried to every other rank
+    q, k = inputs(24, 2)
+    call = dist.zigzag_ring_flash_attn_func(q, k, k, causal=True, return_handle=True)
+    dout = np.ones_like(call.out)
+    if rank == size - 1:
+        dout = dout[:, 1:]
+    why = f"dout has shape {list(dout.shape)} where this rank's out has"
+    expect_raised(lambda: call.backward(dout),
+                  (fa.InvalidInputError, why) if rank == size - 1 else None,
+                  f"rank {size - 1} refused its inputs: dout has shape")
 
 
 checks = [
@@ -62,6 +109,8 @@ checks = [
     ("contiguous, not causal, f16", lambda: check_ring(dist.ring_flash_attn_func,
                                                        "contiguous", False, np.float16, 4e-3)),
     ("ranks that disagree", check_disagreement),
+    ("a rank that refuses its rows", check_refusal),
+    ("a rank that refuses its dout", check_backward_refusal),
 ]
 passed = failed = 0
 for name, check in checks:

@@ -26,11 +26,15 @@
 //! [`ContextParallel::local_rows`]); the whole call's `cfg` names the whole sequence
 //! (`seq_q == seq_kv`, self-attention). The work is f32 (inputs read exactly, each output
 //! rounded once to the dtype); K and V travel in the dtype, dK and dV in f32. Before any
-//! work the ranks compare the call (an all-gather of its fields): a rank that disagrees, or
-//! that refused its own inputs, makes every rank fail with [`Error::Distributed`] naming the
-//! rank and the field; a rank that does not answer within [`comm::TIMEOUT_ENV`] seconds
-//! likewise. Nothing is written to a caller's buffer: results are new vectors.
+//! work the ranks compare the call ([`agree`]: an all-gather of its fields): a rank that
+//! disagrees makes every rank fail with [`Error::Distributed`] naming the rank, the field and
+//! both values in the caller's words (`rank 1 calls with causal = false, rank 0 with causal =
+//! true`); a rank that refused its own inputs gets its own typed error, and every other rank
+//! an [`Error::Distributed`] that carries its reason; a rank that does not answer within
+//! [`comm::TIMEOUT_ENV`] seconds is an error naming it. Nothing is written to a caller's
+//! buffer: results are new vectors.
 
+mod agree;
 mod comm;
 mod layout;
 #[cfg(feature = "mpi")]
@@ -40,6 +44,7 @@ mod ring;
 
 use std::ops::Range;
 
+pub use agree::{agree, Terms};
 pub use comm::{timeout, Comm, LocalRing, DEFAULT_TIMEOUT_S, TIMEOUT_ENV};
 pub use layout::{take_rows, Layout};
 #[cfg(feature = "mpi")]
@@ -126,13 +131,9 @@ impl<'a> ContextParallel<'a> {
         k: &[T],
         v: &[T],
     ) -> Result<HostForward<T>> {
-        let local = self.check(
-            cfg,
-            T::DTYPE,
-            &[("q", q.len()), ("k", k.len()), ("v", v.len())],
-        );
-        self.agree(cfg, T::DTYPE, 0, local)?;
+        let local = self.check(cfg, &[("q", q.len()), ("k", k.len()), ("v", v.len())]);
         self.rank.traffic.set(Traffic::default());
+        self.agree(cfg, T::DTYPE, "forward", Vec::new(), local)?;
         let f = ring::forward(&self.rank, cfg, (q, k, v))?;
         Ok(HostForward {
             out: crate::dtype::from_f32_slice(&f.out),
@@ -157,7 +158,6 @@ impl<'a> ContextParallel<'a> {
     ) -> Result<HostGradients<T>> {
         let local = self.check(
             cfg,
-            T::DTYPE,
             &[
                 ("q", q.len()),
                 ("k", k.len()),
@@ -167,8 +167,8 @@ impl<'a> ContextParallel<'a> {
                 ("d_out", d_out.len()),
             ],
         );
-        self.agree(cfg, T::DTYPE, 1, local)?;
         self.rank.traffic.set(Traffic::default());
+        self.agree(cfg, T::DTYPE, "backward", Vec::new(), local)?;
         let g = ring::backward(&self.rank, cfg, (q, k, v, out, lse, d_out))?;
         let to = |x: &[f32]| crate::dtype::from_f32_slice(x);
         Ok(HostGradients {
@@ -183,11 +183,14 @@ impl<'a> ContextParallel<'a> {
 
     /// Decode (or any call) over keys sharded across the ranks: `cfg` is the whole call
     /// (its `seq_kv` every shard's keys together; q replicated on every rank), `shard` this
-    /// rank's keys of it (the ranks' shards in rank order must tile `0..seq_kv`), `k`, `v`
-    /// its rows `[batch, shard.len(), heads_kv, dim]`. Each rank attends to its shard (a block
-    /// of the call where a mask or modifier reads positions, else a plain call, which the
-    /// decode kernel takes); one all-gather of the partials, merged in rank order, gives every
-    /// rank the same `out` and `lse`. Sinks are counted once (on rank 0).
+    /// rank's keys of it (the ranks' shards in rank order must tile `0..seq_kv`, else
+    /// [`Error::Distributed`] on every rank), `k`, `v` its rows `[batch, shard.len(),
+    /// heads_kv, dim]`. Each rank attends to its shard (a block of the call where a mask or
+    /// modifier reads positions, else a plain call, which the decode kernel takes); one
+    /// all-gather of the partials, merged in rank order, gives every rank the same `out` and
+    /// `lse`. Sinks are counted once (on rank 0). A shard may be empty (a rank of the cache
+    /// that holds no key yet): it adds nothing, and where every shard is (`seq_kv` 0) the
+    /// result is a call's with no visible key, out 0 and lse -inf (or the sink).
     pub fn decode_sharded<T: Element>(
         &self,
         cfg: &AttentionConfig,
@@ -196,9 +199,19 @@ impl<'a> ContextParallel<'a> {
         k: &[T],
         v: &[T],
     ) -> Result<HostForward<T>> {
-        let local = self.check_shard(cfg, &shard, T::DTYPE, q.len(), k.len(), v.len());
-        self.agree(cfg, T::DTYPE, 2, local)?;
         self.rank.traffic.set(Traffic::default());
+        let local = self.check_shard(cfg, &shard, (q.len(), k.len(), v.len()));
+        let own = vec![shard.start as u64, shard.end as u64];
+        let all = self.agree(cfg, T::DTYPE, "decode_sharded", own, local)?;
+        // every rank's own words are its shard: the ranks agreed on the call (decode_sharded)
+        let shards: Vec<(u64, u64)> = all
+            .iter()
+            .map(|t| match t.own[..] {
+                [start, end] => (start, end),
+                _ => (0, 0),
+            })
+            .collect();
+        tiles(&shards, cfg.seq_kv, self.rank.comm.rank())?;
         let f = ring::decode_sharded(&self.rank, cfg, shard, (q, k, v))?;
         Ok(HostForward {
             out: crate::dtype::from_f32_slice(&f.out),
@@ -207,13 +220,8 @@ impl<'a> ContextParallel<'a> {
     }
 
     /// This rank's own inputs against the call: a typed error for its own caller (the other
-    /// ranks learn that it refused them).
-    fn check(
-        &self,
-        cfg: &AttentionConfig,
-        dtype: crate::DType,
-        lens: &[(&str, usize)],
-    ) -> Result<()> {
+    /// ranks learn it in the agreement, its message the reason).
+    fn check(&self, cfg: &AttentionConfig, lens: &[(&str, usize)]) -> Result<()> {
         if cfg.seq_q != cfg.seq_kv {
             return Err(Error::invalid(format!(
                 "context parallelism splits one sequence for queries and keys: seq_q must \
@@ -221,61 +229,60 @@ impl<'a> ContextParallel<'a> {
                 cfg.seq_q, cfg.seq_kv
             )));
         }
-        if cfg.block.is_some() {
-            return Err(Error::invalid(
-                "cfg is the whole call: its block is the ranks' to set (block must be None)",
-            ));
-        }
+        whole_call_only(cfg)?;
         cfg.validate()?;
-        let _ = dtype;
-        let n: usize = self.local_rows(cfg).iter().map(|r| r.len()).sum();
-        let lse_len = cfg.batch * cfg.heads_q * n;
+        let rows = self.local_rows(cfg);
+        let n: usize = rows.iter().map(|r| r.len()).sum();
         for &(name, len) in lens {
-            let width = match name {
-                "k" => cfg.heads_kv * cfg.head_dim,
-                "v" => cfg.heads_kv * cfg.dv(),
-                "lse" => 0,
-                "q" => cfg.heads_q * cfg.head_dim,
-                _ => cfg.heads_q * cfg.dv(),
-            };
-            let want = if name == "lse" {
-                lse_len
-            } else {
-                cfg.batch * n * width
-            };
-            if len != want {
+            // the elements of one local row: [batch, rows, heads, dim], lse [batch, heads_q, rows]
+            let per_row = cfg.batch
+                * match name {
+                    "q" => cfg.heads_q * cfg.head_dim,
+                    "k" => cfg.heads_kv * cfg.head_dim,
+                    "v" => cfg.heads_kv * cfg.dv(),
+                    "lse" => cfg.heads_q,
+                    _ => cfg.heads_q * cfg.dv(),
+                };
+            if len != n * per_row {
+                let given = if len % per_row == 0 {
+                    format!("{} rows of {per_row}", len / per_row)
+                } else {
+                    format!("not a whole number of rows of {per_row}")
+                };
                 return Err(Error::invalid(format!(
-                    "{name} of rank {} holds {len} elements; its {n} rows of the call ({:?} \
-                     of {} over {} ranks) take {want}",
+                    "{name} of rank {} holds {len} elements ({given}) where its rows of the \
+                     call, {rows:?} ({n} of {} over {} ranks, {:?} layout), take {}: pass this \
+                     rank's rows (local_rows)",
                     self.rank.comm.rank(),
-                    self.local_rows(cfg),
                     cfg.seq_q,
-                    self.rank.comm.size()
+                    self.rank.comm.size(),
+                    self.layout(cfg),
+                    n * per_row,
                 )));
             }
         }
         Ok(())
     }
 
+    /// [`check`](Self::check) for `decode_sharded`: this rank's shard and its k, v. A call of
+    /// no keys at all (every shard empty) is checked as one of a key: a one-device call needs
+    /// one, a sharded cache may hold none yet.
     fn check_shard(
         &self,
         cfg: &AttentionConfig,
         shard: &Range<usize>,
-        dtype: crate::DType,
-        q: usize,
-        k: usize,
-        v: usize,
+        (q, k, v): (usize, usize, usize),
     ) -> Result<()> {
-        let _ = dtype;
-        if cfg.block.is_some() {
-            return Err(Error::invalid(
-                "cfg is the whole call: its block is the ranks' to set (block must be None)",
-            ));
+        whole_call_only(cfg)?;
+        AttentionConfig {
+            seq_kv: cfg.seq_kv.max(1),
+            ..cfg.clone()
         }
-        cfg.validate()?;
-        if shard.end > cfg.seq_kv || shard.is_empty() {
+        .validate()?;
+        if shard.start > shard.end || shard.end > cfg.seq_kv {
             return Err(Error::invalid(format!(
-                "shard {shard:?} of rank {} must be a non-empty range of the call's {} keys",
+                "shard {shard:?} of rank {} must be a range of the call's {} keys (start <= end \
+                 <= seq_kv; empty where the rank holds none)",
                 self.rank.comm.rank(),
                 cfg.seq_kv
             )));
@@ -288,81 +295,86 @@ impl<'a> ContextParallel<'a> {
         ] {
             if len != want {
                 return Err(Error::invalid(format!(
-                    "{name} of rank {} holds {len} elements; {want} expected (shard {shard:?})",
-                    self.rank.comm.rank()
+                    "{name} of rank {} holds {len} elements; {want} expected ({}, shard \
+                     {shard:?})",
+                    self.rank.comm.rank(),
+                    if name == "q" {
+                        "every query row, on every rank".to_string()
+                    } else {
+                        format!("{n} keys")
+                    }
                 )));
             }
         }
         Ok(())
     }
 
-    /// The ranks compare the call before any work: every field of `header` and a digest of
-    /// the config (its modifiers), and whether each rank took its own inputs. A difference is
-    /// [`Error::Distributed`] on every rank, naming the first rank that differs from rank 0
-    /// and the field.
+    /// The ranks compare the call before any work ([`agree`]): its fields in the caller's
+    /// words ([`Rank::call_terms`]) and this rank's `own` words, or why this rank refused its
+    /// inputs (`local`, which this rank returns as it is). Every rank's terms where all agree.
     fn agree(
         &self,
         cfg: &AttentionConfig,
         dtype: crate::DType,
-        call: u64,
+        call: &str,
+        own: Vec<u64>,
         local: Result<()>,
-    ) -> Result<()> {
-        let digest = {
-            use std::hash::{Hash, Hasher};
-            // SipHash with its fixed keys: the same on every rank of one build
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            format!("{:?}", cfg.whole_call()).hash(&mut h);
-            h.finish()
+    ) -> Result<Vec<Terms>> {
+        let terms = match &local {
+            Ok(()) => Terms {
+                call: self.rank.call_terms(cfg, dtype, call),
+                own,
+                refused: None,
+            },
+            Err(e) => Terms::refusal(e.to_string()),
         };
-        let fields: [(&str, u64); 13] = [
-            ("call (forward, backward or decode_sharded)", call),
-            ("ranks", self.rank.comm.size() as u64),
-            ("batch", cfg.batch as u64),
-            ("seq_q", cfg.seq_q as u64),
-            ("seq_kv", cfg.seq_kv as u64),
-            ("heads_q", cfg.heads_q as u64),
-            ("heads_kv", cfg.heads_kv as u64),
-            ("head_dim", cfg.head_dim as u64),
-            ("head_dim_v", cfg.dv() as u64),
-            ("dtype", dtype as u64),
-            ("schedule", self.rank.schedule as u64),
-            ("layout", self.layout(cfg) as u64),
-            (
-                "config (causal, window, the modifiers and their values)",
-                digest,
-            ),
-        ];
-        let mut words: Vec<u64> = fields.iter().map(|f| f.1).collect();
-        words.push(local.is_ok() as u64);
-        let all = self.rank.comm.all_gather(bytemuck::cast_slice(&words))?;
-        self.rank
-            .count(|t| &mut t.other, all.len() / self.rank.comm.size());
+        let agreed = agree::agree_counted(self.rank.comm, &terms);
         local?;
-        let per = words.len();
-        let all: &[u64] = &bytemuck::pod_collect_to_vec::<u8, u64>(&all);
-        let me = self.rank.comm.rank();
-        for r in 0..self.rank.comm.size() {
-            if all[r * per + per - 1] == 0 {
-                return Err(Error::Distributed {
-                    rank: me,
-                    message: format!("rank {r} refused its own inputs (its error says why)"),
-                });
-            }
-        }
-        for r in 1..self.rank.comm.size() {
-            for (i, (name, _)) in fields.iter().enumerate() {
-                let (theirs, first) = (all[r * per + i], all[i]);
-                if theirs != first {
-                    return Err(Error::Distributed {
-                        rank: me,
-                        message: format!(
-                            "the ranks disagree on the call: rank {r}'s {name} is {theirs} where \
-                             rank 0's is {first}"
-                        ),
-                    });
-                }
-            }
-        }
-        Ok(())
+        let (all, sent) = agreed?;
+        self.rank.count(|t| &mut t.other, sent);
+        Ok(all)
     }
+}
+
+/// `cfg` names the whole call: its block is the ranks' to set.
+fn whole_call_only(cfg: &AttentionConfig) -> Result<()> {
+    match cfg.block {
+        Some(_) => Err(Error::invalid(
+            "cfg is the whole call: its block is the ranks' to set (block must be None)",
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The ranks' shards (`(start, end)` each, in rank order) tile `0..seq_kv`, or the first that
+/// does not follow on, named alike on every rank.
+fn tiles(shards: &[(u64, u64)], seq_kv: usize, me: usize) -> Result<()> {
+    let mut at = 0;
+    for (r, &(start, end)) in shards.iter().enumerate() {
+        if start != at {
+            return Err(Error::Distributed {
+                rank: me,
+                message: format!(
+                    "the ranks' shards must tile the call's {seq_kv} keys in rank order: rank \
+                     {r}'s is {start}..{end}, where {} {at}",
+                    if r == 0 {
+                        "the first must start at".to_string()
+                    } else {
+                        format!("rank {}'s ends at", r - 1)
+                    }
+                ),
+            });
+        }
+        at = end;
+    }
+    if at != seq_kv as u64 {
+        return Err(Error::Distributed {
+            rank: me,
+            message: format!(
+                "the ranks' shards must tile the call's {seq_kv} keys in rank order: the last \
+                 ends at {at}"
+            ),
+        });
+    }
+    Ok(())
 }

@@ -4,10 +4,12 @@
 use std::cell::Cell;
 use std::ops::Range;
 
+use super::agree::term;
 use super::comm::Comm;
 use super::layout::Layout;
 use crate::config::AttentionConfig;
 use crate::device::Context;
+use crate::DType;
 
 /// How the K/V blocks reach the ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -75,5 +77,107 @@ impl<'a> Rank<'a> {
         let mut t = self.traffic.get();
         *kind(&mut t) += bytes as u64;
         self.traffic.set(t);
+    }
+
+    /// The fields of `call` (forward, backward, decode_sharded) over `cfg` in `dtype` that every
+    /// rank must give alike, in the caller's words, in the order a difference is reported: the
+    /// call and its shape, the dtype, every field of the config (the destructuring names each,
+    /// so that a new field cannot be left out), then the schedule and the layout (after
+    /// `causal`, which sets it unless `with_layout` does).
+    pub(super) fn call_terms(
+        &self,
+        cfg: &AttentionConfig,
+        dtype: DType,
+        call: &str,
+    ) -> Vec<(String, String)> {
+        let AttentionConfig {
+            batch,
+            seq_q,
+            seq_kv,
+            heads_q,
+            heads_kv,
+            head_dim,
+            head_dim_v: _, // as dv() below: None and Some(head_dim) are one call
+            values_in_keys,
+            causal,
+            window,
+            softcap,
+            alibi_slopes,
+            sinks,
+            seqlens_kv,
+            align_to_seqlens,
+            leftpad_kv,
+            paged,
+            dropout,
+            block_mask,
+            mask,
+            bias,
+            varlen,
+            score_mod,
+            mask_mod,
+            softmax_scale,
+            algorithm,
+            kv_splits,
+            block: _, // None: checked before
+        } = cfg;
+        fn or_none<T>(x: &Option<T>, show: impl Fn(&T) -> String) -> String {
+            x.as_ref().map_or("None".into(), show)
+        }
+        let debug = |x: &dyn std::fmt::Debug| format!("{x:?}");
+        let side = |s: Option<usize>| s.map_or("None".into(), |n| n.to_string());
+        vec![
+            term("call", call),
+            term("ranks", self.comm.size()),
+            term("batch", batch),
+            term("seq_q", seq_q),
+            term("seq_kv", seq_kv),
+            term("heads_q", heads_q),
+            term("heads_kv", heads_kv),
+            term("head_dim", head_dim),
+            term("head_dim_v", cfg.dv()),
+            term("dtype", dtype),
+            term("causal", causal),
+            term(
+                "window",
+                format!("({}, {})", side(window.left), side(window.right)),
+            ),
+            term("softmax_scale", or_none(softmax_scale, f32::to_string)),
+            term("softcap", or_none(softcap, f32::to_string)),
+            term("alibi_slopes", or_none(alibi_slopes, |x| debug(x))),
+            term("sinks", or_none(sinks, |x| debug(x))),
+            term(
+                "dropout",
+                or_none(dropout, |d| {
+                    format!("p {}, seed {}, offset {}", d.p, d.seed, d.offset)
+                }),
+            ),
+            term("score_mod", or_none(score_mod, |m| debug(&m.wgsl_source()))),
+            term(
+                "score_mod's tensors",
+                or_none(score_mod, |m| debug(&m.captured())),
+            ),
+            term(
+                "score_mod's trainable tensor",
+                or_none(score_mod, |m| debug(&m.trainable())),
+            ),
+            term("mask_mod", or_none(mask_mod, |m| debug(&m.wgsl_source()))),
+            term(
+                "mask_mod's tensors",
+                or_none(mask_mod, |m| debug(&m.captured())),
+            ),
+            term("block_mask", or_none(block_mask, |x| debug(x))),
+            term("seqlens_kv", or_none(seqlens_kv, |x| debug(x))),
+            term("align_to_seqlens", align_to_seqlens),
+            term("leftpad_kv", or_none(leftpad_kv, |x| debug(x))),
+            term("values_in_keys", values_in_keys),
+            term("paged", or_none(paged, |x| debug(x))),
+            term("mask", or_none(mask, |x| debug(x))),
+            term("bias", or_none(bias, |x| debug(x))),
+            term("varlen", or_none(varlen, |x| debug(x))),
+            term("algorithm", debug(algorithm)),
+            term("kv_splits", or_none(kv_splits, usize::to_string)),
+            term("schedule", debug(&self.schedule)),
+            term("layout", debug(&self.layout(cfg))),
+        ]
     }
 }

@@ -452,8 +452,23 @@ pub(super) fn decode_sharded<T: Element>(
         }),
         ..cfg.clone()
     };
-    let (q, k, v) = (to_f32_vec(q), to_f32_vec(k), to_f32_vec(v));
-    let mine = cp.ctx.forward_host(&shard_cfg, &q, &k, &v)?;
+    let mine = if shard.is_empty() {
+        // a rank that holds no key yet adds nothing to the merge: out 0 and lse -inf (or its
+        // sink, a row's one "key"), what a call with no visible key gives
+        let rows = cfg.batch * cfg.heads_q * cfg.seq_q;
+        HostForward {
+            out: vec![0f32; cfg.out_shape().iter().product()],
+            lse: (0..rows)
+                .map(|i| {
+                    let h = i / cfg.seq_q % cfg.heads_q;
+                    shard_cfg.sink(h).unwrap_or(f32::NEG_INFINITY)
+                })
+                .collect(),
+        }
+    } else {
+        let (q, k, v) = (to_f32_vec(q), to_f32_vec(k), to_f32_vec(v));
+        cp.ctx.forward_host(&shard_cfg, &q, &k, &v)?
+    };
     let (no, nl) = (mine.out.len(), mine.lse.len());
     let mut bytes = bytemuck::cast_slice::<f32, u8>(&mine.out).to_vec();
     bytes.extend_from_slice(bytemuck::cast_slice(&mine.lse));
@@ -469,6 +484,5 @@ pub(super) fn decode_sharded<T: Element>(
             }
         })
         .collect();
-    let _ = rank;
     cp.ctx.merge_host(&cfg.out_shape(), &shards)
 }

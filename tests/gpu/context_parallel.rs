@@ -2,8 +2,9 @@
 //! same algorithms MPI's ranks run, tests/mpi.rs runs them under mpiexec): the ring and the
 //! all-gather forms at 2 and 4 ranks, causal (zigzag) and not, GQA, odd lengths, the
 //! position-aware modifiers and every dtype, forward and backward, against the f64 reference
-//! of the whole call; the same bits twice; ranks that disagree, and one that leaves, are
-//! typed errors on every rank in bounded time.
+//! of the whole call; the same bits twice; decode over sharded keys, empty shards included;
+//! ranks that disagree (named in the caller's words), one that refuses its inputs (its reason
+//! carried to the others), and one that leaves, are typed errors on every rank in bounded time.
 
 use std::time::Duration;
 
@@ -173,21 +174,19 @@ fn the_position_aware_modifiers_see_the_whole_sequence() {
     check::<f32>(&c, 4, 2e-5);
 }
 
-#[test]
-fn decode_over_keys_sharded_across_ranks_is_one_call_over_all_keys() {
-    // one query row a batch over 300 keys cut into uneven shards; every rank gets the result
-    let mut c = cfg(2, 1, 300, 8, 2, 32, true);
-    c.sinks = Some(common::random_sinks(&c));
-    let data = inputs(&c, 1.0);
-    let want = reference::forward(&c, &data.q, &data.k, &data.v);
-    let cuts = [0, 70, 180, 300];
+/// `decode_sharded` of `c` over the shards `cuts[r]..cuts[r + 1]`, one a rank: every rank's
+/// result, against the reference of the whole call, and the same bits on every rank.
+fn decode_over(c: &AttentionConfig, cuts: &[usize]) {
+    let data = inputs(c, 1.0);
+    let want = reference::forward(c, &data.q, &data.k, &data.v);
     let ctx = common::ctx();
     let (b, n, hkv, d) = (c.batch, c.seq_kv, c.heads_kv, c.head_dim);
+    let msg = format!("decode_sharded over {cuts:?}");
     let got: Vec<HostForward<f32>> = std::thread::scope(|s| {
-        let hs: Vec<_> = LocalRing::new(3)
+        let hs: Vec<_> = LocalRing::new(cuts.len() - 1)
             .into_iter()
             .map(|comm| {
-                let (c, data) = (&c, &data);
+                let data = &data;
                 s.spawn(move || {
                     let r = comm.rank();
                     let shard = cuts[r]..cuts[r + 1];
@@ -202,10 +201,139 @@ fn decode_over_keys_sharded_across_ranks_is_one_call_over_all_keys() {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for f in &got {
-        assert_close_tol("out", &f.out, &want.out, 2e-5, "decode_sharded");
-        common::assert_lse_close(&f.lse, &want.lse, "decode_sharded");
-        assert_eq!(f.out, got[0].out, "every rank the same bits");
+        assert_close_tol("out", &f.out, &want.out, 2e-5, &msg);
+        common::assert_lse_close(&f.lse, &want.lse, &msg);
+        assert_eq!(f.out, got[0].out, "every rank the same bits ({msg})");
     }
+}
+
+#[test]
+fn decode_over_keys_sharded_across_ranks_is_one_call_over_all_keys() {
+    // one query row a batch over 300 keys cut into uneven shards; every rank gets the result
+    let mut c = cfg(2, 1, 300, 8, 2, 32, true);
+    c.sinks = Some(common::random_sinks(&c));
+    decode_over(&c, &[0, 70, 180, 300]);
+}
+
+#[test]
+fn a_rank_of_a_sharded_cache_that_holds_no_key_adds_nothing() {
+    // rank 1 holds no key yet; then rank 0, which counts the sinks
+    let mut c = cfg(2, 1, 83, 8, 2, 32, true);
+    c.sinks = Some(common::random_sinks(&c));
+    decode_over(&c, &[0, 40, 40, 83]);
+    decode_over(&c, &[0, 0, 83]);
+}
+
+#[test]
+fn a_sharded_cache_with_no_key_at_all_gives_what_a_call_with_no_visible_key_gives() {
+    // out 0, and lse -inf, or the sink where there is one
+    let mut c = cfg(2, 1, 0, 8, 2, 32, false);
+    decode_over(&c, &[0, 0, 0]);
+    c.sinks = Some(common::random_sinks(&c));
+    decode_over(&c, &[0, 0, 0]);
+}
+
+#[test]
+fn shards_that_do_not_tile_the_keys_fail_on_every_rank_naming_the_rank() {
+    let c = cfg(1, 1, 50, 2, 1, 16, false);
+    let errors = errors_of(2, |cp, r| {
+        let shard = [0..20, 30..50][r].clone();
+        let kv = vec![0.5f32; shard.len() * 16];
+        cp.decode_sharded(&c, shard, &[0.25f32; 32], &kv, &kv)
+            .unwrap_err()
+    });
+    for e in &errors {
+        assert!(
+            matches!(e, Error::Distributed { message, .. } if message.contains(
+                "rank 1's is 30..50, where rank 0's ends at 20"
+            )),
+            "{e:?}"
+        );
+    }
+}
+
+/// Every rank's error, rank r making its call through `call` (which returns its error).
+fn errors_of(
+    ranks: usize,
+    call: impl Fn(ContextParallel<'_>, usize) -> Error + Sync,
+) -> Vec<Error> {
+    let ctx = common::ctx();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = LocalRing::new(ranks)
+            .into_iter()
+            .map(|comm| {
+                let call = &call;
+                s.spawn(move || call(ContextParallel::new(ctx, &comm), comm.rank()))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Every rank's error is `Error::Distributed` from that rank, with `message`.
+fn every_rank_says(errors: &[Error], message: &str) {
+    for (r, e) in errors.iter().enumerate() {
+        match e {
+            Error::Distributed { rank, message: m } => {
+                assert_eq!(*rank, r);
+                assert_eq!(m, message);
+            }
+            other => panic!("rank {r}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn disagreements_name_the_field_and_both_values_in_the_callers_words() {
+    // the ranks fail in the agreement, before any work: no kernel runs here
+    let c = cfg(1, 40, 40, 2, 1, 16, true);
+    let (q, k) = (vec![0.25f32; 20 * 32], vec![0.5f32; 20 * 16]);
+    let differ = |field: &str, rank_1: &str, rank_0: &str| {
+        format!(
+            "the ranks disagree on the call: rank 1 calls with {field} = {rank_1}, rank 0 with \
+             {field} = {rank_0}"
+        )
+    };
+    // causal, which also sets the layout: the field the caller set is the one named
+    let e = errors_of(2, |cp, r| {
+        let mine = AttentionConfig {
+            causal: r == 0,
+            ..c.clone()
+        };
+        cp.forward(&mine, &q, &k, &k).unwrap_err()
+    });
+    every_rank_says(&e, &differ("causal", "false", "true"));
+    let e = errors_of(2, |cp, r| {
+        let mut mine = c.clone();
+        mine.window = Window::new((r == 1).then_some(8), Some(0));
+        cp.forward(&mine, &q, &k, &k).unwrap_err()
+    });
+    every_rank_says(&e, &differ("window", "(8, 0)", "(None, 0)"));
+    let e = errors_of(2, |cp, r| match r {
+        1 => {
+            let half = |x: &[f32]| flash_attn_wgpu::from_f32_slice::<half::f16>(x);
+            cp.forward(&c, &half(&q), &half(&k), &half(&k)).unwrap_err()
+        }
+        _ => cp.forward(&c, &q, &k, &k).unwrap_err(),
+    });
+    every_rank_says(&e, &differ("dtype", "f16", "f32"));
+    let e = errors_of(2, |cp, r| {
+        let cp = cp.with_schedule([Schedule::Ring, Schedule::AllGather][r]);
+        cp.forward(&c, &q, &k, &k).unwrap_err()
+    });
+    every_rank_says(&e, &differ("schedule", "AllGather", "Ring"));
+    // a modifier on one rank only: named, with its WGSL
+    let e = errors_of(2, |cp, r| {
+        let mut mine = c.clone();
+        mine.score_mod = (r == 1).then(score_mods::rational);
+        cp.forward(&mine, &q, &k, &k).unwrap_err()
+    });
+    let m = e[0].to_string();
+    assert!(
+        m.contains("rank 1 calls with score_mod = \"")
+            && m.contains("rank 0 with score_mod = None"),
+        "{m}"
+    );
 }
 
 #[test]
@@ -244,7 +372,7 @@ fn ranks_that_disagree_or_leave_fail_on_every_rank_with_who_and_what() {
             Error::Distributed { rank, message } => {
                 assert_eq!(*rank, r);
                 assert!(
-                    message.contains("rank 1's heads_q is 4 where rank 0's is 2"),
+                    message.contains("rank 1 calls with heads_q = 4, rank 0 with heads_q = 2"),
                     "{message}"
                 );
             }
@@ -271,8 +399,13 @@ fn ranks_that_disagree_or_leave_fail_on_every_rank_with_who_and_what() {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    // the others learn why: the input, its length and the one expected
     assert!(
-        matches!(&errors[0], Error::Distributed { message, .. } if message.contains("rank 1 refused its own inputs")),
+        matches!(&errors[0], Error::Distributed { message, .. } if message.contains(
+            "rank 1 refused its inputs: invalid attention config: q of rank 1 holds 639 \
+             elements (not a whole number of rows of 32) where its rows of the call, [20..40] \
+             (20 of 40 over 2 ranks, Contiguous layout), take 640"
+        )),
         "{:?}",
         errors[0]
     );
