@@ -46,5 +46,7 @@ case "$driver" in
 esac
 # the one driver (an ICD's library_path is a bare name, found on the root's library path)
 export VK_DRIVER_FILES=$icds/$icd
+# for a program that starts another of ours the same way (tests/dawn.rs: node and Dawn)
+export FLASH_ATTN_MESA26_LIB=$lib
 unset VK_ICD_FILENAMES VK_ADD_DRIVER_FILES
 exec "$lib/ld-linux-x86-64.so.2" --library-path "$lib" ${preload:+--preload "$lib/$preload"} "$@"

@@ -25,13 +25,33 @@ fn root() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
+/// `node`, started as this test binary was: through the Mesa 26 root's loader and libraries
+/// where scripts/mesa26.sh started it (it sets `FLASH_ATTN_MESA26_LIB`), so that Dawn's
+/// Vulkan is lavapipe 26.1 as wgpu's is (it compiles Tint's SPIR-V about 2.5x faster than
+/// 25.0.7: docs/log/ci-time.md); else the `node` on PATH.
+fn node() -> Command {
+    let Some(lib) = std::env::var_os("FLASH_ATTN_MESA26_LIB").map(PathBuf::from) else {
+        return Command::new("node");
+    };
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let Some(node) = std::env::split_paths(&path)
+        .map(|d| d.join("node"))
+        .find(|p| p.is_file())
+    else {
+        return Command::new("node");
+    };
+    let mut c = Command::new(lib.join("ld-linux-x86-64.so.2"));
+    c.arg("--library-path").arg(&lib).arg(node);
+    c
+}
+
 /// The runner script, if node and the webgpu package are there.
 fn runner() -> Option<PathBuf> {
     let script = root().join("dawn/runner.mjs");
     let has_pkg = root()
         .join("dawn/node_modules/webgpu/package.json")
         .exists();
-    let has_node = Command::new("node")
+    let has_node = node()
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
@@ -52,7 +72,7 @@ fn runner() -> Option<PathBuf> {
 
 /// Runs the runner; returns (success, stdout).
 fn run_node(script: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new("node")
+    let out = node()
         .arg(script)
         .args(args)
         .output()
