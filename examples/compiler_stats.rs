@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser;
-use flash_attn_wgpu::device::isa::{inner_loop, nak_inner_loop, Mix};
+use flash_attn_wgpu::device::isa::{inner_loop, ir3_inner_loop, nak_inner_loop, Mix};
 use flash_attn_wgpu::device::statistics::{Compiler, NvidiaSm, PipelineReport, Summary};
 use flash_attn_wgpu::dtype::ElemFormat;
 use flash_attn_wgpu::unstable::kernels::enumerate::{pipeline_keys, Device};
@@ -64,6 +64,10 @@ struct Args {
     /// Plan with this many private floats an invocation may hold (`DeviceCaps`), likewise.
     #[arg(long)]
     private_floats: Option<u32>,
+    /// Only the pipelines the planner picks (the sample without the other families' kernels):
+    /// the test command's quick run.
+    #[arg(long)]
+    planned_only: bool,
     /// Where the driver offers no statistics (`Unsupported`: lavapipe, a driver without
     /// `VK_KHR_pipeline_executable_properties`), say so and succeed: the GPU run's step.
     #[arg(long)]
@@ -231,7 +235,7 @@ fn run(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
             add(k, true, &mut keys);
         }
         for variant in [Variant::Blocks, Variant::Rows] {
-            if variant != pick.variant {
+            if variant != pick.variant && !a.planned_only {
                 ctx.set_tuning(Tuning { variant, ..pick })?;
                 for k in planned_keys(&ctx, a)? {
                     add(k, false, &mut keys);
@@ -540,11 +544,13 @@ fn pass_name(key: &KernelKey) -> String {
 }
 
 /// The inner loop's mix where the compiler's disassembly is read (`device::isa`): ACO's
-/// "Assembly", NAK's "NAK assembly". AGX gives no disassembly; ir3's is not read yet.
+/// "Assembly", NAK's "NAK assembly", ir3's "IR3 Assembly". AGX (Honeykrisp) gives no
+/// representation at all.
 fn mix_of(rep: &PipelineReport) -> Option<Mix> {
     match rep.summary().compiler {
         Compiler::Aco => rep.representation("assembly").map(inner_loop),
         Compiler::Nak => rep.representation("nak assembly").map(nak_inner_loop),
+        Compiler::Ir3 => rep.representation("ir3 assembly").map(ir3_inner_loop),
         _ => None,
     }
 }

@@ -9,6 +9,10 @@
 //!   -> {`, one instruction a line as `dst = op args`, `} -> [succs]`; [`nak_inner_loop`]). A
 //!   loop is a block with a successor at or above it. NAK keeps its waits in each instruction's
 //!   control bits, so a NAK mix has no `waits`.
+//! - Qualcomm's as Turnip's compiler ir3 prints it (representation "IR3 Assembly": `lN:`
+//!   labels, one instruction a line behind its flags, `(rptN)` repeating it N more times;
+//!   [`ir3_inner_loop`]). A loop is a `br` or `jump` to a label above it. Adreno has no matrix
+//!   instructions; its `nop`s are where the wave waits for a result, counted as `waits`.
 //!
 //! The inner loop is the loop holding the most matrix instructions (WMMA, MFMA, HMMA, FMA and
 //! dot products, nested loops' counted in), the innermost of equals. A kernel without a loop
@@ -273,6 +277,109 @@ fn select(loops: impl Iterator<Item = Mix>, whole: impl FnOnce() -> Mix) -> Mix 
     }
 }
 
+impl Mix {
+    /// Counts one ir3 instruction `op` (flags stripped) issued `times` times.
+    fn count_ir3(&mut self, op: &str, args: &str, times: usize) {
+        self.instructions += times;
+        let base = op.split('.').next().unwrap_or(op);
+        match base {
+            "nop" => self.waits += times,
+            "mad" if op.starts_with("mad.f") => {
+                self.fma += times;
+            }
+            // workgroup memory; the width is the type and the component count (the last
+            // operand): `ldl.u32 r0.x, l[r1.x], 4` is `u32x4`
+            "ldl" => {
+                let ty = op.split('.').nth(1).unwrap_or("");
+                let n = args.rsplit(',').next().map_or("", str::trim);
+                *self.lds_loads.entry(format!("{ty}x{n}")).or_default() += times;
+            }
+            "stl" => self.lds_stores += times,
+            "ldp" | "stp" => self.scratch += times,
+            "ldg" | "stg" | "ldib" | "stib" | "isam" | "ldc" | "resinfo" | "atomic" => {
+                self.vmem += times
+            }
+            "br" | "jump" | "getone" | "shps" | "shpe" | "prede" | "predt" | "predf" | "end"
+            | "ret" | "bar" | "fence" | "kill" | "brac" | "bany" | "ball" => self.salu += times,
+            _ => self.other_valu += times,
+        }
+    }
+}
+
+/// An ir3 line's opcode, operands and issue count (`(rpt3)add.u r1.x, r2.x, 1` gives
+/// `("add.u", "r1.x, r2.x, 1", 4)`), or `None` for a label, a comment or a blank.
+fn ir3_instruction(line: &str) -> Option<(&str, &str, usize)> {
+    let mut code = line.split(';').next().unwrap_or("").trim();
+    if code.is_empty() || code.ends_with(':') {
+        return None;
+    }
+    let mut times = 1;
+    // the flags before the opcode: (ss), (sy), (jp), (nopN), (rptN), ...
+    while let Some(rest) = code.strip_prefix('(') {
+        let (flag, after) = rest.split_once(')')?;
+        if let Some(n) = flag
+            .strip_prefix("rpt")
+            .and_then(|n| n.parse::<usize>().ok())
+        {
+            times = n + 1;
+        }
+        code = after.trim_start();
+    }
+    let (op, args) = code.split_once(' ').unwrap_or((code, ""));
+    Some((op, args.trim(), times))
+}
+
+/// The mix of ir3 lines `from..=to` (0-based indices into `lines`).
+fn ir3_mix_of(lines: &[&str], from: usize, to: usize) -> Mix {
+    let mut m = Mix {
+        lines: Some((from + 1, to + 1)),
+        ..Mix::default()
+    };
+    for line in &lines[from..=to] {
+        if let Some((op, args, times)) = ir3_instruction(line) {
+            m.count_ir3(op, args, times);
+        }
+    }
+    m
+}
+
+/// The inner loop of ir3's disassembly (Qualcomm Adreno, representation "IR3 Assembly") and
+/// its mix, or the whole program's mix (`lines: None`) where it has no loop with math: module
+/// docs.
+pub fn ir3_inner_loop(asm: &str) -> Mix {
+    let lines: Vec<&str> = asm.lines().collect();
+    let labels: BTreeMap<&str, usize> = lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let t = l.trim();
+            let name = t.strip_suffix(':')?;
+            (name.starts_with('l') && name[1..].chars().all(|c| c.is_ascii_digit()))
+                .then_some((name, i))
+        })
+        .collect();
+    let loops: Vec<(usize, usize)> = lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let (op, args, _) = ir3_instruction(l)?;
+            if op != "br" && op != "jump" {
+                return None;
+            }
+            let target = args
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .find_map(|w| w.strip_prefix('#'))?;
+            let at = *labels.get(target)?;
+            (at < i).then_some((at, i))
+        })
+        .collect();
+    select(loops.iter().map(|&(f, t)| ir3_mix_of(&lines, f, t)), || {
+        let mut m = ir3_mix_of(&lines, 0, lines.len().saturating_sub(1));
+        m.lines = None;
+        m
+    })
+}
+
 /// One line's opcodes: a VOPD pair (`v_dual_a ... :: v_dual_b ...`) gives two; a label,
 /// a comment or a blank line none.
 fn opcodes(line: &str) -> Vec<&str> {
@@ -459,5 +566,30 @@ block 3 L9 [0, 2] -> {
         let m = nak_inner_loop(flat);
         assert_eq!(m.lines, None);
         assert_eq!((m.fma, m.scratch, m.instructions), (1, 1, 2));
+    }
+
+    const IR3: &str = "; a comment
+shps #l2
+getone #l2
+l2:
+(ss)(rpt3)mad.f32 r1.x, r2.x, r3.x, (r)r1.x
+ldl.u32 r4.x, l[r5.x], 4
+(sy)(nop2) add.u r6.x, r6.x, 1
+(rpt1)nop
+stl.u32 l[r7.x], r8.x, 1
+isam.v.base0 (u32)(x)r9.x, r9.z, s#0, t#1
+br !p0.x, #l2
+end
+";
+
+    #[test]
+    fn an_ir3_loop_counts_repeats_and_workgroup_loads_by_width() {
+        let m = ir3_inner_loop(IR3);
+        assert_eq!(m.lines, Some((4, 11)));
+        assert_eq!(m.fma, 4, "(rpt3) issues the mad four times");
+        assert_eq!(m.lds_loads.get("u32x4"), Some(&1));
+        assert_eq!((m.lds_stores, m.vmem, m.waits), (1, 1, 2));
+        assert_eq!((m.other_valu, m.salu), (1, 1));
+        assert_eq!(m.instructions, 11);
     }
 }
