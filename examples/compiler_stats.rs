@@ -1,13 +1,17 @@
-//! What a GPU vendor's shader compiler makes of the kernels (issue 62): the pipelines the
-//! library plans on this adapter, each compiled by the driver, with the statistics it reports
-//! (registers, spills, scratch, workgroup memory, waves per SIMD, instructions) and, where it
-//! gives the disassembly (AMD), the mix of each kernel's inner loop. Written as JSON and as a
-//! markdown table; `--check` fails on a compile failure, on spills or scratch in a kernel the
-//! planner picks, and on occupancy below the floors of docs/log/compilers.md.
+//! What a GPU vendor's shader compiler makes of the kernels (issues 62 and 66): the pipelines
+//! the library plans on this adapter, each compiled by the driver, with the statistics it
+//! reports read into one vocabulary (`statistics::Summary`: registers, spills, scratch,
+//! workgroup memory, occupancy, cycles, instructions; AMD's ACO, NVIDIA's NAK, Apple's AGX,
+//! Qualcomm's ir3) and, where it gives the disassembly (ACO, NAK, ir3), the mix of each
+//! kernel's inner loop. Written as JSON (raw and mapped) and as a markdown table; `--check`
+//! fails on a compile failure, on spills or scratch in a kernel the planner picks, and on
+//! occupancy below the vendor's floors of docs/log/compilers.md, save the misses recorded
+//! there and in `MISSES` (named on every run, failed where a kernel gets worse).
 //!
 //! ```text
-//! # AMD's compiler without an AMD GPU (Mesa's no-op DRM shim; scripts/compiler-stats.sh):
+//! # a vendor's compiler without its GPU (Mesa's no-op DRM shims; scripts/compiler-stats.sh):
 //! bash scripts/compiler-stats.sh navi31 --check
+//! bash scripts/compiler-stats.sh ga100 --check --planned-only   # also m1, a730, amd26:navi31
 //! # any Vulkan GPU (the GPU run): the adapter Context::new would pick
 //! cargo run --release --example compiler_stats -- --json stats.json --markdown stats.md
 //! ```
@@ -628,7 +632,7 @@ fn markdown(chip: &str, adapter: &str, rows: &[Row]) -> String {
                             m.salu,
                             m.waits
                         ),
-                        predicted(m, rep).map_or("-".into(), |p| format!("{p:.2}")),
+                        predicted(m, &sum).map_or("-".into(), |p| format!("{p:.2}")),
                     ),
                     None => ("-".into(), "-".into()),
                 };
@@ -670,8 +674,7 @@ fn model(c: Compiler) -> Option<(f64, f64)> {
 /// The fraction of the chip's peak a kernel's inner loop and occupancy predict (the model of
 /// docs/log/compilers.md): the loop's mix (`Mix::predicted_fraction`) times the share of the
 /// occupancy that latency hiding wants. `None` where the compiler has no model.
-fn predicted(m: &Mix, rep: &PipelineReport) -> Option<f64> {
-    let sum = rep.summary();
+fn predicted(m: &Mix, sum: &Summary) -> Option<f64> {
     let (matrix_cycles, hide) = model(sum.compiler)?;
     let occupancy = sum.occupancy.unwrap_or(hide);
     Some(m.predicted_fraction(matrix_cycles) * (occupancy / hide).min(1.0))
@@ -728,7 +731,7 @@ fn json(chip: &str, adapter: &str, rows: &[Row]) -> serde_json::Value {
                     "salu": m.salu,
                     "waits": m.waits,
                     "math_share": m.math_share(),
-                    "predicted_fraction": r.report.as_ref().ok().and_then(|rep| predicted(m, rep)),
+                    "predicted_fraction": r.sum.as_ref().and_then(|sum| predicted(m, sum)),
                 });
             }
             o
@@ -777,7 +780,9 @@ fn search(ctx: &Context, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 let k = KernelKey { tiles: t, ..key };
                 let r = ctx.compiler_statistics(&k)?;
                 let g = |n: &str| r.get(n).unwrap_or(0.0);
-                let share = mix_of(&r).and_then(|m| predicted(&m, &r)).unwrap_or(0.0);
+                let share = mix_of(&r)
+                    .and_then(|m| predicted(&m, &r.summary()))
+                    .unwrap_or(0.0);
                 println!(
                     "| {} | {d} | {} | {} | {} | {} | {} | {} | {} | {} | {share:.2} |",
                     pass_name(&k),

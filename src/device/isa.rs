@@ -3,15 +3,15 @@
 //!
 //! - AMD's (GCN, CDNA and RDNA, as RADV prints it through
 //!   `VK_KHR_pipeline_executable_properties`, representation "Assembly": `BBn:` labels, one
-//!   instruction a line; [`inner_loop`]). A loop is a backward branch (`s_branch` or
+//!   instruction a line; [`inner_loop`](crate::device::isa::inner_loop)). A loop is a backward branch (`s_branch` or
 //!   `s_cbranch_*` to a label above it).
 //! - NVIDIA's as NVK's compiler NAK prints it (representation "NAK assembly": `block N ... [preds]
-//!   -> {`, one instruction a line as `dst = op args`, `} -> [succs]`; [`nak_inner_loop`]). A
+//!   -> {`, one instruction a line as `dst = op args`, `} -> [succs]`; [`nak_inner_loop`](crate::device::isa::nak_inner_loop)). A
 //!   loop is a block with a successor at or above it. NAK keeps its waits in each instruction's
 //!   control bits, so a NAK mix has no `waits`.
 //! - Qualcomm's as Turnip's compiler ir3 prints it (representation "IR3 Assembly": `lN:`
 //!   labels, one instruction a line behind its flags, `(rptN)` repeating it N more times;
-//!   [`ir3_inner_loop`]). A loop is a `br` or `jump` to a label above it. Adreno has no matrix
+//!   [`ir3_inner_loop`](crate::device::isa::ir3_inner_loop)). A loop is a `br` or `jump` to a label above it. Adreno has no matrix
 //!   instructions; its `nop`s are where the wave waits for a result, counted as `waits`.
 //!
 //! The inner loop is the loop holding the most matrix instructions (WMMA, MFMA, HMMA, FMA and

@@ -3,8 +3,10 @@
 //! driver names them) and its internal representations (the disassembly), read through
 //! `VK_KHR_pipeline_executable_properties`, which RADV (AMD's ACO), NVK (NVIDIA, NAK),
 //! Honeykrisp (Apple, AGX), Turnip (Qualcomm, ir3), NVIDIA's and Intel's Vulkan drivers offer.
-//! Each compiler names its statistics its own way; [`Summary`] reads the four Mesa compilers'
-//! into one vocabulary (issue 66), the raw list stays in [`PipelineReport::statistics`].
+//! Each compiler names its statistics its own way;
+//! [`Summary`](crate::device::statistics::Summary) reads the four Mesa compilers'
+//! into one vocabulary (issue 66), the raw list stays in
+//! [`PipelineReport::statistics`](crate::device::statistics::PipelineReport::statistics).
 //!
 //! A context for this is opened as `Context::new` opens one (the same adapter, features,
 //! limits, subgroup sizes and tuning: the pipelines it plans are the ones a user's calls
