@@ -1,11 +1,22 @@
-//! The inner loop of a kernel in AMD's disassembly (GCN, CDNA and RDNA, as RADV prints it
-//! through `VK_KHR_pipeline_executable_properties`: `BBn:` labels, one instruction a line),
-//! and its instruction mix: what the kernel does each trip through its hottest loop.
+//! The inner loop of a kernel in a vendor compiler's disassembly, and its instruction mix:
+//! what the kernel does each trip through its hottest loop. Two dialects are read:
 //!
-//! A loop is a backward branch (`s_branch` or `s_cbranch_*` to a label above it); the inner
-//! loop is the loop holding the most matrix instructions (WMMA, MFMA, FMA and dot products,
-//! nested loops' counted in), the innermost of equals. A kernel without a loop (every trip
-//! unrolled) is measured whole. Pure text: unit-tested on written samples, no GPU.
+//! - AMD's (GCN, CDNA and RDNA, as RADV prints it through
+//!   `VK_KHR_pipeline_executable_properties`, representation "Assembly": `BBn:` labels, one
+//!   instruction a line; [`inner_loop`](crate::device::isa::inner_loop)). A loop is a backward branch (`s_branch` or
+//!   `s_cbranch_*` to a label above it).
+//! - NVIDIA's as NVK's compiler NAK prints it (representation "NAK assembly": `block N ... [preds]
+//!   -> {`, one instruction a line as `dst = op args`, `} -> [succs]`; [`nak_inner_loop`](crate::device::isa::nak_inner_loop)). A
+//!   loop is a block with a successor at or above it. NAK keeps its waits in each instruction's
+//!   control bits, so a NAK mix has no `waits`.
+//! - Qualcomm's as Turnip's compiler ir3 prints it (representation "IR3 Assembly": `lN:`
+//!   labels, one instruction a line behind its flags, `(rptN)` repeating it N more times;
+//!   [`ir3_inner_loop`](crate::device::isa::ir3_inner_loop)). A loop is a `br` or `jump` to a label above it. Adreno has no matrix
+//!   instructions; its `nop`s are where the wave waits for a result, counted as `waits`.
+//!
+//! The inner loop is the loop holding the most matrix instructions (WMMA, MFMA, HMMA, FMA and
+//! dot products, nested loops' counted in), the innermost of equals. A kernel without a loop
+//! (every trip unrolled) is measured whole. Pure text: unit-tested on written samples, no GPU.
 
 use std::collections::BTreeMap;
 
@@ -16,28 +27,36 @@ pub struct Mix {
     pub lines: Option<(usize, usize)>,
     /// Every instruction (VOPD's two halves count as two).
     pub instructions: usize,
-    /// Matrix instructions on the matrix cores: RDNA's `v_wmma_*`, CDNA's `v_mfma_*`.
+    /// Matrix instructions on the matrix cores: RDNA's `v_wmma_*`, CDNA's `v_mfma_*`, NVIDIA's
+    /// `hmma`/`imma`.
     pub matrix: usize,
     /// Multiply-adds and dot products on the vector ALUs (`v_fma*`, `v_fmac*`, `v_pk_fma*`,
-    /// `v_dot*`, the `v_dual_fmac` half of a VOPD pair).
+    /// `v_dot*`, the `v_dual_fmac` half of a VOPD pair; NVIDIA's `ffma`, `hfma2`, `dfma`).
     pub fma: usize,
-    /// Of `fma`, the packed 16-bit ones (`v_pk_fma_f16`, `v_dot2*`): two products a lane.
+    /// Of `fma`, the packed 16-bit ones (`v_pk_fma_f16`, `v_dot2*`, `hfma2`): two products a
+    /// lane.
     pub packed: usize,
     /// Workgroup-memory (LDS) loads by opcode, without the `ds_load_`/`ds_read_` prefix
-    /// (`b128`, `2addr_b32`, `u16_d16`, ...): their widths.
+    /// (`b128`, `2addr_b32`, `u16_d16`, ...): their widths. NVIDIA's by width (`u16`, `b32`,
+    /// `b64`, `b128` of `ld.shared`) and `ldsm.x1`/`.x2`/`.x4` (the matrix loads, `ldmatrix`:
+    /// one to four 8 x 8 tiles of 16-bit elements).
     pub lds_loads: BTreeMap<String, usize>,
     /// Workgroup-memory stores.
     pub lds_stores: usize,
     /// Other LDS instructions (atomics, swizzles, permutes).
     pub lds_other: usize,
-    /// Loads and stores to memory (`buffer_*`, `global_*`, `flat_*`).
+    /// Loads and stores to memory (`buffer_*`, `global_*`, `flat_*`; NVIDIA's `ld.global`,
+    /// `st.global`, `atom.global`).
     pub vmem: usize,
     /// Scratch (private memory spilled or indexed): `scratch_*` and `buffer_*` on the
-    /// scratch resource show as this where RADV names them so.
+    /// scratch resource show as this where RADV names them so; NVIDIA's local memory
+    /// (`ld.local`, `st.local`).
     pub scratch: usize,
     /// Other vector ALU instructions (conversions, moves, compares, integer math).
     pub other_valu: usize,
-    /// Scalar ALU and memory instructions (branches and waits apart).
+    /// Scalar ALU and memory instructions and branches (waits apart); on NVIDIA the uniform
+    /// datapath's instructions (an `ur`/`up` destination) and control flow (`bra`, `bssy`,
+    /// `bsync`, `nop`, barriers).
     pub salu: usize,
     /// `s_waitcnt*` and `s_wait_*`: where the wave stops for memory.
     pub waits: usize,
@@ -76,6 +95,7 @@ impl Mix {
         (matrix + self.fma as f64) / (matrix + other)
     }
 
+    /// Counts one AMD opcode.
     fn count(&mut self, op: &str) {
         self.instructions += 1;
         let lds_load = op
@@ -118,6 +138,248 @@ impl Mix {
     }
 }
 
+impl Mix {
+    /// Counts one NAK instruction: its opcode and its first destination (empty for none).
+    fn count_nak(&mut self, op: &str, dst: &str) {
+        self.instructions += 1;
+        let last = op.rsplit('.').next().unwrap_or(op);
+        if op.starts_with("hmma") || op.starts_with("imma") || op.starts_with("dmma") {
+            self.matrix += 1;
+        } else if op.starts_with("ffma") || op.starts_with("hfma2") || op.starts_with("dfma") {
+            self.fma += 1;
+            if op.starts_with("hfma2") {
+                self.packed += 1;
+            }
+        } else if op.starts_with("ld.shared") || op.starts_with("lds.") || op == "lds" {
+            *self.lds_loads.entry(last.to_string()).or_default() += 1;
+        } else if op.starts_with("ldsm") {
+            *self.lds_loads.entry(format!("ldsm.{last}")).or_default() += 1;
+        } else if op.starts_with("st.shared") || op.starts_with("sts") || op.starts_with("stsm") {
+            self.lds_stores += 1;
+        } else if op.starts_with("atom.shared") || op.starts_with("atoms") {
+            self.lds_other += 1;
+        } else if op.starts_with("ld.local") || op.starts_with("st.local") {
+            self.scratch += 1;
+        } else if op.starts_with("ld.global")
+            || op.starts_with("st.global")
+            || op.starts_with("atom.global")
+            || op.starts_with("ldg")
+            || op.starts_with("stg")
+        {
+            self.vmem += 1;
+        } else if dst.starts_with("ur")
+            || dst.starts_with("up")
+            || [
+                "bra", "bssy", "bsync", "bclear", "nop", "exit", "bar", "membar", "warpsync",
+            ]
+            .iter()
+            .any(|c| op == *c || op.starts_with(&format!("{c}.")))
+        {
+            self.salu += 1;
+        } else {
+            self.other_valu += 1;
+        }
+    }
+}
+
+/// A NAK line's opcode and first destination (`r1 = ld.shared.b32 [r1]` gives
+/// `("ld.shared.b32", "r1")`, `@!p0 bra pT L5` gives `("bra", "")`), or `None` for a block's
+/// first or last line, a comment or a blank.
+fn nak_instruction(line: &str) -> Option<(&str, &str)> {
+    let code = line.split("//").next().unwrap_or("").trim();
+    if code.is_empty() || code.starts_with("block") || code.starts_with('}') {
+        return None;
+    }
+    match code.split_once(" = ") {
+        Some((dst, rest)) => {
+            let op = rest.split_whitespace().next()?;
+            Some((op, dst.split_whitespace().next().unwrap_or("")))
+        }
+        None => {
+            let op = code.split_whitespace().find(|w| !w.starts_with('@'))?;
+            Some((op, ""))
+        }
+    }
+}
+
+/// The mix of NAK lines `from..=to` (0-based indices into `lines`).
+fn nak_mix_of(lines: &[&str], from: usize, to: usize) -> Mix {
+    let mut m = Mix {
+        lines: Some((from + 1, to + 1)),
+        ..Mix::default()
+    };
+    for line in &lines[from..=to] {
+        if let Some((op, dst)) = nak_instruction(line) {
+            m.count_nak(op, dst);
+        }
+    }
+    m
+}
+
+/// The inner loop of NAK's disassembly (NVIDIA, representation "NAK assembly") and its mix,
+/// or the whole program's mix (`lines: None`) where it has no loop with matrix work: module
+/// docs.
+pub fn nak_inner_loop(asm: &str) -> Mix {
+    let lines: Vec<&str> = asm.lines().collect();
+    // each block's first line, and (first line of its successor, its own last line) for every
+    // edge back to it or above
+    let mut starts: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut current = None;
+    let mut loops = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim();
+        if let Some(rest) = t.strip_prefix("block") {
+            // "block 12 L22 [11] -> {" or "block.u 0 L3 [] -> {"
+            let n = rest
+                .split_whitespace()
+                .next()
+                .filter(|w| w.chars().all(|c| c.is_ascii_digit()))
+                .and_then(|w| w.parse::<usize>().ok());
+            if let Some(n) = n {
+                starts.insert(n, i);
+                current = Some(n);
+            }
+        } else if let (Some(succs), Some(b)) = (t.strip_prefix("} -> ["), current) {
+            for s in succs.trim_end_matches(']').split(',') {
+                if let Ok(s) = s.trim().parse::<usize>() {
+                    if s <= b {
+                        if let Some(&from) = starts.get(&s) {
+                            loops.push((from, i));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let whole = |lines: &[&str]| {
+        let mut m = nak_mix_of(lines, 0, lines.len().saturating_sub(1));
+        m.lines = None;
+        m
+    };
+    select(loops.iter().map(|&(f, t)| nak_mix_of(&lines, f, t)), || {
+        whole(&lines)
+    })
+}
+
+/// Of the loops' mixes, the one with the most matrix work, the innermost (shortest) of equals;
+/// `whole()` where none has any.
+fn select(loops: impl Iterator<Item = Mix>, whole: impl FnOnce() -> Mix) -> Mix {
+    let len = |m: &Mix| m.lines.map_or(0, |(f, t)| t - f);
+    let best = loops.max_by(|a, b| {
+        (a.matrix + a.fma)
+            .cmp(&(b.matrix + b.fma))
+            // the innermost of equals: the shorter loop is the greater
+            .then(len(b).cmp(&len(a)))
+    });
+    match best {
+        Some(m) if m.matrix + m.fma > 0 => m,
+        _ => whole(),
+    }
+}
+
+impl Mix {
+    /// Counts one ir3 instruction `op` (flags stripped) issued `times` times.
+    fn count_ir3(&mut self, op: &str, args: &str, times: usize) {
+        self.instructions += times;
+        let base = op.split('.').next().unwrap_or(op);
+        match base {
+            "nop" => self.waits += times,
+            "mad" if op.starts_with("mad.f") => {
+                self.fma += times;
+            }
+            // workgroup memory; the width is the type and the component count (the last
+            // operand): `ldl.u32 r0.x, l[r1.x], 4` is `u32x4`
+            "ldl" => {
+                let ty = op.split('.').nth(1).unwrap_or("");
+                let n = args.rsplit(',').next().map_or("", str::trim);
+                *self.lds_loads.entry(format!("{ty}x{n}")).or_default() += times;
+            }
+            "stl" => self.lds_stores += times,
+            "ldp" | "stp" => self.scratch += times,
+            "ldg" | "stg" | "ldib" | "stib" | "isam" | "ldc" | "resinfo" | "atomic" => {
+                self.vmem += times
+            }
+            "br" | "jump" | "getone" | "shps" | "shpe" | "prede" | "predt" | "predf" | "end"
+            | "ret" | "bar" | "fence" | "kill" | "brac" | "bany" | "ball" => self.salu += times,
+            _ => self.other_valu += times,
+        }
+    }
+}
+
+/// An ir3 line's opcode, operands and issue count (`(rpt3)add.u r1.x, r2.x, 1` gives
+/// `("add.u", "r1.x, r2.x, 1", 4)`), or `None` for a label, a comment or a blank.
+fn ir3_instruction(line: &str) -> Option<(&str, &str, usize)> {
+    let mut code = line.split(';').next().unwrap_or("").trim();
+    if code.is_empty() || code.ends_with(':') {
+        return None;
+    }
+    let mut times = 1;
+    // the flags before the opcode: (ss), (sy), (jp), (nopN), (rptN), ...
+    while let Some(rest) = code.strip_prefix('(') {
+        let (flag, after) = rest.split_once(')')?;
+        if let Some(n) = flag
+            .strip_prefix("rpt")
+            .and_then(|n| n.parse::<usize>().ok())
+        {
+            times = n + 1;
+        }
+        code = after.trim_start();
+    }
+    let (op, args) = code.split_once(' ').unwrap_or((code, ""));
+    Some((op, args.trim(), times))
+}
+
+/// The mix of ir3 lines `from..=to` (0-based indices into `lines`).
+fn ir3_mix_of(lines: &[&str], from: usize, to: usize) -> Mix {
+    let mut m = Mix {
+        lines: Some((from + 1, to + 1)),
+        ..Mix::default()
+    };
+    for line in &lines[from..=to] {
+        if let Some((op, args, times)) = ir3_instruction(line) {
+            m.count_ir3(op, args, times);
+        }
+    }
+    m
+}
+
+/// The inner loop of ir3's disassembly (Qualcomm Adreno, representation "IR3 Assembly") and
+/// its mix, or the whole program's mix (`lines: None`) where it has no loop with math: module
+/// docs.
+pub fn ir3_inner_loop(asm: &str) -> Mix {
+    let lines: Vec<&str> = asm.lines().collect();
+    let labels: BTreeMap<&str, usize> = lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let t = l.trim();
+            let name = t.strip_suffix(':')?;
+            (name.starts_with('l') && name[1..].chars().all(|c| c.is_ascii_digit()))
+                .then_some((name, i))
+        })
+        .collect();
+    let loops: Vec<(usize, usize)> = lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let (op, args, _) = ir3_instruction(l)?;
+            if op != "br" && op != "jump" {
+                return None;
+            }
+            let target = args
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .find_map(|w| w.strip_prefix('#'))?;
+            let at = *labels.get(target)?;
+            (at < i).then_some((at, i))
+        })
+        .collect();
+    select(loops.iter().map(|&(f, t)| ir3_mix_of(&lines, f, t)), || {
+        let mut m = ir3_mix_of(&lines, 0, lines.len().saturating_sub(1));
+        m.lines = None;
+        m
+    })
+}
+
 /// One line's opcodes: a VOPD pair (`v_dual_a ... :: v_dual_b ...`) gives two; a label,
 /// a comment or a blank line none.
 fn opcodes(line: &str) -> Vec<&str> {
@@ -158,8 +420,8 @@ fn mix_of(lines: &[&str], from: usize, to: usize) -> Mix {
     m
 }
 
-/// The inner loop of `asm` and its mix (module docs), or the whole program's mix
-/// (`lines: None`) where it has no loop.
+/// The inner loop of AMD's disassembly `asm` (RADV's "Assembly") and its mix (module docs),
+/// or the whole program's mix (`lines: None`) where it has no loop with matrix work.
 pub fn inner_loop(asm: &str) -> Mix {
     let lines: Vec<&str> = asm.lines().collect();
     let labels: BTreeMap<&str, usize> = lines
@@ -175,24 +437,14 @@ pub fn inner_loop(asm: &str) -> Mix {
             (target < i).then_some((target, i))
         })
         .collect();
-    let best = loops
-        .iter()
-        .map(|&(from, to)| mix_of(&lines, from, to))
-        .max_by(|a, b| {
-            let len = |m: &Mix| m.lines.map_or(0, |(f, t)| t - f);
-            (a.matrix + a.fma)
-                .cmp(&(b.matrix + b.fma))
-                // the innermost of equals: the shorter loop is the greater
-                .then(len(b).cmp(&len(a)))
-        });
-    match best {
-        Some(m) if m.matrix + m.fma > 0 => m,
-        _ => {
+    select(
+        loops.iter().map(|&(from, to)| mix_of(&lines, from, to)),
+        || {
             let mut whole = mix_of(&lines, 0, lines.len().saturating_sub(1));
             whole.lines = None;
             whole
-        }
-    }
+        },
+    )
 }
 
 #[cfg(test)]
@@ -261,5 +513,83 @@ BB1:
         let equal = nested.replacen("\tv_fma_f32 v1, v2, v3, v4\nBB1:", "BB1:", 1);
         // equal math: the inner (shorter) loop
         assert_eq!(inner_loop(&equal).lines, Some((2, 5)));
+    }
+
+    const NAK: &str = "block.u 0 L3 [] -> {
+      r0       = mov rZ                                        // delay=1
+                 st.local.strong.cta.b128 [rZ] r0..4           // delay=2 rd:0
+@!p0             bra pT L9                                     // delay=1
+} -> [1, 3]
+block 1 L6 [0, 2] -> {
+      r28..32  = ldsm.16.m8n8.x4 [r21]                         // delay=2 rd:0 wr:1
+      r1       = ld.shared.strong.cta.b32 [r1.x4+0x9000], pT   // delay=1 wr:0
+      r2       = ld.shared.strong.cta.u16 [r2]                 // delay=1 wr:0
+      r36..40  = hmma.m16n8k16.f32 r28..32 r32..34 r24..28     // delay=1 wt=000110
+      r3       = ffma.ftz r1 r2 r3                             // delay=1
+      ur0      = iadd3 ur0 ur2 rZ                              // delay=3
+                 st.shared.strong.cta.b64 [r4] r6..8           // delay=1
+} -> [2]
+block 2 L7 [1] -> {
+      r5       = ld.global.a64.strong.gpu.u16 [r6..8]          // delay=1
+      p0       = isetp.lt.u32 r1 r2                            // delay=1
+@p0              bra pT L6                                     // delay=1
+} -> [1, 3]
+block 3 L9 [0, 2] -> {
+                 exit                                          // delay=1
+} -> []
+";
+
+    #[test]
+    fn a_nak_loop_is_found_by_its_back_edge_and_counted_by_kind() {
+        let m = nak_inner_loop(NAK);
+        assert_eq!(
+            m.lines,
+            Some((6, 19)),
+            "blocks 1 and 2: block 2 goes back to 1"
+        );
+        assert_eq!((m.matrix, m.fma, m.packed), (1, 1, 0));
+        assert_eq!(m.lds_loads.get("ldsm.x4"), Some(&1));
+        assert_eq!(m.lds_loads.get("b32"), Some(&1));
+        assert_eq!(m.lds_loads.get("u16"), Some(&1));
+        assert_eq!((m.lds_stores, m.vmem, m.scratch), (1, 1, 0));
+        // the uniform iadd3 and the branch
+        assert_eq!(m.salu, 2);
+        // the compare
+        assert_eq!(m.other_valu, 1);
+        assert_eq!(m.waits, 0);
+        assert_eq!(m.instructions, 10);
+    }
+
+    #[test]
+    fn a_nak_program_without_a_loop_is_measured_whole() {
+        let flat = "block.u 0 L3 [] -> {\n      r3 = ffma.ftz r1 r2 r3 // d\n                 st.local.strong.cta.b32 [rZ] r3 // d\n} -> []\n";
+        let m = nak_inner_loop(flat);
+        assert_eq!(m.lines, None);
+        assert_eq!((m.fma, m.scratch, m.instructions), (1, 1, 2));
+    }
+
+    const IR3: &str = "; a comment
+shps #l2
+getone #l2
+l2:
+(ss)(rpt3)mad.f32 r1.x, r2.x, r3.x, (r)r1.x
+ldl.u32 r4.x, l[r5.x], 4
+(sy)(nop2) add.u r6.x, r6.x, 1
+(rpt1)nop
+stl.u32 l[r7.x], r8.x, 1
+isam.v.base0 (u32)(x)r9.x, r9.z, s#0, t#1
+br !p0.x, #l2
+end
+";
+
+    #[test]
+    fn an_ir3_loop_counts_repeats_and_workgroup_loads_by_width() {
+        let m = ir3_inner_loop(IR3);
+        assert_eq!(m.lines, Some((4, 11)));
+        assert_eq!(m.fma, 4, "(rpt3) issues the mad four times");
+        assert_eq!(m.lds_loads.get("u32x4"), Some(&1));
+        assert_eq!((m.lds_stores, m.vmem, m.waits), (1, 1, 2));
+        assert_eq!((m.other_valu, m.salu), (1, 1));
+        assert_eq!(m.instructions, 11);
     }
 }

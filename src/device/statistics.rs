@@ -1,8 +1,12 @@
 //! What a GPU vendor's shader compiler makes of each pipeline (issue 62): its statistics
 //! (registers, spills, scratch, workgroup memory, waves per SIMD, instruction counts, as the
 //! driver names them) and its internal representations (the disassembly), read through
-//! `VK_KHR_pipeline_executable_properties`, which RADV (AMD's ACO), NVIDIA's and Intel's
-//! Vulkan drivers offer.
+//! `VK_KHR_pipeline_executable_properties`, which RADV (AMD's ACO), NVK (NVIDIA, NAK),
+//! Honeykrisp (Apple, AGX), Turnip (Qualcomm, ir3), NVIDIA's and Intel's Vulkan drivers offer.
+//! Each compiler names its statistics its own way;
+//! [`Summary`](crate::device::statistics::Summary) reads the four Mesa compilers'
+//! into one vocabulary (issue 66), the raw list stays in
+//! [`PipelineReport::statistics`](crate::device::statistics::PipelineReport::statistics).
 //!
 //! A context for this is opened as `Context::new` opens one (the same adapter, features,
 //! limits, subgroup sizes and tuning: the pipelines it plans are the ones a user's calls
@@ -57,6 +61,9 @@ pub struct PipelineReport {
     /// Each statistic by the driver's name ("VGPRs", "Spilled VGPRs", "Scratch size", "LDS
     /// size", "Subgroups per SIMD", "Instructions", ... on RADV), in the driver's order.
     pub statistics: Vec<(String, Statistic)>,
+    /// Each statistic's description as the driver gives it (its unit, often), in the same
+    /// order as `statistics`.
+    pub descriptions: Vec<String>,
     /// Each internal representation by the driver's name (RADV: "ACO IR", "Assembly"), its
     /// text.
     pub representations: Vec<(String, String)>,
@@ -71,6 +78,28 @@ impl PipelineReport {
             .map(|(_, v)| v.as_f64())
     }
 
+    /// The report in one vocabulary ([`Summary`]); where the compiler reports no workgroup
+    /// memory, NIR's (`shared_size`, [`PipelineReport::nir_workgroup`]).
+    pub fn summary(&self) -> Summary {
+        let mut s = Summary::of(&self.statistics, self.subgroup_size);
+        if s.workgroup_bytes.is_none() {
+            s.workgroup_bytes = self.nir_workgroup().map(|(_, bytes)| bytes as f64);
+        }
+        s
+    }
+
+    /// The workgroup's invocations and workgroup memory in bytes, from the header of the
+    /// NIR representation (`workgroup_size: 128, 1, 1`, `shared_size: 37376`) that Mesa's
+    /// drivers give (NVK, Turnip, RADV; Honeykrisp gives no representation).
+    pub fn nir_workgroup(&self) -> Option<(u32, u32)> {
+        let nir = self
+            .representations
+            .iter()
+            .find(|(n, t)| n.contains("NIR") && t.contains("shared_size:"))
+            .map(|(_, t)| t.as_str())?;
+        nir_header(nir)
+    }
+
     /// The representation whose name contains `part` (case-insensitive): "assembly", say.
     pub fn representation(&self, part: &str) -> Option<&str> {
         let part = part.to_lowercase();
@@ -78,6 +107,251 @@ impl PipelineReport {
             .iter()
             .find(|(n, _)| n.to_lowercase().contains(&part))
             .map(|(_, t)| t.as_str())
+    }
+}
+
+/// Whose compiler made a report, told by the names of its statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Compiler {
+    /// AMD's ACO (RADV): "VGPRs", "Subgroups per SIMD", ...
+    Aco,
+    /// NVIDIA's NAK (NVK): "Number of GPRs", "Max warps/SM", ...
+    Nak,
+    /// Apple's AGX compiler (Honeykrisp): "GPRs" (16-bit), "Threads", ...
+    Agx,
+    /// Qualcomm's ir3 (Turnip): "Registers used", "Max Waves Per Core", ...
+    Ir3,
+    /// A driver whose names are not mapped (NVIDIA's or Intel's own): raw statistics only.
+    Other,
+}
+
+impl Compiler {
+    /// The compiler of a report whose statistics are named `names`.
+    pub fn of<'a>(names: impl IntoIterator<Item = &'a str>) -> Compiler {
+        let mut found = Compiler::Other;
+        for n in names {
+            found = match n {
+                "Subgroups per SIMD" | "Spilled VGPRs" => Compiler::Aco,
+                "Max warps/SM" | "SLM size" => Compiler::Nak,
+                "Max Waves Per Core" | "Registers used" => Compiler::Ir3,
+                // AGX's "Threads" and 16-bit "GPRs" beside its "FSCIB" cycle estimate
+                "FSCIB" => Compiler::Agx,
+                _ => continue,
+            };
+            break;
+        }
+        found
+    }
+
+    /// The compiler's name, with its vendor.
+    pub fn name(self) -> &'static str {
+        match self {
+            Compiler::Aco => "ACO (AMD)",
+            Compiler::Nak => "NAK (NVIDIA)",
+            Compiler::Agx => "AGX (Apple)",
+            Compiler::Ir3 => "ir3 (Qualcomm)",
+            Compiler::Other => "unmapped",
+        }
+    }
+
+    /// What [`Summary::occupancy`] counts on this compiler's hardware.
+    pub fn occupancy_unit(self) -> &'static str {
+        match self {
+            Compiler::Aco => "waves/SIMD",
+            Compiler::Nak => "warps/SM",
+            Compiler::Agx => "threads/core",
+            Compiler::Ir3 => "waves/core",
+            Compiler::Other => "-",
+        }
+    }
+}
+
+/// A report in one vocabulary over the vendors' compilers (the shader-db columns): `None`
+/// where the compiler does not report it. Counts are as each compiler counts them; the units
+/// below say where they differ.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Summary {
+    /// Whose names these were read from.
+    pub compiler: Compiler,
+    /// 32-bit registers an invocation holds: ACO's VGPRs, NAK's GPRs, AGX's 16-bit GPRs
+    /// halved, ir3's full registers (vec4s) times four (its half registers stay raw).
+    pub registers: Option<f64>,
+    /// Spills to memory: ACO's spilled VGPRs and SGPRs (registers), NAK's "Spills to memory",
+    /// AGX's "Spills" (stack stores), ir3's "STP Count" (stores to private memory: spills or
+    /// an indexed private array) (instructions).
+    pub spills: Option<f64>,
+    /// Fills from memory (instructions): NAK's "Fills from memory", AGX's "Fills", ir3's
+    /// "LDP Count"; ACO reports none.
+    pub fills: Option<f64>,
+    /// Private (scratch, local) memory an invocation takes, bytes: ACO's "Scratch size" (a
+    /// subgroup's) over the subgroup size, NAK's "SLM size", AGX's "Scratch"; ir3 reports none.
+    pub scratch_bytes: Option<f64>,
+    /// Workgroup memory a workgroup takes, bytes (ACO's "LDS size"; the others report none).
+    pub workgroup_bytes: Option<f64>,
+    /// How many are in flight at once, in [`Compiler::occupancy_unit`]: ACO's waves per SIMD,
+    /// NAK's warps per SM, AGX's threads per core, ir3's waves per core.
+    pub occupancy: Option<f64>,
+    /// The compiler's static cycle estimate for one pass through the program (ACO's
+    /// "Latency", NAK's "Static cycle count", AGX's "ALU"): comparable within a compiler
+    /// only.
+    pub cycles: Option<f64>,
+    /// Instructions in the program.
+    pub instructions: Option<f64>,
+}
+
+impl Summary {
+    /// The summary of a report's statistics (`subgroup_size`: the executable's, which ACO's
+    /// scratch is counted over).
+    pub fn of(statistics: &[(String, Statistic)], subgroup_size: u32) -> Summary {
+        let get = |name: &str| {
+            statistics
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_f64())
+        };
+        let sum = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
+        };
+        let compiler = Compiler::of(statistics.iter().map(|(n, _)| n.as_str()));
+        let none = Summary {
+            compiler,
+            registers: None,
+            spills: None,
+            fills: None,
+            scratch_bytes: None,
+            workgroup_bytes: None,
+            occupancy: None,
+            cycles: None,
+            instructions: None,
+        };
+        match compiler {
+            Compiler::Aco => Summary {
+                registers: get("VGPRs"),
+                spills: sum(get("Spilled VGPRs"), get("Spilled SGPRs")),
+                scratch_bytes: get("Scratch size").map(|b| b / subgroup_size.max(1) as f64),
+                workgroup_bytes: get("LDS size"),
+                occupancy: get("Subgroups per SIMD"),
+                cycles: get("Latency"),
+                instructions: get("Instructions"),
+                ..none
+            },
+            Compiler::Nak => Summary {
+                registers: get("Number of GPRs"),
+                spills: get("Spills to memory"),
+                fills: get("Fills from memory"),
+                scratch_bytes: get("SLM size"),
+                occupancy: get("Max warps/SM"),
+                cycles: get("Static cycle count"),
+                instructions: get("Instruction count"),
+                ..none
+            },
+            Compiler::Agx => Summary {
+                registers: get("GPRs").map(|halves| (halves / 2.0).ceil()),
+                spills: get("Spills"),
+                fills: get("Fills"),
+                scratch_bytes: get("Scratch"),
+                occupancy: get("Threads"),
+                cycles: get("ALU"),
+                instructions: get("Instructions"),
+                ..none
+            },
+            Compiler::Ir3 => Summary {
+                registers: get("Registers used").map(|vec4s| vec4s * 4.0),
+                spills: get("STP Count"),
+                fills: get("LDP Count"),
+                occupancy: get("Max Waves Per Core"),
+                instructions: get("Instruction Count"),
+                ..none
+            },
+            Compiler::Other => none,
+        }
+    }
+}
+
+/// The invocations of a workgroup and its workgroup memory (bytes) in a NIR shader's header.
+fn nir_header(nir: &str) -> Option<(u32, u32)> {
+    let field = |name: &str| {
+        nir.lines()
+            .take(40)
+            .find_map(|l| l.trim().strip_prefix(name))
+            .map(str::trim)
+    };
+    let threads = field("workgroup_size:")?
+        .split(',')
+        .map(|x| x.trim().parse::<u32>().ok())
+        .try_fold(1u32, |acc, x| x.map(|x| acc * x))?;
+    let shared = field("shared_size:")?.parse().ok()?;
+    Some((threads, shared))
+}
+
+/// What bounds the warps an NVIDIA SM holds besides registers (all that NAK's "Max warps/SM"
+/// counts): its shared memory (with what the driver reserves a CTA), CTAs and warps, as
+/// CUDA's occupancy rules count them for the compute capability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NvidiaSm {
+    /// Shared memory an SM can give its CTAs, bytes (the largest carve-out).
+    pub shared_bytes: u32,
+    /// Shared memory the driver reserves a CTA (1 KiB from Ampere on).
+    pub reserved_per_cta: u32,
+    /// CTAs an SM holds at most.
+    pub max_ctas: u32,
+    /// Warps an SM holds at most.
+    pub max_warps: u32,
+}
+
+impl NvidiaSm {
+    /// The SM of a chip named as `scripts/compiler-stats.sh` names them (`ga100`, `ga102` ..
+    /// `ga107`, `tu104`, or `nvidia:0xNNN` by chipset), `None` for a name it does not know.
+    pub fn of_chip(chip: &str) -> Option<NvidiaSm> {
+        let chipset = chip.strip_prefix("nvidia:0x").map(str::to_lowercase);
+        let family = match (chip, chipset.as_deref()) {
+            ("ga100", _) | (_, Some("170")) => 80,
+            (c, _) if c.starts_with("ga10") => 86,
+            (_, Some(c)) if c.starts_with("17") => 86,
+            (c, _) if c.starts_with("tu1") => 75,
+            (_, Some(c)) if c.starts_with("16") => 75,
+            _ => return None,
+        };
+        Some(match family {
+            // compute capability 8.0: 164 KiB, 32 CTAs, 64 warps
+            80 => NvidiaSm {
+                shared_bytes: 164 * 1024,
+                reserved_per_cta: 1024,
+                max_ctas: 32,
+                max_warps: 64,
+            },
+            // 8.6: 100 KiB, 16 CTAs, 48 warps
+            86 => NvidiaSm {
+                shared_bytes: 100 * 1024,
+                reserved_per_cta: 1024,
+                max_ctas: 16,
+                max_warps: 48,
+            },
+            // 7.5: 64 KiB, 16 CTAs, 32 warps
+            _ => NvidiaSm {
+                shared_bytes: 64 * 1024,
+                reserved_per_cta: 0,
+                max_ctas: 16,
+                max_warps: 32,
+            },
+        })
+    }
+
+    /// The warps an SM holds of a kernel whose registers allow `register_warps` (NAK's
+    /// count), with workgroups of `threads` invocations taking `shared` bytes each: whole
+    /// CTAs, the fewest that every bound allows.
+    pub fn warps(&self, register_warps: f64, threads: u32, shared: u32) -> f64 {
+        let per_cta = threads.div_ceil(32).max(1);
+        let by_shared = if shared == 0 {
+            self.max_ctas
+        } else {
+            self.shared_bytes / (shared + self.reserved_per_cta)
+        };
+        let by_registers = register_warps as u32 / per_cta;
+        let by_warps = self.max_warps / per_cta;
+        let ctas = by_shared.min(by_registers).min(by_warps).min(self.max_ctas);
+        (ctas * per_cta) as f64
     }
 }
 
@@ -308,8 +582,12 @@ unsafe fn read_report(
     let at = vk::PipelineExecutableInfoKHR::default()
         .pipeline(pipeline)
         .executable_index(0);
-    let statistics = ext
-        .get_pipeline_executable_statistics(&at)?
+    let raw_statistics = ext.get_pipeline_executable_statistics(&at)?;
+    let descriptions = raw_statistics
+        .iter()
+        .map(|s| text(&s.description))
+        .collect();
+    let statistics = raw_statistics
         .iter()
         .map(|s| {
             let value = match s.format {
@@ -354,6 +632,153 @@ unsafe fn read_report(
         executable: format!("{}: {}", text(&exe.name), text(&exe.description)),
         subgroup_size: exe.subgroup_size,
         statistics,
+        descriptions,
         representations,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(list: &[(&str, u64)]) -> Vec<(String, Statistic)> {
+        list.iter()
+            .map(|&(n, v)| (n.to_string(), Statistic::U64(v)))
+            .collect()
+    }
+
+    // recorded from Mesa 26.1.6 on the no-op DRM shims (one planned kernel each, abridged)
+
+    #[test]
+    fn acos_statistics_map_scratch_per_invocation() {
+        let s = Summary::of(
+            &stats(&[
+                ("SGPRs", 108),
+                ("VGPRs", 180),
+                ("Spilled SGPRs", 1),
+                ("Spilled VGPRs", 2),
+                ("LDS size", 37888),
+                ("Scratch size", 256),
+                ("Subgroups per SIMD", 2),
+                ("Instructions", 4673),
+                ("Latency", 59093),
+            ]),
+            64,
+        );
+        assert_eq!(s.compiler, Compiler::Aco);
+        assert_eq!(s.registers, Some(180.0));
+        assert_eq!(s.spills, Some(3.0));
+        assert_eq!(s.fills, None);
+        assert_eq!(s.scratch_bytes, Some(4.0), "256 B a wave64 is 4 B a lane");
+        assert_eq!(s.workgroup_bytes, Some(37888.0));
+        assert_eq!(s.occupancy, Some(2.0));
+        assert_eq!((s.cycles, s.instructions), (Some(59093.0), Some(4673.0)));
+    }
+
+    #[test]
+    fn naks_statistics_map_local_memory_and_warps() {
+        let s = Summary::of(
+            &stats(&[
+                ("Instruction count", 4739),
+                ("Static cycle count", 187440),
+                ("Max warps/SM", 32),
+                ("Spills to memory", 0),
+                ("Fills from memory", 0),
+                ("Spills to reg", 5),
+                ("Fills from reg", 7),
+                ("Code size", 75824),
+                ("Number of GPRs", 64),
+                ("SLM size", 128),
+            ]),
+            32,
+        );
+        assert_eq!(s.compiler, Compiler::Nak);
+        assert_eq!(s.registers, Some(64.0));
+        assert_eq!(
+            (s.spills, s.fills),
+            (Some(0.0), Some(0.0)),
+            "moves between register files are not spills"
+        );
+        assert_eq!(s.scratch_bytes, Some(128.0));
+        assert_eq!(s.occupancy, Some(32.0));
+        assert_eq!((s.cycles, s.instructions), (Some(187440.0), Some(4739.0)));
+    }
+
+    #[test]
+    fn agxs_statistics_map_16_bit_registers_to_32_bit_ones() {
+        let s = Summary::of(
+            &stats(&[
+                ("Instructions", 2586),
+                ("ALU", 2148),
+                ("FSCIB", 2148),
+                ("IC", 628),
+                ("GPRs", 255),
+                ("Uniforms", 498),
+                ("Scratch", 12),
+                ("Threads", 384),
+                ("Spills", 3),
+                ("Fills", 3),
+            ]),
+            32,
+        );
+        assert_eq!(s.compiler, Compiler::Agx);
+        assert_eq!(s.registers, Some(128.0));
+        assert_eq!((s.spills, s.fills), (Some(3.0), Some(3.0)));
+        assert_eq!(s.scratch_bytes, Some(12.0));
+        assert_eq!(s.occupancy, Some(384.0));
+        assert_eq!((s.cycles, s.instructions), (Some(2148.0), Some(2586.0)));
+    }
+
+    #[test]
+    fn ir3s_statistics_map_vec4_registers_and_private_stores() {
+        let s = Summary::of(
+            &stats(&[
+                ("Max Waves Per Core", 2),
+                ("Instruction Count", 5066),
+                ("Registers used", 48),
+                ("Half-registers used", 0),
+                ("STP Count", 0),
+                ("LDP Count", 0),
+            ]),
+            64,
+        );
+        assert_eq!(s.compiler, Compiler::Ir3);
+        assert_eq!(s.registers, Some(192.0));
+        assert_eq!(
+            (s.spills, s.fills, s.scratch_bytes),
+            (Some(0.0), Some(0.0), None)
+        );
+        assert_eq!(s.occupancy, Some(2.0));
+        assert_eq!((s.cycles, s.instructions), (None, Some(5066.0)));
+    }
+
+    #[test]
+    fn an_sm_holds_the_ctas_its_shared_memory_registers_and_warps_allow() {
+        let ga100 = NvidiaSm::of_chip("ga100").unwrap();
+        assert_eq!(NvidiaSm::of_chip("nvidia:0x170"), Some(ga100));
+        // 4 warps a CTA at 37,376 B (and the reserved KiB): 4 CTAs of 164 KiB
+        assert_eq!(ga100.warps(32.0, 128, 37376), 16.0);
+        // registers bound a CTA of 4 warps to 2 CTAs at 8 warps
+        assert_eq!(ga100.warps(8.0, 128, 1024), 8.0);
+        // no shared memory: 64 warps at most
+        assert_eq!(ga100.warps(64.0, 64, 0), 64.0);
+        let ga102 = NvidiaSm::of_chip("ga102").unwrap();
+        assert_eq!(ga102.max_warps, 48);
+        assert_eq!(ga102.warps(64.0, 256, 0), 48.0);
+        assert_eq!(NvidiaSm::of_chip("m1"), None);
+    }
+
+    #[test]
+    fn the_nir_header_gives_the_workgroup_and_its_memory() {
+        let nir = "shader: MESA_SHADER_COMPUTE\nworkgroup_size: 32, 4, 1\nnum_ubos: 1\nshared_size: 37376\nscratch: 128\n";
+        assert_eq!(nir_header(nir), Some((128, 37376)));
+        assert_eq!(nir_header("shader: MESA_SHADER_COMPUTE\n"), None);
+    }
+
+    #[test]
+    fn unknown_names_give_an_empty_summary() {
+        let s = Summary::of(&stats(&[("Registers", 40)]), 32);
+        assert_eq!(s.compiler, Compiler::Other);
+        assert_eq!((s.registers, s.occupancy), (None, None));
+    }
 }
