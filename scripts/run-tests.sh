@@ -97,6 +97,21 @@ elif [ -n "${CI:-}" ]; then
 else
     echo "run-tests: no mesa-drm-shim: AMD's compiler statistics skipped" >&2
 fi
+# Every vendor's compiler in the Mesa 26.1 root (issue 66: the no-op DRM shims of
+# scripts/ensure-mesa26.sh): the planned pipelines on NVIDIA GA100 (NAK), Apple M1 (AGX),
+# Adreno 730 (ir3) and RADV 26.1 on gfx1201, navi31 and vega20 (wave64); fails on a compile
+# failure, or spills, scratch, local memory or occupancy past the vendor's floors beyond the
+# misses recorded in examples/compiler_stats.rs (MISSES; docs/log/compilers.md lists them).
+# About 3-13 s a chip once built. (MESA26_ENV is set where the root exists: mesa26-env.sh.)
+if [ ${#MESA26_ENV[@]} -gt 0 ]; then
+    cargo build --quiet --example compiler_stats "$@"
+    for chip in ga100 m1 a730 amd26:gfx1201 amd26:navi31 amd26:vega20; do
+        COMPILER_STATS_BIN=target/debug/examples/compiler_stats bash scripts/compiler-stats.sh \
+            "$chip" --check --planned-only >/dev/null
+    done
+else
+    echo "run-tests: no Mesa 26 root: other vendors' compiler statistics skipped" >&2
+fi
 # Context parallelism over MPI at 2 and 4 ranks (issue 63: scripts/mpi-check.sh).
 bash scripts/mpi-check.sh "$@"
 # The public API against its committed snapshot (issue 61): a change to it is made on purpose,
