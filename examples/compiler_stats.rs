@@ -395,14 +395,6 @@ const MISSES: &[Miss] = &[
     Miss {
         compiler: Compiler::Nak,
         driver: "",
-        kernels: coop,
-        measure: Measure::Scratch,
-        worst: 256.0,
-        why: "NAK keeps a coop kernel's private arrays in local memory (128-256 B)",
-    },
-    Miss {
-        compiler: Compiler::Nak,
-        driver: "",
         kernels: decode,
         measure: Measure::Occupancy,
         worst: 8.0,

@@ -424,10 +424,16 @@ impl KernelKey {
             }
         }
         if self.kernel.is_coop() && self.kernel.is_tiled() {
-            s.push_str(COOP);
+            // DPR and CPR as coop.wgsl and the kernels state them
+            let (t, cf) = (self.tiles, self.tiles.rpt.max(1));
+            let dp = self.head_dim.div_ceil(cf) * cf;
+            let counts = [("DPR", dp / t.tpr), ("CPR", t.bc / t.tpr)];
+            s.push_str(&write_out_loops(COOP, &counts));
             s.push('\n');
+            s.push_str(&write_out_loops(self.kernel.source(), &counts));
+        } else {
+            s.push_str(self.kernel.source());
         }
-        s.push_str(self.kernel.source());
         if self.kernel.is_elementwise() {
             s.push_str(&elementwise_entry());
         }
@@ -672,6 +678,41 @@ fn table_flush(wg: u32, t: u32) {{
 /// A packed store ORs its half into the word: every output tensor starts zeroed and every
 /// element is stored exactly once, so two invocations that write the two halves of one word
 /// (neighbouring rows at an odd head_dim) never clobber each other.
+/// The coop kernels' per-invocation loops over their private arrays (`for (var k = 0u; k < DPR;
+/// k++) { .. }`, and over CPR), written out: one block a trip, `k` a constant in each. NAK
+/// (NVIDIA) leaves these 32-trip loops rolled, and a private array indexed in a rolled loop goes
+/// to local memory (128-256 B an invocation; docs/log/compilers.md); ACO unrolled them anyway.
+/// With every index a constant the arrays are registers on every compiler. The kernel text
+/// keeps the loop, as the math reads.
+fn write_out_loops(src: &str, counts: &[(&str, u32)]) -> String {
+    let mut s = src.to_string();
+    for &(bound, n) in counts {
+        let head = format!("for (var k = 0u; k < {bound}; k++) {{");
+        while let Some(at) = s.find(&head) {
+            let open = at + head.len();
+            let mut depth = 1;
+            let close = open
+                + s[open..]
+                    .find(|ch| {
+                        match ch {
+                            '{' => depth += 1,
+                            '}' => depth -= 1,
+                            _ => {}
+                        }
+                        depth == 0
+                    })
+                    .expect("a written-out loop closes");
+            let body = &s[open..close];
+            let copies: String = (0..n)
+                .map(|k| format!("{{ const k = {k}u;{body}}}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            s.replace_range(at..close + 1, &copies);
+        }
+    }
+    s
+}
+
 fn binding_wgsl(slot: u32, b: &Binding, elem: ElemFormat) -> String {
     let access = match b.access {
         Access::Read => "read",
@@ -1010,6 +1051,44 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// NAK keeps a private array indexed in a rolled loop in local memory (compilers.md, issue
+    /// 66): the coop kernels' loops over DPR and CPR reach the driver written out.
+    #[test]
+    fn the_coop_kernels_index_their_private_arrays_with_constants_only() {
+        use crate::kernels::{choose_tiles, DeviceCaps, Pass};
+        let caps = DeviceCaps {
+            max_workgroup_storage_bytes: 32768,
+            max_invocations_per_workgroup: 256,
+            coop: 16,
+            ..DeviceCaps::WEBGPU_DEFAULT
+        };
+        for pass in [Pass::Forward, Pass::DkDv, Pass::Dq] {
+            let kernel = Kernel::Flash(Variant::Coop, pass);
+            for head_dim in [64u32, 128] {
+                let text = KernelKey {
+                    head_dim,
+                    elem: crate::dtype::ElemFormat::F16Native,
+                    tiles: choose_tiles(kernel, head_dim, caps).unwrap(),
+                    ..KernelKey::plain(kernel)
+                }
+                .wgsl();
+                assert!(
+                    !text.contains("k < DPR") && !text.contains("k < CPR"),
+                    "{kernel:?}"
+                );
+                assert!(text.contains("const k = 1u;"), "{kernel:?} d={head_dim}");
+            }
+        }
+        let out = write_out_loops(
+            "for (var k = 0u; k < DPR; k++) { a[k] = { 1 }; } x",
+            &[("DPR", 2)],
+        );
+        assert_eq!(
+            out,
+            "{ const k = 0u; a[k] = { 1 }; } { const k = 1u; a[k] = { 1 }; } x"
+        );
     }
 
     /// The coop family is one text over the fragment size (issue 66): a coop kernel at 8x8x8
