@@ -669,15 +669,6 @@ fn table_flush(wg: u32, t: u32) {{
     }
 }
 
-/// The declaration of binding `slot` and, for element-typed bindings, its load or store
-/// function.
-///
-/// Packed formats hold elements `2w` and `2w + 1` in the low and high halves of word `w`.
-/// Native f16 stores round in integer arithmetic first, so that the final conversion is exact
-/// and every adapter rounds to nearest even alike.
-/// A packed store ORs its half into the word: every output tensor starts zeroed and every
-/// element is stored exactly once, so two invocations that write the two halves of one word
-/// (neighbouring rows at an odd head_dim) never clobber each other.
 /// The coop kernels' per-invocation loops over their private arrays (`for (var k = 0u; k < DPR;
 /// k++) { .. }`, and over CPR), written out: one block a trip, `k` a constant in each. NAK
 /// (NVIDIA) leaves these 32-trip loops rolled, and a private array indexed in a rolled loop goes
@@ -713,6 +704,15 @@ fn write_out_loops(src: &str, counts: &[(&str, u32)]) -> String {
     s
 }
 
+/// The declaration of binding `slot` and, for element-typed bindings, its load or store
+/// function.
+///
+/// Packed formats hold elements `2w` and `2w + 1` in the low and high halves of word `w`.
+/// Native f16 stores round in integer arithmetic first, so that the final conversion is exact
+/// and every adapter rounds to nearest even alike.
+/// A packed store ORs its half into the word: every output tensor starts zeroed and every
+/// element is stored exactly once, so two invocations that write the two halves of one word
+/// (neighbouring rows at an odd head_dim) never clobber each other.
 fn binding_wgsl(slot: u32, b: &Binding, elem: ElemFormat) -> String {
     let access = match b.access {
         Access::Read => "read",
