@@ -120,6 +120,18 @@ impl GpuClass {
         }
     }
 
+    /// The widest columns (16-byte words) the decode kernel reads K and V in on this class, for
+    /// values of up to 256 dims (`plan::decode::wide_words`): each output row keeps a column's
+    /// sums in registers (f16 at 2 words: 4 vec4s a row), and on Apple's GPUs 1 word takes the
+    /// f16 decode from 112-116 registers to 80 (448 threads a core to 640) and the f32 decode
+    /// from 84 to 60 (576 to 832; AGX's statistics, docs/log/compilers.md).
+    pub fn decode_max_words(self) -> u32 {
+        match self {
+            GpuClass::Apple => 1,
+            _ => 2,
+        }
+    }
+
     /// Every class with tiles of its own.
     pub const TABLED: [GpuClass; 3] = [GpuClass::Wave64Cu, GpuClass::Apple, GpuClass::Adreno];
 }

@@ -158,6 +158,22 @@ fn the_blocks_tiles_of_apple_gpus_match_the_reference() {
             "{pass:?}"
         );
     }
+    // the decode reads K and V in columns of one 16-byte word there (GpuClass::decode_max_words)
+    let c = cfg(1, 1, 150, 4, 1, 128, false);
+    let data = inputs(&c, 1.0);
+    let msg = common::describe(&c, data.seed);
+    let want = reference::forward(&c, &data.q, &data.k, &data.v);
+    let f = ctx.forward_host(&c, &data.q, &data.k, &data.v).unwrap();
+    assert_close("out", &f.out, &want.out, &msg);
+    assert_lse_close(&f.lse, &want.lse, &msg);
+    let plan =
+        flash_attn_wgpu::unstable::plan::forward(&c, flash_attn_wgpu::DType::F32, &env).unwrap();
+    let decode = plan
+        .steps
+        .iter()
+        .find(|s| s.key.kernel.is_decode())
+        .unwrap();
+    assert_eq!(decode.key.wide, 1, "{msg}");
 }
 
 #[test]
