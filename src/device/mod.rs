@@ -42,7 +42,7 @@ pub use variant_env::VARIANT_ENV;
 
 use crate::dtype::HalfStorage;
 use crate::error::{Error, Result};
-use crate::kernels::{DeviceCaps, Kernel, Tiles, Variant};
+use crate::kernels::{DeviceCaps, GpuClass, Kernel, Tiles, Variant};
 use crate::plan::PlanEnv;
 use pipeline_cache::PipelineCache;
 
@@ -141,9 +141,9 @@ pub struct Context {
     tuning: Mutex<Tuning>,
     /// The modifier bits compiled into pipelines (`kernels::flags`), the rest read at run time.
     compiled_flags: std::sync::atomic::AtomicU32,
-    /// Plan the blocks kernels' tiles as on a wave64 GPU (`DeviceCaps::wave64_cu`), whatever
-    /// this adapter is: the tests run those tiles on lavapipe (`plan_as_wave64_gpu`).
-    wave64_tiles: std::sync::atomic::AtomicBool,
+    /// Plan the blocks kernels' tiles as on a GPU of another class (`DeviceCaps::gpu`),
+    /// whatever this adapter is: the tests run those tiles on lavapipe (`plan_as_gpu`).
+    planned_class: Mutex<Option<GpuClass>>,
 }
 
 impl fmt::Debug for Context {
@@ -238,8 +238,12 @@ impl Context {
             } else {
                 crate::kernels::GPU_PRIVATE_FLOATS
             },
-            // GCN, Vega, CDNA: wave64 only (RDNA offers 32..64; NVIDIA 32, Intel 8..32)
-            wave64_cu: info.device_type != wgpu::DeviceType::Cpu && fixed_subgroup == 64,
+            gpu: crate::kernels::GpuClass::of(
+                info.vendor,
+                &info.name,
+                (info.subgroup_min_size, info.subgroup_max_size),
+                info.device_type == wgpu::DeviceType::Cpu,
+            ),
         };
         let lost = Arc::new(Mutex::new(None));
         let lost_cb = lost.clone();
@@ -301,7 +305,7 @@ impl Context {
             params_pool: Mutex::new(Vec::new()),
             tuning: Mutex::new(tuning),
             fixed_subgroup,
-            wave64_tiles: std::sync::atomic::AtomicBool::new(false),
+            planned_class: Mutex::new(None),
             compiled_flags: std::sync::atomic::AtomicU32::new(
                 crate::kernels::flags::compiled_from_env(),
             ),
@@ -391,10 +395,10 @@ impl Context {
 
     /// Everything planning needs to know about this device, with the tuning in force.
     pub fn plan_env(&self) -> PlanEnv {
-        let wave64 = self.wave64_tiles.load(std::sync::atomic::Ordering::Relaxed);
+        let gpu = self.planned_class.lock().ok().and_then(|c| *c);
         PlanEnv {
             caps: DeviceCaps {
-                wave64_cu: self.caps.wave64_cu || wave64,
+                gpu: gpu.unwrap_or(self.caps.gpu),
                 ..self.caps
             },
             tuning: self.tuning(),
@@ -405,12 +409,21 @@ impl Context {
     }
 
     /// Plans the blocks kernels' tiles as a wave64 GPU (AMD's GCN, Vega, CDNA) takes them
-    /// (`kernels::tiles::WAVE64_CU_TILES`), on any adapter: for tests, which run those
-    /// tiles where no such GPU is. Not for callers: the tiles are chosen for that hardware.
+    /// (`kernels::tiles::WAVE64_CU_TILES`), on any adapter: [`Context::plan_as_gpu`].
     #[doc(hidden)]
     pub fn plan_as_wave64_gpu(&self, on: bool) {
-        self.wave64_tiles
-            .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.plan_as_gpu(on.then_some(GpuClass::Wave64Cu));
+    }
+
+    /// Plans the blocks kernels' tiles as a GPU of `class` takes them
+    /// ([`GpuClass::blocks_tiles`]), on any adapter (`None`: as this adapter's own): for
+    /// tests, which run those tiles where no such GPU is. Not for callers: the tiles are
+    /// chosen for that hardware.
+    #[doc(hidden)]
+    pub fn plan_as_gpu(&self, class: Option<GpuClass>) {
+        if let Ok(mut c) = self.planned_class.lock() {
+            *c = class;
+        }
     }
 
     /// The modifier bits compiled into this context's pipelines ([`crate::kernels::flags`]);

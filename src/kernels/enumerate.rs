@@ -12,7 +12,8 @@
 //! are covered whole, subgroup sizes where the kernel reads one.
 
 use super::{
-    choose_tiles, flags, DeviceCaps, Kernel, KernelKey, Pass, Tiles, Variant, WgslConsumer,
+    choose_tiles, flags, DeviceCaps, GpuClass, Kernel, KernelKey, Pass, Tiles, Variant,
+    WgslConsumer,
 };
 use crate::dtype::ElemFormat;
 use crate::kv_format::CacheFormat;
@@ -48,7 +49,7 @@ pub fn devices() -> [Device; 3] {
                 max_invocations_per_workgroup: 256,
                 coop: 8,
                 private_floats: super::CPU_PRIVATE_FLOATS,
-                wave64_cu: false,
+                gpu: GpuClass::Other,
             },
             subgroup: 8,
         },
@@ -58,7 +59,7 @@ pub fn devices() -> [Device; 3] {
                 max_invocations_per_workgroup: 1024,
                 coop: 16,
                 private_floats: super::GPU_PRIVATE_FLOATS,
-                wave64_cu: false,
+                gpu: GpuClass::Other,
             },
             subgroup: 32,
         },
@@ -120,7 +121,7 @@ pub fn pipeline_keys(devices: &[Device]) -> Vec<KernelKey> {
             }
         }
     }
-    for key in value_dim_keys(devices).into_iter().chain(wave64_keys()) {
+    for key in value_dim_keys(devices).into_iter().chain(class_keys()) {
         if sources.insert(key.wgsl_for(WgslConsumer::Naga)) {
             keys.push(key);
         }
@@ -128,20 +129,25 @@ pub fn pipeline_keys(devices: &[Device]) -> Vec<KernelKey> {
     keys
 }
 
-/// The blocks kernels' tiles on a wave64 GPU ([`super::tiles::WAVE64_CU_TILES`]: AMD's GCN,
-/// Vega, CDNA), in f32 with the run-time bits read: the shapes no device above plans, so that
-/// the compiler checks see them.
-fn wave64_keys() -> Vec<KernelKey> {
-    super::tiles::WAVE64_CU_TILES
+/// The blocks kernels' tiles of each GPU class with tiles of its own ([`GpuClass::blocks_tiles`]:
+/// AMD's GCN, Vega, CDNA; Apple; Adreno), in f32 with the run-time bits read: the shapes no
+/// device above plans, so that the compiler checks see them.
+fn class_keys() -> Vec<KernelKey> {
+    GpuClass::TABLED
         .iter()
-        .flat_map(|&(pass, head_dim, _)| {
+        .flat_map(|&gpu| {
+            gpu.blocks_tiles()
+                .iter()
+                .map(move |&(pass, d, _)| (gpu, pass, d))
+        })
+        .flat_map(|(gpu, pass, head_dim)| {
             let kernel = Kernel::Flash(Variant::Blocks, pass);
             let caps = DeviceCaps {
                 max_workgroup_storage_bytes: 65536,
                 max_invocations_per_workgroup: 1024,
                 coop: 0,
                 private_floats: super::GPU_PRIVATE_FLOATS,
-                wave64_cu: true,
+                gpu,
             };
             let tiles = choose_tiles(kernel, head_dim, caps)
                 .unwrap_or_else(|e| panic!("{kernel:?} at head_dim {head_dim}: {e}"));

@@ -16,7 +16,7 @@ pub mod wgsl;
 
 pub use params::{fold_grid, Params};
 pub use tiles::{
-    choose_tiles, fit_to_blocks, workgroup_words, DeviceCaps, Tiles, CPU_PRIVATE_FLOATS,
+    choose_tiles, fit_to_blocks, workgroup_words, DeviceCaps, GpuClass, Tiles, CPU_PRIVATE_FLOATS,
     GPU_PRIVATE_FLOATS,
 };
 pub use wgsl::{KernelKey, WgslConsumer};

@@ -62,12 +62,78 @@ pub struct DeviceCaps {
     /// registers, and addresses and loop state need their share), [`CPU_PRIVATE_FLOATS`] on
     /// CPU drivers (lavapipe, SwiftShader, WARP), whose private arrays live in memory anyway.
     pub private_floats: u32,
+    /// The class of GPU whose compiler the blocks kernels' tiles were chosen against
+    /// ([`GpuClass::blocks_tiles`]); [`GpuClass::Other`] takes the default tiles.
+    pub gpu: GpuClass,
+}
+
+/// GPUs whose compilers shape the blocks kernels' tiles (docs/log/compilers.md): each class has
+/// a table of tiles by pass and the largest head dim each serves, chosen from its compiler's
+/// statistics (`compiler_stats --search` under Mesa's no-op DRM shims), which the chooser tries
+/// before the default candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum GpuClass {
+    /// The default tiles.
+    #[default]
+    Other,
     /// A GPU that runs only 64-wide subgroups on compute units of four SIMDs sharing 64 KiB
     /// of workgroup memory, with 256 registers a lane (AMD's GCN, Vega and CDNA: a GPU whose
     /// subgroup is 64..64): there a blocks workgroup needs at most 32 KiB and 128 registers an
-    /// invocation for two waves a SIMD, which the default tiles miss (one wave). The blocks
-    /// kernels then take [`WAVE64_CU_TILES`].
-    pub wave64_cu: bool,
+    /// invocation for two waves a SIMD, which the default tiles miss (one wave):
+    /// [`WAVE64_CU_TILES`].
+    Wave64Cu,
+    /// Apple's GPUs (vendor 0x106B: Metal, Honeykrisp): AGX gives an invocation at most 128
+    /// 32-bit registers, and 512 threads a core need about 104; the default blocks tiles
+    /// spill at 128: [`APPLE_TILES`].
+    Apple,
+    /// Qualcomm's Adreno (vendor 0x5143): ir3 runs the default blocks forward at 2 waves a core
+    /// and spills its f32 form at head dim 128: [`ADRENO_TILES`].
+    Adreno,
+}
+
+impl GpuClass {
+    /// The class of an adapter: `vendor` is the PCI (or Vulkan) vendor id, `name` its name
+    /// (Metal reports no vendor id: Apple's GPUs name themselves "Apple ..."), `subgroups` its
+    /// subgroup size range; CPU drivers are [`GpuClass::Other`].
+    pub fn of(vendor: u32, name: &str, subgroups: (u32, u32), cpu: bool) -> GpuClass {
+        match vendor {
+            _ if cpu => GpuClass::Other,
+            0x106B => GpuClass::Apple,
+            0x5143 => GpuClass::Adreno,
+            _ if name.starts_with("Apple") => GpuClass::Apple,
+            _ if name.contains("Adreno") => GpuClass::Adreno,
+            // GCN, Vega, CDNA: wave64 only (RDNA offers 32..64; NVIDIA 32, Intel 8..32)
+            _ if subgroups == (64, 64) => GpuClass::Wave64Cu,
+            _ => GpuClass::Other,
+        }
+    }
+
+    /// The class's blocks tiles, `(pass, largest head dim, (resident, streamed, NTX, TM))`,
+    /// tried before the default candidates: for each pass the first entry whose head dim is at
+    /// least the call's.
+    pub fn blocks_tiles(self) -> &'static [(Pass, u32, BlocksEntry)] {
+        match self {
+            GpuClass::Other => &[],
+            GpuClass::Wave64Cu => &WAVE64_CU_TILES,
+            GpuClass::Apple => &APPLE_TILES,
+            GpuClass::Adreno => &ADRENO_TILES,
+        }
+    }
+
+    /// The widest columns (16-byte words) the decode kernel reads K and V in on this class, for
+    /// values of up to 256 dims (`plan::decode::wide_words`): each output row keeps a column's
+    /// sums in registers (f16 at 2 words: 4 vec4s a row), and on Apple's GPUs 1 word takes the
+    /// f16 decode from 112-116 registers to 80 (448 threads a core to 640) and the f32 decode
+    /// from 84 to 60 (576 to 832; AGX's statistics, docs/log/compilers.md).
+    pub fn decode_max_words(self) -> u32 {
+        match self {
+            GpuClass::Apple => 1,
+            _ => 2,
+        }
+    }
+
+    /// Every class with tiles of its own.
+    pub const TABLED: [GpuClass; 3] = [GpuClass::Wave64Cu, GpuClass::Apple, GpuClass::Adreno];
 }
 
 /// [`DeviceCaps::private_floats`] on a GPU.
@@ -82,11 +148,11 @@ impl DeviceCaps {
         max_invocations_per_workgroup: 256,
         coop: 0,
         private_floats: GPU_PRIVATE_FLOATS,
-        wave64_cu: false,
+        gpu: GpuClass::Other,
     };
 }
 
-/// The blocks kernels' tiles on a [`DeviceCaps::wave64_cu`] GPU, by pass and the largest
+/// The blocks kernels' tiles on a [`GpuClass::Wave64Cu`] GPU, by pass and the largest
 /// head dim each serves, as `(resident, streamed, NTX, TM)` entries of the chooser's
 /// candidates: from AMD's compiler's statistics on Renoir (`compiler_stats --search`, the
 /// table in docs/log/compilers.md, "Wave64 tiles"), the largest tile of each with at least
@@ -101,6 +167,31 @@ pub const WAVE64_CU_TILES: [(Pass, u32, BlocksEntry); 5] = [
     (Pass::DkDv, 64, (16, 16, 16, 1)),
     (Pass::Dq, 64, (16, 16, 16, 1)),
     (Pass::Dq, 128, (8, 4, 4, 1)),
+];
+
+/// The blocks kernels' tiles on Apple's GPUs ([`GpuClass::Apple`]), from AGX's statistics on
+/// the M1 (`compiler_stats --search`, docs/log/compilers.md, "Apple and Adreno tiles"): the
+/// largest tile of each pass with no spills and at least 512 threads a core, in f16 and f32
+/// (forward d=64: 54 registers, 896 threads, against 128, 3-6 spills and 384 with the default).
+/// At head dim 128 dK/dV takes 8 x 8 (100-104 registers, 512 threads: every larger tile
+/// spills) and dQ 8 x 8 (68 registers, 768 threads).
+pub const APPLE_TILES: [(Pass, u32, BlocksEntry); 6] = [
+    (Pass::Forward, 64, (32, 32, 16, 2)),
+    (Pass::Forward, 128, (16, 16, 16, 1)),
+    (Pass::DkDv, 64, (16, 16, 16, 1)),
+    (Pass::DkDv, 128, (8, 8, 8, 1)),
+    (Pass::Dq, 64, (16, 16, 16, 1)),
+    (Pass::Dq, 128, (8, 8, 8, 1)),
+];
+
+/// The blocks kernels' tiles on Qualcomm's Adreno ([`GpuClass::Adreno`]), from ir3's statistics
+/// on the Adreno 730 (docs/log/compilers.md, "Apple and Adreno tiles"): the forwards' largest
+/// tiles with 4 waves a core and no spills (the default: 2 waves, and 52 spills in f32 at head
+/// dim 128). The backward passes keep the default (2 waves, their floor): at head dim 128 every
+/// dK/dV candidate spills in f32, the default least (9).
+pub const ADRENO_TILES: [(Pass, u32, BlocksEntry); 2] = [
+    (Pass::Forward, 64, (32, 32, 16, 2)),
+    (Pass::Forward, 128, (16, 16, 16, 1)),
 ];
 
 /// Invocations of a coop workgroup: a multiple of every subgroup size (4 subgroups of 32, 2
@@ -357,11 +448,15 @@ pub fn tile_candidates(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Resul
                 }
             })
             .collect()
-    } else if let (true, Kernel::Flash(Variant::Blocks, pass)) = (caps.wave64_cu, kernel) {
+    } else if let (false, Kernel::Flash(Variant::Blocks, pass)) =
+        (caps.gpu.blocks_tiles().is_empty(), kernel)
+    {
         // (dQ under head dim 32 keeps the default: a 16 x 16 dQ tile there has fewer free
         // words than threads for a trainable tensor's fold, `FOLD_WORDS >= NT`, and its
-        // default tile already runs 2 waves)
-        let listed = WAVE64_CU_TILES
+        // default tile already runs well)
+        let listed = caps
+            .gpu
+            .blocks_tiles()
             .iter()
             .filter(|(p, max_d, _)| {
                 *p == pass && head_dim <= *max_d && (head_dim >= 32 || *p != Pass::Dq)
@@ -372,7 +467,7 @@ pub fn tile_candidates(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Resul
             kernel,
             head_dim,
             DeviceCaps {
-                wave64_cu: false,
+                gpu: GpuClass::Other,
                 ..caps
             },
         )?;
@@ -465,7 +560,7 @@ pub fn fit_to_blocks(kernel: Kernel, dense: Tiles, blocks: (u32, u32), subgroup:
 /// to pay, and pair-by-pair masking inside the tile costs less.
 pub const MIN_FITTED: u32 = 16;
 
-/// A blocks kernel's tile entry: `(resident, streamed, NTX, TM)` rows ([`WAVE64_CU_TILES`]).
+/// A blocks kernel's tile entry: `(resident, streamed, NTX, TM)` rows ([`GpuClass::blocks_tiles`]).
 pub type BlocksEntry = (u32, u32, u32, u32);
 
 /// A blocks kernel's tiles from a `(resident, streamed, NTX, TM)` entry: NT = resident / TM *
@@ -641,6 +736,49 @@ mod tests {
                 assert!(needed > limit);
             }
             other => panic!("expected DeviceLimit, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn apple_and_adreno_adapters_take_their_tiles() {
+        assert_eq!(
+            GpuClass::of(0x106B, "Apple M1 (G13G A0)", (32, 32), false),
+            GpuClass::Apple
+        );
+        assert_eq!(
+            GpuClass::of(0, "Apple M2 Pro", (32, 32), false),
+            GpuClass::Apple
+        );
+        assert_eq!(
+            GpuClass::of(0x5143, "Turnip Adreno (TM) 730", (64, 128), false),
+            GpuClass::Adreno
+        );
+        assert_eq!(
+            GpuClass::of(0x1002, "AMD Radeon", (64, 64), false),
+            GpuClass::Wave64Cu
+        );
+        assert_eq!(
+            GpuClass::of(0x1002, "AMD Radeon", (32, 64), false),
+            GpuClass::Other
+        );
+        assert_eq!(
+            GpuClass::of(0x10005, "llvmpipe", (8, 8), true),
+            GpuClass::Other
+        );
+        // the tables' tiles fit the 32 KiB and 1,024 invocations of an M1 and an Adreno 730,
+        // and are what the chooser takes there
+        for gpu in GpuClass::TABLED {
+            let caps = DeviceCaps {
+                max_workgroup_storage_bytes: 32768,
+                max_invocations_per_workgroup: 1024,
+                gpu,
+                ..DeviceCaps::WEBGPU_DEFAULT
+            };
+            for &(pass, d, entry) in gpu.blocks_tiles() {
+                let kernel = Kernel::Flash(Variant::Blocks, pass);
+                let t = choose_tiles(kernel, d, caps).unwrap();
+                assert_eq!(t, blocks_tiles(kernel, entry), "{gpu:?} {pass:?} {d}");
+            }
         }
     }
 

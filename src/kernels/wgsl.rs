@@ -957,7 +957,9 @@ mod tests {
     /// room. (AMD's compiler sweep found a wave64 tile at head dim 3 that did not.)
     #[test]
     fn every_dq_tile_leaves_room_to_fold_a_trainable_tensors_sums() {
-        use crate::kernels::{choose_tiles, DeviceCaps, Kernel, Pass, Variant, CPU_PRIVATE_FLOATS};
+        use crate::kernels::{
+            choose_tiles, DeviceCaps, GpuClass, Kernel, Pass, Variant, CPU_PRIVATE_FLOATS,
+        };
         let gpu = DeviceCaps {
             max_workgroup_storage_bytes: 65536,
             max_invocations_per_workgroup: 1024,
@@ -967,7 +969,17 @@ mod tests {
             DeviceCaps::WEBGPU_DEFAULT,
             gpu,
             DeviceCaps {
-                wave64_cu: true,
+                gpu: GpuClass::Wave64Cu,
+                ..gpu
+            },
+            DeviceCaps {
+                max_workgroup_storage_bytes: 32768,
+                gpu: GpuClass::Apple,
+                ..gpu
+            },
+            DeviceCaps {
+                max_workgroup_storage_bytes: 32768,
+                gpu: GpuClass::Adreno,
                 ..gpu
             },
             DeviceCaps {

@@ -104,9 +104,16 @@ pub fn wide_words(cfg: &AttentionConfig, dtype: DType, tiles: Tiles, env: &PlanE
                 && env.offset_align.is_multiple_of(16))
     };
     let cols = |w: u32| crate::kernels::wgsl::column_vec4s(w, dtype == DType::F32);
+    // (a class's narrower columns only where values of 256 dims or fewer leave every column an
+    // invocation at any width: `columns_fit`)
+    let cap = if cfg.dv() <= 256 {
+        env.caps.gpu.decode_max_words()
+    } else {
+        2
+    };
     let widths: Vec<u32> = [2u32, 1, 0]
         .into_iter()
-        .filter(|&w| fits(w as usize))
+        .filter(|&w| fits(w as usize) && w <= cap)
         .collect();
     for &w in &widths {
         let sg = decode_subgroup(cfg, tiles, env, cols(w));

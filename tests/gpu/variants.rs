@@ -4,7 +4,7 @@
 
 use crate::common;
 use common::{assert_close, assert_lse_close, cfg, inputs};
-use flash_attn_wgpu::unstable::kernels::{Kernel, Pass};
+use flash_attn_wgpu::unstable::kernels::{GpuClass, Kernel, Pass};
 use flash_attn_wgpu::{
     unstable::reference, Algorithm, AttentionConfig, Context, Tuning, Variant, Varlen, Window,
 };
@@ -114,6 +114,66 @@ fn the_blocks_tiles_of_wave64_gpus_match_the_reference() {
         (fwd.key.tiles.br, fwd.key.tiles.bc, fwd.key.tiles.tpr),
         (32, 32, 16)
     );
+}
+
+#[test]
+fn the_blocks_tiles_of_apple_gpus_match_the_reference() {
+    // Apple's GPUs take their own blocks tiles (kernels::tiles::APPLE_TILES, from AGX's
+    // statistics: no spills, 512 threads a core); those at head dim 64, and Adreno's, are the
+    // wave64 GPUs' (the test above): the 8 x 8 dK/dV and dQ tiles at 128 are Apple's alone
+    let ctx = Context::new().expect("context");
+    ctx.plan_as_gpu(Some(GpuClass::Apple));
+    ctx.set_tuning(Tuning {
+        variant: Variant::Blocks,
+        ..ctx.tuning()
+    })
+    .unwrap();
+    let c = cfg(1, 45, 70, 2, 1, 128, true);
+    let data = inputs(&c, 1.0);
+    let msg = common::describe(&c, data.seed);
+    let want_f = reference::forward(&c, &data.q, &data.k, &data.v);
+    let want_g = reference::backward(&c, &data.q, &data.k, &data.v, &data.d_out);
+    let f = ctx.forward_host(&c, &data.q, &data.k, &data.v).unwrap();
+    assert_close("out", &f.out, &want_f.out, &msg);
+    assert_lse_close(&f.lse, &want_f.lse, &msg);
+    let g = ctx
+        .backward_host(&c, &data.q, &data.k, &data.v, &f.out, &f.lse, &data.d_out)
+        .unwrap();
+    assert_close("dq", &g.dq, &want_g.dq, &msg);
+    assert_close("dk", &g.dk, &want_g.dk, &msg);
+    assert_close("dv", &g.dv, &want_g.dv, &msg);
+    // the planner took the table's tiles, not the adapter's own
+    let env = ctx.plan_env();
+    let plan =
+        flash_attn_wgpu::unstable::plan::backward(&c, flash_attn_wgpu::DType::F32, &env).unwrap();
+    for pass in [Pass::DkDv, Pass::Dq] {
+        let step = plan
+            .steps
+            .iter()
+            .find(|s| s.key.kernel == Kernel::Flash(Variant::Blocks, pass))
+            .unwrap();
+        assert_eq!(
+            (step.key.tiles.br, step.key.tiles.bc, step.key.tiles.tpr),
+            (8, 8, 8),
+            "{pass:?}"
+        );
+    }
+    // the decode reads K and V in columns of one 16-byte word there (GpuClass::decode_max_words)
+    let c = cfg(1, 1, 150, 4, 1, 128, false);
+    let data = inputs(&c, 1.0);
+    let msg = common::describe(&c, data.seed);
+    let want = reference::forward(&c, &data.q, &data.k, &data.v);
+    let f = ctx.forward_host(&c, &data.q, &data.k, &data.v).unwrap();
+    assert_close("out", &f.out, &want.out, &msg);
+    assert_lse_close(&f.lse, &want.lse, &msg);
+    let plan =
+        flash_attn_wgpu::unstable::plan::forward(&c, flash_attn_wgpu::DType::F32, &env).unwrap();
+    let decode = plan
+        .steps
+        .iter()
+        .find(|s| s.key.kernel.is_decode())
+        .unwrap();
+    assert_eq!(decode.key.wide, 1, "{msg}");
 }
 
 #[test]
