@@ -9,5 +9,7 @@ cd "$(dirname "$0")/../burn"
 export GALLIVM_PERF=${GALLIVM_PERF-nopt} # as run-tests.sh
 export CARGO_TARGET_DIR="$PWD/../target/burn"
 cargo build --examples --tests
-cargo test "$@"
-cargo test --no-default-features "$@"
+# on lavapipe 26.1 where its root exists, as the suite (scripts/mesa26-env.sh)
+. ../scripts/mesa26-env.sh
+env "${MESA26_ENV[@]}" cargo test "$@"
+env "${MESA26_ENV[@]}" cargo test --no-default-features "$@"

@@ -23,7 +23,9 @@ cargo test --no-run "$@" --features mpi --test mpi --message-format=json-render-
 bin=$(grep '"reason":"compiler-artifact"' "$messages" |
     sed -n 's/.*"target":{[^}]*"name":"mpi".*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
 [ -x "$bin" ] || { log "no mpi test binary among cargo's artifacts"; exit 1; }
+# each rank on lavapipe 26.1 where its root exists, as the suite (scripts/mesa26-env.sh)
+. scripts/mesa26-env.sh
 for n in 2 4; do
-    mpiexec -n "$n" "$bin"
+    mpiexec -n "$n" "${MESA26_RUN[@]}" "$bin"
 done
-mpiexec -n 2 "$bin" --leave
+mpiexec -n 2 "${MESA26_RUN[@]}" "$bin" --leave

@@ -9,6 +9,7 @@
 # serves the pipelines: the SPIR-V is the same whatever the opt level. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repo=$(pwd)
 export GALLIVM_PERF=${GALLIVM_PERF-nopt} # as run-tests.sh
 log() { echo "python-check: $*" >&2; }
 tmp=$(mktemp -d)
@@ -37,5 +38,8 @@ case "$where" in
     "$tmp/venv/"*) log "testing the installed wheel: $where" ;;
     *) log "flash_attn_wgpu came from $where, not the wheel"; exit 1 ;;
 esac
-"$tmp/venv/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
-"$tmp/venv/bin/python" flex.py --seq 128
+# on lavapipe 26.1 where its root exists, as the suite (scripts/mesa26-env.sh; the MPI
+# tests' ranks, started by mpiexec, run on the machine's loader and Mesa)
+. "$repo/scripts/mesa26-env.sh"
+"${MESA26_RUN[@]}" "$tmp/venv/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
+"${MESA26_RUN[@]}" "$tmp/venv/bin/python" flex.py --seq 128

@@ -27,9 +27,11 @@ unset VK_DRIVER_FILES
 export WGPU_ADAPTER_NAME=llvmpipe FLASH_ATTN_REQUIRE_WGPU=1
 unset FLASH_ATTN_PIPELINE_LOG
 export GALLIVM_PERF=${GALLIVM_PERF-nopt}
+# on lavapipe 26.1 where the suite ran there (its shader cache is warm): scripts/mesa26-env.sh
+. scripts/mesa26-env.sh
 start=$SECONDS
 tests=0
-cargo test "$@" --test gpu -- --test-threads 2 \
+env "${MESA26_ENV[@]}" cargo test "$@" --test gpu -- --test-threads 2 \
     backends:: interop:: concurrency:: merge:: paged:: views:: bias:: score_mod:: \
     nonfinite::nan_and_inf_reach_the_rows_that_see_them_and_no_other_on_every_family \
     split::query_and_key_windows_merge_exactly \
