@@ -92,12 +92,12 @@ fn check(ctx: &Context, c: &AttentionConfig, amp: f32, what: &str) {
 fn the_coop_kernels_match_the_reference_at_odd_lengths_and_head_dims() {
     let Some(ctx) = coop_ctx() else { return };
     // odd lengths (no multiple of a tile or a fragment), GQA, causal and not, both ways of
-    // seq_q against seq_kv; head dims padded to whole fragments (3, 80) and whole (64, 128)
+    // seq_q against seq_kv; a head dim padded to whole fragments (3) and whole ones (64, 128;
+    // 80, padded at 16 only, is the self-check's on a GPU)
     for (sq, skv, d, causal) in [
         (77, 61, 64, false),
         (61, 77, 64, true),
         (37, 45, 3, true),
-        (45, 37, 80, false),
         (33, 70, 128, true),
     ] {
         let c = cfg(2, sq, skv, 4, 2, d, causal);
@@ -131,7 +131,8 @@ fn the_coop_kernels_match_the_reference_with_every_modifier() {
     // a boolean mask per (batch, head) and an additive bias, over packed sequences of odd
     // lengths (one with no keys: its rows see nothing)
     let v = Varlen::from_lengths(&[37, 0, 21, 9], &[45, 13, 0, 30]);
-    let mut c = AttentionConfig::packed(v.cu_seqlens_q, v.cu_seqlens_kv, 2, 2, 24);
+    // (head dim 32: the pipelines of the hidden-rows test's boolean mask)
+    let mut c = AttentionConfig::packed(v.cu_seqlens_q, v.cu_seqlens_kv, 2, 2, 32);
     c.causal = true;
     c.mask = Some(common::random_bool_mask(&c, false, true, 0.6, 1));
     check(&ctx, &c, 2.0, "boolean mask over packed sequences");
@@ -167,7 +168,7 @@ fn the_coop_kernels_never_read_key_rows_no_query_sees() {
             &format!("mask_mod and key lengths, causal {causal}"),
         );
 
-        let mut c = cfg(1, 30, 50, 2, 2, 16, causal);
+        let mut c = cfg(1, 30, 50, 2, 2, 32, causal);
         c.mask = Some(BoolMask::from_fn((1, 2, 30, 50), |_, _, _, j| {
             ![7, 31, 49].contains(&j)
         }));

@@ -64,6 +64,24 @@ fn check_all_tunings_on(c: &AttentionConfig, data: &common::Inputs) {
     }
 }
 
+/// Forward and backward of `c` on `ctx` with the tuning and tiles it has, against the f64
+/// reference on fresh random data.
+fn check_with_its_tuning(ctx: &Context, c: &AttentionConfig) {
+    let data = inputs(c, 1.0);
+    let msg = common::describe(c, data.seed);
+    let want_f = reference::forward(c, &data.q, &data.k, &data.v);
+    let want_g = reference::backward(c, &data.q, &data.k, &data.v, &data.d_out);
+    let f = ctx.forward_host(c, &data.q, &data.k, &data.v).unwrap();
+    assert_close("out", &f.out, &want_f.out, &msg);
+    assert_lse_close(&f.lse, &want_f.lse, &msg);
+    let g = ctx
+        .backward_host(c, &data.q, &data.k, &data.v, &f.out, &f.lse, &data.d_out)
+        .unwrap();
+    assert_close("dq", &g.dq, &want_g.dq, &msg);
+    assert_close("dk", &g.dk, &want_g.dk, &msg);
+    assert_close("dv", &g.dv, &want_g.dv, &msg);
+}
+
 #[test]
 fn every_variant_matches_reference_at_odd_sizes() {
     check_all_tunings(&cfg(2, 77, 61, 4, 2, 64, false), 1.0);
@@ -86,19 +104,7 @@ fn the_blocks_tiles_of_wave64_gpus_match_the_reference() {
         cfg(2, 77, 61, 4, 2, 64, true),
         cfg(1, 45, 70, 2, 1, 128, false),
     ] {
-        let data = inputs(&c, 1.0);
-        let msg = common::describe(&c, data.seed);
-        let want_f = reference::forward(&c, &data.q, &data.k, &data.v);
-        let want_g = reference::backward(&c, &data.q, &data.k, &data.v, &data.d_out);
-        let f = ctx.forward_host(&c, &data.q, &data.k, &data.v).unwrap();
-        assert_close("out", &f.out, &want_f.out, &msg);
-        assert_lse_close(&f.lse, &want_f.lse, &msg);
-        let g = ctx
-            .backward_host(&c, &data.q, &data.k, &data.v, &f.out, &f.lse, &data.d_out)
-            .unwrap();
-        assert_close("dq", &g.dq, &want_g.dq, &msg);
-        assert_close("dk", &g.dk, &want_g.dk, &msg);
-        assert_close("dv", &g.dv, &want_g.dv, &msg);
+        check_with_its_tuning(&ctx, &c);
     }
     // the planner took the table's tiles, not the adapter's own
     let env = ctx.plan_env();
@@ -129,19 +135,7 @@ fn the_blocks_tiles_of_apple_gpus_match_the_reference() {
     })
     .unwrap();
     let c = cfg(1, 45, 70, 2, 1, 128, true);
-    let data = inputs(&c, 1.0);
-    let msg = common::describe(&c, data.seed);
-    let want_f = reference::forward(&c, &data.q, &data.k, &data.v);
-    let want_g = reference::backward(&c, &data.q, &data.k, &data.v, &data.d_out);
-    let f = ctx.forward_host(&c, &data.q, &data.k, &data.v).unwrap();
-    assert_close("out", &f.out, &want_f.out, &msg);
-    assert_lse_close(&f.lse, &want_f.lse, &msg);
-    let g = ctx
-        .backward_host(&c, &data.q, &data.k, &data.v, &f.out, &f.lse, &data.d_out)
-        .unwrap();
-    assert_close("dq", &g.dq, &want_g.dq, &msg);
-    assert_close("dk", &g.dk, &want_g.dk, &msg);
-    assert_close("dv", &g.dv, &want_g.dv, &msg);
+    check_with_its_tuning(&ctx, &c);
     // the planner took the table's tiles, not the adapter's own
     let env = ctx.plan_env();
     let plan =
