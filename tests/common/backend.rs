@@ -76,19 +76,19 @@ pub fn check_case<B: AttentionBackend, T: Element>(
     msg: &str,
     gap: Gap,
 ) -> Errors {
-    // a bias joins calls of its own dtype: the case's, rounded
-    let cast;
-    let cfg = match &cfg.bias {
-        Some(bias) if bias.dtype() != T::DTYPE => {
-            let mut c = cfg.clone();
-            c.bias = Some(bias.cast::<T>().expect("a rounded bias is finite or -inf"));
-            cast = c;
-            &cast
-        }
-        _ => cfg,
-    };
+    let cfg = &bias_in::<T>(cfg);
     let r = rounded_inputs::<T>(cfg, amp);
     check_rounded(b, cfg, &r, (&r.k, &r.v), msg, gap)
+}
+
+/// `cfg` as a call in `T` takes it: a bias joins calls of its own dtype, so the case's bias is
+/// rounded to `T`.
+pub fn bias_in<T: Element>(cfg: &AttentionConfig) -> AttentionConfig {
+    let mut c = cfg.clone();
+    c.bias = c
+        .bias
+        .map(|b| b.cast::<T>().expect("a rounded bias is finite or -inf"));
+    c
 }
 
 /// [`check_case`] on given inputs: the device reads `(k, v)` (`r.k` and `r.v`, or copies with

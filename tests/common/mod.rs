@@ -627,6 +627,23 @@ pub fn assert_close_nan(what: &str, got: &[f32], want: &[f64], tol: f64, ctx_msg
     nans
 }
 
+/// Copies of `r`'s k and v with NaN in every element of the key rows `hidden` (batch, kv
+/// head, key) of `c`: rows no query may read.
+pub fn nan_in_key_rows<T: Element>(
+    c: &AttentionConfig,
+    r: &Rounded<T>,
+    hidden: &[(usize, usize, usize)],
+) -> (Vec<T>, Vec<T>) {
+    let (mut k, mut v) = (r.k.clone(), r.v.clone());
+    let nan = T::from_f32(f32::NAN);
+    for &(b, hk, j) in hidden {
+        let row = (b * c.seq_kv + j) * c.heads_kv + hk;
+        k[row * c.head_dim..(row + 1) * c.head_dim].fill(nan);
+        v[row * c.dv()..(row + 1) * c.dv()].fill(nan);
+    }
+    (k, v)
+}
+
 /// Writes `x` into every element of key `j` (all kv heads) of a `[b, seq_kv, heads_kv, d]`
 /// tensor, in batch 0.
 pub fn poison_key(t: &mut [f32], cfg: &AttentionConfig, j: usize, x: f32) {

@@ -13,7 +13,7 @@
 
 use crate::common;
 
-use common::backend::{check_rounded_allowing, Gap, ROUNDED_P};
+use common::backend::{bias_in, check_rounded_allowing, Gap, ROUNDED_P};
 use common::{cfg, rounded_inputs};
 use flash_attn_wgpu::unstable::kernels::{Kernel, Pass};
 use flash_attn_wgpu::unstable::plan;
@@ -64,22 +64,10 @@ fn check_hiding(
     hidden: &[(usize, usize, usize)],
     what: &str,
 ) {
-    // a bias joins the call in its dtype
-    let mut c = c.clone();
-    c.bias = c.bias.map(|b| {
-        b.cast::<half::f16>()
-            .expect("a rounded bias is finite or -inf")
-    });
-    let c = &c;
+    let c = &bias_in::<half::f16>(c);
     assert_planned_on_coop(ctx, c);
     let r = rounded_inputs::<half::f16>(c, amp);
-    let (mut k, mut v) = (r.k.clone(), r.v.clone());
-    let nan = half::f16::NAN;
-    for &(b, hk, j) in hidden {
-        let row = (b * c.seq_kv + j) * c.heads_kv + hk;
-        k[row * c.head_dim..(row + 1) * c.head_dim].fill(nan);
-        v[row * c.dv()..(row + 1) * c.dv()].fill(nan);
-    }
+    let (k, v) = common::nan_in_key_rows(c, &r, hidden);
     let msg = format!("coop: {what}");
     check_rounded_allowing(ctx, c, &r, (&k, &v), &msg, Gap::None, ROUNDED_P);
 }

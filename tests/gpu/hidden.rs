@@ -124,13 +124,7 @@ fn check<T: Element>(x: &Context, kind: Kind, path: Path, causal: bool) {
         !hidden.is_empty() && hidden.len() < c.batch * c.heads_kv * c.seq_kv,
         "{msg}"
     );
-    let (mut k, mut v) = (r.k.clone(), r.v.clone());
-    let nan = T::from_f32(f32::NAN);
-    for &(b, hk, j) in &hidden {
-        let row = (b * c.seq_kv + j) * c.heads_kv + hk;
-        k[row * c.head_dim..(row + 1) * c.head_dim].fill(nan);
-        v[row * c.dv()..(row + 1) * c.dv()].fill(nan);
-    }
+    let (k, v) = common::nan_in_key_rows(&c, &r, &hidden);
     check_rounded(x, &c, &r, (&k, &v), &msg, Gap::None);
 }
 
