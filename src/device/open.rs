@@ -47,8 +47,8 @@ impl Context {
         }
         let (device, queue) = request(&adapter, features, &limits, coop_usable).await?;
         check_device_limits(&device.limits())?;
-        let frag = if coop_usable { coop } else { 0 };
-        let mut ctx = Self::build(device, queue, Some(adapter.get_info()), frag);
+        // (`build` takes the size only where the device has the feature, removed above)
+        let mut ctx = Self::build(device, queue, Some(adapter.get_info()), coop);
         ctx.driver_canary_async().await?;
         let shape = coop::shape_name(coop);
         match coop_verdict {
@@ -96,8 +96,8 @@ pub(super) async fn choose_adapter() -> Result<Chosen> {
         features |= adapter.features() & wgpu::Features::PASSTHROUGH_SHADERS;
     }
     // Cooperative matrices are an experimental wgpu feature: asked for only where the
-    // adapter offers the configuration the coop kernels use, and picked only after they pass
-    // their self-check.
+    // adapter offers a configuration the coop kernels use, and on a GPU picked only after they
+    // pass their self-check.
     let coop = if adapter.features().contains(
         wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
             | wgpu::Features::SHADER_F16
