@@ -11,8 +11,8 @@ use flash_attn_wgpu::{
 };
 
 use super::{
-    assert_close_floor, assert_close_nan, assert_close_tol, assert_lse_close, describe, rel_tol,
-    rounded_inputs, Errors, Rounded,
+    assert_close_floor, assert_close_nan, assert_close_tol, assert_lse_close, describe,
+    gradient_floors, rel_tol, rounded_inputs, Errors, Rounded,
 };
 
 /// Which pass of a case a backend does not run.
@@ -164,25 +164,6 @@ pub fn check_rounded_allowing<B: AttentionBackend, T: Element>(
         dk: assert_close_floor("dk", &to_f32_vec(&g.dk), &wg.dk, tol, dk_floor, &msg),
         dv: assert_close_floor("dv", &to_f32_vec(&g.dv), &wg.dv, tol, dv_floor, &msg),
     }
-}
-
-/// The magnitude of the terms each gradient sums, for random data: dS = P (dP - delta) is a
-/// difference of terms of size |dP| ~ sqrt(dv) |dO| |v| (dv: the values' head dim; times the dropout factor) that
-/// cancel exactly where a row sees a single key (P = 1, dP = delta), so dq and dk can be 0
-/// in exact arithmetic with f32 rounding errors of that size relative to dP; the tolerance
-/// is then taken against these (dq: scale |dP| |k|, dk: scale |dP| |q|, dv: |dO| times the
-/// dropout factor, d_bias: |dP| P with P ~ 1 / seq_kv) rather than against the result.
-fn gradient_floors(cfg: &AttentionConfig, [q, k, v, d_out]: [&[f32]; 4]) -> [f64; 4] {
-    let max = |x: &[f32]| x.iter().fold(0.0f64, |m, y| m.max(y.abs() as f64));
-    let z = cfg.dropout.map_or(1.0, |d| 1.0 / (1.0 - d.p as f64));
-    let dp = (cfg.dv() as f64).sqrt() * max(d_out) * max(v) * z;
-    let scale = cfg.scale() as f64;
-    [
-        scale * dp * max(k),
-        scale * dp * max(q),
-        max(d_out) * z,
-        dp / cfg.seq_kv.max(1) as f64,
-    ]
 }
 
 /// The dtypes a case runs in on `backend`. CUDA: all three (this suite is its only

@@ -53,9 +53,7 @@ fn check_all_tunings_on(c: &AttentionConfig, data: &common::Inputs) {
         let g = ctx
             .backward_host(c, &data.q, &data.k, &data.v, &f.out, &f.lse, &data.d_out)
             .unwrap_or_else(|e| panic!("{e} ({msg})"));
-        assert_close("dq", &g.dq, &want_g.dq, &msg);
-        assert_close("dk", &g.dk, &want_g.dk, &msg);
-        assert_close("dv", &g.dv, &want_g.dv, &msg);
+        common::assert_qkv_grads_close(c, data, [&g.dq, &g.dk, &g.dv], &want_g, &msg);
         match (&g.d_sinks, &want_g.d_sinks) {
             (Some(got), Some(want)) => assert_close("d_sinks", got, want, &msg),
             (None, None) => {}
