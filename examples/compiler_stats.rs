@@ -375,8 +375,9 @@ const MISSES: &[Miss] = &[
         kernels: coop,
         measure: Measure::Occupancy,
         worst: 2.0,
-        why: "RADV 26.1 reports 2 waves a SIMD for the coop kernels where 25.0.7 reported 4 at \
-              the same 180-252 VGPRs",
+        why: "the coop kernels' 37-54 KiB of workgroup memory for two wave64s: RADV 26.1 \
+              shares 64 KiB over a WGP's four SIMDs, one wave each (25.0.7: over a CU's two, \
+              two each); the registers allow 4 (issue 67: less workgroup memory a wave)",
     },
     Miss {
         compiler: Compiler::Aco,
