@@ -10,12 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "public-api: $*" >&2; }
 out=target/public-api
-# In the suite's target folder, with RUSTC_BOOTSTRAP as run-tests.sh's `cargo doc` sets it: the
-# dependencies' metadata that rustdoc reads is then that run's (some build scripts read the
-# variable, so without it on both each would recheck the other's dependencies).
 RUSTC_BOOTSTRAP=1 cargo rustdoc --quiet -p flash-attn-wgpu --lib --features cuda \
-    -- -Z unstable-options --output-format json
-json="target/doc/flash_attn_wgpu.json"
+    --target-dir "$out" -- -Z unstable-options --output-format json
+json="$out/doc/flash_attn_wgpu.json"
 format=$(grep -o '"format_version":[0-9]*' "$json" | cut -d: -f2)
 if [ "$format" != 57 ]; then
     log "rustdoc wrote JSON format $format; scripts/public-api reads 57 (rustc 1.90-1.95):"

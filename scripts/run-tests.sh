@@ -73,12 +73,9 @@ fi
 # The rustdoc builds without a warning (broken links included; lib.rs denies missing docs), with
 # the features asked for (docs.rs builds with `cuda`) and with the default ones (a user's
 # `cargo doc`).
-# RUSTC_BOOTSTRAP=1 as scripts/public-api.sh's rustdoc JSON needs it, so that both read the
-# same checked dependencies (a build script that reads the variable would make each recheck
-# the other's: about 50 s).
-RUSTC_BOOTSTRAP=1 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps "$@"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps "$@"
 if [ $# -gt 0 ]; then
-    RUSTC_BOOTSTRAP=1 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
+    RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
 fi
 # AMD's shader compiler on three chips (issue 62: scripts/compiler-stats.sh, Mesa's no-op DRM
 # shim): the pipelines the planner picks for forward, backward and decode calls at head dims
