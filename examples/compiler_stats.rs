@@ -348,18 +348,6 @@ struct Miss {
 fn coop(k: &KernelKey) -> bool {
     k.kernel.is_coop()
 }
-fn decode(k: &KernelKey) -> bool {
-    k.kernel.is_decode()
-}
-fn f16_decode(k: &KernelKey) -> bool {
-    k.kernel.is_decode() && k.elem != ElemFormat::F32
-}
-fn quantized_decode(k: &KernelKey) -> bool {
-    k.kernel.is_decode() && k.kv.is_some()
-}
-fn e4m3_decode(k: &KernelKey) -> bool {
-    k.kernel.is_decode() && k.kv == Some(CacheFormat::E4M3)
-}
 fn blocks_dkdv(k: &KernelKey) -> bool {
     k.kernel == Kernel::Flash(Variant::Blocks, Pass::DkDv)
 }
@@ -380,22 +368,6 @@ const MISSES: &[Miss] = &[
               two each); the registers allow 4 (issue 67: less workgroup memory a wave)",
     },
     Miss {
-        compiler: Compiler::Aco,
-        driver: "Mesa 26.1",
-        kernels: f16_decode,
-        measure: Measure::Occupancy,
-        worst: 1.0,
-        why: "on wave64 GPUs ACO 26.1 gives the f16 and 8-bit decode 256 VGPRs (25.0.7: 128)",
-    },
-    Miss {
-        compiler: Compiler::Nak,
-        driver: "",
-        kernels: decode,
-        measure: Measure::Occupancy,
-        worst: 8.0,
-        why: "the decode kernels take 104-176 registers: 8-16 warps an SM, not 16",
-    },
-    Miss {
         compiler: Compiler::Nak,
         driver: "",
         kernels: blocks_dkdv,
@@ -403,33 +375,6 @@ const MISSES: &[Miss] = &[
         worst: 6.0,
         why: "the f32 blocks dK/dV at head dim 64 (176 registers, 43 KiB a CTA of 2 warps): \
               3 CTAs an SM by shared memory",
-    },
-    Miss {
-        compiler: Compiler::Agx,
-        driver: "",
-        kernels: e4m3_decode,
-        measure: Measure::Spills,
-        worst: 2.0,
-        why: "the E4M3 decode exceeds AGX's 128 registers: 2 spills (the blocks kernels take \
-              APPLE_TILES: none)",
-    },
-    Miss {
-        compiler: Compiler::Agx,
-        driver: "",
-        kernels: e4m3_decode,
-        measure: Measure::Scratch,
-        worst: 8.0,
-        why: "the E4M3 decode's spills' stack: 8 B an invocation",
-    },
-    Miss {
-        compiler: Compiler::Agx,
-        driver: "",
-        kernels: quantized_decode,
-        measure: Measure::Occupancy,
-        worst: 384.0,
-        why: "the 8-bit decode takes 124-128 registers an invocation: 384 threads a core, not \
-              512 (it reads K and V element by element: the narrower columns of \
-              GpuClass::decode_max_words do not reach it)",
     },
     Miss {
         compiler: Compiler::Ir3,

@@ -33,8 +33,10 @@ export FLASH_ATTN_REQUIRE_WGPU=1
 # (variants: 6 of their own); nextest's time did not move (466 s against 465 s at 460). 530
 # since issue 66: the coop kernels run (tests/gpu/coop.rs: 33 pipelines of their own, forward,
 # dK/dV and dQ at 8x8x8, about 16 s of test time), on lavapipe 26.1, whose LLVM 19 compiles
-# a pipeline in about a third of 25.0.7's time: 521 in all.
-CI_PIPELINE_BUDGET=${CI_PIPELINE_BUDGET:-530}
+# a pipeline in about a third of 25.0.7's time: 521 in all. 540 since the decode of an 8-bit
+# cache in narrow columns (NVIDIA, Apple, wave64 GCN: tests/gpu/kvcache.rs, q8_0 and E4M3, with
+# and without lanes): 4 more, and the figure had reached 525-527 (docs/TESTING.md).
+CI_PIPELINE_BUDGET=${CI_PIPELINE_BUDGET:-540}
 plog=$(mktemp -d)
 trap 'rm -rf "$plog"' EXIT
 export FLASH_ATTN_PIPELINE_LOG=$plog

@@ -73,8 +73,9 @@ pub fn devices() -> [Device; 3] {
 /// trainable tensor's gradient itself (`KernelKey::sums_table`) six more (1,009). 1,015: the
 /// blocks kernels' tiles on wave64 GPUs (issue 62, `tiles::WAVE64_CU_TILES`), four more.
 /// 1,035: the coop family at 8x8x8 (issue 66: lavapipe 26's cooperative matrices, as Apple
-/// GPUs' through Metal), 16 more (1,031).
-pub const PIPELINE_BUDGET: usize = 1035;
+/// GPUs' through Metal), 16 more (1,031). 1,040: the decode kernels reading an 8-bit cache in
+/// narrow columns (`narrow_cache_decodes`: NVIDIA, Apple and wave64 GCN), 7 more (1,038).
+pub const PIPELINE_BUDGET: usize = 1040;
 
 /// Every pipeline the plans can ask for on `devices`, over [`HEAD_DIMS`] and the samples
 /// `variants_of` takes, one key per distinct source.
@@ -121,7 +122,8 @@ pub fn pipeline_keys(devices: &[Device]) -> Vec<KernelKey> {
             }
         }
     }
-    for key in value_dim_keys(devices).into_iter().chain(class_keys()) {
+    let extra = value_dim_keys(devices).into_iter().chain(class_keys());
+    for key in extra.chain(narrow_cache_decodes(devices)) {
         if sources.insert(key.wgsl_for(WgslConsumer::Naga)) {
             keys.push(key);
         }
@@ -198,6 +200,46 @@ fn value_dim_keys(devices: &[Device]) -> Vec<KernelKey> {
         2,
         last,
     ));
+    out
+}
+
+/// The decode kernels reading an 8-bit cache in narrow columns (half a 16-byte word: the GPUs
+/// whose decode takes one-word columns, `GpuClass::decode_max_words`) at [`CACHE_DIMS`], on the
+/// last device, in the first element format their cache keys above take: the loads' code
+/// differs from the 16-byte columns' in the column's width only.
+fn narrow_cache_decodes(devices: &[Device]) -> Vec<KernelKey> {
+    let Some(device) = devices.last() else {
+        return Vec::new();
+    };
+    let cw = super::wgsl::cache_column_vec4s(1);
+    let mut out = Vec::new();
+    for kernel in Kernel::ALL
+        .into_iter()
+        .filter(|k| k.is_decode() && k.reads_kv_cache())
+    {
+        for head_dim in CACHE_DIMS {
+            let tiles = choose_tiles(kernel, head_dim, device.caps)
+                .unwrap_or_else(|e| panic!("{kernel:?} at head_dim {head_dim}: {e}"));
+            let sg = device.subgroup;
+            let sg = match sg > 1
+                && (head_dim.div_ceil(4) / cw).is_multiple_of(sg)
+                && sg.is_multiple_of(cw)
+            {
+                true => sg,
+                false => 0,
+            };
+            let Some(&key) = variants_of(kernel, head_dim, tiles, sg, false).first() else {
+                continue;
+            };
+            for f in CacheFormat::ALL {
+                out.push(KernelKey {
+                    kv: Some(f),
+                    wide: 1,
+                    ..key
+                });
+            }
+        }
+    }
     out
 }
 
@@ -322,8 +364,9 @@ fn variants_of(
                 && kernel.reads_kv_cache()
             {
                 for f in CacheFormat::ALL {
-                    // the decode kernel's columns are 16-byte words of 16 bytes
-                    let cw = super::wgsl::CACHE_COLUMN_VEC4S;
+                    // the decode kernel's columns are 16-byte words of 16 bytes (the narrow
+                    // columns of some GPUs: `narrow_cache_decodes` below)
+                    let cw = super::wgsl::cache_column_vec4s(0);
                     let d4 = head_dim.div_ceil(4);
                     let sg = subgroup > 1
                         && (d4 / cw).is_multiple_of(subgroup)

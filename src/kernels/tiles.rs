@@ -89,6 +89,9 @@ pub enum GpuClass {
     /// Qualcomm's Adreno (vendor 0x5143): ir3 runs the default blocks forward at 2 waves a core
     /// and spills its f32 form at head dim 128: [`ADRENO_TILES`].
     Adreno,
+    /// NVIDIA's GPUs (vendor 0x10DE: NVIDIA's driver, NVK): the default blocks tiles; the
+    /// decode reads K and V in one-word columns ([`GpuClass::decode_max_words`]).
+    Nvidia,
 }
 
 impl GpuClass {
@@ -100,6 +103,7 @@ impl GpuClass {
             _ if cpu => GpuClass::Other,
             0x106B => GpuClass::Apple,
             0x5143 => GpuClass::Adreno,
+            0x10DE => GpuClass::Nvidia,
             _ if name.starts_with("Apple") => GpuClass::Apple,
             _ if name.contains("Adreno") => GpuClass::Adreno,
             // GCN, Vega, CDNA: wave64 only (RDNA offers 32..64; NVIDIA 32, Intel 8..32)
@@ -113,7 +117,7 @@ impl GpuClass {
     /// least the call's.
     pub fn blocks_tiles(self) -> &'static [(Pass, u32, BlocksEntry)] {
         match self {
-            GpuClass::Other => &[],
+            GpuClass::Other | GpuClass::Nvidia => &[],
             GpuClass::Wave64Cu => &WAVE64_CU_TILES,
             GpuClass::Apple => &APPLE_TILES,
             GpuClass::Adreno => &ADRENO_TILES,
@@ -122,13 +126,18 @@ impl GpuClass {
 
     /// The widest columns (16-byte words) the decode kernel reads K and V in on this class, for
     /// values of up to 256 dims (`plan::decode::wide_words`): each output row keeps a column's
-    /// sums in registers (f16 at 2 words: 4 vec4s a row), and on Apple's GPUs 1 word takes the
-    /// f16 decode from 112-116 registers to 80 (448 threads a core to 640) and the f32 decode
-    /// from 84 to 60 (576 to 832; AGX's statistics, docs/log/compilers.md).
+    /// sums in registers (f16 at 2 words: 4 vec4s a row), and 1 word halves them; the 8-bit
+    /// caches' decode reads half a 16-byte word a column there (`plan::quantized::read_cache`).
+    /// Measured (docs/log/compilers.md): on Apple's GPUs (AGX) the f16 decode 112-116 registers
+    /// to 80 (448 threads a core to 640), f32 84 to 60 (576 to 832), 8-bit 124-128 to 80-84
+    /// (384 to 576-640, E4M3's 2 spills gone); on NVIDIA's (NAK, GA100) f16 168-176 to 96-104
+    /// (8-12 warps an SM to 16-20), f32 104 to 56-64 (16 to 32-36), 8-bit 176 to 104 (8 to
+    /// 16); on wave64 GCN (ACO 26.1, vega20) f16 and 8-bit 256 VGPRs to 128 (1 wave a SIMD
+    /// to 2).
     pub fn decode_max_words(self) -> u32 {
         match self {
-            GpuClass::Apple => 1,
-            _ => 2,
+            GpuClass::Apple | GpuClass::Nvidia | GpuClass::Wave64Cu => 1,
+            GpuClass::Other | GpuClass::Adreno => 2,
         }
     }
 

@@ -168,7 +168,11 @@ impl KernelKey {
             self.tiles.rpt,
             super::flags::names(self.runtime),
             super::flags::names(self.flags),
-            if self.wide > 0 { " wide" } else { "" },
+            match (self.wide, self.kv.is_some()) {
+                (0, _) | (2, true) => "",
+                (1, true) => " narrow",
+                _ => " wide",
+            },
             match (self.keeps_grads, self.keeps_scores) {
                 (_, true) => " keeps_grads_scores",
                 (true, false) => " keeps_grads",
@@ -299,7 +303,7 @@ impl KernelKey {
     /// words of 8 halves (two vec4s each) or 4 floats; one without wide reads.
     pub fn wide_vec4s(&self) -> u32 {
         if self.kv.is_some() {
-            return CACHE_COLUMN_VEC4S;
+            return cache_column_vec4s(self.wide);
         }
         column_vec4s(self.wide, self.elem == ElemFormat::F32)
     }
@@ -338,7 +342,8 @@ impl KernelKey {
             } else if self.reads_wide(b) {
                 s.push_str(&wide_wgsl(slot, b.name, self.elem, self.wide));
             } else if self.reads_cache(b) {
-                s.push_str(&cache_wgsl(slot, b.name, self.kernel.is_decode()));
+                let columns = self.kernel.is_decode().then(|| self.wide_vec4s());
+                s.push_str(&cache_wgsl(slot, b.name, columns));
             } else {
                 s.push_str(&binding_wgsl(slot, b, self.elem));
             }
@@ -843,17 +848,27 @@ fn wide_wgsl(slot: u32, n: &str, elem: ElemFormat, words: u32) -> String {
         )
 }
 
-/// The vec4s of f32 a column of an 8-bit cache's reads holds: one 16-byte word of 16 bytes.
-pub const CACHE_COLUMN_VEC4S: u32 = 4;
+/// The vec4s of f32 a column of the decode kernel's reads of an 8-bit cache holds, by
+/// `KernelKey::wide`: 16 bytes (4 vec4s: one 16-byte word; `wide` 0 or 2, the default), or 8
+/// (2 vec4s: half a word, `wide` 1, on the GPUs whose registers hold only half as many sums
+/// a row: `GpuClass::decode_max_words`).
+pub fn cache_column_vec4s(wide: u32) -> u32 {
+    if wide == 1 {
+        2
+    } else {
+        4
+    }
+}
 
 /// K or V in an 8-bit cache (`KernelKey::kv`; shaders/kv_format.wgsl) as 16-byte words:
 /// `load_<name>(i)` element i of the f32 cache's layout (records of HEAD_DIM elements, the
 /// values' of HEAD_DIM_V), its
 /// byte times its scale (q8_0: its block's f16 in the record after the data; E4M3: its kv
-/// head's f32 in the header); for decode kernels (`columns`) `loadc_<name>(base, c)` column c
-/// (16 elements, one word) of the record starting at element `base`, unscaled, and
-/// `colscale_<name>(base, c)` the column's scale, which the kernel applies once per column.
-fn cache_wgsl(slot: u32, n: &str, columns: bool) -> String {
+/// head's f32 in the header); for decode kernels (`columns`: the vec4s a column holds,
+/// [`cache_column_vec4s`]) `loadc_<name>(base, c)` column c (4 or 2 words of 4 bytes) of the
+/// record starting at element `base`, unscaled, and `colscale_<name>(base, c)` the column's
+/// scale, which the kernel applies once per column (a column lies in one q8_0 block of 32).
+fn cache_wgsl(slot: u32, n: &str, columns: Option<u32>) -> String {
     // its records: the values' are HEAD_DIM_V elements (KV_RW_V words), the keys' HEAD_DIM;
     // an MLA latent cache's values are read from the keys' records (v is k's buffer)
     let (dim, rw) = match dim_of(n) {
@@ -880,22 +895,36 @@ fn load_{n}(i: u32) -> f32 {{
 }}
 "
     );
-    if !columns {
+    let Some(cw) = columns else {
         return loads;
-    }
+    };
+    // a record starts on a whole 16-byte word (KV_RW is a multiple of 4 words)
+    let read = if cw == 4 {
+        format!(
+            "    let w = {n}[(at >> 2u) + c];
+                 return array<vec4<f32>, CW>(kv_bytes(w.x), kv_bytes(w.y), kv_bytes(w.z), kv_bytes(w.w));
+"
+        )
+    } else {
+        format!(
+            "    let w = {n}[(at >> 2u) + c / 2u];
+                 let h = select(w.xy, w.zw, (c & 1u) == 1u);
+                 return array<vec4<f32>, CW>(kv_bytes(h.x), kv_bytes(h.y));
+"
+        )
+    };
     loads
         + &format!(
             "fn loadc_{n}(base: u32, c: u32) -> array<vec4<f32>, CW> {{
     let rec = base / {dim};
     let at = kv_header() + rec * {rw};
-    let w = {n}[(at >> 2u) + c];
-    return array<vec4<f32>, CW>(kv_bytes(w.x), kv_bytes(w.y), kv_bytes(w.z), kv_bytes(w.w));
-}}
+{read}}}
 fn colscale_{n}(base: u32, c: u32) -> f32 {{
     let rec = base / {dim};
-    return kv_scale_{n}(rec, kv_header() + rec * {rw}, 16u * c);
+    return kv_scale_{n}(rec, kv_header() + rec * {rw}, {}u * c);
 }}
-"
+",
+            4 * cw
         )
 }
 

@@ -6,15 +6,17 @@ use super::{decode, BufRef, Plan, PlanEnv, Step};
 use crate::config::AttentionConfig;
 use crate::dtype::{DType, ElemFormat};
 use crate::error::{Error, Result};
-use crate::kernels::wgsl::{CACHE_COLUMN_VEC4S, ELEMENTWISE_WORKGROUP};
+use crate::kernels::wgsl::{cache_column_vec4s, ELEMENTWISE_WORKGROUP};
 use crate::kernels::{Kernel, KernelKey, Params};
 use crate::kv_format::CacheFormat;
 
 /// Switches every step of `plan` (a forward plan of `cfg`, inputs q, k, v) that reads K or V
 /// to the cache format `f` (caches of `cfg.kv_shape()` and `cfg.v_shape()`: records of
-/// head_dim and of head_dim_v elements, `KV_RW` and `KV_RW_V` words). The decode kernel reads a 16-byte
-/// word a column, so its subgroup is chosen again for that width. A plan that binds the caches
-/// in windows (a cache past one binding) is a typed `DeviceLimit`.
+/// head_dim and of head_dim_v elements, `KV_RW` and `KV_RW_V` words). The decode kernel reads a
+/// 16-byte word a column, or half of one on the GPUs whose decode takes one-word columns of
+/// halves (`GpuClass::decode_max_words`: the same 2 vec4s of sums a row) where values of 256
+/// dims or fewer leave every column an invocation; its subgroup is chosen again for that width.
+/// A plan that binds the caches in windows (a cache past one binding) is a typed `DeviceLimit`.
 pub fn read_cache(
     plan: &mut Plan,
     f: CacheFormat,
@@ -43,8 +45,12 @@ pub fn read_cache(
         }
         k.kv = Some(f);
         if k.kernel.is_decode() {
-            k.wide = 0;
-            k.subgroup = decode::decode_subgroup(cfg, k.tiles, env, CACHE_COLUMN_VEC4S);
+            k.wide = if env.caps.gpu.decode_max_words() == 1 && cfg.dv() <= 256 {
+                1
+            } else {
+                0
+            };
+            k.subgroup = decode::decode_subgroup(cfg, k.tiles, env, cache_column_vec4s(k.wide));
         }
     }
     Ok(())

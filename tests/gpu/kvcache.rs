@@ -287,6 +287,43 @@ fn every_forward_family_reads_an_8_bit_cache_as_the_reference() {
 }
 
 #[test]
+fn eight_bit_caches_decode_in_narrow_columns_where_the_gpu_takes_them() {
+    // NVIDIA's, Apple's and wave64 GPUs read K and V in half-word columns of an 8-bit cache
+    // (GpuClass::decode_max_words: half the sums a row in registers); planned so here, rows
+    // past each length NaN: a decode step appended and attended as the reference, on the
+    // subgroup path (where the adapter has one) and on the one without lanes
+    use flash_attn_wgpu::unstable::kernels::GpuClass;
+    use flash_attn_wgpu::unstable::plan;
+    use flash_attn_wgpu::CacheFormat;
+    let x = Context::new().unwrap();
+    x.plan_as_gpu(Some(GpuClass::Nvidia));
+    let base = x.tuning();
+    let mut c = cfg(2, 1, 80, 8, 2, 128, true);
+    c.kv_splits = Some(2);
+    let cases = [(CacheFormat::Q8_0, [0, 61]), (CacheFormat::E4M3, [37, 76])];
+    for rows_subgroup in [base.rows_subgroup, 0] {
+        x.set_tuning(Tuning {
+            rows_subgroup,
+            ..base
+        })
+        .unwrap();
+        for (f, lens) in cases {
+            let e = quantized_append_and_attend::<_, f32>(&x, &c, &lens, 1, (f, None));
+            eprintln!("{f} narrow, subgroup tuning {rows_subgroup}: largest |out - reference| / max|out| {e:.2e}");
+            // the plan took the narrow columns: 2 vec4s (8 bytes) a column
+            let env = x.plan_env();
+            let mut p = plan::forward(&c, DType::F32, &env).unwrap();
+            plan::quantized::read_cache(&mut p, f, &c, &env).unwrap();
+            let decode = p.steps.iter().find(|s| s.key.kernel.is_decode()).unwrap();
+            assert_eq!((decode.key.wide, decode.key.wide_vec4s()), (1, 2), "{f}");
+            if rows_subgroup == 0 {
+                assert_eq!(decode.key.subgroup, 0, "{f}: the path without lanes");
+            }
+        }
+    }
+}
+
+#[test]
 fn bad_8_bit_cache_arguments_are_typed_errors() {
     use flash_attn_wgpu::CacheFormat;
     let x = ctx();
