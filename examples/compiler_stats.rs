@@ -368,15 +368,6 @@ const MISSES: &[Miss] = &[
               two each); the registers allow 4 (issue 67: less workgroup memory a wave)",
     },
     Miss {
-        compiler: Compiler::Nak,
-        driver: "",
-        kernels: blocks_dkdv,
-        measure: Measure::Occupancy,
-        worst: 6.0,
-        why: "the f32 blocks dK/dV at head dim 64 (176 registers, 43 KiB a CTA of 2 warps): \
-              3 CTAs an SM by shared memory",
-    },
-    Miss {
         compiler: Compiler::Ir3,
         driver: "",
         kernels: blocks_f32_dkdv_d128,

@@ -35,8 +35,9 @@ export FLASH_ATTN_REQUIRE_WGPU=1
 # dK/dV and dQ at 8x8x8, about 16 s of test time), on lavapipe 26.1, whose LLVM 19 compiles
 # a pipeline in about a third of 25.0.7's time: 521 in all. 540 since the decode of an 8-bit
 # cache in narrow columns (NVIDIA, Apple, wave64 GCN: tests/gpu/kvcache.rs, q8_0 and E4M3, with
-# and without lanes): 4 more, and the figure had reached 525-527 (docs/TESTING.md).
-CI_PIPELINE_BUDGET=${CI_PIPELINE_BUDGET:-540}
+# and without lanes): 4 more, and the figure had reached 525-527 (docs/TESTING.md). 545 since
+# NVIDIA's blocks tiles (tests/gpu/variants.rs, at head dims 64 and 96): up to 6 more.
+CI_PIPELINE_BUDGET=${CI_PIPELINE_BUDGET:-545}
 plog=$(mktemp -d)
 trap 'rm -rf "$plog"' EXIT
 export FLASH_ATTN_PIPELINE_LOG=$plog

@@ -75,7 +75,8 @@ pub fn devices() -> [Device; 3] {
 /// 1,035: the coop family at 8x8x8 (issue 66: lavapipe 26's cooperative matrices, as Apple
 /// GPUs' through Metal), 16 more (1,031). 1,040: the decode kernels reading an 8-bit cache in
 /// narrow columns (`narrow_cache_decodes`: NVIDIA, Apple and wave64 GCN), 7 more (1,038).
-pub const PIPELINE_BUDGET: usize = 1040;
+/// 1,045: NVIDIA's blocks tiles (`tiles::NVIDIA_TILES`), 4 more (1,042).
+pub const PIPELINE_BUDGET: usize = 1045;
 
 /// Every pipeline the plans can ask for on `devices`, over [`HEAD_DIMS`] and the samples
 /// `variants_of` takes, one key per distinct source.

@@ -89,8 +89,9 @@ pub enum GpuClass {
     /// Qualcomm's Adreno (vendor 0x5143): ir3 runs the default blocks forward at 2 waves a core
     /// and spills its f32 form at head dim 128: [`ADRENO_TILES`].
     Adreno,
-    /// NVIDIA's GPUs (vendor 0x10DE: NVIDIA's driver, NVK): the default blocks tiles; the
-    /// decode reads K and V in one-word columns ([`GpuClass::decode_max_words`]).
+    /// NVIDIA's GPUs (vendor 0x10DE: NVIDIA's driver, NVK): NAK runs the default blocks
+    /// tiles at 6-16 warps an SM: [`NVIDIA_TILES`]; the decode reads K and V in one-word
+    /// columns ([`GpuClass::decode_max_words`]).
     Nvidia,
 }
 
@@ -117,8 +118,9 @@ impl GpuClass {
     /// least the call's.
     pub fn blocks_tiles(self) -> &'static [(Pass, u32, BlocksEntry)] {
         match self {
-            GpuClass::Other | GpuClass::Nvidia => &[],
+            GpuClass::Other => &[],
             GpuClass::Wave64Cu => &WAVE64_CU_TILES,
+            GpuClass::Nvidia => &NVIDIA_TILES,
             GpuClass::Apple => &APPLE_TILES,
             GpuClass::Adreno => &ADRENO_TILES,
         }
@@ -142,7 +144,12 @@ impl GpuClass {
     }
 
     /// Every class with tiles of its own.
-    pub const TABLED: [GpuClass; 3] = [GpuClass::Wave64Cu, GpuClass::Apple, GpuClass::Adreno];
+    pub const TABLED: [GpuClass; 4] = [
+        GpuClass::Wave64Cu,
+        GpuClass::Apple,
+        GpuClass::Adreno,
+        GpuClass::Nvidia,
+    ];
 }
 
 /// [`DeviceCaps::private_floats`] on a GPU.
@@ -201,6 +208,23 @@ pub const APPLE_TILES: [(Pass, u32, BlocksEntry); 6] = [
 pub const ADRENO_TILES: [(Pass, u32, BlocksEntry); 2] = [
     (Pass::Forward, 64, (32, 32, 16, 2)),
     (Pass::Forward, 128, (16, 16, 16, 1)),
+];
+
+/// The blocks kernels' tiles on NVIDIA's GPUs ([`GpuClass::Nvidia`]), from NAK's statistics on
+/// the GA100 (`compiler_stats --search`, docs/log/compilers.md, "NVIDIA tiles"): of the tiles
+/// with no spills, at least 16 warps an SM and at most 48 KiB (NVIDIA's default for a
+/// workgroup), the highest fraction of peak in the inner-loop model (`device::isa`), the larger
+/// tile where two are within 0.02 (it reads K and V fewer times). The defaults: 6-16 warps,
+/// 0.05-0.08; these 28-40 warps (dK/dV and dQ at head dim 64: 16 and 24), 0.13-0.23. At head
+/// dim 128 the backward tiles take 35 KiB: on a GPU of 32 KiB the chooser goes on to the
+/// default candidates.
+pub const NVIDIA_TILES: [(Pass, u32, BlocksEntry); 6] = [
+    (Pass::Forward, 64, (32, 32, 16, 2)),
+    (Pass::Forward, 128, (16, 16, 16, 1)),
+    (Pass::DkDv, 64, (16, 16, 8, 2)),
+    (Pass::DkDv, 128, (16, 16, 16, 1)),
+    (Pass::Dq, 64, (16, 16, 8, 2)),
+    (Pass::Dq, 128, (16, 16, 16, 1)),
 ];
 
 /// Invocations of a coop workgroup: a multiple of every subgroup size (4 subgroups of 32, 2
@@ -763,6 +787,10 @@ mod tests {
             GpuClass::Adreno
         );
         assert_eq!(
+            GpuClass::of(0x10DE, "NVIDIA H100 80GB HBM3", (32, 32), false),
+            GpuClass::Nvidia
+        );
+        assert_eq!(
             GpuClass::of(0x1002, "AMD Radeon", (64, 64), false),
             GpuClass::Wave64Cu
         );
@@ -774,11 +802,14 @@ mod tests {
             GpuClass::of(0x10005, "llvmpipe", (8, 8), true),
             GpuClass::Other
         );
-        // the tables' tiles fit the 32 KiB and 1,024 invocations of an M1 and an Adreno 730,
-        // and are what the chooser takes there
+        // the tables' tiles fit the 32 KiB and 1,024 invocations of an M1 and an Adreno 730
+        // (NVIDIA's 48 KiB), and are what the chooser takes there
         for gpu in GpuClass::TABLED {
             let caps = DeviceCaps {
-                max_workgroup_storage_bytes: 32768,
+                max_workgroup_storage_bytes: match gpu {
+                    GpuClass::Nvidia => 49152,
+                    _ => 32768,
+                },
                 max_invocations_per_workgroup: 1024,
                 gpu,
                 ..DeviceCaps::WEBGPU_DEFAULT

@@ -169,6 +169,44 @@ fn the_blocks_tiles_of_apple_gpus_match_the_reference() {
 }
 
 #[test]
+fn the_blocks_tiles_of_nvidia_gpus_match_the_reference() {
+    // NVIDIA's GPUs take their own blocks tiles (kernels::tiles::NVIDIA_TILES, from NAK's
+    // statistics: 16-40 warps an SM): the forward at head dim 64 is the wave64 GPUs' (the
+    // test above), the 16 x 16 backward tiles of 2 rows an invocation NVIDIA's alone; the
+    // entries for head dim 128 take 35 KiB in the backward passes, more than lavapipe's
+    // 32 KiB, and run here at head dim 96, which the same entries serve
+    let ctx = Context::new().expect("context");
+    ctx.plan_as_gpu(Some(GpuClass::Nvidia));
+    ctx.set_tuning(Tuning {
+        variant: Variant::Blocks,
+        ..ctx.tuning()
+    })
+    .unwrap();
+    let env = ctx.plan_env();
+    for (c, want) in [
+        (cfg(2, 77, 61, 4, 2, 64, true), [(16, 16, 8), (16, 16, 8)]),
+        (
+            cfg(1, 45, 70, 2, 1, 96, false),
+            [(16, 16, 16), (16, 16, 16)],
+        ),
+    ] {
+        check_with_its_tuning(&ctx, &c);
+        // the planner took the table's tiles, not the adapter's own
+        let plan = flash_attn_wgpu::unstable::plan::backward(&c, flash_attn_wgpu::DType::F32, &env)
+            .unwrap();
+        for (pass, want) in [Pass::DkDv, Pass::Dq].into_iter().zip(want) {
+            let step = plan
+                .steps
+                .iter()
+                .find(|s| s.key.kernel == Kernel::Flash(Variant::Blocks, pass))
+                .unwrap();
+            let t = step.key.tiles;
+            assert_eq!((t.br, t.bc, t.tpr), want, "{pass:?} at {}", c.head_dim);
+        }
+    }
+}
+
+#[test]
 #[ignore = "full tier: scripts/test-full.sh (docs/TESTING.md)"]
 fn every_variant_handles_odd_and_large_head_dims() {
     for d in [1, 13, 80, 256] {
