@@ -80,6 +80,37 @@ fn check_with_its_tuning(ctx: &Context, c: &AttentionConfig) {
     assert_close("dv", &g.dv, &want_g.dv, &msg);
 }
 
+/// A context of its own that plans as a GPU of `class` (its blocks tiles: `plan_as_gpu`),
+/// with the blocks family forced.
+fn blocks_context_as(class: GpuClass) -> Context {
+    let ctx = Context::new().expect("context");
+    ctx.plan_as_gpu(Some(class));
+    ctx.set_tuning(Tuning {
+        variant: Variant::Blocks,
+        ..ctx.tuning()
+    })
+    .unwrap();
+    ctx
+}
+
+/// (br, bc, tpr) of the blocks kernel of `pass` in `ctx`'s f32 plan of `c` (forward or
+/// backward, as `pass` is).
+fn planned_blocks_tiles(ctx: &Context, c: &AttentionConfig, pass: Pass) -> (u32, u32, u32) {
+    use flash_attn_wgpu::unstable::plan;
+    let env = ctx.plan_env();
+    let p = match pass {
+        Pass::Forward => plan::forward(c, flash_attn_wgpu::DType::F32, &env),
+        _ => plan::backward(c, flash_attn_wgpu::DType::F32, &env),
+    }
+    .unwrap();
+    let step = p
+        .steps
+        .iter()
+        .find(|s| s.key.kernel == Kernel::Flash(Variant::Blocks, pass))
+        .unwrap();
+    (step.key.tiles.br, step.key.tiles.bc, step.key.tiles.tpr)
+}
+
 #[test]
 fn every_variant_matches_reference_at_odd_sizes() {
     check_all_tunings(&cfg(2, 77, 61, 4, 2, 64, false), 1.0);
@@ -91,13 +122,7 @@ fn the_blocks_tiles_of_wave64_gpus_match_the_reference() {
     // AMD's GCN, Vega and CDNA take other blocks tiles (kernels::tiles::WAVE64_CU_TILES:
     // 32 x 32 forwards, 16 x 16 and 8 x 4 backward passes, chosen from AMD's compiler's
     // statistics for two waves a SIMD); lavapipe runs them when asked to plan as such a GPU
-    let ctx = Context::new().expect("context");
-    ctx.plan_as_wave64_gpu(true);
-    ctx.set_tuning(Tuning {
-        variant: Variant::Blocks,
-        ..ctx.tuning()
-    })
-    .unwrap();
+    let ctx = blocks_context_as(GpuClass::Wave64Cu);
     for c in [
         cfg(2, 77, 61, 4, 2, 64, true),
         cfg(1, 45, 70, 2, 1, 128, false),
@@ -105,19 +130,8 @@ fn the_blocks_tiles_of_wave64_gpus_match_the_reference() {
         check_with_its_tuning(&ctx, &c);
     }
     // the planner took the table's tiles, not the adapter's own
-    let env = ctx.plan_env();
     let c = cfg(2, 77, 61, 4, 2, 64, true);
-    let plan =
-        flash_attn_wgpu::unstable::plan::forward(&c, flash_attn_wgpu::DType::F32, &env).unwrap();
-    let fwd = plan
-        .steps
-        .iter()
-        .find(|s| s.key.kernel == Kernel::Flash(Variant::Blocks, Pass::Forward))
-        .unwrap();
-    assert_eq!(
-        (fwd.key.tiles.br, fwd.key.tiles.bc, fwd.key.tiles.tpr),
-        (32, 32, 16)
-    );
+    assert_eq!(planned_blocks_tiles(&ctx, &c, Pass::Forward), (32, 32, 16));
 }
 
 #[test]
@@ -125,31 +139,14 @@ fn the_blocks_tiles_of_apple_gpus_match_the_reference() {
     // Apple's GPUs take their own blocks tiles (kernels::tiles::APPLE_TILES, from AGX's
     // statistics: no spills, 512 threads a core); those at head dim 64, and Adreno's, are the
     // wave64 GPUs' (the test above): the 8 x 8 dK/dV and dQ tiles at 128 are Apple's alone
-    let ctx = Context::new().expect("context");
-    ctx.plan_as_gpu(Some(GpuClass::Apple));
-    ctx.set_tuning(Tuning {
-        variant: Variant::Blocks,
-        ..ctx.tuning()
-    })
-    .unwrap();
+    let ctx = blocks_context_as(GpuClass::Apple);
     let c = cfg(1, 45, 70, 2, 1, 128, true);
     check_with_its_tuning(&ctx, &c);
     // the planner took the table's tiles, not the adapter's own
-    let env = ctx.plan_env();
-    let plan =
-        flash_attn_wgpu::unstable::plan::backward(&c, flash_attn_wgpu::DType::F32, &env).unwrap();
     for pass in [Pass::DkDv, Pass::Dq] {
-        let step = plan
-            .steps
-            .iter()
-            .find(|s| s.key.kernel == Kernel::Flash(Variant::Blocks, pass))
-            .unwrap();
-        assert_eq!(
-            (step.key.tiles.br, step.key.tiles.bc, step.key.tiles.tpr),
-            (8, 8, 8),
-            "{pass:?}"
-        );
+        assert_eq!(planned_blocks_tiles(&ctx, &c, pass), (8, 8, 8), "{pass:?}");
     }
+    let env = ctx.plan_env();
     // the decode reads K and V in columns of one 16-byte word there (GpuClass::decode_max_words)
     let c = cfg(1, 1, 150, 4, 1, 128, false);
     let data = inputs(&c, 1.0);
@@ -175,33 +172,16 @@ fn the_blocks_tiles_of_nvidia_gpus_match_the_reference() {
     // test above), the 16 x 16 backward tiles of 2 rows an invocation NVIDIA's alone; the
     // entries for head dim 128 take 35 KiB in the backward passes, more than lavapipe's
     // 32 KiB, and run here at head dim 96, which the same entries serve
-    let ctx = Context::new().expect("context");
-    ctx.plan_as_gpu(Some(GpuClass::Nvidia));
-    ctx.set_tuning(Tuning {
-        variant: Variant::Blocks,
-        ..ctx.tuning()
-    })
-    .unwrap();
-    let env = ctx.plan_env();
+    let ctx = blocks_context_as(GpuClass::Nvidia);
     for (c, want) in [
-        (cfg(2, 77, 61, 4, 2, 64, true), [(16, 16, 8), (16, 16, 8)]),
-        (
-            cfg(1, 45, 70, 2, 1, 96, false),
-            [(16, 16, 16), (16, 16, 16)],
-        ),
+        (cfg(2, 77, 61, 4, 2, 64, true), (16, 16, 8)),
+        (cfg(1, 45, 70, 2, 1, 96, false), (16, 16, 16)),
     ] {
         check_with_its_tuning(&ctx, &c);
         // the planner took the table's tiles, not the adapter's own
-        let plan = flash_attn_wgpu::unstable::plan::backward(&c, flash_attn_wgpu::DType::F32, &env)
-            .unwrap();
-        for (pass, want) in [Pass::DkDv, Pass::Dq].into_iter().zip(want) {
-            let step = plan
-                .steps
-                .iter()
-                .find(|s| s.key.kernel == Kernel::Flash(Variant::Blocks, pass))
-                .unwrap();
-            let t = step.key.tiles;
-            assert_eq!((t.br, t.bc, t.tpr), want, "{pass:?} at {}", c.head_dim);
+        for pass in [Pass::DkDv, Pass::Dq] {
+            let have = planned_blocks_tiles(&ctx, &c, pass);
+            assert_eq!(have, want, "{pass:?} at {}", c.head_dim);
         }
     }
 }
