@@ -7,13 +7,16 @@
 # scripts/public-api (the public-api crate). In the suite's target folder, after its `cargo
 # doc`, whose checked dependencies it reads: RUSTC_BOOTSTRAP reaches rustdoc alone
 # (scripts/rustdoc-unstable.sh as RUSTDOC), so no build script reruns and no build's
-# fingerprints move (83 s in a target folder of its own, cold).
+# fingerprints move (83 s in a target folder of its own, cold). `cargo doc` over the
+# workspace's default members, as the suite's: `cargo rustdoc -p flash-attn-wgpu` would leave
+# out the harness's features (harness/Cargo.toml: those of the MPI build) and check every
+# dependency again (45 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "public-api: $*" >&2; }
 out=${CARGO_TARGET_DIR:-target}
-RUSTDOC="$PWD/scripts/rustdoc-unstable.sh" cargo rustdoc --quiet -p flash-attn-wgpu --lib \
-    --features cuda -- -Z unstable-options --output-format json
+RUSTDOC="$PWD/scripts/rustdoc-unstable.sh" RUSTDOCFLAGS="-Z unstable-options --output-format json" \
+    cargo doc --quiet --no-deps --features cuda
 json="$out/doc/flash_attn_wgpu.json"
 format=$(grep -o '"format_version":[0-9]*' "$json" | cut -d: -f2)
 if [ "$format" != 57 ]; then
