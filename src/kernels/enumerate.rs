@@ -221,14 +221,7 @@ fn narrow_cache_decodes(devices: &[Device]) -> Vec<KernelKey> {
         for head_dim in CACHE_DIMS {
             let tiles = choose_tiles(kernel, head_dim, device.caps)
                 .unwrap_or_else(|e| panic!("{kernel:?} at head_dim {head_dim}: {e}"));
-            let sg = device.subgroup;
-            let sg = match sg > 1
-                && (head_dim.div_ceil(4) / cw).is_multiple_of(sg)
-                && sg.is_multiple_of(cw)
-            {
-                true => sg,
-                false => 0,
-            };
+            let sg = cache_decode_subgroup(head_dim, device.subgroup, cw);
             let Some(&key) = variants_of(kernel, head_dim, tiles, sg, false).first() else {
                 continue;
             };
@@ -242,6 +235,20 @@ fn narrow_cache_decodes(devices: &[Device]) -> Vec<KernelKey> {
         }
     }
     out
+}
+
+/// The subgroup a decode kernel reading an 8-bit cache in columns of `cw` vec4s keeps at
+/// `head_dim` on an adapter of `subgroup` (`plan::decode::decode_subgroup`'s conditions on
+/// the column: every lane a whole number of columns), else 0.
+fn cache_decode_subgroup(head_dim: u32, subgroup: u32, cw: u32) -> u32 {
+    let fits = subgroup > 1
+        && (head_dim.div_ceil(4) / cw).is_multiple_of(subgroup)
+        && subgroup.is_multiple_of(cw);
+    if fits {
+        subgroup
+    } else {
+        0
+    }
 }
 
 /// Head dims of q/k and of v at which the list takes the kernels that read values apart.
@@ -368,14 +375,10 @@ fn variants_of(
                     // the decode kernel's columns are 16-byte words of 16 bytes (the narrow
                     // columns of some GPUs: `narrow_cache_decodes` below)
                     let cw = super::wgsl::cache_column_vec4s(0);
-                    let d4 = head_dim.div_ceil(4);
-                    let sg = subgroup > 1
-                        && (d4 / cw).is_multiple_of(subgroup)
-                        && subgroup.is_multiple_of(cw);
                     out.push(KernelKey {
                         kv: Some(f),
-                        subgroup: if kernel.is_decode() && !sg {
-                            0
+                        subgroup: if kernel.is_decode() {
+                            cache_decode_subgroup(head_dim, subgroup, cw)
                         } else {
                             subgroup
                         },

@@ -90,6 +90,17 @@ pub fn kv_splits(unsplit_workgroups: usize, seq_kv: usize, max_splits: usize) ->
     by_fill.min(by_keys).min(max_splits).clamp(1, MAX_KV_SPLITS)
 }
 
+/// The widest columns (16-byte words) the decode kernel of `cfg` may read K and V in on the
+/// adapter: its class's (`GpuClass::decode_max_words`) where values of 256 dims or fewer leave
+/// every column an invocation at any width (`columns_fit`), else 2.
+pub fn max_words(cfg: &AttentionConfig, env: &PlanEnv) -> u32 {
+    if cfg.dv() <= 256 {
+        env.caps.gpu.decode_max_words()
+    } else {
+        2
+    }
+}
+
 /// How the decode kernel reads K and V (`KernelKey::wide`: 16-byte words a column, 0 for
 /// element reads) and the subgroup size it shares reads across (`decode_subgroup`): the
 /// widest columns (2 words, then 1) whose words every row starts on (head_dim a multiple of
@@ -104,13 +115,7 @@ pub fn wide_words(cfg: &AttentionConfig, dtype: DType, tiles: Tiles, env: &PlanE
                 && env.offset_align.is_multiple_of(16))
     };
     let cols = |w: u32| crate::kernels::wgsl::column_vec4s(w, dtype == DType::F32);
-    // (a class's narrower columns only where values of 256 dims or fewer leave every column an
-    // invocation at any width: `columns_fit`)
-    let cap = if cfg.dv() <= 256 {
-        env.caps.gpu.decode_max_words()
-    } else {
-        2
-    };
+    let cap = max_words(cfg, env);
     let widths: Vec<u32> = [2u32, 1, 0]
         .into_iter()
         .filter(|&w| fits(w as usize) && w <= cap)

@@ -45,7 +45,7 @@ pub fn read_cache(
         }
         k.kv = Some(f);
         if k.kernel.is_decode() {
-            k.wide = if env.caps.gpu.decode_max_words() == 1 && cfg.dv() <= 256 {
+            k.wide = if decode::max_words(cfg, env) == 1 {
                 1
             } else {
                 0
