@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# The Python package in CI, as a user gets it: builds the abi3 wheel with maturin (release,
-# into target/python: python/.cargo/config.toml keeps builds out of python/), installs that
+# The Python package in CI, as a user gets it: builds the abi3 wheel with maturin, installs that
 # wheel into a fresh virtualenv outside the checkout with its test extra (pip resolves the
 # pins of python/requirements-dev.txt), and runs the pytest suite there, from a copy of the
 # tests outside the checkout (so that nothing imports the source tree), against the numpy f64
 # reference on the default adapter; then the example of user modifiers
 # (python/examples/flex.py, checked against numpy). The Mesa shader cache the suite filled
 # serves the pipelines: the SPIR-V is the same whatever the opt level. Arguments go to pytest.
+#
+# Which build: the full tier (FLASH_ATTN_TEST_FULL) builds the release wheel a user's `pip
+# install` builds, into target/python (python/.cargo/config.toml keeps builds out of
+# python/): 139-177 s cold on 2 cores, all of wgpu and naga at opt-level 3. The CI tier builds
+# the same source with the development profile in the suite's own target folder and the
+# suite's features (the package's `suite-build`), so that it compiles pyo3, numpy and this
+# package alone: about 60 s cold (docs/log/ci-time.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -15,7 +21,17 @@ log() { echo "python-check: $*" >&2; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 start=$SECONDS
-(cd python && ../.venv/bin/maturin build --release --quiet --out "$tmp/wheels")
+if [ -n "${FLASH_ATTN_TEST_FULL:-}" ]; then
+    (cd python && ../.venv/bin/maturin build --release --quiet --out "$tmp/wheels")
+else
+    (cd python && CARGO_TARGET_DIR="$repo/target" ../.venv/bin/maturin build --profile dev \
+        --features suite-build --out "$tmp/wheels" 2>"$tmp/build.log") ||
+        { cat "$tmp/build.log" >&2; exit 1; }
+    # the reuse is a matter of minutes, never of correctness: say when it failed
+    again=$(grep -oE 'Compiling (naga|wgpu-core|wgpu) ' "$tmp/build.log" | sort -u | tr -d '\n' || true)
+    [ -z "$again" ] || log "naga and wgpu compiled again (${again% }): the suite has not built in target/ yet, or" \
+        "the features of python/Cargo.toml's suite-build and harness/Cargo.toml disagree"
+fi
 wheel=$(ls "$tmp"/wheels/*.whl)
 case "$wheel" in
     *-cp39-abi3-manylinux*_x86_64.whl) ;;

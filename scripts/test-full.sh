@@ -22,3 +22,6 @@ bash scripts/swiftshader-tier.sh "$@"
 # The burn integration on both of burn's wgpu backends, fused and unfused (FLASH_ATTN_TEST_FULL
 # asks burn-check.sh for the second build the CI tier leaves out).
 bash scripts/burn-check.sh
+# The release wheel a user's `pip install ./python` builds, and pytest over it (the CI tier
+# builds the same source with the development profile: FLASH_ATTN_TEST_FULL, python-check.sh).
+bash scripts/python-check.sh
