@@ -76,7 +76,7 @@ struct Args {
     /// `VK_KHR_pipeline_executable_properties`), say so and succeed: the GPU run's step.
     #[arg(long)]
     or_skip: bool,
-    /// Compile every tile candidate of the blocks kernels (forward, dK/dV, dQ) at head dims
+    /// Compile every tile candidate of the blocks and coop kernels (forward, dK/dV, dQ) at head dims
     /// 64 and 128 that fits the (capped) workgroup memory, and print what each compiles to:
     /// the data a tile choice for this chip is made from.
     #[arg(long)]
@@ -345,9 +345,6 @@ struct Miss {
     why: &'static str,
 }
 
-fn coop(k: &KernelKey) -> bool {
-    k.kernel.is_coop()
-}
 fn blocks_dkdv(k: &KernelKey) -> bool {
     k.kernel == Kernel::Flash(Variant::Blocks, Pass::DkDv)
 }
@@ -356,27 +353,15 @@ fn blocks_f32_dkdv_d128(k: &KernelKey) -> bool {
 }
 
 /// The misses of 2026-12-07 (Mesa 26.1.6), each with its numbers.
-const MISSES: &[Miss] = &[
-    Miss {
-        compiler: Compiler::Aco,
-        driver: "Mesa 26.1",
-        kernels: coop,
-        measure: Measure::Occupancy,
-        worst: 2.0,
-        why: "the coop kernels' 37-54 KiB of workgroup memory for two wave64s: RADV 26.1 \
-              shares 64 KiB over a WGP's four SIMDs, one wave each (25.0.7: over a CU's two, \
-              two each); the registers allow 4 (issue 67: less workgroup memory a wave)",
-    },
-    Miss {
-        compiler: Compiler::Ir3,
-        driver: "",
-        kernels: blocks_f32_dkdv_d128,
-        measure: Measure::Spills,
-        worst: 9.0,
-        why: "the f32 blocks dK/dV at head dim 128 spills 9 private stores: every dK/dV tile \
+const MISSES: &[Miss] = &[Miss {
+    compiler: Compiler::Ir3,
+    driver: "",
+    kernels: blocks_f32_dkdv_d128,
+    measure: Measure::Spills,
+    worst: 9.0,
+    why: "the f32 blocks dK/dV at head dim 128 spills 9 private stores: every dK/dV tile \
               candidate spills there (9-694), the default least",
-    },
-];
+}];
 
 /// What `--check` fails on, one line each, and the known misses it met (`MISSES`), one line
 /// each. `driver`: the adapter's driver and its version.
@@ -658,8 +643,8 @@ fn json(chip: &str, adapter: &str, rows: &[Row]) -> serde_json::Value {
     serde_json::json!({ "chip": chip, "adapter": adapter, "pipelines": items })
 }
 
-/// `--search`: every fitting tile candidate of the blocks kernels at `--head-dims`, in f16 and
-/// f32, compiled, in the one vocabulary of every compiler (`Summary`; `cycles` is ACO's latency,
+/// `--search`: every fitting tile candidate of the blocks and coop kernels the planner picks at
+/// `--head-dims`, in f16 and f32, compiled, in the one vocabulary of every compiler (`Summary`; `cycles` is ACO's latency,
 /// NAK's static cycles or AGX's ALU estimate, `predicted` the modelled fraction of peak where
 /// the compiler has a model).
 fn search(ctx: &Context, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
@@ -693,7 +678,8 @@ fn search(ctx: &Context, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
             );
             let d = d as u32;
             let mut seen = BTreeSet::new();
-            for key in keys.into_iter().filter(|k| k.kernel.is_blocks_variant()) {
+            let searched = |k: &KernelKey| k.kernel.is_blocks_variant() || k.kernel.is_coop();
+            for key in keys.into_iter().filter(searched) {
                 for t in tile_candidates(key.kernel, d, env.caps)? {
                     let words = workgroup_words(key.kernel, d, t);
                     if words * 4 > env.caps.max_workgroup_storage_bytes

@@ -134,9 +134,9 @@ async fn probe(
     }
 }
 
-/// The (causal, head_dim) cases of the self-check: the forward tile shapes head_dim 64 and 128
-/// get on a 48 KiB device differ (64x32, 32x32; dK/dV 32x16), and 80 pads to whole
-/// cooperative blocks.
+/// The (causal, head_dim) cases of the self-check: head_dim 64 and 128 (the planned tiles are
+/// 16 x 16 at both; the products over head_dim take 4 and 8 fragments of 16, 8 and 16 of 8),
+/// and 80, which pads to whole cooperative blocks.
 const SELF_CHECK_CASES: [(bool, usize); 4] = [(false, 64), (true, 64), (true, 128), (false, 80)];
 
 impl Context {

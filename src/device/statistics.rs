@@ -519,6 +519,15 @@ impl Context {
             let report = match (layout, module) {
                 (Ok(layout), Ok(module)) => {
                     let entry = c"main";
+                    // the stage as wgpu-hal makes every compute pipeline (vulkan/device.rs),
+                    // so that what is measured is what runs: with subgroups enabled the
+                    // driver may pick its own subgroup size (RADV 25.0.7 and 26.1 still
+                    // compile compute at wave64 with it: the same statistics either way)
+                    let stage_flags = if self.device.features().contains(wgpu::Features::SUBGROUP) {
+                        vk::PipelineShaderStageCreateFlags::ALLOW_VARYING_SUBGROUP_SIZE
+                    } else {
+                        vk::PipelineShaderStageCreateFlags::empty()
+                    };
                     let info = vk::ComputePipelineCreateInfo::default()
                         .flags(
                             vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
@@ -526,6 +535,7 @@ impl Context {
                         )
                         .stage(
                             vk::PipelineShaderStageCreateInfo::default()
+                                .flags(stage_flags)
                                 .stage(vk::ShaderStageFlags::COMPUTE)
                                 .module(module)
                                 .name(entry),

@@ -403,7 +403,7 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
 }
 
 /// The tiles a tiled kernel may take on `caps`, in the chooser's order of preference (the
-/// largest first): [`choose_tiles`] takes the first whose workgroup memory and invocations
+/// largest first; the coop kernels' smallest first): [`choose_tiles`] takes the first whose workgroup memory and invocations
 /// fit; the compiler-statistics tool compiles them all to see what a driver makes of each.
 pub fn tile_candidates(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<Vec<Tiles>> {
     // (rows per workgroup, streamed rows per tile, rows per thread); the streamed count also
@@ -464,8 +464,15 @@ pub fn tile_candidates(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Resul
     }
     let candidates: Vec<Tiles> = if kernel.is_coop() {
         // (resident rows, streamed rows): multiples of the 16x16 blocks (and so of 8x8);
-        // COOP_THREADS / resident invocations per row; the fragment size in `rpt`
-        [(64u32, 32u32), (32, 32), (32, 16), (16, 16)]
+        // COOP_THREADS / resident invocations per row; the fragment size in `rpt`. The
+        // smallest first: on every compiler measured (`compiler_stats --search`: ACO of Mesa
+        // 25.0.7 and 26.1 on navi31 and gfx1201, NAK on GA100) 16 x 16 takes the fewest
+        // registers, the most waves and the highest modelled fraction of peak, at head dims
+        // 64 and 128, forward and backward (docs/log/compilers.md, "The coop tiles, smallest
+        // first"); the larger ones stay for the search. The cost the compilers cannot show:
+        // every 16 resident rows read the streamed rows again (from L2 on a GPU), which only
+        // a GPU run measures.
+        [(16u32, 16u32), (32, 16), (32, 32), (64, 32)]
             .iter()
             .map(|&(resident, streamed)| {
                 let (br, bc) = if kernel.rows_are_keys() {
@@ -726,8 +733,9 @@ mod tests {
                 );
             }
         }
+        // the smallest tiles first (the compilers' statistics), 8 invocations a row
         let t = choose_tiles(Kernel::Flash(Variant::Coop, Pass::Forward), 64, caps).unwrap();
-        assert_eq!((t.br, t.bc), (64, 32));
+        assert_eq!((t.br, t.bc, t.tpr), (16, 16, 8));
     }
 
     #[test]
