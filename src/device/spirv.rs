@@ -135,7 +135,9 @@ impl SpirvTarget {
 }
 
 /// The SPIR-V Vulkan gets for a kernel's WGSL (entry point `main`, compute): naga's
-/// translation with wgpu's options for `target`, cleaned by [`without_private_layouts`].
+/// translation with wgpu's options for `target`, cleaned by [`without_private_layouts`], with
+/// the cooperative matrices' fragment bases unclamped (`coop_bases`: naga's clamp guards
+/// nothing there and costs the driver the base's alignment).
 /// `Err` says why not (the caller then hands wgpu the WGSL).
 pub fn kernel_spirv(wgsl: &str, target: &SpirvTarget) -> Result<Vec<u32>, String> {
     let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| e.emit_to_string(wgsl))?;
@@ -151,10 +153,19 @@ pub fn kernel_spirv(wgsl: &str, target: &SpirvTarget) -> Result<Vec<u32>, String
     };
     let words = spv::write_vec(&module, &info, &target.options(), Some(&pipeline))
         .map_err(|e| format!("SPIR-V: {e}"))?;
-    without_private_layouts(&words)
+    let mut words = without_private_layouts(&words)?;
+    if target.cooperative_matrices {
+        coop_bases::unclamp_coop_bases(&mut words);
+    }
+    Ok(words)
 }
 
+mod coop_bases;
+
 // SPIR-V opcodes, storage classes and decorations used below (SPIR-V 1.6 specification).
+const OP_EXT_INST_IMPORT: u32 = 11;
+const OP_EXT_INST: u32 = 12;
+const OP_VARIABLE: u32 = 59;
 const OP_TYPE_ARRAY: u32 = 28;
 const OP_TYPE_RUNTIME_ARRAY: u32 = 29;
 const OP_TYPE_STRUCT: u32 = 30;
