@@ -155,7 +155,7 @@ pub fn kernel_spirv(wgsl: &str, target: &SpirvTarget) -> Result<Vec<u32>, String
         .map_err(|e| format!("SPIR-V: {e}"))?;
     let mut words = without_private_layouts(&words)?;
     if target.cooperative_matrices {
-        coop_bases::unclamp_coop_bases(&mut words);
+        coop_bases::unclamp_coop_bases(&mut words)?;
     }
     Ok(words)
 }
@@ -166,6 +166,13 @@ mod coop_bases;
 const OP_EXT_INST_IMPORT: u32 = 11;
 const OP_EXT_INST: u32 = 12;
 const OP_VARIABLE: u32 = 59;
+const OP_ACCESS_CHAIN: u32 = 65;
+const OP_IN_BOUNDS_ACCESS_CHAIN: u32 = 66;
+const OP_COOPERATIVE_MATRIX_LOAD_KHR: u32 = 4457;
+const OP_COOPERATIVE_MATRIX_STORE_KHR: u32 = 4458;
+const STORAGE_CLASS_WORKGROUP: u32 = 4;
+/// GLSL.std.450's `UMin`.
+const GLSL_UMIN: u32 = 38;
 const OP_TYPE_ARRAY: u32 = 28;
 const OP_TYPE_RUNTIME_ARRAY: u32 = 29;
 const OP_TYPE_STRUCT: u32 = 30;
@@ -179,25 +186,34 @@ const DECORATION_OFFSET: u32 = 35;
 /// storage classes whose types carry an explicit layout.
 const EXPLICIT_LAYOUT_CLASSES: [u32; 5] = [2, 9, 12, 5343, 5349];
 
-/// `words` without the explicit layout decorations (`ArrayStride`, `Offset`, `MatrixStride`)
-/// of every type that no buffer-like storage class reaches: what Workgroup, Private and
-/// Function variables, and plain values, use. A type reached both from a buffer and from such
-/// a variable would need a copy of its own; none of our kernels has one, so that is an `Err`
-/// naming the type rather than a rewrite nobody exercises.
-pub fn without_private_layouts(words: &[u32]) -> Result<Vec<u32>, String> {
+/// (first word, word count) of each instruction of a module, after its header.
+fn instructions(words: &[u32]) -> Result<Vec<(usize, usize)>, String> {
     if words.len() < 5 || words[0] != 0x0723_0203 {
         return Err("not a SPIR-V module".into());
     }
-    let mut insts = Vec::new();
+    let mut out = Vec::new();
     let mut i = 5;
     while i < words.len() {
         let n = (words[i] >> 16) as usize;
         if n == 0 || i + n > words.len() {
             return Err(format!("malformed instruction at word {i}"));
         }
-        insts.push(&words[i..i + n]);
+        out.push((i, n));
         i += n;
     }
+    Ok(out)
+}
+
+/// `words` without the explicit layout decorations (`ArrayStride`, `Offset`, `MatrixStride`)
+/// of every type that no buffer-like storage class reaches: what Workgroup, Private and
+/// Function variables, and plain values, use. A type reached both from a buffer and from such
+/// a variable would need a copy of its own; none of our kernels has one, so that is an `Err`
+/// naming the type rather than a rewrite nobody exercises.
+pub fn without_private_layouts(words: &[u32]) -> Result<Vec<u32>, String> {
+    let insts: Vec<&[u32]> = instructions(words)?
+        .into_iter()
+        .map(|(at, n)| &words[at..at + n])
+        .collect();
     // the types each aggregate contains, and the pointee of each pointer by storage class
     let mut parts: HashMap<u32, Vec<u32>> = HashMap::new();
     let (mut buffer_roots, mut other_roots) = (Vec::new(), Vec::new());

@@ -10,21 +10,18 @@
 //! The coop kernels' fragment bases are tile offsets bounded by the tile constants
 //! (shaders/coop.wgsl); every other index keeps its clamp.
 
-use super::{OP_EXT_INST, OP_EXT_INST_IMPORT, OP_VARIABLE};
-
-const OP_ACCESS_CHAIN: u32 = 65;
-const OP_IN_BOUNDS_ACCESS_CHAIN: u32 = 66;
-const OP_COOPERATIVE_MATRIX_LOAD_KHR: u32 = 4457;
-const OP_COOPERATIVE_MATRIX_STORE_KHR: u32 = 4458;
-const STORAGE_CLASS_WORKGROUP: u32 = 4;
-/// GLSL.std.450's `UMin`.
-const GLSL_UMIN: u32 = 38;
+use super::{
+    instructions, GLSL_UMIN, OP_ACCESS_CHAIN, OP_COOPERATIVE_MATRIX_LOAD_KHR,
+    OP_COOPERATIVE_MATRIX_STORE_KHR, OP_EXT_INST, OP_EXT_INST_IMPORT, OP_IN_BOUNDS_ACCESS_CHAIN,
+    OP_VARIABLE, STORAGE_CLASS_WORKGROUP,
+};
 
 /// `words` (a valid module) with each cooperative-matrix load's and store's pointer into a
 /// workgroup array indexed by the clamp's operand instead of the clamp (`UMin(i, c)` becomes
-/// `i`); returns how many indices it rewrote. The clamps stay, dead, for the driver to drop.
-pub(super) fn unclamp_coop_bases(words: &mut [u32]) -> usize {
-    let insts = instructions(words);
+/// `i`); returns how many indices it rewrote, or why `words` is no module. The clamps stay,
+/// dead, for the driver to drop.
+pub(super) fn unclamp_coop_bases(words: &mut [u32]) -> Result<usize, String> {
+    let insts = instructions(words)?;
     let mut glsl = None;
     let mut workgroup_vars = Vec::new();
     let mut clamped = std::collections::HashMap::new();
@@ -65,22 +62,7 @@ pub(super) fn unclamp_coop_bases(words: &mut [u32]) -> usize {
             }
         }
     }
-    rewritten
-}
-
-/// (first word, word count) of each instruction after the header.
-fn instructions(words: &[u32]) -> Vec<(usize, usize)> {
-    let mut out = Vec::new();
-    let mut i = 5;
-    while i < words.len() {
-        let n = (words[i] >> 16) as usize;
-        if n == 0 || i + n > words.len() {
-            break;
-        }
-        out.push((i, n));
-        i += n;
-    }
-    out
+    Ok(rewritten)
 }
 
 /// A SPIR-V literal string (UTF-8, NUL-terminated, packed four bytes a word).
@@ -108,7 +90,7 @@ mod tests {
 
     /// The UMin clamps each coop load and store and each plain access are indexed by.
     fn clamps(words: &[u32]) -> (usize, usize) {
-        let insts = instructions(words);
+        let insts = instructions(words).unwrap();
         let mut umins = std::collections::HashSet::new();
         let mut coop = std::collections::HashSet::new();
         for &(at, len) in &insts {
@@ -176,7 +158,7 @@ fn main(@builtin(local_invocation_index) t: u32) {
         let mut naga_words =
             naga::back::spv::write_vec(&module, &info, &TARGET.options(), None).unwrap();
         assert_eq!(clamps(&naga_words), (2, other));
-        assert_eq!(unclamp_coop_bases(&mut naga_words), 2);
+        assert_eq!(unclamp_coop_bases(&mut naga_words), Ok(2));
         assert_eq!(clamps(&naga_words), (0, other));
     }
 }
