@@ -1,13 +1,15 @@
 //! The SPIR-V we hand Vulkan: naga's translation of a kernel's WGSL, with the options wgpu
 //! itself would use, cleaned of the explicit layout decorations that Vulkan forbids outside
-//! buffer memory (VUID-StandaloneSpirv-None-10684), loaded through wgpu's passthrough path.
+//! buffer memory (VUID-StandaloneSpirv-None-10684), with the coop kernels' fragment bases
+//! unclamped (`coop_bases`), loaded through wgpu's passthrough path.
 //!
 //! Why: naga decorates every array type with `ArrayStride` and every struct member with
 //! `Offset`, also where the type backs a Workgroup, Private or Function variable. Drivers are
 //! not bound to accept that (Adreno produces nothing; NVIDIA's 580 series has crashed on
 //! Function-scope strides), and no WGSL avoids it: every tiled kernel has a workgroup array.
-//! The upstream fix is gfx-rs/wgpu#9295 (issue #7696); once wgpu ships it, this file and its
-//! call in `pipelines.rs` go, in one commit (docs/ARCHITECTURE.md, "The SPIR-V Vulkan gets").
+//! The upstream fix is gfx-rs/wgpu#9295 (issue #7696); once wgpu ships it, the layout cleaning
+//! goes, and the route with it unless the coop bases' rewrite still pays (docs/ARCHITECTURE.md,
+//! "The SPIR-V Vulkan gets").
 //!
 //! Only Vulkan devices that offer `PASSTHROUGH_SHADERS` take this route; every other backend,
 //! and a device without the feature, gets the WGSL as before. The portability test validates
