@@ -75,39 +75,42 @@ fn every_cuda_kernel_compiles_for_sm90_without_spills() {
 #[test]
 fn user_score_modifiers_compile_into_every_kernel() {
     // the tests' two modifiers (tests/common/score_mods.rs) in each kernel, with every other
-    // modifier on (the score chain's whole CUDA), for both architectures
+    // modifier on (the score chain's whole CUDA), one on each architecture: in the CI tier
+    // each kernel once, the two in turns (tier::pairs); in the full tier each with both
     use flash_attn_wgpu::unstable::kernels::flags;
     let nvrtc = nvrtc();
-    for (arch, m) in [
-        (80, common::score_mods::softcap()),
-        (90, common::score_mods::rational()),
-    ] {
-        for (kernel, dtype, head_dim) in [
-            (CudaKernel::Forward, DType::F16, 64),
-            (CudaKernel::Backward, DType::BF16, 64),
-            (CudaKernel::SimtForward, DType::F32, 40),
-            (CudaKernel::SimtBackward, DType::F32, 40),
-            (CudaKernel::Decode, DType::F16, 128),
-        ] {
-            let mut key = CudaKey::new(kernel, dtype, head_dim, arch).unwrap();
-            key.flags = flags::every() & !(flags::CAUSAL | flags::WINDOW | flags::VIEWS);
-            if kernel == CudaKernel::Decode {
-                key.flags &= !flags::VARLEN;
-            }
-            key.score_mod = m.cuda_source();
-            let c = nvrtc
-                .compile(&key)
-                .unwrap_or_else(|e| panic!("{}: {e}", key.label()));
-            // user code may cost registers (the decode kernel with every modifier and the
-            // rational one spills 12 bytes on sm_90): compiled is the check, spills reported
-            assert_eq!(&c.cubin[..4], b"\x7fELF", "{}", key.label());
-            eprintln!(
-                "{}: {:?} registers, {} bytes spilled",
-                key.label(),
-                c.registers,
-                c.spill_bytes
-            );
+    let kernels = [
+        (CudaKernel::Forward, DType::F16, 64),
+        (CudaKernel::Backward, DType::BF16, 64),
+        (CudaKernel::SimtForward, DType::F32, 40),
+        (CudaKernel::SimtBackward, DType::F32, 40),
+        (CudaKernel::Decode, DType::F16, 128),
+    ];
+    let mods: [(u32, fn() -> flash_attn_wgpu::ScoreMod); 2] = [
+        (80, common::score_mods::softcap),
+        (90, common::score_mods::rational),
+    ];
+    for ((kernel, dtype, head_dim), (arch, m)) in common::tier::pairs(&kernels, &mods, |_, _| true)
+    {
+        let m = m();
+        let mut key = CudaKey::new(kernel, dtype, head_dim, arch).unwrap();
+        key.flags = flags::every() & !(flags::CAUSAL | flags::WINDOW | flags::VIEWS);
+        if kernel == CudaKernel::Decode {
+            key.flags &= !flags::VARLEN;
         }
+        key.score_mod = m.cuda_source();
+        let c = nvrtc
+            .compile(&key)
+            .unwrap_or_else(|e| panic!("{}: {e}", key.label()));
+        // user code may cost registers (the decode kernel with every modifier and the
+        // rational one spills 12 bytes on sm_90): compiled is the check, spills reported
+        assert_eq!(&c.cubin[..4], b"\x7fELF", "{}", key.label());
+        eprintln!(
+            "{}: {:?} registers, {} bytes spilled",
+            key.label(),
+            c.registers,
+            c.spill_bytes
+        );
     }
     // code that does not compile comes back with NVRTC's log
     let mut key = CudaKey::new(CudaKernel::SimtForward, DType::F32, 40, 80).unwrap();
@@ -125,35 +128,39 @@ fn user_score_modifiers_compile_into_every_kernel() {
 #[test]
 fn user_masks_compile_into_every_kernel() {
     // the tests' two CUDA masks (tests/common/score_mods.rs) in each kernel, with a block mask
-    // (its full blocks read) and a score modifier beside them, for both architectures
+    // (its full blocks read) and a score modifier beside them, one on each architecture: in
+    // the CI tier each kernel once, the two in turns (tier::pairs); in the full tier each with
+    // both
     use flash_attn_wgpu::unstable::kernels::flags;
     let nvrtc = nvrtc();
     let score = common::score_mods::softcap();
-    for (arch, m) in [
-        (80, common::score_mods::prefix_lm(9)),
-        (90, common::score_mods::dilated()),
-    ] {
-        for (kernel, dtype, head_dim) in [
-            (CudaKernel::Forward, DType::BF16, 64),
-            (CudaKernel::Backward, DType::F16, 64),
-            (CudaKernel::SimtForward, DType::F32, 40),
-            (CudaKernel::SimtBackward, DType::F32, 40),
-            (CudaKernel::Decode, DType::F16, 128),
+    let kernels = [
+        (CudaKernel::Forward, DType::BF16, 64),
+        (CudaKernel::Backward, DType::F16, 64),
+        (CudaKernel::SimtForward, DType::F32, 40),
+        (CudaKernel::SimtBackward, DType::F32, 40),
+        (CudaKernel::Decode, DType::F16, 128),
+    ];
+    let mods: [(u32, fn() -> flash_attn_wgpu::MaskMod); 2] = [
+        (80, || common::score_mods::prefix_lm(9)),
+        (90, common::score_mods::dilated),
+    ];
+    for ((kernel, dtype, head_dim), (arch, m)) in common::tier::pairs(&kernels, &mods, |_, _| true)
+    {
+        let m = m();
+        for bits in [
+            flags::MASK_MOD,
+            flags::MASK_MOD | flags::BLOCKS | flags::SCORE_MOD,
         ] {
-            for bits in [
-                flags::MASK_MOD,
-                flags::MASK_MOD | flags::BLOCKS | flags::SCORE_MOD,
-            ] {
-                let mut key = CudaKey::new(kernel, dtype, head_dim, arch).unwrap();
-                key.flags = bits;
-                key.mask_mod = m.cuda_source();
-                key.score_mod = score.cuda_source();
-                let c = nvrtc
-                    .compile(&key)
-                    .unwrap_or_else(|e| panic!("{}: {e}", key.label()));
-                assert_eq!(&c.cubin[..4], b"\x7fELF", "{}", key.label());
-                assert_eq!(c.spill_bytes, 0, "{}", key.label());
-            }
+            let mut key = CudaKey::new(kernel, dtype, head_dim, arch).unwrap();
+            key.flags = bits;
+            key.mask_mod = m.cuda_source();
+            key.score_mod = score.cuda_source();
+            let c = nvrtc
+                .compile(&key)
+                .unwrap_or_else(|e| panic!("{}: {e}", key.label()));
+            assert_eq!(&c.cubin[..4], b"\x7fELF", "{}", key.label());
+            assert_eq!(c.spill_bytes, 0, "{}", key.label());
         }
     }
 }
