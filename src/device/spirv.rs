@@ -163,48 +163,13 @@ pub fn kernel_spirv(wgsl: &str, target: &SpirvTarget) -> Result<Vec<u32>, String
 }
 
 mod coop_bases;
+mod words;
 
-// SPIR-V opcodes, storage classes and decorations used below (SPIR-V 1.6 specification).
-const OP_EXT_INST_IMPORT: u32 = 11;
-const OP_EXT_INST: u32 = 12;
-const OP_VARIABLE: u32 = 59;
-const OP_ACCESS_CHAIN: u32 = 65;
-const OP_IN_BOUNDS_ACCESS_CHAIN: u32 = 66;
-const OP_COOPERATIVE_MATRIX_LOAD_KHR: u32 = 4457;
-const OP_COOPERATIVE_MATRIX_STORE_KHR: u32 = 4458;
-const STORAGE_CLASS_WORKGROUP: u32 = 4;
-/// GLSL.std.450's `UMin`.
-const GLSL_UMIN: u32 = 38;
-const OP_TYPE_ARRAY: u32 = 28;
-const OP_TYPE_RUNTIME_ARRAY: u32 = 29;
-const OP_TYPE_STRUCT: u32 = 30;
-const OP_TYPE_POINTER: u32 = 32;
-const OP_DECORATE: u32 = 71;
-const OP_MEMBER_DECORATE: u32 = 72;
-const DECORATION_ARRAY_STRIDE: u32 = 6;
-const DECORATION_MATRIX_STRIDE: u32 = 7;
-const DECORATION_OFFSET: u32 = 35;
-/// Uniform, PushConstant, StorageBuffer, ShaderRecordBufferKHR, PhysicalStorageBuffer: the
-/// storage classes whose types carry an explicit layout.
-const EXPLICIT_LAYOUT_CLASSES: [u32; 5] = [2, 9, 12, 5343, 5349];
-
-/// (first word, word count) of each instruction of a module, after its header.
-fn instructions(words: &[u32]) -> Result<Vec<(usize, usize)>, String> {
-    if words.len() < 5 || words[0] != 0x0723_0203 {
-        return Err("not a SPIR-V module".into());
-    }
-    let mut out = Vec::new();
-    let mut i = 5;
-    while i < words.len() {
-        let n = (words[i] >> 16) as usize;
-        if n == 0 || i + n > words.len() {
-            return Err(format!("malformed instruction at word {i}"));
-        }
-        out.push((i, n));
-        i += n;
-    }
-    Ok(out)
-}
+use words::{
+    instructions, DECORATION_ARRAY_STRIDE, DECORATION_MATRIX_STRIDE, DECORATION_OFFSET,
+    EXPLICIT_LAYOUT_CLASSES, OP_DECORATE, OP_MEMBER_DECORATE, OP_TYPE_ARRAY, OP_TYPE_POINTER,
+    OP_TYPE_RUNTIME_ARRAY, OP_TYPE_STRUCT,
+};
 
 /// `words` without the explicit layout decorations (`ArrayStride`, `Offset`, `MatrixStride`)
 /// of every type that no buffer-like storage class reaches: what Workgroup, Private and
@@ -294,5 +259,94 @@ mod tests {
         assert_eq!(SpirvTarget::lang_version_for(v(1, 2)), (1, 5));
         assert_eq!(SpirvTarget::lang_version_for(v(1, 3)), (1, 6));
         assert_eq!(SpirvTarget::lang_version_for(v(1, 4) | 321), (1, 6));
+    }
+
+    // the coop bases' rewrite (spirv/coop_bases.rs)
+    use super::coop_bases::unclamp_coop_bases;
+    use super::words::{
+        instructions, GLSL_UMIN, OP_ACCESS_CHAIN, OP_COOPERATIVE_MATRIX_LOAD_KHR,
+        OP_COOPERATIVE_MATRIX_STORE_KHR, OP_EXT_INST,
+    };
+
+    const COOP_TARGET: SpirvTarget = SpirvTarget {
+        lang_version: (1, 6),
+        robust_buffers: true,
+        f16: true,
+        subgroups: true,
+        cooperative_matrices: true,
+    };
+
+    /// The UMin clamps each coop load and store and each plain access are indexed by.
+    fn clamps(words: &[u32]) -> (usize, usize) {
+        let insts = instructions(words).unwrap();
+        let mut umins = std::collections::HashSet::new();
+        let mut coop = std::collections::HashSet::new();
+        for &(at, len) in &insts {
+            let w = &words[at..at + len];
+            match w[0] & 0xffff {
+                OP_EXT_INST if len == 7 && w[4] == GLSL_UMIN => {
+                    umins.insert(w[2]);
+                }
+                OP_COOPERATIVE_MATRIX_LOAD_KHR => {
+                    coop.insert(w[3]);
+                }
+                OP_COOPERATIVE_MATRIX_STORE_KHR => {
+                    coop.insert(w[1]);
+                }
+                _ => {}
+            }
+        }
+        let (mut of_coop, mut other) = (0, 0);
+        for &(at, len) in &insts {
+            let w = &words[at..at + len];
+            if w[0] & 0xffff == OP_ACCESS_CHAIN {
+                let n = w[4..].iter().filter(|i| umins.contains(i)).count();
+                if coop.contains(&w[2]) {
+                    of_coop += n;
+                } else {
+                    other += n;
+                }
+            }
+        }
+        (of_coop, other)
+    }
+
+    #[test]
+    fn coop_bases_lose_their_clamps_and_every_other_index_keeps_its_own() {
+        let wgsl = "enable f16;
+enable wgpu_cooperative_matrix;
+var<workgroup> hs: array<f16, 512>;
+var<workgroup> fs: array<f32, 256>;
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) t: u32) {
+    hs[t] = f16(t);
+    workgroupBarrier();
+    let a = (t / 32u) * 256u;
+    let x = coopLoadT<coop_mat16x16<f16, A>>(&hs[a], 16u);
+    let y = coopLoad<coop_mat16x16<f16, B>>(&hs[a], 16u);
+    let c = coopMultiplyAdd(x, y, coop_mat16x16<f32, C>());
+    coopStoreT(c, &fs[0u], 16u);
+    workgroupBarrier();
+    out[t] = fs[t] + f32(hs[t + 1u]);
+}";
+        let words = kernel_spirv(wgsl, &COOP_TARGET).unwrap();
+        let (coop, other) = clamps(&words);
+        assert_eq!(coop, 0, "kernel_spirv unclamps the fragments' bases");
+        assert!(other >= 2, "the plain accesses keep their clamps: {other}");
+
+        // naga's own words clamp both loads' bases (the store's index is a constant)
+        let module = naga::front::wgsl::parse_str(wgsl).unwrap();
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&module)
+        .unwrap();
+        let mut naga_words =
+            naga::back::spv::write_vec(&module, &info, &COOP_TARGET.options(), None).unwrap();
+        assert_eq!(clamps(&naga_words), (2, other));
+        assert_eq!(unclamp_coop_bases(&mut naga_words), Ok(2));
+        assert_eq!(clamps(&naga_words), (0, other));
     }
 }

@@ -10,8 +10,8 @@
 //! The coop kernels' fragment bases are tile offsets bounded by the tile constants
 //! (shaders/coop.wgsl); every other index keeps its clamp.
 
-use super::{
-    instructions, GLSL_UMIN, OP_ACCESS_CHAIN, OP_COOPERATIVE_MATRIX_LOAD_KHR,
+use super::words::{
+    instructions, literal, GLSL_UMIN, OP_ACCESS_CHAIN, OP_COOPERATIVE_MATRIX_LOAD_KHR,
     OP_COOPERATIVE_MATRIX_STORE_KHR, OP_EXT_INST, OP_EXT_INST_IMPORT, OP_IN_BOUNDS_ACCESS_CHAIN,
     OP_VARIABLE, STORAGE_CLASS_WORKGROUP,
 };
@@ -63,102 +63,4 @@ pub(super) fn unclamp_coop_bases(words: &mut [u32]) -> Result<usize, String> {
         }
     }
     Ok(rewritten)
-}
-
-/// A SPIR-V literal string (UTF-8, NUL-terminated, packed four bytes a word).
-fn literal(words: &[u32]) -> String {
-    let bytes: Vec<u8> = words
-        .iter()
-        .flat_map(|w| w.to_le_bytes())
-        .take_while(|&b| b != 0)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::{kernel_spirv, SpirvTarget};
-    use super::*;
-
-    const TARGET: SpirvTarget = SpirvTarget {
-        lang_version: (1, 6),
-        robust_buffers: true,
-        f16: true,
-        subgroups: true,
-        cooperative_matrices: true,
-    };
-
-    /// The UMin clamps each coop load and store and each plain access are indexed by.
-    fn clamps(words: &[u32]) -> (usize, usize) {
-        let insts = instructions(words).unwrap();
-        let mut umins = std::collections::HashSet::new();
-        let mut coop = std::collections::HashSet::new();
-        for &(at, len) in &insts {
-            let w = &words[at..at + len];
-            match w[0] & 0xffff {
-                OP_EXT_INST if len == 7 && w[4] == GLSL_UMIN => {
-                    umins.insert(w[2]);
-                }
-                OP_COOPERATIVE_MATRIX_LOAD_KHR => {
-                    coop.insert(w[3]);
-                }
-                OP_COOPERATIVE_MATRIX_STORE_KHR => {
-                    coop.insert(w[1]);
-                }
-                _ => {}
-            }
-        }
-        let (mut of_coop, mut other) = (0, 0);
-        for &(at, len) in &insts {
-            let w = &words[at..at + len];
-            if w[0] & 0xffff == OP_ACCESS_CHAIN {
-                let n = w[4..].iter().filter(|i| umins.contains(i)).count();
-                if coop.contains(&w[2]) {
-                    of_coop += n;
-                } else {
-                    other += n;
-                }
-            }
-        }
-        (of_coop, other)
-    }
-
-    #[test]
-    fn coop_bases_lose_their_clamps_and_every_other_index_keeps_its_own() {
-        let wgsl = "enable f16;
-enable wgpu_cooperative_matrix;
-var<workgroup> hs: array<f16, 512>;
-var<workgroup> fs: array<f32, 256>;
-@group(0) @binding(0) var<storage, read_write> out: array<f32>;
-@compute @workgroup_size(64)
-fn main(@builtin(local_invocation_index) t: u32) {
-    hs[t] = f16(t);
-    workgroupBarrier();
-    let a = (t / 32u) * 256u;
-    let x = coopLoadT<coop_mat16x16<f16, A>>(&hs[a], 16u);
-    let y = coopLoad<coop_mat16x16<f16, B>>(&hs[a], 16u);
-    let c = coopMultiplyAdd(x, y, coop_mat16x16<f32, C>());
-    coopStoreT(c, &fs[0u], 16u);
-    workgroupBarrier();
-    out[t] = fs[t] + f32(hs[t + 1u]);
-}";
-        let words = kernel_spirv(wgsl, &TARGET).unwrap();
-        let (coop, other) = clamps(&words);
-        assert_eq!(coop, 0, "kernel_spirv unclamps the fragments' bases");
-        assert!(other >= 2, "the plain accesses keep their clamps: {other}");
-
-        // naga's own words clamp both loads' bases (the store's index is a constant)
-        let module = naga::front::wgsl::parse_str(wgsl).unwrap();
-        let info = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::all(),
-        )
-        .validate(&module)
-        .unwrap();
-        let mut naga_words =
-            naga::back::spv::write_vec(&module, &info, &TARGET.options(), None).unwrap();
-        assert_eq!(clamps(&naga_words), (2, other));
-        assert_eq!(unclamp_coop_bases(&mut naga_words), Ok(2));
-        assert_eq!(clamps(&naga_words), (0, other));
-    }
 }
