@@ -76,9 +76,9 @@ struct Args {
     /// `VK_KHR_pipeline_executable_properties`), say so and succeed: the GPU run's step.
     #[arg(long)]
     or_skip: bool,
-    /// Compile every tile candidate of the blocks and coop kernels (forward, dK/dV, dQ) at head dims
-    /// 64 and 128 that fits the (capped) workgroup memory, and print what each compiles to:
-    /// the data a tile choice for this chip is made from.
+    /// Compile every tile candidate of the blocks and coop kernels (forward, dK/dV, dQ) at
+    /// head dims 64 and 128 that fits the (capped) workgroup memory, and print what each
+    /// compiles to: the data a tile choice for this chip is made from.
     #[arg(long)]
     search: bool,
     /// Print every statistic (name, value, the driver's description) and the names and
@@ -360,7 +360,7 @@ const MISSES: &[Miss] = &[Miss {
     measure: Measure::Spills,
     worst: 9.0,
     why: "the f32 blocks dK/dV at head dim 128 spills 9 private stores: every dK/dV tile \
-              candidate spills there (9-694), the default least",
+          candidate spills there (9-694), the default least",
 }];
 
 /// What `--check` fails on, one line each, and the known misses it met (`MISSES`), one line
@@ -644,9 +644,9 @@ fn json(chip: &str, adapter: &str, rows: &[Row]) -> serde_json::Value {
 }
 
 /// `--search`: every fitting tile candidate of the blocks and coop kernels the planner picks at
-/// `--head-dims`, in f16 and f32, compiled, in the one vocabulary of every compiler (`Summary`; `cycles` is ACO's latency,
-/// NAK's static cycles or AGX's ALU estimate, `predicted` the modelled fraction of peak where
-/// the compiler has a model).
+/// `--head-dims`, in f16 and f32, compiled, in the one vocabulary of every compiler (`Summary`;
+/// `cycles` is ACO's latency, NAK's static cycles or AGX's ALU estimate, `predicted` the
+/// modelled fraction of peak where the compiler has a model).
 fn search(ctx: &Context, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     use flash_attn_wgpu::unstable::kernels::tiles::{tile_candidates, workgroup_words};
     let mut env = ctx.plan_env();

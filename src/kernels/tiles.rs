@@ -403,8 +403,9 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
 }
 
 /// The tiles a tiled kernel may take on `caps`, in the chooser's order of preference (the
-/// largest first; the coop kernels' smallest first): [`choose_tiles`] takes the first whose workgroup memory and invocations
-/// fit; the compiler-statistics tool compiles them all to see what a driver makes of each.
+/// largest first; the coop kernels' smallest first): [`choose_tiles`] takes the first whose
+/// workgroup memory and invocations fit; the compiler-statistics tool compiles them all to see
+/// what a driver makes of each.
 pub fn tile_candidates(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<Vec<Tiles>> {
     // (rows per workgroup, streamed rows per tile, rows per thread); the streamed count also
     // sizes each invocation's private score array. Four rows per thread quarter the tile reads
