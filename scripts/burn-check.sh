@@ -3,10 +3,11 @@
 # into target/burn, then runs the tests (forward and gradients against the f64 reference and
 # burn's own attention under autodiff, typed errors) on the default adapter, on burn's fused
 # backend (feature `fusion`, the default, as burn's; the fused operation runs our cubecl
-# implementation inside burn's streams). The full tier (FLASH_ATTN_TEST_FULL=1,
-# scripts/test-full.sh) runs them again on the unfused cubecl backend: a second build of burn's
-# ~670 crates (2.5 minutes on 2 cores), which the CI tier leaves out for its time budget
-# (docs/log/ci-time.md). Arguments go to cargo test.
+# implementation inside burn's streams). The full tier (scripts/test-full.sh) runs this script
+# with FLASH_ATTN_TEST_FULL=1, which runs them again on the unfused cubecl backend (a second
+# build of burn's ~670 crates, 2.5 minutes on 2 cores). Not in the README's test command: the
+# first build alone is about 6 of its 30 minutes on 2 cores (docs/log/ci-time.md, "CI time:
+# burn to the full tier"). Arguments go to cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/../burn"
 export GALLIVM_PERF=${GALLIVM_PERF-nopt} # as run-tests.sh
