@@ -221,6 +221,20 @@ fn nak_mix_of(lines: &[&str], from: usize, to: usize) -> Mix {
 /// docs.
 pub fn nak_inner_loop(asm: &str) -> Mix {
     let lines: Vec<&str> = asm.lines().collect();
+    let loops = nak_loops(&lines);
+    let whole = |lines: &[&str]| {
+        let mut m = nak_mix_of(lines, 0, lines.len().saturating_sub(1));
+        m.lines = None;
+        m
+    };
+    select(loops.iter().map(|&(f, t)| nak_mix_of(&lines, f, t)), || {
+        whole(&lines)
+    })
+}
+
+/// NAK's loops: (first line of the block an edge goes back to, last line of the block it
+/// leaves), 0-based.
+fn nak_loops(lines: &[&str]) -> Vec<(usize, usize)> {
     // each block's first line, and (first line of its successor, its own last line) for every
     // edge back to it or above
     let mut starts: BTreeMap<usize, usize> = BTreeMap::new();
@@ -229,7 +243,11 @@ pub fn nak_inner_loop(asm: &str) -> Mix {
     for (i, line) in lines.iter().enumerate() {
         let t = line.trim();
         if let Some(rest) = t.strip_prefix("block") {
-            // "block 12 L22 [11] -> {" or "block.u 0 L3 [] -> {"
+            // "block 12 L22 [11] -> {" or "block.u 0 L3 [] -> {" (a uniform block)
+            let rest = match rest.strip_prefix('.') {
+                Some(kind) => kind.split_once(' ').map_or("", |(_, r)| r),
+                None => rest,
+            };
             let n = rest
                 .split_whitespace()
                 .next()
@@ -251,14 +269,7 @@ pub fn nak_inner_loop(asm: &str) -> Mix {
             }
         }
     }
-    let whole = |lines: &[&str]| {
-        let mut m = nak_mix_of(lines, 0, lines.len().saturating_sub(1));
-        m.lines = None;
-        m
-    };
-    select(loops.iter().map(|&(f, t)| nak_mix_of(&lines, f, t)), || {
-        whole(&lines)
-    })
+    loops
 }
 
 /// Of the loops' mixes, the one with the most matrix work, the innermost (shortest) of equals;
@@ -348,6 +359,16 @@ fn ir3_mix_of(lines: &[&str], from: usize, to: usize) -> Mix {
 /// docs.
 pub fn ir3_inner_loop(asm: &str) -> Mix {
     let lines: Vec<&str> = asm.lines().collect();
+    let loops = ir3_loops(&lines);
+    select(loops.iter().map(|&(f, t)| ir3_mix_of(&lines, f, t)), || {
+        let mut m = ir3_mix_of(&lines, 0, lines.len().saturating_sub(1));
+        m.lines = None;
+        m
+    })
+}
+
+/// ir3's loops: (label line, `br`/`jump` line), 0-based.
+fn ir3_loops(lines: &[&str]) -> Vec<(usize, usize)> {
     let labels: BTreeMap<&str, usize> = lines
         .iter()
         .enumerate()
@@ -358,7 +379,7 @@ pub fn ir3_inner_loop(asm: &str) -> Mix {
                 .then_some((name, i))
         })
         .collect();
-    let loops: Vec<(usize, usize)> = lines
+    lines
         .iter()
         .enumerate()
         .filter_map(|(i, l)| {
@@ -372,12 +393,7 @@ pub fn ir3_inner_loop(asm: &str) -> Mix {
             let at = *labels.get(target)?;
             (at < i).then_some((at, i))
         })
-        .collect();
-    select(loops.iter().map(|&(f, t)| ir3_mix_of(&lines, f, t)), || {
-        let mut m = ir3_mix_of(&lines, 0, lines.len().saturating_sub(1));
-        m.lines = None;
-        m
-    })
+        .collect()
 }
 
 /// One line's opcodes: a VOPD pair (`v_dual_a ... :: v_dual_b ...`) gives two; a label,
@@ -420,23 +436,28 @@ fn mix_of(lines: &[&str], from: usize, to: usize) -> Mix {
     m
 }
 
-/// The inner loop of AMD's disassembly `asm` (RADV's "Assembly") and its mix (module docs),
-/// or the whole program's mix (`lines: None`) where it has no loop with matrix work.
-pub fn inner_loop(asm: &str) -> Mix {
-    let lines: Vec<&str> = asm.lines().collect();
+/// AMD's loops: (label line, backward branch line), 0-based.
+fn aco_loops(lines: &[&str]) -> Vec<(usize, usize)> {
     let labels: BTreeMap<&str, usize> = lines
         .iter()
         .enumerate()
         .filter_map(|(i, l)| label(l).map(|name| (name, i)))
         .collect();
-    let loops: Vec<(usize, usize)> = lines
+    lines
         .iter()
         .enumerate()
         .filter_map(|(i, l)| {
             let target = *labels.get(branch_target(l)?)?;
             (target < i).then_some((target, i))
         })
-        .collect();
+        .collect()
+}
+
+/// The inner loop of AMD's disassembly `asm` (RADV's "Assembly") and its mix (module docs),
+/// or the whole program's mix (`lines: None`) where it has no loop with matrix work.
+pub fn inner_loop(asm: &str) -> Mix {
+    let lines: Vec<&str> = asm.lines().collect();
+    let loops = aco_loops(&lines);
     select(
         loops.iter().map(|&(from, to)| mix_of(&lines, from, to)),
         || {
@@ -445,6 +466,285 @@ pub fn inner_loop(asm: &str) -> Mix {
             whole
         },
     )
+}
+
+/// The three dialects this module reads (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// AMD's, as RADV prints it (ACO's "Assembly").
+    Aco,
+    /// NVIDIA's, as NVK prints it ("NAK assembly").
+    Nak,
+    /// Qualcomm's, as Turnip prints it ("IR3 Assembly").
+    Ir3,
+}
+
+impl Dialect {
+    /// The loops of `lines` as (first, last) line, 0-based.
+    fn loops(self, lines: &[&str]) -> Vec<(usize, usize)> {
+        match self {
+            Dialect::Aco => aco_loops(lines),
+            Dialect::Nak => nak_loops(lines),
+            Dialect::Ir3 => ir3_loops(lines),
+        }
+    }
+
+    /// The mix of lines `from..=to`.
+    fn mix_of(self, lines: &[&str], from: usize, to: usize) -> Mix {
+        match self {
+            Dialect::Aco => mix_of(lines, from, to),
+            Dialect::Nak => nak_mix_of(lines, from, to),
+            Dialect::Ir3 => ir3_mix_of(lines, from, to),
+        }
+    }
+}
+
+impl Mix {
+    /// Adds `other`'s counts `times` times (its lines aside).
+    fn add_times(&mut self, other: &Mix, times: usize) {
+        self.instructions += other.instructions * times;
+        self.matrix += other.matrix * times;
+        self.fma += other.fma * times;
+        self.packed += other.packed * times;
+        for (w, n) in &other.lds_loads {
+            *self.lds_loads.entry(w.clone()).or_default() += n * times;
+        }
+        self.lds_stores += other.lds_stores * times;
+        self.lds_other += other.lds_other * times;
+        self.vmem += other.vmem * times;
+        self.scratch += other.scratch * times;
+        self.other_valu += other.other_valu * times;
+        self.salu += other.salu * times;
+        self.waits += other.waits * times;
+    }
+
+    /// Takes `other`'s counts away (a nested loop's, from the loop that holds it).
+    fn take_away(&mut self, other: &Mix) {
+        self.instructions -= other.instructions;
+        self.matrix -= other.matrix;
+        self.fma -= other.fma;
+        self.packed -= other.packed;
+        for (w, n) in &other.lds_loads {
+            if let Some(have) = self.lds_loads.get_mut(w) {
+                *have -= n;
+                if *have == 0 {
+                    self.lds_loads.remove(w);
+                }
+            }
+        }
+        self.lds_stores -= other.lds_stores;
+        self.lds_other -= other.lds_other;
+        self.vmem -= other.vmem;
+        self.scratch -= other.scratch;
+        self.other_valu -= other.other_valu;
+        self.salu -= other.salu;
+        self.waits -= other.waits;
+    }
+}
+
+/// What a kernel's block loop (one KV block of a forward or dQ kernel, one query block of a
+/// dK/dV kernel) leaves to run time, for [`block_count`]: the trips of the loops nested in it,
+/// which the disassembly shows once each. They follow from the kernel's constants and each
+/// subgroup's place in the workgroup, which only the kernel's source says (the coop kernels'
+/// model: `block_model` in `examples/compiler_stats.rs`). Each nested loop is told apart by
+/// what it holds: matrix instructions (a product), memory loads or stores (staging), neither
+/// (the scalar guarded sums).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BlockModel {
+    /// Invocations a workgroup runs.
+    pub threads: usize,
+    /// The subgroup size the pipeline runs at.
+    pub subgroup_size: usize,
+    /// Each product loop's output blocks, in the disassembly's order: subgroup `s` of `S` takes
+    /// blocks `s, s + S, ...`.
+    pub products: Vec<usize>,
+    /// Each staging loop's elements, in order: invocation `t` takes `t, t + threads, ...`, so a
+    /// subgroup makes as many trips as its first invocation.
+    pub staging: Vec<usize>,
+    /// Each remaining loop's trips in a block with hidden pairs, in order (none in a block
+    /// without: the scalar sums that keep a hidden key's NaN out run only there).
+    pub guarded: Vec<usize>,
+}
+
+impl BlockModel {
+    /// The subgroups a workgroup runs.
+    pub fn subgroups(&self) -> usize {
+        self.threads.div_ceil(self.subgroup_size.max(1)).max(1)
+    }
+}
+
+/// What one trip of a kernel's block loop issues, summed over a workgroup's subgroups
+/// ([`block_count`]): the count that compares kernels of different tiles, and ours with a
+/// kernel whose loop body is one whole block already (ggml's coopmat1 flash attention, where
+/// every loop inside the block is unrolled: `BlockModel` with no nested loops).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockCount {
+    /// The block loop's lines, and every instruction the workgroup's subgroups issue for one
+    /// block: the loop's own once a subgroup, each nested loop times its trips there.
+    pub mix: Mix,
+    /// The subgroups summed.
+    pub subgroups: usize,
+    /// The compiler unrolled the model's staging loops: their copies are in the block loop's
+    /// own count, once a subgroup.
+    pub staging_unrolled: bool,
+    /// The compiler unrolled the model's guarded loops: their copies are in the own count, so
+    /// a block without hidden pairs is counted with them too (an overcount: a uniform branch
+    /// skips them there).
+    pub guarded_unrolled: bool,
+}
+
+impl BlockCount {
+    /// Instructions a subgroup issues for one block, on average.
+    pub fn per_subgroup(&self) -> f64 {
+        self.mix.instructions as f64 / self.subgroups as f64
+    }
+}
+
+/// The block loop of `asm` (the innermost loop that holds the most matrix instructions, its
+/// nested loops' counted in: every product of the block) counted per block by `model`, in a
+/// block with hidden pairs where `masked`. An error, saying what was found, where the nested
+/// loops are not the model's. A compiler may unroll every loop of a kind (staging, guarded):
+/// the count then holds their copies once a subgroup and says so; the product loops it must
+/// keep, one a product.
+pub fn block_count(
+    dialect: Dialect,
+    asm: &str,
+    model: &BlockModel,
+    masked: bool,
+) -> Result<BlockCount, String> {
+    let lines: Vec<&str> = asm.lines().collect();
+    let loops = dialect.loops(&lines);
+    let mixes: Vec<Mix> = loops
+        .iter()
+        .map(|&(f, t)| dialect.mix_of(&lines, f, t))
+        .collect();
+    let most = mixes.iter().map(|m| m.matrix).max().unwrap_or(0);
+    if most == 0 {
+        return Err("no loop holds a matrix instruction".into());
+    }
+    let inside =
+        |(f, t): (usize, usize), (of, ot): (usize, usize)| of <= f && t <= ot && (f, t) != (of, ot);
+    // the loops with the most matrix work, innermost first: a product loop that holds all of
+    // it comes before the block loop around it, and the block loop before a loop over heads
+    let mut candidates: Vec<(usize, usize)> = loops
+        .iter()
+        .zip(&mixes)
+        .filter(|(_, m)| m.matrix == most)
+        .map(|(&l, _)| l)
+        .collect();
+    candidates.sort_by_key(|&(f, t)| t - f);
+    candidates.dedup();
+    let wanted = (
+        model.products.len(),
+        model.staging.len(),
+        model.guarded.len(),
+    );
+    let mut found_instead = Vec::new();
+    let mut chosen = None;
+    for block in candidates {
+        // the loops directly inside, in order
+        let mut nested: Vec<(usize, usize)> = loops
+            .iter()
+            .copied()
+            .filter(|&l| inside(l, block))
+            .filter(|&l| !loops.iter().any(|&o| inside(l, o) && inside(o, block)))
+            .collect();
+        nested.sort();
+        nested.dedup();
+        let deeper = nested.iter().any(|&n| loops.iter().any(|&o| inside(o, n)));
+        let kinds: Vec<(usize, usize, Mix)> = nested
+            .iter()
+            .map(|&(f, t)| (f, t, dialect.mix_of(&lines, f, t)))
+            .collect();
+        let count = |p: fn(&Mix) -> bool| kinds.iter().filter(|(_, _, m)| p(m)).count();
+        let found = (
+            count(|m| m.matrix > 0),
+            count(|m| m.matrix == 0 && m.vmem > 0),
+            count(|m| m.matrix == 0 && m.vmem == 0),
+        );
+        // a kind the compiler unrolled wholly is in the block's own count
+        let fits = |found: usize, wanted: usize, may_unroll: bool| {
+            found == wanted || (may_unroll && found == 0)
+        };
+        if !deeper
+            && fits(found.0, wanted.0, false)
+            && fits(found.1, wanted.1, true)
+            && fits(found.2, wanted.2, true)
+        {
+            chosen = Some((block, kinds));
+            break;
+        }
+        found_instead.push(format!(
+            "lines {}-{}: {} product, {} staging and {} other loops{}",
+            block.0 + 1,
+            block.1 + 1,
+            found.0,
+            found.1,
+            found.2,
+            if deeper { ", one holding another" } else { "" }
+        ));
+    }
+    let Some((block, kinds)) = chosen else {
+        return Err(format!(
+            "no loop with the most matrix instructions holds the model's {} product, {} \
+             staging and {} other loops ({})",
+            wanted.0,
+            wanted.1,
+            wanted.2,
+            found_instead.join("; ")
+        ));
+    };
+    let mut own = dialect.mix_of(&lines, block.0, block.1);
+    let (mut products, mut staging, mut guarded) = (Vec::new(), Vec::new(), Vec::new());
+    let unrolled = (
+        !model.staging.is_empty() && !kinds.iter().any(|(_, _, m)| m.matrix == 0 && m.vmem > 0),
+        !model.guarded.is_empty() && !kinds.iter().any(|(_, _, m)| m.matrix == 0 && m.vmem == 0),
+    );
+    for (_, _, m) in kinds {
+        own.take_away(&m);
+        if m.matrix > 0 {
+            products.push(m);
+        } else if m.vmem > 0 {
+            staging.push(m);
+        } else {
+            guarded.push(m);
+        }
+    }
+    let subgroups = model.subgroups();
+    let mut total = Mix {
+        lines: Some((block.0 + 1, block.1 + 1)),
+        ..Mix::default()
+    };
+    for s in 0..subgroups {
+        total.add_times(&own, 1);
+        for (m, &n) in products.iter().zip(&model.products) {
+            // blocks s, s + S, ... below n
+            let trips = if s < n {
+                (n - 1 - s) / subgroups + 1
+            } else {
+                0
+            };
+            total.add_times(m, trips);
+        }
+        let first = s * model.subgroup_size;
+        for (m, &n) in staging.iter().zip(&model.staging) {
+            let trips = if first < n {
+                (n - first).div_ceil(model.threads)
+            } else {
+                0
+            };
+            total.add_times(m, trips);
+        }
+        for (m, &n) in guarded.iter().zip(&model.guarded) {
+            total.add_times(m, if masked { n } else { 0 });
+        }
+    }
+    Ok(BlockCount {
+        mix: total,
+        subgroups,
+        staging_unrolled: unrolled.0,
+        guarded_unrolled: unrolled.1,
+    })
 }
 
 #[cfg(test)]
@@ -561,6 +861,14 @@ block 3 L9 [0, 2] -> {
     }
 
     #[test]
+    fn a_nak_loop_headed_by_a_uniform_block_is_found() {
+        let asm = NAK.replace("block 1 L6 [0, 2]", "block.u 1 L6 [0, 2]");
+        let m = nak_inner_loop(&asm);
+        assert_eq!(m.lines, Some((6, 19)));
+        assert_eq!(m.matrix, 1);
+    }
+
+    #[test]
     fn a_nak_program_without_a_loop_is_measured_whole() {
         let flat = "block.u 0 L3 [] -> {\n      r3 = ffma.ftz r1 r2 r3 // d\n                 st.local.strong.cta.b32 [rZ] r3 // d\n} -> []\n";
         let m = nak_inner_loop(flat);
@@ -591,5 +899,102 @@ end
         assert_eq!((m.lds_stores, m.vmem, m.waits), (1, 1, 2));
         assert_eq!((m.other_valu, m.salu), (1, 1));
         assert_eq!(m.instructions, 11);
+    }
+
+    // A block loop (BB1..BB8) holding a staging loop (a global load), a product loop (two
+    // WMMA) and a guarded loop (neither), and one instruction of its own besides its branch.
+    const BLOCK: &str = "BB0:
+\ts_mov_b32 s0, 0
+BB1:
+\tv_add_nc_u32_e32 v1, 4, v1
+BB2:
+\tglobal_load_u16 v2, v[4:5], off
+\tds_store_b16 v3, v2
+\ts_cbranch_scc1 BB2
+BB4:
+\tds_load_b128 v[4:7], v1
+\tv_wmma_f32_16x16x16_f16 v[10:17], v[4:7], v[20:23], v[10:17]
+\tv_wmma_f32_16x16x16_f16 v[10:17], v[4:7], v[20:23], v[10:17]
+\ts_cbranch_scc1 BB4
+BB6:
+\tds_load_u16_d16 v8, v2
+\tv_fma_f32 v1, v2, v3, v4
+\ts_cbranch_scc1 BB6
+BB8:
+\ts_waitcnt lgkmcnt(0)
+\ts_cbranch_scc0 BB1
+BB9:
+\ts_endpgm
+";
+
+    #[test]
+    fn a_block_counts_each_nested_loop_by_its_trips_on_each_subgroup() {
+        // 4 subgroups of 32 (128 invocations); 6 product blocks: subgroups 0 and 1 take 2,
+        // 2 and 3 take 1; 320 staged elements: trips 3, 3, 2, 2 (the first invocations 0, 32,
+        // 64, 96); the guarded loop 16 trips in a masked block, none in another
+        let model = BlockModel {
+            threads: 128,
+            subgroup_size: 32,
+            products: vec![6],
+            staging: vec![320],
+            guarded: vec![16],
+        };
+        let open = block_count(Dialect::Aco, BLOCK, &model, false).unwrap();
+        assert_eq!(open.subgroups, 4);
+        assert_eq!(open.mix.lines, Some((3, 20)));
+        // own: the add, the wait and the back branch, a subgroup
+        assert_eq!(open.mix.matrix, 2 * 6);
+        assert_eq!(open.mix.vmem, 3 + 3 + 2 + 2);
+        assert_eq!(open.mix.waits, 4);
+        assert_eq!(open.mix.fma, 0);
+        assert_eq!(open.mix.instructions, 4 * 3 + 6 * 4 + 10 * 3);
+        let masked = block_count(Dialect::Aco, BLOCK, &model, true).unwrap();
+        assert_eq!(masked.mix.fma, 4 * 16);
+        assert_eq!(masked.mix.lds_loads.get("u16_d16"), Some(&(4 * 16)));
+        assert_eq!(masked.mix.instructions, open.mix.instructions + 4 * 16 * 3);
+        assert!((open.per_subgroup() - open.mix.instructions as f64 / 4.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_block_whose_loops_are_not_the_models_is_refused_with_what_was_found() {
+        let model = BlockModel {
+            threads: 128,
+            subgroup_size: 64,
+            products: vec![1, 1],
+            staging: vec![320],
+            guarded: vec![16],
+        };
+        let e = block_count(Dialect::Aco, BLOCK, &model, false).unwrap_err();
+        assert!(
+            e.contains("lines 3-20: 1 product, 1 staging and 1 other"),
+            "{e}"
+        );
+        assert!(
+            e.contains("the model's 2 product, 1 staging and 1 other"),
+            "{e}"
+        );
+        // a block loop without nested loops (ggml's, every inner loop unrolled) is itself
+        let flat = "BB1:\n\tv_wmma_f32_16x16x16_f16 v[0:7], v[8:11], v[12:15], v[0:7]\n\ts_cbranch_scc0 BB1\n";
+        let model = BlockModel {
+            threads: 256,
+            subgroup_size: 64,
+            ..BlockModel::default()
+        };
+        let c = block_count(Dialect::Aco, flat, &model, false).unwrap();
+        assert_eq!((c.subgroups, c.mix.matrix, c.mix.instructions), (4, 4, 8));
+        assert!(!c.staging_unrolled && !c.guarded_unrolled);
+        // a model's staging and guarded loops unrolled (every copy in the block's own count)
+        let model = BlockModel {
+            threads: 128,
+            subgroup_size: 64,
+            products: vec![],
+            staging: vec![1024],
+            guarded: vec![16],
+        };
+        let c = block_count(Dialect::Aco, flat, &model, false).unwrap();
+        assert!(c.staging_unrolled && c.guarded_unrolled);
+        assert_eq!((c.subgroups, c.mix.instructions), (2, 4));
+        let no_matrix = "BB1:\n\tv_fma_f32 v1, v2, v3, v4\n\ts_cbranch_scc0 BB1\n";
+        assert!(block_count(Dialect::Aco, no_matrix, &model, false).is_err());
     }
 }
