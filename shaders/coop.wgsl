@@ -53,22 +53,45 @@ fn coop_nn(a: u32, lda: u32, b: u32, ldb: u32, inner: u32, mb: u32, nb: u32, out
     }
 }
 
+// Staging in chunks: an invocation takes SW consecutive head dims of a row a trip, so the row's
+// address is computed once for SW elements (the element-wise loop spent ~50 instructions a
+// subgroup on each pair of elements: half a KV block's instructions on ACO), and its SW loads
+// are consecutive. DP is a multiple of CF (8 or 16), so of SW too.
+const SW: u32 = 8u;
+const DC: u32 = DP / SW;                        // chunks a row
+
 // Stages keys [kv0, kv0 + n) of k and v (batch b, kv head hk) as f16 rows of DP dims at
 // hs[ok] and hs[ov]: zeros past seq_kv and past HEAD_DIM. Every coop kernel binds k and v.
 fn stage_kv(ok: u32, ov: u32, b: u32, hk: u32, kv0: u32, n: u32, t: u32) {
-    for (var e = t; e < n * DP; e += NT) {
-        let j = kv0 + e / DP;
-        let d = e % DP;
-        var kx = 0.0;
-        var vx = 0.0;
-        if (j < params.seq_kv && d < HEAD_DIM) {
-            let g_k = k_at(b, j, hk, d);
-            let g_v = v_at(b, j, hk, d);
-            kx = load_k(g_k);
-            vx = load_v(g_v);
+    for (var e = t; e < n * DC; e += NT) {
+        let j = kv0 + e / DC;
+        let d0 = (e % DC) * SW;
+        var kx = array<f16, SW>();
+        var vx = array<f16, SW>();
+        if (j < params.seq_kv) {
+            let g_k = k_at(b, j, hk, d0);
+            let g_v = v_at(b, j, hk, d0);
+            if (d0 + SW <= HEAD_DIM) {
+                // a whole chunk: SW loads without a branch between them
+                for (var c = 0u; c < SW; c++) {
+                    kx[c] = f16(load_k(g_k + c));
+                    vx[c] = f16(load_v(g_v + c));
+                }
+            } else if (HEAD_DIM % SW != 0u) {
+                // the row's last, partial chunk (compiled only where the head dim has one)
+                for (var c = 0u; c < SW; c++) {
+                    if (d0 + c < HEAD_DIM) {
+                        kx[c] = f16(load_k(g_k + c));
+                        vx[c] = f16(load_v(g_v + c));
+                    }
+                }
+            }
         }
-        hs[ok + e] = f16(kx);
-        hs[ov + e] = f16(vx);
+        for (var c = 0u; c < SW; c++) {
+            let at = e * SW + c;
+            hs[ok + at] = kx[c];
+            hs[ov + at] = vx[c];
+        }
     }
 }
 
@@ -84,7 +107,14 @@ fn product_row(out: u32, row: u32, part: u32) -> array<f32, DPR> {
 // The same product row computed in scalar code, for tiles with hidden pairs: sum over c < n of
 // W[row][c] X[c][d] with W at hs[w] (stride ldw) and X rows at hs[x] (stride DP), through
 // add_weighted, so a hidden pair's zero weight never carries its row's NaN or Inf in (a matrix
-// product would: 0 * NaN).
+// product would: 0 * NaN). Callers pass n = the tile's rows that exist (`rows_in`): past them
+// every weight is 0, and a run-time n keeps this a loop where a tile constant let compilers
+// unroll it into every tile's code (ACO 26.1: a third of a KV block's instructions).
+// Of the n rows from `first` on, those below `len`.
+fn rows_in(first: u32, n: u32, len: u32) -> u32 {
+    return min(n, len - min(first, len));
+}
+
 fn guarded_row(w: u32, ldw: u32, x: u32, n: u32, row: u32, part: u32) -> array<f32, DPR> {
     var o = array<f32, DPR>();
     for (var c = 0u; c < n; c++) {

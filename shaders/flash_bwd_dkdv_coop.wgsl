@@ -62,19 +62,34 @@ fn main(
             }
             let masked = q0 + BR > params.seq_q || visit.masked;
             workgroupBarrier(); // the previous tile is done with Q, dO, P^T, dS^T and fs
-            for (var e = t; e < BR * DP; e += NT) {
-                let qi = q0 + e / DP;
-                let d = e % DP;
-                var qx = 0.0;
-                var dox = 0.0;
-                if (qi < params.seq_q && d < HEAD_DIM) {
-                    let g2_q = q_at(b, qi, h, d);
-                    let g2_do = dout_at(b, qi, h, d);
-                    qx = load_q(g2_q);
-                    dox = load_d_out(g2_do);
+            // in chunks of SW dims, as stage_kv
+            for (var e = t; e < BR * DC; e += NT) {
+                let qi = q0 + e / DC;
+                let d0 = (e % DC) * SW;
+                var qx = array<f16, SW>();
+                var dox = array<f16, SW>();
+                if (qi < params.seq_q) {
+                    let g2_q = q_at(b, qi, h, d0);
+                    let g2_do = dout_at(b, qi, h, d0);
+                    if (d0 + SW <= HEAD_DIM) {
+                        for (var x = 0u; x < SW; x++) {
+                            qx[x] = f16(load_q(g2_q + x));
+                            dox[x] = f16(load_d_out(g2_do + x));
+                        }
+                    } else if (HEAD_DIM % SW != 0u) {
+                        for (var x = 0u; x < SW; x++) {
+                            if (d0 + x < HEAD_DIM) {
+                                qx[x] = f16(load_q(g2_q + x));
+                                dox[x] = f16(load_d_out(g2_do + x));
+                            }
+                        }
+                    }
                 }
-                hs[OQ + e] = f16(qx);
-                hs[ODO + e] = f16(dox);
+                for (var x = 0u; x < SW; x++) {
+                    let at = e * SW + x;
+                    hs[OQ + at] = qx[x];
+                    hs[ODO + at] = dox[x];
+                }
             }
             for (var r = t; r < BR; r += NT) {
                 let qi = q0 + r;
@@ -107,14 +122,14 @@ fn main(
             workgroupBarrier();
             var dv = product_row(0u, c, part);
             if (masked) {
-                dv = guarded_row(OP, BR, ODO, BR, c, part);
+                dv = guarded_row(OP, BR, ODO, rows_in(q0, BR, params.seq_q), c, part);
             }
             workgroupBarrier(); // every row is read before dK_tile takes fs
             coop_nn(ODS, BR, OQ, DP, BR, BC / CF, DP / CF, 0u, DP, sg, nsg);
             workgroupBarrier();
             var dk = product_row(0u, c, part);
             if (masked) {
-                dk = guarded_row(ODS, BR, OQ, BR, c, part);
+                dk = guarded_row(ODS, BR, OQ, rows_in(q0, BR, params.seq_q), c, part);
             }
             for (var k = 0u; k < DPR; k++) {
                 acc_dv[k] += dv[k];

@@ -103,7 +103,7 @@ fn main(
         // summed apart, then folded in (f32 error on long rows)
         var dq = product_row(0u, r, part);
         if (masked) {
-            dq = guarded_row(ODS, BC, OK, BC, r, part);
+            dq = guarded_row(ODS, BC, OK, rows_in(kv0, BC, params.seq_kv), r, part);
         }
         for (var k = 0u; k < DPR; k++) {
             acc[k] += dq[k];

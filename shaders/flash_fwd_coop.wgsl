@@ -113,7 +113,7 @@ fn main(
         // the tile was summed apart and is folded in here
         var o = product_row(0u, r, part);
         if (masked) {
-            o = guarded_row(OP, BC, OV, BC, r, part);
+            o = guarded_row(OP, BC, OV, rows_in(kv0, BC, params.seq_kv), r, part);
         }
         for (var k = 0u; k < DPR; k++) {
             acc[k] = fma(om.alpha, acc[k], o[k]);

@@ -157,12 +157,12 @@ pub fn kernel_spirv(wgsl: &str, target: &SpirvTarget) -> Result<Vec<u32>, String
         .map_err(|e| format!("SPIR-V: {e}"))?;
     let mut words = without_private_layouts(&words)?;
     if target.cooperative_matrices {
-        coop_bases::unclamp_coop_bases(&mut words)?;
+        coop_indices::unclamp_workgroup_indices(&mut words)?;
     }
     Ok(words)
 }
 
-mod coop_bases;
+mod coop_indices;
 mod words;
 
 use words::{
@@ -261,11 +261,10 @@ mod tests {
         assert_eq!(SpirvTarget::lang_version_for(v(1, 4) | 321), (1, 6));
     }
 
-    // the coop bases' rewrite (spirv/coop_bases.rs)
-    use super::coop_bases::unclamp_coop_bases;
+    // the coop kernels' workgroup indices (spirv/coop_indices.rs)
+    use super::coop_indices::unclamp_workgroup_indices;
     use super::words::{
-        instructions, GLSL_UMIN, OP_ACCESS_CHAIN, OP_COOPERATIVE_MATRIX_LOAD_KHR,
-        OP_COOPERATIVE_MATRIX_STORE_KHR, OP_EXT_INST,
+        instructions, GLSL_UMIN, OP_ACCESS_CHAIN, OP_EXT_INST, OP_VARIABLE, STORAGE_CLASS_WORKGROUP,
     };
 
     const COOP_TARGET: SpirvTarget = SpirvTarget {
@@ -276,44 +275,39 @@ mod tests {
         cooperative_matrices: true,
     };
 
-    /// The UMin clamps each coop load and store and each plain access are indexed by.
+    /// The UMin clamps that index access chains into workgroup arrays, and into anything else.
     fn clamps(words: &[u32]) -> (usize, usize) {
         let insts = instructions(words).unwrap();
         let mut umins = std::collections::HashSet::new();
-        let mut coop = std::collections::HashSet::new();
+        let mut workgroup = std::collections::HashSet::new();
         for &(at, len) in &insts {
             let w = &words[at..at + len];
             match w[0] & 0xffff {
                 OP_EXT_INST if len == 7 && w[4] == GLSL_UMIN => {
                     umins.insert(w[2]);
                 }
-                OP_COOPERATIVE_MATRIX_LOAD_KHR => {
-                    coop.insert(w[3]);
-                }
-                OP_COOPERATIVE_MATRIX_STORE_KHR => {
-                    coop.insert(w[1]);
+                OP_VARIABLE if w.get(3) == Some(&STORAGE_CLASS_WORKGROUP) => {
+                    workgroup.insert(w[2]);
                 }
                 _ => {}
             }
         }
-        let (mut of_coop, mut other) = (0, 0);
+        let (mut of_workgroup, mut other) = (0, 0);
         for &(at, len) in &insts {
             let w = &words[at..at + len];
             if w[0] & 0xffff == OP_ACCESS_CHAIN {
                 let n = w[4..].iter().filter(|i| umins.contains(i)).count();
-                if coop.contains(&w[2]) {
-                    of_coop += n;
+                if workgroup.contains(&w[3]) {
+                    of_workgroup += n;
                 } else {
                     other += n;
                 }
             }
         }
-        (of_coop, other)
+        (of_workgroup, other)
     }
 
-    #[test]
-    fn coop_bases_lose_their_clamps_and_every_other_index_keeps_its_own() {
-        let wgsl = "enable f16;
+    const COOP_WGSL: &str = "enable f16;
 enable wgpu_cooperative_matrix;
 var<workgroup> hs: array<f16, 512>;
 var<workgroup> fs: array<f32, 256>;
@@ -328,14 +322,11 @@ fn main(@builtin(local_invocation_index) t: u32) {
     let c = coopMultiplyAdd(x, y, coop_mat16x16<f32, C>());
     coopStoreT(c, &fs[0u], 16u);
     workgroupBarrier();
-    out[t] = fs[t] + f32(hs[t + 1u]);
+    var local = array<f32, 4>(1.0, 2.0, 3.0, 4.0);
+    out[t] = fs[t] + f32(hs[t + 1u]) + local[t % 7u];
 }";
-        let words = kernel_spirv(wgsl, &COOP_TARGET).unwrap();
-        let (coop, other) = clamps(&words);
-        assert_eq!(coop, 0, "kernel_spirv unclamps the fragments' bases");
-        assert!(other >= 2, "the plain accesses keep their clamps: {other}");
 
-        // naga's own words clamp both loads' bases (the store's index is a constant)
+    fn naga_words(wgsl: &str) -> Vec<u32> {
         let module = naga::front::wgsl::parse_str(wgsl).unwrap();
         let info = naga::valid::Validator::new(
             naga::valid::ValidationFlags::all(),
@@ -343,10 +334,35 @@ fn main(@builtin(local_invocation_index) t: u32) {
         )
         .validate(&module)
         .unwrap();
-        let mut naga_words =
-            naga::back::spv::write_vec(&module, &info, &COOP_TARGET.options(), None).unwrap();
-        assert_eq!(clamps(&naga_words), (2, other));
-        assert_eq!(unclamp_coop_bases(&mut naga_words), Ok(2));
-        assert_eq!(clamps(&naga_words), (0, other));
+        naga::back::spv::write_vec(&module, &info, &COOP_TARGET.options(), None).unwrap()
+    }
+
+    #[test]
+    fn a_coop_kernels_workgroup_indices_lose_their_clamps_and_every_other_index_keeps_its_own() {
+        // naga's own words clamp the two fragment bases and the three plain workgroup
+        // accesses (the store's index is a constant), and the function array's index
+        let mut words = naga_words(COOP_WGSL);
+        assert_eq!(clamps(&words), (5, 1));
+        assert_eq!(unclamp_workgroup_indices(&mut words), Ok(5));
+        assert_eq!(clamps(&words), (0, 1));
+        let words = kernel_spirv(COOP_WGSL, &COOP_TARGET).unwrap();
+        assert_eq!(clamps(&words), (0, 1), "kernel_spirv makes the rewrite");
+    }
+
+    #[test]
+    fn a_module_without_cooperative_matrices_keeps_every_clamp() {
+        let plain = "var<workgroup> fs: array<f32, 256>;
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) t: u32) {
+    fs[t] = f32(t);
+    workgroupBarrier();
+    out[t] = fs[(t * 7u) % 300u];
+}";
+        let mut words = naga_words(plain);
+        let before = clamps(&words);
+        assert_eq!(before.0, 2);
+        assert_eq!(unclamp_workgroup_indices(&mut words), Ok(0));
+        assert_eq!(clamps(&words), before);
     }
 }
