@@ -31,10 +31,13 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser;
-use flash_attn_wgpu::device::isa::{inner_loop, ir3_inner_loop, nak_inner_loop, Mix};
+use flash_attn_wgpu::device::isa::{
+    block_count, inner_loop, ir3_inner_loop, nak_inner_loop, BlockCount, BlockModel, Dialect, Mix,
+};
 use flash_attn_wgpu::device::statistics::{Compiler, NvidiaSm, PipelineReport, Summary};
 use flash_attn_wgpu::dtype::ElemFormat;
 use flash_attn_wgpu::unstable::kernels::enumerate::{pipeline_keys, Device};
+use flash_attn_wgpu::unstable::kernels::tiles::COOP_THREADS;
 use flash_attn_wgpu::unstable::kernels::{Kernel, KernelKey, Pass};
 use flash_attn_wgpu::unstable::plan;
 use flash_attn_wgpu::{AttentionConfig, CacheFormat, Context, DType, Tuning, Variant};
@@ -90,6 +93,15 @@ struct Args {
     /// pipeline and representation).
     #[arg(long)]
     raw_dir: Option<String>,
+    /// Count another program's block loop, per block, as the coop kernels' are counted: an
+    /// AMD disassembly (RADV's "Assembly") whose block loop holds no other loop (ggml's
+    /// coopmat1 flash attention: ../shared/anchors/ggml-cm1 makes it), with `--asm-shape`.
+    /// Prints the count and exits; opens no adapter.
+    #[arg(long)]
+    asm: Option<String>,
+    /// With `--asm`: invocations a workgroup, subgroup size, waves a SIMD (RADV's count).
+    #[arg(long, value_delimiter = ',', default_value = "256,64,4")]
+    asm_shape: Vec<usize>,
 }
 
 /// One pipeline: its key, whether the planner picks it on this adapter, the report and its
@@ -100,6 +112,9 @@ struct Row {
     report: Result<PipelineReport, String>,
     sum: Option<Summary>,
     mix: Option<Mix>,
+    /// The block loop counted per block (`device::isa::block_count`), without and with hidden
+    /// pairs: the coop kernels where the disassembly is read; why not where it cannot be.
+    block: Option<Result<(BlockCount, BlockCount), String>>,
 }
 
 /// The report's summary, with an NVIDIA chip's occupancy bounded by its SM's shared memory,
@@ -191,6 +206,9 @@ fn planned_keys(ctx: &Context, a: &Args) -> Result<Vec<KernelKey>, Box<dyn std::
 }
 
 fn run(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
+    if let Some(path) = &a.asm {
+        return count_asm(path, &a.asm_shape);
+    }
     let ctx = Context::for_compiler_statistics()?;
     let info = ctx.adapter_info().clone();
     let chip = a.chip.clone().unwrap_or_else(|| info.name.clone());
@@ -254,12 +272,14 @@ fn run(a: &Args) -> Result<bool, Box<dyn std::error::Error>> {
             let report = ctx.compiler_statistics(&key).map_err(|e| e.to_string());
             let mix = report.as_ref().ok().and_then(mix_of);
             let sum = report.as_ref().ok().map(|r| summary(r, &chip));
+            let block = report.as_ref().ok().and_then(|r| blocks_of(&ctx, &key, r));
             Row {
                 key,
                 planned,
                 report,
                 sum,
                 mix,
+                block,
             }
         })
         .collect();
@@ -462,6 +482,135 @@ fn mix_of(rep: &PipelineReport) -> Option<Mix> {
     }
 }
 
+/// The coop kernels' block loops as their shaders write them (shaders/flash_fwd_coop.wgsl,
+/// flash_bwd_dkdv_coop.wgsl, flash_bwd_dq_coop.wgsl, coop.wgsl), for `block_count`: each
+/// product (`coop_nt`, `coop_nn`) shares out its CF x CF output blocks by subgroup; the
+/// forward and dQ stage a K/V tile a block, dK/dV a Q/dO tile, in chunks of `SW` (8) head dims
+/// (BC x DP / 8 chunks, BR x DP / 8), and dK/dV the tile's lse and delta (BR); `guarded_row`
+/// sums BC (BR in dK/dV) weights in a block with hidden pairs. `None` for other kernels.
+fn block_model(key: &KernelKey, subgroup_size: u32) -> Option<BlockModel> {
+    let Kernel::Flash(Variant::Coop, pass) = key.kernel else {
+        return None;
+    };
+    let t = key.tiles;
+    let (br, bc, cf) = (t.br as usize, t.bc as usize, t.rpt as usize);
+    let dp = (key.head_dim as usize).div_ceil(cf) * cf;
+    let (scores, rows_out, keys_out) = (
+        br / cf * (bc / cf),
+        br / cf * (dp / cf),
+        bc / cf * (dp / cf),
+    );
+    // coop.wgsl's SW: head dims a staging trip
+    const SW: usize = 8;
+    let (products, staging, guarded) = match pass {
+        Pass::Forward => (vec![scores, rows_out], vec![bc * dp / SW], vec![bc]),
+        Pass::DkDv => (
+            vec![scores, scores, keys_out, keys_out],
+            vec![br * dp / SW, br],
+            vec![br, br],
+        ),
+        Pass::Dq => (vec![scores, scores, rows_out], vec![bc * dp / SW], vec![bc]),
+    };
+    Some(BlockModel {
+        threads: COOP_THREADS as usize,
+        subgroup_size: subgroup_size as usize,
+        products,
+        staging,
+        guarded,
+    })
+}
+
+/// The block loop of a coop kernel counted per block, without and with hidden pairs, where
+/// the compiler's disassembly is read. With hidden pairs: `rep`, the kernel as planned. Without:
+/// the kernel compiled again with its hidden-pair path taken out (each `if (masked) {` made
+/// `if (false) {`), because compilers unroll that path's loop into the block's code (ACO at
+/// head dim 64), where at run time a uniform branch skips it in a block without hidden pairs.
+fn blocks_of(
+    ctx: &Context,
+    key: &KernelKey,
+    rep: &PipelineReport,
+) -> Option<Result<(BlockCount, BlockCount), String>> {
+    let model = block_model(key, rep.subgroup_size)?;
+    let (dialect, name) = match rep.summary().compiler {
+        Compiler::Aco => (Dialect::Aco, "assembly"),
+        Compiler::Nak => (Dialect::Nak, "nak assembly"),
+        _ => return None,
+    };
+    let masked = block_count(dialect, rep.representation(name)?, &model, true);
+    let wgsl = key.wgsl();
+    const PATH: &str = "if (masked) {";
+    if !wgsl.contains(PATH) {
+        return Some(Err(format!("the kernel has no `{PATH}` to take out")));
+    }
+    let open = ctx
+        .compiler_statistics_of(key, &wgsl.replace(PATH, "if (false) {"))
+        .map_err(|e| e.to_string())
+        .and_then(|r| {
+            let asm = r
+                .representation(name)
+                .ok_or_else(|| format!("no {name} without the hidden-pair path"))?;
+            block_count(dialect, asm, &model, false)
+        });
+    Some(open.and_then(|open| Ok((open, masked?))))
+}
+
+/// `--asm`: another program's block loop counted per block, printed (ACO's model constants).
+fn count_asm(path: &str, shape: &[usize]) -> Result<bool, Box<dyn std::error::Error>> {
+    let &[threads, subgroup_size, waves] = shape else {
+        return Err(format!(
+            "--asm-shape takes invocations,subgroup size,waves (three numbers), given {shape:?}"
+        )
+        .into());
+    };
+    let asm = std::fs::read_to_string(path).map_err(|e| format!("--asm {path}: {e}"))?;
+    let model = BlockModel {
+        threads,
+        subgroup_size,
+        ..BlockModel::default()
+    };
+    let b =
+        block_count(Dialect::Aco, &asm, &model, false).map_err(|e| format!("--asm {path}: {e}"))?;
+    let (matrix_cycles, hide) = model_constants(Compiler::Aco).expect("ACO has a model");
+    let m = &b.mix;
+    println!(
+        "{path}: block loop at lines {:?}: {} subgroups, {:.0} instructions a subgroup ({} waits), \
+         {} matrix, {} fma-class, {} LDS loads; predicted fraction {:.2}",
+        m.lines,
+        b.subgroups,
+        b.per_subgroup(),
+        m.waits / b.subgroups,
+        m.matrix,
+        m.fma,
+        m.lds_load_count(),
+        m.predicted_fraction(matrix_cycles) * (waves as f64 / hide).min(1.0)
+    );
+    Ok(true)
+}
+
+/// The per-block cell: `instructions, MMA, fraction` without and with hidden pairs, `-` where
+/// not counted, the reason where the disassembly is not the model's.
+fn block_cell(block: Option<&Result<(BlockCount, BlockCount), String>>, sum: &Summary) -> String {
+    let one = |b: &BlockCount| {
+        format!(
+            "{:.0}, {}, {}",
+            b.per_subgroup(),
+            b.mix.matrix,
+            predicted(&b.mix, sum).map_or("-".into(), |p| format!("{p:.2}"))
+        )
+    };
+    let unrolled = |b: &BlockCount| match (b.staging_unrolled, b.guarded_unrolled) {
+        (false, false) => "",
+        (true, false) => " (staging unrolled)",
+        (false, true) => " (guarded sums unrolled)",
+        (true, true) => " (staging and guarded sums unrolled)",
+    };
+    match block {
+        None => "-".into(),
+        Some(Ok((open, masked))) => format!("{} / {}{}", one(open), one(masked), unrolled(masked)),
+        Some(Err(e)) => format!("not counted: {}", e.replace('|', "/")),
+    }
+}
+
 /// A value for the table: `-` where the compiler does not report it.
 fn cell(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v}"))
@@ -488,11 +637,11 @@ fn markdown(chip: &str, adapter: &str, rows: &[Row]) -> String {
     );
     let _ = writeln!(
         s,
-        "| kernel | dtype | d | planned | wave | regs | spills / fills | scratch B | LDS B | occupancy | cycles | instr | inner loop: math / LDS loads (widths) / other ALU / scalar, uniform, control / waits | predicted fraction of peak |"
+        "| kernel | dtype | d | planned | wave | regs | spills / fills | scratch B | LDS B | occupancy | cycles | instr | inner loop: math / LDS loads (widths) / other ALU / scalar, uniform, control / waits | predicted fraction of peak | per block, no mask / mask: instructions a subgroup, MMA, predicted fraction |"
     );
     let _ = writeln!(
         s,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     let mut order: Vec<&Row> = rows.iter().collect();
     order.sort_by_key(|r| !r.planned);
@@ -509,7 +658,7 @@ fn markdown(chip: &str, adapter: &str, rows: &[Row]) -> String {
             Err(e) => {
                 let _ = writeln!(
                     s,
-                    "{head} compile failed: {} |||||||||",
+                    "{head} compile failed: {} ||||||||||",
                     e.replace('|', "/")
                 );
             }
@@ -543,9 +692,10 @@ fn markdown(chip: &str, adapter: &str, rows: &[Row]) -> String {
                     (s, None) => cell(s),
                     (s, f) => format!("{} / {}", cell(s), cell(f)),
                 };
+                let block = block_cell(r.block.as_ref(), &sum);
                 let _ = writeln!(
                     s,
-                    "{head} {} | {} | {spills} | {} | {} | {} | {} | {} | {mix} | {share} |",
+                    "{head} {} | {} | {spills} | {} | {} | {} | {} | {} | {mix} | {share} | {block} |",
                     rep.subgroup_size,
                     cell(sum.registers),
                     cell(sum.scratch_bytes),
@@ -566,7 +716,7 @@ fn markdown(chip: &str, adapter: &str, rows: &[Row]) -> String {
 /// waves a SIMD. NAK: an A100 sub-partition's tensor core does 512 f16 FLOPs a cycle, so an
 /// m16n8k16 HMMA (4,096) takes 8; eight warps an SM (two a scheduler, what FlashAttention-2
 /// runs at).
-fn model(c: Compiler) -> Option<(f64, f64)> {
+fn model_constants(c: Compiler) -> Option<(f64, f64)> {
     match c {
         Compiler::Aco => Some((32.0, 4.0)),
         Compiler::Nak => Some((8.0, 8.0)),
@@ -578,7 +728,7 @@ fn model(c: Compiler) -> Option<(f64, f64)> {
 /// docs/log/compilers.md): the loop's mix (`Mix::predicted_fraction`) times the share of the
 /// occupancy that latency hiding wants. `None` where the compiler has no model.
 fn predicted(m: &Mix, sum: &Summary) -> Option<f64> {
-    let (matrix_cycles, hide) = model(sum.compiler)?;
+    let (matrix_cycles, hide) = model_constants(sum.compiler)?;
     let occupancy = sum.occupancy.unwrap_or(hide);
     Some(m.predicted_fraction(matrix_cycles) * (occupancy / hide).min(1.0))
 }
@@ -619,6 +769,30 @@ fn json(chip: &str, adapter: &str, rows: &[Row]) -> serde_json::Value {
                         .into();
                 }
             }
+            match &r.block {
+                Some(Ok((open, masked))) => {
+                    let one = |b: &BlockCount| {
+                        serde_json::json!({
+                            "lines": b.mix.lines,
+                            "subgroups": b.subgroups,
+                            "instructions": b.mix.instructions,
+                            "per_subgroup": b.per_subgroup(),
+                            "matrix": b.mix.matrix,
+                            "fma": b.mix.fma,
+                            "lds_loads": b.mix.lds_loads,
+                            "lds_stores": b.mix.lds_stores,
+                            "vmem": b.mix.vmem,
+                            "other_valu": b.mix.other_valu,
+                            "salu": b.mix.salu,
+                            "waits": b.mix.waits,
+                            "predicted_fraction": r.sum.as_ref().and_then(|sum| predicted(&b.mix, sum)),
+                        })
+                    };
+                    o["block"] = serde_json::json!({ "no_mask": one(open), "mask": one(masked) });
+                }
+                Some(Err(e)) => o["block_error"] = e.clone().into(),
+                None => {}
+            }
             if let Some(m) = &r.mix {
                 o["inner_loop"] = serde_json::json!({
                     "lines": m.lines,
@@ -658,9 +832,9 @@ fn search(ctx: &Context, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "| kernel | dtype | d | br | bc | tpr | rpt | shared B | regs | spills | scratch B | \
-         occupancy | cycles | predicted |"
+         occupancy | cycles | predicted | per block (no mask / mask) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for dtype in [DType::F16, DType::F32] {
         for &d in &a.head_dims {
             let mut cfg = AttentionConfig::new(1, 512, 512, 8, 2, d);
@@ -694,8 +868,9 @@ fn search(ctx: &Context, a: &Args) -> Result<(), Box<dyn std::error::Error>> {
                     let share = mix_of(&r)
                         .and_then(|m| predicted(&m, &sum))
                         .map_or("-".into(), |p| format!("{p:.2}"));
+                    let block = block_cell(blocks_of(ctx, &k, &r).as_ref(), &sum);
                     println!(
-                        "| {} | {:?} | {d} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {share} |",
+                        "| {} | {:?} | {d} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {share} | {block} |",
                         pass_name(&k),
                         k.elem,
                         t.br,

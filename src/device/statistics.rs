@@ -466,13 +466,21 @@ impl Context {
     /// compile failure is `Error::Device` naming the key.
     #[doc(hidden)]
     pub fn compiler_statistics(&self, key: &KernelKey) -> Result<PipelineReport> {
+        self.compiler_statistics_of(key, &key.wgsl())
+    }
+
+    /// [`compiler_statistics`](Context::compiler_statistics) of `wgsl`, an edit of `key`'s
+    /// text (its bindings and workgroup are `key`'s): for measurements that compile a kernel
+    /// without one of its paths (`examples/compiler_stats.rs`).
+    #[doc(hidden)]
+    pub fn compiler_statistics_of(&self, key: &KernelKey, wgsl: &str) -> Result<PipelineReport> {
         let target = self.spirv.as_ref().ok_or_else(|| {
             unsupported(
                 "the device takes no SPIR-V from the crate (not Vulkan, or no passthrough)".into(),
             )
         })?;
         let label = key.label();
-        let words = super::spirv::kernel_spirv(&key.wgsl(), target)
+        let words = super::spirv::kernel_spirv(wgsl, target)
             .map_err(|e| Error::Device(format!("{label}: no SPIR-V: {e}")))?;
         // SAFETY: every object is made on this device from valid create infos and destroyed
         // below, after the pipeline that uses it; the queries read that pipeline's executable
