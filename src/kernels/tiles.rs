@@ -465,15 +465,21 @@ pub fn tile_candidates(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Resul
     }
     let candidates: Vec<Tiles> = if kernel.is_coop() {
         // (resident rows, streamed rows): multiples of the 16x16 blocks (and so of 8x8);
-        // COOP_THREADS / resident invocations per row; the fragment size in `rpt`. The
-        // smallest first: on every compiler measured (`compiler_stats --search`: ACO of Mesa
-        // 25.0.7 and 26.1 on navi31 and gfx1201, NAK on GA100) 16 x 16 takes the fewest
-        // registers, the most waves and the highest modelled fraction of peak, at head dims
-        // 64 and 128, forward and backward (docs/log/compilers.md, "The coop tiles, smallest
-        // first"); the larger ones stay for the search. The cost the compilers cannot show:
-        // every 16 resident rows read the streamed rows again (from L2 on a GPU), which only
-        // a GPU run measures.
-        [(16u32, 16u32), (32, 16), (32, 32), (64, 32)]
+        // COOP_THREADS / resident invocations per row; the fragment size in `rpt`. Ordered by
+        // what a block issues (`compiler_stats`, the per-block column: every instruction of
+        // one KV block over the workgroup's subgroups; docs/log/compilers.md, "The coop kernels
+        // per block"): up to head dim 64, 32 x 32 first, whose block gives 0.37-0.49 of its
+        // issue slots to matrix work on ACO (25.0.7 and 26.1, navi31 and gfx1201) against
+        // 16 x 16's 0.26-0.36, at 4-6 waves; past 64, 16 x 16 first (the larger tiles take
+        // 43-54 KiB and 2 waves). The larger ones stay for the search. The cost the compilers
+        // cannot show: every 16 resident rows read the streamed rows again (from L2 on a GPU),
+        // which only a GPU run measures.
+        let order: &[(u32, u32)] = if head_dim <= 64 {
+            &[(32, 32), (16, 16), (32, 16), (64, 32)]
+        } else {
+            &[(16, 16), (32, 16), (32, 32), (64, 32)]
+        };
+        order
             .iter()
             .map(|&(resident, streamed)| {
                 let (br, bc) = if kernel.rows_are_keys() {
@@ -734,9 +740,18 @@ mod tests {
                 );
             }
         }
-        // the smallest tiles first (the compilers' statistics), 8 invocations a row
-        let t = choose_tiles(Kernel::Flash(Variant::Coop, Pass::Forward), 64, caps).unwrap();
-        assert_eq!((t.br, t.bc, t.tpr), (16, 16, 8));
+        // what a block issues picks them (the compilers' statistics): 32 x 32 up to head dim
+        // 64 (4 invocations a row), 16 x 16 past it (8)
+        for kernel in [
+            Kernel::Flash(Variant::Coop, Pass::Forward),
+            Kernel::Flash(Variant::Coop, Pass::DkDv),
+            Kernel::Flash(Variant::Coop, Pass::Dq),
+        ] {
+            let t = choose_tiles(kernel, 64, caps).unwrap();
+            assert_eq!((t.br, t.bc, t.tpr), (32, 32, 4), "{kernel:?}");
+            let t = choose_tiles(kernel, 128, caps).unwrap();
+            assert_eq!((t.br, t.bc, t.tpr), (16, 16, 8), "{kernel:?}");
+        }
     }
 
     #[test]
