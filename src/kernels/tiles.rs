@@ -470,14 +470,15 @@ pub fn tile_candidates(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Resul
         // one KV block over the workgroup's subgroups; docs/log/compilers.md, "The coop kernels
         // per block"): up to head dim 64, 32 x 32 first, whose block gives 0.37-0.49 of its
         // issue slots to matrix work on ACO (25.0.7 and 26.1, navi31 and gfx1201) against
-        // 16 x 16's 0.26-0.36, at 4-6 waves; past 64, 16 x 16 first (the larger tiles take
-        // 43-54 KiB and 2 waves). The larger ones stay for the search. The cost the compilers
-        // cannot show: every 16 resident rows read the streamed rows again (from L2 on a GPU),
-        // which only a GPU run measures.
-        let order: &[(u32, u32)] = if head_dim <= 64 {
-            &[(32, 32), (16, 16), (32, 16), (64, 32)]
-        } else {
-            &[(16, 16), (32, 16), (32, 32), (64, 32)]
+        // 16 x 16's 0.26-0.36, at 4-6 waves; past 64 the forward's 16 queries x 32 keys (0.35-0.42
+        // against 16 x 16's 0.31-0.36, 4-6 waves) and the backward's 16 x 16 (its larger tiles
+        // take 35-54 KiB and 2 waves on Mesa 26.1). The others stay for the search. The cost the
+        // compilers cannot show: every 16 resident rows read the streamed rows again (from L2
+        // on a GPU), which only a GPU run measures.
+        let order: &[(u32, u32)] = match kernel {
+            _ if head_dim <= 64 => &[(32, 32), (16, 16), (32, 16), (64, 32)],
+            Kernel::Flash(_, Pass::Forward) => &[(16, 32), (16, 16), (32, 16), (32, 32), (64, 32)],
+            _ => &[(16, 16), (32, 16), (16, 32), (32, 32), (64, 32)],
         };
         order
             .iter()
@@ -741,16 +742,17 @@ mod tests {
             }
         }
         // what a block issues picks them (the compilers' statistics): 32 x 32 up to head dim
-        // 64 (4 invocations a row), 16 x 16 past it (8)
-        for kernel in [
-            Kernel::Flash(Variant::Coop, Pass::Forward),
-            Kernel::Flash(Variant::Coop, Pass::DkDv),
-            Kernel::Flash(Variant::Coop, Pass::Dq),
+        // 64 (4 invocations a row); past it 16 queries x 32 keys in the forward, 16 x 16 in the
+        // backward (8)
+        for (kernel, past_64) in [
+            (Kernel::Flash(Variant::Coop, Pass::Forward), (16, 32)),
+            (Kernel::Flash(Variant::Coop, Pass::DkDv), (16, 16)),
+            (Kernel::Flash(Variant::Coop, Pass::Dq), (16, 16)),
         ] {
             let t = choose_tiles(kernel, 64, caps).unwrap();
             assert_eq!((t.br, t.bc, t.tpr), (32, 32, 4), "{kernel:?}");
             let t = choose_tiles(kernel, 128, caps).unwrap();
-            assert_eq!((t.br, t.bc, t.tpr), (16, 16, 8), "{kernel:?}");
+            assert_eq!((t.br, t.bc, t.tpr), (past_64.0, past_64.1, 8), "{kernel:?}");
         }
     }
 
