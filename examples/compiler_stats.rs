@@ -573,9 +573,9 @@ fn count_asm(path: &str, shape: &[usize]) -> Result<bool, Box<dyn std::error::Er
     let (matrix_cycles, hide) = model_constants(Compiler::Aco).expect("ACO has a model");
     let m = &b.mix;
     println!(
-        "{path}: block loop at lines {:?}: {} subgroups, {:.0} instructions a subgroup ({} waits), \
+        "{path}: block loop at lines {}: {} subgroups, {:.0} instructions a subgroup ({} waits), \
          {} matrix, {} fma-class, {} LDS loads; predicted fraction {:.2}",
-        m.lines,
+        m.lines.map_or("-".into(), |(f, t)| format!("{f}-{t}")),
         b.subgroups,
         b.per_subgroup(),
         m.waits / b.subgroups,
