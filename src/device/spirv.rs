@@ -1,7 +1,7 @@
 //! The SPIR-V we hand Vulkan: naga's translation of a kernel's WGSL, with the options wgpu
 //! itself would use, cleaned of the explicit layout decorations that Vulkan forbids outside
-//! buffer memory (VUID-StandaloneSpirv-None-10684), with the coop kernels' fragment bases
-//! unclamped (`coop_bases`), loaded through wgpu's passthrough path.
+//! buffer memory (VUID-StandaloneSpirv-None-10684), with the coop kernels' workgroup indices
+//! unclamped (`coop_indices`), loaded through wgpu's passthrough path.
 //!
 //! Why: naga decorates every array type with `ArrayStride` and every struct member with
 //! `Offset`, also where the type backs a Workgroup, Private or Function variable. Drivers are
@@ -138,8 +138,8 @@ impl SpirvTarget {
 
 /// The SPIR-V Vulkan gets for a kernel's WGSL (entry point `main`, compute): naga's
 /// translation with wgpu's options for `target`, cleaned by [`without_private_layouts`], with
-/// the cooperative matrices' fragment bases unclamped (`coop_bases`: naga's clamp guards
-/// nothing there and costs the driver the base's alignment).
+/// the coop kernels' workgroup indices unclamped (`coop_indices`: their indices are tile
+/// offsets bounded by the tile constants, and the clamps were a third of a KV block).
 /// `Err` says why not (the caller then hands wgpu the WGSL).
 pub fn kernel_spirv(wgsl: &str, target: &SpirvTarget) -> Result<Vec<u32>, String> {
     let module = naga::front::wgsl::parse_str(wgsl).map_err(|e| e.emit_to_string(wgsl))?;

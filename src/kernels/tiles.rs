@@ -403,7 +403,7 @@ pub fn choose_tiles(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<T
 }
 
 /// The tiles a tiled kernel may take on `caps`, in the chooser's order of preference (the
-/// largest first; the coop kernels' smallest first): [`choose_tiles`] takes the first whose
+/// largest first; the coop kernels' by what a KV block issues): [`choose_tiles`] takes the first whose
 /// workgroup memory and invocations fit; the compiler-statistics tool compiles them all to see
 /// what a driver makes of each.
 pub fn tile_candidates(kernel: Kernel, head_dim: u32, caps: DeviceCaps) -> Result<Vec<Tiles>> {

@@ -1,5 +1,5 @@
 //! SPIR-V at the word level, for the rewrites of the words Vulkan gets (`spirv.rs`'s layout
-//! cleaning, `coop_bases`): the instruction walker and the numbers they read.
+//! cleaning, `coop_indices`): the instruction walker and the numbers they read.
 
 // Opcodes, storage classes and decorations (SPIR-V 1.6 specification; GLSL.std.450).
 pub(super) const OP_EXT_INST_IMPORT: u32 = 11;
