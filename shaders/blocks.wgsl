@@ -76,9 +76,30 @@ fn store_weights(w: u32, x: array<array<f32, TN>, TM>, ty: u32, tx: u32) {
 }
 
 // acc[i][k] += sum over streamed rows c of W[ty * TM + i][c] * X[c][group tx + k * NTX], from
-// the weight tile at `w` and the row tile at `x`. With `guard`, zero weights are skipped
-// (add_weighted4: hidden pairs never carry their values in).
+// the weight tile at `w` and the row tile at `x`. With `guard` (a tile with hidden pairs), a zero
+// weight skips its row's products, so a hidden pair never carries its value in (0 * NaN): a
+// branch a weight, the row's X groups read again for each resident row (TM times the reads, in
+// those tiles only). Without, plain FMAs: a select an element kept both values live and cost
+// Adreno's ir3 spills (docs/log/compilers.md, "2026-12-08"). A NaN weight is no zero and carries
+// its NaN in: `!(w == 0.0)`, as `w != 0.0` may compile to an ordered compare that drops it.
 fn weighted_rows(acc: ptr<function, array<array<vec4<f32>, GPT>, TM>>, w: u32, x: u32, ty: u32, tx: u32, guard: bool) {
+    if (guard) {
+        for (var c4 = 0u; c4 < WS; c4++) {
+            for (var i = 0u; i < TM; i++) {
+                let wv = sm[w + (ty * TM + i) * WS + c4];
+                for (var cc = 0u; cc < 4u; cc++) {
+                    let c = c4 * 4u + cc;
+                    if (c < NS && !(wv[cc] == 0.0)) {
+                        for (var k = 0u; k < GPT; k++) {
+                            let xv = sm[x + c * RS + min(tx + k * NTX, D4 - 1u)];
+                            (*acc)[i][k] = fma(vec4<f32>(wv[cc]), xv, (*acc)[i][k]);
+                        }
+                    }
+                }
+            }
+        }
+        return;
+    }
     for (var c4 = 0u; c4 < WS; c4++) {
         var wv = array<vec4<f32>, TM>();
         for (var i = 0u; i < TM; i++) {
@@ -90,7 +111,7 @@ fn weighted_rows(acc: ptr<function, array<array<vec4<f32>, GPT>, TM>>, w: u32, x
                 for (var k = 0u; k < GPT; k++) {
                     let xv = sm[x + c * RS + min(tx + k * NTX, D4 - 1u)];
                     for (var i = 0u; i < TM; i++) {
-                        (*acc)[i][k] = add_weighted4((*acc)[i][k], wv[i][cc], xv, guard);
+                        (*acc)[i][k] = fma(vec4<f32>(wv[i][cc]), xv, (*acc)[i][k]);
                     }
                 }
             }
@@ -100,6 +121,23 @@ fn weighted_rows(acc: ptr<function, array<array<vec4<f32>, GPT>, TM>>, w: u32, x
 
 // weighted_rows over a tile of value rows (D4V groups at stride RSV) into GPTV groups a row.
 fn weighted_rows_v(acc: ptr<function, array<array<vec4<f32>, GPTV>, TM>>, w: u32, x: u32, ty: u32, tx: u32, guard: bool) {
+    if (guard) {
+        for (var c4 = 0u; c4 < WS; c4++) {
+            for (var i = 0u; i < TM; i++) {
+                let wv = sm[w + (ty * TM + i) * WS + c4];
+                for (var cc = 0u; cc < 4u; cc++) {
+                    let c = c4 * 4u + cc;
+                    if (c < NS && !(wv[cc] == 0.0)) {
+                        for (var k = 0u; k < GPTV; k++) {
+                            let xv = sm[x + c * RSV + min(tx + k * NTX, D4V - 1u)];
+                            (*acc)[i][k] = fma(vec4<f32>(wv[cc]), xv, (*acc)[i][k]);
+                        }
+                    }
+                }
+            }
+        }
+        return;
+    }
     for (var c4 = 0u; c4 < WS; c4++) {
         var wv = array<vec4<f32>, TM>();
         for (var i = 0u; i < TM; i++) {
@@ -111,7 +149,7 @@ fn weighted_rows_v(acc: ptr<function, array<array<vec4<f32>, GPTV>, TM>>, w: u32
                 for (var k = 0u; k < GPTV; k++) {
                     let xv = sm[x + c * RSV + min(tx + k * NTX, D4V - 1u)];
                     for (var i = 0u; i < TM; i++) {
-                        (*acc)[i][k] = add_weighted4((*acc)[i][k], wv[i][cc], xv, guard);
+                        (*acc)[i][k] = fma(vec4<f32>(wv[i][cc]), xv, (*acc)[i][k]);
                     }
                 }
             }
