@@ -39,7 +39,9 @@ export FLASH_ATTN_REQUIRE_WGPU=1
 # NVIDIA's blocks tiles (tests/gpu/variants.rs, at head dims 64 and 96): up to 6 more.
 CI_PIPELINE_BUDGET=${CI_PIPELINE_BUDGET:-545}
 plog=$(mktemp -d)
-trap 'rm -rf "$plog"' EXIT
+stats=""
+# (the compiler statistics' folder too, also when a chip fails and set -e leaves early)
+trap 'rm -rf "$plog" ${stats:+"$stats"}' EXIT
 export FLASH_ATTN_PIPELINE_LOG=$plog
 # The suite on Mesa 26.1's lavapipe where its root exists (issue 66: the coop kernels run
 # there, and its LLVM 19 compiles pipelines about 3x faster): MESA26_ENV.
@@ -118,7 +120,6 @@ if [ ${#chips[@]} -gt 0 ]; then
     printf '%s\n' "${chips[@]}" | COMPILER_STATS_BIN=target/debug/examples/compiler_stats \
         xargs -P 2 -L 1 bash scripts/compiler-stats.sh >/dev/null
 fi
-rm -rf "$stats"
 # Context parallelism over MPI at 2 and 4 ranks (issue 63: scripts/mpi-check.sh).
 bash scripts/mpi-check.sh "$@"
 # The public API against its committed snapshot (issue 61): a change to it is made on purpose,
