@@ -556,7 +556,6 @@ fn count_asm(path: &str, shape: &[usize]) -> Result<bool, Box<dyn std::error::Er
     };
     let b =
         block_count(Dialect::Aco, &asm, &model, false).map_err(|e| format!("--asm {path}: {e}"))?;
-    let (matrix_cycles, hide) = model_constants(Compiler::Aco).expect("ACO has a model");
     let m = &b.mix;
     println!(
         "{path}: block loop at lines {}: {} subgroups, {:.0} instructions a subgroup ({} waits), \
@@ -568,7 +567,7 @@ fn count_asm(path: &str, shape: &[usize]) -> Result<bool, Box<dyn std::error::Er
         m.matrix,
         m.fma,
         m.lds_load_count(),
-        m.predicted_fraction(matrix_cycles) * (waves as f64 / hide).min(1.0)
+        predicted_at(m, Compiler::Aco, Some(waves as f64)).expect("ACO has a model")
     );
     Ok(true)
 }
@@ -714,8 +713,14 @@ fn model_constants(c: Compiler) -> Option<(f64, f64)> {
 /// docs/log/compilers.md): the loop's mix (`Mix::predicted_fraction`) times the share of the
 /// occupancy that latency hiding wants. `None` where the compiler has no model.
 fn predicted(m: &Mix, sum: &Summary) -> Option<f64> {
-    let (matrix_cycles, hide) = model_constants(sum.compiler)?;
-    let occupancy = sum.occupancy.unwrap_or(hide);
+    predicted_at(m, sum.compiler, sum.occupancy)
+}
+
+/// [`predicted`] for a compiler and an occupancy in its unit (latency taken as hidden where
+/// none is known).
+fn predicted_at(m: &Mix, compiler: Compiler, occupancy: Option<f64>) -> Option<f64> {
+    let (matrix_cycles, hide) = model_constants(compiler)?;
+    let occupancy = occupancy.unwrap_or(hide);
     Some(m.predicted_fraction(matrix_cycles) * (occupancy / hide).min(1.0))
 }
 

@@ -104,17 +104,17 @@ fn product_row(out: u32, row: u32, part: u32) -> array<f32, DPR> {
     return o;
 }
 
+// Of the n rows from `first` on, those below `len`.
+fn rows_in(first: u32, n: u32, len: u32) -> u32 {
+    return min(n, len - min(first, len));
+}
+
 // The same product row computed in scalar code, for tiles with hidden pairs: sum over c < n of
 // W[row][c] X[c][d] with W at hs[w] (stride ldw) and X rows at hs[x] (stride DP), through
 // add_weighted, so a hidden pair's zero weight never carries its row's NaN or Inf in (a matrix
 // product would: 0 * NaN). Callers pass n = the tile's rows that exist (`rows_in`): past them
 // every weight is 0, and a run-time n keeps this a loop where a tile constant let compilers
 // unroll it into every tile's code (ACO 26.1: a third of a KV block's instructions).
-// Of the n rows from `first` on, those below `len`.
-fn rows_in(first: u32, n: u32, len: u32) -> u32 {
-    return min(n, len - min(first, len));
-}
-
 fn guarded_row(w: u32, ldw: u32, x: u32, n: u32, row: u32, part: u32) -> array<f32, DPR> {
     var o = array<f32, DPR>();
     for (var c = 0u; c < n; c++) {

@@ -500,45 +500,62 @@ impl Dialect {
 }
 
 impl Mix {
-    /// Adds `other`'s counts `times` times (its lines aside).
-    fn add_times(&mut self, other: &Mix, times: usize) {
-        self.instructions += other.instructions * times;
-        self.matrix += other.matrix * times;
-        self.fma += other.fma * times;
-        self.packed += other.packed * times;
-        for (w, n) in &other.lds_loads {
-            *self.lds_loads.entry(w.clone()).or_default() += n * times;
+    /// Each count of `self` combined with `other`'s by `f(mine, theirs)` (the lines aside):
+    /// the one list of the counts that `add_times` and `take_away` walk.
+    fn combine(&mut self, other: &Mix, f: impl Fn(usize, usize) -> usize) {
+        for (mine, theirs) in [
+            (&mut self.instructions, other.instructions),
+            (&mut self.matrix, other.matrix),
+            (&mut self.fma, other.fma),
+            (&mut self.packed, other.packed),
+            (&mut self.lds_stores, other.lds_stores),
+            (&mut self.lds_other, other.lds_other),
+            (&mut self.vmem, other.vmem),
+            (&mut self.scratch, other.scratch),
+            (&mut self.other_valu, other.other_valu),
+            (&mut self.salu, other.salu),
+            (&mut self.waits, other.waits),
+        ] {
+            *mine = f(*mine, theirs);
         }
-        self.lds_stores += other.lds_stores * times;
-        self.lds_other += other.lds_other * times;
-        self.vmem += other.vmem * times;
-        self.scratch += other.scratch * times;
-        self.other_valu += other.other_valu * times;
-        self.salu += other.salu * times;
-        self.waits += other.waits * times;
+        for (w, &n) in &other.lds_loads {
+            let have = self.lds_loads.entry(w.clone()).or_default();
+            *have = f(*have, n);
+            if *have == 0 {
+                self.lds_loads.remove(w);
+            }
+        }
+    }
+
+    /// Adds `other`'s counts `times` times.
+    fn add_times(&mut self, other: &Mix, times: usize) {
+        self.combine(other, |a, b| a + b * times);
     }
 
     /// Takes `other`'s counts away (a nested loop's, from the loop that holds it).
     fn take_away(&mut self, other: &Mix) {
-        self.instructions -= other.instructions;
-        self.matrix -= other.matrix;
-        self.fma -= other.fma;
-        self.packed -= other.packed;
-        for (w, n) in &other.lds_loads {
-            if let Some(have) = self.lds_loads.get_mut(w) {
-                *have -= n;
-                if *have == 0 {
-                    self.lds_loads.remove(w);
-                }
-            }
+        self.combine(other, |a, b| a - b);
+    }
+}
+
+/// What a nested loop of a block loop is, by what it holds (`BlockModel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Nested {
+    /// Matrix instructions: a product.
+    Product,
+    /// Memory loads or stores and no matrix work: staging.
+    Staging,
+    /// Neither: the scalar guarded sums.
+    Guarded,
+}
+
+impl Nested {
+    fn of(m: &Mix) -> Nested {
+        match (m.matrix > 0, m.vmem > 0) {
+            (true, _) => Nested::Product,
+            (false, true) => Nested::Staging,
+            (false, false) => Nested::Guarded,
         }
-        self.lds_stores -= other.lds_stores;
-        self.lds_other -= other.lds_other;
-        self.vmem -= other.vmem;
-        self.scratch -= other.scratch;
-        self.other_valu -= other.other_valu;
-        self.salu -= other.salu;
-        self.waits -= other.waits;
     }
 }
 
@@ -624,100 +641,89 @@ pub fn block_count(
     }
     let inside =
         |(f, t): (usize, usize), (of, ot): (usize, usize)| of <= f && t <= ot && (f, t) != (of, ot);
-    // the loops with the most matrix work, innermost first: a product loop that holds all of
-    // it comes before the block loop around it, and the block loop before a loop over heads
-    let mut candidates: Vec<(usize, usize)> = loops
-        .iter()
-        .zip(&mixes)
-        .filter(|(_, m)| m.matrix == most)
-        .map(|(&l, _)| l)
+    // the loops with the most matrix work (indices into `loops`), innermost first: a product
+    // loop that holds all of it comes before the block loop around it, and the block loop
+    // before a loop over heads
+    let mut candidates: Vec<usize> = (0..loops.len())
+        .filter(|&i| mixes[i].matrix == most)
         .collect();
-    candidates.sort_by_key(|&(f, t)| t - f);
-    candidates.dedup();
-    let wanted = (
+    candidates.sort_by_key(|&i| (loops[i].1 - loops[i].0, loops[i]));
+    candidates.dedup_by_key(|i| loops[*i]);
+    let wanted = [
         model.products.len(),
         model.staging.len(),
         model.guarded.len(),
-    );
+    ];
+    let kinds = [Nested::Product, Nested::Staging, Nested::Guarded];
     let mut found_instead = Vec::new();
     let mut chosen = None;
-    for block in candidates {
-        // the loops directly inside, in order
-        let mut nested: Vec<(usize, usize)> = loops
-            .iter()
-            .copied()
-            .filter(|&l| inside(l, block))
-            .filter(|&l| !loops.iter().any(|&o| inside(l, o) && inside(o, block)))
+    for b in candidates {
+        let block = loops[b];
+        // the loops directly inside, in order, each once
+        let mut nested: Vec<usize> = (0..loops.len())
+            .filter(|&i| inside(loops[i], block))
+            .filter(|&i| {
+                !loops
+                    .iter()
+                    .any(|&o| inside(loops[i], o) && inside(o, block))
+            })
             .collect();
-        nested.sort();
-        nested.dedup();
-        let deeper = nested.iter().any(|&n| loops.iter().any(|&o| inside(o, n)));
-        let kinds: Vec<(usize, usize, Mix)> = nested
+        nested.sort_by_key(|&i| loops[i]);
+        nested.dedup_by_key(|i| loops[*i]);
+        let deeper = nested
             .iter()
-            .map(|&(f, t)| (f, t, dialect.mix_of(&lines, f, t)))
-            .collect();
-        let count = |p: fn(&Mix) -> bool| kinds.iter().filter(|(_, _, m)| p(m)).count();
-        let found = (
-            count(|m| m.matrix > 0),
-            count(|m| m.matrix == 0 && m.vmem > 0),
-            count(|m| m.matrix == 0 && m.vmem == 0),
-        );
-        // a kind the compiler unrolled wholly is in the block's own count
-        let fits = |found: usize, wanted: usize, may_unroll: bool| {
-            found == wanted || (may_unroll && found == 0)
-        };
-        if !deeper
-            && fits(found.0, wanted.0, false)
-            && fits(found.1, wanted.1, true)
-            && fits(found.2, wanted.2, true)
-        {
-            chosen = Some((block, kinds));
+            .any(|&n| loops.iter().any(|&o| inside(o, loops[n])));
+        let found = kinds.map(|k| {
+            nested
+                .iter()
+                .filter(|&&i| Nested::of(&mixes[i]) == k)
+                .count()
+        });
+        // a kind the compiler unrolled wholly (staging, guarded) is in the block's own count;
+        // the products it must keep, one loop each
+        let fits = (0..3).all(|k| found[k] == wanted[k] || (k > 0 && found[k] == 0));
+        if !deeper && fits {
+            chosen = Some((b, nested, found));
             break;
         }
         found_instead.push(format!(
             "lines {}-{}: {} product, {} staging and {} other loops{}",
             block.0 + 1,
             block.1 + 1,
-            found.0,
-            found.1,
-            found.2,
+            found[0],
+            found[1],
+            found[2],
             if deeper { ", one holding another" } else { "" }
         ));
     }
-    let Some((block, kinds)) = chosen else {
+    let Some((b, nested, found)) = chosen else {
         return Err(format!(
             "no loop with the most matrix instructions holds the model's {} product, {} \
              staging and {} other loops ({})",
-            wanted.0,
-            wanted.1,
-            wanted.2,
+            wanted[0],
+            wanted[1],
+            wanted[2],
             found_instead.join("; ")
         ));
     };
-    let mut own = dialect.mix_of(&lines, block.0, block.1);
-    let (mut products, mut staging, mut guarded) = (Vec::new(), Vec::new(), Vec::new());
-    let unrolled = (
-        !model.staging.is_empty() && !kinds.iter().any(|(_, _, m)| m.matrix == 0 && m.vmem > 0),
-        !model.guarded.is_empty() && !kinds.iter().any(|(_, _, m)| m.matrix == 0 && m.vmem == 0),
-    );
-    for (_, _, m) in kinds {
-        own.take_away(&m);
-        if m.matrix > 0 {
-            products.push(m);
-        } else if m.vmem > 0 {
-            staging.push(m);
-        } else {
-            guarded.push(m);
-        }
+    let mut own = mixes[b].clone();
+    for &i in &nested {
+        own.take_away(&mixes[i]);
     }
+    let of_kind = |k: Nested| {
+        nested
+            .iter()
+            .map(|&i| &mixes[i])
+            .filter(move |m| Nested::of(m) == k)
+    };
     let subgroups = model.subgroups();
     let mut total = Mix {
-        lines: Some((block.0 + 1, block.1 + 1)),
+        lines: Some((loops[b].0 + 1, loops[b].1 + 1)),
         ..Mix::default()
     };
     for s in 0..subgroups {
         total.add_times(&own, 1);
-        for (m, &n) in products.iter().zip(&model.products) {
+        for (m, &n) in of_kind(Nested::Product).zip(&model.products) {
             // blocks s, s + S, ... below n
             let trips = if s < n {
                 (n - 1 - s) / subgroups + 1
@@ -727,7 +733,7 @@ pub fn block_count(
             total.add_times(m, trips);
         }
         let first = s * model.subgroup_size;
-        for (m, &n) in staging.iter().zip(&model.staging) {
+        for (m, &n) in of_kind(Nested::Staging).zip(&model.staging) {
             let trips = if first < n {
                 (n - first).div_ceil(model.threads)
             } else {
@@ -735,15 +741,15 @@ pub fn block_count(
             };
             total.add_times(m, trips);
         }
-        for (m, &n) in guarded.iter().zip(&model.guarded) {
+        for (m, &n) in of_kind(Nested::Guarded).zip(&model.guarded) {
             total.add_times(m, if masked { n } else { 0 });
         }
     }
     Ok(BlockCount {
         mix: total,
         subgroups,
-        staging_unrolled: unrolled.0,
-        guarded_unrolled: unrolled.1,
+        staging_unrolled: wanted[1] > 0 && found[1] == 0,
+        guarded_unrolled: wanted[2] > 0 && found[2] == 0,
     })
 }
 

@@ -47,10 +47,10 @@ pub(super) fn unclamp_workgroup_indices(words: &mut [u32]) -> Result<usize, Stri
             _ => {}
         }
     }
-    let mut rewritten = 0;
     if !coop {
         return Ok(0);
     }
+    let mut rewritten = 0;
     for &(at, len) in &insts {
         let op = words[at] & 0xffff;
         // [type, result, base, indices...]
